@@ -1,0 +1,79 @@
+"""Build the Cython hot paths in ``csrc/`` as ``smith_fast._<name>_c`` extension modules.
+
+Every ``csrc/*.pyx`` (hand-written kernels) and every ``csrc/*_c.py`` (a pure-Python twin compiled
+as-is, typed by the ``.pxd`` beside it) becomes an extension. ``SMITH_FAST_NO_EXTENSIONS=1`` builds
+none of them and installs the pure-Python twins only. Without it, a compile failure fails the build:
+the slow path is never installed by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = pathlib.Path(__file__).resolve().parent
+NO_EXTENSIONS = os.environ.get("SMITH_FAST_NO_EXTENSIONS", "") not in ("", "0")
+
+HINT = (
+    "smith-fast: building the Cython extensions failed ({error}).\n"
+    "Install a C compiler, the Python headers and Cython, or set SMITH_FAST_NO_EXTENSIONS=1 "
+    "to build and run the pure-Python twins only (several times slower)."
+)
+
+
+class LoudBuildExt(build_ext):
+    """``build_ext`` that turns any compiler failure into one clear message naming the escape hatch."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # distutils raises a zoo of types; the message is what matters
+            raise SystemExit(HINT.format(error=exc)) from exc
+
+    def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            raise SystemExit(HINT.format(error=f"{ext.name}: {exc}")) from exc
+
+
+def extensions() -> list:
+    if NO_EXTENSIONS:
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError as exc:
+        raise SystemExit(HINT.format(error="Cython is not installed")) from exc
+    from setuptools import Extension
+
+    sources = sorted(HERE.glob("csrc/*.pyx")) + sorted(HERE.glob("csrc/*_c.py"))
+    # Developer knob: SMITH_FAST_EXTENSIONS=_framing_c,_chunking_c rebuilds just those.
+    only = {name for name in os.environ.get("SMITH_FAST_EXTENSIONS", "").split(",") if name}
+    if only:
+        sources = [src for src in sources if src.stem in only]
+    exts = [
+        Extension(
+            f"smith_fast.{src.stem}",
+            [str(src.relative_to(HERE))],
+            extra_compile_args=["-O3"] if sys.platform != "win32" else [],
+        )
+        for src in sources
+    ]
+    return cythonize(
+        exts,
+        include_path=["csrc"],
+        compiler_directives={
+            "language_level": "3",
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "embedsignature": True,
+        },
+    )
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": LoudBuildExt})

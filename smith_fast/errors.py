@@ -1,0 +1,73 @@
+"""The exceptions smith-fast raises: one small hierarchy under :class:`SmithFastError`.
+
+Both twins of every wire-core module raise these exact classes with the exact same messages, so
+callers can catch them without knowing which implementation is active.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SmithFastError",
+    "FramingError",
+    "FrameTooLarge",
+    "EncodeError",
+    "ProtocolError",
+]
+
+
+class SmithFastError(Exception):
+    """Base class of every error smith-fast raises on purpose."""
+
+
+class FramingError(SmithFastError, ValueError):
+    """The byte stream is not a valid sequence of varint-delimited frames.
+
+    Attributes:
+        offset: byte offset in the stream (counted from the first byte ever fed) of the start of
+            the frame whose length prefix is bad.
+    """
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.args[0], self.offset))
+
+
+class FrameTooLarge(FramingError):
+    """A frame declares a length above the decoder's ``max_frame_size``.
+
+    Raised as soon as the length prefix is read, before any of the payload is buffered.
+
+    Attributes:
+        offset: byte offset of the frame's length prefix.
+        size: the declared payload length.
+        limit: the decoder's ``max_frame_size``.
+    """
+
+    def __init__(self, message: str, offset: int, size: int, limit: int) -> None:
+        super().__init__(message, offset)
+        self.size = size
+        self.limit = limit
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (type(self), (self.args[0], self.offset, self.size, self.limit))
+
+
+class EncodeError(SmithFastError, ValueError):
+    """A value cannot be encoded on the wire (for example a string with lone surrogates)."""
+
+
+class ProtocolError(SmithFastError):
+    """A peer broke the Smith protocol; ``code`` is the ``smith.v1.ErrorCode`` value to report.
+
+    Attributes:
+        code: an ``ErrorCode`` enum value (``smith_fast.pb.smith_pb2.ERROR_CODE_*``).
+        request_id: the request the error belongs to, when known.
+    """
+
+    def __init__(self, message: str, code: int, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id

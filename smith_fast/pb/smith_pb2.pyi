@@ -1,0 +1,523 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CAPABILITY_UNSPECIFIED: _ClassVar[Capability]
+    CAPABILITY_SHELL_EXEC: _ClassVar[Capability]
+    CAPABILITY_HOOKS_JS: _ClassVar[Capability]
+    CAPABILITY_HOOKS_RUST: _ClassVar[Capability]
+    CAPABILITY_REPLAY: _ClassVar[Capability]
+    CAPABILITY_NATS: _ClassVar[Capability]
+    CAPABILITY_TRACING: _ClassVar[Capability]
+
+class ServiceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_STATE_UNSPECIFIED: _ClassVar[ServiceState]
+    SERVICE_STATE_STARTING: _ClassVar[ServiceState]
+    SERVICE_STATE_READY: _ClassVar[ServiceState]
+    SERVICE_STATE_PROCESSING: _ClassVar[ServiceState]
+    SERVICE_STATE_ERROR: _ClassVar[ServiceState]
+    SERVICE_STATE_SHUTTING: _ClassVar[ServiceState]
+
+class LogLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOG_LEVEL_UNSPECIFIED: _ClassVar[LogLevel]
+    LOG_LEVEL_TRACE: _ClassVar[LogLevel]
+    LOG_LEVEL_DEBUG: _ClassVar[LogLevel]
+    LOG_LEVEL_INFO: _ClassVar[LogLevel]
+    LOG_LEVEL_WARN: _ClassVar[LogLevel]
+    LOG_LEVEL_ERROR: _ClassVar[LogLevel]
+
+class HookActionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOOK_ACTION_TYPE_UNSPECIFIED: _ClassVar[HookActionType]
+    HOOK_ACTION_TYPE_ALLOW: _ClassVar[HookActionType]
+    HOOK_ACTION_TYPE_BLOCK: _ClassVar[HookActionType]
+    HOOK_ACTION_TYPE_TRANSFORM: _ClassVar[HookActionType]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_CAPABILITY: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_TOOL: _ClassVar[ErrorCode]
+    ERROR_CODE_EXECUTION_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+    ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL_ERROR: _ClassVar[ErrorCode]
+CAPABILITY_UNSPECIFIED: Capability
+CAPABILITY_SHELL_EXEC: Capability
+CAPABILITY_HOOKS_JS: Capability
+CAPABILITY_HOOKS_RUST: Capability
+CAPABILITY_REPLAY: Capability
+CAPABILITY_NATS: Capability
+CAPABILITY_TRACING: Capability
+SERVICE_STATE_UNSPECIFIED: ServiceState
+SERVICE_STATE_STARTING: ServiceState
+SERVICE_STATE_READY: ServiceState
+SERVICE_STATE_PROCESSING: ServiceState
+SERVICE_STATE_ERROR: ServiceState
+SERVICE_STATE_SHUTTING: ServiceState
+LOG_LEVEL_UNSPECIFIED: LogLevel
+LOG_LEVEL_TRACE: LogLevel
+LOG_LEVEL_DEBUG: LogLevel
+LOG_LEVEL_INFO: LogLevel
+LOG_LEVEL_WARN: LogLevel
+LOG_LEVEL_ERROR: LogLevel
+HOOK_ACTION_TYPE_UNSPECIFIED: HookActionType
+HOOK_ACTION_TYPE_ALLOW: HookActionType
+HOOK_ACTION_TYPE_BLOCK: HookActionType
+HOOK_ACTION_TYPE_TRANSFORM: HookActionType
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_UNSUPPORTED_VERSION: ErrorCode
+ERROR_CODE_INVALID_CAPABILITY: ErrorCode
+ERROR_CODE_INVALID_TOOL: ErrorCode
+ERROR_CODE_EXECUTION_TIMEOUT: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
+ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
+ERROR_CODE_INTERNAL_ERROR: ErrorCode
+
+class Envelope(_message.Message):
+    __slots__ = ("timestamp", "sequence", "command", "event", "batch_command", "batch_event", "health_check_request", "health_check_response", "metrics", "resource_usage")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    BATCH_EVENT_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_CHECK_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    sequence: int
+    command: Command
+    event: Event
+    batch_command: BatchCommand
+    batch_event: BatchEvent
+    health_check_request: HealthCheckRequest
+    health_check_response: HealthCheckResponse
+    metrics: MetricsEvent
+    resource_usage: ResourceUsageEvent
+    def __init__(self, timestamp: _Optional[int] = ..., sequence: _Optional[int] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., batch_command: _Optional[_Union[BatchCommand, _Mapping]] = ..., batch_event: _Optional[_Union[BatchEvent, _Mapping]] = ..., health_check_request: _Optional[_Union[HealthCheckRequest, _Mapping]] = ..., health_check_response: _Optional[_Union[HealthCheckResponse, _Mapping]] = ..., metrics: _Optional[_Union[MetricsEvent, _Mapping]] = ..., resource_usage: _Optional[_Union[ResourceUsageEvent, _Mapping]] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown")
+    HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
+    HOOK_LOAD_FIELD_NUMBER: _ClassVar[int]
+    SHELL_EXEC_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    handshake: HandshakeCommand
+    plan: PlanCommand
+    tool_call: ToolCallCommand
+    hook_load: HookLoadCommand
+    shell_exec: ShellExecCommand
+    shutdown: ShutdownCommand
+    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ...) -> None: ...
+
+class HandshakeCommand(_message.Message):
+    __slots__ = ("version", "capabilities", "client_info")
+    class ClientInfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_INFO_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
+    client_info: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., client_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PlanCommand(_message.Message):
+    __slots__ = ("request_id", "goal", "context")
+    class ContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    goal: str
+    context: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., goal: _Optional[str] = ..., context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ToolCallCommand(_message.Message):
+    __slots__ = ("request_id", "tool", "args", "timeout_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tool: str
+    args: bytes
+    timeout_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., tool: _Optional[str] = ..., args: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class HookLoadCommand(_message.Message):
+    __slots__ = ("request_id", "hook_type", "script")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOOK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    hook_type: str
+    script: str
+    def __init__(self, request_id: _Optional[str] = ..., hook_type: _Optional[str] = ..., script: _Optional[str] = ...) -> None: ...
+
+class ShellExecCommand(_message.Message):
+    __slots__ = ("request_id", "command", "shell", "cwd", "env", "timeout_ms")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SHELL_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    command: str
+    shell: str
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    timeout_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., command: _Optional[str] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ShutdownCommand(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("ready", "state_change", "log", "token_usage", "shell_output", "tool_result", "hook_result", "graph_delta", "error")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    STATE_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_USAGE_FIELD_NUMBER: _ClassVar[int]
+    SHELL_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RESULT_FIELD_NUMBER: _ClassVar[int]
+    HOOK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_DELTA_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ready: ReadyEvent
+    state_change: StateChangeEvent
+    log: LogEvent
+    token_usage: TokenUsageEvent
+    shell_output: ShellOutputEvent
+    tool_result: ToolResultEvent
+    hook_result: HookResultEvent
+    graph_delta: GraphDeltaEvent
+    error: ErrorEvent
+    def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
+
+class ReadyEvent(_message.Message):
+    __slots__ = ("version", "capabilities", "service_id", "service_info")
+    class ServiceInfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_INFO_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
+    service_id: str
+    service_info: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., service_id: _Optional[str] = ..., service_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StateChangeEvent(_message.Message):
+    __slots__ = ("request_id", "state", "timestamp")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    state: ServiceState
+    timestamp: int
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[ServiceState, str]] = ..., timestamp: _Optional[int] = ...) -> None: ...
+
+class LogEvent(_message.Message):
+    __slots__ = ("level", "message", "timestamp", "request_id", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    level: LogLevel
+    message: str
+    timestamp: int
+    request_id: str
+    fields: _containers.ScalarMap[str, str]
+    def __init__(self, level: _Optional[_Union[LogLevel, str]] = ..., message: _Optional[str] = ..., timestamp: _Optional[int] = ..., request_id: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class TokenUsageEvent(_message.Message):
+    __slots__ = ("request_id", "tokens_used", "tokens_remaining", "model")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_USED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tokens_used: int
+    tokens_remaining: int
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., tokens_used: _Optional[int] = ..., tokens_remaining: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ShellOutputEvent(_message.Message):
+    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    finished: bool
+    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class ToolResultEvent(_message.Message):
+    __slots__ = ("request_id", "success", "result", "error", "duration_ms")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    success: bool
+    result: bytes
+    error: str
+    duration_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., success: _Optional[bool] = ..., result: _Optional[bytes] = ..., error: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class HookResultEvent(_message.Message):
+    __slots__ = ("request_id", "action")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    action: HookAction
+    def __init__(self, request_id: _Optional[str] = ..., action: _Optional[_Union[HookAction, _Mapping]] = ...) -> None: ...
+
+class HookAction(_message.Message):
+    __slots__ = ("type", "allowed_data", "block_reason", "transformed_data")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_DATA_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_REASON_FIELD_NUMBER: _ClassVar[int]
+    TRANSFORMED_DATA_FIELD_NUMBER: _ClassVar[int]
+    type: HookActionType
+    allowed_data: bytes
+    block_reason: str
+    transformed_data: bytes
+    def __init__(self, type: _Optional[_Union[HookActionType, str]] = ..., allowed_data: _Optional[bytes] = ..., block_reason: _Optional[str] = ..., transformed_data: _Optional[bytes] = ...) -> None: ...
+
+class GraphDeltaEvent(_message.Message):
+    __slots__ = ("request_id", "nodes_added", "edges_added", "nodes_removed", "edges_removed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    EDGES_ADDED_FIELD_NUMBER: _ClassVar[int]
+    NODES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    EDGES_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    nodes_added: _containers.RepeatedCompositeFieldContainer[GraphNode]
+    edges_added: _containers.RepeatedCompositeFieldContainer[GraphEdge]
+    nodes_removed: _containers.RepeatedScalarFieldContainer[str]
+    edges_removed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., nodes_added: _Optional[_Iterable[_Union[GraphNode, _Mapping]]] = ..., edges_added: _Optional[_Iterable[_Union[GraphEdge, _Mapping]]] = ..., nodes_removed: _Optional[_Iterable[str]] = ..., edges_removed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GraphNode(_message.Message):
+    __slots__ = ("id", "label", "node_type", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    label: str
+    node_type: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., label: _Optional[str] = ..., node_type: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GraphEdge(_message.Message):
+    __slots__ = ("id", "to", "label", "edge_type")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    EDGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    to: str
+    label: str
+    edge_type: str
+    def __init__(self, id: _Optional[str] = ..., to: _Optional[str] = ..., label: _Optional[str] = ..., edge_type: _Optional[str] = ..., **kwargs) -> None: ...
+
+class ErrorEvent(_message.Message):
+    __slots__ = ("request_id", "error_code", "message", "timestamp", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    error_code: ErrorCode
+    message: str
+    timestamp: int
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, request_id: _Optional[str] = ..., error_code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., timestamp: _Optional[int] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NegotiateRequest(_message.Message):
+    __slots__ = ("supported_versions", "capabilities", "client_metadata")
+    class ClientMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SUPPORTED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    supported_versions: _containers.RepeatedScalarFieldContainer[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
+    client_metadata: _containers.ScalarMap[str, str]
+    def __init__(self, supported_versions: _Optional[_Iterable[int]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., client_metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class NegotiateResponse(_message.Message):
+    __slots__ = ("selected_version", "capabilities", "service_metadata", "fallback_to_jsonl")
+    class ServiceMetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SELECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_METADATA_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_TO_JSONL_FIELD_NUMBER: _ClassVar[int]
+    selected_version: int
+    capabilities: _containers.RepeatedScalarFieldContainer[Capability]
+    service_metadata: _containers.ScalarMap[str, str]
+    fallback_to_jsonl: bool
+    def __init__(self, selected_version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., service_metadata: _Optional[_Mapping[str, str]] = ..., fallback_to_jsonl: _Optional[bool] = ...) -> None: ...
+
+class BatchCommand(_message.Message):
+    __slots__ = ("commands", "require_ordering")
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_ORDERING_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[Command]
+    require_ordering: bool
+    def __init__(self, commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ..., require_ordering: _Optional[bool] = ...) -> None: ...
+
+class BatchEvent(_message.Message):
+    __slots__ = ("events", "partial_batch")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    partial_batch: bool
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., partial_batch: _Optional[bool] = ...) -> None: ...
+
+class HealthCheckRequest(_message.Message):
+    __slots__ = ("service_name",)
+    SERVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    service_name: str
+    def __init__(self, service_name: _Optional[str] = ...) -> None: ...
+
+class HealthCheckResponse(_message.Message):
+    __slots__ = ("status", "metrics")
+    class ServingStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SERVING_STATUS_UNSPECIFIED: _ClassVar[HealthCheckResponse.ServingStatus]
+        SERVING_STATUS_SERVING: _ClassVar[HealthCheckResponse.ServingStatus]
+        SERVING_STATUS_NOT_SERVING: _ClassVar[HealthCheckResponse.ServingStatus]
+        SERVING_STATUS_SERVICE_UNKNOWN: _ClassVar[HealthCheckResponse.ServingStatus]
+    SERVING_STATUS_UNSPECIFIED: HealthCheckResponse.ServingStatus
+    SERVING_STATUS_SERVING: HealthCheckResponse.ServingStatus
+    SERVING_STATUS_NOT_SERVING: HealthCheckResponse.ServingStatus
+    SERVING_STATUS_SERVICE_UNKNOWN: HealthCheckResponse.ServingStatus
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    status: HealthCheckResponse.ServingStatus
+    metrics: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[_Union[HealthCheckResponse.ServingStatus, str]] = ..., metrics: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class MetricsEvent(_message.Message):
+    __slots__ = ("metric_name", "value", "timestamp", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    METRIC_NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    metric_name: str
+    value: float
+    timestamp: int
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, metric_name: _Optional[str] = ..., value: _Optional[float] = ..., timestamp: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ResourceUsageEvent(_message.Message):
+    __slots__ = ("memory_bytes", "cpu_percent", "file_descriptors", "network_connections", "timestamp")
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    FILE_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    memory_bytes: int
+    cpu_percent: float
+    file_descriptors: int
+    network_connections: int
+    timestamp: int
+    def __init__(self, memory_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., file_descriptors: _Optional[int] = ..., network_connections: _Optional[int] = ..., timestamp: _Optional[int] = ...) -> None: ...
