@@ -65,9 +65,17 @@ class ProtocolError(SmithFastError):
     Attributes:
         code: an ``ErrorCode`` enum value (``smith_fast.pb.smith_pb2.ERROR_CODE_*``).
         request_id: the request the error belongs to, when known.
+        details: extra string fields for ``ErrorEvent.details`` (e.g. ``{"reason": "invalid_json"}``).
     """
 
-    def __init__(self, message: str, code: int, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        code: int,
+        request_id: str | None = None,
+        details: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.request_id = request_id
+        self.details = details or {}
