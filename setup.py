@@ -71,7 +71,6 @@ def extensions() -> list:
             "boundscheck": False,
             "wraparound": False,
             "cdivision": True,
-            "embedsignature": True,
         },
     )
 

@@ -140,6 +140,7 @@ class FrameDecoder:
             self._feed(data, frames)
         except FramingError as exc:
             exc.frames = frames  # type: ignore[attr-defined]
+            self._offset = exc.offset  # the frames before it were returned; the bad one was not
             self._error = exc
             raise
         return frames
@@ -174,12 +175,18 @@ class FrameDecoder:
         limit = self._max
         while pos < n:
             size = data[pos]
-            if size < 0x80 and size <= limit:
-                hdr = 1
-            else:
-                hdr, size = self._prefix(data, pos, n, base)
-                if hdr == 0:
-                    break
+            hdr = 1
+            if size >= 0x80:
+                # Two-byte prefixes (frames of 128 B .. 16 KiB) are the common case after one-byte ones.
+                if pos + 1 < n and data[pos + 1] < 0x80:
+                    size = (size & 0x7F) | (data[pos + 1] << 7)
+                    hdr = 2
+                else:
+                    hdr, size = self._prefix(data, pos, n, base)
+                    if hdr == 0:
+                        break
+            if size > limit:
+                raise _too_large(base + pos, size, limit)
             end = pos + hdr + size
             if end > n:
                 self._hdr = hdr

@@ -1,0 +1,10 @@
+"""Benchmarks reuse the twin fixtures, so every wire-core benchmark has a [c] and a [py] entry."""
+
+from tests.conftest import (  # noqa: F401  (fixtures)
+    chunking,
+    coalescing,
+    events,
+    framing,
+    impl,
+    sequencing,
+)

@@ -1,0 +1,35 @@
+"""A normal build must load every compiled twin; SMITH_FAST_NO_EXTENSIONS=1 must force the Python ones."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from smith_fast._compat import NO_EXTENSIONS
+
+FACADES = ["framing", "chunking", "sequencing", "coalescing", "events"]
+
+
+@pytest.mark.parametrize("name", FACADES)
+def test_facade_uses_compiled_twin_in_normal_build(name: str) -> None:
+    facade = importlib.import_module(f"smith_fast.{name}")
+    expected = "py" if NO_EXTENSIONS else "c"
+    assert facade.IMPLEMENTATION == expected, (
+        f"smith_fast.{name} runs the {facade.IMPLEMENTATION!r} twin; the build did not install "
+        "the compiled extension (set SMITH_FAST_NO_EXTENSIONS=1 only on purpose)"
+    )
+    if not NO_EXTENSIONS:
+        compiled = importlib.import_module(f"smith_fast._{name}_c")
+        assert compiled.__file__.endswith((".so", ".pyd")), compiled.__file__
+
+
+@pytest.mark.parametrize("name", FACADES)
+def test_env_var_forces_python_twins(name: str) -> None:
+    env = dict(os.environ, SMITH_FAST_NO_EXTENSIONS="1")
+    code = f"import smith_fast.{name} as m; print(m.IMPLEMENTATION)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "py"

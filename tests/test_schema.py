@@ -1,0 +1,101 @@
+"""The schema contract: our proto is the user's schema plus documented additions, and the committed
+generated code is exactly what the pinned grpcio-tools writes from it."""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+
+from google.protobuf import descriptor_pb2
+from grpc_tools import protoc
+
+from smith_fast.pb import smith_pb2
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+UPSTREAM = ROOT / "proto" / "upstream" / "smith_v1.proto"
+SHARED = ROOT.parent / "shared" / "spec" / "smith_v1.proto"
+# The only additions allowed, as documented in PROTOCOL.md ("Envelope additions").
+ADDED_ENVELOPE_FIELDS = {
+    "batch_command": 12,
+    "batch_event": 13,
+    "health_check_request": 14,
+    "health_check_response": 16,
+    "metrics": 17,
+    "resource_usage": 18,
+}
+
+
+def compile_descriptor(path: pathlib.Path) -> descriptor_pb2.FileDescriptorProto:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "set.pb"
+        rc = protoc.main(["protoc", f"-I{path.parent}", f"--descriptor_set_out={out}", str(path)])
+        assert rc == 0, f"protoc failed on {path}"
+        fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    return fds.file[0]
+
+
+def flatten(fd: descriptor_pb2.FileDescriptorProto) -> dict[str, object]:
+    """Every message field and enum value, keyed by its full name."""
+    items: dict[str, object] = {}
+
+    def walk(msgs, prefix: str) -> None:  # type: ignore[no-untyped-def]
+        for m in msgs:
+            name = f"{prefix}.{m.name}"
+            for f in m.field:
+                items[f"{name}.{f.name}"] = (f.number, f.type, f.label, f.type_name, f.HasField("oneof_index"))
+            for e in m.enum_type:
+                for v in e.value:
+                    items[f"{name}.{e.name}.{v.name}"] = v.number
+            walk(m.nested_type, name)
+
+    walk(fd.message_type, fd.package)
+    for e in fd.enum_type:
+        for v in e.value:
+            items[f"{fd.package}.{e.name}.{v.name}"] = v.number
+    for s in fd.service:
+        for m in s.method:
+            items[f"{fd.package}.{s.name}.{m.name}"] = (m.input_type, m.output_type, m.client_streaming, m.server_streaming)
+    return items
+
+
+def test_vendored_upstream_is_the_users_schema() -> None:
+    # CI and developers have shared/ beside the repo; the vendored copy must not drift from it.
+    assert SHARED.exists(), f"expected the user's schema at {SHARED}"
+    assert UPSTREAM.read_bytes() == SHARED.read_bytes()
+
+
+def test_schema_is_upstream_plus_documented_additions() -> None:
+    ours = flatten(compile_descriptor(ROOT / "proto" / "smith" / "v1" / "smith.proto"))
+    theirs = flatten(compile_descriptor(UPSTREAM))
+    for name, spec in theirs.items():
+        assert ours.get(name) == spec, f"{name} changed: {spec} -> {ours.get(name)}"
+    added = {name: spec for name, spec in ours.items() if name not in theirs}
+    assert set(added) == {f"smith.v1.Envelope.{n}" for n in ADDED_ENVELOPE_FIELDS}
+    for field, number in ADDED_ENVELOPE_FIELDS.items():
+        assert added[f"smith.v1.Envelope.{field}"][0] == number  # type: ignore[index]
+    # 4 and 15 stay unused: their tags would make a v1 stream look like JSON (wire_notes.md)
+    used = {f.number for f in smith_pb2.Envelope.DESCRIPTOR.fields}
+    assert not used & {4, 15}
+
+
+def test_envelope_tags_never_look_like_jsonl() -> None:
+    json_second_bytes = {ord(c) for c in '"} \t\r\n'}
+    for f in smith_pb2.Envelope.DESCRIPTOR.fields:
+        for wire_type in range(6):
+            tag = (f.number << 3) | wire_type
+            if tag < 0x80:
+                assert tag not in json_second_bytes, (f.name, wire_type)
+
+
+def test_generated_code_is_up_to_date(tmp_path: pathlib.Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("generate", ROOT / "proto" / "generate.py")
+    assert spec and spec.loader
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    written = gen.generate(tmp_path)
+    assert {p.name for p in written} == {"smith_pb2.py", "smith_pb2.pyi", "smith_pb2_grpc.py"}
+    for path in written:
+        committed = ROOT / "smith_fast" / "pb" / path.name
+        assert committed.read_text() == path.read_text(), f"{committed} is stale: run python proto/generate.py"
