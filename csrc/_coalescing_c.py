@@ -1,0 +1,1 @@
+../smith_fast/_coalescing_py.py

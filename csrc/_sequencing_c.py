@@ -1,0 +1,1 @@
+../smith_fast/_sequencing_py.py

@@ -1,0 +1,1 @@
+../_coalescing_c.pxd

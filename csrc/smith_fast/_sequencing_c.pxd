@@ -1,0 +1,1 @@
+../_sequencing_c.pxd

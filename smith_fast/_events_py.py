@@ -1,0 +1,585 @@
+"""Direct encoders of the hot v1 events: the pure-Python twin of ``_events_c``.
+
+Building a protobuf message object per event costs several times more than serializing it, so the
+events a service sends most (shell output, logs, state changes, tool results, errors) are written
+straight from Python values to the wire: each function returns one varint-delimited frame holding
+``Envelope{timestamp=1, sequence=2, event=11{<member>}}`` (or, with ``framed=False``, the bare
+``Envelope`` bytes). The bytes are identical to what the protobuf runtime produces for the same
+message with ``SerializeToString(deterministic=True)``:
+
+* fields in field-number order; proto3 scalars equal to their default (0, ``""``, ``False``) are
+  omitted; ``optional`` fields are written whenever they are not ``None``, even when empty or zero;
+* ``int32`` and enum values are varints, negative ones sign-extended to ten bytes;
+* the ``Event`` submessage and the oneof member are always present, even when empty;
+* map entries are ``{1: key, 2: value}`` messages with both fields always written, in the order of
+  the runtime's deterministic serializer. That runtime is upb, whose string-key comparator
+  (``upb/message/map_sorter.c``) yields bytewise-ascending keys except that a key which is a proper
+  prefix of another comes *after* it (``"ab"`` before ``"a"``, ``""`` last). Other runtimes sort
+  plain ascending; map order carries no meaning on the wire, so either parses the same.
+
+Invalid arguments raise the same exception, with the same message, in both twins: ``TypeError``
+for a value of the wrong type, :class:`~smith_fast.errors.EncodeError` for a value that the field
+cannot hold (an integer out of range, a string with lone surrogates). When several arguments are
+invalid, the first one in signature order is reported.
+
+This module is the specification: ``_events_c`` must return the same bytes and raise the same
+errors for every input.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import EncodeError
+
+__all__ = [
+    "encode_envelope",
+    "encode_error",
+    "encode_log",
+    "encode_shell_output",
+    "encode_state_change",
+    "encode_tool_result",
+]
+
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
+_CONT_BYTE = [bytes((i | 0x80,)) for i in range(0x80)]  # a 7-bit group with more to follow
+_GROUPS = [max(1, (bits + 6) // 7) for bits in range(65)]  # varint length by bit length
+_CONTINUATION = [int.from_bytes(b"\x80" * (n - 1), "little") if n else 0 for n in range(9)]  # by length
+_ZERO = _ONE_BYTE[0]  # what a default-valued scalar encodes to: the marker for "omit this field"
+_UINT64_MASK = (1 << 64) - 1
+
+# Envelope oneof ``payload`` members (smith.proto): field number -> tag of a length-delimited field.
+# 15 and 4 are deliberately unused (their tags would collide with the v0 sniffing rule).
+_PAYLOAD_FIELDS = (10, 11, 12, 13, 14, 16, 17, 18)
+_PAYLOAD_TAGS: list[bytes | None] = [None] * 19
+for _field in _PAYLOAD_FIELDS:
+    _tag = (_field << 3) | 2  # wire type 2: length-delimited
+    _PAYLOAD_TAGS[_field] = bytes((_tag,)) if _tag < 0x80 else bytes(((_tag & 0x7F) | 0x80, _tag >> 7))
+del _field, _tag
+
+# Argument kinds, for diagnosing a failed call.
+_U64 = 0  # uint64
+_I32 = 1  # int32 or enum
+_OPT_I32 = 2  # optional int32
+_STR = 3  # string
+_OPT_STR = 4  # optional string
+_BYTES = 5  # bytes
+_MAP = 6  # map<string, string>, None meaning empty
+_FIELD = 7  # an Envelope payload field number
+
+
+def _uvarint(value: int) -> bytes:
+    """The varint of a uint64; raises (any exception: the caller diagnoses) when out of range."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
+    if 0 < value < 0x4000:
+        return _CONT_BYTE[value & 0x7F] + _ONE_BYTE[value >> 7]
+    if value >> 56 or value < 0:
+        return _long_uvarint(value)
+    # Up to eight 7-bit groups: spread them one per byte with three mask-and-shift steps, set the
+    # continuation bits, and let int.to_bytes do the byte loop in C.
+    spread = (value & 0xFFFFFFF) | (value >> 28 << 32)
+    spread = (spread & 0x00003FFF00003FFF) | ((spread & 0x0FFFC0000FFFC000) << 2)
+    spread = (spread & 0x007F007F007F007F) | ((spread & 0x3F803F803F803F80) << 1)
+    n = _GROUPS[value.bit_length()]
+    return (spread | _CONTINUATION[n]).to_bytes(n, "little")
+
+
+def _long_uvarint(value: int) -> bytes:
+    if value >> 64 or value < 0:
+        raise OverflowError
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _ivarint(value: int) -> bytes:
+    """The varint of an int32: protobuf sign-extends negatives to 64 bits, hence ten bytes."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
+    if not -0x80000000 <= value < 0x80000000:
+        raise OverflowError
+    return _uvarint(value & _UINT64_MASK)
+
+
+def _map_entries(tag: bytes, mapping: Mapping[str, str], parts: list[bytes]) -> None:
+    """Append one ``tag, length, {1: key, 2: value}`` entry per item, in upb's deterministic order."""
+    entries = []
+    for key, value in mapping.items():
+        k = key.encode()
+        v = value.encode()
+        # 0xFF never occurs in UTF-8: as a terminator it sorts a prefix after its extensions.
+        entries.append((k + b"\xff", k, v))
+    entries.sort()
+    for _, k, v in entries:
+        nk = len(k)
+        nv = len(v)
+        size = 2 + nk + nv + (1 if nk < 0x80 else len(_uvarint(nk))) + (1 if nv < 0x80 else len(_uvarint(nv)))
+        parts += (
+            tag,
+            _ONE_BYTE[size] if size < 0x80 else _uvarint(size),
+            b"\x0a",
+            _ONE_BYTE[nk] if nk < 0x80 else _uvarint(nk),
+            k,
+            b"\x12",
+            _ONE_BYTE[nv] if nv < 0x80 else _uvarint(nv),
+            v,
+        )
+
+
+def _envelope(timestamp: int, sequence: int, tag: bytes, payload: Any, framed: object) -> bytes:
+    """Wrap a serialized message as ``Envelope`` oneof member ``tag``, framed on request."""
+    n = len(payload)
+    payload_len = _ONE_BYTE[n] if n < 0x80 else _uvarint(n)
+    size = len(tag) + len(payload_len) + n
+    ts = _uvarint(timestamp)
+    if ts is _ZERO:
+        ts_tag = ts = b""
+    else:
+        ts_tag = b"\x08"
+        size += 1 + len(ts)
+    seq = _uvarint(sequence)
+    if seq is _ZERO:
+        seq_tag = seq = b""
+    else:
+        seq_tag = b"\x10"
+        size += 1 + len(seq)
+    prefix = (_ONE_BYTE[size] if size < 0x80 else _uvarint(size)) if framed else b""
+    return b"".join((prefix, ts_tag, ts, seq_tag, seq, tag, payload_len, payload))
+
+
+def _event(timestamp: int, sequence: int, member: bytes, body: bytes, framed: object) -> bytes:
+    """Wrap an encoded event as ``Envelope.event{member}``; ``member`` is a one-byte tag."""
+    n = len(body)
+    body_len = _ONE_BYTE[n] if n < 0x80 else _uvarint(n)
+    event = 1 + len(body_len) + n
+    event_len = _ONE_BYTE[event] if event < 0x80 else _uvarint(event)
+    size = 1 + len(event_len) + event
+    ts = _uvarint(timestamp)
+    if ts is _ZERO:
+        ts_tag = ts = b""
+    else:
+        ts_tag = b"\x08"
+        size += 1 + len(ts)
+    seq = _uvarint(sequence)
+    if seq is _ZERO:
+        seq_tag = seq = b""
+    else:
+        seq_tag = b"\x10"
+        size += 1 + len(seq)
+    prefix = (_ONE_BYTE[size] if size < 0x80 else _uvarint(size)) if framed else b""
+    return b"".join((prefix, ts_tag, ts, seq_tag, seq, b"\x5a", event_len, member, body_len, body))
+
+
+def _check(name: str, kind: int, value: object) -> Exception | None:
+    """The error one argument deserves, or None if it is valid."""
+    if kind in (_OPT_STR, _OPT_I32) and value is None:
+        return None
+    if kind == _MAP:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            return TypeError(f"{name} must be a mapping of str to str or None, not {type(value).__name__}")
+        for key, item in value.items():
+            err = _check(f"{name} key", _STR, key) or _check(f"{name}[{key!r}]", _STR, item)
+            if err is not None:
+                return err
+        return None
+    if kind in (_STR, _OPT_STR):
+        if not isinstance(value, str):
+            expected = "str" if kind == _STR else "str or None"
+            return TypeError(f"{name} must be {expected}, not {type(value).__name__}")
+        try:
+            value.encode()
+        except UnicodeEncodeError as exc:
+            return EncodeError(f"{name} cannot be encoded as UTF-8: {exc.reason} at index {exc.start}")
+        return None
+    if kind == _BYTES:
+        try:
+            memoryview(value).cast("B")  # type: ignore[arg-type]
+        except (TypeError, ValueError, BufferError):
+            return TypeError(f"{name} must be a C-contiguous bytes-like object, not {type(value).__name__}")
+        return None
+    try:
+        number = operator.index(value)  # type: ignore[call-overload]
+    except TypeError:
+        expected = "int or None" if kind == _OPT_I32 else "int"
+        return TypeError(f"{name} must be {expected}, not {type(value).__name__}")
+    if kind == _U64 and not 0 <= number < 1 << 64:
+        return EncodeError(f"{name} must be in [0, 2**64) (uint64), got {number}")
+    if kind in (_I32, _OPT_I32) and not -(1 << 31) <= number < 1 << 31:
+        return EncodeError(f"{name} must be in [-2**31, 2**31) (int32), got {number}")
+    if kind == _FIELD and number not in _PAYLOAD_FIELDS:
+        return EncodeError(f"field must be an Envelope payload field number {_PAYLOAD_FIELDS}, got {number}")
+    return None
+
+
+def _invalid(exc: Exception, args: tuple[tuple[str, int, object], ...]) -> Exception:
+    """The error to raise for a failed call: the first invalid argument's, else ``exc`` itself.
+
+    Both twins detect bad input on their fast path by whatever exception it happens to raise, then
+    call this with the arguments in signature order, so the error reported never depends on which
+    twin ran or on the order in which it looked at the fields.
+    """
+    for name, kind, value in args:
+        err = _check(name, kind, value)
+        if err is not None:
+            return err
+    return exc
+
+
+def encode_shell_output(
+    timestamp: int,
+    sequence: int,
+    request_id: str,
+    stdout: str | None = None,
+    stderr: str | None = None,
+    exit_code: int | None = None,
+    finished: bool = False,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying a ``ShellOutputEvent`` (``Event.shell_output``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        request_id: the request the output belongs to ("" is omitted).
+        stdout: a chunk of standard output; written whenever not None, even when empty.
+        stderr: a chunk of standard error; written whenever not None, even when empty.
+        exit_code: the exit status (int32, negative allowed), in the final event only.
+        finished: whether the command has completed.
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        rid = request_id.encode()
+        n = len(rid)
+        parts = [b"\x0a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), rid] if n else []
+        if stdout is not None:
+            data = stdout.encode()
+            n = len(data)
+            parts += (b"\x12", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        if stderr is not None:
+            data = stderr.encode()
+            n = len(data)
+            parts += (b"\x1a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        if exit_code is not None:
+            parts += (b"\x20", _ivarint(exit_code))
+        if finished:
+            parts.append(b"\x28\x01")
+        return _event(timestamp, sequence, b"\x2a", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("request_id", _STR, request_id),
+                ("stdout", _OPT_STR, stdout),
+                ("stderr", _OPT_STR, stderr),
+                ("exit_code", _OPT_I32, exit_code),
+            ),
+        ) from None
+
+
+def encode_log(
+    timestamp: int,
+    sequence: int,
+    level: int,
+    message: str,
+    log_timestamp: int = 0,
+    request_id: str | None = None,
+    fields: Mapping[str, str] | None = None,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying a ``LogEvent`` (``Event.log``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        level: a ``LogLevel`` value (enum, int32; 0 is omitted).
+        message: the log message ("" is omitted).
+        log_timestamp: ``LogEvent.timestamp`` (uint64; 0 is omitted).
+        request_id: the associated request; written whenever not None, even when empty.
+        fields: structured fields (``LogEvent.fields``), written sorted as the runtime does.
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        lv = _ivarint(level)
+        parts = [] if lv is _ZERO else [b"\x08", lv]
+        data = message.encode()
+        n = len(data)
+        if n:
+            parts += (b"\x12", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        ts = _uvarint(log_timestamp)
+        if ts is not _ZERO:
+            parts += (b"\x18", ts)
+        if request_id is not None:
+            data = request_id.encode()
+            n = len(data)
+            parts += (b"\x22", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        if fields is not None:
+            _map_entries(b"\x2a", fields, parts)
+        return _event(timestamp, sequence, b"\x1a", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("level", _I32, level),
+                ("message", _STR, message),
+                ("log_timestamp", _U64, log_timestamp),
+                ("request_id", _OPT_STR, request_id),
+                ("fields", _MAP, fields),
+            ),
+        ) from None
+
+
+def encode_state_change(
+    timestamp: int,
+    sequence: int,
+    state: int,
+    request_id: str | None = None,
+    state_timestamp: int = 0,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying a ``StateChangeEvent`` (``Event.state_change``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        state: a ``ServiceState`` value (enum, int32; 0 is omitted).
+        request_id: the associated request; written whenever not None, even when empty.
+        state_timestamp: ``StateChangeEvent.timestamp`` (uint64; 0 is omitted).
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        if request_id is not None:
+            data = request_id.encode()
+            n = len(data)
+            parts = [b"\x0a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data]
+        else:
+            parts = []
+        st = _ivarint(state)
+        if st is not _ZERO:
+            parts += (b"\x10", st)
+        ts = _uvarint(state_timestamp)
+        if ts is not _ZERO:
+            parts += (b"\x18", ts)
+        return _event(timestamp, sequence, b"\x12", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("state", _I32, state),
+                ("request_id", _OPT_STR, request_id),
+                ("state_timestamp", _U64, state_timestamp),
+            ),
+        ) from None
+
+
+def encode_tool_result(
+    timestamp: int,
+    sequence: int,
+    request_id: str,
+    success: bool,
+    result: bytes = b"",
+    error: str | None = None,
+    duration_ms: int = 0,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying a ``ToolResultEvent`` (``Event.tool_result``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        request_id: the request the result belongs to ("" is omitted).
+        success: whether the tool succeeded.
+        result: the JSON-encoded result, any C-contiguous bytes-like object (empty is omitted).
+        error: the error message; written whenever not None, even when empty.
+        duration_ms: execution time in milliseconds (uint64; 0 is omitted).
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        rid = request_id.encode()
+        n = len(rid)
+        parts = [b"\x0a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), rid] if n else []
+        if success:
+            parts.append(b"\x10\x01")
+        if result.__class__ is not bytes:
+            result = memoryview(result).cast("B")  # type: ignore[assignment]  # len() counts bytes
+        n = len(result)
+        if n:
+            parts += (b"\x1a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), result)
+        if error is not None:
+            data = error.encode()
+            n = len(data)
+            parts += (b"\x22", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        dur = _uvarint(duration_ms)
+        if dur is not _ZERO:
+            parts += (b"\x28", dur)
+        return _event(timestamp, sequence, b"\x32", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("request_id", _STR, request_id),
+                ("result", _BYTES, result),
+                ("error", _OPT_STR, error),
+                ("duration_ms", _U64, duration_ms),
+            ),
+        ) from None
+
+
+def encode_error(
+    timestamp: int,
+    sequence: int,
+    error_code: int,
+    message: str,
+    request_id: str | None = None,
+    error_timestamp: int = 0,
+    details: Mapping[str, str] | None = None,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying an ``ErrorEvent`` (``Event.error``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        error_code: an ``ErrorCode`` value (enum, int32; 0 is omitted).
+        message: the human-readable message ("" is omitted).
+        request_id: the associated request; written whenever not None, even when empty.
+        error_timestamp: ``ErrorEvent.timestamp`` (uint64; 0 is omitted).
+        details: extra fields (``ErrorEvent.details``), written sorted as the runtime does.
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        if request_id is not None:
+            data = request_id.encode()
+            n = len(data)
+            parts = [b"\x0a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data]
+        else:
+            parts = []
+        code = _ivarint(error_code)
+        if code is not _ZERO:
+            parts += (b"\x10", code)
+        data = message.encode()
+        n = len(data)
+        if n:
+            parts += (b"\x1a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)
+        ts = _uvarint(error_timestamp)
+        if ts is not _ZERO:
+            parts += (b"\x20", ts)
+        if details is not None:
+            _map_entries(b"\x2a", details, parts)
+        return _event(timestamp, sequence, b"\x4a", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("error_code", _I32, error_code),
+                ("message", _STR, message),
+                ("request_id", _OPT_STR, request_id),
+                ("error_timestamp", _U64, error_timestamp),
+                ("details", _MAP, details),
+            ),
+        ) from None
+
+
+def encode_envelope(
+    timestamp: int,
+    sequence: int,
+    field: int,
+    payload: bytes,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Wrap an already-serialized message as ``Envelope`` oneof member ``field``.
+
+    For the rare messages built with protobuf objects: ``field`` is the ``Envelope.payload`` member's
+    field number (10 command, 11 event, 12 batch_command, 13 batch_event, 14 health_check_request,
+    16 health_check_response, 17 metrics, 18 resource_usage). The member is always written, so an
+    empty ``payload`` is an empty (present) message.
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        field: the ``Envelope.payload`` field number.
+        payload: the serialized member message, any C-contiguous bytes-like object.
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of range or ``field`` is not an ``Envelope.payload`` member.
+    """
+    try:
+        tag = _PAYLOAD_TAGS[field] if 10 <= field <= 18 else None
+        if tag is None:
+            raise LookupError
+        if payload.__class__ is not bytes:
+            payload = memoryview(payload).cast("B")  # type: ignore[assignment]  # len() counts bytes
+        return _envelope(timestamp, sequence, tag, payload, framed)
+    except Exception as exc:
+        raise _invalid(
+            exc,
+            (
+                ("timestamp", _U64, timestamp),
+                ("sequence", _U64, sequence),
+                ("field", _FIELD, field),
+                ("payload", _BYTES, payload),
+            ),
+        ) from None

@@ -1,0 +1,642 @@
+"""Run shell commands as child processes whose output streams through the running event loop.
+
+This is what ``ShellExec`` and the ``shell.run`` tool run on. The same code runs on uvloop and on
+stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
+
+* **Spawn**: ``subprocess.Popen`` (vfork + exec) with ``start_new_session=True``, so the shell leads
+  a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
+  stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
+* **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
+  past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
+  one ``os.read(fd, read_size)`` per wakeup. No transport, protocol or stream buffer sits between
+  the pipe and ``on_output``: every wakeup costs one system call and one callback
+  (``bench/bench_process.py`` measures this against a blocking ``os.read`` loop).
+* **Exit**: ``os.pidfd_open`` + ``loop.add_reader``: no SIGCHLD handler, no child-watcher thread, no
+  ``waitpid(-1)`` that could steal another library's children. Where pidfd is unavailable
+  (Linux < 5.3, some seccomp sandboxes) a 50 ms ``waitpid(WNOHANG)`` poll replaces it.
+* **No orphans**: when the shell exits, the rest of its group (``sleep 100 &``) is SIGKILLed *before*
+  the shell is reaped: the unreaped zombie still pins the group id, so the signal cannot reach an
+  unrelated process that reused the number. Afterwards the group is never signalled again. Then the
+  pipes drain to EOF. A writer that escaped the group (``setsid cmd &``) would hold a pipe open
+  forever, so :data:`ESCAPED_WRITER_GRACE` seconds after the exit whatever is buffered is read and the
+  pipes are closed.
+* **Backpressure**: :meth:`ShellProcess.pause_reading` removes the pipe readers; the kernel pipe
+  fills and the child blocks in ``write``, so the service holds at most what it already delivered.
+* **Cancellation**: a cancelled :meth:`ShellProcess.wait`, :meth:`ShellProcess.terminate` or
+  :func:`run_collect` kills the group and closes the pipes at once; the pidfd reader stays until the
+  shell is reaped. For a graceful timeout use ``wait(timeout=...)`` then ``terminate()``, never
+  ``asyncio.wait_for(proc.wait(), ...)``. :func:`kill_all` runs at interpreter exit.
+
+Linux only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import errno
+import fcntl
+import functools
+import os
+import pwd
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .errors import ProtocolError
+from .pb import smith_pb2
+
+__all__ = [
+    "DEFAULT_PATH",
+    "DEFAULT_READ_SIZE",
+    "DEFAULT_SHELL",
+    "ESCAPED_WRITER_GRACE",
+    "PIPE_SIZE",
+    "STDERR",
+    "STDOUT",
+    "TERMINATE_GRACE",
+    "Collected",
+    "ShellProcess",
+    "base_environment",
+    "kill_all",
+    "run_collect",
+]
+
+STDOUT = 1
+"""The ``fd`` argument of ``on_output`` for standard output."""
+STDERR = 2
+"""The ``fd`` argument of ``on_output`` for standard error."""
+DEFAULT_SHELL = "/bin/sh"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PIPE_SIZE = 1 << 20
+"""Requested kernel buffer of each output pipe: more data per wakeup, fewer wakeups."""
+DEFAULT_READ_SIZE = 1 << 20
+TERMINATE_GRACE = 2.0
+"""Seconds between SIGTERM and SIGKILL in :meth:`ShellProcess.terminate` and :func:`run_collect`."""
+ESCAPED_WRITER_GRACE = 0.5
+"""Seconds after the shell exits before pipes still held open by a process outside its group are closed."""
+
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_HAVE_PIDFD = hasattr(os, "pidfd_open")
+_POLL_INTERVAL = 0.05
+_DRAIN_MAX_READS = 64
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+# pid -> process whose shell is not reaped yet; kill_all() signals these groups.
+_LIVE: dict[int, ShellProcess] = {}
+
+
+@functools.lru_cache(maxsize=4)
+def _account(uid: int) -> tuple[str, str | None]:
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:  # a uid with no passwd entry, common in containers
+        return str(uid), None
+    return entry.pw_name, entry.pw_dir or None
+
+
+def base_environment() -> dict[str, str]:
+    """The environment every command starts from, before the request's ``env`` is layered on top.
+
+    It is deliberately *not* the service's own environment, which may hold credentials. It holds
+    exactly these nine variables:
+
+    * ``PATH``: the service's ``PATH`` if set and non-empty, else :data:`DEFAULT_PATH`.
+    * ``HOME``: the service's ``HOME`` if set and non-empty, else the home directory of the
+      service's user from the password database, else ``/``.
+    * ``USER`` and ``LOGNAME``: the name of the user the service runs as (password database),
+      or the numeric uid when it has no entry.
+    * ``SHELL``: ``/bin/sh`` (:meth:`ShellProcess.start` replaces it with the shell it runs).
+    * ``LANG`` and ``LC_ALL``: ``C.UTF-8``.
+    * ``TERM``: ``dumb`` (output goes to a pipe, not a terminal).
+    * ``SMITH_FAST``: ``1``, so a command can tell it runs under smith-fast.
+
+    Returns:
+        A new dict the caller may modify.
+    """
+    user, home = _account(os.getuid())
+    return {
+        "PATH": os.environ.get("PATH") or DEFAULT_PATH,
+        "HOME": os.environ.get("HOME") or home or "/",
+        "USER": user,
+        "LOGNAME": user,
+        "SHELL": DEFAULT_SHELL,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TERM": "dumb",
+        "SMITH_FAST": "1",
+    }
+
+
+def _spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolError:
+    """Turn what ``Popen`` raised into the error a client sees."""
+    code = smith_pb2.ERROR_CODE_UNSPECIFIED
+    details = {"reason": "spawn_failed"}
+    if isinstance(exc, OSError):
+        if exc.errno is not None:
+            details["errno"] = errno.errorcode.get(exc.errno, str(exc.errno))
+        reason = exc.strerror or str(exc)
+        if exc.errno in _RESOURCE_ERRNOS:
+            code = smith_pb2.ERROR_CODE_RESOURCE_EXHAUSTED
+            message = f"cannot start shell {shell!r}: {reason}"
+        elif cwd is not None and exc.filename == cwd:
+            if isinstance(exc, FileNotFoundError):
+                message = f"working directory {cwd!r} does not exist"
+            elif isinstance(exc, NotADirectoryError):
+                message = f"working directory {cwd!r} is not a directory"
+            else:
+                message = f"cannot enter working directory {cwd!r}: {reason}"
+        elif isinstance(exc, FileNotFoundError):
+            message = f"shell {shell!r} not found"
+        elif isinstance(exc, PermissionError):
+            message = f"shell {shell!r} is not executable: {reason}"
+        else:
+            message = f"cannot run shell {shell!r}: {reason}"
+    else:  # ValueError/TypeError: a NUL byte in the command or env, an '=' in a variable name
+        message = f"cannot start shell {shell!r}: {exc}"
+    return ProtocolError(message, code, details=details)
+
+
+def _close_quietly(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class ShellProcess:
+    """A running shell command whose stdout and stderr are delivered to a callback as they arrive.
+
+    Create one with :meth:`start`. Output arrives through ``on_output(fd, data)`` (``fd`` is
+    :data:`STDOUT` or :data:`STDERR`, ``data`` a non-empty ``bytes``) in the order each pipe produced
+    it; the two streams are not ordered relative to each other.
+
+    Attributes:
+        pid: the shell's process id, which is also its process group id.
+        returncode: ``None`` until the shell has been reaped; then its exit status, or ``-N`` if
+            signal ``N`` killed it. Output may still be in flight: :meth:`wait` waits for both.
+    """
+
+    __slots__ = (
+        "pid",
+        "returncode",
+        "_loop",
+        "_popen",
+        "_on_output",
+        "_read_size",
+        "_pipes",
+        "_paused",
+        "_pidfd",
+        "_poll_handle",
+        "_escape_timer",
+        "_exited",
+        "_done",
+        "_error",
+    )
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        popen: subprocess.Popen[bytes],
+        pipes: dict[int, int],
+        on_output: Callable[[int, bytes], None],
+        read_size: int,
+    ) -> None:
+        self.pid: int = popen.pid
+        self.returncode: int | None = None
+        self._loop = loop
+        # Kept until the shell is reaped: a Popen collected earlier would waitpid() it itself.
+        self._popen: subprocess.Popen[bytes] | None = popen
+        self._on_output = on_output
+        self._read_size = read_size
+        self._pipes = pipes  # STDOUT/STDERR -> read end, until EOF or close()
+        self._paused = False
+        self._pidfd = -1
+        self._poll_handle: asyncio.TimerHandle | None = None
+        self._escape_timer: asyncio.TimerHandle | None = None
+        self._exited: asyncio.Future[int] = loop.create_future()  # shell reaped
+        self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
+        self._error: Exception | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        command: str,
+        *,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        on_output: Callable[[int, bytes], None],
+        read_size: int = DEFAULT_READ_SIZE,
+        pipe_size: int = PIPE_SIZE,
+    ) -> ShellProcess:
+        """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
+
+        Args:
+            command: the command line, passed to the shell as one ``-c`` argument.
+            shell: the shell program, looked up on the command's ``PATH`` when it has no slash;
+                ``None`` or ``""`` means :data:`DEFAULT_SHELL`.
+            cwd: the working directory; ``None`` or ``""`` means the service's own.
+            env: variables layered over :func:`base_environment` (with ``SHELL`` set to the shell).
+            on_output: called from the event loop as ``on_output(fd, data)`` for each chunk read.
+                If it raises, the process group is killed and :meth:`wait` raises that exception.
+            read_size: the most bytes one read (and so one callback) delivers.
+            pipe_size: the kernel buffer to request for each pipe; the default is used if refused.
+
+        Returns:
+            The running process.
+
+        Raises:
+            ProtocolError: the shell or working directory does not exist or cannot be used, or the
+                command or env holds a NUL byte (``details["reason"] == "spawn_failed"``; code
+                ``ERROR_CODE_RESOURCE_EXHAUSTED`` when out of processes, fds or memory, else
+                ``ERROR_CODE_UNSPECIFIED``).
+            ValueError: ``read_size`` is not positive.
+        """
+        if read_size < 1:
+            raise ValueError(f"read_size must be positive, got {read_size}")
+        loop = asyncio.get_running_loop()
+        shell = shell or DEFAULT_SHELL
+        cwd = cwd or None
+        environ = base_environment()
+        environ["SHELL"] = shell
+        if env:
+            environ.update(env)
+        try:
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:
+            raise _spawn_error(exc, shell, cwd) from None
+        try:
+            err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        except OSError as exc:
+            _close_quietly(out_r, out_w)
+            raise _spawn_error(exc, shell, cwd) from None
+        try:
+            for fd in (out_r, err_r):
+                try:
+                    fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
+                except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
+                    pass
+                os.set_blocking(fd, False)
+            # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
+            # bench_process's spawn group); an executor hop would cost more than it saves.
+            popen = subprocess.Popen(
+                [shell, "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=cwd,
+                env=environ,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except (OSError, ValueError, TypeError) as exc:
+            _close_quietly(out_r, out_w, err_r, err_w)
+            raise _spawn_error(exc, shell, cwd) from None
+        except BaseException:
+            _close_quietly(out_r, out_w, err_r, err_w)
+            raise
+        # Only the child may hold the write ends, or EOF would never come.
+        _close_quietly(out_w, err_w)
+        self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
+        _LIVE[self.pid] = self
+        if _HAVE_PIDFD:
+            try:
+                self._pidfd = os.pidfd_open(self.pid)
+            except OSError:  # ENOSYS (old kernel) or a seccomp filter
+                pass
+        if self._pidfd >= 0:
+            loop.add_reader(self._pidfd, self._check_exit)
+        else:
+            self._poll_handle = loop.call_later(_POLL_INTERVAL, self._poll_exit)
+        for stream, fd in self._pipes.items():
+            loop.add_reader(fd, self._read_ready, stream, fd)
+        return self
+
+    def __repr__(self) -> str:
+        state = "running" if self.returncode is None else f"returncode={self.returncode}"
+        return f"<ShellProcess pid={self.pid} {state}>"
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def _read_ready(self, stream: int, fd: int) -> None:
+        # One read per wakeup: the pipe holds at most PIPE_SIZE, so with read_size >= PIPE_SIZE a
+        # second read would only return EAGAIN; the loop calls again if anything is left.
+        try:
+            data = os.read(fd, self._read_size)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._deliver(stream, data)
+        else:
+            self._close_pipe(stream)
+            self._maybe_done()
+
+    def _deliver(self, stream: int, data: bytes) -> None:
+        try:
+            self._on_output(stream, data)
+        except Exception as exc:  # the consumer's bug: stop the command and tell the waiter
+            if self._error is None:
+                self._error = exc
+            self.close()
+
+    def _close_pipe(self, stream: int) -> None:
+        fd = self._pipes.pop(stream, None)
+        if fd is None:
+            return
+        if not self._loop.is_closed():
+            self._loop.remove_reader(fd)
+        os.close(fd)
+
+    def _drain_and_close(self) -> None:
+        """Deliver whatever the pipes hold right now, then close them (an escaped writer holds them)."""
+        for stream, fd in list(self._pipes.items()):
+            for _ in range(_DRAIN_MAX_READS):
+                if self._pipes.get(stream) != fd:  # on_output closed us
+                    break
+                try:
+                    data = os.read(fd, self._read_size)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    break
+                self._deliver(stream, data)
+            self._close_pipe(stream)
+
+    def _escaped_writer_check(self) -> None:
+        self._escape_timer = None
+        if not self._pipes:
+            return
+        if self._paused:  # the consumer is slow, which is no reason to drop output: look again later
+            self._escape_timer = self._loop.call_later(ESCAPED_WRITER_GRACE, self._escaped_writer_check)
+            return
+        self._drain_and_close()
+        self._maybe_done()
+
+    def pause_reading(self) -> None:
+        """Stop reading both pipes (backpressure).
+
+        Once the kernel pipe buffer is full the child blocks in ``write``; nothing is lost. Exit is
+        still noticed, but :meth:`wait` does not return until reading is resumed and the output
+        delivered.
+        """
+        if self._paused:
+            return
+        self._paused = True
+        for fd in self._pipes.values():
+            self._loop.remove_reader(fd)
+
+    def resume_reading(self) -> None:
+        """Resume reading after :meth:`pause_reading`."""
+        if not self._paused:
+            return
+        self._paused = False
+        for stream, fd in self._pipes.items():
+            self._loop.add_reader(fd, self._read_ready, stream, fd)
+
+    # -- exit --------------------------------------------------------------------------------------
+
+    def _poll_exit(self) -> None:
+        self._poll_handle = None
+        self._check_exit()
+        if self.returncode is None:
+            self._poll_handle = self._loop.call_later(_POLL_INTERVAL, self._poll_exit)
+
+    def _check_exit(self) -> None:
+        if self.returncode is not None:
+            return
+        try:
+            # WNOWAIT: look without reaping, so the zombie keeps pinning the group id below.
+            if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return  # still running (a poll tick)
+            self._signal_group(signal.SIGKILL)  # whatever the shell left behind (`cmd &`)
+            _, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            # Reaped behind our back (a waitpid(-1) elsewhere): the status is lost, and the group id
+            # may already belong to someone else. asyncio reports 255 in this case too.
+            self._reaped(255)
+            return
+        self._reaped(os.waitstatus_to_exitcode(status))
+
+    def _reaped(self, code: int) -> None:
+        self.returncode = code
+        if self._popen is not None:
+            self._popen.returncode = code  # tells Popen.__del__ the child is reaped
+            self._popen = None
+        _LIVE.pop(self.pid, None)
+        if self._pidfd >= 0:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
+        if self._poll_handle is not None:
+            self._poll_handle.cancel()
+            self._poll_handle = None
+        if not self._exited.done():
+            self._exited.set_result(code)
+        if self._pipes:
+            self._escape_timer = self._loop.call_later(ESCAPED_WRITER_GRACE, self._escaped_writer_check)
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.returncode is None or self._pipes or self._done.done():
+            return
+        if self._escape_timer is not None:
+            self._escape_timer.cancel()
+            self._escape_timer = None
+        self._done.set_result(self.returncode)
+
+    def _signal_group(self, sig: int) -> None:
+        # Only while the shell is unreaped: after that its pid (= the group id) may be reused.
+        if self.returncode is not None:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):  # all gone, or only setuid members left
+            pass
+
+    # -- control -----------------------------------------------------------------------------------
+
+    async def _wait_exited(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds for the shell to be reaped; True if it was."""
+        if not self._exited.done():
+            await asyncio.wait([self._exited], timeout=timeout)
+        return self._exited.done()
+
+    async def wait(self, timeout: float | None = None) -> int:
+        """Wait until the shell has exited and all output has been delivered.
+
+        Cancelling the waiting task kills the process group and discards undelivered output (see
+        :meth:`close`); the process is then reaped in the background. So do not wrap this in
+        ``asyncio.wait_for`` (whose timeout cancels it): pass ``timeout`` instead, which leaves the
+        process running and lets the caller :meth:`terminate` it gracefully.
+
+        Args:
+            timeout: seconds to wait at most; ``None`` waits as long as it takes.
+
+        Returns:
+            The exit status, or ``-N`` if signal ``N`` killed the shell.
+
+        Raises:
+            TimeoutError: ``timeout`` passed first; the process is left as it was.
+            Exception: whatever ``on_output`` raised, if it did (the group was killed then).
+        """
+        try:
+            if timeout is None:
+                code = await asyncio.shield(self._done)
+            else:
+                if not self._done.done():
+                    await asyncio.wait([self._done], timeout=timeout)
+                if not self._done.done():
+                    raise TimeoutError(f"process {self.pid} still running after {timeout} s")
+                code = self._done.result()
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        if self._error is not None:
+            raise self._error
+        return code
+
+    async def terminate(self, grace: float = TERMINATE_GRACE) -> int:
+        """Stop the command: SIGTERM to the whole group, SIGKILL ``grace`` seconds later if the shell
+        is still alive, then :meth:`wait` (the remaining output is delivered first).
+
+        Args:
+            grace: seconds the shell gets to exit after SIGTERM.
+
+        Returns:
+            The exit status, normally ``-15`` or ``-9``.
+
+        Raises:
+            Exception: whatever ``on_output`` raised, if it did.
+        """
+        try:
+            if self.returncode is None:
+                self._signal_group(signal.SIGTERM)
+                self._signal_group(signal.SIGCONT)  # a stopped process acts on SIGTERM only once resumed
+                if not await self._wait_exited(grace):
+                    self._signal_group(signal.SIGKILL)
+        except asyncio.CancelledError:
+            self.close()
+            raise
+        return await self.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group now. Output already in the pipes is still delivered."""
+        self._signal_group(signal.SIGKILL)
+
+    def close(self) -> None:
+        """Kill the group, stop delivering output and close the pipes at once.
+
+        For a client that went away. The shell is reaped in the background; :meth:`wait` then returns
+        its status.
+        """
+        self.kill()
+        for stream in list(self._pipes):
+            self._close_pipe(stream)
+        self._maybe_done()
+
+
+def kill_all() -> None:
+    """SIGKILL the process group of every :class:`ShellProcess` whose shell is not reaped yet.
+
+    Synchronous and safe to call at any time; registered with :mod:`atexit` so that no command
+    outlives the service. Reaping is left to each process's event loop (or to init after exit).
+    """
+    for proc in list(_LIVE.values()):
+        proc.kill()
+
+
+atexit.register(kill_all)
+
+
+@dataclass(frozen=True, slots=True)
+class Collected:
+    """What :func:`run_collect` gathered.
+
+    Attributes:
+        exit_code: the exit status, or ``-N`` if signal ``N`` killed the shell (on timeout usually
+            ``-15``, or ``-9`` if it ignored SIGTERM). Always set by :func:`run_collect`.
+        stdout: standard output, at most ``max_output`` bytes.
+        stderr: standard error, at most ``max_output`` bytes.
+        truncated: a stream produced more than ``max_output`` bytes and the rest was discarded.
+        timed_out: the command ran past ``timeout`` and was terminated.
+        duration_ms: wall time from spawning to the last output, in milliseconds.
+    """
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    timed_out: bool
+    duration_ms: int
+
+
+async def run_collect(
+    command: str,
+    *,
+    shell: str | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    max_output: int = 1 << 20,
+) -> Collected:
+    """Run a command to completion and collect its output.
+
+    Output past ``max_output`` bytes per stream is read (so the child never blocks) and discarded.
+    On timeout the group gets SIGTERM, then SIGKILL after :data:`TERMINATE_GRACE` seconds.
+
+    Args:
+        command: the command line, run as ``[shell, "-c", command]``.
+        shell: the shell; ``None`` means :data:`DEFAULT_SHELL`.
+        cwd: the working directory; ``None`` means the service's own.
+        env: variables layered over :func:`base_environment`.
+        timeout: seconds before the command is terminated; ``None`` for no limit.
+        max_output: the most bytes kept of each of stdout and stderr.
+
+    Returns:
+        The exit code, both outputs and what happened.
+
+    Raises:
+        ProtocolError: the command could not be started (see :meth:`ShellProcess.start`).
+        asyncio.CancelledError: the caller was cancelled; the group was killed first.
+    """
+    buffers = {STDOUT: bytearray(), STDERR: bytearray()}
+    truncated = False
+
+    def on_output(stream: int, data: bytes) -> None:
+        nonlocal truncated
+        buf = buffers[stream]
+        room = max_output - len(buf)
+        if len(data) <= room:
+            buf += data
+        else:
+            if room > 0:
+                buf += data[:room]
+            truncated = True
+
+    started = time.monotonic()
+    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output)
+    timed_out = False
+    try:
+        try:
+            code = await proc.wait(None if timeout is None else max(timeout, 0.0))
+        except TimeoutError:
+            timed_out = proc.returncode is None  # else it exited in time and only output was in flight
+            code = await proc.terminate(TERMINATE_GRACE)
+    except BaseException:
+        proc.close()
+        raise
+    return Collected(
+        exit_code=code,
+        stdout=bytes(buffers[STDOUT]),
+        stderr=bytes(buffers[STDERR]),
+        truncated=truncated,
+        timed_out=timed_out,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )

@@ -1,0 +1,54 @@
+"""Service configuration and limits. Every limit here is a ``smith-fast serve`` flag (README, "Limits")."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from ..framing import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["Limits", "ServiceConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Bounds that keep one peer from exhausting the service.
+
+    Attributes:
+        max_frame_size: largest v1 frame / v0 line accepted, in bytes (``--max-frame-size``).
+        max_output: bytes of stdout+stderr forwarded per shell command before it is truncated with a
+            notice (``--max-output``); the child keeps running and its further output is discarded.
+        max_processes: shell commands running at once across the whole service (``--max-processes``);
+            one more is answered with ``ERROR_CODE_RESOURCE_EXHAUSTED``.
+        max_requests: requests in flight per session (``--max-requests``); likewise.
+        default_timeout_ms: timeout for commands that give none; 0 means none (``--timeout-ms``).
+        kill_grace: seconds between SIGTERM and SIGKILL when a command is stopped (``--kill-grace``).
+        chunk_size: largest ShellOutput chunk, in bytes (``--chunk-size``).
+        tool_max_output: cap on a tool's output (``fs.read`` size, ``shell.run`` output).
+    """
+
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_output: int = 64 * 1024 * 1024
+    max_processes: int = 64
+    max_requests: int = 1024
+    default_timeout_ms: int = 0
+    kill_grace: float = 2.0
+    chunk_size: int = 64 * 1024
+    tool_max_output: int = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    """Everything a service core needs to know.
+
+    Attributes:
+        root: the tool workspace; tools may not reach outside it.
+        protocol: ``auto`` (sniff v0/v1 per connection), ``v1`` or ``v0``.
+        jsonl_backend: JSON library for v0 (``auto``, ``json`` or ``orjson``).
+        limits: see :class:`Limits`.
+    """
+
+    root: pathlib.Path = dataclasses.field(default_factory=pathlib.Path.cwd)
+    protocol: str = "auto"
+    jsonl_backend: str = "auto"
+    limits: Limits = dataclasses.field(default_factory=Limits)

@@ -1,0 +1,264 @@
+"""One byte stream (socket or stdio pipes) carrying a Smith session, v1 or v0.
+
+Reads go through ``asyncio.BufferedProtocol``: the loop reads straight into one preallocated buffer
+and the decoder copies out only complete frames. Writes are gathered and flushed once per loop tick
+(or as soon as 256 KiB are pending) with a single transport write. The transport's
+``pause_writing``/``resume_writing`` pause the session's child pipes, so a peer that does not read
+cannot make the service buffer without bound.
+
+Which protocol a connection speaks is decided by its first two bytes (wire_notes.md): ``{``
+followed by ``"``, ``}`` or JSON whitespace is v0 JSONL; anything else is v1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from ..coalescing import WriteCoalescer
+from ..errors import FramingError, FrameTooLarge, ProtocolError
+from ..framing import FrameDecoder
+from ..jsonl import JsonlCodec, LineDecoder
+from ..logs import get_logger
+from ..pb import smith_pb2 as pb
+from .core import ServiceCore
+from .session import Session
+from .sinks import V0Sink, V1Sink
+
+__all__ = ["Connection", "sniff_version"]
+
+log = get_logger("smith_fast.connection")
+
+READ_BUFFER_SIZE = 256 * 1024
+WRITE_FLUSH_BYTES = 256 * 1024
+_V0_SECOND_BYTES = frozenset(b'"} \t\r\n')
+
+
+def sniff_version(head: bytes) -> int:
+    """0 for v0 JSONL, 1 for v1, from (at least) the first two bytes of a connection."""
+    return 0 if head[0] == 0x7B and head[1] in _V0_SECOND_BYTES else 1
+
+
+class Connection(asyncio.BufferedProtocol):
+    """A Smith session over a byte stream.
+
+    Args:
+        core: the service core.
+        protocol: ``auto``, ``v1`` or ``v0``.
+        writer: the transport to write to when it is not the one that reads (stdio).
+        on_closed: called once when the connection is gone.
+    """
+
+    def __init__(
+        self,
+        core: ServiceCore,
+        *,
+        protocol: str = "auto",
+        writer: asyncio.WriteTransport | None = None,
+        on_closed: Callable[[], None] | None = None,
+        peer: str | None = None,
+    ) -> None:
+        self.core = core
+        self.protocol = protocol
+        self.session: Session | None = None
+        self.peer = peer or "?"
+        self._buffer = bytearray(READ_BUFFER_SIZE)
+        self._view = memoryview(self._buffer)
+        self._head = b""
+        self._feed: Callable[[bytes | memoryview], None] | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self._writer = writer
+        self._out = WriteCoalescer(WRITE_FLUSH_BYTES)
+        self._flush_scheduled = False
+        self._closed = False
+        self._on_closed = on_closed
+        self._loop = asyncio.get_event_loop()
+
+    # ---- asyncio protocol callbacks ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        if self._writer is None:
+            self._writer = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
+        peer = transport.get_extra_info("peername")
+        if peer and self.peer == "?":
+            self.peer = peer if isinstance(peer, str) and peer else str(peer)
+        log.debug("connection", extra={"fields": {"peer": self.peer}})
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._view[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:  # pipes on stdlib asyncio call this
+        if self._closed:
+            return
+        if self._feed is None:
+            self._head += bytes(data)
+            if len(self._head) < 2 and self.protocol == "auto":
+                return
+            data, self._head = self._head, b""
+            self._start_session(data)
+        assert self._feed is not None
+        self._feed(data)
+
+    def eof_received(self) -> bool:
+        # The peer is gone (or closed its sending side): its requests die with it, children included.
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.session is not None:
+            self.session.connection_lost()
+        if self._on_closed is not None:
+            self._on_closed()
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.pause()
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.resume()
+
+    # ---- reading -----------------------------------------------------------------------------
+
+    def _start_session(self, head: bytes) -> None:
+        version = {"v1": 1, "v0": 0}.get(self.protocol)
+        if version is None:
+            version = sniff_version(head)
+        if version == 1:
+            sink = V1Sink(self.write)
+            self._decoder = FrameDecoder(self.core.limits.max_frame_size)
+            self._feed = self._feed_v1
+        else:
+            codec = JsonlCodec(self.core.config.jsonl_backend)
+            sink = V0Sink(self.write, codec)
+            self._codec = codec
+            self._lines = LineDecoder(self.core.limits.max_frame_size)
+            self._feed = self._feed_v0
+        self.session = Session(self.core, sink, close=self.close, peer=self.peer)
+
+    def _feed_v1(self, data: bytes | memoryview) -> None:
+        session = self.session
+        assert session is not None
+        fatal: FramingError | None = None
+        try:
+            frames = self._decoder.feed(data)
+        except FramingError as exc:
+            frames, fatal = exc.frames, exc  # type: ignore[attr-defined]
+        for frame in frames:
+            try:
+                env = pb.Envelope.FromString(frame)
+            except DecodeError as exc:
+                session.protocol_error(
+                    ProtocolError(
+                        f"a {len(frame)}-byte frame is not a valid Envelope ({exc}); it was skipped",
+                        pb.ERROR_CODE_UNSPECIFIED,
+                        details={"reason": "invalid_envelope"},
+                    )
+                )
+                continue
+            kind = env.WhichOneof("payload")
+            if kind == "command":
+                session.handle(env.command)
+            elif kind == "batch_command":
+                batch = env.batch_command
+                if batch.require_ordering:
+                    self._loop.create_task(session.run_ordered(list(batch.commands)))
+                else:
+                    for command in batch.commands:
+                        session.handle(command)
+            else:
+                session.protocol_error(
+                    ProtocolError(
+                        f"unexpected Envelope payload {kind or 'none'!r} from a client; expected a command",
+                        pb.ERROR_CODE_UNSPECIFIED,
+                        details={"reason": "unexpected_payload"},
+                    )
+                )
+        if fatal is not None:
+            code = pb.ERROR_CODE_RESOURCE_EXHAUSTED if isinstance(fatal, FrameTooLarge) else pb.ERROR_CODE_UNSPECIFIED
+            session.protocol_error(
+                ProtocolError(
+                    f"{fatal}; the stream cannot be resynchronised, closing the connection",
+                    code,
+                    details={"reason": "framing", "offset": str(fatal.offset)},
+                )
+            )
+            self._loop.create_task(session.shutdown())
+            self._feed = self._discard
+
+    def _feed_v0(self, data: bytes | memoryview) -> None:
+        session = self.session
+        assert session is not None
+        error: FrameTooLarge | None = None
+        try:
+            lines = self._lines.feed(data)
+        except FrameTooLarge as exc:  # not sticky for v0: the decoder resyncs at the next newline
+            lines, error = exc.frames, exc  # type: ignore[attr-defined]
+        for i, line in enumerate(lines):
+            if error is not None and i == error.index:  # type: ignore[attr-defined]
+                self._line_too_long(error)
+            self._line(session, line)
+        if error is not None and error.index >= len(lines):  # type: ignore[attr-defined]
+            self._line_too_long(error)
+
+    def _line(self, session: Session, line: bytes) -> None:
+        try:
+            command = self._codec.decode_command(line)
+        except ProtocolError as exc:
+            session.protocol_error(exc)
+            # An unknown capability does not fail the handshake: the rest are still granted.
+            command = getattr(exc, "command", None)
+            if command is None:
+                return
+        session.handle(command)
+
+    def _line_too_long(self, error: FrameTooLarge) -> None:
+        assert self.session is not None
+        self.session.protocol_error(
+            ProtocolError(
+                str(error),
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                details={"reason": "line_too_long", "offset": str(error.offset)},
+            )
+        )
+
+    def _discard(self, data: bytes | memoryview) -> None:
+        pass
+
+    # ---- writing -----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; it goes out with everything else written in this loop tick."""
+        if self._closed:
+            return
+        full = self._out.add(data)
+        if full is not None:
+            self._writer.write(full)  # type: ignore[union-attr]
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._closed:
+            return
+        data = self._out.flush()
+        if data:
+            self._writer.write(data)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Flush what is queued, then close (the transport sends buffered bytes first)."""
+        self._flush()
+        if self._writer is not None and self._writer is not self._transport:
+            self._writer.close()
+        if self._transport is not None:
+            self._transport.close()

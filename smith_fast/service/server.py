@@ -1,0 +1,164 @@
+"""Listeners: stdio, Unix sockets and TCP, several at once in one process, sharing one core."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import stat
+from dataclasses import dataclass, field
+
+from .. import process
+from ..logs import get_logger
+from .config import ServiceConfig
+from .connection import Connection
+from .core import ServiceCore
+
+__all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError"]
+
+log = get_logger("smith_fast.server")
+
+DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
+
+
+class ListenError(Exception):
+    """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
+
+
+@dataclass
+class ListenConfig:
+    stdio: bool = False
+    unix: list[str] = field(default_factory=list)
+    tcp: list[str] = field(default_factory=list)
+    allow_remote: bool = False
+
+
+def parse_tcp(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` / ``[V6]:PORT`` / ``:PORT`` → (host, port); an empty host means 127.0.0.1."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ListenError(f"TCP address {addr!r} is not HOST:PORT")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot resolve {host!r}: {exc}") from None
+    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _unix_socket(path: str) -> socket.socket:
+    """Bind ``path`` mode 0600, replacing a stale socket file but never a live server or other file."""
+    if os.path.lexists(path):
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenError(f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # stale: nobody listens there
+        else:
+            raise ListenError(f"{path} is in use by a running server")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # no window in which the socket is reachable by others
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class _StdoutProtocol(asyncio.Protocol):
+    """Forwards the stdout pipe's flow control to the stdio connection."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def pause_writing(self) -> None:
+        self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.conn.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.connection_lost(exc)
+
+
+async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.Event) -> Connection:
+    loop = asyncio.get_running_loop()
+    # The protocol owns the original stdin/stdout; fds 0 and 1 are pointed elsewhere so that a stray
+    # print() or a library writing to stdout can never corrupt the stream.
+    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
+    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio")
+    writer, _ = await loop.connect_write_pipe(lambda: _StdoutProtocol(conn), proto_out)
+    conn._writer = writer  # noqa: SLF001 (set before any byte is read)
+    await loop.connect_read_pipe(lambda: conn, proto_in)
+    return conn
+
+
+async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) -> int:
+    """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe)."""
+    loop = asyncio.get_running_loop()
+    core = ServiceCore(config, loop_name=loop_name)
+    servers: list[asyncio.base_events.Server] = []
+    unix_paths: list[str] = []
+    stop = asyncio.Event()
+
+    def factory() -> Connection:
+        return Connection(core, protocol=config.protocol)
+
+    for path in listen.unix:
+        sock = _unix_socket(path)
+        unix_paths.append(path)
+        servers.append(await loop.create_unix_server(factory, sock=sock))
+        log.info("listening", extra={"fields": {"address": f"unix:{path}"}})
+    for addr in listen.tcp:
+        host, port = parse_tcp(addr)
+        if not listen.allow_remote and not _is_loopback(host):
+            raise ListenError(f"refusing to listen on non-loopback address {host}; pass --allow-remote to allow it")
+        server = await loop.create_server(factory, host, port, reuse_address=True)
+        servers.append(server)
+        for sock in server.sockets:
+            h, p = sock.getsockname()[:2]
+            log.info("listening", extra={"fields": {"address": f"tcp:{h}:{p}" if ":" not in h else f"tcp:[{h}]:{p}"}})
+    if listen.stdio:
+        log.info("listening", extra={"fields": {"address": "stdio"}})
+        await _open_stdio(core, config, stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name}})
+    try:
+        await stop.wait()
+    finally:
+        log.info("shutting down", extra={"fields": {"sessions": len(core.sessions)}})
+        for server in servers:
+            server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(core.shutdown(), timeout=config.limits.kill_grace + 5)
+        process.kill_all()
+        for server in servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1)
+        for path in unix_paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        # give transports one tick to push their last bytes out
+        await asyncio.sleep(0)
+    return 0

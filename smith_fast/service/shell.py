@@ -1,0 +1,131 @@
+"""ShellExec: run a command, stream its output as ShellOutput events, report its exit.
+
+Output flows child pipe → ``ShellProcess`` (large non-blocking reads) → one ``OutputChunker`` per
+stream → the session's sink. Full chunks go out at once; smaller reads are drained once per loop
+tick, so a burst of short lines becomes one event. When the peer stops reading, the session pauses
+the pipes (the child then blocks on a full pipe), so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ..chunking import OutputChunker
+from ..errors import ProtocolError
+from ..pb import smith_pb2 as pb
+from ..process import ShellProcess
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["run_shell_exec"]
+
+
+class _Output:
+    """Caps, chunks and forwards one command's stdout and stderr."""
+
+    __slots__ = ("sink", "rid", "chunkers", "room", "truncated", "cap", "_drain_scheduled", "_loop")
+
+    def __init__(self, session: Session, rid: str) -> None:
+        limits = session.core.limits
+        self.sink = session.sink
+        self.rid = rid
+        self.chunkers = {1: OutputChunker(limits.chunk_size), 2: OutputChunker(limits.chunk_size)}
+        self.cap = limits.max_output
+        self.room = limits.max_output
+        self.truncated = False
+        self._drain_scheduled = False
+        self._loop = asyncio.get_running_loop()
+
+    def emit(self, fd: int, chunks: list[str]) -> None:
+        out = self.sink.shell_output
+        for text in chunks:
+            if fd == 1:
+                out(self.rid, stdout=text)
+            else:
+                out(self.rid, stderr=text)
+
+    def on_output(self, fd: int, data: bytes) -> None:
+        if self.truncated:
+            return  # keep reading (the child must not block) but forward nothing more
+        if len(data) > self.room:
+            data = data[: self.room]
+            self.truncated = True
+        self.room -= len(data)
+        self.emit(fd, self.chunkers[fd].feed(data))
+        if self.truncated:
+            self.finish()
+            self.sink.shell_output(
+                self.rid, stderr=f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n"
+            )
+        elif not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        self._drain_scheduled = False
+        for fd, chunker in self.chunkers.items():
+            if chunker.pending:
+                self.emit(fd, chunker.drain())
+
+    def finish(self) -> None:
+        """Flush both chunkers (idempotent: they are empty afterwards)."""
+        for fd, chunker in self.chunkers.items():
+            self.emit(fd, chunker.flush())
+
+
+async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -> None:
+    """Run ``cmd`` for ``session``; raises ProtocolError for limits, spawn failures and timeouts."""
+    core = session.core
+    limits = core.limits
+    if not core.acquire_process():
+        raise ProtocolError(
+            f"too many commands running (max {limits.max_processes}); try again later",
+            pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+            rid,
+        )
+    output = _Output(session, rid)
+    proc: ShellProcess | None = None
+    try:
+        proc = await ShellProcess.start(
+            cmd.command,
+            shell=cmd.shell if cmd.HasField("shell") else None,
+            cwd=cmd.cwd if cmd.HasField("cwd") else None,
+            env=dict(cmd.env),
+            on_output=output.on_output,
+        )
+        session.processes.add(proc)
+        if session.paused:
+            proc.pause_reading()
+        timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else limits.default_timeout_ms
+        try:
+            code = await proc.wait(timeout=timeout_ms / 1000 if timeout_ms else None)
+        except TimeoutError:
+            code = await proc.terminate(limits.kill_grace)
+            output.finish()
+            session.sink.shell_output(rid, exit_code=code, finished=True)
+            raise ProtocolError(
+                f"command timed out after {timeout_ms} ms; its process group was terminated (exit code {code})",
+                pb.ERROR_CODE_EXECUTION_TIMEOUT,
+                rid,
+            ) from None
+        except asyncio.CancelledError:
+            # Cancelling wait() killed the group; still say how it ended if anyone listens.
+            session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
+            raise
+        output.finish()
+        session.sink.shell_output(rid, exit_code=code, finished=True)
+        if session.shutting:
+            raise ProtocolError(
+                f"request cancelled: the session is shutting down (the command ended with {code})",
+                pb.ERROR_CODE_UNSPECIFIED,
+                rid,
+                {"reason": "cancelled"},
+            )
+    finally:
+        if proc is not None:
+            session.processes.discard(proc)
+            if proc.returncode is None:
+                proc.kill()
+        core.release_process()

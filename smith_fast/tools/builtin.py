@@ -1,0 +1,57 @@
+"""The built-in tools, and ``tools.list``, which describes whatever a registry holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smith_fast.tools.fs import FS_LIST, FS_READ, FS_WRITE
+from smith_fast.tools.registry import Tool, ToolRegistry
+from smith_fast.tools.search import FS_SEARCH
+from smith_fast.tools.shell import SHELL_RUN
+from smith_fast.tools.workspace import ToolContext
+
+__all__ = ["builtin_tools", "tools_list_tool"]
+
+LIST_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def tools_list_tool(registry: ToolRegistry) -> Tool:
+    """The ``tools.list`` tool for ``registry``.
+
+    Args:
+        registry: the registry whose tools it lists (including tools registered later).
+
+    Returns:
+        The tool; its result is ``{"tools": [{"name", "description", "schema"}, ...]}`` sorted by
+        name.
+    """
+
+    async def _list(args: Any, ctx: ToolContext) -> dict[str, Any]:
+        return {
+            "tools": [
+                {"name": tool.name, "description": tool.description, "schema": tool.schema}
+                for tool in registry.tools()
+            ]
+        }
+
+    return Tool(
+        name="tools.list",
+        description=(
+            "List the available tools with their descriptions and argument JSON Schemas; "
+            "returns {tools: [{name, description, schema}]}."
+        ),
+        schema=LIST_SCHEMA,
+        handler=_list,
+    )
+
+
+def builtin_tools(registry: ToolRegistry) -> list[Tool]:
+    """``fs.read``, ``fs.write``, ``fs.list``, ``fs.search``, ``shell.run`` and ``tools.list``.
+
+    Args:
+        registry: the registry ``tools.list`` describes.
+
+    Returns:
+        The tools, not yet registered.
+    """
+    return [FS_READ, FS_WRITE, FS_LIST, FS_SEARCH, SHELL_RUN, tools_list_tool(registry)]

@@ -1,0 +1,314 @@
+"""The file tools ``fs.read``, ``fs.write`` and ``fs.list``.
+
+Every path goes through :meth:`ToolContext.resolve <smith_fast.tools.workspace.ToolContext.resolve>`
+(see :mod:`smith_fast.tools.workspace` for what is allowed); paths in results are POSIX paths
+relative to the root. Blocking file-system work runs in the default executor so one slow disk
+does not stall the other calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import os
+import secrets
+import stat
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from smith_fast.tools.registry import Tool
+from smith_fast.tools.schema import ArgumentError
+from smith_fast.tools.workspace import ToolContext, display_name
+
+__all__ = ["FS_READ", "FS_WRITE", "FS_LIST"]
+
+_PATH = {"type": "string", "minLength": 1, "description": "Path relative to the workspace root."}
+_ENCODING = {
+    "enum": ["utf-8", "base64"],
+    "default": "utf-8",
+    "description": "utf-8 for text, base64 for arbitrary bytes.",
+}
+DEFAULT_MAX_ENTRIES = 1000
+MAX_ENTRIES = 100_000
+
+
+# --- fs.read ---------------------------------------------------------------------------------
+
+READ_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": _PATH,
+        "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "First byte to read."},
+        "length": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Bytes to read at most (default: up to the end, capped by the output limit).",
+        },
+        "encoding": _ENCODING,
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+
+
+async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    path = ctx.resolve(args["path"])
+    offset: int = args.get("offset", 0)
+    length: int | None = args.get("length")
+    encoding: str = args.get("encoding", "utf-8")
+    data, size = await asyncio.to_thread(_read_bytes, path, offset, length, ctx.max_output)
+    wanted = max(0, size - offset) if length is None else min(length, max(0, size - offset))
+    truncated = len(data) < wanted
+    if encoding == "base64":
+        content = base64.b64encode(data).decode("ascii")
+        covered = len(data)
+    else:
+        content, covered = _decode_utf8(data, at_eof=offset + len(data) >= size, offset=offset)
+    return {
+        "path": ctx.relative(path),
+        "content": content,
+        "size": size,
+        "offset": offset,
+        "length": covered,
+        "truncated": truncated,
+    }
+
+
+def _read_bytes(path: Path, offset: int, length: int | None, cap: int) -> tuple[bytes, int]:
+    # O_NONBLOCK so that a FIFO in the workspace cannot hang a worker thread in open().
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(f"is a directory: {path.name!r}")
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file: {path.name!r}")
+        n = cap if length is None else min(length, cap)
+        return os.pread(fd, n, offset) if n else b"", st.st_size
+    finally:
+        os.close(fd)
+
+
+def _decode_utf8(data: bytes, *, at_eof: bool, offset: int) -> tuple[str, int]:
+    # A read window may end inside a multi-byte character; the incremental decoder holds those
+    # bytes back instead of failing, and ``length`` tells the caller where to continue.
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    try:
+        text = decoder.decode(data, final=at_eof)
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"the file is not UTF-8 text (byte {offset + exc.start}); read it with encoding base64"
+        ) from None
+    pending = len(decoder.getstate()[0])
+    return text, len(data) - pending
+
+
+FS_READ = Tool(
+    name="fs.read",
+    description=(
+        "Read a file (or a byte range of it) as UTF-8 text or base64; returns "
+        "{path, content, size, offset, length (bytes covered), truncated (cut by the output limit)}."
+    ),
+    schema=READ_SCHEMA,
+    handler=_read,
+)
+
+
+# --- fs.write --------------------------------------------------------------------------------
+
+WRITE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": _PATH,
+        "content": {"type": "string", "description": "What to write, encoded as `encoding` says."},
+        "encoding": _ENCODING,
+        "append": {"type": "boolean", "default": False, "description": "Append instead of replacing."},
+        "create_dirs": {
+            "type": "boolean",
+            "default": False,
+            "description": "Create missing parent directories.",
+        },
+    },
+    "required": ["path", "content"],
+    "additionalProperties": False,
+}
+
+
+async def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    path = ctx.resolve(args["path"], must_exist=False)
+    if path == ctx.root:
+        raise IsADirectoryError("cannot write to the workspace root")
+    content: str = args["content"]
+    if args.get("encoding", "utf-8") == "base64":
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ArgumentError(f"invalid base64: {exc}", "$.content") from None
+    else:
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ArgumentError(f"unencodable character at index {exc.start}", "$.content") from None
+    append = args.get("append", False)
+    create_dirs = args.get("create_dirs", False)
+    await asyncio.to_thread(_write_bytes, path, data, append, create_dirs)
+    return {"path": ctx.relative(path), "bytes_written": len(data)}
+
+
+def _write_bytes(path: Path, data: bytes, append: bool, create_dirs: bool) -> None:
+    parent = path.parent
+    if create_dirs:
+        parent.mkdir(parents=True, exist_ok=True)
+    elif not parent.is_dir():
+        raise FileNotFoundError(f"no such directory: {parent.name!r} (set create_dirs to create it)")
+    if append:
+        # The path was resolved symlink-free; O_NOFOLLOW keeps it so if one appears meanwhile.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return
+    if path.is_dir():
+        raise IsADirectoryError(f"is a directory: {path.name!r}")
+    try:
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None  # a new file: 0o666 less the umask, as open() would give it
+    # Write beside the target and rename over it: readers see the old or the new content, never
+    # a half-written file, and a symlink swapped in at ``path`` is replaced, not followed. No
+    # fsync: atomic with respect to other processes, not durable across a power cut.
+    tmp = parent / f".{path.name[:100]}.{secrets.token_hex(6)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+FS_WRITE = Tool(
+    name="fs.write",
+    description=(
+        "Write a file atomically (or append to it), optionally creating parent directories; "
+        "returns {path, bytes_written}."
+    ),
+    schema=WRITE_SCHEMA,
+    handler=_write,
+)
+
+
+# --- fs.list ---------------------------------------------------------------------------------
+
+LIST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {**_PATH, "default": ".", "description": "Directory relative to the workspace root."},
+        "recursive": {
+            "type": "boolean",
+            "default": False,
+            "description": "Descend into subdirectories (never into symlinks or .git), breadth first.",
+        },
+        "max_entries": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_ENTRIES,
+            "default": DEFAULT_MAX_ENTRIES,
+            "description": "Stop after this many entries.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+# Directories a recursive listing shows but does not enter: their contents are noise to an agent
+# and can be huge.
+_NO_DESCEND = frozenset({".git"})
+
+
+async def _list(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    path = ctx.resolve(args.get("path", "."))
+    recursive = args.get("recursive", False)
+    limit = args.get("max_entries", DEFAULT_MAX_ENTRIES)
+    stop = threading.Event()
+    try:
+        entries, truncated = await asyncio.to_thread(_walk_entries, ctx, path, recursive, limit, stop)
+    finally:
+        # On cancellation the thread cannot be interrupted, but it checks this between entries.
+        stop.set()
+    return {"entries": entries, "truncated": truncated}
+
+
+def _walk_entries(
+    ctx: ToolContext, top: Path, recursive: bool, limit: int, stop: threading.Event
+) -> tuple[list[dict[str, Any]], bool]:
+    if not top.is_dir():
+        raise NotADirectoryError(f"not a directory: {ctx.relative(top)!r}")
+    entries: list[dict[str, Any]] = []
+    pending = deque([top])
+    while pending:
+        directory = pending.popleft()
+        try:
+            with os.scandir(directory) as it:
+                children = sorted(it, key=lambda e: e.name)
+        except OSError:
+            if directory is top:
+                raise
+            continue  # an unreadable subdirectory is left out, not fatal
+        for entry in children:
+            if stop.is_set():
+                return entries, True
+            if len(entries) >= limit:
+                return entries, True
+            kind, size = _kind_and_size(entry)
+            entries.append(
+                {
+                    "name": display_name(entry.name),
+                    "path": ctx.relative(entry.path),
+                    "type": kind,
+                    "size": size,
+                }
+            )
+            if recursive and kind == "dir" and entry.name not in _NO_DESCEND:
+                pending.append(Path(entry.path))
+    return entries, False
+
+
+def _kind_and_size(entry: os.DirEntry[str]) -> tuple[str, int]:
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return "other", 0
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return "symlink", 0
+    if stat.S_ISDIR(mode):
+        return "dir", 0
+    if stat.S_ISREG(mode):
+        return "file", st.st_size
+    return "other", 0
+
+
+FS_LIST = Tool(
+    name="fs.list",
+    description=(
+        "List a directory (optionally recursively); returns "
+        "{entries: [{name, path, type: file|dir|symlink|other, size}], truncated}."
+    ),
+    schema=LIST_SCHEMA,
+    handler=_list,
+)

@@ -1,0 +1,250 @@
+"""The tool registry: named tools with JSON Schemas, and the one entry point the service calls.
+
+A :class:`ToolRegistry` holds no per-call state: once its tools are registered, any number of
+tasks may :meth:`ToolRegistry.call` it at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from smith_fast.errors import ProtocolError
+from smith_fast.pb import smith_pb2
+from smith_fast.tools.schema import ArgumentError, Validator, compile_validator, decode_args, validate
+from smith_fast.tools.workspace import ToolContext
+
+__all__ = ["Handler", "Tool", "ToolOutcome", "ToolRegistry"]
+
+Handler = Callable[[Any, ToolContext], Awaitable[Any]]
+
+# Dotted names in the style of the built-ins (``fs.read``); no spaces or slashes, so a name can
+# appear in logs, metrics labels and error messages unquoted.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
+# A handler's exception text goes back to the peer; cap it like the other outputs.
+_MAX_ERROR = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A callable tool.
+
+    Attributes:
+        name: the identifier clients call it by, e.g. ``fs.read``.
+        description: one line saying what it does.
+        schema: the JSON Schema of the arguments value.
+        handler: ``async (args, ctx) -> result``; receives the validated arguments and returns a
+            JSON-serializable value. Raising :class:`~smith_fast.tools.schema.ArgumentError` or any
+            other exception fails the call with that message; raising
+            :class:`~smith_fast.errors.ProtocolError` turns the call into a protocol error.
+    """
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    handler: Handler
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a call produced, ready to become a ``ToolResultEvent``.
+
+    Attributes:
+        success: whether the tool ran and returned a result.
+        result: the result as compact UTF-8 JSON; ``b""`` when the call failed.
+        error: why the call failed; ``None`` on success.
+        duration_ms: wall time of the call, argument decoding included.
+    """
+
+    success: bool
+    result: bytes
+    error: str | None
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    tool: Tool
+    validator: Validator
+
+
+class ToolRegistry:
+    """A set of tools by name."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def register(self, tool: Tool) -> None:
+        """Add a tool, compiling its argument validator.
+
+        Args:
+            tool: the tool.
+
+        Raises:
+            TypeError: ``tool`` is not a :class:`Tool`.
+            ValueError: the name is taken or malformed, the description is empty or spans several
+                lines, or the schema is not a valid JSON Schema.
+        """
+        if not isinstance(tool, Tool):
+            raise TypeError(f"expected a Tool, not {type(tool).__name__}")
+        if not isinstance(tool.name, str) or not _NAME.fullmatch(tool.name):
+            raise ValueError(f"invalid tool name {tool.name!r}")
+        if tool.name in self._entries:
+            raise ValueError(f"a tool named {tool.name!r} is already registered")
+        description = tool.description
+        if not isinstance(description, str) or not description.strip() or "\n" in description:
+            raise ValueError(f"tool {tool.name!r}: the description must be one non-empty line")
+        if not callable(tool.handler):
+            raise TypeError(f"tool {tool.name!r}: the handler is not callable")
+        try:
+            validator = compile_validator(tool.schema)
+        except ValueError as exc:
+            raise ValueError(f"tool {tool.name!r}: {exc}") from None
+        self._entries[tool.name] = _Entry(tool, validator)
+
+    def get(self, name: str) -> Tool:
+        """Look a tool up by name.
+
+        Args:
+            name: the tool's name.
+
+        Returns:
+            The tool.
+
+        Raises:
+            ProtocolError: ``ERROR_CODE_INVALID_TOOL`` when there is no such tool.
+        """
+        return self._entry(name).tool
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._entries)
+
+    def tools(self) -> list[Tool]:
+        """The registered tools, sorted by name."""
+        return [self._entries[name].tool for name in sorted(self._entries)]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @classmethod
+    def default(cls, *, entry_points: bool = True) -> ToolRegistry:
+        """A registry with the built-in tools and, optionally, the installed third-party ones.
+
+        Args:
+            entry_points: also load the tools of the ``smith_fast.tools`` entry-point group. A
+                broken entry point is logged (logger ``smith_fast.tools``) and skipped.
+
+        Returns:
+            The registry.
+        """
+        from smith_fast.tools.builtin import builtin_tools
+        from smith_fast.tools.plugins import load_entry_point_tools
+
+        registry = cls()
+        for tool in builtin_tools(registry):
+            registry.register(tool)
+        if entry_points:
+            load_entry_point_tools(registry)
+        return registry
+
+    async def call(
+        self, name: str, args: bytes, ctx: ToolContext, *, timeout: float | None = None
+    ) -> ToolOutcome:
+        """Run a tool.
+
+        Failures of the call itself (bad arguments, an exception in the tool) come back as an
+        unsuccessful outcome; failures the protocol has an error code for are raised.
+
+        Args:
+            name: the tool's name.
+            args: the arguments as UTF-8 JSON (``b""`` means ``{}``).
+            ctx: the workspace and limits.
+            timeout: seconds before the tool is cancelled; ``None`` for no limit.
+
+        Returns:
+            The outcome.
+
+        Raises:
+            ProtocolError: ``ERROR_CODE_INVALID_TOOL`` for an unknown tool,
+                ``ERROR_CODE_PERMISSION_DENIED`` for a path outside the workspace,
+                ``ERROR_CODE_EXECUTION_TIMEOUT`` when ``timeout`` expired (the tool has been
+                cancelled and has finished cleaning up by then).
+        """
+        start = time.perf_counter()
+        entry = self._entry(name)
+        try:
+            value = decode_args(args)
+            validate(entry.validator, value)
+        except ArgumentError as exc:
+            return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
+        if timeout is None:
+            return await _run(entry.tool, value, ctx, start)
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await _run(entry.tool, value, ctx, start)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            elapsed = _elapsed_ms(start)
+            raise ProtocolError(
+                f"tool {name!r} timed out after {elapsed} ms",
+                smith_pb2.ERROR_CODE_EXECUTION_TIMEOUT,
+                details={"tool": name, "timeout_ms": str(round(timeout * 1000)), "duration_ms": str(elapsed)},
+            ) from None
+
+    def _entry(self, name: str) -> _Entry:
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            raise ProtocolError(
+                f"unknown tool {name!r}", smith_pb2.ERROR_CODE_INVALID_TOOL, details={"tool": str(name)}
+            ) from None
+
+
+async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOutcome:
+    # CancelledError is a BaseException and passes through: the timeout (or the caller) owns it.
+    try:
+        result = await tool.handler(value, ctx)
+        encoded = encode_result(result)
+    except ProtocolError:
+        raise
+    except ArgumentError as exc:
+        return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
+    except Exception as exc:  # noqa: BLE001 - a broken tool must fail its call, not the service
+        return ToolOutcome(False, b"", _describe(exc), _elapsed_ms(start))
+    return ToolOutcome(True, encoded, None, _elapsed_ms(start))
+
+
+def encode_result(result: Any) -> bytes:
+    """Compact UTF-8 JSON of a tool's result.
+
+    Raises:
+        TypeError: the value is not JSON-serializable.
+        ValueError: it holds NaN or an infinity, or a circular reference.
+        UnicodeEncodeError: it holds a lone surrogate.
+    """
+    return json.dumps(result, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _describe(exc: BaseException) -> str:
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if len(text) > _MAX_ERROR:
+        text = text[: _MAX_ERROR - 3] + "..."
+    return text
+
+
+def _elapsed_ms(start: float) -> int:
+    return int((time.perf_counter() - start) * 1000)

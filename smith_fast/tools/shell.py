@@ -1,0 +1,77 @@
+"""The ``shell.run`` tool: run a command through the shell and return what it printed.
+
+The working directory must lie inside the workspace (default: the root); the command itself is
+not confined. Output is collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8
+(undecodable bytes become U+FFFD). The command's own ``timeout_ms`` ends it with
+``timed_out: true`` in a successful result; the call-level timeout of the registry instead
+cancels the tool, and :func:`smith_fast.process.run_collect` kills the child on cancellation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from smith_fast.tools.registry import Tool
+from smith_fast.tools.workspace import ToolContext
+
+__all__ = ["SHELL_RUN"]
+
+RUN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "command": {"type": "string", "minLength": 1, "description": "Shell command line."},
+        "cwd": {
+            "type": "string",
+            "minLength": 1,
+            "default": ".",
+            "description": "Working directory relative to the workspace root.",
+        },
+        "env": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "Extra environment variables.",
+        },
+        "timeout_ms": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "Kill the command after this many milliseconds (result: timed_out).",
+        },
+    },
+    "required": ["command"],
+    "additionalProperties": False,
+}
+
+
+async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    # Imported here so that the registry (and tools.list) work without the process machinery.
+    from smith_fast.process import run_collect
+
+    cwd = ctx.resolve(args.get("cwd", "."))
+    if not cwd.is_dir():
+        raise NotADirectoryError(f"cwd is not a directory: {args.get('cwd')!r}")
+    timeout_ms = args.get("timeout_ms")
+    collected = await run_collect(
+        args["command"],
+        shell=None,
+        cwd=str(cwd),
+        env=args.get("env"),
+        timeout=None if timeout_ms is None else timeout_ms / 1000,
+        max_output=ctx.max_output,
+    )
+    return {
+        "exit_code": collected.exit_code,
+        "stdout": collected.stdout.decode("utf-8", "replace"),
+        "stderr": collected.stderr.decode("utf-8", "replace"),
+        "truncated": collected.truncated,
+        "timed_out": collected.timed_out,
+    }
+
+
+SHELL_RUN = Tool(
+    name="shell.run",
+    description=(
+        "Run a shell command in the workspace; returns {exit_code, stdout, stderr, truncated, timed_out}."
+    ),
+    schema=RUN_SCHEMA,
+    handler=_run,
+)

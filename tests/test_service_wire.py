@@ -1,0 +1,296 @@
+"""The service on the wire, without our SDK: raw v0 JSON lines, raw v1 frames, hostile input, limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import socket
+import time
+import uuid
+
+import pytest
+from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+
+from smith_fast.pb import smith_pb2 as pb
+
+from .server import ServerProcess, descendants, wait_until
+
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp(f"wire-{request.param}")
+    srv = ServerProcess(tmp, "--max-frame-size", "64k", "--max-output", "100k", loop=request.param).start()
+    yield srv
+    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+class JsonLines:
+    """A raw v0 peer: writes JSON lines, reads JSON lines."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.buf = b""
+
+    def send(self, obj: object) -> None:
+        self.send_raw(json.dumps(obj).encode() + b"\n")
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self) -> dict:  # type: ignore[type-arg]
+        while b"\n" not in self.buf:
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError("closed")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def until(self, pred) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
+        out = []
+        while True:
+            msg = self.recv()
+            out.append(msg)
+            if pred(msg):
+                return out
+
+
+class Frames:
+    """A raw v1 peer framed with protobuf's own varint codec (not smith_fast.framing)."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.buf = b""
+
+    def send(self, env: pb.Envelope) -> None:
+        data = env.SerializeToString()
+        self.sock.sendall(_VarintBytes(len(data)) + data)
+
+    def command(self, **kw) -> None:  # type: ignore[no-untyped-def]
+        env = pb.Envelope(timestamp=int(time.time() * 1000), sequence=1)
+        env.command.CopyFrom(pb.Command(**kw))
+        self.send(env)
+
+    def recv(self) -> pb.Envelope:
+        while True:
+            if self.buf:
+                try:
+                    size, pos = _DecodeVarint(self.buf, 0)
+                except IndexError:
+                    size, pos = -1, 0
+                if size >= 0 and len(self.buf) >= pos + size:
+                    env = pb.Envelope.FromString(self.buf[pos : pos + size])
+                    self.buf = self.buf[pos + size :]
+                    return env
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError("closed")
+            self.buf += data
+
+    def until(self, pred) -> list[pb.Envelope]:  # type: ignore[no-untyped-def]
+        out = []
+        while True:
+            env = self.recv()
+            out.append(env)
+            if pred(env):
+                return out
+
+
+def test_raw_v0_session(server: ServerProcess) -> None:
+    peer = JsonLines(server.sock_path)
+    peer.send({"type": "Handshake", "data": {"version": 0, "capabilities": ["shell_exec"]}})
+    msgs = peer.until(lambda m: m["type"] == "StateChange" and m["data"]["state"] == "Ready")
+    types = [m["type"] for m in msgs]
+    assert types == ["StateChange", "Ready", "StateChange"]
+    assert msgs[0]["data"]["state"] == "Starting" and msgs[0]["data"]["request_id"] is None
+    ready = msgs[1]["data"]
+    assert ready["version"] == 0 and ready["capabilities"] == ["shell_exec"]
+    assert UUID_RE.match(ready["service_id"])
+    rid = str(uuid.uuid4())
+    peer.send({"type": "ShellExec", "data": {"request_id": rid, "command": "echo hi; echo oops >&2; exit 2",
+                                            "shell": None, "cwd": None, "env": {}, "timeout_ms": None}})
+    msgs = peer.until(lambda m: m["type"] == "StateChange" and m["data"]["state"] in ("Ready", "Error"))
+    outs = [m["data"] for m in msgs if m["type"] == "ShellOutput"]
+    assert all(o["request_id"] == rid for o in outs)
+    assert "".join(o["stdout"] or "" for o in outs) == "hi\n"
+    assert "".join(o["stderr"] or "" for o in outs) == "oops\n"
+    final = outs[-1]
+    assert final == {"request_id": rid, "stdout": None, "stderr": None, "exit_code": 2, "finished": True}
+    assert msgs[0] == {"type": "StateChange", "data": {"request_id": rid, "state": "Processing", "timestamp": msgs[0]["data"]["timestamp"]}}
+
+    # a tool call: args is a JSON value in v0, and so is the result
+    rid = str(uuid.uuid4())
+    peer.send({"type": "ToolCall", "data": {"request_id": rid, "tool": "fs.list", "args": {"path": "."}, "timeout_ms": None}})
+    msgs = peer.until(lambda m: m["type"] == "ToolResult")
+    result = msgs[-1]["data"]
+    assert result["request_id"] == rid and result["success"] is True and result["error"] is None
+    assert isinstance(result["result"], dict) and "entries" in result["result"]
+
+    # bad input: each gets an Error line and the session carries on
+    peer.send_raw(b"{this is not json}\n")
+    err = peer.until(lambda m: m["type"] == "Error")[-1]["data"]
+    assert err["error_code"] == "UNSPECIFIED" and "JSON" in err["message"]
+    peer.send({"type": "FlyToTheMoon", "data": {}})
+    err = peer.until(lambda m: m["type"] == "Error")[-1]["data"]
+    assert "FlyToTheMoon" in err["message"]
+    peer.send({"type": "ShellExec", "data": {"request_id": "not-a-uuid", "command": "true", "env": {}}})
+    err = peer.until(lambda m: m["type"] == "Error")[-1]["data"]
+    assert "uuid" in err["message"].lower()
+    peer.send_raw(b'{"type":"ToolCall","data":{"request_id":"' + str(uuid.uuid4()).encode() + b'","tool":"x","args":"\xff\xfe"}}\n')
+    err = peer.until(lambda m: m["type"] == "Error")[-1]["data"]
+    assert "utf-8" in err["message"].lower()
+    # an oversize line is discarded up to its newline; the session resyncs
+    peer.send_raw(b'{"type":"Log","data":"' + b"x" * 70_000 + b'"}\n')
+    err = peer.until(lambda m: m["type"] == "Error")[-1]["data"]
+    assert err["error_code"] == "RESOURCE_EXHAUSTED"
+    rid = str(uuid.uuid4())
+    peer.send({"type": "ShellExec", "data": {"request_id": rid, "command": "echo still here", "env": {}}})
+    msgs = peer.until(lambda m: m["type"] == "ShellOutput" and m["data"]["finished"])
+    assert "still here" in "".join(m["data"]["stdout"] or "" for m in msgs if m["type"] == "ShellOutput")
+    peer.send({"type": "Shutdown"})
+    msgs = peer.until(lambda m: m["type"] == "StateChange" and m["data"]["state"] == "Shutting")
+    with pytest.raises(EOFError):
+        peer.recv()
+
+
+def test_raw_v1_session_and_bad_frames(server: ServerProcess) -> None:
+    peer = Frames(server.sock_path)
+    peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+    envs = peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+    ready = envs[-1]
+    assert ready.event.ready.version == 1 and ready.sequence == 2 and ready.timestamp > 1_600_000_000_000
+    seqs = [e.sequence for e in envs]
+    # a well-framed but unparsable message: error, then the session carries on
+    peer.sock.sendall(b"\x03\xff\xff\xff")
+    err = peer.until(lambda e: e.event.WhichOneof("event_type") == "error")[-1].event.error
+    assert "not a valid Envelope" in err.message
+    # invalid UTF-8 in a string field is rejected by the parser the same way
+    bad = pb.Envelope()
+    bad.command.shell_exec.request_id = "r"
+    raw = bytearray(bad.SerializeToString())
+    raw[raw.index(b"r")] = 0xFF
+    peer.sock.sendall(_VarintBytes(len(raw)) + bytes(raw))
+    err = peer.until(lambda e: e.event.WhichOneof("event_type") == "error")[-1].event.error
+    assert "not a valid Envelope" in err.message
+    peer.command(shell_exec=pb.ShellExecCommand(request_id="r1", command="printf abc"))
+    envs2 = peer.until(lambda e: e.event.shell_output.finished)
+    assert "".join(e.event.shell_output.stdout for e in envs2 if e.event.shell_output.HasField("stdout")) == "abc"
+    allseq = seqs + [e.sequence for e in envs2]
+    assert allseq == sorted(allseq) and len(set(allseq)) == len(allseq)
+    # an oversize frame cannot be resynchronised: an error saying why, then the connection closes
+    peer.sock.sendall(_VarintBytes(1 << 20))
+    msgs = []
+    with pytest.raises(EOFError):
+        while True:
+            msgs.append(peer.recv())
+    errors = [m.event.error for m in msgs if m.event.WhichOneof("event_type") == "error"]
+    assert errors and errors[0].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
+    assert "max_frame_size" in errors[0].message and "closing the connection" in errors[0].message
+
+
+def test_output_cap_truncates_with_notice(server: ServerProcess) -> None:
+    peer = Frames(server.sock_path)
+    peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+    peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+    peer.command(shell_exec=pb.ShellExecCommand(request_id="big", command="head -c 1000000 /dev/zero | tr '\\0' a; echo done >&2"))
+    envs = peer.until(lambda e: e.event.shell_output.finished)
+    out = "".join(e.event.shell_output.stdout for e in envs if e.event.shell_output.HasField("stdout"))
+    err = "".join(e.event.shell_output.stderr for e in envs if e.event.shell_output.HasField("stderr"))
+    assert len(out) <= 100 * 1024 and "truncated" in err
+    assert envs[-1].event.shell_output.exit_code == 0
+
+
+def test_process_limit(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path, "--max-processes", "1").start()
+    try:
+        peer = Frames(srv.sock_path)
+        peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+        peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command="sleep 1"))
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="b", command="true"))
+        err = peer.until(lambda e: e.event.WhichOneof("event_type") == "error")[-1].event.error
+        assert err.error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and err.request_id == "b"
+        done = peer.until(lambda e: e.event.shell_output.finished)[-1]
+        assert done.event.shell_output.request_id == "a" and done.event.shell_output.exit_code == 0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_slow_reader_backpressure(tmp_path: pathlib.Path) -> None:
+    """A peer that does not read: the service stops reading the child, memory stays bounded, nothing is lost."""
+    srv = ServerProcess(tmp_path, "--max-output", "1G").start()
+    try:
+        peer = Frames(srv.sock_path)
+        peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+        peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+        total = 200 * 1024 * 1024
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="flood", command=f"head -c {total} /dev/zero"))
+        time.sleep(2.0)  # not reading
+        rss_kb = int(re.search(r"VmRSS:\s+(\d+)", pathlib.Path(f"/proc/{srv.pid}/status").read_text()).group(1))  # type: ignore[union-attr]
+        assert rss_kb < 150 * 1024, f"service RSS grew to {rss_kb} kB while the peer was not reading"
+        got = 0
+        while True:
+            env = peer.recv()
+            so = env.event.shell_output
+            if so.HasField("stdout"):
+                got += len(so.stdout)
+            if so.finished:
+                break
+        assert got == total and so.exit_code == 0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_no_leaks_after_many_commands(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path).start()
+    try:
+        fds = lambda: len(os.listdir(f"/proc/{srv.pid}/fd"))  # noqa: E731
+        peer = Frames(srv.sock_path)
+        peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+        peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="warm", command="true"))
+        peer.until(lambda e: e.event.shell_output.finished)
+        time.sleep(0.2)
+        baseline = fds()
+        for batch in range(5):  # 100 commands, 20 at a time (the default process limit is 64)
+            for i in range(20):
+                peer.command(shell_exec=pb.ShellExecCommand(request_id=f"r{batch}-{i}", command="echo x; echo y >&2"))
+            finished = 0
+            while finished < 20:
+                if peer.recv().event.shell_output.finished:
+                    finished += 1
+        assert wait_until(lambda: fds() <= baseline, 5), (fds(), baseline)
+        assert wait_until(lambda: descendants(srv.pid) == [], 5), descendants(srv.pid)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_batch_command_with_and_without_ordering(server: ServerProcess) -> None:
+    peer = Frames(server.sock_path)
+    peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+    peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+    for ordered in (True, False):
+        env = pb.Envelope(timestamp=1, sequence=2)
+        env.batch_command.require_ordering = ordered
+        for i, delay in enumerate(["0.3", "0"]):
+            env.batch_command.commands.add().shell_exec.CopyFrom(
+                pb.ShellExecCommand(request_id=f"b{ordered}{i}", command=f"sleep {delay}; echo {i}")
+            )
+        peer.send(env)
+        finals = []
+        while len(finals) < 2:
+            so = peer.recv().event.shell_output
+            if so.finished:
+                finals.append(so.request_id)
+        # ordered: the slow first command ends first; unordered: the fast second one overtakes it
+        assert finals == ([f"b{ordered}0", f"b{ordered}1"] if ordered else [f"b{ordered}1", f"b{ordered}0"])
