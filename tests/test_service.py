@@ -264,7 +264,8 @@ async def test_disconnect_kills_children(server: ServerProcess, tmp_path: pathli
     assert wait_until(lambda: not pid_alive(pid), 10)
 
 
-def test_sigterm_exits_zero_and_cleans_up(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_exits_zero_and_cleans_up(tmp_path: pathlib.Path, sig: int) -> None:
     srv = ServerProcess(tmp_path).start()
     sock = socket.socket(socket.AF_UNIX)
     sock.connect(srv.sock_path)
@@ -281,7 +282,7 @@ def test_sigterm_exits_zero_and_cleans_up(tmp_path: pathlib.Path) -> None:
         sock.sendall(_VarintBytes(len(data)) + data)
     assert wait_until(lambda: any(s != "Z" for _, s in descendants(srv.pid)), 5)
     kids = [pid for pid, _ in descendants(srv.pid)]
-    assert srv.stop(signal.SIGTERM) == 0
+    assert srv.stop(sig) == 0
     assert not os.path.exists(srv.sock_path)
     assert wait_until(lambda: not any(pid_alive(p) for p in kids), 5)
     sock.close()
@@ -313,3 +314,18 @@ def test_tcp_refuses_non_loopback_without_flag(tmp_path: pathlib.Path) -> None:
     with pytest.raises(RuntimeError, match="allow-remote"):
         srv.start(timeout=10)
     assert srv.proc is not None and srv.proc.wait(10) == 2
+
+
+@pytest.mark.parametrize("pinned", ["v1", "v0"])
+async def test_protocol_can_be_pinned(tmp_path: pathlib.Path, pinned: str) -> None:
+    srv = ServerProcess(tmp_path, "--protocol", pinned).start()
+    try:
+        async with await Client.connect(srv.unix, protocol=pinned) as client:
+            assert (await client.handshake()).version == (1 if pinned == "v1" else 0)
+        # the other protocol is not sniffed any more: its bytes are read as the pinned one and refused
+        other = "v0" if pinned == "v1" else "v1"
+        async with await Client.connect(srv.unix, protocol=other) as client:
+            with pytest.raises(Exception):
+                await asyncio.wait_for(client.handshake(), 5)
+    finally:
+        assert srv.stop() == 0

@@ -294,3 +294,18 @@ def test_batch_command_with_and_without_ordering(server: ServerProcess) -> None:
                 finals.append(so.request_id)
         # ordered: the slow first command ends first; unordered: the fast second one overtakes it
         assert finals == ([f"b{ordered}0", f"b{ordered}1"] if ordered else [f"b{ordered}1", f"b{ordered}0"])
+
+
+def test_v1_unknown_command_type_is_reported(server: ServerProcess) -> None:
+    peer = Frames(server.sock_path)
+    peer.command(handshake=pb.HandshakeCommand(version=1))
+    peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
+    # a Command whose oneof member is a field number this service does not know (from a newer peer)
+    env = pb.Envelope(timestamp=1, sequence=2)
+    env.command.SetInParent()
+    raw = env.SerializeToString()[:-2] + bytes([0x52, 0x03, 0x3A, 0x01, 0x00])  # command { field 7: {0x00} }
+    peer.sock.sendall(_VarintBytes(len(raw)) + raw)
+    err = peer.until(lambda e: e.event.WhichOneof("event_type") == "error")[-1].event.error
+    assert "no command_type" in err.message and err.details["reason"] == "malformed"
+    peer.command(handshake=pb.HandshakeCommand(version=1))  # the session carries on
+    assert peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")[-1].event.ready.version == 1
