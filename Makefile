@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 SOCK   ?= $(CURDIR)/.smith-fast.sock
 TCP    ?= 127.0.0.1:7878
+NPM    ?= npm
+# tests/test_interop.py drives a session from Node.js (protobufjs), whose packages live here.
+INTEROP := tests/interop
 
 .PHONY: serve test bench bench-micro install clean proto
 
@@ -21,12 +24,17 @@ $(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/*.pyx csrc/*.pxd csrc/*_c
 
 install: $(VENV)/.build
 
+# npm ci installs exactly package-lock.json, after emptying node_modules (so the stamp goes too).
+$(INTEROP)/node_modules/.deps: $(INTEROP)/package.json $(INTEROP)/package-lock.json
+	$(NPM) ci --prefix $(INTEROP) --no-audit --no-fund
+	touch $@
+
 serve: install
 	@echo "smith-fast: serving on unix:$(SOCK) and tcp:$(TCP) (Ctrl-C to stop)" >&2
 	@echo "  try: $(VENV)/bin/smith-fast ping --connect unix:$(SOCK)" >&2
 	$(VENV)/bin/smith-fast serve --unix $(SOCK) --tcp $(TCP)
 
-test: install
+test: install $(INTEROP)/node_modules/.deps
 	$(VENV)/bin/pytest
 
 bench-micro: install
@@ -36,4 +44,4 @@ proto: $(VENV)/.deps
 	$(PY) proto/generate.py
 
 clean:
-	rm -rf build $(VENV) csrc/*.c smith_fast/*.so *.egg-info
+	rm -rf build $(VENV) csrc/*.c smith_fast/*.so *.egg-info tests/interop/node_modules
