@@ -1,0 +1,134 @@
+"""Hooks: the policy layer that sees each tool call and shell command before it runs, and its
+results and output after, and allows, blocks or transforms it (HOOKS.md).
+
+Two engines: JavaScript in an embedded QuickJS context (:mod:`.js`) and Rust compiled by the system
+``rustc`` and run as a child process (:mod:`.rust`). :func:`load_hook` loads either;
+:class:`HookChain` runs several in order with a failure policy.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from .chain import ChainResult, HookChain
+from .js import JS_FUNCTIONS, JsHook, engine_available, load_js
+from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, shape_error
+from .rust import RustHook, default_cache_dir, load_rust, rustc_version
+from .wire import hook_action, load_action
+
+__all__ = [
+    "JS_FUNCTIONS",
+    "TRIGGERS",
+    "ChainResult",
+    "Decision",
+    "Hook",
+    "HookChain",
+    "HookFailure",
+    "HookLimits",
+    "HookLoadError",
+    "JsHook",
+    "RustHook",
+    "available_kinds",
+    "default_cache_dir",
+    "hook_action",
+    "load_action",
+    "kind_from_path",
+    "load_hook",
+    "load_hook_file",
+    "shape_error",
+]
+
+KINDS = ("js", "rust")
+_SUFFIXES = {".js": "js", ".mjs": "js", ".rs": "rust"}
+
+
+@functools.cache
+def available_kinds() -> frozenset[str]:
+    """The hook kinds this machine can load (computed once per process).
+
+    Returns:
+        ``"js"`` if the QuickJS bindings import; ``"rust"`` if ``rustc --version`` runs.
+    """
+    kinds = set()
+    if engine_available():
+        kinds.add("js")
+    if rustc_version() is not None:
+        kinds.add("rust")
+    return frozenset(kinds)
+
+
+async def load_hook(
+    kind: str,
+    source: str,
+    *,
+    limits: HookLimits = HookLimits(),
+    cache_dir: Path | None = None,
+    hook_id: str | None = None,
+) -> Hook:
+    """Load one hook.
+
+    Args:
+        kind: ``"js"`` or ``"rust"`` (``HookLoadCommand.hook_type``).
+        source: the script (``HookLoadCommand.script``).
+        limits: per-call time and memory limits, and the Rust compile time limit.
+        cache_dir: where compiled Rust hooks are cached (default ``~/.cache/smith-fast/hooks``).
+        hook_id: the id to give the hook (default: kind + ``-`` + 12 hex digits of the source's SHA-256).
+
+    Returns:
+        The loaded hook, ready to call.
+
+    Raises:
+        HookLoadError: an unknown kind, a kind this machine cannot run, a syntax or compile error
+            (``diagnostics`` carries the engine's or compiler's text), or no hook function defined.
+    """
+    if kind == "js":
+        return load_js(source, limits, hook_id)
+    if kind == "rust":
+        return await load_rust(source, limits, hook_id, cache_dir)
+    raise HookLoadError(f"unknown hook type {kind!r}: expected 'js' or 'rust'")
+
+
+def kind_from_path(path: str | Path) -> str:
+    """The hook kind of a file, from its suffix: ``.js`` → ``"js"``, ``.rs`` → ``"rust"``.
+
+    Raises:
+        HookLoadError: any other suffix.
+    """
+    kind = _SUFFIXES.get(Path(path).suffix.lower())
+    if kind is None:
+        raise HookLoadError(f"cannot tell the hook type of {str(path)!r}: name it *.js or *.rs")
+    return kind
+
+
+async def load_hook_file(
+    path: str | Path,
+    *,
+    limits: HookLimits = HookLimits(),
+    cache_dir: Path | None = None,
+    hook_id: str | None = None,
+) -> Hook:
+    """Load a hook from a file (``smith-fast serve --hook FILE``); its kind comes from the suffix.
+
+    Args:
+        path: a ``.js`` or ``.rs`` file (UTF-8).
+        limits: as for :func:`load_hook`.
+        cache_dir: as for :func:`load_hook`.
+        hook_id: as for :func:`load_hook`.
+
+    Returns:
+        The loaded hook.
+
+    Raises:
+        HookLoadError: the suffix is neither, the file cannot be read, or as for :func:`load_hook`
+            (the message names the file).
+    """
+    kind = kind_from_path(path)
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HookLoadError(f"cannot read hook file {str(path)!r}: {exc}") from None
+    try:
+        return await load_hook(kind, source, limits=limits, cache_dir=cache_dir, hook_id=hook_id)
+    except HookLoadError as exc:
+        raise HookLoadError(f"{path}: {exc.message}", exc.diagnostics) from None
