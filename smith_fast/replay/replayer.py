@@ -1,0 +1,382 @@
+"""Replaying a session log against a service and comparing what it answers with what was recorded.
+
+The replayer re-sends the recorded client → service envelopes byte for byte (so with the recorded
+request ids), collects the events the service sends back, and compares the two sides as
+:class:`~smith_fast.replay.diff.Transcript` s.
+
+Pacing. Before sending a command the replayer waits, in the replay, for whatever had already
+happened in the recording before that command was sent: every request that had ended (its terminal
+``StateChange``) and every handshake that had been answered (``Ready``). That keeps causally
+dependent commands in order (a handshake before the requests it enables, ``fs.write`` before the
+``fs.read`` that checks it) without serialising requests that overlapped in the recording. With
+recorded pacing (the default) it also waits until the command's recorded time offset, counted from
+the first command; with ``fast`` it sends as soon as those dependencies are met. Waiting for a
+dependency gives up after ``timeout`` seconds (noted in the result) and the replay goes on.
+
+After the last command the replayer waits for every request that ended in the recording to end, for
+the connection to close if the recording ended with a ``Shutdown``, and then up to ``settle``
+seconds for the rest of the events (until as many as were recorded have arrived, plus a short quiet
+period to catch extra ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from ..client import parse_address
+from ..errors import FramingError, SmithFastError
+from ..framing import FrameDecoder, encode_frame
+from ..jsonl import JsonlCodec, LineDecoder
+from ..pb import smith_pb2 as pb
+from .diff import Transcript, diff_transcripts
+from .format import LogHeader
+from .reader import Record, TornTail
+
+__all__ = ["ReplayResult", "Replayer"]
+
+_TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
+_HANDSHAKE = ("handshake", 0)
+_QUIET = 0.05  # seconds without events after the expected count arrived: catches extra events
+_MAX_UNIT = 1 << 26
+
+Marker = tuple[str, object]
+
+
+def _markers(envelope: pb.Envelope) -> list[Marker]:
+    """What an outbound envelope completes: a request's end, or a handshake's answer."""
+    if envelope.WhichOneof("payload") == "event":
+        events: Sequence[pb.Event] = [envelope.event]
+    elif envelope.WhichOneof("payload") == "batch_event":
+        events = envelope.batch_event.events
+    else:
+        return []
+    out: list[Marker] = []
+    for event in events:
+        kind = event.WhichOneof("event_type")
+        if kind == "state_change":
+            sc = event.state_change
+            if sc.state in _TERMINAL and sc.HasField("request_id") and sc.request_id:
+                out.append(("end", sc.request_id))
+        elif kind == "ready" or (
+            kind == "error" and event.error.error_code == pb.ERROR_CODE_UNSUPPORTED_VERSION and not event.error.request_id
+        ):
+            out.append(_HANDSHAKE)
+    return out
+
+
+@dataclass
+class _Step:
+    offset_ns: int
+    raw: bytes
+    envelope: pb.Envelope
+    needs: dict[Marker, int]
+
+
+@dataclass
+class ReplayResult:
+    """What a replay found.
+
+    Attributes:
+        differences: the diff listing (see :func:`~smith_fast.replay.diff.diff_transcripts`); empty
+            when the replay matched the recording.
+        notes: things worth knowing that are not differences themselves (timeouts, a torn log, a
+            connection closed early, records that were not envelopes).
+        recorded, replayed: the two normalised transcripts.
+        sent: commands sent.
+    """
+
+    differences: list[str]
+    notes: list[str]
+    recorded: Transcript
+    replayed: Transcript
+    sent: int = 0
+
+    @property
+    def identical(self) -> bool:
+        """True when no stream differs."""
+        return not self.differences
+
+
+@dataclass
+class _Plan:
+    steps: list[_Step] = field(default_factory=list)
+    final: Counter[Marker] = field(default_factory=Counter)
+    expect_close: bool = False
+    labels: dict[str, str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _label(command: pb.Command) -> tuple[str | None, str]:
+    kind = command.WhichOneof("command_type") or "?"
+    inner = getattr(command, kind, None)
+    rid = getattr(inner, "request_id", None) or None
+    if kind == "shell_exec":
+        text = inner.command if len(inner.command) <= 60 else inner.command[:57] + "..."  # type: ignore[union-attr]
+        return rid, f"shell_exec {text!r}"
+    if kind == "tool_call":
+        return rid, f"tool_call {inner.tool}"  # type: ignore[union-attr]
+    return rid, kind
+
+
+class Replayer:
+    """Replays one recorded session.
+
+    Args:
+        header: the log's header.
+        records: its records (as :func:`~smith_fast.replay.reader.read_log` returns them).
+        torn: the log's torn tail, if any (reported in the notes).
+        fast: send each command as soon as its dependencies are met instead of at its recorded time.
+        protocol: wire protocol to replay with (1 or 0); default: the recorded session's.
+        timeout: seconds to wait for any one dependency (a request's end, the connection's close).
+        settle: seconds to wait at the end for the remaining events.
+    """
+
+    def __init__(
+        self,
+        header: LogHeader,
+        records: Sequence[Record],
+        *,
+        torn: TornTail | None = None,
+        fast: bool = False,
+        protocol: int | None = None,
+        timeout: float = 30.0,
+        settle: float = 1.0,
+    ) -> None:
+        self.header = header
+        self.fast = fast
+        self.protocol = header.protocol_version if protocol is None else protocol
+        if self.protocol not in (0, 1):
+            raise ValueError(f"protocol must be 0 or 1, not {self.protocol}")
+        self.timeout = timeout
+        self.settle = settle
+        self._plan = self._make_plan(records)
+        if torn is not None:
+            self._plan.notes.append(
+                f"the log ends in a torn record at byte {torn.offset} ({torn.reason}); replayed the {len(records)} records before it"
+            )
+        rids = list(self._plan.order)
+        self._recorded = Transcript(rids)
+        for record in records:
+            if not record.inbound:
+                with contextlib.suppress(DecodeError):
+                    self._recorded.add_envelope(record.parse())
+        self._recorded.finish()
+        self._rids = rids
+
+    @staticmethod
+    def _make_plan(records: Sequence[Record]) -> _Plan:
+        plan = _Plan()
+        seen: Counter[Marker] = Counter()
+        pending: dict[Marker, int] = {}
+        for i, record in enumerate(records):
+            try:
+                env = record.parse()
+            except DecodeError:
+                plan.notes.append(f"record {i} (byte {record.position}) is not an Envelope; skipped")
+                continue
+            if not record.inbound:
+                for marker in _markers(env):
+                    seen[marker] += 1
+                    pending[marker] = seen[marker]
+                continue
+            plan.steps.append(_Step(record.offset_ns, record.envelope, env, pending))
+            pending = {}
+            kind = env.WhichOneof("payload")
+            commands = [env.command] if kind == "command" else list(env.batch_command.commands) if kind == "batch_command" else []
+            for command in commands:
+                if command.WhichOneof("command_type") == "shutdown":
+                    plan.expect_close = True
+                rid, label = _label(command)
+                if rid and rid not in plan.labels:
+                    plan.labels[rid] = label
+                    plan.order.append(rid)
+        plan.final = seen
+        return plan
+
+    # ---- connecting ----------------------------------------------------------------------------
+
+    async def against(self, address: str) -> ReplayResult:
+        """Replay against a running service at ``unix:PATH``, ``tcp:HOST:PORT`` or ``HOST:PORT``.
+
+        Raises:
+            OSError: the connection cannot be made.
+        """
+        kind, target = parse_address(address)
+        if kind == "unix":
+            reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
+        else:
+            reader, writer = await asyncio.open_connection(*target, limit=1 << 20)
+        return await self.run(reader, writer)
+
+    async def spawn(self, *serve_args: str, env: Mapping[str, str] | None = None, python: str = sys.executable) -> ReplayResult:
+        """Replay against a fresh ``smith-fast serve --stdio`` child (stopped afterwards).
+
+        Args:
+            serve_args: extra ``serve`` arguments (``--root``, limits ...).
+            env: the child's environment (default: inherited).
+            python: the interpreter to run it with.
+
+        Raises:
+            OSError: the child cannot be started.
+        """
+        proc = await asyncio.create_subprocess_exec(
+            python, "-m", "smith_fast", "serve", "--stdio", "--log-level", "warning", *serve_args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env=dict(env) if env is not None else None, limit=1 << 20,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            return await self.run(proc.stdout, proc.stdin)
+        finally:
+            with contextlib.suppress(Exception):
+                proc.stdin.close()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    # ---- the replay ------------------------------------------------------------------------------
+
+    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ReplayResult:
+        """Replay over an open stream pair; closes ``writer`` at the end."""
+        plan = self._plan
+        notes = list(plan.notes)
+        replayed = Transcript(self._rids)
+        seen: Counter[Marker] = Counter()
+        changed = asyncio.Event()
+        closed = asyncio.Event()
+        codec = JsonlCodec() if self.protocol == 0 else None
+        read_errors: list[str] = []
+
+        def on_envelope(env: pb.Envelope) -> None:
+            replayed.add_envelope(env)
+            for marker in _markers(env):
+                seen[marker] += 1
+
+        async def read_loop() -> None:
+            decoder: FrameDecoder | LineDecoder = FrameDecoder(_MAX_UNIT) if codec is None else LineDecoder(_MAX_UNIT)
+            try:
+                while True:
+                    data = await reader.read(1 << 20)
+                    if not data:
+                        break
+                    for unit in decoder.feed(data):
+                        try:
+                            if codec is None:
+                                on_envelope(pb.Envelope.FromString(unit))
+                            else:
+                                env = pb.Envelope()
+                                env.event.CopyFrom(codec.decode_event(unit))
+                                on_envelope(env)
+                        except (DecodeError, SmithFastError) as exc:
+                            read_errors.append(f"the service sent something undecodable: {exc}")
+                    changed.set()
+            except (FramingError, ConnectionError, OSError) as exc:
+                read_errors.append(f"reading from the service failed: {exc}")
+            finally:
+                closed.set()
+                changed.set()
+
+        async def until(pred, what: str, timeout: float | None = None) -> bool:  # type: ignore[no-untyped-def]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + (self.timeout if timeout is None else timeout)
+            while not pred():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    if what:
+                        notes.append(f"gave up waiting for {what} after {self.timeout:g}s")
+                    return False
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+            return True
+
+        def describe(needs: Mapping[Marker, int]) -> str:
+            parts = []
+            for (kind, key), _n in needs.items():
+                parts.append("the handshake answer" if kind == "handshake" else f"the end of request {key}")
+            return ", ".join(parts)
+
+        def met(needs: Mapping[Marker, int]) -> bool:
+            return all(seen[m] >= n for m, n in needs.items())
+
+        reading = asyncio.get_running_loop().create_task(read_loop())
+        loop = asyncio.get_running_loop()
+        sent = 0
+        try:
+            start = loop.time()
+            base = plan.steps[0].offset_ns if plan.steps else 0
+            for i, step in enumerate(plan.steps):
+                if step.needs and not met(step.needs):
+                    await until(lambda s=step: met(s.needs) or closed.is_set(), describe(step.needs))
+                if not self.fast:
+                    delay = (step.offset_ns - base) / 1e9 - (loop.time() - start)
+                    if delay > 0:
+                        await until(closed.is_set, "", delay)
+                if closed.is_set():
+                    notes.append(f"the service closed the connection before command {i + 1} of {len(plan.steps)} was sent")
+                    break
+                self._send(writer, codec, step, notes)
+                sent += 1
+                await writer.drain()
+            if not closed.is_set():
+                await until(lambda: met(plan.final) or closed.is_set(), "the requests recorded as ended")
+            if plan.expect_close:
+                await until(closed.is_set, "the service to close the connection after Shutdown")
+            expected = self._recorded.events
+            await until(lambda: replayed.events >= expected or closed.is_set(), "", self.settle)
+            while not closed.is_set():  # a quiet period, to catch events the recording did not have
+                before = replayed.events
+                await until(closed.is_set, "", _QUIET)
+                if replayed.events == before:
+                    break
+        except (ConnectionError, OSError) as exc:
+            notes.append(f"writing to the service failed: {exc}")
+        finally:
+            if not writer.is_closing():
+                writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reading), 5)
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
+        notes.extend(read_errors)
+        replayed.finish()
+        diff = diff_transcripts(self._recorded, replayed, order=plan.order, labels=plan.labels)
+        return ReplayResult(diff, notes, self._recorded, replayed, sent)
+
+    def _send(self, writer: asyncio.StreamWriter, codec: JsonlCodec | None, step: _Step, notes: list[str]) -> None:
+        env = step.envelope
+        if codec is None:
+            raw = step.raw
+            if self.protocol != self.header.protocol_version and env.command.WhichOneof("command_type") == "handshake":
+                env = pb.Envelope()
+                env.CopyFrom(step.envelope)
+                env.command.handshake.version = self.protocol
+                raw = env.SerializeToString()
+            writer.write(encode_frame(raw))
+            return
+        kind = env.WhichOneof("payload")
+        if kind == "command":
+            writer.write(codec.encode_command(env.command))
+        elif kind == "batch_command":  # v0 has no batches: send its commands one by one
+            for command in env.batch_command.commands:
+                writer.write(codec.encode_command(command))
+        else:
+            notes.append(f"a recorded {kind or 'empty'} envelope has no v0 form; not sent")
+
+    @property
+    def commands(self) -> int:
+        """How many client → service envelopes the replay will send."""
+        return len(self._plan.steps)
