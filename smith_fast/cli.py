@@ -1,4 +1,4 @@
-"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``."""
+"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health``."""
 
 from __future__ import annotations
 
@@ -49,7 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--tcp", action="append", default=[], nargs="?", const="127.0.0.1:7878", metavar="HOST:PORT",
         help="listen on TCP (default 127.0.0.1:7878; port 0 picks a free one; repeatable)",
     )
-    listen.add_argument("--allow-remote", action="store_true", help="allow TCP on non-loopback addresses")
+    listen.add_argument(
+        "--grpc", action="append", default=[], nargs="?", const="127.0.0.1:50051", metavar="HOST:PORT",
+        help="serve gRPC SmithService and grpc.health.v1 (default 127.0.0.1:50051; port 0 picks a free one; repeatable)",
+    )
+    listen.add_argument("--tls-cert", metavar="PEM", help="certificate chain: gRPC listeners serve TLS (with --tls-key)")
+    listen.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    listen.add_argument(
+        "--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default 127.0.0.1:9464; repeatable)",
+    )
+    listen.add_argument("--allow-remote", action="store_true", help="allow TCP, gRPC and metrics on non-loopback addresses")
     serve.add_argument("--protocol", choices=["auto", "v1", "v0"], default="auto", help="pin the wire protocol (default: detect per connection)")
     serve.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="event loop (default: uvloop when importable)")
     serve.add_argument("--root", type=pathlib.Path, default=pathlib.Path.cwd(), help="tool workspace root (default: current directory)")
@@ -86,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     ping = sub.add_parser("ping", help="measure the round-trip time", description="Handshake with a service COUNT times and print each round-trip time.")
     ping.add_argument("-c", "--count", type=int, default=3, help="round trips (default 3)")
     client_options(ping)
+
+    health = sub.add_parser(
+        "health", help="check whether a service is serving",
+        description="Ask a service whether it is serving and print its status (and, in-stream, its figures). "
+        "grpc:HOST:PORT uses the standard grpc.health.v1 service; unix:PATH and tcp:HOST:PORT ask in-stream. "
+        "Exits 0 when SERVING, 1 otherwise, 2 when the service cannot be reached.",
+    )
+    health.add_argument("address", metavar="ADDR", help="grpc:HOST:PORT, unix:PATH, tcp:HOST:PORT or HOST:PORT")
+    health.add_argument("--service", default="", help="service name to ask about (default: the whole service)")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
+    health.add_argument("--tls-ca", metavar="PEM", help="root certificate to verify a gRPC service's TLS certificate with")
     return parser
 
 
@@ -123,8 +144,17 @@ def _serve(args: argparse.Namespace) -> int:
         tool_max_output=args.tool_max_output,
     )
     config = ServiceConfig(root=args.root, protocol=args.protocol, jsonl_backend=args.jsonl_backend, limits=limits)
-    listen = ListenConfig(stdio=args.stdio, unix=args.unix, tcp=args.tcp, allow_remote=args.allow_remote)
-    if not (listen.stdio or listen.unix or listen.tcp):
+    listen = ListenConfig(
+        stdio=args.stdio,
+        unix=args.unix,
+        tcp=args.tcp,
+        grpc=args.grpc,
+        metrics=args.metrics,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        allow_remote=args.allow_remote,
+    )
+    if not (listen.stdio or listen.unix or listen.tcp or listen.grpc):
         listen.tcp = ["127.0.0.1:7878"]
     factory, loop_name = _pick_loop(args.loop)
     try:
@@ -223,12 +253,76 @@ async def _ping(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _health(args: argparse.Namespace) -> int:
+    from .client import Client, parse_address
+
+    kind, target = parse_address(args.address)
+    try:
+        if kind == "grpc":
+            status, metrics = await asyncio.wait_for(_grpc_health(target, args), args.timeout)
+        else:
+            status, metrics = await asyncio.wait_for(_stream_health(Client, args), args.timeout)
+    except (OSError, TimeoutError, ConnectionError) as exc:
+        print(f"smith-fast: {args.address}: cannot reach the service: {exc or type(exc).__name__}", file=sys.stderr)
+        return 2
+    except _Unreachable as exc:
+        print(f"smith-fast: {args.address}: {exc}", file=sys.stderr)
+        return 2
+    print(status)
+    for key in sorted(metrics):
+        print(f"  {key}: {metrics[key]}")
+    return 0 if status == "SERVING" else 1
+
+
+class _Unreachable(Exception):
+    pass
+
+
+async def _grpc_health(target: str, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    import grpc
+    from grpc import aio
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    if args.tls_ca:
+        with open(args.tls_ca, "rb") as f:
+            channel = aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=f.read()))
+    else:
+        channel = aio.insecure_channel(target)
+    async with channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            response = await stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # the standard service's answer for an unknown name
+                return "SERVICE_UNKNOWN", {}
+            raise _Unreachable(f"{exc.code().name}: {exc.details()}") from None
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status), {}
+
+
+async def _stream_health(client_cls, args: argparse.Namespace) -> tuple[str, dict[str, str]]:  # type: ignore[no-untyped-def]
+    from .client import ConnectionClosed, SmithError
+    from .pb import smith_pb2 as pb
+
+    client = await client_cls.connect(args.address)
+    try:
+        await client.handshake([], accept=["health"])
+        if "health" not in client.accepted:
+            raise _Unreachable("the service does not answer in-stream health checks")
+        response = await client.health_check(args.service)
+    except (SmithError, ConnectionClosed) as exc:
+        raise _Unreachable(str(exc)) from None
+    finally:
+        await client.close()
+    name = pb.HealthCheckResponse.ServingStatus.Name(response.status).removeprefix("SERVING_STATUS_")
+    return name, dict(response.metrics)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure(getattr(args, "log_level", os.environ.get("SMITH_FAST_LOG_LEVEL", "warning")))
     if args.command == "serve":
         return _serve(args)
-    runner = {"exec": _exec, "call": _call, "ping": _ping}[args.command]
+    runner = {"exec": _exec, "call": _call, "ping": _ping, "health": _health}[args.command]
     try:
         return _run(runner(args))
     except KeyboardInterrupt:

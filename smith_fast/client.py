@@ -1,15 +1,19 @@
-"""Asyncio client SDK: talk to ``smith-fast serve`` (or any Smith service) over stdio, Unix or TCP.
+"""Asyncio client SDK: talk to ``smith-fast serve`` (or any Smith service) over stdio, Unix, TCP
+or gRPC.
 
 Example::
 
-    async with await Client.connect("unix:/tmp/smith.sock") as client:
+    async with await Client.connect("unix:/tmp/smith.sock") as client:   # or "grpc:127.0.0.1:50051"
         await client.handshake()
         async for event in client.shell_exec("ls -l"):
             print(event.shell_output.stdout or "", end="")
         result = await client.call_tool("fs.list", {"path": "."})
 
 Events of concurrent requests are routed to their callers by ``request_id``; events without one
-(Ready, capability warnings, logs) go to :attr:`Client.events`.
+(Ready, capability warnings, logs) go to :attr:`Client.events`. A client can ask for the Envelope
+additions in its handshake (``accept=["batch_event", "health", "metrics"]``): BatchEvents are
+unpacked transparently, :meth:`Client.health_check` asks in-stream, and metrics reports land in
+:attr:`Client.metrics` and :attr:`Client.resource_usage`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import os
 import sys
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import FramingError, SmithFastError
 from .framing import FrameDecoder, encode_frame
@@ -30,7 +35,16 @@ from .jsonl import JsonlCodec, LineDecoder
 from .pb import smith_pb2 as pb
 from .sequencing import Sequencer
 
-__all__ = ["Client", "SmithError", "ConnectionClosed", "event_request_id", "parse_address"]
+if TYPE_CHECKING:
+    from grpc import aio as grpc_aio
+
+__all__ = ["Client", "GrpcClient", "SmithError", "ConnectionClosed", "event_request_id", "parse_address"]
+
+ACCEPT_KEY = "smith_fast.accept"
+INTERVAL_KEY = "smith_fast.metrics_interval_ms"
+ACCEPTED_KEY = "smith_fast.accepted"
+STREAM_METHOD = "/smith.v1.SmithService/Stream"
+NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
 _CAPS = {name.removeprefix("CAPABILITY_").lower(): value for name, value in pb.Capability.items() if value}
 
@@ -69,9 +83,16 @@ def event_request_id(event: pb.Event) -> str | None:
 
 
 def parse_address(address: str) -> tuple[str, Any]:
-    """``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target)."""
+    """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
+
+    ``grpc`` targets are returned as the ``HOST:PORT`` string grpcio takes.
+    """
     if address.startswith("unix:"):
         return "unix", address[5:]
+    if address.startswith("grpc:"):
+        host, _, port = address[5:].rpartition(":")
+        host = host or "127.0.0.1"
+        return "grpc", f"{host}:{port}"
     if address.startswith("tcp:"):
         address = address[4:]
     elif "/" in address or not address.rpartition(":")[2].isdigit():
@@ -100,29 +121,51 @@ class Client:
         process: asyncio.subprocess.Process | None = None,
         max_frame_size: int = 64 * 1024 * 1024,
     ) -> None:
+        self._init_state(protocol, process)
+        self._reader = reader
+        self._writer = writer
+        self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    def _init_state(self, protocol: str, process: asyncio.subprocess.Process | None) -> None:
         if protocol not in ("v1", "v0"):
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
         self.process = process
         self.ready: pb.ReadyEvent | None = None
+        self.accepted: frozenset[str] = frozenset()
         self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
+        self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
+        self.resource_usage: asyncio.Queue[pb.ResourceUsageEvent] = asyncio.Queue()
         self.warnings: list[pb.ErrorEvent] = []
-        self._reader = reader
-        self._writer = writer
+        self.batches_received = 0
+        self._health: deque[asyncio.Future[pb.HealthCheckResponse]] = deque()
         self._routes: dict[str, asyncio.Queue[pb.Event | None]] = {}
         self._closed = asyncio.Event()
         self._close_reason: BaseException | None = None
         self._seq = Sequencer()
         self._codec = JsonlCodec()
-        self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, address: str, *, protocol: str = "v1") -> Client:
-        """Connect to ``unix:PATH``, ``tcp:HOST:PORT`` or ``HOST:PORT``."""
+    async def connect(cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None) -> Client:
+        """Connect to ``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or ``grpc:HOST:PORT``.
+
+        Args:
+            address: where the service listens.
+            protocol: ``v1`` or ``v0`` (gRPC is always v1).
+            tls_ca: PEM root certificate(s) to verify a gRPC service's TLS certificate with; a
+                ``grpc:`` address is then reached over TLS.
+
+        Returns:
+            The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
+        """
         kind, target = parse_address(address)
+        if kind == "grpc":
+            if protocol != "v1":
+                raise ValueError("gRPC carries protocol v1 only")
+            return await GrpcClient.open(target, tls_ca=tls_ca)
         limit = 1 << 20
         if kind == "unix":
             reader, writer = await asyncio.open_unix_connection(target, limit=limit)
@@ -160,14 +203,30 @@ class Client:
 
     def send(self, command: pb.Command) -> None:
         """Send one command as is (for commands the helpers below do not cover)."""
-        if self._closed.is_set():
-            raise ConnectionClosed(f"connection closed: {self._close_reason}")
         if self.protocol == "v1":
             env = pb.Envelope()
             env.command.CopyFrom(command)
-            self._writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))
+            self.send_envelope(env)
         else:
+            if self._closed.is_set():
+                raise ConnectionClosed(f"connection closed: {self._close_reason}")
             self._writer.write(self._codec.encode_command(command))
+
+    def send_envelope(self, env: pb.Envelope) -> None:
+        """Stamp (timestamp, sequence) and send one v1 envelope.
+
+        Raises:
+            ConnectionClosed: the connection is gone.
+            ValueError: this is a v0 connection.
+        """
+        if self.protocol != "v1":
+            raise ValueError("envelopes are protocol v1 only")
+        if self._closed.is_set():
+            raise ConnectionClosed(f"connection closed: {self._close_reason}")
+        self._send_bytes(self._seq.stamp(env).SerializeToString())
+
+    def _send_bytes(self, envelope: bytes) -> None:
+        self._writer.write(encode_frame(envelope))
 
     def _route(self, rid: str) -> asyncio.Queue[pb.Event | None]:
         if rid in self._routes:
@@ -190,8 +249,18 @@ class Client:
         client_info: Mapping[str, str] | None = None,
         *,
         version: int | None = None,
+        accept: Iterable[str] = (),
+        metrics_interval_ms: int | None = None,
     ) -> pb.ReadyEvent:
         """Negotiate; returns the ReadyEvent. Capability warnings land in :attr:`warnings`.
+
+        Args:
+            capabilities: capability names (``shell_exec`` ...) or numbers to ask for.
+            client_info: ``HandshakeCommand.client_info`` (v1 only).
+            version: the protocol version to ask for (default: the connection's).
+            accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``.
+                What the service granted is in :attr:`accepted` afterwards.
+            metrics_interval_ms: how often to send metrics reports, with ``metrics``.
 
         Raises:
             SmithError: the service refused the version.
@@ -201,12 +270,19 @@ class Client:
         hs.version = (1 if self.protocol == "v1" else 0) if version is None else version
         hs.capabilities.extend(_CAPS[c] if isinstance(c, str) else c for c in capabilities)
         hs.client_info.update(client_info or {"client": "smith-fast-sdk"})
+        accept = list(accept)
+        if accept:
+            hs.client_info[ACCEPT_KEY] = ",".join(accept)
+        if metrics_interval_ms is not None:
+            hs.client_info[INTERVAL_KEY] = str(metrics_interval_ms)
         self.send(cmd)
         while True:
             event = await self._next(self.events)  # type: ignore[arg-type]
             kind = event.WhichOneof("event_type")
             if kind == "ready":
                 self.ready = event.ready
+                granted = event.ready.service_info.get(ACCEPTED_KEY, "")
+                self.accepted = frozenset(item for item in granted.split(",") if item)
                 return event.ready
             if kind == "error":
                 if event.error.error_code == pb.ERROR_CODE_INVALID_CAPABILITY:
@@ -294,6 +370,29 @@ class Client:
             raise ConnectionClosed("the request ended without a ToolResult")
         return result
 
+    async def health_check(self, service_name: str = "") -> pb.HealthCheckResponse:
+        """Ask the service in-stream how it is (needs ``accept=["health"]`` in the handshake).
+
+        Args:
+            service_name: ``""`` for the whole service.
+
+        Returns:
+            The response, ``metrics`` filled.
+
+        Raises:
+            ConnectionClosed: the connection ended first.
+        """
+        env = pb.Envelope()
+        env.health_check_request.service_name = service_name
+        future: asyncio.Future[pb.HealthCheckResponse] = asyncio.get_running_loop().create_future()
+        self._health.append(future)
+        try:
+            self.send_envelope(env)
+        except BaseException:
+            self._health.remove(future)
+            raise
+        return await future
+
     async def ping(self) -> float:
         """Round-trip time in seconds of a HandshakeCommand → ReadyEvent exchange."""
         start = time.perf_counter()
@@ -327,11 +426,31 @@ class Client:
 
     # ---- receiving ---------------------------------------------------------------------------
 
-    def _decode(self, unit: bytes) -> pb.Event | None:
+    def _receive(self, unit: bytes) -> None:
+        """One v1 envelope or v0 line from the service: route what it carries."""
         if self.protocol == "v0":
-            return self._codec.decode_event(unit)
+            event = self._codec.decode_event(unit)
+            if event is not None:
+                self._dispatch(event)
+            return
         env = pb.Envelope.FromString(unit)
-        return env.event if env.WhichOneof("payload") == "event" else None
+        kind = env.WhichOneof("payload")
+        if kind == "event":
+            self._dispatch(env.event)
+        elif kind == "batch_event":
+            self.batches_received += 1
+            for event in env.batch_event.events:
+                self._dispatch(event)
+        elif kind == "health_check_response":
+            while self._health:
+                future = self._health.popleft()
+                if not future.done():
+                    future.set_result(env.health_check_response)
+                    break
+        elif kind == "metrics":
+            self.metrics.put_nowait(env.metrics)
+        elif kind == "resource_usage":
+            self.resource_usage.put_nowait(env.resource_usage)
 
     def _dispatch(self, event: pb.Event) -> None:
         rid = event_request_id(event)
@@ -349,14 +468,140 @@ class Client:
                     self._close_reason = EOFError("the service closed the connection")
                     break
                 for unit in self._decoder.feed(data):
-                    event = self._decode(unit)
-                    if event is not None:
-                        self._dispatch(event)
+                    self._receive(unit)
         except (FramingError, SmithFastError, ConnectionError, OSError) as exc:
             self._close_reason = exc
         except asyncio.CancelledError:
             self._close_reason = ConnectionClosed("client closed")
         finally:
-            self._closed.set()
-            for queue in list(self._routes.values()) + [self.events]:
-                queue.put_nowait(None)  # type: ignore[arg-type]
+            self._connection_ended()
+
+    def _connection_ended(self) -> None:
+        self._closed.set()
+        for queue in list(self._routes.values()) + [self.events]:
+            queue.put_nowait(None)  # type: ignore[arg-type]
+        while self._health:
+            future = self._health.popleft()
+            if not future.done():
+                future.set_exception(ConnectionClosed(f"connection closed: {self._close_reason}"))
+
+
+class GrpcClient(Client):
+    """A :class:`Client` over the gRPC ``SmithService.Stream`` call (protocol v1).
+
+    Create it with ``Client.connect("grpc:HOST:PORT")`` or :meth:`open`. Everything a
+    :class:`Client` does works the same; :meth:`negotiate` adds the unary ``Negotiate`` call.
+    """
+
+    def __init__(self, channel: grpc_aio.Channel) -> None:
+        self._init_state("v1", None)
+        self._channel = channel
+        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._status: Any = None
+        # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
+        self._call = channel.stream_stream(STREAM_METHOD)(self._requests())
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @classmethod
+    async def open(cls, target: str, *, tls_ca: bytes | None = None) -> GrpcClient:
+        """Open a channel to ``HOST:PORT`` and start a ``Stream`` call on it.
+
+        Args:
+            target: ``HOST:PORT``.
+            tls_ca: PEM root certificate(s); given, the channel uses TLS.
+
+        Returns:
+            The client.
+        """
+        from grpc import aio, ssl_channel_credentials
+
+        options = [("grpc.max_receive_message_length", -1)]
+        if tls_ca is not None:
+            channel = aio.secure_channel(target, ssl_channel_credentials(root_certificates=tls_ca), options=options)
+        else:
+            channel = aio.insecure_channel(target, options=options)
+        return cls(channel)
+
+    async def _requests(self) -> AsyncIterator[bytes]:
+        while True:
+            item = await self._outbox.get()
+            if item is None:
+                return
+            yield item
+
+    def _send_bytes(self, envelope: bytes) -> None:
+        self._outbox.put_nowait(envelope)
+
+    async def negotiate(
+        self,
+        supported_versions: Iterable[int] = (1, 0),
+        capabilities: Iterable[str | int] = (),
+        client_metadata: Mapping[str, str] | None = None,
+    ) -> pb.NegotiateResponse:
+        """The unary ``Negotiate`` call.
+
+        Raises:
+            SmithError: the service refused (no version in common ...); ``code`` is the ErrorCode.
+            grpc.aio.AioRpcError: the call failed otherwise.
+        """
+        import grpc
+
+        request = pb.NegotiateRequest(
+            supported_versions=list(supported_versions),
+            capabilities=[_CAPS[c] if isinstance(c, str) else c for c in capabilities],
+            client_metadata=dict(client_metadata or {}),
+        )
+        method = self._channel.unary_unary(
+            NEGOTIATE_METHOD,
+            request_serializer=pb.NegotiateRequest.SerializeToString,
+            response_deserializer=pb.NegotiateResponse.FromString,
+        )
+        try:
+            return await method(request)
+        except grpc.aio.AioRpcError as exc:
+            code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
+            if code is None:
+                raise
+            raise SmithError(pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")) from exc
+
+    async def close_sending(self) -> None:
+        """Half-close: send nothing more; the service finishes the running requests, then ends the call."""
+        self._outbox.put_nowait(None)
+
+    async def shutdown(self) -> None:
+        cmd = pb.Command()
+        cmd.shutdown.SetInParent()
+        self.send(cmd)
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        """Cancel the call (the service then stops this session's commands) and close the channel."""
+        self._call.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._closed.wait(), 5)
+        self._reader_task.cancel()
+        await self._channel.close()
+
+    @property
+    def status(self) -> Any:
+        """The call's final ``grpc.StatusCode`` once it ended (None before)."""
+        return self._status
+
+    async def _read_loop(self) -> None:
+        import grpc
+
+        try:
+            async for raw in self._call:
+                self._receive(raw)
+            self._status = await self._call.code()
+            self._close_reason = EOFError("the service ended the stream")
+        except grpc.aio.AioRpcError as exc:
+            self._status = exc.code()
+            self._close_reason = exc
+        except asyncio.CancelledError:
+            self._status = grpc.StatusCode.CANCELLED
+            self._close_reason = ConnectionClosed("client closed")
+        except (SmithFastError, ValueError) as exc:
+            self._close_reason = exc
+        finally:
+            self._connection_ended()

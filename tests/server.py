@@ -19,7 +19,8 @@ class ServerProcess:
     """``python -m smith_fast serve`` with a Unix socket and an ephemeral TCP port.
 
     Its stderr (JSON log lines) is collected in :attr:`logs`; :attr:`unix` and :attr:`tcp` are the
-    addresses it reported when it became ready.
+    addresses it reported when it became ready, and so are :attr:`grpc` (``grpc:HOST:PORT``) and
+    :attr:`metrics_url` when ``--grpc``/``--metrics`` are among the extra arguments.
     """
 
     def __init__(self, tmp: pathlib.Path, *extra: str, loop: str = "uvloop", root: pathlib.Path | None = None,
@@ -36,6 +37,8 @@ class ServerProcess:
         self.raw_stderr: list[str] = []
         self.unix = f"unix:{self.sock_path}"
         self.tcp = ""
+        self.grpc = ""
+        self.metrics_url = ""
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
@@ -55,11 +58,18 @@ class ServerProcess:
                 self.logs.append(record)
                 if record.get("event") == "listening" and str(record.get("address", "")).startswith("tcp:"):
                     self.tcp = record["address"]
+                if record.get("event") == "listening" and str(record.get("address", "")).startswith("grpc:"):
+                    self.grpc = self.grpc or record["address"]
+                if record.get("event") == "listening" and str(record.get("address", "")).startswith("http:"):
+                    self.metrics_url = self.metrics_url or record["address"]
                 if record.get("event") == "ready":
+                    self.ready = True
                     ready.set()
+            ready.set()  # stderr closed: the process is gone, no point waiting any longer
 
+        self.ready = False
         threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(timeout):
+        if not ready.wait(timeout) or not self.ready:
             self.stop()
             raise RuntimeError("server did not become ready:\n" + "\n".join(self.raw_stderr))
         return self
@@ -124,3 +134,10 @@ def wait_until(pred, timeout: float = 10.0, interval: float = 0.05) -> bool:  # 
             return True
         time.sleep(interval)
     return bool(pred())
+
+
+def assert_clean_log(server: ServerProcess) -> None:
+    """No error records, tracebacks or complaints of the event loop's exception handler in its stderr."""
+    bad = [line for line in server.raw_stderr if "Traceback" in line or "never retrieved" in line or "Exception in callback" in line]
+    bad += [json.dumps(r) for r in server.logs if r.get("level") in ("error", "critical")]
+    assert not bad, "\n".join(bad[:20])

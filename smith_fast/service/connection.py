@@ -75,6 +75,7 @@ class Connection(asyncio.BufferedProtocol):
         self._closed = False
         self._on_closed = on_closed
         self._loop = asyncio.get_event_loop()
+        self._io = core.metrics.io["v1"]  # replaced once the protocol is known
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
 
@@ -133,8 +134,9 @@ class Connection(asyncio.BufferedProtocol):
         version = {"v1": 1, "v0": 0}.get(self.protocol)
         if version is None:
             version = sniff_version(head)
+        self._io = self.core.metrics.io[f"v{version}"]
         if version == 1:
-            sink = V1Sink(self.write)
+            sink = V1Sink(self.write, notify=self._schedule_flush)
             self._decoder = FrameDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v1
         else:
@@ -153,6 +155,9 @@ class Connection(asyncio.BufferedProtocol):
             frames = self._decoder.feed(data)
         except FramingError as exc:
             frames, fatal = exc.frames, exc  # type: ignore[attr-defined]
+        io = self._io
+        io.bytes_in += len(data)
+        io.frames_in += len(frames)
         for frame in frames:
             try:
                 env = pb.Envelope.FromString(frame)
@@ -165,24 +170,7 @@ class Connection(asyncio.BufferedProtocol):
                     )
                 )
                 continue
-            kind = env.WhichOneof("payload")
-            if kind == "command":
-                session.handle(env.command)
-            elif kind == "batch_command":
-                batch = env.batch_command
-                if batch.require_ordering:
-                    self._loop.create_task(session.run_ordered(list(batch.commands)))
-                else:
-                    for command in batch.commands:
-                        session.handle(command)
-            else:
-                session.protocol_error(
-                    ProtocolError(
-                        f"unexpected Envelope payload {kind or 'none'!r} from a client; expected a command",
-                        pb.ERROR_CODE_UNSPECIFIED,
-                        details={"reason": "unexpected_payload"},
-                    )
-                )
+            session.handle_envelope(env)
         if fatal is not None:
             code = pb.ERROR_CODE_RESOURCE_EXHAUSTED if isinstance(fatal, FrameTooLarge) else pb.ERROR_CODE_UNSPECIFIED
             session.protocol_error(
@@ -203,6 +191,9 @@ class Connection(asyncio.BufferedProtocol):
             lines = self._lines.feed(data)
         except FrameTooLarge as exc:  # not sticky for v0: the decoder resyncs at the next newline
             lines, error = exc.frames, exc  # type: ignore[attr-defined]
+        io = self._io
+        io.bytes_in += len(data)
+        io.frames_in += len(lines)
         for i, line in enumerate(lines):
             if error is not None and i == error.index:  # type: ignore[attr-defined]
                 self._line_too_long(error)
@@ -240,19 +231,32 @@ class Connection(asyncio.BufferedProtocol):
         """Queue ``data``; it goes out with everything else written in this loop tick."""
         if self._closed:
             return
+        self._io.frames_out += 1
         full = self._out.add(data)
         if full is not None:
+            self._io.bytes_out += len(full)
             self._writer.write(full)  # type: ignore[union-attr]
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if self._closed:
+            self._flush_scheduled = False
             return
+        if self.session is not None:
+            # the tick's batched events, as one (or few) BatchEvents; still flagged as scheduled,
+            # so their write() does not schedule another flush
+            self.session.sink.flush_batch()
+        self._flush_scheduled = False
         data = self._out.flush()
         if data:
+            self._io.bytes_out += len(data)
             self._writer.write(data)  # type: ignore[union-attr]
 
     def close(self) -> None:

@@ -10,13 +10,16 @@ from .. import __version__, framing
 from ..pb import smith_pb2
 from ..tools import ToolContext, ToolRegistry
 from .config import ServiceConfig
+from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 
 if TYPE_CHECKING:
     from .session import Session
 
-__all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "capability_name"]
+__all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
 
 SUPPORTED_VERSIONS = (1, 0)  # in order of preference (wire_notes.md, "Negotiation")
+# What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
+ACCEPTABLE = ("batch_event", "health", "metrics")
 
 
 def capability_name(value: int) -> str:
@@ -47,6 +50,42 @@ class ServiceCore:
         self.running_processes = 0
         self.shutting_down = False
         self.closed = asyncio.Event()
+        self.metrics = ServiceMetrics()
+        self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
+        self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
+
+    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+        """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.
+
+        Args:
+            requested: capability numbers as the peer listed them (duplicates allowed).
+
+        Returns:
+            ``(granted, refused)``; ``refused`` holds ``(capability, why)`` for each unknown or
+            unavailable one, ``why`` a sentence that names it and lists what is available.
+        """
+        granted: list[int] = []
+        refused: list[tuple[int, str]] = []
+        for cap in requested:
+            if cap in self.capabilities:
+                if cap not in granted:
+                    granted.append(cap)
+                continue
+            available = ",".join(sorted(capability_name(c) for c in self.capabilities))
+            reason = "unknown" if capability_name(cap).isdigit() or cap == 0 else "not available on this service"
+            refused.append((cap, f"capability {capability_name(cap)} is {reason} (available: {available}); the others are granted"))
+        return granted, refused
+
+    def sessions_by_protocol(self) -> dict[str, int]:
+        """Live sessions per protocol label (v1, v0, grpc)."""
+        out = dict.fromkeys(PROTOCOLS, 0)
+        for session in self.sessions:
+            out[session.protocol] = out.get(session.protocol, 0) + 1
+        return out
+
+    def network_connections(self) -> int:
+        """Live sessions over a network listener (Unix, TCP, gRPC; stdio is not one)."""
+        return sum(1 for s in self.sessions if s.peer != "stdio")
 
     def service_info(self, version: int, granted: list[int]) -> dict[str, str]:
         return {

@@ -1,4 +1,5 @@
-"""Listeners: stdio, Unix sockets and TCP, several at once in one process, sharing one core."""
+"""Listeners: stdio, Unix sockets, TCP and gRPC, several at once in one process, sharing one core;
+and the Prometheus endpoint."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import signal
 import socket
 import stat
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import process
 from ..logs import get_logger
 from .config import ServiceConfig
 from .connection import Connection
 from .core import ServiceCore
+
+if TYPE_CHECKING:
+    from .grpc_front import GrpcFront
+    from .prometheus import MetricsServer
 
 __all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError"]
 
@@ -30,9 +36,16 @@ class ListenError(Exception):
 
 @dataclass
 class ListenConfig:
+    """Where to listen. ``grpc`` and ``metrics`` are ``HOST:PORT`` like ``tcp``; ``tls_cert`` and
+    ``tls_key`` (PEM files, both or neither) make the gRPC listeners serve TLS."""
+
     stdio: bool = False
     unix: list[str] = field(default_factory=list)
     tcp: list[str] = field(default_factory=list)
+    grpc: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+    tls_cert: str | None = None
+    tls_key: str | None = None
     allow_remote: bool = False
 
 
@@ -51,6 +64,48 @@ def _is_loopback(host: str) -> bool:
     except socket.gaierror as exc:
         raise ListenError(f"cannot resolve {host!r}: {exc}") from None
     return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+
+
+def _checked(addr: str, what: str, allow_remote: bool) -> tuple[str, int]:
+    host, port = parse_tcp(addr)
+    if not allow_remote and not _is_loopback(host):
+        raise ListenError(f"refusing to listen ({what}) on non-loopback address {host}; pass --allow-remote to allow it")
+    return host, port
+
+
+def _tls(listen: ListenConfig) -> tuple[bytes, bytes] | None:
+    if (listen.tls_cert is None) != (listen.tls_key is None):
+        raise ListenError("--tls-cert and --tls-key go together")
+    if listen.tls_cert is None or listen.tls_key is None:
+        return None
+    try:
+        with open(listen.tls_cert, "rb") as cert, open(listen.tls_key, "rb") as key:
+            return cert.read(), key.read()
+    except OSError as exc:
+        raise ListenError(f"cannot read TLS certificate or key: {exc}") from None
+
+
+async def _open_grpc(core: ServiceCore, listen: ListenConfig) -> GrpcFront:
+    from .grpc_front import GrpcFront  # grpcio costs ~70 ms to import: only when asked for
+
+    hosts = [_checked(addr, "gRPC", listen.allow_remote) for addr in listen.grpc]
+    front = GrpcFront(core, tls=_tls(listen))
+    for host, port in hosts:
+        address = front.add_port(host, port)
+        core.endpoints.append(address)
+        log.info("listening", extra={"fields": {"address": address, "tls": front.tls is not None}})
+    await front.start()
+    return front
+
+
+async def _open_metrics(core: ServiceCore, listen: ListenConfig) -> MetricsServer:
+    from .prometheus import MetricsServer
+
+    hosts = [_checked(addr, "metrics", listen.allow_remote) for addr in listen.metrics]
+    server = MetricsServer(core)
+    for host, port in hosts:
+        log.info("listening", extra={"fields": {"address": await server.listen(host, port)}})
+    return server
 
 
 def _unix_socket(path: str) -> socket.socket:
@@ -116,10 +171,16 @@ async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.
 async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) -> int:
     """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe)."""
     loop = asyncio.get_running_loop()
+    # Refuse a bad address or TLS setting before anything is bound.
+    for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
+        _checked(addr, what, listen.allow_remote)
+    _tls(listen)
     core = ServiceCore(config, loop_name=loop_name)
     servers: list[asyncio.base_events.Server] = []
     unix_paths: list[str] = []
     stop = asyncio.Event()
+    grpc_front: GrpcFront | None = None
+    metrics_server: MetricsServer | None = None
 
     def factory() -> Connection:
         return Connection(core, protocol=config.protocol)
@@ -128,16 +189,21 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) 
         sock = _unix_socket(path)
         unix_paths.append(path)
         servers.append(await loop.create_unix_server(factory, sock=sock))
+        core.endpoints.append(f"unix:{path}")
         log.info("listening", extra={"fields": {"address": f"unix:{path}"}})
     for addr in listen.tcp:
-        host, port = parse_tcp(addr)
-        if not listen.allow_remote and not _is_loopback(host):
-            raise ListenError(f"refusing to listen on non-loopback address {host}; pass --allow-remote to allow it")
+        host, port = _checked(addr, "TCP", listen.allow_remote)
         server = await loop.create_server(factory, host, port, reuse_address=True)
         servers.append(server)
         for sock in server.sockets:
             h, p = sock.getsockname()[:2]
-            log.info("listening", extra={"fields": {"address": f"tcp:{h}:{p}" if ":" not in h else f"tcp:[{h}]:{p}"}})
+            address = f"tcp:{h}:{p}" if ":" not in h else f"tcp:[{h}]:{p}"
+            core.endpoints.append(address)
+            log.info("listening", extra={"fields": {"address": address}})
+    if listen.grpc:
+        grpc_front = await _open_grpc(core, listen)
+    if listen.metrics:
+        metrics_server = await _open_metrics(core, listen)
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)
@@ -150,9 +216,16 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) 
         log.info("shutting down", extra={"fields": {"sessions": len(core.sessions)}})
         for server in servers:
             server.close()
+        if grpc_front is not None:
+            await grpc_front.begin_shutdown()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(core.shutdown(), timeout=config.limits.kill_grace + 5)
         process.kill_all()
+        if grpc_front is not None:
+            with contextlib.suppress(Exception):
+                await grpc_front.stop(1.0)  # the sessions' last messages are queued by now
+        if metrics_server is not None:
+            metrics_server.close()
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)

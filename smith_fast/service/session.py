@@ -9,15 +9,18 @@ different requests interleave, each carrying its request_id.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .core import SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .health import health_response
+from .metrics import ResourceSampler
 from .shell import run_shell_exec
-from .sinks import EventSink
+from .sinks import EventSink, now_ms
 
 if TYPE_CHECKING:
     from ..process import ShellProcess
@@ -30,6 +33,17 @@ log = get_logger("smith_fast.session")
 _REQUIRES = {"shell_exec": pb.CAPABILITY_SHELL_EXEC}
 _HOOK_CAPS = {"js": pb.CAPABILITY_HOOKS_JS, "rust": pb.CAPABILITY_HOOKS_RUST}
 
+# Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
+ACCEPT_KEY = "smith_fast.accept"
+INTERVAL_KEY = "smith_fast.metrics_interval_ms"
+ACCEPTED_KEY = "smith_fast.accepted"
+DEFAULT_METRICS_INTERVAL_MS = 1000
+MIN_METRICS_INTERVAL_MS = 50
+MAX_METRICS_INTERVAL_MS = 3_600_000
+_HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
+_METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
+_RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
+
 
 class Session:
     """The state of one connection (or one gRPC stream).
@@ -39,30 +53,79 @@ class Session:
         sink: where events go; its ``version`` is the wire protocol of the connection.
         close: called once the session is over and its output flushed (closes the transport).
         peer: a printable peer name for logs.
+        protocol: the metrics label of its front: ``v1``, ``v0`` (socket or stdio) or ``grpc``.
     """
 
-    def __init__(self, core: ServiceCore, sink: EventSink, *, close: Callable[[], None], peer: str = "?") -> None:
+    def __init__(
+        self,
+        core: ServiceCore,
+        sink: EventSink,
+        *,
+        close: Callable[[], None],
+        peer: str = "?",
+        protocol: str | None = None,
+    ) -> None:
         self.core = core
         self.sink = sink
         self.peer = peer
         self.version = sink.version
+        self.protocol = protocol or f"v{sink.version}"
         self.granted: frozenset[int] = frozenset()
+        self.accepted: frozenset[str] = frozenset()
         self.handshaken = False
         self.paused = False
         self.shutting = False
         self.processes: set[ShellProcess] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._batches: set[asyncio.Task[None]] = set()  # BatchCommands with require_ordering
+        self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
         core.sessions.add(self)
+        core.metrics.sessions_total[self.protocol] = core.metrics.sessions_total.get(self.protocol, 0) + 1
 
     # ---- input -------------------------------------------------------------------------------
+
+    def handle_envelope(self, env: pb.Envelope) -> None:
+        """Dispatch one decoded v1 envelope (socket frame or gRPC message). Never raises."""
+        kind = env.WhichOneof("payload")
+        if kind == "command":
+            self.handle(env.command)
+        elif kind == "batch_command":
+            batch = env.batch_command
+            if batch.require_ordering:
+                task = asyncio.get_running_loop().create_task(self.run_ordered(list(batch.commands)))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+            else:
+                for command in batch.commands:
+                    self.handle(command)
+        elif kind == "health_check_request" and "health" in self.accepted:
+            self.sink.envelope(_HEALTH_RESPONSE, health_response(self.core, env.health_check_request.service_name).SerializeToString())
+        elif kind == "health_check_request":
+            self.protocol_error(
+                ProtocolError(
+                    f"health checks were not asked for: send {ACCEPT_KEY}=health in the handshake's client_info",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                    details={"reason": "unexpected_payload"},
+                )
+            )
+        else:
+            self.protocol_error(
+                ProtocolError(
+                    f"unexpected Envelope payload {kind or 'none'!r} from a client; expected a command",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                    details={"reason": "unexpected_payload"},
+                )
+            )
 
     def handle(self, command: pb.Command) -> None:
         """Dispatch one decoded command. Never raises: problems become ErrorEvents."""
         kind = command.WhichOneof("command_type")
         if self._closing:
             return
+        if kind is not None:
+            self.core.metrics.commands[kind] += 1
         if kind == "handshake":
             self._handshake(command.handshake)
             return
@@ -94,9 +157,9 @@ class Session:
             )
             return
         if kind == "shell_exec":
-            self._start(rid, run_shell_exec(self, rid, request))
+            self._start(rid, run_shell_exec(self, rid, request), kind)
         elif kind == "tool_call":
-            self._start(rid, self._tool_call(rid, request))
+            self._start(rid, self._tool_call(rid, request), kind)
         else:
             self.reject(ProtocolError(f"{kind} is not supported by this service yet", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
 
@@ -113,7 +176,11 @@ class Session:
     def protocol_error(self, exc: ProtocolError) -> None:
         """Report a problem with the peer's input; the session carries on."""
         log.info("protocol error", extra={"fields": {"peer": self.peer, "error": str(exc), "code": exc.code}})
-        self.sink.error(exc.code, str(exc), exc.request_id, exc.details)
+        self._error(exc.code, str(exc), exc.request_id, exc.details)
+
+    def _error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
+        self.core.metrics.error(code)
+        self.sink.error(code, message, rid, details)
 
     def reject(self, exc: ProtocolError) -> None:
         """Refuse a request before it starts: its error, then its terminal ERROR state."""
@@ -143,21 +210,10 @@ class Session:
                 )
             )
             return
-        granted: list[int] = []
-        for cap in hs.capabilities:
-            if cap in self.core.capabilities:
-                if cap not in granted:
-                    granted.append(cap)
-                continue
-            available = ",".join(sorted(capability_name(c) for c in self.core.capabilities))
-            reason = "unknown" if capability_name(cap).isdigit() or cap == 0 else "not available on this service"
-            self.protocol_error(
-                ProtocolError(
-                    f"capability {capability_name(cap)} is {reason} (available: {available}); the others are granted",
-                    pb.ERROR_CODE_INVALID_CAPABILITY,
-                    details={"capability": capability_name(cap)},
-                )
-            )
+        granted, refused = self.core.grant(list(hs.capabilities))
+        for cap, why in refused:
+            self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
+        accepted, interval_ms, warnings = self._accept(hs.client_info) if self.version == 1 else ([], 0, [])
         self.granted = frozenset(granted)
         self.handshaken = True
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
@@ -166,14 +222,79 @@ class Session:
         ready.version = self.version
         ready.capabilities.extend(granted)
         ready.service_id = self.core.service_id
-        ready.service_info.update(self.core.service_info(self.version, granted))
+        info = self.core.service_info(self.version, granted)
+        if self.version == 1:
+            info[ACCEPTED_KEY] = ",".join(accepted)
+            if "metrics" in accepted:
+                info[INTERVAL_KEY] = str(interval_ms)
+        ready.service_info.update(info)
         self.sink.event(event)
         self.sink.state_change(pb.SERVICE_STATE_READY)
-        log.info("handshake", extra={"fields": {"peer": self.peer, "version": self.version, "granted": [capability_name(c) for c in granted]}})
+        for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them
+            self.sink.log(pb.LOG_LEVEL_WARN, message, fields=fields)
+        self._apply_accepted(frozenset(accepted), interval_ms)
+        log.info("handshake", extra={"fields": {"peer": self.peer, "version": self.version, "granted": [capability_name(c) for c in granted], "accepted": accepted}})
+
+    @staticmethod
+    def _accept(client_info: Mapping[str, str]) -> tuple[list[str], int, list[tuple[str, dict[str, str]]]]:
+        """Which Envelope additions the peer asked for, its metrics interval, and warnings (message,
+        fields) about what was not understood."""
+        warnings: list[tuple[str, dict[str, str]]] = []
+        asked = [item.strip() for item in client_info.get(ACCEPT_KEY, "").split(",") if item.strip()]
+        accepted = [item for item in ACCEPTABLE if item in asked]
+        unknown = [item for item in asked if item not in ACCEPTABLE]
+        if unknown:
+            warnings.append(
+                (
+                    f"{ACCEPT_KEY}: {', '.join(unknown)} not known and ignored (known: {', '.join(ACCEPTABLE)})",
+                    {"key": ACCEPT_KEY, "ignored": ",".join(unknown)},
+                )
+            )
+        interval = DEFAULT_METRICS_INTERVAL_MS
+        raw = client_info.get(INTERVAL_KEY)
+        if raw is not None:
+            try:
+                interval = min(max(int(raw), MIN_METRICS_INTERVAL_MS), MAX_METRICS_INTERVAL_MS)
+            except ValueError:
+                warnings.append((f"{INTERVAL_KEY}={raw!r} is not a number of milliseconds; using {interval}", {"key": INTERVAL_KEY}))
+        return accepted, interval, warnings
+
+    def _apply_accepted(self, accepted: frozenset[str], interval_ms: int) -> None:
+        """Switch batching and the metrics reports on or off, as the latest handshake asked."""
+        self.accepted = accepted
+        if "batch_event" in accepted:
+            self.sink.start_batching()
+        else:
+            self.sink.stop_batching()
+        if self._reporter is not None:
+            self._reporter.cancel()
+            self._reporter = None
+        if "metrics" in accepted:
+            self._reporter = asyncio.get_running_loop().create_task(self._report_metrics(interval_ms / 1000))
+
+    # ---- metrics and health -------------------------------------------------------------------
+
+    async def _report_metrics(self, interval: float) -> None:
+        sampler = ResourceSampler()
+        while True:
+            await asyncio.sleep(interval)
+            if self._closing:
+                return
+            if not self.paused:  # a peer that does not read would only make us buffer reports
+                self.send_metrics(sampler)
+
+    def send_metrics(self, sampler: ResourceSampler) -> None:
+        """One report: a MetricsEvent per sample, then a ResourceUsageEvent."""
+        core, sink = self.core, self.sink
+        ts = now_ms()
+        for name, labels, value in core.metrics.samples(core):
+            sink.envelope(_METRICS, pb.MetricsEvent(metric_name=name, value=value, timestamp=ts, labels=labels).SerializeToString())
+        usage = sampler.sample(core.network_connections())
+        sink.envelope(_RESOURCE_USAGE, usage.event(ts).SerializeToString())
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def _start(self, rid: str, coro: Coroutine[Any, Any, None]) -> None:
+    def _start(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
         if not rid:
             coro.close()
             self.protocol_error(ProtocolError("request_id is empty", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "invalid_field"}))
@@ -188,13 +309,14 @@ class Session:
                 ProtocolError(f"too many requests in flight (max {self.core.limits.max_requests})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
             )
             return
-        task = asyncio.get_running_loop().create_task(self._run(rid, coro))
+        task = asyncio.get_running_loop().create_task(self._run(rid, coro, kind))
         self._tasks[rid] = task
         task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
 
-    async def _run(self, rid: str, coro: Coroutine[Any, Any, None]) -> None:
+    async def _run(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
         sink = self.sink
         sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
+        start = time.perf_counter()
         try:
             await coro
         except ProtocolError as exc:
@@ -203,15 +325,17 @@ class Session:
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         except asyncio.CancelledError:
             if not self._closing:  # shutdown, not disconnect: somebody is listening
-                sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+                self._error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             raise
         except Exception as exc:  # a bug of ours: report it, keep the session
             log.exception("request failed", extra={"fields": {"peer": self.peer, "request_id": rid}})
-            sink.error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
+            self._error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         else:
             sink.state_change(pb.SERVICE_STATE_READY, rid)
+        finally:
+            self.core.metrics.observe_request(kind, time.perf_counter() - start)
 
     async def _tool_call(self, rid: str, cmd: pb.ToolCallCommand) -> None:
         timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else self.core.limits.default_timeout_ms
@@ -234,11 +358,19 @@ class Session:
             proc.resume_reading()
 
     async def _cancel_requests(self) -> None:
-        tasks = list(self._tasks.values())
+        tasks = [*self._batches, *self._tasks.values()]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _end(self) -> None:
+        """Mark the session over and leave the core; nothing is sent after this."""
+        self._closing = True
+        self.core.sessions.discard(self)
+        if self._reporter is not None:
+            self._reporter.cancel()
+            self._reporter = None
 
     async def shutdown(self) -> None:
         """SHUTTING, cancel running requests (their final events are sent), flush, close."""
@@ -252,15 +384,25 @@ class Session:
         grace = self.core.limits.kill_grace
         await asyncio.gather(*(p.terminate(grace) for p in list(self.processes)), return_exceptions=True)
         await self._cancel_requests()
-        self._closing = True
-        self.core.sessions.discard(self)
+        self._end()
+        self.sink.flush_batch()
+        self._close()
+
+    async def finish(self) -> None:
+        """The peer will send nothing more but still listens (a gRPC half-close): let the running
+        requests end, then close."""
+        while (self._tasks or self._batches) and not self._closing:
+            await asyncio.wait([*self._batches, *self._tasks.values()])
+        if self._closing:
+            return
+        self._end()
+        self.sink.flush_batch()
         self._close()
 
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once."""
-        self._closing = True
-        self.core.sessions.discard(self)
+        self._end()
         for proc in list(self.processes):
             proc.close()
-        for task in self._tasks.values():
+        for task in [*self._batches, *self._tasks.values()]:
             task.cancel()

@@ -4,6 +4,12 @@ A session never builds wire bytes itself; it calls the sink, which for v1 stamps
 sequencer and writes it with the hot encoders (no protobuf object per event), and for v0 writes the
 JSON line the original Rust crate would. Rare events (Ready, HookResult, GraphDelta ...) arrive as
 ``smith_pb2.Event`` objects through :meth:`EventSink.event`.
+
+A v1 sink can also batch (for a peer that asked for ``batch_event``): events then go into an
+``EventBatcher`` as bare ``Event`` bytes and leave as ``Envelope.batch_event``, one envelope (one
+timestamp, one sequence number) per batch. A batch is cut when full, and the rest when the front
+calls :meth:`EventSink.flush_batch` (the socket front once per loop tick, the gRPC front whenever
+it is ready to send), so batches grow exactly as far as the peer is behind.
 """
 
 from __future__ import annotations
@@ -12,13 +18,26 @@ import time
 from collections.abc import Callable, Mapping
 
 from .. import events
+from ..coalescing import EventBatcher
 from ..jsonl import JsonlCodec
 from ..pb import smith_pb2
 from ..sequencing import Sequencer
 
-__all__ = ["EventSink", "V0Sink", "V1Sink", "now_ms"]
+__all__ = ["EventSink", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
 
 _EVENT_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["event"].number
+_BATCH_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["batch_event"].number
+BATCH_MAX_EVENTS = 1024
+BATCH_MAX_BYTES = 256 * 1024
+
+
+def _event_bytes(envelope: bytes) -> bytes:
+    """The ``Event`` inside a bare Envelope whose timestamp and sequence are 0 (so omitted):
+    the tag 0x5A, the Event's length as a varint, then the Event."""
+    i = 2
+    while envelope[i - 1] & 0x80:
+        i += 1
+    return envelope[i:]
 
 
 def now_ms() -> int:
@@ -68,23 +87,92 @@ class EventSink:
     ) -> None:
         raise NotImplementedError
 
+    def envelope(self, field: int, payload: bytes) -> None:
+        """Send a serialized message as Envelope oneof member ``field`` (the Envelope additions)."""
+        raise NotImplementedError(f"protocol v{self.version} has no Envelope additions")
+
+    def start_batching(self) -> None:
+        """Send events in BatchEvents from now on (v1 only; a no-op elsewhere)."""
+
+    def stop_batching(self) -> None:
+        """Send pending batched events, then send events one per envelope again."""
+
+    def flush_batch(self) -> None:
+        """Send the pending batch, if any (the front calls this when it is ready to write)."""
+
 
 class V1Sink(EventSink):
-    """Varint-delimited ``Envelope`` frames, timestamped and sequenced."""
+    """``Envelope`` messages, timestamped and sequenced.
+
+    Args:
+        write: receives each envelope's bytes.
+        framed: prefix each envelope with its length (sockets); gRPC messages carry bare envelopes.
+        notify: called whenever an event went into a pending batch, so the front can schedule
+            :meth:`flush_batch`.
+    """
 
     version = 1
 
-    def __init__(self, write: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, write: Callable[[bytes], None], *, framed: bool = True, notify: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(write)
         self._next = Sequencer().next
+        self._framed = framed
+        self._notify = notify
+        self._batcher: EventBatcher | None = None
+
+    # ---- batching ------------------------------------------------------------------------------
+
+    @property
+    def batching(self) -> bool:
+        return self._batcher is not None
+
+    def start_batching(self) -> None:
+        if self._batcher is None:
+            # linger is unused: the front decides when to flush
+            self._batcher = EventBatcher(BATCH_MAX_EVENTS, BATCH_MAX_BYTES, 0.0)
+
+    def stop_batching(self) -> None:
+        self.flush_batch()
+        self._batcher = None
+
+    def flush_batch(self) -> None:
+        batcher = self._batcher
+        if batcher is not None and batcher.pending:
+            for batch in batcher.flush():
+                self._write_batch(batch)
+
+    def _write_batch(self, batch: bytes) -> None:
+        ts, seq = self._next()
+        self._write(events.encode_envelope(ts, seq, _BATCH_FIELD, batch, framed=self._framed))
+
+    def _batched(self, envelope: bytes) -> None:
+        for batch in self._batcher.add(_event_bytes(envelope)):  # type: ignore[union-attr]
+            self._write_batch(batch)
+        if self._notify is not None:
+            self._notify()
+
+    def envelope(self, field: int, payload: bytes) -> None:
+        self.flush_batch()  # keep the order: what was batched before goes first
+        ts, seq = self._next()
+        self._write(events.encode_envelope(ts, seq, field, payload, framed=self._framed))
+
+    # ---- events --------------------------------------------------------------------------------
 
     def event(self, event: smith_pb2.Event) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_envelope(0, 0, _EVENT_FIELD, event.SerializeToString(), framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_envelope(ts, seq, _EVENT_FIELD, event.SerializeToString()))
+        self._write(events.encode_envelope(ts, seq, _EVENT_FIELD, event.SerializeToString(), framed=self._framed))
 
     def state_change(self, state: int, request_id: str | None = None) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_state_change(0, 0, state, request_id, now_ms(), framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_state_change(ts, seq, state, request_id, ts))
+        self._write(events.encode_state_change(ts, seq, state, request_id, ts, framed=self._framed))
 
     def shell_output(
         self,
@@ -94,20 +182,29 @@ class V1Sink(EventSink):
         exit_code: int | None = None,
         finished: bool = False,
     ) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_shell_output(0, 0, request_id, stdout, stderr, exit_code, finished, framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished))
+        self._write(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished, framed=self._framed))
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
     ) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_tool_result(0, 0, request_id, success, result, error, duration_ms, framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms))
+        self._write(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms, framed=self._framed))
 
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None
     ) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_log(0, 0, level, message, now_ms(), request_id, fields, framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_log(ts, seq, level, message, ts, request_id, fields))
+        self._write(events.encode_log(ts, seq, level, message, ts, request_id, fields, framed=self._framed))
 
     def error(
         self,
@@ -116,8 +213,11 @@ class V1Sink(EventSink):
         request_id: str | None = None,
         details: Mapping[str, str] | None = None,
     ) -> None:
+        if self._batcher is not None:
+            self._batched(events.encode_error(0, 0, code, message, request_id, now_ms(), details, framed=False))
+            return
         ts, seq = self._next()
-        self._write(events.encode_error(ts, seq, code, message, request_id, ts, details))
+        self._write(events.encode_error(ts, seq, code, message, request_id, ts, details, framed=self._framed))
 
 
 class V0Sink(EventSink):

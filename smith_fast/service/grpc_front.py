@@ -1,0 +1,305 @@
+"""The gRPC front: ``smith.v1.SmithService`` (Negotiate, Stream) and ``grpc.health.v1.Health``.
+
+One service core, several fronts: a ``Stream`` call is driven by the same
+:class:`~smith_fast.service.session.Session` as a socket connection. Its sink writes bare
+``Envelope`` bytes (the hot encoders with ``framed=False``) into a queue that the call's response
+generator yields from; the method is registered with a pass-through response serializer, so events
+are never parsed back into protobuf objects. When the peer asked for ``batch_event``, the queue is
+fed from the sink's batcher: whenever the generator is ready to send, everything batched since
+the previous message leaves as one ``BatchEvent``, so a slow reader gets many events per message.
+
+The queue is bounded the way a transport's buffer is: above :data:`HIGH_WATER` bytes the session
+is paused (its commands' pipes are no longer read), below :data:`LOW_WATER` it resumes.
+
+grpc.aio runs on whichever asyncio loop is current, uvloop included: it polls its completion queue
+in a gRPC thread and wakes the loop through a socket pair. So the gRPC front shares the one loop
+(and the one core) of every other listener.
+
+A ``Stream`` whose client half-closes (ends its request stream) keeps running until its requests
+have ended, then ends with OK; a cancelled call (the client went away) kills its commands at once,
+as a closed socket does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc import aio
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..errors import ProtocolError
+from ..logs import get_logger
+from ..pb import smith_pb2 as pb
+from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .health import SERVICE_NAMES
+from .session import Session
+from .sinks import V1Sink
+
+if TYPE_CHECKING:
+    from grpc_health.v1._async import HealthServicer
+
+__all__ = [
+    "GrpcFront",
+    "GRPC_STATUS",
+    "ERROR_CODE_METADATA",
+    "SERVICE_NAME",
+    "HIGH_WATER",
+    "LOW_WATER",
+    "negotiate",
+]
+
+log = get_logger("smith_fast.grpc")
+
+SERVICE_NAME = "smith.v1.SmithService"
+HIGH_WATER = 1 << 20
+LOW_WATER = 256 * 1024
+ERROR_CODE_METADATA = "smith-error-code"  # trailing metadata: the ErrorCode name of a failed call
+
+# How a call that fails as a whole reports the schema's ErrorCode as a gRPC status.
+GRPC_STATUS: dict[int, grpc.StatusCode] = {
+    pb.ERROR_CODE_UNSPECIFIED: grpc.StatusCode.UNKNOWN,
+    pb.ERROR_CODE_UNSUPPORTED_VERSION: grpc.StatusCode.UNIMPLEMENTED,
+    pb.ERROR_CODE_INVALID_CAPABILITY: grpc.StatusCode.INVALID_ARGUMENT,
+    pb.ERROR_CODE_INVALID_TOOL: grpc.StatusCode.NOT_FOUND,
+    pb.ERROR_CODE_EXECUTION_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    pb.ERROR_CODE_PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    pb.ERROR_CODE_RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    pb.ERROR_CODE_INTERNAL_ERROR: grpc.StatusCode.INTERNAL,
+}
+
+
+def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateResponse:
+    """Answer a ``NegotiateRequest`` by the handshake's rules (wire_notes.md, "Negotiation").
+
+    The selected version is the first of ours (1, then 0) that the client supports;
+    ``fallback_to_jsonl`` is true when that is 0, and ``service_metadata["jsonl_endpoints"]`` then
+    lists the socket listeners where v0 is spoken. Capabilities are the requested ones the service
+    has; the others are named in ``service_metadata["rejected_capabilities"]``.
+
+    Args:
+        core: the service core.
+        request: the client's request.
+
+    Returns:
+        The response.
+
+    Raises:
+        ProtocolError: no version in common (``ERROR_CODE_UNSUPPORTED_VERSION``).
+    """
+    common = [v for v in SUPPORTED_VERSIONS if v in request.supported_versions]
+    if not common:
+        offered = ",".join(map(str, request.supported_versions)) or "none"
+        raise ProtocolError(
+            f"no protocol version in common: the client supports {offered}, this service 1 and 0",
+            pb.ERROR_CODE_UNSUPPORTED_VERSION,
+            details={"supported_versions": "1,0"},
+        )
+    version = common[0]
+    granted, refused = core.grant(list(request.capabilities))
+    meta = core.service_info(version, granted)
+    meta["available_capabilities"] = ",".join(sorted(capability_name(c) for c in core.capabilities))
+    meta["smith_fast.acceptable"] = ",".join(ACCEPTABLE)
+    if refused:
+        meta["rejected_capabilities"] = ",".join(capability_name(c) for c, _ in refused)
+    fallback = version == 0
+    if fallback:
+        meta["jsonl_endpoints"] = ",".join(e for e in core.endpoints if not e.startswith("grpc:"))
+    return pb.NegotiateResponse(
+        selected_version=version, capabilities=granted, service_metadata=meta, fallback_to_jsonl=fallback
+    )
+
+
+class _Stream:
+    """One ``Stream`` call: a session, its outgoing queue and the reader of its requests."""
+
+    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused")
+
+    def __init__(self, core: ServiceCore, peer: str) -> None:
+        self.out: collections.deque[bytes] = collections.deque()
+        self.pending = 0
+        self.closed = False
+        self.wake = asyncio.Event()
+        self.io = core.metrics.io["grpc"]
+        self._paused = False
+        self.sink = V1Sink(self.push, framed=False, notify=self.notify)
+        self.session = Session(core, self.sink, close=self.close, peer=peer, protocol="grpc")
+
+    def push(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.out.append(data)
+        self.pending += len(data)
+        if self.pending > HIGH_WATER and not self._paused:
+            self._paused = True
+            self.session.pause()
+        self.notify()
+
+    def notify(self) -> None:
+        wake = self.wake
+        if not wake.is_set():
+            wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    async def read(self, requests: AsyncIterator[bytes]) -> None:
+        session = self.session
+        io = self.io
+        async for raw in requests:
+            io.frames_in += 1
+            io.bytes_in += len(raw)
+            try:
+                env = pb.Envelope.FromString(raw)
+            except DecodeError as exc:
+                session.protocol_error(
+                    ProtocolError(
+                        f"a {len(raw)}-byte message is not a valid Envelope ({exc}); it was skipped",
+                        pb.ERROR_CODE_UNSPECIFIED,
+                        details={"reason": "invalid_envelope"},
+                    )
+                )
+                continue
+            session.handle_envelope(env)
+        await session.finish()  # half-close: the client still listens
+
+    async def responses(self) -> AsyncIterator[bytes]:
+        out, sink, io, wake = self.out, self.sink, self.io, self.wake
+        while True:
+            if not out:
+                sink.flush_batch()  # everything batched while the previous message was sent
+                if not out:
+                    if self.closed:
+                        return
+                    wake.clear()
+                    await wake.wait()
+                    continue
+            data = out.popleft()
+            self.pending -= len(data)
+            if self._paused and self.pending < LOW_WATER:
+                self._paused = False
+                self.session.resume()
+            io.frames_out += 1
+            io.bytes_out += len(data)
+            yield data
+
+
+class GrpcFront:
+    """The gRPC listeners of one service process.
+
+    Args:
+        core: the service core every call is served by.
+        tls: ``(certificate chain PEM, private key PEM)`` to serve TLS, or None for plaintext.
+    """
+
+    def __init__(self, core: ServiceCore, *, tls: tuple[bytes, bytes] | None = None) -> None:
+        self.core = core
+        self.tls = tls
+        self.addresses: list[str] = []
+        limit = core.limits.max_frame_size
+        self.server = aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", -1),
+                # Without this a second server could bind the same port and steal half the calls.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        handlers = {
+            "Negotiate": grpc.unary_unary_rpc_method_handler(
+                self._negotiate,
+                request_deserializer=pb.NegotiateRequest.FromString,
+                response_serializer=pb.NegotiateResponse.SerializeToString,
+            ),
+            # No (de)serializers: requests are parsed by the reader (a bad one is an ErrorEvent, not
+            # a failed call), responses are already bytes.
+            "Stream": grpc.stream_stream_rpc_method_handler(self._stream),
+        }
+        self.server.add_registered_method_handlers(SERVICE_NAME, handlers)
+        self.health: HealthServicer = grpc_health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+
+    def add_port(self, host: str, port: int) -> str:
+        """Listen on ``host:port`` (port 0 picks one); returns the address as ``grpc:HOST:PORT``.
+
+        Raises:
+            OSError: the port cannot be bound.
+        """
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            if self.tls is not None:
+                creds = grpc.ssl_server_credentials([(self.tls[1], self.tls[0])])
+                bound = self.server.add_secure_port(target, creds)
+            else:
+                bound = self.server.add_insecure_port(target)
+        except RuntimeError as exc:  # grpcio reports a failed bind this way
+            raise OSError(f"cannot listen on gRPC {target}: {exc}") from None
+        if not bound:
+            raise OSError(f"cannot listen on gRPC {target}")
+        address = f"grpc:[{host}]:{bound}" if ":" in host else f"grpc:{host}:{bound}"
+        self.addresses.append(address)
+        return address
+
+    async def start(self) -> None:
+        for name in SERVICE_NAMES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self.server.start()
+
+    async def begin_shutdown(self) -> None:
+        """Health says NOT_SERVING from now on; new Stream calls are refused (UNAVAILABLE)."""
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float) -> None:
+        """Stop listening; calls still running after ``grace`` seconds are cancelled."""
+        await self.server.stop(grace)
+
+    # ---- methods -------------------------------------------------------------------------------
+
+    async def _negotiate(self, request: pb.NegotiateRequest, context: aio.ServicerContext) -> pb.NegotiateResponse:
+        self.core.metrics.io["grpc"].frames_in += 1
+        try:
+            response = negotiate(self.core, request)
+        except ProtocolError as exc:
+            self.core.metrics.error(exc.code)
+            await self._abort(context, exc)
+            raise  # not reached: abort raises
+        self.core.metrics.io["grpc"].frames_out += 1
+        return response
+
+    @staticmethod
+    async def _abort(context: aio.ServicerContext, exc: ProtocolError) -> None:
+        context.set_trailing_metadata(((ERROR_CODE_METADATA, pb.ErrorCode.Name(exc.code)),))
+        await context.abort(GRPC_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc))
+
+    async def _stream(self, requests: AsyncIterator[bytes], context: aio.ServicerContext) -> None:
+        if self.core.shutting_down:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
+        stream = _Stream(self.core, context.peer())
+        log.debug("stream", extra={"fields": {"peer": stream.session.peer}})
+        reader = asyncio.get_running_loop().create_task(stream.read(requests))
+        reader.add_done_callback(lambda task: self._reader_done(task, stream))
+        try:
+            write = context.write
+            async for data in stream.responses():
+                await write(data)
+        finally:
+            reader.cancel()
+            if not stream.closed:  # cancelled: the peer is gone
+                stream.closed = True
+                stream.session.connection_lost()
+
+    @staticmethod
+    def _reader_done(task: asyncio.Task[None], stream: _Stream) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        # The request stream broke (the call is failing anyway): end the session as a lost peer.
+        log.info("stream reader ended", extra={"fields": {"peer": stream.session.peer, "error": repr(task.exception())}})
+        if not stream.closed:
+            stream.session.connection_lost()
+            stream.close()

@@ -1,0 +1,67 @@
+"""Health: one answer to "is this service serving?", given in-stream and by grpc.health.v1.
+
+A peer that asked for ``health`` in its handshake sends ``Envelope.health_check_request`` on any
+listener and gets ``Envelope.health_check_response`` back, with ``metrics`` filled from the core's
+counters. The gRPC listener also carries the standard ``grpc.health.v1.Health`` service
+(``smith_fast.service.grpc_front``), whose statuses come from :func:`serving_status` too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import __version__
+from ..pb import smith_pb2 as pb
+from .metrics import ResourceSampler
+
+if TYPE_CHECKING:
+    from .core import ServiceCore
+
+__all__ = ["SERVICE_NAMES", "serving_status", "health_response", "health_metrics"]
+
+# Names a health check may ask about: the whole service ("") or the Smith service itself.
+SERVICE_NAMES = ("", "smith.v1.SmithService", "smith-fast")
+
+_Status = pb.HealthCheckResponse.ServingStatus
+
+
+def serving_status(core: ServiceCore, service_name: str = "") -> int:
+    """``SERVING`` while the core runs, ``NOT_SERVING`` once it shuts down, ``SERVICE_UNKNOWN``
+    for a name that is not in :data:`SERVICE_NAMES`."""
+    if service_name not in SERVICE_NAMES:
+        return _Status.SERVING_STATUS_SERVICE_UNKNOWN
+    if core.shutting_down:
+        return _Status.SERVING_STATUS_NOT_SERVING
+    return _Status.SERVING_STATUS_SERVING
+
+
+def health_metrics(core: ServiceCore, sampler: ResourceSampler) -> dict[str, str]:
+    """The figures a HealthCheckResponse carries, as strings (the ``metrics`` map is string→string)."""
+    m = core.metrics
+    usage = sampler.sample(core.network_connections())
+    return {
+        "version": __version__,
+        "service_id": core.service_id,
+        "event_loop": core.loop_name,
+        "uptime_seconds": f"{m.uptime():.3f}",
+        "sessions": str(len(core.sessions)),
+        "running_processes": str(core.running_processes),
+        "commands_total": str(sum(m.commands.values())),
+        "errors_total": str(sum(m.errors.values())),
+        "frames_received_total": str(sum(io.frames_in for io in m.io.values())),
+        "frames_sent_total": str(sum(io.frames_out for io in m.io.values())),
+        "memory_bytes": str(usage.memory_bytes),
+        "cpu_percent": f"{usage.cpu_percent:.2f}",
+        "file_descriptors": str(usage.file_descriptors),
+        "network_connections": str(usage.network_connections),
+    }
+
+
+def health_response(core: ServiceCore, service_name: str = "") -> pb.HealthCheckResponse:
+    """The in-stream answer to a ``HealthCheckRequest`` for ``service_name``.
+
+    CPU % is measured since the previous health check of this process (or since it started).
+    """
+    status = serving_status(core, service_name)
+    metrics = health_metrics(core, core.health_sampler) if status != _Status.SERVING_STATUS_SERVICE_UNKNOWN else {}
+    return pb.HealthCheckResponse(status=status, metrics=metrics)
