@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import __version__
+from .errors import SmithFastError
 from .logs import configure, get_logger
 
 __all__ = ["main", "build_parser"]
@@ -74,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--kill-grace", type=float, default=2.0, help="seconds between SIGTERM and SIGKILL (default 2)")
     limits.add_argument("--chunk-size", type=_size, default=64 << 10, help="largest ShellOutput chunk (default 64k)")
     limits.add_argument("--tool-max-output", type=_size, default=1 << 20, help="largest tool output (default 1M)")
+    policy = serve.add_argument_group("hooks, recording, planning")
+    policy.add_argument("--hook", action="append", default=[], type=pathlib.Path, metavar="FILE",
+                        help="a .js or .rs hook every session runs first; clients cannot unload it (repeatable; see HOOKS.md)")
+    policy.add_argument("--hook-failure", choices=["closed", "open"], default="closed",
+                        help="a hook that throws, panics, times out or answers nonsense blocks (closed, default) or allows (open)")
+    policy.add_argument("--record", type=pathlib.Path, metavar="DIR",
+                        help="record every session to DIR (sessions granted `replay` are recorded even without it); see `smith-fast replay`")
+    policy.add_argument("--planner", choices=["rules", "llm"], default="rules", help="how PlanCommands are planned (default rules: offline)")
+    policy.add_argument("--planner-url", help="OpenAI-compatible chat-completions endpoint for --planner llm (key from SMITH_PLANNER_API_KEY)")
+    policy.add_argument("--planner-model", help="model name for --planner llm")
 
     def client_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--connect", metavar="ADDR", help="unix:PATH, tcp:HOST:PORT or HOST:PORT (default: spawn `smith-fast serve --stdio`)")
@@ -107,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", help="service name to ask about (default: the whole service)")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
     health.add_argument("--tls-ca", metavar="PEM", help="root certificate to verify a gRPC service's TLS certificate with")
+    from .replay import cli as replay_cli
+
+    replay_cli.add_parser(sub)
     return parser
 
 
@@ -143,7 +157,18 @@ def _serve(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size,
         tool_max_output=args.tool_max_output,
     )
-    config = ServiceConfig(root=args.root, protocol=args.protocol, jsonl_backend=args.jsonl_backend, limits=limits)
+    config = ServiceConfig(
+        root=args.root,
+        protocol=args.protocol,
+        jsonl_backend=args.jsonl_backend,
+        limits=limits,
+        hook_files=tuple(args.hook),
+        hook_failure=args.hook_failure,
+        record_dir=args.record,
+        planner=args.planner,
+        planner_url=args.planner_url,
+        planner_model=args.planner_model,
+    )
     listen = ListenConfig(
         stdio=args.stdio,
         unix=args.unix,
@@ -160,8 +185,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(serve(config, listen, loop_name=loop_name))
-    except (ListenError, OSError) as exc:
-        log.error("cannot listen", extra={"fields": {"error": str(exc)}})
+    except (ListenError, OSError, SmithFastError) as exc:
+        log.error("cannot start", extra={"fields": {"error": str(exc)}})
         print(f"smith-fast: {exc}", file=sys.stderr)
         return 2
 
@@ -322,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     configure(getattr(args, "log_level", os.environ.get("SMITH_FAST_LOG_LEVEL", "warning")))
     if args.command == "serve":
         return _serve(args)
+    if args.command == "replay":
+        from .replay import cli as replay_cli
+
+        return replay_cli.run(args)
     runner = {"exec": _exec, "call": _call, "ping": _ping, "health": _health}[args.command]
     try:
         return _run(runner(args))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import sys
 import time
 import uuid
@@ -392,6 +391,50 @@ class Client:
             self._health.remove(future)
             raise
         return await future
+
+    async def load_hook(self, hook_type: str, script: str) -> pb.HookResultEvent:
+        """Load a ``"js"`` or ``"rust"`` hook into this session; returns the ALLOW naming its id and triggers.
+
+        Raises:
+            SmithError: the hook did not load (the message carries the engine's or compiler's
+                diagnostics), or the capability was not granted.
+        """
+        rid = str(uuid.uuid4())
+        cmd = pb.Command()
+        cmd.hook_load.request_id = rid
+        cmd.hook_load.hook_type = hook_type
+        cmd.hook_load.script = script
+        answer: pb.HookResultEvent | None = None
+        async for event in self._request(rid, cmd):
+            if event.WhichOneof("event_type") == "hook_result":
+                answer = event.hook_result
+        if answer is None:
+            raise ConnectionClosed("the request ended without a HookResult")
+        return answer
+
+    async def plan(self, goal: str, context: Mapping[str, str] | None = None, *, request_id: str | None = None) -> AsyncIterator[pb.Event]:
+        """Send a PlanCommand; yields its events (GraphDeltas, TokenUsage, and, when executed, the
+        steps' own events under their node ids) until the plan request ends.
+
+        Raises:
+            SmithError: no plan could be made.
+        """
+        rid = request_id or str(uuid.uuid4())
+        cmd = pb.Command()
+        cmd.plan.request_id = rid
+        cmd.plan.goal = goal
+        cmd.plan.context.update(context or {})
+        step_queue = self.events  # step events carry their node ids: they arrive on the general queue
+        async for event in self._request(rid, cmd):
+            while not step_queue.empty():
+                queued = step_queue.get_nowait()
+                if queued is not None:
+                    yield queued
+            yield event
+        while not step_queue.empty():
+            queued = step_queue.get_nowait()
+            if queued is not None:
+                yield queued
 
     async def ping(self) -> float:
         """Round-trip time in seconds of a HandshakeCommand → ReadyEvent exchange."""

@@ -10,7 +10,7 @@ Normalisation drops what differs between two runs of the same service on the sam
 
 * ``Envelope.timestamp`` and ``sequence``; every event ``timestamp``; ``ToolResult.duration_ms``;
 * ``Ready.service_id`` and the ``service_info`` keys naming the build or the host
-  (``version``, ``implementation``, ``event_loop``, ``build_timestamp``, ``git_commit``);
+  (``version``, ``implementation``, ``event_loop``, ``build_timestamp``, ``git_commit``, ``smith_fast.recording``);
 * ``LogEvent.fields`` ``trace_id`` and ``span_id`` (new for every run when tracing is on);
 * the request id inside each event (it is the stream's key; replays reuse the recorded ids);
 * every other UUID (graph node and edge ids, ids quoted in messages): replaced by ``<id1>``,
@@ -42,7 +42,7 @@ from ..pb import smith_pb2 as pb
 __all__ = ["SESSION_STREAM", "Transcript", "diff_transcripts", "event_request_id", "render_event"]
 
 SESSION_STREAM = ""
-VARIABLE_SERVICE_INFO = frozenset({"version", "implementation", "event_loop", "build_timestamp", "git_commit"})
+VARIABLE_SERVICE_INFO = frozenset({"version", "implementation", "event_loop", "build_timestamp", "git_commit", "smith_fast.recording"})
 VARIABLE_LOG_FIELDS = frozenset({"trace_id", "span_id"})
 OUTPUT_WIDTH = 100  # longer output lines are shown in pieces, so a diff points at the change
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")

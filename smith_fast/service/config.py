@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 
 from ..framing import DEFAULT_MAX_FRAME_SIZE
@@ -46,9 +47,26 @@ class ServiceConfig:
         protocol: ``auto`` (sniff v0/v1 per connection), ``v1`` or ``v0``.
         jsonl_backend: JSON library for v0 (``auto``, ``json`` or ``orjson``).
         limits: see :class:`Limits`.
+        hook_files: hooks every session runs first (``--hook``), loaded at start-up.
+        hook_failure: ``closed`` (a failing hook blocks) or ``open`` (it allows).
+        record_dir: record every session there (``--record``); None records only sessions that
+            were granted ``replay``, under ``replay_dir``.
+        replay_dir: where sessions granted ``replay`` are recorded when ``record_dir`` is None.
+        planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
     """
 
     root: pathlib.Path = dataclasses.field(default_factory=pathlib.Path.cwd)
     protocol: str = "auto"
     jsonl_backend: str = "auto"
     limits: Limits = dataclasses.field(default_factory=Limits)
+    hook_files: tuple[pathlib.Path, ...] = ()
+    hook_failure: str = "closed"
+    record_dir: pathlib.Path | None = None
+    replay_dir: pathlib.Path = dataclasses.field(
+        default_factory=lambda: pathlib.Path(
+            os.environ.get("XDG_STATE_HOME", pathlib.Path.home() / ".local" / "state")
+        ) / "smith-fast" / "recordings"
+    )
+    planner: str = "rules"
+    planner_url: str | None = None
+    planner_model: str | None = None

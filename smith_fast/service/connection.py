@@ -210,6 +210,8 @@ class Connection(asyncio.BufferedProtocol):
             command = getattr(exc, "command", None)
             if command is None:
                 return
+        if session.recorder is not None:
+            session.recorder.record_command(command)
         session.handle(command)
 
     def _line_too_long(self, error: FrameTooLarge) -> None:

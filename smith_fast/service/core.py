@@ -7,7 +7,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from .. import __version__, framing
+from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
+from ..plan import Planner, planner_from_options
 from ..tools import ToolContext, ToolRegistry
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
@@ -45,7 +47,21 @@ class ServiceCore:
         self.service_id = str(uuid.uuid4())
         self.tools = ToolRegistry.default()
         self.tool_context = ToolContext(root=config.root.resolve(), max_output=config.limits.tool_max_output)
-        self.capabilities: frozenset[int] = frozenset({smith_pb2.CAPABILITY_SHELL_EXEC})
+        kinds = available_kinds()
+        self.capabilities: frozenset[int] = frozenset(
+            {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
+            | ({smith_pb2.CAPABILITY_HOOKS_JS} if "js" in kinds else set())
+            | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
+        )
+        self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
+        self.hook_limits = HookLimits()
+        self.record_dir = config.record_dir or config.replay_dir
+        self.planner: Planner = planner_from_options(
+            config.planner,
+            config.planner_url,
+            config.planner_model,
+            tools={t.name: t.description for t in self.tools.tools()},
+        )
         self.sessions: set[Session] = set()
         self.running_processes = 0
         self.shutting_down = False

@@ -13,7 +13,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import process
+from .. import process, tracing
+from ..hooks import HookLoadError, load_hook_file
 from ..logs import get_logger
 from .config import ServiceConfig
 from .connection import Connection
@@ -176,6 +177,14 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) 
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
     core = ServiceCore(config, loop_name=loop_name)
+    for path in config.hook_files:  # global hooks: a hook that does not load stops the start
+        try:
+            core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
+        except HookLoadError as exc:
+            raise ListenError(f"--hook {exc}") from None
+        log.info("global hook loaded", extra={"fields": {"hook": str(path), "hook_id": core.global_hooks[-1].id}})
+    if tracing.setup_from_env():
+        log.info("tracing exporter configured from OTEL_* variables")
     servers: list[asyncio.base_events.Server] = []
     unix_paths: list[str] = []
     stop = asyncio.Event()
@@ -232,6 +241,10 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) 
         for path in unix_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        for hook in core.global_hooks:
+            with contextlib.suppress(Exception):
+                await hook.close()
+        tracing.shutdown()
         # give transports one tick to push their last bytes out
         await asyncio.sleep(0)
     return 0

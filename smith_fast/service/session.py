@@ -9,16 +9,23 @@ different requests interleave, each carrying its request_id.
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from ..plan import PlanOptions, Step, run_plan_command
+from ..replay import SessionRecorder
+from ..tools import ToolOutcome
 from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
 from .health import health_response
 from .metrics import ResourceSampler
+from .policy import SessionHooks
 from .shell import run_shell_exec
 from .sinks import EventSink, now_ms
 
@@ -81,6 +88,13 @@ class Session:
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
+        self.session_id = str(uuid.uuid4())
+        self.hooks = SessionHooks(self)
+        self.span: tracing.SpanHandle = tracing.NOOP  # the session's span when tracing is granted
+        self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
+        self.recorder: SessionRecorder | None = None
+        if core.config.record_dir is not None:
+            self._start_recording(core.config.record_dir)
         core.sessions.add(self)
         core.metrics.sessions_total[self.protocol] = core.metrics.sessions_total.get(self.protocol, 0) + 1
 
@@ -88,6 +102,8 @@ class Session:
 
     def handle_envelope(self, env: pb.Envelope) -> None:
         """Dispatch one decoded v1 envelope (socket frame or gRPC message). Never raises."""
+        if self.recorder is not None:
+            self.recorder.record_in(env.SerializeToString())
         kind = env.WhichOneof("payload")
         if kind == "command":
             self.handle(env.command)
@@ -157,11 +173,15 @@ class Session:
             )
             return
         if kind == "shell_exec":
-            self._start(rid, run_shell_exec(self, rid, request), kind)
+            self._start(rid, self._shell_exec(rid, request), kind)
         elif kind == "tool_call":
             self._start(rid, self._tool_call(rid, request), kind)
+        elif kind == "hook_load":
+            self._start(rid, self.hooks.load(rid, request), kind)
+        elif kind == "plan":
+            self._start(rid, self._plan(rid, request), kind)
         else:
-            self.reject(ProtocolError(f"{kind} is not supported by this service yet", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+            self.reject(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -216,6 +236,12 @@ class Session:
         accepted, interval_ms, warnings = self._accept(hs.client_info) if self.version == 1 else ([], 0, [])
         self.granted = frozenset(granted)
         self.handshaken = True
+        if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
+            self._start_recording(self.core.record_dir)
+            if self.recorder is not None:
+                self.recorder.record_command(pb.Command(handshake=hs))
+        if pb.CAPABILITY_TRACING in self.granted and self.span is tracing.NOOP:
+            self.span = tracing.session_span(self.peer, self.version, dict(hs.client_info))
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
         event = pb.Event()
         ready = event.ready
@@ -223,6 +249,8 @@ class Session:
         ready.capabilities.extend(granted)
         ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted)
+        if self.recorder is not None:
+            info["smith_fast.recording"] = str(self.recorder.path)
         if self.version == 1:
             info[ACCEPTED_KEY] = ",".join(accepted)
             if "metrics" in accepted:
@@ -272,6 +300,30 @@ class Session:
         if "metrics" in accepted:
             self._reporter = asyncio.get_running_loop().create_task(self._report_metrics(interval_ms / 1000))
 
+    # ---- recording ---------------------------------------------------------------------------
+
+    def _start_recording(self, directory: pathlib.Path) -> None:
+        """Record this session (every envelope in and out) under ``directory``; a failure to start
+        or to write is reported to the peer as a warning and the session goes on."""
+        try:
+            self.recorder = SessionRecorder.open(
+                directory,
+                session_id=self.session_id,
+                protocol_version=self.version,
+                service_id=self.core.service_id,
+                on_error=lambda err: self.sink.log(pb.LOG_LEVEL_WARN, f"recording stopped: {err}", fields={"reason": "recording_failed"}),
+                metadata={"peer": self.peer},
+            )
+        except OSError as exc:
+            log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
+            self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
+            return
+        recorder = self.recorder
+        if self.version == 1:
+            self.sink.tap(recorder.record_out_frame if self.sink.framed else recorder.record_out)
+        else:
+            self.sink.tap(lambda line: recorder.record_event(self.sink.decode(line)))  # type: ignore[attr-defined]
+
     # ---- metrics and health -------------------------------------------------------------------
 
     async def _report_metrics(self, interval: float) -> None:
@@ -313,14 +365,18 @@ class Session:
         self._tasks[rid] = task
         task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
 
-    async def _run(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
+    async def _run(self, rid: str, coro: Coroutine[Any, Any, Any], kind: str) -> None:
         sink = self.sink
         sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
         start = time.perf_counter()
+        span = self.span.command_span(kind, rid) if self.span is not tracing.NOOP else tracing.NOOP
+        if span is not tracing.NOOP:
+            self.spans[rid] = span
         try:
             await coro
         except ProtocolError as exc:
             exc.request_id = exc.request_id or rid
+            span.fail(pb.ErrorCode.Name(exc.code), str(exc))
             self.protocol_error(exc)
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         except asyncio.CancelledError:
@@ -336,13 +392,53 @@ class Session:
             sink.state_change(pb.SERVICE_STATE_READY, rid)
         finally:
             self.core.metrics.observe_request(kind, time.perf_counter() - start)
+            if span is not tracing.NOOP:
+                self.spans.pop(rid, None)
+                span.end()
+
+    async def _shell_exec(self, rid: str, cmd: pb.ShellExecCommand) -> int:
+        """Hooks first (a block means the process never starts), then the command."""
+        cmd = await self.hooks.before_shell_exec(rid, cmd)
+        env = dict(cmd.env)
+        span = self.spans.get(rid)
+        if span is not None:
+            span.set(tracing.ATTR_COMMAND, cmd.command)
+            env.update(span.child_env())
+        code = await run_shell_exec(self, rid, cmd, env)
+        if span is not None:
+            span.set(tracing.ATTR_EXIT_CODE, code)
+        return code
+
+    async def _run_tool(self, rid: str, tool: str, args: bytes, timeout_ms: int) -> ToolOutcome:
+        """One tool call through the hooks; sends its ToolResult and returns the outcome."""
+        tool, args = await self.hooks.before_tool_call(rid, tool, args)
+        span = self.spans.get(rid)
+        if span is not None:
+            span.set(tracing.ATTR_TOOL, tool)
+        outcome = await self.core.tools.call(tool, args, self.core.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+        success, result, error = await self.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
+        self.sink.tool_result(rid, success, result, error, outcome.duration_ms)
+        return ToolOutcome(success, result, error, outcome.duration_ms)
 
     async def _tool_call(self, rid: str, cmd: pb.ToolCallCommand) -> None:
         timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else self.core.limits.default_timeout_ms
-        outcome = await self.core.tools.call(
-            cmd.tool, cmd.args, self.core.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None
-        )
-        self.sink.tool_result(rid, outcome.success, outcome.result, outcome.error, outcome.duration_ms)
+        await self._run_tool(rid, cmd.tool, cmd.args, timeout_ms)
+
+    async def _plan(self, rid: str, cmd: pb.PlanCommand) -> None:
+        """Plan (and with ``context["execute"]`` run) a goal; steps report under their node ids."""
+        options = PlanOptions.from_context(cmd.context)
+        timeout_ms = options.timeout_ms or self.core.limits.default_timeout_ms
+
+        async def run_shell(step: Step) -> int:
+            shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
+            if timeout_ms:
+                shell.timeout_ms = timeout_ms
+            return await self._shell_exec(step.id, shell)
+
+        async def run_tool(step: Step) -> ToolOutcome:
+            return await self._run_tool(step.id, step.tool or "", step.args_json(), timeout_ms)
+
+        await run_plan_command(cmd, self.core.planner, emit=self.sink.event, run_shell=run_shell, run_tool=run_tool)
 
     # ---- flow control and teardown --------------------------------------------------------------
 
@@ -366,8 +462,18 @@ class Session:
 
     def _end(self) -> None:
         """Mark the session over and leave the core; nothing is sent after this."""
+        if self._closing:
+            return
         self._closing = True
         self.core.sessions.discard(self)
+        if self.hooks.own:
+            asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session
+        self.span.end()
+
+    def _stop_recording(self) -> None:
+        """Close the session log once everything the session will ever send was written."""
+        if self.recorder is not None:
+            self.recorder.close()
         if self._reporter is not None:
             self._reporter.cancel()
             self._reporter = None
@@ -387,6 +493,7 @@ class Session:
         self._end()
         self.sink.flush_batch()
         self._close()
+        self._stop_recording()
 
     async def finish(self) -> None:
         """The peer will send nothing more but still listens (a gRPC half-close): let the running
@@ -398,6 +505,7 @@ class Session:
         self._end()
         self.sink.flush_batch()
         self._close()
+        self._stop_recording()
 
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once."""
@@ -406,3 +514,4 @@ class Session:
             proc.close()
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
+        self._stop_recording()

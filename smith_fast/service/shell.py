@@ -4,11 +4,15 @@ Output flows child pipe → ``ShellProcess`` (large non-blocking reads) → one 
 stream → the session's sink. Full chunks go out at once; smaller reads are drained once per loop
 tick, so a burst of short lines becomes one event. When the peer stops reading, the session pauses
 the pipes (the child then blocks on a full pipe), so memory stays bounded.
+
+When a hook watches output (``on_shell_output``), chunks pass through it in order on a small
+queue; the pipes are paused while the queue is long, so a slow hook cannot make memory grow either.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..chunking import OutputChunker
@@ -25,7 +29,13 @@ __all__ = ["run_shell_exec"]
 class _Output:
     """Caps, chunks and forwards one command's stdout and stderr."""
 
-    __slots__ = ("sink", "rid", "chunkers", "room", "truncated", "cap", "_drain_scheduled", "_loop")
+    __slots__ = (
+        "sink", "rid", "chunkers", "room", "truncated", "cap", "proc", "_drain_scheduled", "_loop",
+        "_hooks", "_queue", "_consumer", "_held",
+    )
+
+    HIGH_WATER = 64  # queued chunks waiting for an output hook before the pipes are paused
+    LOW_WATER = 16
 
     def __init__(self, session: Session, rid: str) -> None:
         limits = session.core.limits
@@ -35,16 +45,50 @@ class _Output:
         self.cap = limits.max_output
         self.room = limits.max_output
         self.truncated = False
+        self.proc: ShellProcess | None = None
         self._drain_scheduled = False
         self._loop = asyncio.get_running_loop()
+        self._hooks = session.hooks if session.hooks.handles("on_shell_output") else None
+        self._queue: deque[tuple[int, str, bool]] = deque()
+        self._consumer: asyncio.Task[None] | None = None
+        self._held = False
 
-    def emit(self, fd: int, chunks: list[str]) -> None:
-        out = self.sink.shell_output
-        for text in chunks:
-            if fd == 1:
-                out(self.rid, stdout=text)
-            else:
-                out(self.rid, stderr=text)
+    def _send(self, fd: int, text: str) -> None:
+        if fd == 1:
+            self.sink.shell_output(self.rid, stdout=text)
+        else:
+            self.sink.shell_output(self.rid, stderr=text)
+
+    def emit(self, fd: int, chunks: list[str], *, filtered: bool = True) -> None:
+        if self._hooks is None:
+            for text in chunks:
+                self._send(fd, text)
+            return
+        self._queue.extend((fd, text, filtered) for text in chunks)
+        if self._queue and self._consumer is None:
+            self._consumer = self._loop.create_task(self._consume())
+        if len(self._queue) > self.HIGH_WATER and self.proc is not None and not self._held:
+            self._held = True
+            self.proc.pause_reading()
+
+    async def _consume(self) -> None:
+        assert self._hooks is not None
+        try:
+            while self._queue:
+                fd, text, filtered = self._queue.popleft()
+                out = await self._hooks.on_shell_output(self.rid, "stdout" if fd == 1 else "stderr", text) if filtered else text
+                if out:
+                    self._send(fd, out)
+                if self._held and len(self._queue) < self.LOW_WATER and self.proc is not None:
+                    self._held = False
+                    self.proc.resume_reading()
+        finally:
+            self._consumer = None
+
+    async def settle(self) -> None:
+        """Wait until every queued chunk went through the output hooks."""
+        while self._consumer is not None:
+            await asyncio.shield(self._consumer)
 
     def on_output(self, fd: int, data: bytes) -> None:
         if self.truncated:
@@ -56,9 +100,8 @@ class _Output:
         self.emit(fd, self.chunkers[fd].feed(data))
         if self.truncated:
             self.finish()
-            self.sink.shell_output(
-                self.rid, stderr=f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n"
-            )
+            notice = f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n"
+            self.emit(2, [notice], filtered=False)
         elif not self._drain_scheduled:
             self._drain_scheduled = True
             self._loop.call_soon(self.drain)
@@ -75,8 +118,12 @@ class _Output:
             self.emit(fd, chunker.flush())
 
 
-async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -> None:
-    """Run ``cmd`` for ``session``; raises ProtocolError for limits, spawn failures and timeouts."""
+async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` for ``session`` and return its exit code (negative: killed by that signal).
+
+    ``env`` (when given) replaces ``cmd.env``: the request's variables plus any the service adds
+    (tracing). Raises ProtocolError for limits, spawn failures and timeouts.
+    """
     core = session.core
     limits = core.limits
     if not core.acquire_process():
@@ -87,14 +134,21 @@ async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -
         )
     output = _Output(session, rid)
     proc: ShellProcess | None = None
+
+    async def final(code: int) -> None:
+        output.finish()
+        await output.settle()
+        session.sink.shell_output(rid, exit_code=code, finished=True)
+
     try:
         proc = await ShellProcess.start(
             cmd.command,
             shell=cmd.shell if cmd.HasField("shell") else None,
             cwd=cmd.cwd if cmd.HasField("cwd") else None,
-            env=dict(cmd.env),
+            env=env if env is not None else dict(cmd.env),
             on_output=output.on_output,
         )
+        output.proc = proc
         session.processes.add(proc)
         if session.paused:
             proc.pause_reading()
@@ -103,8 +157,7 @@ async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -
             code = await proc.wait(timeout=timeout_ms / 1000 if timeout_ms else None)
         except TimeoutError:
             code = await proc.terminate(limits.kill_grace)
-            output.finish()
-            session.sink.shell_output(rid, exit_code=code, finished=True)
+            await final(code)
             raise ProtocolError(
                 f"command timed out after {timeout_ms} ms; its process group was terminated (exit code {code})",
                 pb.ERROR_CODE_EXECUTION_TIMEOUT,
@@ -114,8 +167,7 @@ async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -
             # Cancelling wait() killed the group; still say how it ended if anyone listens.
             session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
             raise
-        output.finish()
-        session.sink.shell_output(rid, exit_code=code, finished=True)
+        await final(code)
         if session.shutting:
             raise ProtocolError(
                 f"request cancelled: the session is shutting down (the command ended with {code})",
@@ -123,6 +175,7 @@ async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand) -
                 rid,
                 {"reason": "cancelled"},
             )
+        return code
     finally:
         if proc is not None:
             session.processes.discard(proc)

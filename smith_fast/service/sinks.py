@@ -49,8 +49,20 @@ class EventSink:
 
     version: int = -1
 
+    framed = True  # whether written units carry a length prefix (v1 sockets) or not (gRPC, v0 lines)
+
     def __init__(self, write: Callable[[bytes], None]) -> None:
         self._write = write
+
+    def tap(self, observer: Callable[[bytes], None]) -> None:
+        """Show every written unit to ``observer`` first (session recording)."""
+        write = self._write
+
+        def tapped(data: bytes) -> None:
+            observer(data)
+            write(data)
+
+        self._write = tapped
 
     def event(self, event: smith_pb2.Event) -> None:
         raise NotImplementedError
@@ -119,6 +131,7 @@ class V1Sink(EventSink):
         super().__init__(write)
         self._next = Sequencer().next
         self._framed = framed
+        self.framed = framed
         self._notify = notify
         self._batcher: EventBatcher | None = None
 
@@ -224,10 +237,15 @@ class V0Sink(EventSink):
     """JSON lines in the original crate's shapes (fields v0 lacks are dropped)."""
 
     version = 0
+    framed = False
 
     def __init__(self, write: Callable[[bytes], None], codec: JsonlCodec) -> None:
         super().__init__(write)
         self._codec = codec
+
+    def decode(self, line: bytes) -> smith_pb2.Event:
+        """The v1 event a written line carries (session recording stores v0 sessions as v1)."""
+        return self._codec.decode_event(line)
 
     def event(self, event: smith_pb2.Event) -> None:
         self._write(self._codec.encode_event(event))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from smith_fast.tools.fs import FS_LIST, FS_READ, FS_WRITE
-from smith_fast.tools.registry import Tool, ToolRegistry
+from smith_fast.tools.registry import Tool, ToolRegistry, _Encoded, encode_result
 from smith_fast.tools.search import FS_SEARCH
 from smith_fast.tools.shell import SHELL_RUN
 from smith_fast.tools.workspace import ToolContext
@@ -26,13 +26,21 @@ def tools_list_tool(registry: ToolRegistry) -> Tool:
         name.
     """
 
+    # Encoding the schemas is most of the cost of a call, so the encoding is kept for as long as
+    # the registry holds the same Tool objects (tools are frozen; their schemas are taken to be
+    # left alone once registered, as the validators compiled from them are).
+    cache: list[Any] = [(), b""]
+
     async def _list(args: Any, ctx: ToolContext) -> dict[str, Any]:
-        return {
-            "tools": [
-                {"name": tool.name, "description": tool.description, "schema": tool.schema}
-                for tool in registry.tools()
-            ]
+        tools = registry.tools()
+        listing = {
+            "tools": [{"name": tool.name, "description": tool.description, "schema": tool.schema} for tool in tools]
         }
+        cached, encoded = cache
+        if len(cached) != len(tools) or any(a is not b for a, b in zip(cached, tools)):
+            encoded = encode_result(listing)
+            cache[:] = [tuple(tools), encoded]
+        return _Encoded(listing, encoded)
 
     return Tool(
         name="tools.list",

@@ -3,7 +3,8 @@
 Every path goes through :meth:`ToolContext.resolve <smith_fast.tools.workspace.ToolContext.resolve>`
 (see :mod:`smith_fast.tools.workspace` for what is allowed); paths in results are POSIX paths
 relative to the root. Blocking file-system work runs in the default executor so one slow disk
-does not stall the other calls.
+does not stall the other calls; the exception is ``fs.read`` of at most :data:`INLINE_READ`
+bytes of a regular file, which costs less than the hop to a thread and back.
 """
 
 from __future__ import annotations
@@ -55,12 +56,30 @@ READ_SCHEMA: dict[str, Any] = {
 }
 
 
+# Reads of at most this many bytes from a regular file run on the event loop: handing a call to a
+# worker thread and back costs far more than such a read (measured: 70-200 µs against ~6 µs for
+# open, fstat, pread and close of a small cached file). Larger reads go to a worker thread.
+INLINE_READ = 64 * 1024
+
+
 async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    path = ctx.resolve(args["path"])
+    path = ctx.resolve_str(args["path"])
     offset: int = args.get("offset", 0)
     length: int | None = args.get("length")
     encoding: str = args.get("encoding", "utf-8")
-    data, size = await asyncio.to_thread(_read_bytes, path, offset, length, ctx.max_output)
+    cap = ctx.max_output
+    n = cap if length is None else min(length, cap)
+    fd, size = _open_regular(path)
+    if min(n, max(0, size - offset)) <= INLINE_READ:
+        try:
+            data = _pread(fd, n, offset, size)
+        finally:
+            os.close(fd)
+    else:
+        # The thread opens the file again (and checks it again) rather than sharing this fd: a
+        # cancelled call must not close an fd that a still-running thread reads from.
+        os.close(fd)
+        data, size = await asyncio.to_thread(_read_bytes, path, offset, length, cap)
     wanted = max(0, size - offset) if length is None else min(length, max(0, size - offset))
     truncated = len(data) < wanted
     if encoding == "base64":
@@ -78,27 +97,50 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     }
 
 
-def _read_bytes(path: Path, offset: int, length: int | None, cap: int) -> tuple[bytes, int]:
-    # O_NONBLOCK so that a FIFO in the workspace cannot hang a worker thread in open().
+def _open_regular(path: str | Path) -> tuple[int, int]:
+    """Open ``path`` for reading; return the fd and the file's size. Refuses all but regular files."""
+    # O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(f"is a directory: {path.name!r}")
+            raise IsADirectoryError(f"is a directory: {os.path.basename(path)!r}")
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"not a regular file: {path.name!r}")
-        n = cap if length is None else min(length, cap)
-        return os.pread(fd, n, offset) if n else b"", st.st_size
+            raise OSError(f"not a regular file: {os.path.basename(path)!r}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _pread(fd: int, n: int, offset: int, size: int) -> bytes:
+    """Up to ``n`` bytes at ``offset``, allocating for what ``size`` says is there, not for ``n``."""
+    # One byte more than the file should hold tells whether it holds more (it grew, or its file
+    # system reports no size); then the rest is read as a plain pread(n) would have.
+    first = min(n, max(0, size - offset) + 1)
+    data = os.pread(fd, first, offset) if first else b""
+    if len(data) == first and first < n:
+        data += os.pread(fd, n - first, offset + first)
+    return data
+
+
+def _read_bytes(path: str | Path, offset: int, length: int | None, cap: int) -> tuple[bytes, int]:
+    fd, size = _open_regular(path)
+    try:
+        return _pread(fd, cap if length is None else min(length, cap), offset, size), size
     finally:
         os.close(fd)
 
 
 def _decode_utf8(data: bytes, *, at_eof: bool, offset: int) -> tuple[str, int]:
     # A read window may end inside a multi-byte character; the incremental decoder holds those
-    # bytes back instead of failing, and ``length`` tells the caller where to continue.
-    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    # bytes back instead of failing, and ``length`` tells the caller where to continue. At the end
+    # of the file nothing is held back, and a plain decode fails at the same byte.
     try:
-        text = decoder.decode(data, final=at_eof)
+        if at_eof:
+            return data.decode("utf-8"), len(data)
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        text = decoder.decode(data, final=False)
     except UnicodeDecodeError as exc:
         raise ValueError(
             f"the file is not UTF-8 text (byte {offset + exc.start}); read it with encoding base64"

@@ -217,7 +217,7 @@ async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOu
     # CancelledError is a BaseException and passes through: the timeout (or the caller) owns it.
     try:
         result = await tool.handler(value, ctx)
-        encoded = encode_result(result)
+        encoded = result.encoded if type(result) is _Encoded else encode_result(result)
     except ProtocolError:
         raise
     except ArgumentError as exc:
@@ -225,6 +225,20 @@ async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOu
     except Exception as exc:  # noqa: BLE001 - a broken tool must fail its call, not the service
         return ToolOutcome(False, b"", _describe(exc), _elapsed_ms(start))
     return ToolOutcome(True, encoded, None, _elapsed_ms(start))
+
+
+class _Encoded(dict):  # type: ignore[type-arg]
+    """A result that brings its JSON encoding along (``tools.list`` caches its encoding).
+
+    It is the plain ``dict`` to anyone calling the handler directly; only :func:`_run`, right
+    after the handler returned it, takes ``encoded`` instead of encoding the dict again.
+    """
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, value: dict[str, Any], encoded: bytes) -> None:
+        super().__init__(value)
+        self.encoded = encoded
 
 
 def encode_result(result: Any) -> bytes:
@@ -235,7 +249,12 @@ def encode_result(result: Any) -> bytes:
         ValueError: it holds NaN or an infinity, or a circular reference.
         UnicodeEncodeError: it holds a lone surrogate.
     """
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(result).encode()
+
+
+# What json.dumps(..., ensure_ascii=False, separators=(",", ":"), allow_nan=False) builds on every
+# call; the encoder keeps no state between calls, so one serves all of them.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def _describe(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
@@ -53,6 +53,8 @@ class ToolContext:
 
     root: pathlib.Path
     max_output: int = DEFAULT_MAX_OUTPUT
+    _root_str: str = field(init=False, repr=False, compare=False)
+    _root_prefix: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         root = pathlib.Path(self.root).resolve(strict=True)
@@ -61,9 +63,35 @@ class ToolContext:
         if self.max_output <= 0:
             raise ValueError(f"max_output must be positive, not {self.max_output}")
         object.__setattr__(self, "root", root)
+        # String forms of the root for the per-call checks: comparing strings is several times
+        # cheaper than pathlib's is_relative_to/relpath, and exact for the normalised absolute
+        # paths realpath returns.
+        text = str(root)
+        object.__setattr__(self, "_root_str", text)
+        object.__setattr__(self, "_root_prefix", text if text.endswith("/") else text + "/")
 
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
         """Resolve ``path`` inside the workspace.
+
+        Args:
+            path: a path relative to the root, or an absolute path inside it.
+            must_exist: raise :class:`FileNotFoundError` when the resolved path does not exist.
+
+        Returns:
+            The absolute, symlink-free path.
+
+        Raises:
+            ProtocolError: ``ERROR_CODE_PERMISSION_DENIED`` when the path leaves the root.
+            FileNotFoundError: ``must_exist`` and nothing is there.
+            ValueError: the path contains a NUL byte.
+        """
+        return pathlib.Path(self.resolve_str(path, must_exist=must_exist))
+
+    def resolve_str(self, path: str, *, must_exist: bool = True) -> str:
+        """:meth:`resolve`, returning the path as a ``str``.
+
+        The same checks and errors; for hot paths that have no use for a ``pathlib.Path`` (building
+        one costs about as much as the containment check).
 
         Args:
             path: a path relative to the root, or an absolute path inside it.
@@ -82,14 +110,14 @@ class ToolContext:
         # os.path.join keeps an absolute ``path`` as is; realpath then resolves every symlink
         # that exists and normalises the rest lexically (a component that does not exist cannot
         # be a symlink, so lexical ``..`` handling is exact there).
-        real = pathlib.Path(os.path.realpath(os.path.join(self.root, path)))
-        if not real.is_relative_to(self.root):
+        real, exists = _realpath(os.path.join(self._root_str, path))
+        if real != self._root_str and not real.startswith(self._root_prefix):
             raise ProtocolError(
                 f"path {path!r} is outside the workspace root",
                 smith_pb2.ERROR_CODE_PERMISSION_DENIED,
                 details={"path": path},
             )
-        if must_exist and not os.path.lexists(real):
+        if must_exist and not exists and not os.path.lexists(real):
             raise FileNotFoundError(f"no such file or directory: {path!r}")
         return real
 
@@ -105,8 +133,45 @@ class ToolContext:
         Returns:
             The relative path.
         """
-        rel = os.path.relpath(path, self.root)
-        return display_name(rel)
+        text = os.fspath(path)
+        if text == self._root_str:
+            return "."
+        if text.startswith(self._root_prefix):
+            rel = text[len(self._root_prefix) :]
+            # The plain remainder is the answer only for a normalised path; "a/../b", "a//b",
+            # "a/." or a trailing slash take relpath, which normalises.
+            framed = f"/{rel}/"
+            if rel and "//" not in framed and "/./" not in framed and "/../" not in framed:
+                return display_name(rel)
+        return display_name(os.path.relpath(path, self.root))
+
+
+_O_PATH = getattr(os, "O_PATH", 0)  # Linux
+
+
+def _realpath(path: str) -> tuple[str, bool]:
+    """``os.path.realpath(path)``, and whether the path is known to exist.
+
+    For a path that exists, the kernel resolves it in one ``open(O_PATH)`` and names the result
+    through ``/proc/self/fd``: three system calls, where realpath makes one ``lstat`` per
+    component. It resolves as realpath does (every symlink, ``..`` after the symlink before it).
+    Anything else (a missing or dangling path, a loop, no ``/proc``, a file deleted meanwhile) takes
+    realpath itself, so its rules for paths that do not exist still apply.
+    """
+    if _O_PATH:
+        try:
+            fd = os.open(path, _O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return os.path.realpath(path), False
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = ""
+        finally:
+            os.close(fd)
+        if real.startswith("/") and not real.endswith(" (deleted)"):
+            return real, True
+    return os.path.realpath(path), False
 
 
 def display_name(name: str) -> str:
