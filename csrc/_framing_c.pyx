@@ -17,6 +17,7 @@ from libc.string cimport memcpy
 from smith_fast._framing_py import (
     DEFAULT_MAX_FRAME_SIZE,
     MAX_VARINT_LENGTH,
+    _not_bytes,
     _too_large,
     _too_long,
     _too_wide,
@@ -112,7 +113,7 @@ cdef class FrameDecoder:
 
     @property
     def buffered(self):
-        """Bytes held for the frame that is not complete yet."""
+        """Bytes held for the frame that is not complete yet (none once the decoder has failed)."""
         if self._frame is not None:
             return self._hdr + self._filled
         return self._pre_len
@@ -129,18 +130,24 @@ cdef class FrameDecoder:
         Raises:
             FrameTooLarge: a frame declares a length above ``max_frame_size``.
             FramingError: a length prefix is longer than 10 bytes or does not fit in 32 bits.
+            TypeError: ``data`` is not a contiguous bytes-like object (the stream is left as it was).
         """
         cdef Py_buffer view
         cdef list frames = []
         if self._error is not None:
             self._error.frames = []
             raise self._error
-        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        except (TypeError, BufferError):
+            raise _not_bytes(data) from None
         try:
             self._feed(<const unsigned char*>view.buf, view.len, frames)
         except FramingError as exc:
             exc.frames = frames
             self._error = exc
+            self._frame = None  # a failed stream is never resumed: let its bytes go
+            self._pre_len = 0
             raise
         finally:
             PyBuffer_Release(&view)

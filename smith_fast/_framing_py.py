@@ -43,6 +43,10 @@ def _too_wide(offset: int) -> FramingError:
     return FramingError(f"frame length at byte offset {offset} does not fit in 32 bits", offset)
 
 
+def _not_bytes(data: object) -> TypeError:
+    return TypeError(f"feed() needs a contiguous bytes-like object, not {type(data).__name__!r}")
+
+
 def _too_large(offset: int, size: int, limit: int) -> FrameTooLarge:
     return FrameTooLarge(
         f"frame at byte offset {offset} declares {size} bytes, above max_frame_size {limit}",
@@ -92,7 +96,7 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes held for the frame that is not complete yet."""
+        """Bytes held for the frame that is not complete yet (none once the decoder has failed)."""
         return len(self._buf)
 
     def _prefix(self, data, pos: int, end: int, base: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
@@ -129,12 +133,16 @@ class FrameDecoder:
         Raises:
             FrameTooLarge: a frame declares a length above ``max_frame_size``.
             FramingError: a length prefix is longer than 10 bytes or does not fit in 32 bits.
+            TypeError: ``data`` is not a contiguous bytes-like object (the stream is left as it was).
         """
         if self._error is not None:
             self._error.frames = []  # type: ignore[attr-defined]
             raise self._error
         if type(data) is not bytes:
-            data = memoryview(data).cast("B")
+            try:
+                data = memoryview(data).cast("B")
+            except (TypeError, BufferError):
+                raise _not_bytes(data) from None
         frames: list[bytes] = []
         try:
             self._feed(data, frames)
@@ -142,6 +150,7 @@ class FrameDecoder:
             exc.frames = frames  # type: ignore[attr-defined]
             self._offset = exc.offset  # the frames before it were returned; the bad one was not
             self._error = exc
+            self._buf = bytearray()  # a failed stream is never resumed: let its bytes go
             raise
         return frames
 

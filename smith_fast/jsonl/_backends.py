@@ -47,7 +47,8 @@ def nesting_exceeds(raw: bytes, limit: int) -> bool:
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return False
     brackets = _STRING_BYTES.sub(b"", raw).translate(None, _NOT_BRACKET)
-    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets))) > limit
+    # Every bracket may sit inside strings ('"[[[...]"'): then there is no depth to take a max of.
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > limit
 
 
 def invalid_utf8(exc: UnicodeDecodeError) -> ProtocolError:

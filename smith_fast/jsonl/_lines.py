@@ -75,9 +75,15 @@ class LineDecoder:
             FrameTooLarge: a line exceeds ``max_line_size``. ``offset`` is the stream offset of its
                 first byte, ``size`` the bytes seen so far; ``frames``/``index`` as described above.
                 The next ``feed`` carries on normally.
+            TypeError: ``data`` is not a bytes-like object (the stream is left as it was).
         """
         if type(data) is not bytes:
-            data = bytes(data)
+            if type(data) is not memoryview:
+                try:
+                    data = memoryview(data)  # not bytes(data): bytes(3) would be three NULs
+                except TypeError:
+                    raise TypeError(f"feed() needs a bytes-like object, not {type(data).__name__!r}") from None
+            data = data.tobytes()
         n = len(data)
         base = self._fed
         self._fed = base + n
