@@ -9,7 +9,7 @@ NPM    ?= npm
 # tests/test_interop.py drives a session from Node.js (protobufjs), whose packages live here.
 INTEROP := tests/interop
 
-.PHONY: serve test bench bench-micro install clean proto
+.PHONY: serve test bench bench-quick bench-micro install clean proto
 
 $(VENV)/.deps: requirements-dev.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ serve: install
 test: install $(INTEROP)/node_modules/.deps
 	$(VENV)/bin/pytest
 
+# The end-to-end report (smith_fast/bench): real servers, every contender, Markdown + JSON + PNG charts.
+# `make bench` writes bench/results/ (a few minutes on 2 cores); `make bench-quick` build/bench-quick/ (about a minute).
+bench: install
+	$(VENV)/bin/smith-fast bench --out bench/results
+
+bench-quick: install
+	$(VENV)/bin/smith-fast bench --quick --out build/bench-quick
+
+# The micro view: the pytest-benchmark suites under bench/, twins and wires side by side.
 bench-micro: install
 	$(VENV)/bin/pytest bench --benchmark-only -p no:cacheprovider
 
@@ -45,3 +54,27 @@ proto: $(VENV)/.deps
 
 clean:
 	rm -rf build $(VENV) csrc/*.c smith_fast/*.so *.egg-info tests/interop/node_modules
+
+# Coverage-guided fuzzing (fuzz/README.md): every harness for FUZZ_TIME seconds, one after another,
+# from the committed corpus; what they find is written to build/fuzz/ (reproducers: *-crash-*).
+FUZZ_TIME    ?= 600
+FUZZ_TARGETS ?= framing chunking jsonl envelope events
+.PHONY: fuzz
+fuzz: install
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build/fuzz/$$t; \
+	  echo "fuzz_$$t: $(FUZZ_TIME) s" >&2; \
+	  $(PY) -m fuzz.fuzz_$$t -max_total_time=$(FUZZ_TIME) -rss_limit_mb=1024 -timeout=30 -print_final_stats=1 \
+	    -artifact_prefix=build/fuzz/$$t- build/fuzz/$$t fuzz/corpus/$$t || exit 1; \
+	done
+
+# The soak of tests/test_reliability.py, longer than in `make test` (60 s): SOAK_SESSIONS concurrent
+# sessions for SOAK_TIME seconds; its figures go to build/soak.json (RELIABILITY.md).
+SOAK_TIME     ?= 600
+SOAK_SESSIONS ?= 100
+.PHONY: soak
+soak: install
+	@mkdir -p build
+	SMITH_SOAK_SECONDS=$(SOAK_TIME) SMITH_SOAK_SESSIONS=$(SOAK_SESSIONS) SMITH_SOAK_REPORT=build/soak.json \
+	  $(VENV)/bin/pytest tests/test_reliability.py -k test_soak -s -p no:cacheprovider --timeout 0
+	@cat build/soak.json

@@ -29,21 +29,9 @@ def _size(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="smith-fast",
-        description="A fast backend for the Smith tool-execution protocol (v1 protobuf and v0 JSONL).",
-    )
-    parser.add_argument("--version", action="version", version=f"smith-fast {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = sub.add_parser(
-        "serve",
-        help="run the service",
-        description="Run the Smith service. Listeners can be combined; with none given it listens on "
-        "TCP 127.0.0.1:7878. Logs go to stderr as JSON lines; stdout is only ever the protocol (--stdio).",
-    )
-    listen = serve.add_argument_group("listeners")
+def listen_options(p: argparse.ArgumentParser) -> None:
+    """The listener options of ``serve`` (``gateway`` takes the same)."""
+    listen = p.add_argument_group("listeners")
     listen.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout (one session)")
     listen.add_argument("--unix", action="append", default=[], metavar="PATH", help="listen on a Unix socket, created mode 0600 (repeatable)")
     listen.add_argument(
@@ -61,6 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default 127.0.0.1:9464; repeatable)",
     )
     listen.add_argument("--allow-remote", action="store_true", help="allow TCP, gRPC and metrics on non-loopback addresses")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="smith-fast",
+        description="A fast backend for the Smith tool-execution protocol (v1 protobuf and v0 JSONL).",
+    )
+    parser.add_argument("--version", action="version", version=f"smith-fast {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the service",
+        description="Run the Smith service. Listeners can be combined; with none given it listens on "
+        "TCP 127.0.0.1:7878. Logs go to stderr as JSON lines; stdout is only ever the protocol (--stdio).",
+    )
+    listen_options(serve)
     serve.add_argument("--protocol", choices=["auto", "v1", "v0"], default="auto", help="pin the wire protocol (default: detect per connection)")
     serve.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="event loop (default: uvloop when importable)")
     serve.add_argument("--root", type=pathlib.Path, default=pathlib.Path.cwd(), help="tool workspace root (default: current directory)")
@@ -75,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--kill-grace", type=float, default=2.0, help="seconds between SIGTERM and SIGKILL (default 2)")
     limits.add_argument("--chunk-size", type=_size, default=64 << 10, help="largest ShellOutput chunk (default 64k)")
     limits.add_argument("--tool-max-output", type=_size, default=1 << 20, help="largest tool output (default 1M)")
+    limits.add_argument("--max-connections", type=int, default=1024,
+                        help="live socket connections and gRPC streams; one more gets RESOURCE_EXHAUSTED and is closed (default 1024)")
+    limits.add_argument("--idle-timeout", type=float, default=300.0,
+                        help="seconds without a message or a running request before a connection is closed; 0 = never (default 300)")
+    limits.add_argument("--handshake-timeout", type=float, default=10.0,
+                        help="seconds a new connection has to complete its handshake; 0 = forever (default 10)")
+    limits.add_argument("--max-command-size", type=_size, default=1 << 20,
+                        help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED (default 1M)")
+    security = serve.add_argument_group("security")
+    security.add_argument("--token", metavar="TOKEN",
+                          help="shared secret socket and gRPC peers must present in their handshake (default: $SMITH_TOKEN; "
+                          "prefer the variable: arguments show in ps)")
+    security.add_argument("--allow-env", action="append", default=[], metavar="NAME",
+                          help="let requests set this refused environment variable (LD_PRELOAD ...; see README, Security) (repeatable)")
     policy = serve.add_argument_group("hooks, recording, planning")
     policy.add_argument("--hook", action="append", default=[], type=pathlib.Path, metavar="FILE",
                         help="a .js or .rs hook every session runs first; clients cannot unload it (repeatable; see HOOKS.md)")
@@ -89,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     def client_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--connect", metavar="ADDR", help="unix:PATH, tcp:HOST:PORT or HOST:PORT (default: spawn `smith-fast serve --stdio`)")
         p.add_argument("--protocol", choices=["v1", "v0"], default="v1", help="wire protocol to speak (default v1)")
+        token_option(p)
+
+    def token_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--token", metavar="TOKEN", help="the service's shared secret (default: $SMITH_TOKEN)")
 
     ex = sub.add_parser("exec", help="run a shell command through a service", description="Run CMD through a Smith service, stream its output here and exit with its exit code (128+N when killed by signal N).")
     ex.add_argument("cmd", metavar="CMD", help="the shell command")
@@ -118,9 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--service", default="", help="service name to ask about (default: the whole service)")
     health.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for an answer (default 5)")
     health.add_argument("--tls-ca", metavar="PEM", help="root certificate to verify a gRPC service's TLS certificate with")
+    token_option(health)
     from .replay import cli as replay_cli
 
     replay_cli.add_parser(sub)
+    from .bench import cli as bench_cli
+
+    bench_cli.add_parser(sub)
+    from .nats import cli as nats_cli
+
+    nats_cli.add_parsers(sub)
     return parser
 
 
@@ -143,10 +173,18 @@ def _run(coro: Coroutine[Any, Any, int], loop: str = "auto") -> int:
         return runner.run(coro)
 
 
+def client_token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``$SMITH_TOKEN``; an empty value means none."""
+    return getattr(args, "token", None) or os.environ.get("SMITH_TOKEN") or None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .service.config import Limits, ServiceConfig
     from .service.server import ListenConfig, ListenError, serve
 
+    if args.token is not None and not args.token:
+        print("smith-fast: --token must not be empty", file=sys.stderr)
+        return 2
     limits = Limits(
         max_frame_size=args.max_frame_size,
         max_output=args.max_output,
@@ -156,6 +194,10 @@ def _serve(args: argparse.Namespace) -> int:
         kill_grace=args.kill_grace,
         chunk_size=args.chunk_size,
         tool_max_output=args.tool_max_output,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
+        handshake_timeout=args.handshake_timeout,
+        max_command_size=args.max_command_size,
     )
     config = ServiceConfig(
         root=args.root,
@@ -168,6 +210,8 @@ def _serve(args: argparse.Namespace) -> int:
         planner=args.planner,
         planner_url=args.planner_url,
         planner_model=args.planner_model,
+        token=client_token(args),
+        allow_env=frozenset(args.allow_env),
     )
     listen = ListenConfig(
         stdio=args.stdio,
@@ -194,9 +238,10 @@ def _serve(args: argparse.Namespace) -> int:
 async def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from .client import Client
 
+    token = client_token(args)
     if args.connect:
-        return await Client.connect(args.connect, protocol=args.protocol)
-    return await Client.spawn("--log-level", "warning", protocol=args.protocol)
+        return await Client.connect(args.connect, protocol=args.protocol, token=token)
+    return await Client.spawn("--log-level", "warning", protocol=args.protocol, token=token)
 
 
 async def _exec(args: argparse.Namespace) -> int:
@@ -328,7 +373,7 @@ async def _stream_health(client_cls, args: argparse.Namespace) -> tuple[str, dic
     from .client import ConnectionClosed, SmithError
     from .pb import smith_pb2 as pb
 
-    client = await client_cls.connect(args.address)
+    client = await client_cls.connect(args.address, token=client_token(args))
     try:
         await client.handshake([], accept=["health"])
         if "health" not in client.accepted:
@@ -347,10 +392,18 @@ def main(argv: list[str] | None = None) -> int:
     configure(getattr(args, "log_level", os.environ.get("SMITH_FAST_LOG_LEVEL", "warning")))
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("worker", "gateway"):
+        from .nats import cli as nats_cli
+
+        return nats_cli.run(args)
     if args.command == "replay":
         from .replay import cli as replay_cli
 
         return replay_cli.run(args)
+    if args.command == "bench":
+        from .bench import cli as bench_cli
+
+        return bench_cli.run(args)
     runner = {"exec": _exec, "call": _call, "ping": _ping, "health": _health}[args.command]
     try:
         return _run(runner(args))

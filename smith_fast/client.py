@@ -42,6 +42,7 @@ __all__ = ["Client", "GrpcClient", "SmithError", "ConnectionClosed", "event_requ
 ACCEPT_KEY = "smith_fast.accept"
 INTERVAL_KEY = "smith_fast.metrics_interval_ms"
 ACCEPTED_KEY = "smith_fast.accepted"
+TOKEN_KEY = "token"  # client_info key of the shared secret (serve --token)
 STREAM_METHOD = "/smith.v1.SmithService/Stream"
 NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
@@ -109,6 +110,8 @@ class Client:
         reader, writer: an asyncio stream pair connected to the service.
         protocol: ``"v1"`` (varint-delimited protobuf) or ``"v0"`` (JSON lines).
         process: the spawned service process, if :meth:`spawn` made one.
+        max_frame_size: largest frame (or line) accepted from the service.
+        token: the service's shared secret (``serve --token``), sent in every handshake.
     """
 
     def __init__(
@@ -119,8 +122,10 @@ class Client:
         protocol: str = "v1",
         process: asyncio.subprocess.Process | None = None,
         max_frame_size: int = 64 * 1024 * 1024,
+        token: str | None = None,
     ) -> None:
         self._init_state(protocol, process)
+        self.token = token
         self._reader = reader
         self._writer = writer
         self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
@@ -131,6 +136,7 @@ class Client:
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
         self.process = process
+        self.token: str | None = None
         self.ready: pb.ReadyEvent | None = None
         self.accepted: frozenset[str] = frozenset()
         self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
@@ -148,7 +154,9 @@ class Client:
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None) -> Client:
+    async def connect(
+        cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None
+    ) -> Client:
         """Connect to ``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or ``grpc:HOST:PORT``.
 
         Args:
@@ -156,6 +164,9 @@ class Client:
             protocol: ``v1`` or ``v0`` (gRPC is always v1).
             tls_ca: PEM root certificate(s) to verify a gRPC service's TLS certificate with; a
                 ``grpc:`` address is then reached over TLS.
+            token: the service's shared secret (``serve --token``): sent in the handshake's
+                ``client_info["token"]`` (v0: the Handshake's ``"token"`` member) and, over gRPC,
+                as ``authorization: Bearer`` call metadata.
 
         Returns:
             The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
@@ -164,19 +175,28 @@ class Client:
         if kind == "grpc":
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
-            return await GrpcClient.open(target, tls_ca=tls_ca)
+            return await GrpcClient.open(target, tls_ca=tls_ca, token=token)
         limit = 1 << 20
         if kind == "unix":
             reader, writer = await asyncio.open_unix_connection(target, limit=limit)
         else:
             reader, writer = await asyncio.open_connection(*target, limit=limit)
-        return cls(reader, writer, protocol=protocol)
+        return cls(reader, writer, protocol=protocol, token=token)
 
     @classmethod
     async def spawn(
-        cls, *serve_args: str, protocol: str = "v1", python: str = sys.executable, env: Mapping[str, str] | None = None
+        cls,
+        *serve_args: str,
+        protocol: str = "v1",
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> Client:
-        """Start ``smith-fast serve --stdio`` as a child process and talk to it over its stdin/stdout."""
+        """Start ``smith-fast serve --stdio`` as a child process and talk to it over its stdin/stdout.
+
+        ``token`` is sent in the handshake as :meth:`connect` does (a stdio service trusts the
+        process that started it and does not ask for it).
+        """
         proc = await asyncio.create_subprocess_exec(
             python,
             "-m",
@@ -190,7 +210,7 @@ class Client:
             limit=1 << 20,
         )
         assert proc.stdout is not None and proc.stdin is not None
-        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc)  # type: ignore[arg-type]
+        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc, token=token)  # type: ignore[arg-type]
 
     async def __aenter__(self) -> Client:
         return self
@@ -226,6 +246,14 @@ class Client:
 
     def _send_bytes(self, envelope: bytes) -> None:
         self._writer.write(encode_frame(envelope))
+
+    def _send_v0_handshake(self, command: pb.Command, token: str) -> None:
+        """A v0 Handshake with a ``"token"`` member in its ``data`` (v0 has no ``client_info``)."""
+        if self._closed.is_set():
+            raise ConnectionClosed(f"connection closed: {self._close_reason}")
+        line = json.loads(self._codec.encode_command(command))
+        line["data"][TOKEN_KEY] = token
+        self._writer.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
 
     def _route(self, rid: str) -> asyncio.Queue[pb.Event | None]:
         if rid in self._routes:
@@ -274,7 +302,12 @@ class Client:
             hs.client_info[ACCEPT_KEY] = ",".join(accept)
         if metrics_interval_ms is not None:
             hs.client_info[INTERVAL_KEY] = str(metrics_interval_ms)
-        self.send(cmd)
+        if self.token is not None and self.protocol == "v0":
+            self._send_v0_handshake(cmd, self.token)
+        else:
+            if self.token is not None:
+                hs.client_info[TOKEN_KEY] = self.token
+            self.send(cmd)
         while True:
             event = await self._next(self.events)  # type: ignore[arg-type]
             kind = event.WhichOneof("event_type")
@@ -536,22 +569,26 @@ class GrpcClient(Client):
     :class:`Client` does works the same; :meth:`negotiate` adds the unary ``Negotiate`` call.
     """
 
-    def __init__(self, channel: grpc_aio.Channel) -> None:
+    def __init__(self, channel: grpc_aio.Channel, *, token: str | None = None) -> None:
         self._init_state("v1", None)
+        self.token = token
         self._channel = channel
         self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._status: Any = None
+        self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
         # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
-        self._call = channel.stream_stream(STREAM_METHOD)(self._requests())
+        self._call = channel.stream_stream(STREAM_METHOD)(self._requests(), metadata=self._metadata)
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
-    async def open(cls, target: str, *, tls_ca: bytes | None = None) -> GrpcClient:
+    async def open(cls, target: str, *, tls_ca: bytes | None = None, token: str | None = None) -> GrpcClient:
         """Open a channel to ``HOST:PORT`` and start a ``Stream`` call on it.
 
         Args:
             target: ``HOST:PORT``.
             tls_ca: PEM root certificate(s); given, the channel uses TLS.
+            token: the service's shared secret: sent as ``authorization: Bearer`` metadata of
+                every call and in the handshake.
 
         Returns:
             The client.
@@ -563,7 +600,7 @@ class GrpcClient(Client):
             channel = aio.secure_channel(target, ssl_channel_credentials(root_certificates=tls_ca), options=options)
         else:
             channel = aio.insecure_channel(target, options=options)
-        return cls(channel)
+        return cls(channel, token=token)
 
     async def _requests(self) -> AsyncIterator[bytes]:
         while True:
@@ -600,7 +637,7 @@ class GrpcClient(Client):
             response_deserializer=pb.NegotiateResponse.FromString,
         )
         try:
-            return await method(request)
+            return await method(request, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
             if code is None:
@@ -633,14 +670,22 @@ class GrpcClient(Client):
     async def _read_loop(self) -> None:
         import grpc
 
+        received = False
         try:
             async for raw in self._call:
+                received = True
                 self._receive(raw)
             self._status = await self._call.code()
             self._close_reason = EOFError("the service ended the stream")
         except grpc.aio.AioRpcError as exc:
             self._status = exc.code()
             self._close_reason = exc
+            code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
+            if code is not None and not received:
+                # Refused before the stream began (a wrong token in the metadata, too many
+                # connections): tell whoever waits as the ErrorEvent a socket peer would get.
+                with contextlib.suppress(ValueError):
+                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")))
         except asyncio.CancelledError:
             self._status = grpc.StatusCode.CANCELLED
             self._close_reason = ConnectionClosed("client closed")

@@ -145,7 +145,11 @@ def test_bounded_fuzz_run(target: str, tmp_path: pathlib.Path) -> None:
         f"-max_total_time={FUZZ_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", "-timeout=20",
         "-print_final_stats=1", f"-artifact_prefix={tmp_path}/", str(work), str(CORPUS / target),
     ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=FUZZ_SECONDS * 10 + 30)
+    # libFuzzer's RSS figure is getrusage's ru_maxrss, which Linux carries across fork+exec: started
+    # straight from a big pytest process, the harness would "start" at pytest's own size. A shell in
+    # between (which forks rather than execs the harness: the command is not its last) starts it clean.
+    launcher = ["/bin/sh", "-c", '"$@"; status=$?; exit $status', "sh"]
+    proc = subprocess.run(launcher + argv, cwd=ROOT, capture_output=True, text=True, timeout=FUZZ_SECONDS * 10 + 30)
     log = proc.stderr + proc.stdout
     artifacts = [p.name for p in tmp_path.iterdir() if p.name != "corpus"]
     assert proc.returncode == 0 and not artifacts, (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import sys
 from typing import IO, Any
@@ -47,6 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--protocol", choices=["v1", "v0"], help="wire protocol to replay with (default: the recorded session's)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a request to end before going on (default 30)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds to wait at the end for outstanding events (default 1)")
+    p.add_argument("--token", metavar="TOKEN", help="the shared secret of the service replayed against (default: $SMITH_TOKEN)")
     return p
 
 
@@ -89,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     protocol = {"v1": 1, "v0": 0}.get(args.protocol) if args.protocol else None
     try:
-        replayer = Replayer(header, records, torn=torn, fast=args.fast, protocol=protocol, timeout=args.timeout, settle=args.settle)
+        token = args.token or os.environ.get("SMITH_TOKEN") or None
+        replayer = Replayer(header, records, torn=torn, fast=args.fast, protocol=protocol, timeout=args.timeout, settle=args.settle, token=token)
         if args.spawn:
             result = asyncio.run(replayer.spawn(*shlex.split(args.serve_args)))
         else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -137,6 +138,8 @@ class Replayer:
         protocol: wire protocol to replay with (1 or 0); default: the recorded session's.
         timeout: seconds to wait for any one dependency (a request's end, the connection's close).
         settle: seconds to wait at the end for the remaining events.
+        token: the shared secret of the service replayed against (``serve --token``): put into
+            every handshake sent (a recorded handshake holds ``<redacted>`` in its place).
     """
 
     def __init__(
@@ -149,8 +152,10 @@ class Replayer:
         protocol: int | None = None,
         timeout: float = 30.0,
         settle: float = 1.0,
+        token: str | None = None,
     ) -> None:
         self.header = header
+        self.token = token
         self.fast = fast
         self.protocol = header.protocol_version if protocol is None else protocol
         if self.protocol not in (0, 1):
@@ -358,17 +363,24 @@ class Replayer:
 
     def _send(self, writer: asyncio.StreamWriter, codec: JsonlCodec | None, step: _Step, notes: list[str]) -> None:
         env = step.envelope
+        handshake = env.command.WhichOneof("command_type") == "handshake"
         if codec is None:
             raw = step.raw
-            if self.protocol != self.header.protocol_version and env.command.WhichOneof("command_type") == "handshake":
+            if handshake and (self.protocol != self.header.protocol_version or self.token is not None):
                 env = pb.Envelope()
                 env.CopyFrom(step.envelope)
                 env.command.handshake.version = self.protocol
+                if self.token is not None:
+                    env.command.handshake.client_info["token"] = self.token
                 raw = env.SerializeToString()
             writer.write(encode_frame(raw))
             return
         kind = env.WhichOneof("payload")
-        if kind == "command":
+        if kind == "command" and handshake and self.token is not None:
+            line = json.loads(codec.encode_command(env.command))
+            line["data"]["token"] = self.token  # v0 has no client_info: a member of the Handshake's data
+            writer.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+        elif kind == "command":
             writer.write(codec.encode_command(env.command))
         elif kind == "batch_command":  # v0 has no batches: send its commands one by one
             for command in env.batch_command.commands:

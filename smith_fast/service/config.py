@@ -26,6 +26,15 @@ class Limits:
         kill_grace: seconds between SIGTERM and SIGKILL when a command is stopped (``--kill-grace``).
         chunk_size: largest ShellOutput chunk, in bytes (``--chunk-size``).
         tool_max_output: cap on a tool's output (``fs.read`` size, ``shell.run`` output).
+        max_connections: live network connections (socket connections and gRPC ``Stream`` calls);
+            one more is answered with ``ERROR_CODE_RESOURCE_EXHAUSTED`` and closed
+            (``--max-connections``).
+        idle_timeout: seconds a connection may go without receiving a message while no request
+            runs before it is closed; 0 means never (``--idle-timeout``).
+        handshake_timeout: seconds a connection has to complete its first (authenticated)
+            handshake; 0 means forever (``--handshake-timeout``).
+        max_command_size: largest ShellExec command (its command string plus its env), tool
+            arguments or plan goal, in bytes (``--max-command-size``).
     """
 
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
@@ -36,6 +45,10 @@ class Limits:
     kill_grace: float = 2.0
     chunk_size: int = 64 * 1024
     tool_max_output: int = 1 << 20
+    max_connections: int = 1024
+    idle_timeout: float = 300.0
+    handshake_timeout: float = 10.0
+    max_command_size: int = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +66,10 @@ class ServiceConfig:
             were granted ``replay``, under ``replay_dir``.
         replay_dir: where sessions granted ``replay`` are recorded when ``record_dir`` is None.
         planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
+        token: the shared secret socket and gRPC peers must present in their handshake
+            (``--token``/``SMITH_TOKEN``); None lets every peer in.
+        allow_env: request environment variables permitted although
+            :func:`smith_fast.envpolicy.refused_names` would refuse them (``--allow-env``).
     """
 
     root: pathlib.Path = dataclasses.field(default_factory=pathlib.Path.cwd)
@@ -70,3 +87,5 @@ class ServiceConfig:
     planner: str = "rules"
     planner_url: str | None = None
     planner_model: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)  # never in a repr, so never in a log
+    allow_env: frozenset[str] = frozenset()

@@ -8,15 +8,29 @@ cannot make the service buffer without bound.
 
 Which protocol a connection speaks is decided by its first two bytes (wire_notes.md): ``{``
 followed by ``"``, ``}`` or JSON whitespace is v0 JSONL; anything else is v1.
+
+A network connection over ``--max-connections`` gets no session: the service waits up to
+:data:`REFUSAL_WAIT` seconds for its first two bytes, so that it can say "too many connections" in
+the protocol the peer speaks (a v0 peer could not parse a v1 frame), then answers with an
+``ErrorEvent`` (``ERROR_CODE_RESOURCE_EXHAUSTED``) and closes. A peer that sends nothing gets the
+v1 frame. At most :data:`MAX_REFUSING` such connections wait at once; beyond that they are
+answered at once.
+
+Closing is a half-close first (``write_eof``): the peer reads everything sent, then closes, or
+the service closes :data:`LINGER` seconds later. A plain ``close()`` with bytes of the peer still
+unread would make TCP reset the connection, and the peer could lose the last events (the error
+saying why it was closed, most of all).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 
 from google.protobuf.message import DecodeError
 
+from .. import events
 from ..coalescing import WriteCoalescer
 from ..errors import FramingError, FrameTooLarge, ProtocolError
 from ..framing import FrameDecoder
@@ -24,8 +38,9 @@ from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .core import ServiceCore
+from .guard import TOKEN_KEY, Deadlines
 from .session import Session
-from .sinks import V0Sink, V1Sink
+from .sinks import V0Sink, V1Sink, now_ms
 
 __all__ = ["Connection", "sniff_version"]
 
@@ -34,6 +49,9 @@ log = get_logger("smith_fast.connection")
 READ_BUFFER_SIZE = 256 * 1024
 WRITE_FLUSH_BYTES = 256 * 1024
 _V0_SECOND_BYTES = frozenset(b'"} \t\r\n')
+REFUSAL_WAIT = 1.0
+MAX_REFUSING = 64
+LINGER = 2.0
 
 
 def sniff_version(head: bytes) -> int:
@@ -49,6 +67,8 @@ class Connection(asyncio.BufferedProtocol):
         protocol: ``auto``, ``v1`` or ``v0``.
         writer: the transport to write to when it is not the one that reads (stdio).
         on_closed: called once when the connection is gone.
+        peer: a printable peer name for logs (default: the transport's peer address).
+        trusted: the peer started the service (stdio): no token, no connection limit, no deadlines.
     """
 
     def __init__(
@@ -59,8 +79,10 @@ class Connection(asyncio.BufferedProtocol):
         writer: asyncio.WriteTransport | None = None,
         on_closed: Callable[[], None] | None = None,
         peer: str | None = None,
+        trusted: bool = False,
     ) -> None:
         self.core = core
+        self.trusted = trusted
         self.protocol = protocol
         self.session: Session | None = None
         self.peer = peer or "?"
@@ -76,6 +98,10 @@ class Connection(asyncio.BufferedProtocol):
         self._on_closed = on_closed
         self._loop = asyncio.get_event_loop()
         self._io = core.metrics.io["v1"]  # replaced once the protocol is known
+        self._counted = False  # in core.connections
+        self._refusing: asyncio.TimerHandle | None = None  # over the limit: answered when this fires
+        self._deadlines: Deadlines | None = None
+        self._shut = False  # closed, by us or the peer: nothing more is written
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
 
@@ -88,6 +114,20 @@ class Connection(asyncio.BufferedProtocol):
         if peer and self.peer == "?":
             self.peer = peer if isinstance(peer, str) and peer else str(peer)
         log.debug("connection", extra={"fields": {"peer": self.peer}})
+        if self.trusted:
+            return
+        core = self.core
+        if core.connections >= core.limits.max_connections:
+            log.warning("too many connections", extra={"fields": {"peer": self.peer, "max_connections": core.limits.max_connections}})
+            if core.refusing >= MAX_REFUSING:
+                self._refuse_over_limit()
+            else:
+                core.refusing += 1
+                self._refusing = self._loop.call_later(REFUSAL_WAIT, self._refuse_over_limit)
+            return
+        core.connections += 1
+        self._counted = True
+        self._deadlines = Deadlines(core.limits, lambda: self.session, self._expire)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._view
@@ -102,6 +142,9 @@ class Connection(asyncio.BufferedProtocol):
             self._head += bytes(data)
             if len(self._head) < 2 and self.protocol == "auto":
                 return
+            if self._refusing is not None:
+                self._refuse_over_limit()  # in the protocol the two bytes tell
+                return
             data, self._head = self._head, b""
             self._start_session(data)
         assert self._feed is not None
@@ -115,6 +158,16 @@ class Connection(asyncio.BufferedProtocol):
         if self._closed:
             return
         self._closed = True
+        self._shut = True
+        if self._counted:
+            self._counted = False
+            self.core.connections -= 1
+        if self._refusing is not None:
+            self._refusing.cancel()
+            self._refusing = None
+            self.core.refusing -= 1
+        if self._deadlines is not None:
+            self._deadlines.cancel()
         if self.session is not None:
             self.session.connection_lost()
         if self._on_closed is not None:
@@ -130,10 +183,14 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- reading -----------------------------------------------------------------------------
 
-    def _start_session(self, head: bytes) -> None:
+    def _version(self, head: bytes) -> int:
         version = {"v1": 1, "v0": 0}.get(self.protocol)
         if version is None:
-            version = sniff_version(head)
+            version = sniff_version(head) if len(head) >= 2 else 1
+        return version
+
+    def _start_session(self, head: bytes) -> None:
+        version = self._version(head)
         self._io = self.core.metrics.io[f"v{version}"]
         if version == 1:
             sink = V1Sink(self.write, notify=self._schedule_flush)
@@ -145,7 +202,9 @@ class Connection(asyncio.BufferedProtocol):
             self._codec = codec
             self._lines = LineDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v0
-        self.session = Session(self.core, sink, close=self.close, peer=self.peer)
+        self.session = self.core.new_session(sink, close=self.close, peer=self.peer)
+        if self.trusted:
+            self.session.authenticated = True
 
     def _feed_v1(self, data: bytes | memoryview) -> None:
         session = self.session
@@ -212,6 +271,8 @@ class Connection(asyncio.BufferedProtocol):
                 return
         if session.recorder is not None:
             session.recorder.record_command(command)
+        if not session.authenticated and command.WhichOneof("command_type") == "handshake":
+            session.presented_token = _v0_token(line)
         session.handle(command)
 
     def _line_too_long(self, error: FrameTooLarge) -> None:
@@ -231,7 +292,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def write(self, data: bytes) -> None:
         """Queue ``data``; it goes out with everything else written in this loop tick."""
-        if self._closed:
+        if self._shut:
             return
         self._io.frames_out += 1
         full = self._out.add(data)
@@ -248,7 +309,7 @@ class Connection(asyncio.BufferedProtocol):
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        if self._closed:
+        if self._shut:
             self._flush_scheduled = False
             return
         if self.session is not None:
@@ -262,9 +323,70 @@ class Connection(asyncio.BufferedProtocol):
             self._writer.write(data)  # type: ignore[union-attr]
 
     def close(self) -> None:
-        """Flush what is queued, then close (the transport sends buffered bytes first)."""
+        """Flush what is queued, then close (the transport sends buffered bytes first): a
+        half-close, and the full close once the peer closed too or :data:`LINGER` seconds passed."""
+        if self._shut:
+            return
         self._flush()
-        if self._writer is not None and self._writer is not self._transport:
+        self._shut = True
+        self._feed = self._discard
+        if self._deadlines is not None:
+            self._deadlines.cancel()
+        transport = self._transport
+        if self._writer is not None and self._writer is not transport:
             self._writer.close()
-        if self._transport is not None:
-            self._transport.close()
+        if transport is None or transport.is_closing():
+            return
+        if self._writer is transport and not self.core.shutting_down and transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+            self._loop.call_later(LINGER, transport.close)
+            return
+        transport.close()
+
+    # ---- refusing ----------------------------------------------------------------------------
+
+    def _refuse(self, version: int, code: int, message: str, details: Mapping[str, str]) -> None:
+        """Answer a connection that has no session with one ``ErrorEvent``, then close it."""
+        ts = now_ms()
+        if version == 1:
+            data = events.encode_error(ts, 1, code, message, None, ts, details, framed=True)
+        else:
+            data = JsonlCodec(self.core.config.jsonl_backend).error(code, message, None, ts)
+        self.core.metrics.error(code)
+        self._io.frames_out += 1
+        self._io.bytes_out += len(data)
+        if self._writer is not None and not self._shut:
+            self._writer.write(data)  # type: ignore[union-attr]
+        self.close()
+
+    def _refuse_over_limit(self) -> None:
+        if self._refusing is not None:
+            self._refusing.cancel()
+            self._refusing = None
+            self.core.refusing -= 1
+        limit = self.core.limits.max_connections
+        self._refuse(
+            self._version(self._head),
+            pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+            f"too many connections (max {limit}); try again later",
+            {"reason": "too_many_connections", "limit": str(limit)},
+        )
+
+    def _expire(self, reason: str, message: str) -> None:
+        """A deadline passed (guard.Deadlines)."""
+        if self.session is not None:
+            self.session.expire(reason, message)
+        else:  # nothing (or one byte) received: no protocol, no session
+            log.info("closing connection", extra={"fields": {"peer": self.peer, "reason": reason}})
+            self._refuse(self._version(self._head), pb.ERROR_CODE_UNSPECIFIED, message, {"reason": reason})
+
+
+def _v0_token(line: bytes) -> str | None:
+    """The ``"token"`` member of a v0 Handshake's ``data`` (v0 has no ``client_info``): the codec
+    drops members it does not know, so it is read from the line itself, which the codec already
+    found to be valid JSON of bounded nesting."""
+    try:
+        value = json.loads(line)["data"][TOKEN_KEY]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, str) else None

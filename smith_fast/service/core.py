@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__, framing
 from ..hooks import Hook, HookLimits, available_kinds
@@ -16,6 +16,7 @@ from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 
 if TYPE_CHECKING:
     from .session import Session
+    from .sinks import EventSink
 
 __all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
 
@@ -46,7 +47,9 @@ class ServiceCore:
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
         self.tools = ToolRegistry.default()
-        self.tool_context = ToolContext(root=config.root.resolve(), max_output=config.limits.tool_max_output)
+        self.tool_context = ToolContext(
+            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
+        )
         kinds = available_kinds()
         self.capabilities: frozenset[int] = frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
@@ -63,12 +66,28 @@ class ServiceCore:
             tools={t.name: t.description for t in self.tools.tools()},
         )
         self.sessions: set[Session] = set()
+        self.connections = 0  # live network connections and gRPC Stream calls (--max-connections)
+        self.refusing = 0  # connections over the limit, waiting to be told so (connection.py)
         self.running_processes = 0
         self.shutting_down = False
         self.closed = asyncio.Event()
         self.metrics = ServiceMetrics()
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
+
+    def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
+        """The session of a new connection or gRPC stream (a gateway's core makes forwarding ones).
+
+        Args:
+            sink: where its events go.
+            **kwargs: the other arguments of :class:`~smith_fast.service.session.Session`.
+
+        Returns:
+            The session.
+        """
+        from .session import Session
+
+        return Session(self, sink, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
         """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.

@@ -18,6 +18,13 @@ in a gRPC thread and wakes the loop through a socket pair. So the gRPC front sha
 A ``Stream`` whose client half-closes (ends its request stream) keeps running until its requests
 have ended, then ends with OK; a cancelled call (the client went away) kills its commands at once,
 as a closed socket does.
+
+With ``--token``, a call presents it in its metadata (``authorization: Bearer …`` or
+``smith-token``) or, for ``Stream``, in the handshake's ``client_info["token"]`` (``Negotiate``:
+``client_metadata["token"]``); a wrong or missing one fails the call ``UNAUTHENTICATED`` (a
+``Stream`` after the ``ErrorEvent`` saying so). ``Stream`` calls count towards
+``--max-connections`` (over it: ``RESOURCE_EXHAUSTED``) and have the handshake and idle deadlines
+of a socket connection. The standard health service needs no token.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .guard import TOKEN_KEY, Deadlines, metadata_token, token_matches
 from .health import SERVICE_NAMES
 from .session import Session
 from .sinks import V1Sink
@@ -128,7 +136,7 @@ class _Stream:
         self.io = core.metrics.io["grpc"]
         self._paused = False
         self.sink = V1Sink(self.push, framed=False, notify=self.notify)
-        self.session = Session(core, self.sink, close=self.close, peer=peer, protocol="grpc")
+        self.session: Session = core.new_session(self.sink, close=self.close, peer=peer, protocol="grpc")
 
     def push(self, data: bytes) -> None:
         if self.closed:
@@ -263,6 +271,13 @@ class GrpcFront:
 
     async def _negotiate(self, request: pb.NegotiateRequest, context: aio.ServicerContext) -> pb.NegotiateResponse:
         self.core.metrics.io["grpc"].frames_in += 1
+        token = self.core.config.token
+        if token is not None:
+            presented = metadata_token(context.invocation_metadata())
+            if presented is None:
+                presented = request.client_metadata.get(TOKEN_KEY)
+            if not token_matches(token, presented):
+                await self._unauthenticated(context, "Negotiate " + ("presents no token" if presented is None else "presents a wrong token"))
         try:
             response = negotiate(self.core, request)
         except ProtocolError as exc:
@@ -277,10 +292,35 @@ class GrpcFront:
         context.set_trailing_metadata(((ERROR_CODE_METADATA, pb.ErrorCode.Name(exc.code)),))
         await context.abort(GRPC_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc))
 
+    async def _unauthenticated(self, context: aio.ServicerContext, message: str) -> None:
+        log.warning("authentication failed", extra={"fields": {"peer": context.peer(), "error": message}})
+        self.core.metrics.error(pb.ERROR_CODE_PERMISSION_DENIED)
+        context.set_trailing_metadata(((ERROR_CODE_METADATA, "ERROR_CODE_PERMISSION_DENIED"),))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
     async def _stream(self, requests: AsyncIterator[bytes], context: aio.ServicerContext) -> None:
-        if self.core.shutting_down:
+        core = self.core
+        if core.shutting_down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
-        stream = _Stream(self.core, context.peer())
+        presented = metadata_token(context.invocation_metadata()) if core.config.token is not None else None
+        if presented is not None and not token_matches(core.config.token, presented):  # type: ignore[arg-type]
+            await self._unauthenticated(context, "the call metadata presents a wrong token")
+        if core.connections >= core.limits.max_connections:
+            log.warning("too many connections", extra={"fields": {"peer": context.peer(), "max_connections": core.limits.max_connections}})
+            core.metrics.error(pb.ERROR_CODE_RESOURCE_EXHAUSTED)
+            await self._abort(
+                context,
+                ProtocolError(f"too many connections (max {core.limits.max_connections}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED),
+            )
+        core.connections += 1
+        try:
+            stream = _Stream(core, context.peer())
+        except BaseException:
+            core.connections -= 1
+            raise
+        if presented is not None:
+            stream.session.authenticated = True
+        deadlines = Deadlines(core.limits, lambda: stream.session, stream.session.expire)
         log.debug("stream", extra={"fields": {"peer": stream.session.peer}})
         reader = asyncio.get_running_loop().create_task(stream.read(requests))
         reader.add_done_callback(lambda task: self._reader_done(task, stream))
@@ -288,7 +328,12 @@ class GrpcFront:
             write = context.write
             async for data in stream.responses():
                 await write(data)
+            if stream.session.denied:  # the ErrorEvent saying why went out first
+                context.set_trailing_metadata(((ERROR_CODE_METADATA, "ERROR_CODE_PERMISSION_DENIED"),))
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the handshake did not present the token")
         finally:
+            core.connections -= 1
+            deadlines.cancel()
             reader.cancel()
             if not stream.closed:  # cancelled: the peer is gone
                 stream.closed = True

@@ -85,7 +85,7 @@ class SessionHooks:
             return tool, args
         try:
             value = json.loads(args) if args else {}
-        except ValueError:
+        except (ValueError, RecursionError):
             return tool, args  # the registry refuses it with a clear message; nothing runs
         result = await self.gate("before_tool_call", rid, {"tool": tool, "args": value}, allowed_data=args)
         if result.action == "block":
@@ -99,7 +99,7 @@ class SessionHooks:
             return success, result, error
         try:
             value = json.loads(result) if result else None
-        except ValueError:
+        except (ValueError, RecursionError):
             value = result.decode("utf-8", "replace")
         res = await self.gate("after_tool_result", rid, {"tool": tool, "success": success, "result": value, "error": error})
         if res.action == "block":

@@ -162,21 +162,26 @@ async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.
     os.dup2(devnull, 0)
     os.close(devnull)
     os.dup2(2, 1)
-    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio")
+    # trusted: whoever holds the pipes started the service (no token, limit or deadlines)
+    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True)
     writer, _ = await loop.connect_write_pipe(lambda: _StdoutProtocol(conn), proto_out)
     conn._writer = writer  # noqa: SLF001 (set before any byte is read)
     await loop.connect_read_pipe(lambda: conn, proto_in)
     return conn
 
 
-async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) -> int:
-    """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe)."""
+async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, core: ServiceCore | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe).
+
+    ``core`` replaces the core built from ``config``: every listener then makes its sessions with
+    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers).
+    """
     loop = asyncio.get_running_loop()
     # Refuse a bad address or TLS setting before anything is bound.
     for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
-    core = ServiceCore(config, loop_name=loop_name)
+    core = core if core is not None else ServiceCore(config, loop_name=loop_name)
     for path in config.hook_files:  # global hooks: a hook that does not load stops the start
         try:
             core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
@@ -218,7 +223,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str) 
         await _open_stdio(core, config, stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name}})
+    log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name, "token_required": config.token is not None}})
     try:
         await stop.wait()
     finally:

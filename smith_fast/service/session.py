@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import tracing
+from ..envpolicy import check_env
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
@@ -23,6 +24,7 @@ from ..plan import PlanOptions, Step, run_plan_command
 from ..replay import SessionRecorder
 from ..tools import ToolOutcome
 from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .guard import REDACTED, TOKEN_KEY, command_size, redacted_handshake, request_size, token_matches, too_large
 from .health import health_response
 from .metrics import ResourceSampler
 from .policy import SessionHooks
@@ -89,6 +91,13 @@ class Session:
         self._close = close
         self._closing = False
         self.session_id = str(uuid.uuid4())
+        # With a token configured, nothing but a handshake presenting it is served (guard.py); the
+        # front sets this for peers it trusts otherwise (stdio, a gRPC call's metadata).
+        self.authenticated = core.config.token is None
+        self.denied = False  # refused for a wrong or missing token
+        self.presented_token: str | None = None  # v0 has no client_info: the connection puts it here
+        self._loop = asyncio.get_running_loop()
+        self.last_active = self._loop.time()  # of the last message received or request ended (Deadlines)
         self.hooks = SessionHooks(self)
         self.span: tracing.SpanHandle = tracing.NOOP  # the session's span when tracing is granted
         self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
@@ -102,9 +111,10 @@ class Session:
 
     def handle_envelope(self, env: pb.Envelope) -> None:
         """Dispatch one decoded v1 envelope (socket frame or gRPC message). Never raises."""
-        if self.recorder is not None:
-            self.recorder.record_in(env.SerializeToString())
+        self.last_active = self._loop.time()
         kind = env.WhichOneof("payload")
+        if self.recorder is not None:
+            self.recorder.record_in(_loggable(env, kind))
         if kind == "command":
             self.handle(env.command)
         elif kind == "batch_command":
@@ -116,6 +126,8 @@ class Session:
             else:
                 for command in batch.commands:
                     self.handle(command)
+        elif not self.authenticated:
+            self._deny(f"{kind or 'an empty envelope'} before an authenticated handshake: this service needs a token")
         elif kind == "health_check_request" and "health" in self.accepted:
             self.sink.envelope(_HEALTH_RESPONSE, health_response(self.core, env.health_check_request.service_name).SerializeToString())
         elif kind == "health_check_request":
@@ -140,10 +152,14 @@ class Session:
         kind = command.WhichOneof("command_type")
         if self._closing:
             return
+        self.last_active = self._loop.time()
         if kind is not None:
             self.core.metrics.commands[kind] += 1
         if kind == "handshake":
             self._handshake(command.handshake)
+            return
+        if not self.authenticated:
+            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token")
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
@@ -171,6 +187,10 @@ class Session:
             self.reject(
                 ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
             )
+            return
+        size = request_size(kind, request)
+        if size > self.core.limits.max_command_size:
+            self.reject(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
         if kind == "shell_exec":
             self._start(rid, self._shell_exec(rid, request), kind)
@@ -211,6 +231,13 @@ class Session:
     # ---- handshake ----------------------------------------------------------------------------
 
     def _handshake(self, hs: pb.HandshakeCommand) -> None:
+        if not self.authenticated:
+            presented = hs.client_info.get(TOKEN_KEY) if self.version == 1 else self.presented_token
+            self.presented_token = None
+            if not token_matches(self.core.config.token, presented):  # type: ignore[arg-type]
+                self._deny("the handshake " + ("presents no token" if presented is None else "presents a wrong token"))
+                return
+            self.authenticated = True
         if hs.version not in SUPPORTED_VERSIONS:
             self.protocol_error(
                 ProtocolError(
@@ -239,7 +266,10 @@ class Session:
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
             self._start_recording(self.core.record_dir)
             if self.recorder is not None:
-                self.recorder.record_command(pb.Command(handshake=hs))
+                command = pb.Command(handshake=hs)
+                if TOKEN_KEY in command.handshake.client_info:
+                    command.handshake.client_info[TOKEN_KEY] = REDACTED
+                self.recorder.record_command(command)
         if pb.CAPABILITY_TRACING in self.granted and self.span is tracing.NOOP:
             self.span = tracing.session_span(self.peer, self.version, dict(hs.client_info))
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
@@ -346,6 +376,11 @@ class Session:
 
     # ---- requests -----------------------------------------------------------------------------
 
+    @property
+    def busy(self) -> bool:
+        """Whether a request (or an ordered batch) is running."""
+        return bool(self._tasks or self._batches)
+
     def _start(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
         if not rid:
             coro.close()
@@ -391,6 +426,7 @@ class Session:
         else:
             sink.state_change(pb.SERVICE_STATE_READY, rid)
         finally:
+            self.last_active = self._loop.time()
             self.core.metrics.observe_request(kind, time.perf_counter() - start)
             if span is not tracing.NOOP:
                 self.spans.pop(rid, None)
@@ -399,6 +435,11 @@ class Session:
     async def _shell_exec(self, rid: str, cmd: pb.ShellExecCommand) -> int:
         """Hooks first (a block means the process never starts), then the command."""
         cmd = await self.hooks.before_shell_exec(rid, cmd)
+        # After the hooks, so a transform cannot bring in what a request may not (guard.py, envpolicy.py).
+        limit = self.core.limits.max_command_size
+        if (size := command_size(cmd)) > limit:
+            raise too_large("the shell command (after hooks)", size, limit, rid)
+        check_env(cmd.env, self.core.config.allow_env, request_id=rid)
         env = dict(cmd.env)
         span = self.spans.get(rid)
         if span is not None:
@@ -412,6 +453,8 @@ class Session:
     async def _run_tool(self, rid: str, tool: str, args: bytes, timeout_ms: int) -> ToolOutcome:
         """One tool call through the hooks; sends its ToolResult and returns the outcome."""
         tool, args = await self.hooks.before_tool_call(rid, tool, args)
+        if len(args) > self.core.limits.max_command_size:
+            raise too_large(f"the arguments of {tool} (after hooks)", len(args), self.core.limits.max_command_size, rid)
         span = self.spans.get(rid)
         if span is not None:
             span.set(tracing.ATTR_TOOL, tool)
@@ -507,6 +550,55 @@ class Session:
         self._close()
         self._stop_recording()
 
+    def _deny(self, message: str) -> None:
+        """A wrong or missing token: say so, close (the gRPC front then fails the call UNAUTHENTICATED)."""
+        if self._closing:  # what the peer sent after the refusal, in the same read
+            return
+        log.warning("authentication failed", extra={"fields": {"peer": self.peer, "error": message}})
+        self.denied = True
+        self.abort(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", {"reason": "unauthenticated"})
+
+    def expire(self, reason: str, message: str) -> None:
+        """A deadline passed (:class:`~smith_fast.service.guard.Deadlines`): say why, then close.
+
+        Args:
+            reason: ``handshake_timeout`` (an ``ErrorEvent``) or ``idle_timeout`` (a WARN
+                ``LogEvent``, then ``StateChange(SHUTTING)``).
+            message: the sentence the peer is told.
+        """
+        log.info("closing connection", extra={"fields": {"peer": self.peer, "reason": reason}})
+        if reason != "idle_timeout":
+            self.abort(pb.ERROR_CODE_UNSPECIFIED, message, {"reason": reason})
+            return
+        if self._closing:
+            return
+        self.sink.log(pb.LOG_LEVEL_WARN, message, fields={"reason": reason})
+        self.sink.state_change(pb.SERVICE_STATE_SHUTTING)
+        self._teardown()
+
+    def abort(self, code: int, message: str, details: Mapping[str, str] | None = None) -> None:
+        """Send an ``ErrorEvent`` saying why, then close the connection; anything running is killed.
+
+        Args:
+            code: the ``ErrorCode``.
+            message: the sentence the peer is told.
+            details: ``ErrorEvent.details``.
+        """
+        if self._closing:
+            return
+        self._error(code, message, None, details)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        self._end()
+        for proc in list(self.processes):
+            proc.close()
+        for task in [*self._batches, *self._tasks.values()]:
+            task.cancel()
+        self.sink.flush_batch()
+        self._close()
+        self._stop_recording()
+
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once."""
         self._end()
@@ -515,3 +607,13 @@ class Session:
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._stop_recording()
+
+
+def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
+    """The bytes of ``env`` for the session log: a handshake's token replaced (guard.py)."""
+    if kind == "command":
+        if TOKEN_KEY in env.command.handshake.client_info:
+            env = redacted_handshake(env)
+    elif kind == "batch_command" and any(TOKEN_KEY in c.handshake.client_info for c in env.batch_command.commands):
+        env = redacted_handshake(env)
+    return env.SerializeToString()

@@ -227,8 +227,8 @@ def decode_args(args: bytes) -> Any:
         The JSON value.
 
     Raises:
-        ArgumentError: invalid UTF-8, invalid JSON, or the non-standard constants ``NaN`` and
-            ``Infinity``.
+        ArgumentError: invalid UTF-8, invalid JSON (nested too deeply to parse included), or the
+            non-standard constants ``NaN`` and ``Infinity``.
     """
     if not args:
         return {}
@@ -245,6 +245,8 @@ def decode_args(args: bytes) -> Any:
         raise ArgumentError(
             f"invalid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno} (char {exc.pos})", None
         ) from None
+    except RecursionError:  # json's C scanner recurses per nesting level: [[[[... deeper than the stack
+        raise ArgumentError("invalid JSON: arrays/objects nested too deeply", None) from None
 
 
 def _reject_constant(name: str) -> Any:

@@ -1,8 +1,10 @@
 """The ``shell.run`` tool: run a command through the shell and return what it printed.
 
 The working directory must lie inside the workspace (default: the root); the command itself is
-not confined. Output is collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8
-(undecodable bytes become U+FFFD). The command's own ``timeout_ms`` ends it with
+not confined, but ``env`` may not set the variables :mod:`smith_fast.envpolicy` refuses
+(``LD_PRELOAD`` ...): the call fails with ``ERROR_CODE_PERMISSION_DENIED`` naming them. Output is
+collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8 (undecodable bytes become
+U+FFFD). The command's own ``timeout_ms`` ends it with
 ``timed_out: true`` in a successful result; the call-level timeout of the registry instead
 cancels the tool, and :func:`smith_fast.process.run_collect` kills the child on cancellation.
 """
@@ -44,8 +46,10 @@ RUN_SCHEMA: dict[str, Any] = {
 
 async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     # Imported here so that the registry (and tools.list) work without the process machinery.
+    from smith_fast.envpolicy import check_env
     from smith_fast.process import run_collect
 
+    check_env(args.get("env") or {}, ctx.allow_env, what="shell.run env")
     cwd = ctx.resolve(args.get("cwd", "."))
     if not cwd.is_dir():
         raise NotADirectoryError(f"cwd is not a directory: {args.get('cwd')!r}")

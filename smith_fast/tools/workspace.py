@@ -44,6 +44,8 @@ class ToolContext:
         root: the workspace root; resolved (absolute, symlink-free) on construction.
         max_output: byte cap for ``shell.run`` output, ``fs.read`` content and ``fs.search``
             results.
+        allow_env: environment variables ``shell.run`` may set although
+            :mod:`smith_fast.envpolicy` refuses them (``serve --allow-env``).
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -53,6 +55,7 @@ class ToolContext:
 
     root: pathlib.Path
     max_output: int = DEFAULT_MAX_OUTPUT
+    allow_env: frozenset[str] = frozenset()
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
 

@@ -1,0 +1,252 @@
+"""End to end: commands/s and events/s through ``smith-fast gateway`` + 1 and + 2 ``smith-fast
+worker``s over a real nats-server (JetStream, file storage), next to a direct ``smith-fast serve``,
+all on this machine.
+
+Three topologies, the same client and the same bytes on the frontend's wire:
+
+* ``serve``: one ``smith-fast serve``;
+* ``gateway+1``: nats-server, one gateway, one worker;
+* ``gateway+2``: nats-server, one gateway, two workers.
+
+Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a plain blocking socket
+(the driver below parses every envelope, as a client must):
+
+* ``tools``: 1,000 pipelined ``fs.read`` calls, 64 in flight: commands/s (3 events each);
+* ``shell``: 300 pipelined ``true`` shell commands, 32 in flight: commands/s (a process each);
+* ``events``: one ``seq 1 100000`` at ``--chunk-size 32`` (~18,400 ShellOutput events): events/s.
+
+Where the time goes: each entry also records the CPU seconds every process of the topology
+(client excluded) spent per command or per event during the measured rounds, from /proc.
+
+Run: ``.venv/bin/pytest bench/bench_nats.py --benchmark-only -p no:cacheprovider``
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from smith_fast.framing import FrameDecoder, encode_frame
+from smith_fast.pb import smith_pb2 as pb
+from tests.server import ServerProcess
+from tests.test_nats import Cluster
+
+TOOL_CALLS = 1000
+TOOL_WINDOW = 64
+SHELLS = 300
+SHELL_WINDOW = 32
+EVENTS_COMMAND = "seq 1 100000"
+CHUNK_SIZE = "32"
+ROUNDS = 3
+_TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
+_RESULTS: list[str] = []
+TOPOLOGIES = ["serve", "gateway+1", "gateway+2"]
+
+
+class Topology:
+    """What runs one topology: the address a client connects to and the pids to account CPU for."""
+
+    def __init__(self, name: str, tmp: pathlib.Path) -> None:
+        self.name = name
+        self.serve: ServerProcess | None = None
+        self.cluster: Cluster | None = None
+        if name == "serve":
+            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, "--log-level", "info").start()
+            self.path = self.serve.sock_path
+            self.root = self.serve.root
+        else:
+            workers = int(name.rpartition("+")[2])
+            self.cluster = Cluster(
+                tmp, workers=workers, worker_args=("--chunk-size", CHUNK_SIZE, "--concurrency", "64"),
+            )
+            # the processes log at debug for the tests; here that would be measured too (info: "ready" only)
+            self.cluster.worker_args = tuple(a if a != "debug" else "info" for a in self.cluster.worker_args)
+            self.cluster.gateway.argv = [a if a != "debug" else "info" for a in self.cluster.gateway.argv]
+            self.cluster.start()
+            self.path = str(tmp / "gw" / "smith.sock")
+            self.root = self.cluster.root
+        (self.root / "small.txt").write_text("a small file\n")
+
+    def pids(self) -> dict[str, int]:
+        if self.serve is not None:
+            return {"serve": self.serve.pid}
+        assert self.cluster is not None and self.cluster.nats.proc is not None
+        pids = {"gateway": self.cluster.gateway.pid, "nats-server": self.cluster.nats.proc.pid}
+        for i, worker in enumerate(self.cluster.workers):
+            pids[f"worker{i + 1}"] = worker.pid
+        return pids
+
+    def stop(self) -> None:
+        if self.serve is not None:
+            self.serve.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES)
+def topology(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
+    topo = Topology(request.param, tmp_path_factory.mktemp(f"bench-nats-{request.param.replace('+', '-')}"))
+    yield topo
+    topo.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if _RESULTS and reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("\n\nbest round; CPU per unit by process (client excluded):")
+            for line in _RESULTS:
+                reporter.write_line(line)
+    _RESULTS.clear()
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (10 ms resolution)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+class _Cpu:
+    """CPU seconds of a topology's processes between two points."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+
+    def per_unit(self, units: int) -> dict[str, float]:
+        """Microseconds of CPU per unit, by process."""
+        return {name: (_cpu_seconds(pid) - self.start[name]) / units * 1e6 for name, pid in self.pids.items()}
+
+
+class _Client:
+    """A handshaken v1 session over a blocking Unix socket."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(120)
+        self.sock.connect(path)
+        self.frames = FrameDecoder(1 << 26)
+        hs = pb.Envelope()
+        hs.command.handshake.version = 1
+        hs.command.handshake.capabilities.append(pb.CAPABILITY_SHELL_EXEC)
+        self.sock.sendall(encode_frame(hs.SerializeToString()))
+        while not any(e.WhichOneof("event_type") == "state_change" and e.state_change.state == pb.SERVICE_STATE_READY
+                      and not e.state_change.HasField("request_id") for e in self.recv()):
+            pass
+
+    def recv(self) -> list[pb.Event]:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise RuntimeError("the service closed the connection")
+        return [pb.Envelope.FromString(frame).event for frame in self.frames.feed(data)]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _encode(command: pb.Command) -> bytes:
+    env = pb.Envelope()
+    env.command.CopyFrom(command)
+    return encode_frame(env.SerializeToString())
+
+
+def _pipelined(client: _Client, commands: list[pb.Command], window: int) -> tuple[int, int]:
+    """Send ``commands`` keeping ``window`` in flight; returns (events, bytes of output/results)
+    once every one ended READY."""
+    frames = [_encode(c) for c in commands]
+    n = len(frames)
+    sent = min(window, n)
+    client.sock.sendall(b"".join(frames[:sent]))
+    done = events = payload = 0
+    while done < n:
+        freed = 0
+        for event in client.recv():
+            events += 1
+            kind = event.WhichOneof("event_type")
+            if kind == "state_change" and event.state_change.state in _TERMINAL and event.state_change.HasField("request_id"):
+                if event.state_change.state != pb.SERVICE_STATE_READY:
+                    raise RuntimeError(f"request failed: {event}")
+                done += 1
+                freed += 1
+            elif kind == "shell_output":
+                payload += len(event.shell_output.stdout)
+                if event.shell_output.finished and event.shell_output.exit_code != 0:
+                    raise RuntimeError(f"command failed: {event}")
+            elif kind == "tool_result":
+                if not event.tool_result.success:
+                    raise RuntimeError(f"tool failed: {event.tool_result.error}")
+                payload += len(event.tool_result.result)
+            elif kind == "error":
+                raise RuntimeError(event.error.message)
+        if freed and sent < n:
+            k = min(freed, n - sent)
+            client.sock.sendall(b"".join(frames[sent : sent + k]))
+            sent += k
+    return events, payload
+
+
+def _tool_calls(n: int) -> list[pb.Command]:
+    out = []
+    for _ in range(n):
+        cmd = pb.Command()
+        cmd.tool_call.request_id = str(uuid.uuid4())
+        cmd.tool_call.tool = "fs.read"
+        cmd.tool_call.args = b'{"path": "small.txt"}'
+        out.append(cmd)
+    return out
+
+
+def _shells(n: int, command: str) -> list[pb.Command]:
+    out = []
+    for _ in range(n):
+        cmd = pb.Command()
+        cmd.shell_exec.request_id = str(uuid.uuid4())
+        cmd.shell_exec.command = command
+        out.append(cmd)
+    return out
+
+
+_SEQ_BYTES = len("".join(f"{i}\n" for i in range(1, 100001)))
+
+
+@pytest.mark.parametrize("workload", ["tools", "shell", "events"])
+def test_nats_scale_out(benchmark, topology: Topology, workload: str) -> None:  # type: ignore[no-untyped-def]
+    benchmark.group = workload
+    benchmark.name = topology.name
+    client = _Client(topology.path)
+    counted: list[int] = []
+
+    def once() -> None:
+        if workload == "tools":
+            events, _ = _pipelined(client, _tool_calls(TOOL_CALLS), TOOL_WINDOW)
+        elif workload == "shell":
+            events, _ = _pipelined(client, _shells(SHELLS, "true"), SHELL_WINDOW)
+        else:
+            events, size = _pipelined(client, _shells(1, EVENTS_COMMAND), 1)
+            assert size == _SEQ_BYTES
+        counted.append(events)
+
+    cpu = _Cpu(topology.pids())
+    try:
+        benchmark.pedantic(once, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    finally:
+        client.close()
+    best = min(benchmark.stats.stats.data)
+    unit, units = ("event", counted[-1]) if workload == "events" else ("command", TOOL_CALLS if workload == "tools" else SHELLS)
+    rate = units / best
+    per = cpu.per_unit(sum(counted) if workload == "events" else units * len(counted))
+    benchmark.extra_info.update({f"{unit}s_per_s": round(rate), "events_per_round": counted[-1],
+                                 **{f"cpu_us_per_{unit}_{k}": round(v, 1) for k, v in per.items()}})
+    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items())
+    _RESULTS.append(f"  {workload:7s} {topology.name:10s} {rate:>10,.0f} {unit}s/s  {counted[-1] / best:>9,.0f} events/s   CPU µs/{unit}: {where}")

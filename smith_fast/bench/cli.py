@@ -1,0 +1,96 @@
+"""``smith-fast bench``: run the end-to-end report and write it (Markdown, JSON, PNG charts)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+_DEFAULT_OUT = {"full": "bench/results", "quick": "build/bench-quick", "smoke": "build/bench-smoke"}
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the ``smith-fast`` subcommands (``sub``: from ``add_subparsers``)."""
+    p = sub.add_parser(
+        "bench", help="run the end-to-end benchmark report",
+        description="Start one real `smith-fast serve` per contender (v1 Cython/pure Python, uvloop/asyncio, "
+        "v0 JSONL with json/orjson, gRPC single/batched), drive the same workloads through each, and write "
+        "report.md, report.json and PNG charts. The full run takes a few minutes on 2 cores.",
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 repetitions (about a minute)")
+    size.add_argument("--smoke", dest="scale", action="store_const", const="smoke", help="tiny workloads: checks the machinery, measures nothing")
+    p.set_defaults(scale="full")
+    p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
+    p.add_argument("--contenders", help="comma list of contenders to run (default all)")
+    p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, latency, pipelined, sessions, size, chunk)")
+    p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
+    p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``smith-fast bench`` with parsed ``args``; the exit status (1 when a contender failed somewhere)."""
+    import dataclasses
+
+    from . import meta as meta_mod
+    from .contenders import CONTENDERS
+    from .report import to_json, to_markdown
+    from .runner import run as run_report
+    from .workloads import SCALES
+
+    scale = SCALES[args.scale]
+    if args.reps:
+        scale = dataclasses.replace(scale, reps=args.reps)
+    contenders = list(CONTENDERS)
+    if args.contenders:
+        wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
+        unknown = set(wanted) - {c.name for c in CONTENDERS}
+        if unknown:
+            print(f"smith-fast bench: unknown contenders {sorted(unknown)}; known: {[c.name for c in CONTENDERS]}", file=sys.stderr)
+            return 2
+        contenders = [c for c in CONTENDERS if c.name in wanted]
+    only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
+    out = args.out or pathlib.Path(_DEFAULT_OUT[args.scale])
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.no_charts:
+        from .charts import _pyplot
+
+        _pyplot()  # fail now, not after minutes of measuring
+
+    facts = meta_mod.collect()
+    load_before = meta_mod.load_average()
+    started = time.perf_counter()
+    report = run_report(scale, contenders, only=only)
+    wall = time.perf_counter() - started
+    report.meta = {
+        **facts,
+        "wall time": f"{wall:.0f} s",
+        "load average (1/5/15 min)": f"{load_before} at the start, {meta_mod.load_average()} at the end "
+        "(the machine is shared: other work ran beside this one)",
+        "scale": f"{scale.name}: {scale.reps} measured repetitions after {scale.warmups} warm-up",
+    }
+    command = "smith-fast bench" + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
+    charts: list[str] = []
+    if not args.no_charts:
+        from .charts import draw
+
+        charts = draw(report, out)
+    (out / "report.md").write_text(to_markdown(report, command, charts))
+    (out / "report.json").write_text(to_json(report))
+    _print_headline(report)
+    print(f"\nwrote {out / 'report.md'}, report.json{''.join(', ' + c for c in charts)} in {wall:.0f} s")
+    return 1 if report.failures else 0
+
+
+def _print_headline(report: Any) -> None:
+    from .report import to_markdown
+
+    text = to_markdown(report, "", [])
+    start = text.index("## Headline")
+    end = text.index("### Server CPU")
+    print(text[start:end].rstrip())

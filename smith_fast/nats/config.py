@@ -1,0 +1,160 @@
+"""Names and limits of the NATS scale-out: subjects, streams, consumer, key-value bucket.
+
+Every field is a ``smith-fast worker``/``gateway`` flag (PROTOCOL.md, "Scale-out over NATS"). The
+gateway and all its workers must agree on them; the streams, the consumer and the bucket are
+created with these settings when missing and used as they are when they already exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+__all__ = ["NatsConfig", "add_arguments", "from_arguments", "is_token"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # stream, consumer and bucket names, subject tokens
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def is_token(name: str) -> bool:
+    """Whether ``name`` can be one subject token and a stream, consumer or bucket name."""
+    return bool(_NAME.match(name))
+
+
+@dataclasses.dataclass(frozen=True)
+class NatsConfig:
+    """Where commands and events travel, and the limits of the streams that carry them.
+
+    Attributes:
+        servers: NATS URLs (``nats://HOST:PORT``); the client fails over between them.
+        prefix: first token(s) of every subject: ``<prefix>.cmd.…``, ``<prefix>.evt.…``,
+            ``<prefix>.ctl.…``.
+        command_stream: the work-queue stream of commands (``<prefix>.cmd.>``).
+        event_stream: the interest-retention stream of events (``<prefix>.evt.>``).
+        worker_consumer: the durable pull consumer every worker shares.
+        hooks_bucket: the key-value bucket holding the sources of session hooks.
+        ack_wait: seconds a worker may hold a command without a progress report before it is
+            delivered to another worker; a live worker reports progress every third of it.
+        max_deliver: deliveries of one command before it is given up (the frontend then gets
+            ``ERROR_CODE_INTERNAL_ERROR`` with ``details.reason = max_deliveries``).
+        duplicate_window: seconds during which a republished message id is dropped by the stream.
+        max_commands: commands waiting in the command stream before new ones are refused
+            (``ERROR_CODE_RESOURCE_EXHAUSTED``).
+        command_max_bytes: bytes the command stream may hold, likewise.
+        event_max_bytes: bytes the event stream may hold; the oldest events are dropped beyond it.
+        event_max_age: seconds an undelivered event is kept.
+        storage: ``file`` (survives a server restart) or ``memory``.
+        replicas: stream replicas (1 on a single server; 3 on a cluster).
+        max_ack_pending: commands handed out and not yet acknowledged, across all workers.
+        submit_timeout: seconds the gateway keeps trying to store a command while NATS is
+            unreachable before the request fails (``details.reason = nats_unavailable``).
+        publish_timeout: seconds to wait for the stream's acknowledgement of one publish before
+            publishing it again (under the same message id).
+        reconnect_wait: seconds between reconnection attempts; the clients never stop trying.
+    """
+
+    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
+    prefix: str = "smith"
+    command_stream: str = "SMITH_CMD"
+    event_stream: str = "SMITH_EVT"
+    worker_consumer: str = "smith-workers"
+    hooks_bucket: str = "smith-hooks"
+    ack_wait: float = 30.0
+    max_deliver: int = 5
+    duplicate_window: float = 120.0
+    max_commands: int = 1_000_000
+    command_max_bytes: int = 1 << 30
+    event_max_bytes: int = 1 << 30
+    event_max_age: float = 3600.0
+    storage: str = "file"
+    replicas: int = 1
+    max_ack_pending: int = 10_000
+    submit_timeout: float = 60.0
+    publish_timeout: float = 5.0
+    reconnect_wait: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("command_stream", "event_stream", "worker_consumer", "hooks_bucket"):
+            if not _NAME.match(getattr(self, name)):
+                raise ValueError(f"{name} {getattr(self, name)!r} may hold only letters, digits, '-' and '_'")
+        if not _PREFIX.match(self.prefix):
+            raise ValueError(f"subject prefix {self.prefix!r} must be dot-separated tokens of letters, digits, '-' and '_'")
+        if self.storage not in ("file", "memory"):
+            raise ValueError(f"storage must be 'file' or 'memory', not {self.storage!r}")
+        if self.ack_wait <= 0 or self.publish_timeout <= 0 or self.submit_timeout <= 0:
+            raise ValueError("ack_wait, publish_timeout and submit_timeout must be positive")
+        if self.max_deliver < 1:
+            raise ValueError("max_deliver must be at least 1")
+        if not self.servers:
+            raise ValueError("at least one NATS server URL is needed")
+
+    # ---- subjects ------------------------------------------------------------------------------
+
+    def command_subject(self, gateway: str, session: str) -> str:
+        """Where a gateway session's commands go: ``<prefix>.cmd.<gateway>.<session>``."""
+        return f"{self.prefix}.cmd.{gateway}.{session}"
+
+    def event_subject(self, gateway: str, session: str) -> str:
+        """Where the events of a gateway session's commands go: ``<prefix>.evt.<gateway>.<session>``."""
+        return f"{self.prefix}.evt.{gateway}.{session}"
+
+    def control_subject(self, session: str) -> str:
+        """Session control (pause, resume, shutdown, end) for every worker: ``<prefix>.ctl.<session>``."""
+        return f"{self.prefix}.ctl.{session}"
+
+    def gateway_consumer(self, gateway: str) -> str:
+        """The durable consumer of one gateway's events: ``smith-gw-<gateway>``."""
+        return f"smith-gw-{gateway}"
+
+    def gateway_filter(self, gateway: str) -> str:
+        """The event subjects of one gateway: ``<prefix>.evt.<gateway>.>``."""
+        return f"{self.prefix}.evt.{gateway}.>"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``--nats`` options shared by ``smith-fast worker`` and ``smith-fast gateway``."""
+    d = NatsConfig()
+    g = parser.add_argument_group("NATS JetStream (gateway and workers must agree on these)")
+    g.add_argument("--nats", action="append", default=[], metavar="URL",
+                   help="NATS server URL (repeatable, or comma-separated; default nats://127.0.0.1:4222)")
+    g.add_argument("--nats-prefix", default=d.prefix, metavar="PREFIX", help=f"subject prefix (default {d.prefix})")
+    g.add_argument("--nats-command-stream", default=d.command_stream, metavar="NAME", help=f"work-queue stream of commands (default {d.command_stream})")
+    g.add_argument("--nats-event-stream", default=d.event_stream, metavar="NAME", help=f"stream of events (default {d.event_stream})")
+    g.add_argument("--nats-consumer", default=d.worker_consumer, metavar="NAME", help=f"durable consumer shared by the workers (default {d.worker_consumer})")
+    g.add_argument("--nats-hooks-bucket", default=d.hooks_bucket, metavar="NAME", help=f"key-value bucket of session hooks (default {d.hooks_bucket})")
+    g.add_argument("--ack-wait", type=float, default=d.ack_wait, metavar="SECONDS",
+                   help=f"a command held this long without progress goes to another worker (default {d.ack_wait:g})")
+    g.add_argument("--max-deliver", type=int, default=d.max_deliver, metavar="N", help=f"deliveries of one command before it fails (default {d.max_deliver})")
+    g.add_argument("--duplicate-window", type=float, default=d.duplicate_window, metavar="SECONDS",
+                   help=f"the streams drop a message id seen this recently (default {d.duplicate_window:g})")
+    g.add_argument("--nats-storage", choices=["file", "memory"], default=d.storage, help="stream storage (default file)")
+    g.add_argument("--nats-replicas", type=int, default=d.replicas, metavar="N", help="stream replicas (default 1)")
+    g.add_argument("--max-queued-commands", type=int, default=d.max_commands, metavar="N",
+                   help=f"commands waiting in the stream before new ones are refused (default {d.max_commands})")
+    g.add_argument("--event-max-age", type=float, default=d.event_max_age, metavar="SECONDS",
+                   help=f"undelivered events are dropped after this long (default {d.event_max_age:g})")
+
+
+def from_arguments(args: argparse.Namespace) -> NatsConfig:
+    """The :class:`NatsConfig` the options of :func:`add_arguments` describe.
+
+    Raises:
+        ValueError: a name or limit is invalid.
+    """
+    servers = tuple(url.strip() for item in args.nats for url in item.split(",") if url.strip())
+    return NatsConfig(
+        servers=servers or NatsConfig.servers,
+        prefix=args.nats_prefix,
+        command_stream=args.nats_command_stream,
+        event_stream=args.nats_event_stream,
+        worker_consumer=args.nats_consumer,
+        hooks_bucket=args.nats_hooks_bucket,
+        ack_wait=args.ack_wait,
+        max_deliver=args.max_deliver,
+        duplicate_window=args.duplicate_window,
+        storage=args.nats_storage,
+        replicas=args.nats_replicas,
+        max_commands=args.max_queued_commands,
+        event_max_age=args.event_max_age,
+    )

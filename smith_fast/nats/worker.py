@@ -1,0 +1,522 @@
+"""``smith-fast worker``: run the commands of gateway sessions, taken from a JetStream work queue.
+
+Any number of workers, on any machines, share one durable pull consumer of the command stream,
+so each command is handed to one worker at a time. A worker runs it with the same machinery as
+``smith-fast serve`` (a :class:`~smith_fast.service.core.ServiceCore` and a
+:class:`~smith_fast.service.session.Session`, hooks, limits, process groups), and publishes every
+event the session emits to the gateway session's event subject as v1 ``Envelope`` bytes.
+
+Delivery (PROTOCOL.md, "Scale-out over NATS"):
+
+* while a command runs, the worker reports progress every third of the ack wait, so a live
+  worker keeps it however long it runs;
+* each event is published with the id ``<session>.<n>.<attempt>.<index>`` and republished until
+  the event stream acknowledged it;
+* the command is acknowledged only after its request has ended *and* every one of its events was
+  stored: a worker killed before that leaves the command unacknowledged, and JetStream hands it to
+  another worker after the ack wait (as the next ``attempt``).
+
+Each command runs in a session of its own (so every event is known to belong to its command);
+what a gateway session keeps across commands lives in :class:`_SessionState`: its hooks (loaded
+once per worker from the hooks bucket, shared by its commands, closed when the session ends),
+whether its frontend is reading (pause/resume), and whether it is shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, NotFoundError
+
+from ..errors import ProtocolError
+from ..hooks import Hook, HookLoadError, load_hook
+from ..logs import get_logger
+from ..pb import smith_pb2 as pb
+from ..service.core import ServiceCore
+from ..service.policy import SessionHooks
+from ..service.session import Session
+from ..service.sinks import V1Sink
+from .config import NatsConfig
+from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer
+from .wire import CONTROL, MSG_ID, CommandMeta, hook_key, parse_command_headers
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
+
+__all__ = ["Worker"]
+
+log = get_logger("smith_fast.worker")
+
+_COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
+_ENDED_TTL = 600.0  # seconds a session that ended is remembered, so its queued commands are dropped
+_ENDED_MAX = 100_000
+_IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
+
+
+class _EventSink(V1Sink):
+    """One command's events as Envelope messages, each published with its ``(attempt, index)`` id.
+
+    The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
+    message (the sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
+    so a burst of output costs one NATS message, not one per event.
+    """
+
+    def __init__(self, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
+        super().__init__(self._publish, framed=False, notify=self._schedule)
+        self._publisher = publisher
+        self._subject = meta.reply
+        self._id = f"{meta.session}.{meta.number}.{attempt}."
+        self._index = 0
+        self._scheduled = False
+        self._loop = asyncio.get_running_loop()
+        self.stored: list[asyncio.Future[int]] = []
+        self.start_batching()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        self.flush_batch()
+
+    def _publish(self, data: bytes) -> None:
+        self._index += 1
+        self.stored.append(self._publisher.publish(self._subject, data, {MSG_ID: f"{self._id}{self._index}"}))
+
+
+class _SharedHooks(SessionHooks):
+    """A command's hook policy: the session's hooks, shared with its other commands on this worker.
+
+    They belong to the worker's :class:`_SessionState`, which closes them when the session ends, so
+    closing a command's session leaves them alone. A hook this command loads (HookLoadCommand) is
+    added to that state and its source stored in the hooks bucket, where the other workers find it.
+    """
+
+    def __init__(self, session: Session, hooks: list[Hook], state: _SessionState) -> None:
+        super().__init__(session)
+        self._state = state
+        self.own = list(hooks)
+        self._chain = self._build()
+
+    async def load(self, rid: str, cmd: pb.HookLoadCommand) -> None:
+        await super().load(rid, cmd)
+        key = hook_key(cmd.hook_type, cmd.script)
+        hook = self.own[-1]
+        cached = self._state.hooks.get(key)
+        if cached is not None and cached is not hook:  # an earlier delivery of this command loaded it here
+            await hook.close()
+            self.own[-1] = cached
+            self._chain = self._build()
+        else:
+            self._state.hooks[key] = hook
+        try:
+            await self._state.worker.store_hook(key, cmd)
+        except Exception as exc:
+            raise ProtocolError(
+                f"hook loaded but its source could not be stored for the other workers: {exc}",
+                pb.ERROR_CODE_INTERNAL_ERROR,
+                rid,
+                {"reason": "hook_store_failed"},
+            ) from None
+
+    async def close(self) -> None:
+        """Nothing: the session state owns the hooks."""
+
+
+class _SessionState:
+    """What one gateway session keeps on this worker across its commands."""
+
+    __slots__ = ("worker", "session_id", "hooks", "loading", "running", "paused", "last_used")
+
+    def __init__(self, worker: Worker, session_id: str) -> None:
+        self.worker = worker
+        self.session_id = session_id
+        self.hooks: dict[str, Hook] = {}
+        self.loading: dict[str, asyncio.Task[Hook]] = {}
+        self.running: set[Session] = set()
+        self.paused = False
+        self.last_used = time.monotonic()
+
+    async def hooks_for(self, keys: tuple[str, ...]) -> list[Hook]:
+        """The session's hooks, in load order, loading those this worker has not seen yet.
+
+        Raises:
+            HookLoadError: a hook's source is not in the bucket or does not load here.
+        """
+        out: list[Hook] = []
+        for key in keys:
+            hook = self.hooks.get(key)
+            if hook is None:
+                task = self.loading.get(key)
+                if task is None:
+                    task = asyncio.get_running_loop().create_task(self._load(key))
+                    self.loading[key] = task
+                    task.add_done_callback(lambda _t, key=key: self.loading.pop(key, None))
+                hook = await asyncio.shield(task)
+            out.append(hook)
+        return out
+
+    async def _load(self, key: str) -> Hook:
+        cmd = await self.worker.fetch_hook(key)
+        hook = await load_hook(cmd.hook_type, cmd.script, limits=self.worker.core.hook_limits)
+        existing = self.hooks.setdefault(key, hook)
+        if existing is not hook:
+            await hook.close()
+        return existing
+
+    async def close(self) -> None:
+        hooks = list(self.hooks.values())
+        self.hooks.clear()
+        for hook in hooks:
+            with contextlib.suppress(Exception):
+                await hook.close()
+
+
+class Worker:
+    """Takes commands from the command stream and runs them until told to stop.
+
+    Args:
+        core: the service core commands run on (tools, limits, global hooks).
+        config: NATS names and limits.
+        concurrency: commands run at once, at most.
+        drain_timeout: on stop, seconds to let running commands finish; the rest are killed and
+            handed back to the stream (redelivered at once to another worker).
+    """
+
+    def __init__(self, core: ServiceCore, config: NatsConfig, *, concurrency: int = 64, drain_timeout: float = 10.0) -> None:
+        self.core = core
+        self.config = config
+        self.concurrency = concurrency
+        self.drain_timeout = drain_timeout
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.nc: NATS | None = None
+        self.js: JetStreamContext | None = None
+        self.kv: KeyValue | None = None
+        self.publisher: Publisher | None = None
+        self.feed: PullFeed | None = None
+        self.states: dict[str, _SessionState] = {}
+        self.ended: collections.OrderedDict[str, tuple[float, bool]] = collections.OrderedDict()
+        self.running: set[asyncio.Task[None]] = set()
+        self.stopping = False
+        self.completed = 0
+        self._backlogged = False
+        self._handed_back: set[Session] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # ---- life cycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, create what is missing (streams, consumer, hooks bucket) and start taking commands."""
+        config = self.config
+        self.nc = await connect(config, name=f"smith-fast worker {self.name}", on_reconnect=self._reconnected)
+        self.js = self.nc.jetstream(timeout=config.publish_timeout)
+        await ensure_streams(self.js, config)
+        await ensure_worker_consumer(self.js, config)
+        self.kv = await self._bucket()
+        self.publisher = Publisher(self.nc, timeout=config.publish_timeout, on_high=self._backlog_high, on_low=self._backlog_low)
+        await self.publisher.start()
+        await self.nc.subscribe(config.control_subject("*"), cb=self._control)
+        self.feed = PullFeed(
+            self.nc, config.command_stream, config.worker_consumer,
+            capacity=self.concurrency, on_message=self._dispatch, on_gone=self._recreate_consumer,
+        )
+        await self.feed.start()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        log.info("ready", extra={"fields": {"worker": self.name, "servers": list(config.servers), "concurrency": self.concurrency,
+                                            "stream": config.command_stream, "consumer": config.worker_consumer}})
+
+    async def stop(self) -> None:
+        """Stop taking commands, let running ones finish (up to ``drain_timeout``), hand the rest back."""
+        self.stopping = True
+        if self.feed is not None:
+            self.feed.stop()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self.running:
+            _, pending = await asyncio.wait(list(self.running), timeout=self.drain_timeout)
+            if pending:
+                log.warning("handing unfinished commands back", extra={"fields": {"commands": len(pending)}})
+                for state in self.states.values():
+                    for session in list(state.running):
+                        self._handed_back.add(session)
+                        session.connection_lost()
+                await asyncio.wait(pending, timeout=5)
+        for state in list(self.states.values()):
+            await state.close()
+        if self.feed is not None:
+            await self.feed.close()
+        if self.publisher is not None:
+            await self.publisher.close()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.drain(), 5)
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+        log.info("stopped", extra={"fields": {"worker": self.name, "completed": self.completed}})
+
+    async def _bucket(self) -> KeyValue:
+        assert self.js is not None
+        from nats.js import api
+
+        try:
+            return await self.js.key_value(self.config.hooks_bucket)
+        except (NotFoundError, Exception):  # BucketNotFoundError is not a NotFoundError subclass everywhere
+            return await self.js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=self.config.hooks_bucket,
+                    description="smith-fast session hook sources (HookLoadCommand envelopes by hook key)",
+                    history=1,
+                    storage=api.StorageType(self.config.storage),
+                    replicas=self.config.replicas,
+                )
+            )
+
+    def _reconnected(self) -> None:
+        if self.feed is not None and not self.stopping:
+            self.feed.reset()
+
+    async def _recreate_consumer(self) -> None:
+        assert self.js is not None
+        with contextlib.suppress(Exception):
+            await ensure_worker_consumer(self.js, self.config)
+
+    # ---- hooks bucket --------------------------------------------------------------------------------
+
+    async def store_hook(self, key: str, cmd: pb.HookLoadCommand) -> None:
+        """Put a HookLoadCommand envelope under ``key`` in the hooks bucket (retrying while NATS is away)."""
+        assert self.kv is not None
+        env = pb.Envelope()
+        env.command.hook_load.CopyFrom(cmd)
+        env.command.hook_load.request_id = ""
+        data = env.SerializeToString()
+        deadline = time.monotonic() + self.config.submit_timeout
+        while True:
+            try:
+                await self.kv.put(key, data)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    async def fetch_hook(self, key: str) -> pb.HookLoadCommand:
+        """The HookLoadCommand stored under ``key``.
+
+        Raises:
+            HookLoadError: it is not in the bucket (or NATS stayed away too long).
+        """
+        assert self.kv is not None
+        deadline = time.monotonic() + self.config.submit_timeout
+        while True:
+            try:
+                entry = await self.kv.get(key)
+                break
+            except KeyNotFoundError:
+                raise HookLoadError(f"hook {key[:12]} is not in the hooks bucket {self.config.hooks_bucket}") from None
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    raise HookLoadError(f"hook {key[:12]} could not be fetched: {exc}") from None
+                await asyncio.sleep(0.5)
+        try:
+            return pb.Envelope.FromString(entry.value or b"").command.hook_load
+        except DecodeError as exc:
+            raise HookLoadError(f"hook {key[:12]} in the bucket is not a HookLoadCommand envelope: {exc}") from None
+
+    # ---- sessions ------------------------------------------------------------------------------------
+
+    def _state(self, session_id: str) -> _SessionState:
+        state = self.states.get(session_id)
+        if state is None:
+            state = self.states[session_id] = _SessionState(self, session_id)
+        state.last_used = time.monotonic()
+        return state
+
+    def _ended(self, session_id: str) -> tuple[float, bool] | None:
+        return self.ended.get(session_id)
+
+    def _mark_ended(self, session_id: str, shutting: bool) -> None:
+        self.ended[session_id] = (time.monotonic(), shutting)
+        self.ended.move_to_end(session_id)
+        while len(self.ended) > _ENDED_MAX:
+            self.ended.popitem(last=False)
+
+    async def _control(self, msg: Msg) -> None:
+        session_id = msg.subject.rpartition(".")[2]
+        action = (msg.headers or {}).get(CONTROL, "")
+        if action in ("pause", "resume"):
+            # Kept even before a command of the session ran here: it starts paused.
+            state = self._state(session_id)
+            state.paused = action == "pause"
+            for session in state.running:
+                if state.paused:
+                    session.pause()
+                elif not self._backlogged:
+                    session.resume()
+            return
+        state = self.states.get(session_id)
+        if action not in ("shutdown", "end"):
+            return
+        self._mark_ended(session_id, action == "shutdown")
+        if state is None:
+            return
+        if action == "shutdown":
+            for session in list(state.running):
+                asyncio.get_running_loop().create_task(session.shutdown())
+            return
+        for session in list(state.running):
+            session.connection_lost()
+        self.states.pop(session_id, None)
+        await state.close()
+
+    def _backlog_high(self) -> None:
+        # Events are produced faster than the stream stores them: stop reading the pipes, as a
+        # socket front does for a peer that stopped reading.
+        self._backlogged = True
+        for state in self.states.values():
+            for session in state.running:
+                session.pause()
+
+    def _backlog_low(self) -> None:
+        self._backlogged = False
+        for state in self.states.values():
+            if not state.paused:
+                for session in state.running:
+                    session.resume()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(30)
+            now = time.monotonic()
+            while self.ended and now - next(iter(self.ended.values()))[0] > _ENDED_TTL:
+                self.ended.popitem(last=False)
+            for session_id, state in list(self.states.items()):
+                if not state.running and not state.loading and now - state.last_used > _IDLE_TTL:
+                    self.states.pop(session_id, None)
+                    await state.close()
+
+    # ---- commands ------------------------------------------------------------------------------------
+
+    def _dispatch(self, msg: Msg) -> None:
+        coro = self._give_back(msg) if self.stopping else self._execute(msg)
+        task = asyncio.get_running_loop().create_task(coro)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _give_back(self, msg: Msg) -> None:
+        """Arrived after stop() (asked for before): back to the stream, for another worker now."""
+        assert self.feed is not None
+        try:
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        finally:
+            self.feed.release()
+
+    async def _execute(self, msg: Msg) -> None:
+        assert self.publisher is not None and self.feed is not None
+        try:
+            try:
+                meta = parse_command_headers(msg.headers)
+                env = pb.Envelope.FromString(msg.data)
+                if env.WhichOneof("payload") != "command":
+                    raise DecodeError(f"payload is {env.WhichOneof('payload')!r}, not a command")
+            except (ProtocolError, DecodeError) as exc:
+                log.error("not a command message; dropped", extra={"fields": {"subject": msg.subject, "error": str(exc)}})
+                with contextlib.suppress(Exception):
+                    await msg.term()
+                return
+            await self._run(msg, meta, env.command)
+        finally:
+            self.feed.release()
+
+    async def _run(self, msg: Msg, meta: CommandMeta, command: pb.Command) -> None:
+        assert self.publisher is not None
+        attempt = msg.metadata.num_delivered
+        kind = command.WhichOneof("command_type") or ""
+        rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
+        sink = _EventSink(self.publisher, meta, attempt)
+        keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
+        handed_back = False
+        try:
+            ended = self._ended(meta.session)
+            if ended is not None:
+                if ended[1]:  # shutting down: the request is cancelled before it started
+                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            else:
+                handed_back = await self._session_run(meta, command, sink, rid, attempt)
+            if sink.stored:
+                await asyncio.gather(*sink.stored, return_exceptions=True)
+            if handed_back:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+                return
+            await self._ack(msg)
+            self.completed += 1
+        finally:
+            keepalive.cancel()
+
+    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: _EventSink, rid: str, attempt: int) -> bool:
+        """Run the command in a session of its own; True when it was cut short by this worker's stop."""
+        state = self._state(meta.session)
+        try:
+            hooks = await state.hooks_for(meta.hooks)
+        except HookLoadError as exc:
+            log.warning("session hook unavailable", extra={"fields": {"session": meta.session, "error": str(exc)}})
+            sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid, {"reason": "hook_load_failed"})
+            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return False
+        # The gateway answered the handshake; this session starts where that one stands.
+        session = Session(self.core, sink, close=_nothing, peer=f"nats:{meta.session}/{meta.number}", protocol="nats")
+        session.handshaken = True
+        session.granted = meta.capabilities
+        session.hooks = _SharedHooks(session, hooks, state)
+        state.running.add(session)
+        if state.paused or self._backlogged:
+            session.pause()
+        try:
+            session.handle(command)
+            await session.finish()
+        finally:
+            state.running.discard(session)
+            state.last_used = time.monotonic()
+        if attempt > 1:
+            log.info("redelivered command done", extra={"fields": {"session": meta.session, "request": meta.number, "attempt": attempt}})
+        return session in self._handed_back
+
+    async def _keep(self, msg: Msg) -> None:
+        period = self.config.ack_wait / 3
+        while True:
+            await asyncio.sleep(period)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+    async def _ack(self, msg: Msg) -> None:
+        """Acknowledge, waiting for the server's confirmation; retried until the ack wait would
+        have passed (after that the command is redelivered anyway, and the gateway drops the
+        second run's events)."""
+        deadline = time.monotonic() + self.config.ack_wait
+        while True:
+            try:
+                await msg.ack_sync(timeout=1.0)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    log.warning("ack not confirmed", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
+                    return
+                await asyncio.sleep(0.2)
+
+
+def _nothing() -> None:
+    pass
