@@ -166,3 +166,53 @@ def test_chain(benchmark: Any, hooks: int) -> None:
         assert result.action == "allow"
 
     bench_loop(benchmark, "uvloop", setup, body, f"{hooks} hooks")
+
+
+# ---- end to end: tool-call round trip through a real service with 0, 1 and 5 hooks loaded --------
+
+ROUND_TRIPS = 300
+
+
+@pytest.fixture(scope="module")
+def hook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.server import ServerProcess
+
+    tmp = tmp_path_factory.mktemp("hook-rtt")
+    (tmp / "small.txt").write_text("x" * 72)
+    srv = ServerProcess(tmp).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("hooks", [0, 1, 5])
+def test_tool_call_round_trip_with_hooks(benchmark: Any, hook_server: Any, hooks: int) -> None:
+    """Sequential ``fs.read`` round trips (SDK client, v1) in a session with N allowing JS hooks
+    on ``before_tool_call`` and ``after_tool_result``: what a loaded policy costs per request."""
+    from smith_fast.client import Client
+
+    script = (
+        "function beforeToolCall(p) {{ return {{ action: 'allow' }}; }}\n"
+        "function afterToolResult(p) {{ return {{ action: 'allow' }}; }} // {n}"
+    )
+    loop = uvloop.new_event_loop()
+
+    async def setup() -> Client:
+        client = await Client.connect(hook_server.unix)
+        await client.handshake(["hooks_js"])
+        for n in range(hooks):
+            await client.load_hook("js", script.format(n=n))  # distinct sources: distinct hook ids
+        return client
+
+    async def round_trips() -> None:
+        for _ in range(ROUND_TRIPS):
+            result = await client.call_tool("fs.read", {"path": "small.txt"})
+            assert result.success
+
+    client = loop.run_until_complete(setup())
+    try:
+        benchmark.group = "tool-call round trip with N hooks (fs.read, sequential, per 300 calls)"
+        benchmark.pedantic(lambda: loop.run_until_complete(round_trips()), rounds=5, iterations=1, warmup_rounds=1)
+        benchmark.extra_info["us_per_call_best"] = benchmark.stats.stats.min / ROUND_TRIPS * 1e6
+    finally:
+        loop.run_until_complete(client.close())
+        loop.close()
