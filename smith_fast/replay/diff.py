@@ -37,6 +37,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
+from ..client import event_request_id
 from ..pb import smith_pb2 as pb
 
 __all__ = ["SESSION_STREAM", "Transcript", "diff_transcripts", "event_request_id", "render_event"]
@@ -48,16 +49,6 @@ OUTPUT_WIDTH = 100  # longer output lines are shown in pieces, so a diff points 
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 _TIMESTAMPED = ("state_change", "log", "error")
 
-
-def event_request_id(event: pb.Event) -> str | None:
-    """The request an event belongs to, or None (Ready, handshake and session-wide events)."""
-    kind = event.WhichOneof("event_type")
-    if kind is None or kind == "ready":
-        return None
-    inner = getattr(event, kind)
-    if inner.DESCRIPTOR.fields_by_name["request_id"].has_presence and not inner.HasField("request_id"):
-        return None
-    return inner.request_id or None
 
 
 def _json_or_b64(raw: bytes) -> Any:
