@@ -97,7 +97,11 @@ class V0Peer:
         self.buf = b""
 
     def send(self, obj: object) -> None:
-        self.sock.sendall(json.dumps(obj).encode() + b"\n")
+        self.send_raw(json.dumps(obj).encode() + b"\n")
+
+    def send_raw(self, data: bytes) -> None:
+        """Bytes as they are (broken lines, oversize lines)."""
+        self.sock.sendall(data)
 
     def recv(self) -> dict[str, Any]:
         while b"\n" not in self.buf:

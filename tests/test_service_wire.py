@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
@@ -11,11 +10,11 @@ import time
 import uuid
 
 import pytest
-from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
 from smith_fast.pb import smith_pb2 as pb
 
+from .peers import V0Peer, V1Peer
 from .server import ServerProcess, descendants, wait_until
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -29,80 +28,18 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
 
-class JsonLines:
-    """A raw v0 peer: writes JSON lines, reads JSON lines."""
+class JsonLines(V0Peer):
+    """A raw v0 peer on the server's Unix socket (plain ``json``, not our codec)."""
 
     def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(10)
-        self.sock.connect(path)
-        self.buf = b""
-
-    def send(self, obj: object) -> None:
-        self.send_raw(json.dumps(obj).encode() + b"\n")
-
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def recv(self) -> dict:  # type: ignore[type-arg]
-        while b"\n" not in self.buf:
-            data = self.sock.recv(65536)
-            if not data:
-                raise EOFError("closed")
-            self.buf += data
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def until(self, pred) -> list[dict]:  # type: ignore[no-untyped-def, type-arg]
-        out = []
-        while True:
-            msg = self.recv()
-            out.append(msg)
-            if pred(msg):
-                return out
+        super().__init__(f"unix:{path}")
 
 
-class Frames:
+class Frames(V1Peer):
     """A raw v1 peer framed with protobuf's own varint codec (not smith_fast.framing)."""
 
     def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(10)
-        self.sock.connect(path)
-        self.buf = b""
-
-    def send(self, env: pb.Envelope) -> None:
-        data = env.SerializeToString()
-        self.sock.sendall(_VarintBytes(len(data)) + data)
-
-    def command(self, **kw) -> None:  # type: ignore[no-untyped-def]
-        env = pb.Envelope(timestamp=int(time.time() * 1000), sequence=1)
-        env.command.CopyFrom(pb.Command(**kw))
-        self.send(env)
-
-    def recv(self) -> pb.Envelope:
-        while True:
-            if self.buf:
-                try:
-                    size, pos = _DecodeVarint(self.buf, 0)
-                except IndexError:
-                    size, pos = -1, 0
-                if size >= 0 and len(self.buf) >= pos + size:
-                    env = pb.Envelope.FromString(self.buf[pos : pos + size])
-                    self.buf = self.buf[pos + size :]
-                    return env
-            data = self.sock.recv(65536)
-            if not data:
-                raise EOFError("closed")
-            self.buf += data
-
-    def until(self, pred) -> list[pb.Envelope]:  # type: ignore[no-untyped-def]
-        out = []
-        while True:
-            env = self.recv()
-            out.append(env)
-            if pred(env):
-                return out
+        super().__init__(f"unix:{path}")
 
 
 def test_raw_v0_session(server: ServerProcess) -> None:
