@@ -26,6 +26,9 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   :func:`run_collect` kills the group and closes the pipes at once; the pidfd reader stays until the
   shell is reaped. For a graceful timeout use ``wait(timeout=...)`` then ``terminate()``, never
   ``asyncio.wait_for(proc.wait(), ...)``. :func:`kill_all` runs at interpreter exit.
+* **Even if we are killed**: with :func:`smith_fast.childguard.start` (the service calls it), a
+  watchdog process kills the groups still running when we die without running ``kill_all``
+  (``SIGKILL``, the OOM killer).
 
 Linux only.
 """
@@ -45,6 +48,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from . import childguard
 from .errors import ProtocolError
 from .pb import smith_pb2
 
@@ -303,6 +307,7 @@ class ShellProcess:
         _close_quietly(out_w, err_w)
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         _LIVE[self.pid] = self
+        childguard.register(self.pid)
         if _HAVE_PIDFD:
             try:
                 self._pidfd = os.pidfd_open(self.pid)
@@ -415,6 +420,7 @@ class ShellProcess:
             if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 return  # still running (a poll tick)
             self._signal_group(signal.SIGKILL)  # whatever the shell left behind (`cmd &`)
+            childguard.unregister(self.pid)  # before the reap, which frees the group id
             _, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
             # Reaped behind our back (a waitpid(-1) elsewhere): the status is lost, and the group id

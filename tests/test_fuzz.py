@@ -3,8 +3,10 @@
 * Every file in ``fuzz/corpus/<target>/`` (seeds, and ``regression-*`` inputs that once found a
   bug) goes through its harness function directly, in this process.
 * Each harness runs under atheris/libFuzzer for a few seconds in a subprocess
-  (``SMITH_FAST_FUZZ_SECONDS``, default 4), starting from the committed corpus, with an RSS limit;
-  the long run is ``make fuzz``. A failure shows the reproducer libFuzzer wrote.
+  (``SMITH_FAST_FUZZ_SECONDS``, default 4), starting from the committed corpus, with an RSS limit
+  and a fixed seed (``SMITH_FAST_FUZZ_SEED``, default 1; hash seed 0): the same inputs on every
+  machine, so CI does not fail at random on a bug it did not bring in. Exploring is the job of the
+  long, randomly seeded run, ``make fuzz``. A failure shows the reproducer libFuzzer wrote.
 * Replaying the corpus over and over must not grow Python's traced memory or the process's RSS.
 
 The harnesses drive both twins of each wire-core module in lockstep (``fuzz/_common.py``, ``twins``),
@@ -29,6 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fuzz" / "corpus"
 TARGETS = ["framing", "chunking", "jsonl", "envelope", "events"]
 FUZZ_SECONDS = int(os.environ.get("SMITH_FAST_FUZZ_SECONDS", "4"))
+FUZZ_SEED = int(os.environ.get("SMITH_FAST_FUZZ_SEED", "1"))
 RSS_LIMIT_MB = 512
 
 
@@ -62,6 +65,7 @@ def test_regressions_are_kept() -> None:
         "framing/regression-not-bytes-feed-errors",
         "jsonl/regression-line-decoder-feed-int",
         "jsonl/regression-brackets-only-inside-strings",
+        "jsonl/regression-lone-surrogate-in-dropped-duplicate",
     }
 
 
@@ -129,6 +133,27 @@ def test_jsonl_regression_brackets_only_inside_strings(backend: str) -> None:
     )
 
 
+@pytest.mark.parametrize("backend", ["json", "orjson"])
+def test_jsonl_regression_lone_surrogate_in_dropped_duplicate(backend: str) -> None:
+    """Found by fuzz_jsonl (CI's bounded run): a lone surrogate escape in the value of a key that a
+    later duplicate overrides. orjson refuses the line while parsing; the stdlib backend checked the
+    parsed value, where the duplicate had already dropped the lone surrogate, and went on to a
+    different error. Both backends must call such a line invalid JSON."""
+    from smith_fast.errors import ProtocolError
+    from smith_fast.jsonl import JsonlCodec
+
+    codec = JsonlCodec(backend)
+    line = (CORPUS / "jsonl" / "regression-lone-surrogate-in-dropped-duplicate").read_bytes()
+    for decode in (codec.decode_command, codec.decode_event):
+        with pytest.raises(ProtocolError) as info:
+            decode(line)
+        assert info.value.details == {"reason": "invalid_json"}
+    dup = rb'{"type":"Log","data":{"level":"Info","message":"\\ud800","message":"\udbff\udfff","timestamp":1}}'
+    assert codec.decode_event(dup).log.message == "\U0010ffff"  # the first one escapes a backslash
+    with pytest.raises(ProtocolError, match="invalid JSON"):
+        codec.decode_event(dup.replace(rb"\\ud800", rb"\udc00"))
+
+
 def _last(pattern: str, text: str) -> str | None:
     found = re.findall(pattern, text)
     return found[-1] if found else None
@@ -142,14 +167,17 @@ def test_bounded_fuzz_run(target: str, tmp_path: pathlib.Path) -> None:
     work.mkdir()
     argv = [
         sys.executable, "-m", f"fuzz.fuzz_{target}",
-        f"-max_total_time={FUZZ_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", "-timeout=20",
+        f"-max_total_time={FUZZ_SECONDS}", f"-seed={FUZZ_SEED}", f"-rss_limit_mb={RSS_LIMIT_MB}", "-timeout=20",
         "-print_final_stats=1", f"-artifact_prefix={tmp_path}/", str(work), str(CORPUS / target),
     ]  # fmt: skip
     # libFuzzer's RSS figure is getrusage's ru_maxrss, which Linux carries across fork+exec: started
     # straight from a big pytest process, the harness would "start" at pytest's own size. A shell in
     # between (which forks rather than execs the harness: the command is not its last) starts it clean.
     launcher = ["/bin/sh", "-c", '"$@"; status=$?; exit $status', "sh"]
-    proc = subprocess.run(launcher + argv, cwd=ROOT, capture_output=True, text=True, timeout=FUZZ_SECONDS * 10 + 30)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # set/dict order steers coverage, hence the mutations
+    proc = subprocess.run(
+        launcher + argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=FUZZ_SECONDS * 10 + 30
+    )
     log = proc.stderr + proc.stdout
     artifacts = [p.name for p in tmp_path.iterdir() if p.name != "corpus"]
     assert proc.returncode == 0 and not artifacts, (

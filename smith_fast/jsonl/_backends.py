@@ -38,6 +38,7 @@ _BRACKET_STEP = {0x5B: 1, 0x7B: 1, 0x5D: -1, 0x7D: -1}
 # a 3-digit exponent (maybe infinite).
 _WIDE_NUMBER = re.compile(r"[0-9]{19}|[eE]\+?[0-9]{3}")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_STRING_TEXT = re.compile(_STRING, re.DOTALL)
 # Python prints 1e-05 .. 9e-09 with a zero-padded exponent where orjson prints 0.00001 .. 9e-9.
 _PADDED_EXPONENT = re.compile(_STRING + r"|(-?)([0-9])(?:\.([0-9]+))?e-0([0-9])")
 
@@ -69,6 +70,22 @@ def too_deep() -> ProtocolError:
 def stack_too_deep() -> ProtocolError:
     # RecursionError only comes from a caller with little stack left: MAX_NESTING is far below
     return invalid_json("arrays/objects nested too deeply to parse with the stack left")
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    """Whether a string literal of the valid JSON ``text`` escapes a lone surrogate.
+
+    Scans the literals, not the parsed value: a duplicate key drops the earlier value from the
+    dict, yet orjson has already refused the line for it.
+    """
+    for m in _STRING_TEXT.finditer(text):
+        literal = m[0]
+        if _SURROGATE_ESCAPE.search(literal):
+            try:
+                json.loads(literal).encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _reject_constant(name: str) -> Any:
@@ -147,11 +164,8 @@ class _StdlibBackend:
             raise invalid_json(str(exc)) from None
         except RecursionError:
             raise stack_too_deep() from None
-        if _SURROGATE_ESCAPE.search(text):
-            try:
-                self._encode(value).encode("utf-8")
-            except UnicodeEncodeError:
-                raise invalid_json("a string holds a lone surrogate escape") from None
+        if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(text):
+            raise invalid_json("a string holds a lone surrogate escape")
         return value
 
     def _text(self, value: Any) -> bytes:

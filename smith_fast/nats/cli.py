@@ -110,7 +110,7 @@ def _stop_event() -> asyncio.Event:
 
 
 async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop_name: str) -> int:
-    from .. import process
+    from .. import childguard, process
     from ..hooks import HookLoadError, load_hook_file
     from ..service.config import Limits, ServiceConfig
     from ..service.core import ServiceCore
@@ -137,6 +137,7 @@ async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop
         allow_env=frozenset(args.allow_env),
     )
     core = ServiceCore(service, loop_name=loop_name)
+    childguard.start()  # a SIGKILLed worker leaves no commands running
     for path in service.hook_files:
         try:
             core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))

@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import process, tracing
+from .. import childguard, process, tracing
 from ..hooks import HookLoadError, load_hook_file
 from ..logs import get_logger
 from .config import ServiceConfig
@@ -181,7 +181,9 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
-    core = core if core is not None else ServiceCore(config, loop_name=loop_name)
+    if core is None:
+        core = ServiceCore(config, loop_name=loop_name)
+        childguard.start()  # a SIGKILLed service leaves no commands running
     for path in config.hook_files:  # global hooks: a hook that does not load stops the start
         try:
             core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))

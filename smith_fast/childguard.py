@@ -1,0 +1,139 @@
+"""A watchdog process that kills our children's process groups if we die without doing it ourselves.
+
+:mod:`smith_fast.process` kills every command's process group when the request ends, and at
+interpreter exit. Neither runs if the service is ``SIGKILL``\\ ed (or the OOM killer picks it): the
+shells would be re-parented to init and run on. The guard closes that gap:
+
+* :func:`start` spawns this file as a small separate process (``python -I -S``, stdlib only, in a
+  session of its own so a terminal's Ctrl-C does not reach it) reading a pipe from us.
+* For each shell, :mod:`smith_fast.process` writes ``+PID`` once it is spawned and ``-PID`` once it
+  has exited and its group was killed, *before* reaping it: while a pid is registered it is ours
+  and unreaped, so its number (the group id) cannot be reused.
+* When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
+  every pid still registered: at once, so the groups are still ours. Linux does not hand out a
+  number that is the group id of a live process, so a group id can only come back once every
+  member of our group is gone, and then there is nothing left to kill.
+
+One line per spawn and one per exit is the whole cost. Without a guard (not started, or it died)
+everything works as before, minus this protection; a dead guard is logged once.
+
+Linux only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+__all__ = ["active", "register", "start", "stop", "unregister"]
+
+_lock = threading.Lock()
+_proc: subprocess.Popen[bytes] | None = None
+_fd = -1
+
+
+def start() -> bool:
+    """Start the guard for this process (idempotent). Returns whether one is running."""
+    global _proc, _fd
+    with _lock:
+        if _proc is not None:
+            return _fd >= 0
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            _proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__)],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError:
+            os.close(write_end)
+            return False
+        finally:
+            os.close(read_end)
+        _fd = write_end
+        return True
+
+
+def active() -> bool:
+    """Whether a guard is running and listening."""
+    return _fd >= 0
+
+
+def _send(line: bytes) -> None:
+    global _fd
+    fd = _fd
+    if fd < 0:
+        return
+    try:
+        os.write(fd, line)  # under PIPE_BUF: atomic, and the guard drains the pipe at once
+    except OSError:  # EPIPE: the guard died; carry on without it
+        with _lock:
+            if _fd == fd:
+                _fd = -1
+                os.close(fd)
+                if _proc is not None:
+                    _proc.poll()  # reap it
+        from .logs import get_logger
+
+        get_logger("smith_fast.childguard").warning("the child guard process died; children would outlive a killed service")
+
+
+def register(pid: int) -> None:
+    """A shell was spawned as the leader of process group ``pid``: kill its group if we die."""
+    _send(b"+%d\n" % pid)
+
+
+def unregister(pid: int) -> None:
+    """The shell ``pid`` has exited and its group was killed; call before reaping it."""
+    _send(b"-%d\n" % pid)
+
+
+def stop() -> None:
+    """Stop the guard, leaving every child alone (they are ours to end)."""
+    global _proc, _fd
+    with _lock:
+        proc, fd = _proc, _fd
+        _proc, _fd = None, -1
+    if proc is None:
+        return
+    if fd >= 0:
+        try:
+            os.write(fd, b"!\n")  # forget everything: this is an orderly stop, not a death
+        except OSError:
+            pass
+        os.close(fd)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _guard() -> None:
+    """The guard process: track ``+PID``/``-PID`` lines on stdin, kill what is left at EOF."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # only EOF (our parent gone) ends the guard
+    tracked: set[int] = set()
+    with os.fdopen(0, "rb") as pipe:
+        for line in pipe:
+            op = line[:1]
+            if op == b"+":
+                tracked.add(int(line[1:]))
+            elif op == b"-":
+                tracked.discard(int(line[1:]))
+            elif op == b"!":
+                return
+    for pid in tracked:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:  # the whole group is gone already
+            pass
+
+
+if __name__ == "__main__":
+    _guard()

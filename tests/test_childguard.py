@@ -1,0 +1,149 @@
+"""Children never outlive a service that is SIGKILLed: the child guard (``smith_fast.childguard``).
+
+A real ``smith-fast serve`` runs a command that leaves a background job; the service is then
+SIGKILLed, so neither the request's cleanup nor ``kill_all`` at exit runs. The guard process notices
+its pipe close and kills the command's whole process group. A separate process using
+``smith_fast.process`` directly shows the other side: without a guard (never started, or stopped in
+an orderly way) the same children survive their parent, which is what the guard exists to prevent.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from smith_fast.pb import smith_pb2 as pb
+
+from .peers import V1Peer, kind, terminal
+from .server import ROOT, ServerProcess, is_child_guard, pid_alive, wait_until
+
+# the shell's own pid, then its background job's, then both sleep
+SPAWN = "sleep 300 & echo $$ $!; wait"
+
+
+def _guard_of(pid: int) -> int:
+    found: list[int] = []
+
+    def look() -> bool:
+        found[:] = [
+            int(e) for e in os.listdir("/proc")
+            if e.isdigit() and is_child_guard(int(e)) and _ppid(int(e)) == pid
+        ]  # fmt: skip
+        return len(found) == 1
+
+    assert wait_until(look, 5), f"no child guard under {pid}: {found}"
+    assert wait_until(lambda: _ignores_terminal_signals(found[0]), 10), "the guard never got going"
+    return found[0]
+
+
+def _ignores_terminal_signals(pid: int) -> bool:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+    return all(ignored >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return -1
+
+
+def _pids_from(peer: V1Peer, *rids: str) -> list[int]:
+    """The pids each of the ``SPAWN`` requests ``rids`` printed."""
+    out = dict.fromkeys(rids, "")
+    while not all("\n" in text for text in out.values()):
+        env = peer.recv()
+        if kind(env) == "shell_output":
+            out[env.event.shell_output.request_id] += env.event.shell_output.stdout
+    return [int(p) for rid in rids for p in out[rid].split()]
+
+
+def _kill_quietly(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path).start()
+    pids: list[int] = []
+    try:
+        guard = _guard_of(srv.pid)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's signals: ignored
+            os.kill(guard, sig)
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command=SPAWN))
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="b", command=SPAWN))
+        pids = _pids_from(peer, "a", "b")
+        assert len(pids) == 4 and all(pid_alive(p) for p in pids)
+        assert pid_alive(guard)
+        srv.proc.kill()  # type: ignore[union-attr]
+        assert srv.proc.wait(10) == -signal.SIGKILL  # type: ignore[union-attr]
+        assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
+        assert wait_until(lambda: not pid_alive(guard), 10)  # and the guard is gone too
+    finally:
+        srv.stop()
+        _kill_quietly(pids)
+
+
+def test_service_runs_on_when_its_guard_dies(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path).start()
+    try:
+        os.kill(_guard_of(srv.pid), signal.SIGKILL)
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        for rid in ("x", "y"):  # the first one finds the guard gone, the second does not look again
+            peer.command(shell_exec=pb.ShellExecCommand(request_id=rid, command=f"echo {rid}"))
+            envs = peer.until(terminal(rid))
+            out = "".join(e.event.shell_output.stdout for e in envs if kind(e) == "shell_output")
+            assert out == f"{rid}\n"
+        assert wait_until(lambda: any("child guard process died" in r.get("event", "") for r in srv.logs), 5), srv.raw_stderr
+    finally:
+        assert srv.stop() == 0
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from smith_fast import childguard, process
+
+    async def main(mode):
+        if mode != "never-started":
+            assert childguard.start() and childguard.active()
+        proc = await process.ShellProcess.start({spawn!r}, on_output=lambda *a: None)
+        done = await process.ShellProcess.start("true", on_output=lambda *a: None)
+        await done.wait()  # ended normally: unregistered before it was reaped
+        print(proc.pid, flush=True)
+        if mode == "stopped":
+            childguard.stop()
+            assert not childguard.active()
+        await asyncio.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+).format(spawn="sleep 300")
+
+
+@pytest.mark.parametrize(("mode", "survives"), [("guarded", False), ("never-started", True), ("stopped", True)])
+def test_children_of_a_killed_process(mode: str, survives: bool) -> None:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    try:
+        if survives:
+            assert pid_alive(pid)
+        else:
+            assert wait_until(lambda: not pid_alive(pid), 10)
+    finally:
+        _kill_quietly([pid])
