@@ -8,8 +8,10 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
 * **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
   past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
-  one ``os.read(fd, read_size)`` per wakeup. No transport, protocol or stream buffer sits between
-  the pipe and ``on_output``: every wakeup costs one system call and one callback
+  one read per wakeup, into a buffer of ``read_size`` bytes kept for the process (then copied out
+  at the size read: a fresh 1 MiB allocation per read costs more than the read). No transport,
+  protocol or stream buffer sits between the pipe and ``on_output``: every wakeup costs one
+  system call and one callback
   (``bench/bench_process.py`` measures this against a blocking ``os.read`` loop).
 * **Exit**: ``os.pidfd_open`` + ``loop.add_reader``: no SIGCHLD handler, no child-watcher thread, no
   ``waitpid(-1)`` that could steal another library's children. Where pidfd is unavailable
@@ -193,6 +195,7 @@ class ShellProcess:
         "_read_size",
         "_pipes",
         "_paused",
+        "_buffer",
         "_pidfd",
         "_poll_handle",
         "_escape_timer",
@@ -218,6 +221,7 @@ class ShellProcess:
         self._read_size = read_size
         self._pipes = pipes  # STDOUT/STDERR -> read end, until EOF or close()
         self._paused = False
+        self._buffer: memoryview | None = None  # read_size bytes, allocated on the first read
         self._pidfd = -1
         self._poll_handle: asyncio.TimerHandle | None = None
         self._escape_timer: asyncio.TimerHandle | None = None
@@ -331,7 +335,7 @@ class ShellProcess:
         # One read per wakeup: the pipe holds at most PIPE_SIZE, so with read_size >= PIPE_SIZE a
         # second read would only return EAGAIN; the loop calls again if anything is left.
         try:
-            data = os.read(fd, self._read_size)
+            data = self._read(fd)
         except BlockingIOError:
             return
         except OSError:
@@ -341,6 +345,16 @@ class ShellProcess:
         else:
             self._close_pipe(stream)
             self._maybe_done()
+
+    def _read(self, fd: int) -> bytes:
+        # Into a buffer kept for the process, then copied out at the size read: os.read would
+        # allocate read_size bytes (1 MiB, past malloc's mmap threshold) for every read, and the
+        # page faults on that fresh memory cost about 3x the read itself (bench_process.py).
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = memoryview(bytearray(self._read_size))
+        n = os.readv(fd, (buffer,))
+        return bytes(buffer[:n])
 
     def _deliver(self, stream: int, data: bytes) -> None:
         try:
@@ -357,6 +371,8 @@ class ShellProcess:
         if not self._loop.is_closed():
             self._loop.remove_reader(fd)
         os.close(fd)
+        if not self._pipes:
+            self._buffer = None
 
     def _drain_and_close(self) -> None:
         """Deliver whatever the pipes hold right now, then close them (an escaped writer holds them)."""
@@ -365,7 +381,7 @@ class ShellProcess:
                 if self._pipes.get(stream) != fd:  # on_output closed us
                     break
                 try:
-                    data = os.read(fd, self._read_size)
+                    data = self._read(fd)
                 except (BlockingIOError, OSError):
                     break
                 if not data:
