@@ -21,7 +21,7 @@ import pytest
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V1Peer, kind, terminal
-from .server import ROOT, ServerProcess, is_child_guard, pid_alive, wait_until
+from .server import ROOT, ServerProcess, descendants, is_child_guard, pid_alive, wait_until
 
 # the shell's own pid, then its background job's, then both sleep
 SPAWN = "sleep 300 & echo $$ $!; wait"
@@ -91,6 +91,41 @@ def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> 
         assert srv.proc.wait(10) == -signal.SIGKILL  # type: ignore[union-attr]
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
         assert wait_until(lambda: not pid_alive(guard), 10)  # and the guard is gone too
+    finally:
+        srv.stop()
+        _kill_quietly(pids)
+
+
+# A hook that leaves a process in its group and names it: a hook process ends on EOF of its stdin,
+# what it started does not.
+RUST_SPAWNER = r"""
+fn before_tool_call(_p: &Json) -> Action {
+    match std::process::Command::new("/bin/sleep").arg("300").spawn() {
+        Ok(child) => Action::block(format!("spawned {}", child.id())),
+        Err(e) => Action::block(format!("spawn failed: {}", e)),
+    }
+}
+hooks! { before_tool_call }
+"""
+
+
+def test_sigkilled_service_leaves_no_rust_hook_process(tmp_path: pathlib.Path) -> None:
+    hook = tmp_path / "spawner.rs"
+    hook.write_text(RUST_SPAWNER)
+    srv = ServerProcess(tmp_path, "--hook", str(hook)).start(timeout=180)  # rustc compiles it first
+    pids: list[int] = []
+    try:
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        peer.command(tool_call=pb.ToolCallCommand(request_id="t", tool="fs.list", args=b"{}"))
+        text = " ".join(e.error.message for e in (env.event for env in peer.until(terminal("t"))) if e.HasField("error"))
+        assert "spawned " in text, text
+        pids = [int(text.split("spawned ")[1].split()[0].strip("\"'.,;:)"))]
+        hook_pid = next(pid for pid, _ in descendants(srv.pid) if pid not in pids)
+        pids.append(hook_pid)
+        assert all(pid_alive(p) for p in pids)
+        srv.proc.kill()  # type: ignore[union-attr]
+        assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
     finally:
         srv.stop()
         _kill_quietly(pids)

@@ -33,6 +33,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from .. import childguard
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
 from .rust_build import cache_key, compile_hook, default_cache_dir, rustc_path, rustc_version
 
@@ -112,6 +113,7 @@ class _Child:
             raise
         for fd in (in_r, ans_w, out_w):
             _close(fd)
+        childguard.register(self.proc.pid)  # a hook stuck in a loop must not outlive a killed service
         # Set from outside: the child does nothing but wait on stdin until the first request.
         try:
             resource.prlimit(self.proc.pid, resource.RLIMIT_DATA, (memory_bytes, memory_bytes))
@@ -230,6 +232,7 @@ class _Child:
         _killpg(self.proc.pid)
         if self.dead is None:
             self.dead = "killed"
+        childguard.unregister(self.proc.pid)  # before the reap, which frees the group id
         try:
             code = self.proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:  # uninterruptible: Popen reaps it later
