@@ -131,17 +131,19 @@ class Session:
         wire: ``"v1"`` or ``"v0"``, or a :class:`~smith_fast.bench.wire.Wire`.
         accept: ``client_info["smith_fast.accept"]`` of the handshake (v1 only), e.g. ``"batch_event"``.
         timeout: seconds a read may wait before ``TimeoutError`` (a hung server fails the run, not hangs it).
+        capabilities: what the handshake asks for (``CAPABILITY_*`` numbers).
 
     Raises:
         ProtocolFailure: the handshake was refused.
     """
 
-    def __init__(self, path: str, wire: str | Wire = "v1", accept: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, path: str, wire: str | Wire = "v1", accept: str | None = None, timeout: float = 120.0,
+                 capabilities: Iterable[int] = (pb.CAPABILITY_SHELL_EXEC,)) -> None:
         self.wire = WIRES[wire]() if isinstance(wire, str) else wire
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
         self.sock.connect(path)
-        self.sock.sendall(self.wire.handshake(accept=accept))
+        self.sock.sendall(self.wire.handshake(capabilities, accept=accept))
         while True:  # StateChange(STARTING), Ready, StateChange(READY)
             views = self.recv()
             if any(v[0] == ERROR for v in views):
