@@ -302,26 +302,48 @@ class SessionRecorder:
         Args:
             fsync: make the log durable before closing (the only fsync the recorder does).
         """
-        if not self._active:
+        fd = self._finish()
+        if fd >= 0:
+            _sync_and_close(fd, self.path, fsync)
+
+    async def aclose(self) -> None:
+        """:meth:`close` with the fsync in a worker thread: the event loop (every other session of the
+        service) does not wait for the disk. Everything buffered is written before this returns
+        control; only the fsync and the close of the file come later. Never raises."""
+        fd = self._finish()
+        if fd < 0:
             return
-        self.flush()
-        if not self._active:  # the final flush failed
-            return
-        self._active = False
         try:
-            if fsync:
-                os.fsync(self._fd)
-        except OSError as exc:
-            log.warning("session log fsync failed", extra={"fields": {"path": str(self.path), "error": str(exc)}})
-        finally:
-            os.close(self._fd)
-            self._fd = -1
+            await asyncio.get_running_loop().run_in_executor(None, _sync_and_close, fd, self.path, True)
+        except RuntimeError:  # the loop's executor is shut down already: do it here
+            _sync_and_close(fd, self.path, True)
+
+    def _finish(self) -> int:
+        """Write what is buffered and stop recording; the fd to close, or -1 if there is none."""
+        if not self._active:
+            return -1
+        self.flush()
+        if not self._active:  # the final flush failed (and closed the file)
+            return -1
+        self._active = False
+        fd, self._fd = self._fd, -1
+        return fd
 
     def __enter__(self) -> SessionRecorder:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sync_and_close(fd: int, path: Path, fsync: bool) -> None:
+    try:
+        if fsync:
+            os.fsync(fd)
+    except OSError as exc:
+        log.warning("session log fsync failed", extra={"fields": {"path": str(path), "error": str(exc)}})
+    finally:
+        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

@@ -516,7 +516,10 @@ class Session:
     def _stop_recording(self) -> None:
         """Close the session log once everything the session will ever send was written."""
         if self.recorder is not None:
-            self.recorder.close()
+            # fsync in a worker thread: a long session's log must not stall every other session
+            task = asyncio.get_running_loop().create_task(self.recorder.aclose())
+            _CLOSING_LOGS.add(task)
+            task.add_done_callback(_CLOSING_LOGS.discard)
         if self._reporter is not None:
             self._reporter.cancel()
             self._reporter = None
@@ -607,6 +610,9 @@ class Session:
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._stop_recording()
+
+
+_CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
 
 
 def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
