@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -299,6 +300,32 @@ def test_bad_headers_raise_clear_errors(tmp_path: pathlib.Path) -> None:
     empty.write_bytes(b"")
     with pytest.raises(LogFormatError, match=f"{re.escape(str(empty))}: truncated header"):
         LogReader(empty)
+
+
+async def test_aclose_writes_everything_then_fsyncs_off_the_loop(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service closes session logs with ``aclose``: a long log's fsync must not stall the loop."""
+    rec = SessionRecorder.open(tmp_path, session_id="aclose", protocol_version=1, service_id="svc")
+    for i in range(20):
+        rec.record_out(envelope(i, 1000))
+    synced: list[tuple[int, int]] = []  # (thread, fd) of each fsync
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((threading.get_ident(), fd))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    fd = rec._fd  # noqa: SLF001
+    closing = asyncio.ensure_future(rec.aclose())
+    await asyncio.sleep(0)  # aclose has written everything before it first yields
+    assert len(read_log(rec.path)[1]) == 20 and rec.path.stat().st_size == rec.bytes_written
+    await closing
+    assert synced == [(synced[0][0], fd)] and synced[0][0] != threading.get_ident()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed
+    await rec.aclose()  # idempotent, as close() is
+    rec.close()
+    assert len(synced) == 1
 
 
 async def test_records_are_written_once_per_loop_tick(tmp_path: pathlib.Path) -> None:

@@ -11,7 +11,9 @@ of the service process loses at most that tick's records, and the file is then v
 last whole record (a write interrupted half-way leaves one torn record, which readers skip). There
 is no ``fsync`` per record: after an OS crash or power loss, whatever the page cache had not written
 back is lost, and a reader still gets the intact prefix (a garbled or zero-filled tail fails its
-length or checksum test). :meth:`SessionRecorder.close` fsyncs unless told not to.
+length or checksum test). :meth:`SessionRecorder.close` fsyncs unless told not to;
+:meth:`SessionRecorder.aclose` (what the service uses) writes everything at once and leaves the
+fsync to a worker thread, so closing a long log does not stall the event loop.
 
 A write failure (disk full, file too large, I/O error) never reaches the session: it is kept in
 :attr:`SessionRecorder.error`, logged once, passed to ``on_error``, the partial record is cut off
