@@ -657,6 +657,9 @@ class GrpcClient(Client):
     async def close(self) -> None:
         """Cancel the call (the service then stops this session's commands) and close the channel."""
         self._call.cancel()
+        # End the request generator too: gRPC's task that drains it would otherwise be left
+        # waiting on it and be destroyed pending when the loop closes.
+        self._outbox.put_nowait(None)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._closed.wait(), 5)
         self._reader_task.cancel()

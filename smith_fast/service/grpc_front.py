@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,8 @@ log = get_logger("smith_fast.grpc")
 SERVICE_NAME = "smith.v1.SmithService"
 HIGH_WATER = 1 << 20
 LOW_WATER = 256 * 1024
+# How long a call refused for a wrong token in its metadata is given to deliver its first message.
+_REFUSAL_READ_WAIT = 1.0
 ERROR_CODE_METADATA = "smith-error-code"  # trailing metadata: the ErrorCode name of a failed call
 
 # How a call that fails as a whole reports the schema's ErrorCode as a gRPC status.
@@ -198,6 +201,16 @@ class _Stream:
             yield data
 
 
+async def _first_message(requests: AsyncIterator[bytes]) -> None:
+    """Take a refused call's first message (its handshake), waiting :data:`_REFUSAL_READ_WAIT` at most.
+
+    A refusal sent while the client is still writing reaches it as the failed write (``INTERNAL``)
+    instead of the refusal's status and ``ErrorCode``, about one call in ten.
+    """
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(anext(aiter(requests)), _REFUSAL_READ_WAIT)
+
+
 class GrpcFront:
     """The gRPC listeners of one service process.
 
@@ -304,8 +317,10 @@ class GrpcFront:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
         presented = metadata_token(context.invocation_metadata()) if core.config.token is not None else None
         if presented is not None and not token_matches(core.config.token, presented):  # type: ignore[arg-type]
+            await _first_message(requests)
             await self._unauthenticated(context, "the call metadata presents a wrong token")
         if core.connections >= core.limits.max_connections:
+            await _first_message(requests)
             log.warning("too many connections", extra={"fields": {"peer": context.peer(), "max_connections": core.limits.max_connections}})
             core.metrics.error(pb.ERROR_CODE_RESOURCE_EXHAUSTED)
             await self._abort(
