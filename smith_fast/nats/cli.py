@@ -8,6 +8,8 @@ import contextlib
 import pathlib
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from ..errors import SmithFastError
 from ..logs import get_logger
@@ -109,6 +111,26 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
+async def _started(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run ``start`` (connecting to NATS, which retries for ever) unless ``stop`` is set first.
+
+    Returns:
+        True once started; False when SIGTERM/SIGINT came first (``start`` is then cancelled).
+    """
+    starting = asyncio.ensure_future(start)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        starting.result()  # its exception, if it failed
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await starting
+    log.info("stopped before NATS could be reached")
+    return False
+
+
 async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop_name: str) -> int:
     from .. import childguard, process
     from ..hooks import HookLoadError, load_hook_file
@@ -145,9 +167,9 @@ async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop
             raise SmithFastError(f"--hook {exc}") from None
     stop = _stop_event()
     worker = Worker(core, config, concurrency=args.concurrency, drain_timeout=args.drain_timeout)
-    await worker.start()
     try:
-        await stop.wait()
+        if await _started(worker.start(), stop):
+            await stop.wait()
     finally:
         await worker.stop()
         process.kill_all()
@@ -182,8 +204,9 @@ async def _gateway(args: argparse.Namespace, config: nats_config.NatsConfig, loo
     if not (listen.stdio or listen.unix or listen.tcp or listen.grpc):
         listen.tcp = ["127.0.0.1:7878"]
     core = GatewayCore(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
-    await core.bridge.start()
     try:
+        if not await _started(core.bridge.start(), _stop_event()):
+            return 0
         return await serve(service, listen, loop_name=loop_name, core=core)
     finally:
         await core.bridge.close()

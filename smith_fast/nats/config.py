@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import ssl
 
 __all__ = ["NatsConfig", "add_arguments", "from_arguments", "is_token"]
 
@@ -52,6 +53,10 @@ class NatsConfig:
         publish_timeout: seconds to wait for the stream's acknowledgement of one publish before
             publishing it again (under the same message id).
         reconnect_wait: seconds between reconnection attempts; the clients never stop trying.
+        tls_ca: PEM file of the CA(s) that signed the NATS servers' certificates (default: the
+            system's). Given, or with a ``tls://`` server URL, the connection uses TLS.
+        tls_cert, tls_key: PEM client certificate and its key, for servers that verify clients
+            (``verify: true`` in their ``tls`` block); the two go together.
     """
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -73,6 +78,9 @@ class NatsConfig:
     submit_timeout: float = 60.0
     publish_timeout: float = 5.0
     reconnect_wait: float = 0.5
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("command_stream", "event_stream", "worker_consumer", "hooks_bucket"):
@@ -88,6 +96,31 @@ class NatsConfig:
             raise ValueError("max_deliver must be at least 1")
         if not self.servers:
             raise ValueError("at least one NATS server URL is needed")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--nats-tls-cert and --nats-tls-key go together")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context of the NATS connections, or None for plain TCP.
+
+        TLS is used when a CA, a client certificate or a ``tls://`` URL is given. Servers are
+        verified against ``tls_ca`` (or the system's CAs), host names included.
+
+        Raises:
+            ValueError: a file cannot be read or holds no usable certificate or key.
+        """
+        wanted = self.tls_ca or self.tls_cert or any(url.lower().startswith("tls://") for url in self.servers)
+        if not wanted:
+            return None
+        try:
+            context = ssl.create_default_context(cafile=self.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--nats-tls-ca {self.tls_ca}: {exc}") from None
+        if self.tls_cert is not None:
+            try:
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"--nats-tls-cert {self.tls_cert} / --nats-tls-key {self.tls_key}: {exc}") from None
+        return context
 
     # ---- subjects ------------------------------------------------------------------------------
 
@@ -134,6 +167,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"commands waiting in the stream before new ones are refused (default {d.max_commands})")
     g.add_argument("--event-max-age", type=float, default=d.event_max_age, metavar="SECONDS",
                    help=f"undelivered events are dropped after this long (default {d.event_max_age:g})")
+    g.add_argument("--nats-tls-ca", metavar="PEM", help="CA certificate(s) of the NATS servers; turns TLS on (default CAs: the system's)")
+    g.add_argument("--nats-tls-cert", metavar="PEM", help="client certificate, for NATS servers that verify clients (with --nats-tls-key)")
+    g.add_argument("--nats-tls-key", metavar="PEM", help="the client certificate's private key")
 
 
 def from_arguments(args: argparse.Namespace) -> NatsConfig:
@@ -157,4 +193,7 @@ def from_arguments(args: argparse.Namespace) -> NatsConfig:
         replicas=args.nats_replicas,
         max_commands=args.max_queued_commands,
         event_max_age=args.event_max_age,
+        tls_ca=args.nats_tls_ca,
+        tls_cert=args.nats_tls_cert,
+        tls_key=args.nats_tls_key,
     )

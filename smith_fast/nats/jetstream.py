@@ -62,6 +62,7 @@ async def connect(
 
     Raises:
         OSError: no server could be reached within ``attempts`` tries.
+        ValueError: a TLS file of ``config`` cannot be used.
     """
 
     async def disconnected() -> None:
@@ -69,14 +70,25 @@ async def connect(
         if on_disconnect is not None:
             on_disconnect()
 
+    reported: set[str] = set()  # why connecting failed, each reason said once per outage
+
     async def reconnected() -> None:
+        reported.clear()
         log.info("nats reconnected", extra={"fields": {"name": name, "server": str(nc.connected_url.netloc if nc.connected_url else "")}})
         if on_reconnect is not None:
             on_reconnect()
 
     async def error(exc: Exception) -> None:
-        log.info("nats client error", extra={"fields": {"name": name, "error": repr(exc)}})
+        text = repr(exc)
+        if not nc.is_connected and text not in reported:
+            # The client retries on its own, every reconnect_wait; a TLS refusal or a bad
+            # certificate would otherwise never reach an operator at the default log level.
+            reported.add(text)
+            log.warning("nats connection failed, retrying", extra={"fields": {"name": name, "error": text}})
+        else:
+            log.info("nats client error", extra={"fields": {"name": name, "error": text}})
 
+    tls = config.ssl_context()  # a bad file fails the start, before any attempt
     tried = 0
     while True:
         nc = NATS()
@@ -94,6 +106,7 @@ async def connect(
                 disconnected_cb=disconnected,
                 reconnected_cb=reconnected,
                 error_cb=error,
+                tls=tls,
             )
             return nc
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
