@@ -60,6 +60,7 @@ __all__ = [
     "command_span",
     "configured",
     "log_fields",
+    "remote_span",
     "session_span",
     "setup_from_env",
     "shutdown",
@@ -447,6 +448,22 @@ def session_span(
         "smith.session", context=_parent_context(parent_traceparent), kind=_trace.SpanKind.SERVER, attributes=attrs
     )
     return SpanHandle(span)
+
+
+def remote_span(traceparent: str | None) -> SpanHandle:
+    """A handle for a span of another process, named by its W3C ``traceparent``.
+
+    Nothing is recorded for it; commands started under it (:meth:`SpanHandle.command_span`) are
+    its children. A ``smith-fast worker`` runs each command under the gateway's session span this
+    way.
+
+    Returns:
+        The handle, or :data:`NOOP` when ``traceparent`` is missing or invalid.
+    """
+    ctx = _parent_context(traceparent)
+    if ctx is None:
+        return NOOP
+    return SpanHandle(_trace.get_current_span(ctx))
 
 
 def command_span(

@@ -208,8 +208,11 @@ def test_command_headers_round_trip() -> None:
     assert headers["Smith-Capabilities"] == "1,2"
     assert parse_command_headers(headers) == meta
     bare = CommandMeta("s", 1, "r")
-    assert "Smith-Hooks" not in command_headers(bare)
+    assert "Smith-Hooks" not in command_headers(bare) and "traceparent" not in command_headers(bare)
     assert parse_command_headers(command_headers(bare)) == bare
+    traced = CommandMeta("s", 2, "r", frozenset({6}), traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+    assert command_headers(traced)["traceparent"] == traced.traceparent
+    assert parse_command_headers(command_headers(traced)) == traced
 
 
 @pytest.mark.parametrize(
@@ -487,8 +490,8 @@ async def test_session_checks_answered_by_the_gateway(cluster: Cluster) -> None:
             async for _ in client.shell_exec("true"):
                 pass
         assert info.value.details["reason"] == "handshake_required"
-        await client.handshake(["tracing"])  # not offered through a gateway; and no shell_exec granted
-        assert [w.details["capability"] for w in client.warnings] == ["tracing"]
+        await client.handshake([99])  # unknown, so refused (a warning); and no shell_exec granted
+        assert [w.error_code for w in client.warnings] == [pb.ERROR_CODE_INVALID_CAPABILITY]
         with pytest.raises(SmithError) as info:
             async for _ in client.shell_exec("true"):
                 pass
@@ -672,6 +675,46 @@ async def test_worker_hands_back_what_outlasts_its_drain(tmp_path: pathlib.Path)
             assert any(r.get("event") == "handing unfinished commands back" for r in stopped.logs)
     finally:
         cluster.stop()
+
+
+async def test_tracing_through_the_gateway(tmp_path: pathlib.Path) -> None:
+    """A frontend grants ``tracing`` at the gateway: the gateway's session span continues the
+    frontend's trace, the worker's command span is its child (the context travels in the command's
+    ``traceparent`` header), and the command's process gets that span as its TRACEPARENT. Both
+    processes export over OTLP/HTTP to one receiver."""
+    from .otlp_sink import OtlpSink
+
+    caller_trace, caller_span = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    caller = f"00-{caller_trace:032x}-{caller_span:016x}-01"
+    root = tmp_path / "root"
+    root.mkdir()
+    nats = NatsServer(tmp_path / "store").start()
+    procs: list[SmithProcess] = []
+    try:
+        with OtlpSink() as sink:
+            for name, role, extra in [("w", "worker", ("--root", str(root))), ("gw", "gateway", ("--unix", str(tmp_path / "gw" / "smith.sock")))]:
+                (tmp_path / name).mkdir()
+                proc = SmithProcess(tmp_path / name, role, "--nats", nats.url, *NATS_FAST, "--log-level", "debug", *extra)
+                proc.env.update(sink.env(), OTEL_SERVICE_NAME=f"smith-{role}")
+                procs.append(proc.start())
+            gateway = procs[1]
+            async with await Client.connect(gateway.unix) as client:
+                ready = await client.handshake(["shell_exec", "tracing"], client_info={"traceparent": caller})
+                assert pb.CAPABILITY_TRACING in ready.capabilities and not client.warnings
+                events = [e async for e in client.shell_exec('echo "$TRACEPARENT"', request_id="traced")]
+            assert wait_until(lambda: {"smith.session", "smith.shell_exec"} <= {s.name for s in sink.spans}, 10), sink.spans
+            spans = list(sink.spans)
+    finally:
+        for proc in procs:
+            proc.stop()
+        nats.stop()
+    (session,) = [s for s in spans if s.name == "smith.session"]
+    (shell,) = [s for s in spans if s.name == "smith.shell_exec"]
+    assert session.resource["service.name"] == "smith-gateway" and shell.resource["service.name"] == "smith-worker"
+    assert session.trace_id == shell.trace_id == caller_trace
+    assert session.parent_span_id == caller_span and shell.parent_span_id == session.span_id
+    assert shell.attributes["smith.request_id"] == "traced" and shell.attributes["smith.exit_code"] == 0
+    assert _output(events) == (f"00-{caller_trace:032x}-{shell.span_id:016x}-01\n", "", 0)
 
 
 def _pki(tmp: pathlib.Path) -> dict[str, str]:

@@ -132,7 +132,7 @@ async def _started(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> boo
 
 
 async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop_name: str) -> int:
-    from .. import childguard, process
+    from .. import childguard, process, tracing
     from ..hooks import HookLoadError, load_hook_file
     from ..service.config import Limits, ServiceConfig
     from ..service.core import ServiceCore
@@ -160,6 +160,8 @@ async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop
     )
     core = ServiceCore(service, loop_name=loop_name)
     childguard.start()  # a SIGKILLed worker leaves no commands running
+    if tracing.setup_from_env():  # command spans, children of the gateway's session spans
+        log.info("tracing exporter configured from OTEL_* variables")
     for path in service.hook_files:
         try:
             core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
@@ -173,6 +175,7 @@ async def _worker(args: argparse.Namespace, config: nats_config.NatsConfig, loop
     finally:
         await worker.stop()
         process.kill_all()
+        tracing.shutdown()
         for hook in core.global_hooks:
             with contextlib.suppress(Exception):
                 await hook.close()

@@ -117,6 +117,7 @@ class GatewaySession(Session):
             reply=self.bridge.event_subject(self.session_id),
             capabilities=self.granted,
             hooks=tuple(self.hook_keys),
+            traceparent=self.span.traceparent,  # None unless tracing was granted
         )
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
@@ -402,9 +403,6 @@ class GatewayCore(ServiceCore):
 
     def __init__(self, config: ServiceConfig, nats_config: NatsConfig, *, loop_name: str = "asyncio", gateway_id: str | None = None) -> None:
         super().__init__(config, loop_name=loop_name)
-        # Command spans and TRACEPARENT for children would need the trace context to travel with
-        # each command to the worker; until it does, the gateway does not offer tracing.
-        self.capabilities = self.capabilities - {pb.CAPABILITY_TRACING}
         self.bridge = Bridge(self, nats_config, gateway_id)
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:

@@ -37,6 +37,7 @@ __all__ = [
     "REPLY",
     "CAPABILITIES",
     "HOOKS",
+    "TRACEPARENT",
     "CONTROL",
     "CONTROLS",
     "CommandMeta",
@@ -52,6 +53,7 @@ MSG_ID = "Nats-Msg-Id"
 REPLY = "Smith-Reply"
 CAPABILITIES = "Smith-Capabilities"
 HOOKS = "Smith-Hooks"
+TRACEPARENT = "traceparent"  # W3C Trace Context, as OpenTelemetry's NATS instrumentations carry it
 CONTROL = "Smith-Control"
 CONTROLS = frozenset({"pause", "resume", "shutdown", "end"})
 
@@ -69,6 +71,8 @@ class CommandMeta:
         reply: the subject its events go to.
         capabilities: capability numbers the session's handshake granted.
         hooks: keys of the session's hooks in the hooks bucket, in load order.
+        traceparent: the gateway's session span (W3C ``traceparent``) when the session asked for
+            ``tracing``: the worker's command spans are its children.
     """
 
     session: str
@@ -76,6 +80,7 @@ class CommandMeta:
     reply: str
     capabilities: frozenset[int] = frozenset()
     hooks: tuple[str, ...] = ()
+    traceparent: str | None = None
 
 
 def command_headers(meta: CommandMeta) -> dict[str, str]:
@@ -87,6 +92,8 @@ def command_headers(meta: CommandMeta) -> dict[str, str]:
     }
     if meta.hooks:
         headers[HOOKS] = ",".join(meta.hooks)
+    if meta.traceparent:
+        headers[TRACEPARENT] = meta.traceparent
     return headers
 
 
@@ -113,6 +120,7 @@ def parse_command_headers(headers: Mapping[str, str] | None) -> CommandMeta:
             reply=headers[REPLY],
             capabilities=frozenset(int(c) for c in caps.split(",") if c),
             hooks=tuple(h for h in hooks.split(",") if h),
+            traceparent=headers.get(TRACEPARENT) or None,
         )
     except (KeyError, ValueError) as exc:
         raise ProtocolError(

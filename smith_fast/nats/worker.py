@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
+from .. import tracing
 from ..errors import ProtocolError
 from ..hooks import Hook, HookLoadError, load_hook
 from ..logs import get_logger
@@ -481,6 +482,8 @@ class Worker:
         session = Session(self.core, sink, close=_nothing, peer=f"nats:{meta.session}/{meta.number}", protocol="nats")
         session.handshaken = True
         session.granted = meta.capabilities
+        if pb.CAPABILITY_TRACING in meta.capabilities:
+            session.span = tracing.remote_span(meta.traceparent)  # the gateway's session span
         session.hooks = _SharedHooks(session, hooks, state)
         state.running.add(session)
         if state.paused or self._backlogged:
