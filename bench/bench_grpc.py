@@ -30,6 +30,8 @@ from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
 from tests.server import ServerProcess
 
+from ._summary import print_summary
+
 SHELL_COMMAND = "seq 1 100000"
 CHUNK_SIZE = "32"
 TOOL_CALLS = 500
@@ -57,13 +59,7 @@ def aio_loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="module", autouse=True)
 def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if _RESULTS and reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # shown without -s / -rA too
-            reporter.write_line("\n\nevents/s (best round):")
-            for line in _RESULTS:
-                reporter.write_line(line)
+    print_summary(request, ["\n\nevents/s (best round):", *_RESULTS] if _RESULTS else [])
     _RESULTS.clear()
 
 

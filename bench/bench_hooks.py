@@ -31,6 +31,8 @@ import uvloop
 
 from smith_fast.hooks import Hook, HookChain, load_hook
 
+from ._summary import print_summary
+
 CALLS = 1000
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
 
@@ -72,16 +74,17 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or not _results:
+    print_summary(request, _summary_lines())
+
+
+def _summary_lines() -> Iterator[str]:
+    if not _results:
         return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        reporter.write_line(f"hooks, best round of {CALLS} calls, per call:")
-        for group, entries in _results.items():
-            for entry, micros in entries.items():
-                reporter.write_line(f"  {group:42} {entry:16} {micros:9.2f} µs")
+    yield ""
+    yield f"hooks, best round of {CALLS} calls, per call:"
+    for group, entries in _results.items():
+        for entry, micros in entries.items():
+            yield f"  {group:42} {entry:16} {micros:9.2f} µs"
 
 
 def record(benchmark: Any, entry: str) -> None:

@@ -36,6 +36,8 @@ from smith_fast.pb import smith_pb2 as pb
 from tests.server import ServerProcess
 from tests.test_nats import Cluster
 
+from ._summary import print_summary
+
 TOOL_CALLS = 1000
 TOOL_WINDOW = 64
 SHELLS = 300
@@ -98,13 +100,7 @@ def topology(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="module", autouse=True)
 def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if _RESULTS and reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            reporter.write_line("\n\nbest round; CPU per unit by process (client excluded):")
-            for line in _RESULTS:
-                reporter.write_line(line)
+    print_summary(request, ["\n\nbest round; CPU per unit by process (client excluded):", *_RESULTS] if _RESULTS else [])
     _RESULTS.clear()
 
 

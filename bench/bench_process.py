@@ -30,6 +30,8 @@ import uvloop
 
 from smith_fast.process import PIPE_SIZE, ShellProcess
 
+from ._summary import print_summary
+
 TOTAL = 256 << 20
 READ = 1 << 20
 COMMANDS = {
@@ -111,20 +113,19 @@ async def create_subprocess(command: str) -> int:
 @pytest.fixture(scope="module", autouse=True)
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or not _results:
+    print_summary(request, _summary_lines())
+
+
+def _summary_lines() -> Iterator[str]:
+    if not _results:
         return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        reporter.write_line(f"bulk output, {TOTAL >> 20} MiB per round, best of {ROUNDS} rounds:")
-        for writer, variants in _results.items():
-            top = variants.get("ceiling", (0.0, 0.0))[0]
-            for variant, (mbps, cpu_ms) in variants.items():
-                ratio = f"{mbps / top:5.0%} of ceiling" if top else ""
-                reporter.write_line(
-                    f"  {writer:5} {variant:32} {mbps:6.0f} MB/s {ratio:17}  reader CPU {cpu_ms:5.0f} ms"
-                )
+    yield ""
+    yield f"bulk output, {TOTAL >> 20} MiB per round, best of {ROUNDS} rounds:"
+    for writer, variants in _results.items():
+        top = variants.get("ceiling", (0.0, 0.0))[0]
+        for variant, (mbps, cpu_ms) in variants.items():
+            ratio = f"{mbps / top:5.0%} of ceiling" if top else ""
+            yield f"  {writer:5} {variant:32} {mbps:6.0f} MB/s {ratio:17}  reader CPU {cpu_ms:5.0f} ms"
 
 
 def record(benchmark: Any, writer: str, variant: str, timed: CpuTimed) -> None:

@@ -32,6 +32,8 @@ from smith_fast.bench.drivers import cpu_seconds_of
 from smith_fast.replay import SessionRecorder, read_log
 from tests.server import ServerProcess
 
+from ._summary import print_summary
+
 N = 1000
 STREAM_BYTES = 16 << 20
 CHUNK = 16 << 10
@@ -94,16 +96,17 @@ _stream_figures: dict[str, tuple[float, float]] = {}  # mode -> (best ms, server
 @pytest.fixture(scope="module", autouse=True)
 def stream_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or "plain" not in _stream_figures:
+    print_summary(request, _stream_lines())
+
+
+def _stream_lines() -> Iterator[str]:
+    if "plain" not in _stream_figures:
         return
     base_ms, base_cpu = _stream_figures["plain"]
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        reporter.write_line(f"shell-output stream, {STREAM_BYTES >> 20} MiB, against 'plain':")
-        for mode, (ms, cpu) in _stream_figures.items():
-            reporter.write_line(f"  {mode:9} best {ms:7.1f} ms ({ms / base_ms:4.2f}x)   server CPU {cpu:6.2f} ms/MiB ({cpu / base_cpu:4.2f}x)")
+    yield ""
+    yield f"shell-output stream, {STREAM_BYTES >> 20} MiB, against 'plain':"
+    for mode, (ms, cpu) in _stream_figures.items():
+        yield f"  {mode:9} best {ms:7.1f} ms ({ms / base_ms:4.2f}x)   server CPU {cpu:6.2f} ms/MiB ({cpu / base_cpu:4.2f}x)"
 
 
 async def _stream(path: str) -> tuple[int, str | None]:

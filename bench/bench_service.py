@@ -56,6 +56,7 @@ from ._service_helpers import (
     shell_exec,
     tool_call_request_ids,
 )
+from ._summary import print_summary
 
 LOOPS = ["uvloop", "asyncio"]
 WIRES = ["v1", "v0"]
@@ -111,13 +112,7 @@ def servers(workspace: pathlib.Path) -> Iterator[Callable[[str], ServerProcess]]
 @pytest.fixture(scope="module", autouse=True)
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or not _summary:
-        return
-    with capture.global_and_fixture_disabled():
-        for line in summary_lines():
-            reporter.write_line(line)
+    print_summary(request, summary_lines() if _summary else [])
 
 
 def _get(key: str, field: str) -> float | None:

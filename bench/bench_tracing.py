@@ -41,6 +41,8 @@ from smith_fast.bench.drivers import Session, cpu_seconds_of, round_trips, tool_
 from smith_fast.bench.stats import percentile
 from smith_fast.pb import smith_pb2 as pb
 
+from ._summary import print_summary
+
 N = 1000
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -153,18 +155,17 @@ def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, 
 @pytest.fixture(scope="module", autouse=True)
 def rt_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or "off" not in _round_trips:
+    print_summary(request, _round_trip_lines())
+
+
+def _round_trip_lines() -> Iterator[str]:
+    if "off" not in _round_trips:
         return
     base_p50, base_cpu = _round_trips["off"]
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        reporter.write_line(f"tracing, fs.read round trip ({RT_CALLS} sequential calls), against 'off':")
-        for mode, (p50, cpu) in _round_trips.items():
-            reporter.write_line(
-                f"  {mode:18} p50 {p50:7.1f} µs ({p50 / base_p50:5.2f}x)   server CPU {cpu:7.1f} µs/call ({cpu / base_cpu:5.2f}x)"
-            )
+    yield ""
+    yield f"tracing, fs.read round trip ({RT_CALLS} sequential calls), against 'off':"
+    for mode, (p50, cpu) in _round_trips.items():
+        yield f"  {mode:18} p50 {p50:7.1f} µs ({p50 / base_p50:5.2f}x)   server CPU {cpu:7.1f} µs/call ({cpu / base_cpu:5.2f}x)"
 
 
 @pytest.mark.parametrize("rt_mode", list(RT_MODES))
