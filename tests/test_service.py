@@ -88,6 +88,24 @@ async def test_handshake_and_shell_exec_everywhere(server: ServerProcess, via: s
         await client.close()
 
 
+def test_logs_name_the_peer(server: ServerProcess) -> None:
+    """TCP peers by address and port; Unix peers (unnamed sockets) by the listener and SO_PEERCRED."""
+    from .peers import V1Peer
+
+    unix, tcp = V1Peer(server.unix), V1Peer(server.tcp)
+    for peer in (unix, tcp):
+        peer.handshake()
+    host, port = tcp.sock.getsockname()[:2]
+    wanted = {f"unix:{server.sock_path} pid={os.getpid()} uid={os.getuid()}", f"tcp:{host}:{port}"}
+
+    def seen() -> set[str]:
+        return {r.get("peer") for r in server.logs if r.get("event") == "handshake"}
+
+    assert wait_until(lambda: wanted <= seen(), 5), seen()
+    unix.close()
+    tcp.close()
+
+
 async def test_state_changes_around_ready(server: ServerProcess) -> None:
     async with await Client.connect(server.unix) as client:
         await client.handshake([])

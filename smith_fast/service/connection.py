@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import Callable, Mapping
 
 from google.protobuf.message import DecodeError
@@ -57,6 +59,26 @@ LINGER = 2.0
 def sniff_version(head: bytes) -> int:
     """0 for v0 JSONL, 1 for v1, from (at least) the first two bytes of a connection."""
     return 0 if head[0] == 0x7B and head[1] in _V0_SECOND_BYTES else 1
+
+
+def describe_peer(transport: asyncio.BaseTransport) -> str:
+    """The peer for logs, metrics and span attributes: ``tcp:HOST:PORT``, or for a Unix socket
+    (whose clients are unnamed) the listener's path and the client's pid and uid (``SO_PEERCRED``)."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        return f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+    if peer:  # a named Unix client socket, or something else that names itself
+        return f"unix:{peer}" if isinstance(peer, str) else str(peer)
+    text = f"unix:{transport.get_extra_info('sockname') or '?'}"
+    sock = transport.get_extra_info("socket")
+    if sock is not None and hasattr(socket, "SO_PEERCRED"):
+        try:
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        except OSError:
+            return text
+        text += f" pid={pid} uid={uid}"
+    return text
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -110,9 +132,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._writer is None:
             self._writer = transport  # type: ignore[assignment]
         self._loop = asyncio.get_running_loop()
-        peer = transport.get_extra_info("peername")
-        if peer and self.peer == "?":
-            self.peer = peer if isinstance(peer, str) and peer else str(peer)
+        if self.peer == "?":
+            self.peer = describe_peer(transport)
         log.debug("connection", extra={"fields": {"peer": self.peer}})
         if self.trusted:
             return
