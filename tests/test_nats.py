@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import pathlib
+import select
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -735,6 +736,29 @@ def _pki(tmp: pathlib.Path) -> dict[str, str]:
     return {name: str(tmp / name) for name in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
 
 
+def _first_line(proc: SmithProcess, pred: Callable[[str], bool], timeout: float) -> str:
+    """The first line of ``proc``'s stderr (a pipe) that satisfies ``pred``; fails after ``timeout`` s."""
+    assert proc.proc is not None and proc.proc.stderr is not None
+    fd = proc.proc.stderr.fileno()
+    deadline = time.monotonic() + timeout
+    buf = b""
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, buf = (buf + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            seen.append(line)
+            if pred(line):
+                return line
+    raise AssertionError("no such line; stderr was:\n" + "\n".join(seen[-20:]))
+
+
 async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
     """A NATS server that requires TLS and verifies clients: workers and the gateway connect with
     --nats-tls-ca/--nats-tls-cert/--nats-tls-key and commands flow; a worker without a client
@@ -763,13 +787,9 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
             bad = SmithProcess(tmp_path / "bad", role, "--nats", nats.url, "--nats-tls-ca", pki["ca.pem"], *NATS_FAST, *extra)
             bad.proc = subprocess.Popen(bad.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
             procs.append(bad)
-            complaint = ""
-            assert bad.proc.stderr is not None
-            for raw in bad.proc.stderr:  # it keeps trying (the server may be fixed), and says why
-                complaint = raw.decode()
-                if "certificate" in complaint.lower():
-                    break
-            assert "nats connection failed" in complaint and "certificate required" in complaint.lower(), (role, complaint)
+            # it keeps trying (the server may be fixed), and says why: a warning naming the TLS failure
+            complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line and "SSL" in line, 30)
+            assert "certificate required" in complaint.lower() or "handshake failure" in complaint.lower(), (role, complaint)
             # and, never connected, it still stops at once on SIGTERM
             bad.proc.send_signal(signal.SIGTERM)
             assert await asyncio.to_thread(bad.proc.wait, 10) == 0, role
