@@ -736,6 +736,56 @@ def _pki(tmp: pathlib.Path) -> dict[str, str]:
     return {name: str(tmp / name) for name in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
 
 
+def test_nats_credentials_come_from_the_environment() -> None:
+    import argparse
+
+    from smith_fast.nats.config import add_arguments, from_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--nats", "nats://127.0.0.1:1"])
+    config = from_arguments(args, {"SMITH_NATS_TOKEN": "t0ken"})
+    assert config.credentials() == {"token": "t0ken"} and "t0ken" not in repr(config)
+    config = from_arguments(args, {"SMITH_NATS_USER": "u", "SMITH_NATS_PASSWORD": "pw"})
+    assert config.credentials() == {"user": "u", "password": "pw"} and "pw" not in repr(config)
+    assert from_arguments(args, {}).credentials() == {}
+    with pytest.raises(ValueError, match="go together"):
+        from_arguments(args, {"SMITH_NATS_USER": "u"})
+    with pytest.raises(ValueError, match="not both"):
+        from_arguments(args, {"SMITH_NATS_USER": "u", "SMITH_NATS_PASSWORD": "pw", "SMITH_NATS_TOKEN": "t"})
+
+
+async def test_token_authentication(tmp_path: pathlib.Path) -> None:
+    """A NATS server that wants a token: workers and gateway present $SMITH_NATS_TOKEN (never on
+    their command line); without it the server refuses them and they say so."""
+    token = "s3cret-" + uuid.uuid4().hex
+    nats = NatsServer(tmp_path / "store", extra=("--auth", token)).start()
+    root = tmp_path / "root"
+    root.mkdir()
+    procs: list[SmithProcess] = []
+    try:
+        for name, role, extra in [("w", "worker", ("--root", str(root))), ("gw", "gateway", ("--unix", str(tmp_path / "gw" / "smith.sock")))]:
+            (tmp_path / name).mkdir()
+            proc = SmithProcess(tmp_path / name, role, "--nats", nats.url, *NATS_FAST, "--log-level", "debug", *extra)
+            proc.env["SMITH_NATS_TOKEN"] = token
+            procs.append(proc.start())
+            assert token not in " ".join(proc.argv)
+        async with await Client.connect(procs[1].unix) as client:
+            await client.handshake(["shell_exec"])
+            assert _output([e async for e in client.shell_exec("echo authenticated")]) == ("authenticated\n", "", 0)
+        (tmp_path / "bad").mkdir()
+        bad = SmithProcess(tmp_path / "bad", "worker", "--nats", nats.url, *NATS_FAST, "--root", str(root))
+        bad.env.pop("SMITH_NATS_TOKEN", None)
+        bad.proc = subprocess.Popen(bad.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=bad.env)
+        procs.append(bad)
+        complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line, 30)
+        assert "authorization" in complaint.lower(), complaint
+    finally:
+        for proc in procs:
+            proc.stop()
+        nats.stop()
+
+
 def _first_line(proc: SmithProcess, pred: Callable[[str], bool], timeout: float) -> str:
     """The first line of ``proc``'s stderr (a pipe) that satisfies ``pred``; fails after ``timeout`` s."""
     assert proc.proc is not None and proc.proc.stderr is not None

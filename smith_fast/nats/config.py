@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import ssl
+from collections.abc import Mapping
 
 __all__ = ["NatsConfig", "add_arguments", "from_arguments", "is_token"]
 
@@ -57,6 +59,10 @@ class NatsConfig:
             system's). Given, or with a ``tls://`` server URL, the connection uses TLS.
         tls_cert, tls_key: PEM client certificate and its key, for servers that verify clients
             (``verify: true`` in their ``tls`` block); the two go together.
+        user, password: NATS user credentials (``$SMITH_NATS_USER``, ``$SMITH_NATS_PASSWORD``).
+        token: a NATS authentication token (``$SMITH_NATS_TOKEN``). The three come from the
+            environment, not flags, so that they never show in a process listing; none of them
+            is part of the ``repr``.
     """
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -81,6 +87,9 @@ class NatsConfig:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    user: str | None = dataclasses.field(default=None, repr=False)
+    password: str | None = dataclasses.field(default=None, repr=False)
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("command_stream", "event_stream", "worker_consumer", "hooks_bucket"):
@@ -98,6 +107,18 @@ class NatsConfig:
             raise ValueError("at least one NATS server URL is needed")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("--nats-tls-cert and --nats-tls-key go together")
+        if (self.user is None) != (self.password is None):
+            raise ValueError("SMITH_NATS_USER and SMITH_NATS_PASSWORD go together")
+        if self.token is not None and self.user is not None:
+            raise ValueError("give SMITH_NATS_TOKEN or SMITH_NATS_USER/SMITH_NATS_PASSWORD, not both")
+
+    def credentials(self) -> dict[str, str]:
+        """The ``user``/``password`` or ``token`` keyword arguments of ``nats.connect`` (may be empty)."""
+        if self.token is not None:
+            return {"token": self.token}
+        if self.user is not None and self.password is not None:
+            return {"user": self.user, "password": self.password}
+        return {}
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context of the NATS connections, or None for plain TCP.
@@ -150,7 +171,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = NatsConfig()
     g = parser.add_argument_group("NATS JetStream (gateway and workers must agree on these)")
     g.add_argument("--nats", action="append", default=[], metavar="URL",
-                   help="NATS server URL (repeatable, or comma-separated; default nats://127.0.0.1:4222)")
+                   help="NATS server URL (repeatable, or comma-separated; default nats://127.0.0.1:4222); credentials "
+                        "come from $SMITH_NATS_USER and $SMITH_NATS_PASSWORD, or $SMITH_NATS_TOKEN")
     g.add_argument("--nats-prefix", default=d.prefix, metavar="PREFIX", help=f"subject prefix (default {d.prefix})")
     g.add_argument("--nats-command-stream", default=d.command_stream, metavar="NAME", help=f"work-queue stream of commands (default {d.command_stream})")
     g.add_argument("--nats-event-stream", default=d.event_stream, metavar="NAME", help=f"stream of events (default {d.event_stream})")
@@ -172,13 +194,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nats-tls-key", metavar="PEM", help="the client certificate's private key")
 
 
-def from_arguments(args: argparse.Namespace) -> NatsConfig:
+def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> NatsConfig:
     """The :class:`NatsConfig` the options of :func:`add_arguments` describe.
+
+    Credentials come from ``environ`` (default ``os.environ``): ``SMITH_NATS_USER`` and
+    ``SMITH_NATS_PASSWORD``, or ``SMITH_NATS_TOKEN``.
 
     Raises:
         ValueError: a name or limit is invalid.
     """
     servers = tuple(url.strip() for item in args.nats for url in item.split(",") if url.strip())
+    env = os.environ if environ is None else environ
     return NatsConfig(
         servers=servers or NatsConfig.servers,
         prefix=args.nats_prefix,
@@ -196,4 +222,7 @@ def from_arguments(args: argparse.Namespace) -> NatsConfig:
         tls_ca=args.nats_tls_ca,
         tls_cert=args.nats_tls_cert,
         tls_key=args.nats_tls_key,
+        user=env.get("SMITH_NATS_USER") or None,
+        password=env.get("SMITH_NATS_PASSWORD") or None,
+        token=env.get("SMITH_NATS_TOKEN") or None,
     )

@@ -107,6 +107,7 @@ async def connect(
                 reconnected_cb=reconnected,
                 error_cb=error,
                 tls=tls,
+                **config.credentials(),
             )
             return nc
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
