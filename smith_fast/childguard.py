@@ -6,9 +6,9 @@ shells would be re-parented to init and run on. The guard closes that gap:
 
 * :func:`start` spawns this file as a small separate process (``python -I -S``, stdlib only, in a
   session of its own so a terminal's Ctrl-C does not reach it) reading a pipe from us.
-* For each shell, :mod:`smith_fast.process` writes ``+PID`` once it is spawned and ``-PID`` once it
-  has exited and its group was killed, *before* reaping it (Rust hook processes likewise): while a pid is registered it is ours
-  and unreaped, so its number (the group id) cannot be reused.
+* For each shell (and each Rust hook process), :mod:`smith_fast.process` writes ``+PID`` once it
+  is spawned and ``-PID`` once it has exited and its group was killed, *before* reaping it: while a
+  pid is registered it is ours and unreaped, so its number (the group id) cannot be reused.
 * When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
   every pid still registered: at once, so the groups are still ours. Linux does not hand out a
   number that is the group id of a live process, so a group id can only come back once every
