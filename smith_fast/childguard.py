@@ -22,11 +22,14 @@ Linux only.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 __all__ = ["active", "register", "start", "stop", "unregister"]
 
@@ -128,11 +131,21 @@ def _guard() -> None:
                 tracked.discard(int(line[1:]))
             elif op == b"!":
                 return
+    killed = []
     for pid in tracked:
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:  # the whole group is gone already
-            pass
+            continue
+        killed.append(pid)
+    if killed:  # on the service's stderr, in its log format (smith_fast.logs)
+        record = {
+            "ts": round(time.time(), 3), "level": "warning", "logger": "smith_fast.childguard",
+            "event": "the service died without stopping its commands; their process groups were killed",
+            "process_groups": sorted(killed),
+        }  # fmt: skip
+        with contextlib.suppress(OSError):
+            os.write(2, (json.dumps(record) + "\n").encode())
 
 
 if __name__ == "__main__":

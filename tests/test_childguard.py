@@ -91,6 +91,11 @@ def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> 
         assert srv.proc.wait(10) == -signal.SIGKILL  # type: ignore[union-attr]
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
         assert wait_until(lambda: not pid_alive(guard), 10)  # and the guard is gone too
+        # and it said so on the service's stderr, in the service's log format
+        shells = sorted(pids[0::2])  # `$$`: the shells, whose pids are the process group ids
+        assert wait_until(lambda: any(r.get("logger") == "smith_fast.childguard" for r in srv.logs), 5), srv.raw_stderr[-5:]
+        (record,) = [r for r in srv.logs if r.get("logger") == "smith_fast.childguard"]
+        assert record["level"] == "warning" and record["process_groups"] == shells
     finally:
         srv.stop()
         _kill_quietly(pids)
