@@ -22,14 +22,12 @@ from libc.string cimport memcmp, memcpy
 
 # Diagnosing a bad argument is cold: share the twin's code so the errors cannot drift.
 from smith_fast._events_py import (
-    _BYTES,
-    _FIELD,
-    _I32,
-    _MAP,
-    _OPT_I32,
-    _OPT_STR,
-    _STR,
-    _U64,
+    _ENVELOPE_ARGS,
+    _ERROR_ARGS,
+    _LOG_ARGS,
+    _SHELL_OUTPUT_ARGS,
+    _STATE_CHANGE_ARGS,
+    _TOOL_RESULT_ARGS,
     _invalid,
 )
 
@@ -492,17 +490,7 @@ def encode_shell_output(timestamp, sequence, request_id, stdout=None, stderr=Non
     try:
         return _shell_output(timestamp, sequence, request_id, stdout, stderr, exit_code, finished, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("request_id", _STR, request_id),
-                ("stdout", _OPT_STR, stdout),
-                ("stderr", _OPT_STR, stderr),
-                ("exit_code", _OPT_I32, exit_code),
-            ),
-        ) from None
+        raise _invalid(exc, _SHELL_OUTPUT_ARGS, (timestamp, sequence, request_id, stdout, stderr, exit_code)) from None
 
 
 def encode_log(timestamp, sequence, level, message, log_timestamp=0, request_id=None, fields=None, *,
@@ -529,18 +517,7 @@ def encode_log(timestamp, sequence, level, message, log_timestamp=0, request_id=
     try:
         return _log(timestamp, sequence, level, message, log_timestamp, request_id, fields, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("level", _I32, level),
-                ("message", _STR, message),
-                ("log_timestamp", _U64, log_timestamp),
-                ("request_id", _OPT_STR, request_id),
-                ("fields", _MAP, fields),
-            ),
-        ) from None
+        raise _invalid(exc, _LOG_ARGS, (timestamp, sequence, level, message, log_timestamp, request_id, fields)) from None
 
 
 def encode_state_change(timestamp, sequence, state, request_id=None, state_timestamp=0, *, framed=True):
@@ -564,16 +541,7 @@ def encode_state_change(timestamp, sequence, state, request_id=None, state_times
     try:
         return _state_change(timestamp, sequence, state, request_id, state_timestamp, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("state", _I32, state),
-                ("request_id", _OPT_STR, request_id),
-                ("state_timestamp", _U64, state_timestamp),
-            ),
-        ) from None
+        raise _invalid(exc, _STATE_CHANGE_ARGS, (timestamp, sequence, state, request_id, state_timestamp)) from None
 
 
 def encode_tool_result(timestamp, sequence, request_id, success, result=b"", error=None, duration_ms=0, *,
@@ -600,17 +568,7 @@ def encode_tool_result(timestamp, sequence, request_id, success, result=b"", err
     try:
         return _tool_result(timestamp, sequence, request_id, success, result, error, duration_ms, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("request_id", _STR, request_id),
-                ("result", _BYTES, result),
-                ("error", _OPT_STR, error),
-                ("duration_ms", _U64, duration_ms),
-            ),
-        ) from None
+        raise _invalid(exc, _TOOL_RESULT_ARGS, (timestamp, sequence, request_id, result, error, duration_ms)) from None
 
 
 def encode_error(timestamp, sequence, error_code, message, request_id=None, error_timestamp=0, details=None,
@@ -637,18 +595,7 @@ def encode_error(timestamp, sequence, error_code, message, request_id=None, erro
     try:
         return _error(timestamp, sequence, error_code, message, request_id, error_timestamp, details, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("error_code", _I32, error_code),
-                ("message", _STR, message),
-                ("request_id", _OPT_STR, request_id),
-                ("error_timestamp", _U64, error_timestamp),
-                ("details", _MAP, details),
-            ),
-        ) from None
+        raise _invalid(exc, _ERROR_ARGS, (timestamp, sequence, error_code, message, request_id, error_timestamp, details)) from None
 
 
 def encode_envelope(timestamp, sequence, field, payload, *, framed=True):
@@ -676,12 +623,4 @@ def encode_envelope(timestamp, sequence, field, payload, *, framed=True):
     try:
         return _envelope(timestamp, sequence, field, payload, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("field", _FIELD, field),
-                ("payload", _BYTES, payload),
-            ),
-        ) from None
+        raise _invalid(exc, _ENVELOPE_ARGS, (timestamp, sequence, field, payload)) from None

@@ -219,18 +219,45 @@ def _check(name: str, kind: int, value: object) -> Exception | None:
     return None
 
 
-def _invalid(exc: Exception, args: tuple[tuple[str, int, object], ...]) -> Exception:
+def _invalid(exc: Exception, spec: tuple[tuple[str, int], ...], values: tuple[object, ...]) -> Exception:
     """The error to raise for a failed call: the first invalid argument's, else ``exc`` itself.
 
     Both twins detect bad input on their fast path by whatever exception it happens to raise, then
-    call this with the arguments in signature order, so the error reported never depends on which
-    twin ran or on the order in which it looked at the fields.
+    call this with the encoder's ``spec`` (below) and its arguments in signature order, so the error
+    reported never depends on which twin ran or on the order in which it looked at the fields.
     """
-    for name, kind, value in args:
+    for (name, kind), value in zip(spec, values, strict=True):
         err = _check(name, kind, value)
         if err is not None:
             return err
     return exc
+
+
+# Each encoder's checked arguments in signature order, and what each must be: one table for both
+# twins, so their errors cannot drift.
+_SHELL_OUTPUT_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("request_id", _STR), ("stdout", _OPT_STR),
+    ("stderr", _OPT_STR), ("exit_code", _OPT_I32),
+)
+_LOG_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("level", _I32), ("message", _STR), ("log_timestamp", _U64),
+    ("request_id", _OPT_STR), ("fields", _MAP),
+)
+_STATE_CHANGE_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("state", _I32), ("request_id", _OPT_STR),
+    ("state_timestamp", _U64),
+)
+_TOOL_RESULT_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("request_id", _STR), ("result", _BYTES), ("error", _OPT_STR),
+    ("duration_ms", _U64),
+)
+_ERROR_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("error_code", _I32), ("message", _STR),
+    ("request_id", _OPT_STR), ("error_timestamp", _U64), ("details", _MAP),
+)
+_ENVELOPE_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("field", _FIELD), ("payload", _BYTES),
+)
 
 
 def encode_shell_output(
@@ -281,17 +308,7 @@ def encode_shell_output(
             parts.append(b"\x28\x01")
         return _event(timestamp, sequence, b"\x2a", b"".join(parts), framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("request_id", _STR, request_id),
-                ("stdout", _OPT_STR, stdout),
-                ("stderr", _OPT_STR, stderr),
-                ("exit_code", _OPT_I32, exit_code),
-            ),
-        ) from None
+        raise _invalid(exc, _SHELL_OUTPUT_ARGS, (timestamp, sequence, request_id, stdout, stderr, exit_code)) from None
 
 
 def encode_log(
@@ -342,18 +359,7 @@ def encode_log(
             _map_entries(b"\x2a", fields, parts)
         return _event(timestamp, sequence, b"\x1a", b"".join(parts), framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("level", _I32, level),
-                ("message", _STR, message),
-                ("log_timestamp", _U64, log_timestamp),
-                ("request_id", _OPT_STR, request_id),
-                ("fields", _MAP, fields),
-            ),
-        ) from None
+        raise _invalid(exc, _LOG_ARGS, (timestamp, sequence, level, message, log_timestamp, request_id, fields)) from None
 
 
 def encode_state_change(
@@ -397,16 +403,7 @@ def encode_state_change(
             parts += (b"\x18", ts)
         return _event(timestamp, sequence, b"\x12", b"".join(parts), framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("state", _I32, state),
-                ("request_id", _OPT_STR, request_id),
-                ("state_timestamp", _U64, state_timestamp),
-            ),
-        ) from None
+        raise _invalid(exc, _STATE_CHANGE_ARGS, (timestamp, sequence, state, request_id, state_timestamp)) from None
 
 
 def encode_tool_result(
@@ -459,17 +456,7 @@ def encode_tool_result(
             parts += (b"\x28", dur)
         return _event(timestamp, sequence, b"\x32", b"".join(parts), framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("request_id", _STR, request_id),
-                ("result", _BYTES, result),
-                ("error", _OPT_STR, error),
-                ("duration_ms", _U64, duration_ms),
-            ),
-        ) from None
+        raise _invalid(exc, _TOOL_RESULT_ARGS, (timestamp, sequence, request_id, result, error, duration_ms)) from None
 
 
 def encode_error(
@@ -523,18 +510,7 @@ def encode_error(
             _map_entries(b"\x2a", details, parts)
         return _event(timestamp, sequence, b"\x4a", b"".join(parts), framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("error_code", _I32, error_code),
-                ("message", _STR, message),
-                ("request_id", _OPT_STR, request_id),
-                ("error_timestamp", _U64, error_timestamp),
-                ("details", _MAP, details),
-            ),
-        ) from None
+        raise _invalid(exc, _ERROR_ARGS, (timestamp, sequence, error_code, message, request_id, error_timestamp, details)) from None
 
 
 def encode_envelope(
@@ -574,12 +550,4 @@ def encode_envelope(
             payload = memoryview(payload).cast("B")  # type: ignore[assignment]  # len() counts bytes
         return _envelope(timestamp, sequence, tag, payload, framed)
     except Exception as exc:
-        raise _invalid(
-            exc,
-            (
-                ("timestamp", _U64, timestamp),
-                ("sequence", _U64, sequence),
-                ("field", _FIELD, field),
-                ("payload", _BYTES, payload),
-            ),
-        ) from None
+        raise _invalid(exc, _ENVELOPE_ARGS, (timestamp, sequence, field, payload)) from None
