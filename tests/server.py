@@ -42,6 +42,16 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
+        """Launch it and wait until it says it is ready (RuntimeError, and stopped, if it does not)."""
+        ready = self.launch()
+        if not ready.wait(timeout) or not self.ready:
+            self.stop()
+            raise RuntimeError("server did not become ready:\n" + "\n".join(self.raw_stderr))
+        return self
+
+    def launch(self) -> threading.Event:
+        """Start the process and the thread collecting its stderr; the event is set once it is ready
+        or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, cwd=ROOT, env=self.env)
         ready = threading.Event()
@@ -69,10 +79,7 @@ class ServerProcess:
 
         self.ready = False
         threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(timeout) or not self.ready:
-            self.stop()
-            raise RuntimeError("server did not become ready:\n" + "\n".join(self.raw_stderr))
-        return self
+        return ready
 
     @property
     def pid(self) -> int:
@@ -105,6 +112,12 @@ def _stat(pid: int) -> tuple[int, str] | None:
         return None
     rest = data.rsplit(")", 1)[1].split()
     return int(rest[1]), rest[0]  # ppid, state
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (None once it is gone), from /proc."""
+    st = _stat(pid)
+    return None if st is None else st[0]
 
 
 def is_child_guard(pid: int) -> bool:

@@ -21,7 +21,7 @@ import pytest
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V1Peer, kind, terminal
-from .server import ROOT, ServerProcess, descendants, is_child_guard, pid_alive, wait_until
+from .server import ROOT, ServerProcess, descendants, is_child_guard, parent_of, pid_alive, wait_until
 
 # the shell's own pid, then its background job's, then both sleep
 SPAWN = "sleep 300 & echo $$ $!; wait"
@@ -33,7 +33,7 @@ def _guard_of(pid: int) -> int:
     def look() -> bool:
         found[:] = [
             int(e) for e in os.listdir("/proc")
-            if e.isdigit() and is_child_guard(int(e)) and _ppid(int(e)) == pid
+            if e.isdigit() and is_child_guard(int(e)) and parent_of(int(e)) == pid
         ]  # fmt: skip
         return len(found) == 1
 
@@ -46,13 +46,6 @@ def _ignores_terminal_signals(pid: int) -> bool:
     status = pathlib.Path(f"/proc/{pid}/status").read_text()
     ignored = int(status.split("SigIgn:")[1].split()[0], 16)
     return all(ignored >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-
-
-def _ppid(pid: int) -> int:
-    try:
-        return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError):
-        return -1
 
 
 def _pids_from(peer: V1Peer, *rids: str) -> list[int]:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import pathlib
-import select
 import shutil
 import signal
 import socket
@@ -685,8 +684,7 @@ async def test_tracing_through_the_gateway(tmp_path: pathlib.Path) -> None:
     processes export over OTLP/HTTP to one receiver."""
     from .otlp_sink import OtlpSink
 
-    caller_trace, caller_span = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
-    caller = f"00-{caller_trace:032x}-{caller_span:016x}-01"
+    from .test_tracing import CALLER as caller, CALLER_SPAN as caller_span, CALLER_TRACE as caller_trace
     root = tmp_path / "root"
     root.mkdir()
     nats = NatsServer(tmp_path / "store").start()
@@ -776,9 +774,9 @@ async def test_token_authentication(tmp_path: pathlib.Path) -> None:
         (tmp_path / "bad").mkdir()
         bad = SmithProcess(tmp_path / "bad", "worker", "--nats", nats.url, *NATS_FAST, "--root", str(root))
         bad.env.pop("SMITH_NATS_TOKEN", None)
-        bad.proc = subprocess.Popen(bad.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=bad.env)
+        bad.launch()
         procs.append(bad)
-        complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line, 30)
+        complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line)
         assert "authorization" in complaint.lower(), complaint
     finally:
         for proc in procs:
@@ -786,27 +784,11 @@ async def test_token_authentication(tmp_path: pathlib.Path) -> None:
         nats.stop()
 
 
-def _first_line(proc: SmithProcess, pred: Callable[[str], bool], timeout: float) -> str:
-    """The first line of ``proc``'s stderr (a pipe) that satisfies ``pred``; fails after ``timeout`` s."""
-    assert proc.proc is not None and proc.proc.stderr is not None
-    fd = proc.proc.stderr.fileno()
-    deadline = time.monotonic() + timeout
-    buf = b""
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            break
-        *lines, buf = (buf + chunk).split(b"\n")
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            seen.append(line)
-            if pred(line):
-                return line
-    raise AssertionError("no such line; stderr was:\n" + "\n".join(seen[-20:]))
+def _first_line(proc: SmithProcess, pred: Callable[[str], bool]) -> str:
+    """The first line of ``proc``'s stderr that satisfies ``pred``, waiting 30 s at most."""
+    found = lambda: next((line for line in proc.raw_stderr if pred(line)), None)  # noqa: E731
+    assert wait_until(lambda: found() is not None, 30), "\n".join(proc.raw_stderr[-20:])
+    return found()  # type: ignore[return-value]
 
 
 async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
@@ -835,10 +817,10 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
         # only the CA: the server wants a client certificate and refuses the handshake
         for role, extra in [("worker", ("--root", str(root))), ("gateway", ("--unix", str(tmp_path / "bad" / "gw.sock")))]:
             bad = SmithProcess(tmp_path / "bad", role, "--nats", nats.url, "--nats-tls-ca", pki["ca.pem"], *NATS_FAST, *extra)
-            bad.proc = subprocess.Popen(bad.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+            bad.launch()
             procs.append(bad)
             # it keeps trying (the server may be fixed), and says why: a warning naming the TLS failure
-            complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line and "SSL" in line, 30)
+            complaint = await asyncio.to_thread(_first_line, bad, lambda line: "nats connection failed" in line and "SSL" in line)
             assert "certificate required" in complaint.lower() or "handshake failure" in complaint.lower(), (role, complaint)
             # and, never connected, it still stops at once on SIGTERM
             bad.proc.send_signal(signal.SIGTERM)

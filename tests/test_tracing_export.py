@@ -16,10 +16,8 @@ from smith_fast.pb import smith_pb2 as pb
 from .otlp_sink import OtlpSink, ReceivedSpan
 from .peers import V1Peer, kind, terminal
 from .server import ServerProcess, wait_until
+from .test_tracing import CALLER, CALLER_SPAN, CALLER_TRACE
 
-CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C
-CALLER_SPAN = 0xB7AD6B7169203331
 
 
 def _named(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:

@@ -61,13 +61,17 @@ def sniff_version(head: bytes) -> int:
     return 0 if head[0] == 0x7B and head[1] in _V0_SECOND_BYTES else 1
 
 
+def tcp_address(host: str, port: int) -> str:
+    """``tcp:HOST:PORT`` (an IPv6 host in brackets), as listeners are named and ``--tcp`` is written."""
+    return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
+
+
 def describe_peer(transport: asyncio.BaseTransport) -> str:
     """The peer for logs, metrics and span attributes: ``tcp:HOST:PORT``, or for a Unix socket
     (whose clients are unnamed) the listener's path and the client's pid and uid (``SO_PEERCRED``)."""
     peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
-        host, port = peer[0], peer[1]
-        return f"tcp:[{host}]:{port}" if ":" in str(host) else f"tcp:{host}:{port}"
+        return tcp_address(str(peer[0]), peer[1])
     if peer:  # a named Unix client socket, or something else that names itself
         return f"unix:{peer}" if isinstance(peer, str) else str(peer)
     text = f"unix:{transport.get_extra_info('sockname') or '?'}"

@@ -17,7 +17,7 @@ from .. import childguard, process, tracing
 from ..hooks import HookLoadError, load_hook_file
 from ..logs import get_logger
 from .config import ServiceConfig
-from .connection import Connection
+from .connection import Connection, tcp_address
 from .core import ServiceCore
 
 if TYPE_CHECKING:
@@ -212,8 +212,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
         server = await loop.create_server(factory, host, port, reuse_address=True)
         servers.append(server)
         for sock in server.sockets:
-            h, p = sock.getsockname()[:2]
-            address = f"tcp:{h}:{p}" if ":" not in h else f"tcp:[{h}]:{p}"
+            address = tcp_address(*sock.getsockname()[:2])
             core.endpoints.append(address)
             log.info("listening", extra={"fields": {"address": address}})
     if listen.grpc:
