@@ -289,11 +289,13 @@ class Connection(asyncio.BufferedProtocol):
         try:
             command = self._codec.decode_command(line)
         except ProtocolError as exc:
-            session.protocol_error(exc)
             # An unknown capability does not fail the handshake: the rest are still granted.
             command = getattr(exc, "command", None)
             if command is None:
+                # A line whose request_id was readable is a refused request: its terminal state too.
+                (session.reject if exc.request_id else session.protocol_error)(exc)
                 return
+            session.protocol_error(exc)
         if session.recorder is not None:
             session.recorder.record_command(command)
         if not session.authenticated and command.WhichOneof("command_type") == "handshake":

@@ -159,7 +159,8 @@ class Session:
             self._handshake(command.handshake)
             return
         if not self.authenticated:
-            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token")
+            rid = getattr(getattr(command, kind), "request_id", None) if kind else None
+            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", rid)
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
@@ -223,9 +224,11 @@ class Session:
         self.sink.error(code, message, rid, details)
 
     def reject(self, exc: ProtocolError) -> None:
-        """Refuse a request before it starts: its error, then its terminal ERROR state."""
+        """Refuse a request before it starts: its error, then its terminal ERROR state, unless a
+        request with that id is running: the id's one terminal state is then that request's
+        (PROTOCOL.md, "Terminal states")."""
         self.protocol_error(exc)
-        if exc.request_id:
+        if exc.request_id and exc.request_id not in self._tasks:
             self.sink.state_change(pb.SERVICE_STATE_ERROR, exc.request_id)
 
     # ---- handshake ----------------------------------------------------------------------------
@@ -553,13 +556,17 @@ class Session:
         self._close()
         self._stop_recording()
 
-    def _deny(self, message: str) -> None:
-        """A wrong or missing token: say so, close (the gRPC front then fails the call UNAUTHENTICATED)."""
+    def _deny(self, message: str, rid: str | None = None) -> None:
+        """A wrong or missing token: say so, end the refused request ``rid`` (if any), close (the
+        gRPC front then fails the call UNAUTHENTICATED)."""
         if self._closing:  # what the peer sent after the refusal, in the same read
             return
         log.warning("authentication failed", extra={"fields": {"peer": self.peer, "error": message}})
         self.denied = True
-        self.abort(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", {"reason": "unauthenticated"})
+        self._error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
+        if rid:
+            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        self._teardown()
 
     def expire(self, reason: str, message: str) -> None:
         """A deadline passed (:class:`~smith_fast.service.guard.Deadlines`): say why, then close.
