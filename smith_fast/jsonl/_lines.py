@@ -12,13 +12,15 @@ _BLANK = b" \t\r"
 
 def _line_too_long(offset: int, size: int, limit: int, complete: bool) -> FrameTooLarge:
     more = "" if complete else " so far"
-    return FrameTooLarge(
+    err = FrameTooLarge(
         f"line at byte offset {offset} exceeds max_line_size {limit} ({size} bytes{more}); "
         "it is discarded up to the next newline",
         offset,
         size,
         limit,
     )
+    err.complete = complete  # type: ignore[attr-defined]  (whether size is the whole line's: session logs keep it)
+    return err
 
 
 class LineDecoder:
@@ -33,7 +35,8 @@ class LineDecoder:
     :class:`~smith_fast.errors.FrameTooLarge` in the feed where it crosses the limit; its bytes are
     dropped as they arrive (never buffered) up to the next ``\\n``, and decoding goes on from there.
     The lines that the failing feed did complete are on the exception: ``exc.frames`` holds them in
-    stream order and ``exc.index`` is how many of them came before the oversize line. When one feed
+    stream order and ``exc.index`` is how many of them came before the oversize line;
+    ``exc.complete`` says whether ``exc.size`` is the whole line's (its newline was seen). When one feed
     holds several oversize lines, all are dropped and the error describes the first.
 
     Args:

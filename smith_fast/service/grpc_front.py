@@ -47,6 +47,7 @@ from ..pb import smith_pb2 as pb
 from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
 from .guard import TOKEN_KEY, Deadlines, metadata_token, token_matches
 from .health import SERVICE_NAMES
+from .redact import redacted_bytes
 from .session import Session
 from .sinks import V1Sink
 
@@ -169,6 +170,8 @@ class _Stream:
             try:
                 env = pb.Envelope.FromString(raw)
             except DecodeError as exc:
+                if session.recorder is not None:  # kept as it arrived, so a replay sends it again
+                    session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
                 session.protocol_error(
                     ProtocolError(
                         f"a {len(raw)}-byte message is not a valid Envelope ({exc}); it was skipped",
