@@ -278,3 +278,25 @@ def test_the_token_stays_out_of_raw_records(guarded: ServerProcess, protocol: st
     printed = subprocess.run([sys.executable, "-m", "smith_fast", "replay", str(log), "--print"], capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and TOKEN not in printed.stdout
     assert any(json.loads(line).get("kind") == "malformed" for line in printed.stdout.splitlines())
+
+
+def test_format_1_logs_are_still_read(tmp_path: pathlib.Path) -> None:
+    """A log written before the raw kinds existed (format 1: Envelopes only, a v0 line as its decoded
+    command) reads as it did; a raw kind in a format 1 file can only be damage: reading stops there."""
+    from smith_fast.replay import SessionRecorder
+    from smith_fast.replay.format import HEADER_FIXED, crc
+
+    rec = SessionRecorder.open(tmp_path, session_id="old", protocol_version=0, service_id="s")
+    rec.record_command(shell(rid := uid(), "echo old"))
+    rec.record_line(b'{"type":"Shutdown"}')
+    rec.close()
+    data = bytearray(rec.path.read_bytes())
+    magic, _, reserved, size, checksum = HEADER_FIXED.unpack_from(data)
+    data[: HEADER_FIXED.size] = HEADER_FIXED.pack(magic, 1, reserved, size, checksum)
+    header, records, torn = read_log(bytes(data))
+    assert header.format_version == 1 and crc(bytes(data[HEADER_FIXED.size : HEADER_FIXED.size + size])) == checksum
+    assert [r.parse().command.shell_exec.request_id for r in records] == [rid]
+    assert torn is not None and torn.reason == "unknown record kind 2"
+    header, records, torn = read_log(rec.path)  # as written: format 2, both records
+    assert header.format_version == 2 and torn is None
+    assert [r.kind for r in records] == ["in", "line"]
