@@ -300,3 +300,33 @@ def test_format_1_logs_are_still_read(tmp_path: pathlib.Path) -> None:
     header, records, torn = read_log(rec.path)  # as written: format 2, both records
     assert header.format_version == 2 and torn is None
     assert [r.kind for r in records] == ["in", "line"]
+
+
+def test_a_grpc_session_with_bad_messages_replays_with_no_difference(tmp_path: pathlib.Path) -> None:
+    """A gRPC ``Stream`` is recorded as a v1 session: its messages that are not an Envelope too."""
+    import grpc
+
+    srv = ServerProcess(tmp_path, "--record", str(tmp_path / "rec"), "--grpc", "127.0.0.1:0", *LIMITS).start()
+    try:
+        rid, hook = uid(), uid()
+        messages = [
+            b"\xff\xff\xff\xff",  # not an Envelope
+            pb.Envelope(command=handshake(1, [pb.CAPABILITY_SHELL_EXEC, 99])).SerializeToString(),
+            b"\x0a",  # cut short
+            pb.Envelope(command=pb.Command()).SerializeToString(),  # an empty command
+            pb.Envelope(command=pb.Command(hook_load=pb.HookLoadCommand(request_id=hook, hook_type="cobol"))).SerializeToString(),
+            pb.Envelope(command=shell(rid, "echo via grpc")).SerializeToString(),
+        ]
+        with grpc.insecure_channel(srv.grpc.removeprefix("grpc:")) as channel:
+            call = channel.stream_stream("/smith.v1.SmithService/Stream")(iter(messages))
+            replies = [pb.Envelope.FromString(data) for data in call]  # half-closed: ends once rid ended
+        assert any(e.event.state_change.request_id == rid and e.event.state_change.state == pb.SERVICE_STATE_READY for e in replies)
+        assert wait_until(lambda: len(list((tmp_path / "rec").glob("*.smithrec"))) == 1)
+        (log,) = (tmp_path / "rec").glob("*.smithrec")
+        assert wait_until(lambda: sum(not r.inbound for r in read_log(log)[1]) == len(replies))
+        assert [r.kind for r in read_log(log)[1] if r.inbound] == ["malformed", "in", "malformed", "in", "in", "in"]
+    finally:
+        assert srv.stop() == 0
+    assert_clean_log(srv)
+    same = replay_cli(log, "--fast", "--serve-args", " ".join(LIMITS))
+    assert same.returncode == 0, same.stdout + same.stderr

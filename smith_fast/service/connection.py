@@ -45,7 +45,7 @@ from .redact import redacted_bytes, redacted_line
 from .session import Session
 from .sinks import V0Sink, V1Sink, now_ms
 
-__all__ = ["Connection", "sniff_version"]
+__all__ = ["Connection", "invalid_envelope", "sniff_version"]
 
 log = get_logger("smith_fast.connection")
 
@@ -252,13 +252,7 @@ class Connection(asyncio.BufferedProtocol):
             except DecodeError as exc:
                 if session.recorder is not None:  # kept as it arrived, so a replay sends it again
                     session.recorder.record_malformed(redacted_bytes(frame, self.core.config.token))
-                session.protocol_error(
-                    ProtocolError(
-                        f"a {len(frame)}-byte frame is not a valid Envelope ({exc}); it was skipped",
-                        pb.ERROR_CODE_UNSPECIFIED,
-                        details={"reason": "invalid_envelope"},
-                    )
-                )
+                session.protocol_error(invalid_envelope(len(frame), exc))
                 continue
             session.handle_envelope(env)
         if fatal is not None:
@@ -427,6 +421,16 @@ class Connection(asyncio.BufferedProtocol):
         else:  # nothing (or one byte) received: no protocol, no session
             log.info("closing connection", extra={"fields": {"peer": self.peer, "reason": reason}})
             self._refuse(self._version(self._head), pb.ERROR_CODE_UNSPECIFIED, message, {"reason": reason})
+
+
+def invalid_envelope(size: int, exc: DecodeError) -> ProtocolError:
+    """The error for a v1 frame or gRPC message that is not an Envelope: worded alike on both
+    fronts, so a recorded gRPC session replays over a socket with the same answers."""
+    return ProtocolError(
+        f"a {size}-byte message is not a valid Envelope ({exc}); it was skipped",
+        pb.ERROR_CODE_UNSPECIFIED,
+        details={"reason": "invalid_envelope"},
+    )
 
 
 def _prefix_at(data: bytes, at: int) -> bytes:
