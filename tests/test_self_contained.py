@@ -1,5 +1,6 @@
 """The repository stands alone: nothing in it depends on files beside it, and every document the code
-cites (``docs/PLANS.md``, ``PROTOCOL.md, "Section"``) is in it, with the section it names."""
+cites (``docs/PLANS.md``; PROTOCOL.md followed by a section name in quotes) is in it, with the
+section it names."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # What a plain clone holds and `make test` reads; generated and installed files are not the repo's.
 SCOPE = ("smith_fast/", "tests/", "bench/", "fuzz/", "proto/", "docs/", ".ci/")
 TOP_LEVEL = ("Makefile", "setup.py", "pyproject.toml", "requirements-dev.txt")
-# Written in pieces, so that this file does not match itself.
-OUTSIDE = (".." + "/shared", "wire_notes" + ".md", "shared" + "/spec")
+# Written in pieces, so that this file does not match itself. The last one is how a test reached
+# beside the repository before (ROOT being the repository's root).
+OUTSIDE = (".." + "/shared", "wire_notes" + ".md", "shared" + "/spec", "ROOT" + ".parent")
 # A cited Markdown file, optionally in ``backticks``, optionally followed by , "Section".
 CITATION = re.compile(r'(?<![\w./-])(?P<file>[\w./-]*\w\.md)\b`{0,2}(?:\s*,\s*"(?P<section>[^"\n]+)")?')
 # Headings, and the bold run-in labels that open a paragraph or a list item (**Trust.** ...).
