@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
 
-SUPPORTED_VERSIONS = (1, 0)  # in order of preference (wire_notes.md, "Negotiation")
+SUPPORTED_VERSIONS = (1, 0)  # in order of preference (PROTOCOL.md, "Negotiation")
 # What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
 ACCEPTABLE = ("batch_event", "health", "metrics")
 
@@ -90,7 +90,7 @@ class ServiceCore:
         return Session(self, sink, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
-        """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.
+        """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
 
         Args:
             requested: capability numbers as the peer listed them (duplicates allowed).

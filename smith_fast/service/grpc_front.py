@@ -86,7 +86,7 @@ GRPC_STATUS: dict[int, grpc.StatusCode] = {
 
 
 def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateResponse:
-    """Answer a ``NegotiateRequest`` by the handshake's rules (wire_notes.md, "Negotiation").
+    """Answer a ``NegotiateRequest`` by the handshake's rules (PROTOCOL.md, "Negotiation").
 
     The selected version is the first of ours (1, then 0) that the client supports;
     ``fallback_to_jsonl`` is true when that is 0, and ``service_metadata["jsonl_endpoints"]`` then
