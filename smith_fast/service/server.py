@@ -18,7 +18,7 @@ from ..hooks import HookLoadError, load_hook_file
 from ..logs import get_logger
 from .config import ServiceConfig
 from .connection import Connection, tcp_address
-from .core import ServiceCore
+from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 
 if TYPE_CHECKING:
     from .grpc_front import GrpcFront
@@ -93,7 +93,7 @@ async def _open_grpc(core: ServiceCore, listen: ListenConfig) -> GrpcFront:
     front = GrpcFront(core, tls=_tls(listen))
     for host, port in hosts:
         address = front.add_port(host, port)
-        core.endpoints.append(address)
+        core.endpoints.append(Endpoint(address, (1,)))  # a Stream call is v1, whatever --protocol says
         log.info("listening", extra={"fields": {"address": address, "tls": front.tls is not None}})
     await front.start()
     return front
@@ -227,11 +227,12 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
 
     # asyncio (and uvloop) call listen() again when serving starts, with their own default unless told
     backlog = listen_backlog(config.limits.max_connections)
+    versions = LISTENER_VERSIONS[config.protocol]  # what Negotiate may point a frontend at
     for path in listen.unix:
         sock = _unix_socket(path, backlog)
         unix_paths.append(path)
         servers.append(await loop.create_unix_server(factory, sock=sock, backlog=backlog))
-        core.endpoints.append(f"unix:{path}")
+        core.endpoints.append(Endpoint(f"unix:{path}", versions))
         log.info("listening", extra={"fields": {"address": f"unix:{path}"}})
     for addr in listen.tcp:
         host, port = _checked(addr, "TCP", listen.allow_remote)
@@ -239,7 +240,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
         servers.append(server)
         for sock in server.sockets:
             address = tcp_address(*sock.getsockname()[:2])
-            core.endpoints.append(address)
+            core.endpoints.append(Endpoint(address, versions))
             log.info("listening", extra={"fields": {"address": address}})
     if listen.grpc:
         grpc_front = await _open_grpc(core, listen)
