@@ -123,3 +123,17 @@ def test_endpoint_list_format() -> None:
     assert endpoints(endpoint_list(addresses)) == addresses
     assert endpoint_list([]) == "" and endpoints("") == []
 
+
+
+def test_a_grpc_only_service_says_it_has_no_v0_listener() -> None:
+    from smith_fast.errors import ProtocolError
+    from smith_fast.service.config import ServiceConfig
+    from smith_fast.service.core import Endpoint, ServiceCore
+    from smith_fast.service.grpc_front import negotiate
+
+    core = ServiceCore(ServiceConfig())
+    core.endpoints.append(Endpoint("grpc:127.0.0.1:50051", (1,)))
+    with pytest.raises(ProtocolError, match=r"no listener of this service speaks version 0 \(it has no Unix or TCP listener\)") as info:
+        negotiate(core, pb.NegotiateRequest(supported_versions=[0]))
+    assert info.value.code == pb.ERROR_CODE_UNSUPPORTED_VERSION and info.value.details == {"supported_versions": "1"}
+    assert negotiate(core, pb.NegotiateRequest(supported_versions=[0, 1])).selected_version == 1

@@ -113,10 +113,9 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
         offered = ",".join(map(str, request.supported_versions)) or "none"
         ours = " and ".join(map(str, spoken))
         if 0 in request.supported_versions and 0 not in spoken:
-            message = (
-                f"the client supports {offered}, and no listener of this service speaks version 0 "
-                f"(its Unix and TCP listeners are pinned to v1: serve --protocol v1); connect with version {ours}"
-            )
+            pinned = any(not e.address.startswith("grpc:") for e in core.endpoints)
+            why = "its Unix and TCP listeners are pinned to v1: serve --protocol v1" if pinned else "it has no Unix or TCP listener"
+            message = f"the client supports {offered}, and no listener of this service speaks version 0 ({why}); connect with version {ours}"
         else:
             message = f"no protocol version in common: the client supports {offered}, this service {ours}"
         raise ProtocolError(message, pb.ERROR_CODE_UNSUPPORTED_VERSION, details={"supported_versions": ",".join(map(str, spoken))})
