@@ -3,7 +3,7 @@
 The format is protobuf's standard *delimited* encoding (Java ``writeDelimitedTo``, protobufjs
 ``encodeDelimited``, Go ``protodelim``): each message is preceded by its length as a base-128
 varint, least significant group first. A v1 Smith stream is a sequence of such frames, each an
-``Envelope`` (``PROTOCOL.md``, "v1 framing").
+``Envelope`` (PROTOCOL.md, "v1: varint-delimited Envelopes").
 
 This module is the specification: ``_framing_c`` must return the same frames and raise the same
 errors, with the same messages, for every input.

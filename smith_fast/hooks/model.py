@@ -113,7 +113,7 @@ def clip(text: str, limit: int = MAX_REASON) -> str:
 
 # --- payload shapes -------------------------------------------------------------------------------
 # A TRANSFORM must hand back exactly the keys it was given, with the same types; anything else is
-# "malformed" (HOOKS.md, "Payloads"). Checked by hand: this runs on every transform.
+# "malformed" (HOOKS.md, "Trigger points and payloads"). Checked by hand: this runs on every transform.
 
 
 def _opt_str(v: object) -> bool:
@@ -296,7 +296,7 @@ class Hook:
 
         Args:
             trigger: one of :data:`TRIGGERS`.
-            payload: the trigger's payload (HOOKS.md, "Payloads"); it is not modified.
+            payload: the trigger's payload (HOOKS.md, "Trigger points and payloads"); it is not modified.
 
         Returns:
             The hook's :class:`Decision` (``allow`` if the hook does not define ``trigger``).
