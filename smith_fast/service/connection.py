@@ -305,7 +305,7 @@ class Connection(asyncio.BufferedProtocol):
             command = getattr(exc, "command", None)
             if command is None:
                 # A line whose request_id was readable is a refused request: its terminal state too.
-                (session.reject if exc.request_id else session.protocol_error)(exc)
+                (session.refuse if exc.request_id else session.protocol_error)(exc)
                 return
             session.protocol_error(exc)
         else:
