@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "health", help="check whether a service is serving",
         description="Ask a service whether it is serving and print its status (and, in-stream, its figures). "
         "grpc:HOST:PORT uses the standard grpc.health.v1 service; unix:PATH and tcp:HOST:PORT ask in-stream. "
-        "Exits 0 when SERVING, 1 otherwise, 2 when the service cannot be reached.",
+        f"Exits 0 when SERVING, 1 otherwise, 2 when the service cannot be reached. {DURATIONS}.",
     )
     health.add_argument("address", metavar="ADDR", nargs="?", help="the same as --connect ADDR")
     _address_option(health, "none: an address is needed")
