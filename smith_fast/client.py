@@ -69,7 +69,7 @@ def _capability(name: str | int) -> int:
     if not isinstance(name, str):
         return name
     try:
-        return _CAPS[name]
+        return int(_CAPS[name])
     except KeyError:
         raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
 
@@ -209,7 +209,7 @@ class Client:
         self.protocol = protocol
         self.process = process
         self.token: str | None = None
-        self.address: str | None = None
+        self.address = None  # see __init__ and connect()
         self.ready: pb.ReadyEvent | None = None
         self.answered = False  # something Smith-shaped has arrived
         self.accepted: frozenset[str] = frozenset()
