@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .errors import SmithFastError
 from .logs import configure
-from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration
+from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration, secret
 from .startup import add_listen_options, add_service_options, listen_config, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def client_token(args: argparse.Namespace) -> str | None:
     """``--token``, else ``$SMITH_TOKEN``; an empty value means none."""
-    return getattr(args, "token", None) or os.environ.get("SMITH_TOKEN") or None
+    return secret(getattr(args, "token", None))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -306,6 +306,8 @@ async def _grpc_health(address: str, target: str, args: argparse.Namespace) -> t
     from grpc import aio
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from .client import ConnectError
+
     if args.tls_ca:
         with open(args.tls_ca, "rb") as f:
             channel = aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=f.read()))
@@ -319,7 +321,7 @@ async def _grpc_health(address: str, target: str, args: argparse.Namespace) -> t
             if exc.code() == grpc.StatusCode.NOT_FOUND:  # the standard service's answer for an unknown name
                 return "SERVICE_UNKNOWN", {}
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise _Unreachable(f"cannot connect: {exc.details()} (is smith-fast serve --grpc running there?)") from None
+                raise ConnectError(f"cannot connect to {address}: {exc.details()} (is smith-fast serve --grpc running there?)") from None
             raise _Unreachable(f"{exc.code().name}: {exc.details()}") from None
     return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status), {}
 

@@ -36,6 +36,7 @@ __all__ = [
     "option",
     "parse_duration",
     "parse_size",
+    "secret",
     "values",
 ]
 
@@ -71,6 +72,11 @@ def parse_duration(text: str) -> float:
     if match is None or match.group(2) not in _DURATION_UNITS:
         raise ValueError(f"{text!r} is not a duration (seconds, or with a ms/s/m/h suffix)")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def secret(flag_value: str | None, env: str = "SMITH_TOKEN", environ: Mapping[str, str] | None = None) -> str | None:
+    """A secret from its flag, else from ``$env`` (the safer place: arguments show in ``ps``); empty means none."""
+    return flag_value or (os.environ if environ is None else environ).get(env) or None
 
 
 def _milliseconds(text: str) -> int:

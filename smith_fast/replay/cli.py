@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import sys
 from typing import IO, Any
@@ -18,7 +17,7 @@ from typing import IO, Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
 
-from ..options import ADDRESS_FORMS, DURATIONS, HelpFormatter, parse_duration
+from ..options import ADDRESS_FORMS, DURATIONS, HelpFormatter, parse_duration, secret
 from .format import LogFormatError
 from .reader import LogReader, read_log
 from .replayer import Replayer
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     protocol = {"v1": 1, "v0": 0}.get(args.protocol) if args.protocol else None
     try:
-        token = args.token or os.environ.get("SMITH_TOKEN") or None
+        token = secret(args.token)
         replayer = Replayer(header, records, torn=torn, fast=args.fast, protocol=protocol, timeout=args.timeout, settle=args.settle, token=token)
         if args.spawn:
             result = asyncio.run(replayer.spawn(*shlex.split(args.serve_args)))
