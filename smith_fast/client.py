@@ -96,11 +96,15 @@ class ConnectionClosed(SmithFastError):
     """The connection ended before the awaited answer arrived."""
 
 
-class ConnectError(SmithFastError, ConnectionError):
-    """The service cannot be reached; the message names the address and says what to check."""
+class ConnectError(ConnectionClosed, ConnectionError):
+    """The service cannot be reached; the message names the address and says what to check.
+
+    A :class:`ConnectionClosed` (what a handshake on a dead connection raised before) and an
+    ``OSError`` (what connecting raised before), so that existing handlers of either still apply.
+    """
 
 
-class NotASmithService(ConnectError, ConnectionClosed):
+class NotASmithService(ConnectError):
     """Something answers at the address, but not the Smith protocol (an HTTP server, a gRPC port
     reached as a socket, the metrics port ...), or nothing answered the handshake in time."""
 
@@ -266,7 +270,7 @@ class Client:
             else:
                 reader, writer = await asyncio.open_connection(*target, limit=limit)
         except OSError as exc:
-            raise ConnectError(f"cannot connect to {name}: {_reason(exc)}") from None
+            raise ConnectError(f"cannot connect to {name}: {_reason(exc)}") from exc
         return cls(reader, writer, protocol=protocol, token=token, address=name)
 
     @classmethod
