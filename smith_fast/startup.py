@@ -10,12 +10,15 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import SmithFastError
 from .logs import get_logger
 from .options import add_options, values
 from .service.config import Limits, ServiceConfig
+
+if TYPE_CHECKING:
+    from .service.server import ListenConfig
 
 __all__ = [
     "add_listen_options",
@@ -85,9 +88,9 @@ def service_config(args: argparse.Namespace, command: str, **overrides: Any) -> 
     return config
 
 
-def listen_config(args: argparse.Namespace) -> Any:
+def listen_config(args: argparse.Namespace) -> ListenConfig:
     """The ``ListenConfig`` of :func:`add_listen_options`; TCP 127.0.0.1:7878 when none is given."""
-    from .service.server import ListenConfig
+    from .service.server import ListenConfig  # the listeners' modules only when a service starts
 
     listen = ListenConfig(
         stdio=args.stdio, unix=args.unix, tcp=args.tcp, grpc=args.grpc, metrics=args.metrics,
