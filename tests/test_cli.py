@@ -338,3 +338,19 @@ def test_readme_limits_table_matches_the_definition() -> None:
         opt = f.metadata["option"]
         assert opt.flag in rows, f"README's limits table lacks {opt.flag}"
         assert rows[opt.flag].split()[0] == UNITS[opt.unit].show(f.default), (opt.flag, rows[opt.flag])
+
+
+def test_size_and_duration_syntax() -> None:
+    from smith_fast.options import format_duration, format_size, parse_duration, parse_size
+
+    assert [parse_size(t) for t in ("65536", "64k", "64K", "1.5M", "16MiB", "1G", "2kb")] == [65536, 65536, 65536, 3 << 19, 16 << 20, 1 << 30, 2048]
+    assert [parse_duration(t) for t in ("1.5", "500ms", "30s", "2m", "1h", "0")] == [1.5, 0.5, 30.0, 120.0, 3600.0, 0.0]
+    for bad in ("", "-1", "5x", "1 2", "k"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert [format_size(n) for n in (16 << 20, 64 << 10, 1000, 0)] == ["16M", "64k", "1000", "0"]
+    assert [format_duration(s) for s in (2.0, 0.5, 300.0, 0)] == ["2s", "500ms", "300s", "0s"]
+    for n in (16 << 20, 64 << 10, 1000):
+        assert parse_size(format_size(n)) == n
