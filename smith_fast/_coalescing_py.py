@@ -22,6 +22,8 @@ from __future__ import annotations
 import operator
 import time
 
+from ._varint import encode as _varint
+
 __all__ = ["CommandBatcher", "EventBatcher", "WriteCoalescer"]
 
 # Field 2, wire type 0 (varint), value 1: BatchEvent.partial_batch / BatchCommand.require_ordering.
@@ -31,12 +33,7 @@ _HEADERS = [bytes((0x0A, n)) for n in range(0x80)]  # field 1, wire type 2, one-
 
 def _header(n: int) -> bytes:
     """Tag and length varint of a field-1 entry of ``n`` bytes; ``n >= 0x80``."""
-    out = bytearray(b"\x0a")
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return b"\x0a" + _varint(n)
 
 
 def _as_bytes(data: object) -> bytes:
