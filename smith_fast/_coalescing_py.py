@@ -38,11 +38,11 @@ def _header(n: int) -> bytes:
 
 def _as_bytes(data: object) -> bytes:
     """A private ``bytes`` copy of a bytes-like ``data``: the caller may reuse its buffer."""
-    return bytes(memoryview(data))  # type: ignore[arg-type]
+    return bytes(memoryview(data))  # type: ignore[arg-type]  # a probe: refusing non-buffers is the point
 
 
 def _positive(value: object, what: str) -> int:
-    n = operator.index(value)  # type: ignore[arg-type]
+    n = operator.index(value)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     if not 1 <= n < 1 << 62:
         raise ValueError(f"{what} must be in [1, 2**62), got {n}")
     return n

@@ -162,12 +162,12 @@ def _check(name: str, kind: int, value: object) -> Exception | None:
         return None
     if kind == _BYTES:
         try:
-            memoryview(value).cast("B")  # type: ignore[arg-type]
+            memoryview(value).cast("B")  # type: ignore[arg-type]  # a probe: refusing non-buffers is the point
         except (TypeError, ValueError, BufferError):
             return TypeError(f"{name} must be a C-contiguous bytes-like object, not {type(value).__name__}")
         return None
     try:
-        number = operator.index(value)  # type: ignore[call-overload]
+        number = operator.index(value)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     except TypeError:
         expected = "int or None" if kind == _OPT_I32 else "int"
         return TypeError(f"{name} must be {expected}, not {type(value).__name__}")
