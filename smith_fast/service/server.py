@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import childguard, process, tracing
+from ..errors import ListenError
 from ..hooks import HookLoadError, load_hook_file
 from ..logs import get_logger
 from .config import ServiceConfig
@@ -29,10 +30,6 @@ __all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError", "listen_backlog"
 log = get_logger("smith_fast.server")
 
 DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
-
-
-class ListenError(Exception):
-    """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
 
 
 @dataclass
