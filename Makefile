@@ -38,7 +38,8 @@ test: install $(INTEROP)/node_modules/.deps
 	$(VENV)/bin/pytest
 
 # The end-to-end report (smith_fast/bench): real servers, every contender, Markdown + JSON + PNG charts.
-# `make bench` writes bench/results/ (a few minutes on 2 cores); `make bench-quick` build/bench-quick/ (about a minute).
+# `make bench` writes bench/results/ (a few minutes on 2 cores); `make bench-quick` build/bench-quick/
+# (30-45 s on 2 cores once installed, depending on load; a fresh clone's first run adds ~35 s of install).
 bench: install
 	$(VENV)/bin/smith-fast bench --out bench/results
 

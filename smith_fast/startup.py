@@ -124,8 +124,6 @@ def run_service(command: str, main: Callable[[str], Coroutine[Any, Any, int]], l
 
     A failed start is reported once, as one plain line on stderr that names the command.
     """
-    from .service.server import ListenError
-
     factory, loop_name = pick_loop(loop)
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
@@ -136,7 +134,7 @@ def run_service(command: str, main: Callable[[str], Coroutine[Any, Any, int]], l
         else:
             print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)
         return 2
-    except (ListenError, OSError, SmithFastError, ValueError) as exc:
+    except (OSError, SmithFastError, ValueError) as exc:  # ListenError and StartupError among them
         print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

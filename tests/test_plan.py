@@ -51,7 +51,7 @@ from smith_fast.plan import (
 )
 from smith_fast.plan.http import HttpError, post
 from smith_fast.process import run_collect
-from smith_fast.tools import ToolContext, ToolRegistry
+from smith_fast.tools import ToolContext, default_registry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -873,7 +873,7 @@ class Runner:
     def __init__(self, root: Path, cwd: Path | None = None) -> None:
         self.root = root
         self.cwd = cwd or root
-        self.registry = ToolRegistry.default(entry_points=False)
+        self.registry = default_registry(entry_points=False)
         self.ctx = ToolContext(root)
         self.stdout: dict[str, bytes] = {}
         self.order: list[str] = []  # step refs in the order they finished

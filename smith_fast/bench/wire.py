@@ -185,7 +185,7 @@ def _loads() -> Callable[[bytes], Any]:
 
 
 class V0Wire(Wire):
-    """JSON lines (``wire_notes.md``, "v0"), parsed into dicts and read like a JSONL client would."""
+    """JSON lines (PROTOCOL.md, "v0: JSON lines"), parsed into dicts and read like a JSONL client would."""
 
     name = "v0"
     version = 0

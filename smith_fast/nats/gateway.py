@@ -28,7 +28,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
-from ..service.core import ServiceCore
+from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.session import Session
 from ..service.sinks import EventSink
 from .config import NatsConfig, is_token
@@ -408,8 +408,10 @@ class GatewayCore(ServiceCore):
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
         return GatewaySession(self, sink, **kwargs)
 
-    def service_info(self, version: int, granted: list[int]) -> dict[str, str]:
-        info = super().service_info(version, granted)
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]:
+        info = super().service_info(version, granted, accepted, interval_ms)
         info["smith_fast.gateway"] = self.bridge.gateway_id
         return info
 

@@ -23,7 +23,7 @@ from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
 from ..replay import SessionRecorder
 from ..tools import ToolOutcome
-from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
+from .core import ACCEPT_KEY, SUPPORTED_VERSIONS, ServiceCore, accept_additions, capability_name
 from .guard import REDACTED, TOKEN_KEY, command_size, redacted_handshake, request_size, token_matches, too_large
 from .health import health_response
 from .metrics import ResourceSampler
@@ -42,13 +42,6 @@ log = get_logger("smith_fast.session")
 _REQUIRES = {"shell_exec": pb.CAPABILITY_SHELL_EXEC}
 _HOOK_CAPS = {"js": pb.CAPABILITY_HOOKS_JS, "rust": pb.CAPABILITY_HOOKS_RUST}
 
-# Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
-ACCEPT_KEY = "smith_fast.accept"
-INTERVAL_KEY = "smith_fast.metrics_interval_ms"
-ACCEPTED_KEY = "smith_fast.accepted"
-DEFAULT_METRICS_INTERVAL_MS = 1000
-MIN_METRICS_INTERVAL_MS = 50
-MAX_METRICS_INTERVAL_MS = 3_600_000
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
@@ -260,7 +253,7 @@ class Session:
         granted, refused = self.core.grant(list(hs.capabilities))
         for cap, why in refused:
             self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
-        accepted, interval_ms, warnings = self._accept(hs.client_info) if self.version == 1 else ([], 0, [])
+        accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
@@ -278,13 +271,9 @@ class Session:
         ready.version = self.version
         ready.capabilities.extend(granted)
         ready.service_id = self.core.service_id
-        info = self.core.service_info(self.version, granted)
+        info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
             info["smith_fast.recording"] = str(self.recorder.path)
-        if self.version == 1:
-            info[ACCEPTED_KEY] = ",".join(accepted)
-            if "metrics" in accepted:
-                info[INTERVAL_KEY] = str(interval_ms)
         ready.service_info.update(info)
         self.sink.event(event)
         self.sink.state_change(pb.SERVICE_STATE_READY)
@@ -292,30 +281,6 @@ class Session:
             self.sink.log(pb.LOG_LEVEL_WARN, message, fields=fields)
         self._apply_accepted(frozenset(accepted), interval_ms)
         log.info("handshake", extra={"fields": {"peer": self.peer, "version": self.version, "granted": [capability_name(c) for c in granted], "accepted": accepted}})
-
-    @staticmethod
-    def _accept(client_info: Mapping[str, str]) -> tuple[list[str], int, list[tuple[str, dict[str, str]]]]:
-        """Which Envelope additions the peer asked for, its metrics interval, and warnings (message,
-        fields) about what was not understood."""
-        warnings: list[tuple[str, dict[str, str]]] = []
-        asked = [item.strip() for item in client_info.get(ACCEPT_KEY, "").split(",") if item.strip()]
-        accepted = [item for item in ACCEPTABLE if item in asked]
-        unknown = [item for item in asked if item not in ACCEPTABLE]
-        if unknown:
-            warnings.append(
-                (
-                    f"{ACCEPT_KEY}: {', '.join(unknown)} not known and ignored (known: {', '.join(ACCEPTABLE)})",
-                    {"key": ACCEPT_KEY, "ignored": ",".join(unknown)},
-                )
-            )
-        interval = DEFAULT_METRICS_INTERVAL_MS
-        raw = client_info.get(INTERVAL_KEY)
-        if raw is not None:
-            try:
-                interval = min(max(int(raw), MIN_METRICS_INTERVAL_MS), MAX_METRICS_INTERVAL_MS)
-            except ValueError:
-                warnings.append((f"{INTERVAL_KEY}={raw!r} is not a number of milliseconds; using {interval}", {"key": INTERVAL_KEY}))
-        return accepted, interval, warnings
 
     def _apply_accepted(self, accepted: frozenset[str], interval_ms: int) -> None:
         """Switch batching and the metrics reports on or off, as the latest handshake asked."""
