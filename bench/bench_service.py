@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
+from harness.server import ServerProcess
 from smith_fast.framing import FrameDecoder
-from tests.server import ServerProcess
 
 from .bench_process import ceiling as _ceiling  # the same blocking os.read loop, one definition
 

@@ -136,8 +136,8 @@ _round_trips: dict[str, tuple[float, float]] = {}  # mode -> (p50 µs, server CP
 
 @pytest.fixture(scope="module")
 def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, Any]]:
-    from tests.otlp_sink import OtlpSink
-    from tests.server import ServerProcess
+    from harness.otlp_sink import OtlpSink
+    from harness.server import ServerProcess
 
     plain_dir, otlp_dir = tmp_path_factory.mktemp("rt-plain"), tmp_path_factory.mktemp("rt-otlp")
     for root in (plain_dir, otlp_dir):

@@ -3,6 +3,6 @@ the fixtures they share. Part of the repository, not of the installed package.
 
 Modules: ``server`` (``smith-fast serve``/``worker``/``gateway`` processes and the /proc readers
 around them), ``nats_cluster`` (nats-server, and a cluster of workers behind a gateway),
-``otlp_sink`` (an OTLP/gRPC collector that keeps the spans it gets), ``twins`` (the wire-core twin
+``otlp_sink`` (an OTLP/HTTP trace receiver that keeps the spans it gets), ``twins`` (the wire-core twin
 fixtures).
 """

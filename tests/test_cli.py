@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .server import ServerProcess
+from harness.server import ServerProcess
 
 CLI = [sys.executable, "-m", "smith_fast"]
 

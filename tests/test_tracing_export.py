@@ -13,9 +13,9 @@ import pathlib
 
 from smith_fast.pb import smith_pb2 as pb
 
-from .otlp_sink import OtlpSink, ReceivedSpan
+from harness.otlp_sink import OtlpSink, ReceivedSpan
 from .peers import V1Peer, kind, terminal
-from .server import ServerProcess, wait_until
+from harness.server import ServerProcess, wait_until
 from .test_tracing import CALLER, CALLER_SPAN, CALLER_TRACE
 
 
