@@ -58,7 +58,7 @@ class Topology:
         self.serve: ServerProcess | None = None
         self.cluster: Cluster | None = None
         if name == "serve":
-            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, "--log-level", "info").start()
+            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, log_level="info").start()
             self.path = self.serve.sock_path
             self.root = self.serve.root
         else:

@@ -99,9 +99,7 @@ def servers(workspace: pathlib.Path) -> Iterator[Callable[[str], ServerProcess]]
         if loop not in running:
             sock_dir = workspace.parent / f"sock-{loop}"
             sock_dir.mkdir(exist_ok=True)
-            running[loop] = ServerProcess(
-                sock_dir, "--log-level", "info", "--max-output", "2G", loop=loop, root=workspace
-            ).start()
+            running[loop] = ServerProcess(sock_dir, "--max-output", "2G", loop=loop, root=workspace, log_level="info").start()
         return running[loop]
 
     yield get

@@ -123,7 +123,7 @@ def run(scale: Scale, contenders: Sequence[Contender], progress: Callable[[str],
         The :class:`Report` (its ``meta`` not filled in yet).
 
     Raises:
-        ServerStartError: a server did not start.
+        harness.server.ServerStartError: a server did not start.
         RuntimeError: a server does not run the configuration its contender claims.
     """
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
