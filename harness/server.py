@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 __all__ = [
@@ -206,7 +207,8 @@ def pid_alive(pid: int) -> bool:
     return st is not None and st[1] != "Z"
 
 
-def wait_until(pred, timeout: float = 10.0, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds passed (its last answer)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():

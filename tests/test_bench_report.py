@@ -179,3 +179,19 @@ def test_tracker_counts_ended_requests_and_refuses_failures() -> None:
             Tracker([RID]).feed(bad)
     with pytest.raises(ProtocolFailure, match="exit code 2"):
         Tracker([], [shell]).feed([(STATE, shell, processing, None), (OUTPUT, shell, 1, 2)])
+
+
+def test_the_runner_is_not_part_of_the_installed_package() -> None:
+    """What pip installs (pyproject's package list) is the runtime package alone: the report lives in
+    bench/report and what it shares with the tests in harness/, both run from a clone."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    installed = find_packages(str(ROOT), include=find["include"], exclude=find.get("exclude", ()))
+    assert "smith_fast" in installed
+    assert all(name == "smith_fast" or name.startswith("smith_fast.") for name in installed), installed
+    assert not [name for name in installed if "bench" in name or "tests" in name or "harness" in name], installed
+    runtime = "\n".join(path.read_text() for path in (ROOT / "smith_fast").rglob("*.py"))
+    assert not re.search(r"^\s*(from|import) (bench|tests|harness)\b", runtime, re.M)
