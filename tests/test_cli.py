@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from harness.server import ServerProcess
+from .server import ServerProcess
 
 CLI = [sys.executable, "-m", "smith_fast"]
 
