@@ -52,8 +52,6 @@ from smith_fast.plan.http import HttpError, post
 from smith_fast.process import run_collect
 from smith_fast.tools import ToolContext, ToolRegistry
 
-from .conftest import Runner
-
 pytestmark = pytest.mark.timeout(60)
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -65,11 +63,11 @@ def on_both_loops(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..
     """Run an async test through the ``run`` fixture (tests/conftest.py): on stdlib asyncio and on
     uvloop (ids ``[asyncio]``/``[uvloop]``), each on a fresh loop whose exception handler must not fire."""
 
-    def wrapper(run: Runner[None], **kwargs: Any) -> None:
+    def wrapper(run: Callable[[Coroutine[Any, Any, None]], None], **kwargs: Any) -> None:
         run(test(**kwargs))
 
     signature = inspect.signature(test)
-    run_param = inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Runner)
+    run_param = inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     wrapper.__signature__ = signature.replace(parameters=[run_param, *signature.parameters.values()])  # type: ignore[attr-defined]
     for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         setattr(wrapper, attr, getattr(test, attr))
