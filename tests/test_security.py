@@ -24,7 +24,7 @@ from smith_fast.replay import read_log
 from smith_fast.service.guard import REDACTED, metadata_token, token_matches
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
-from .server import ServerProcess, assert_clean_log, wait_until
+from harness.server import ServerProcess, assert_clean_log, wait_until
 
 TOKEN = "tok-3f9a1c77e2b04d8c"
 CLI = [sys.executable, "-m", "smith_fast"]
