@@ -82,7 +82,7 @@ class HookLoadError(SmithFastError):
         self.message = message
         self.diagnostics = diagnostics
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[HookLoadError], tuple[str, str]]:
         return (type(self), (self.message, self.diagnostics))
 
 
@@ -103,7 +103,7 @@ class HookFailure(SmithFastError):
         self.trigger = trigger
         self.reason = reason
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[HookFailure], tuple[str, str, str]]:
         return (type(self), (self.hook_id, self.trigger, self.reason))
 
 
@@ -207,7 +207,7 @@ _std_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 try:
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is optional
-    _orjson = None  # type: ignore[assignment]
+    _orjson = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
 
 
 def dumps(value: Any) -> str:

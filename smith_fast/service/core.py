@@ -12,7 +12,7 @@ from .. import __version__, framing
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
-from ..tools import ToolContext, ToolRegistry
+from ..tools import ToolContext, ToolRegistry, default_registry
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 
@@ -110,7 +110,7 @@ class ServiceCore:
         self.limits = config.limits
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
-        self.tools = ToolRegistry.default()
+        self.tools = default_registry()
         self.tool_context = ToolContext(
             root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
         )

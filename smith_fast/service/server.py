@@ -7,15 +7,14 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import signal
 import socket
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import childguard, process, tracing
-from ..hooks import HookLoadError, load_hook_file
+from ..errors import ListenError
 from ..logs import get_logger
+from . import lifecycle
 from .config import ServiceConfig
 from .connection import Connection, tcp_address
 from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
@@ -29,10 +28,6 @@ __all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError", "listen_backlog"
 log = get_logger("smith_fast.server")
 
 DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
-
-
-class ListenError(Exception):
-    """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
 
 
 @dataclass
@@ -198,27 +193,26 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe).
 
     ``core`` replaces the core built from ``config``: every listener then makes its sessions with
-    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers).
+    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers, and
+    runs no commands itself: no child guard then).
     """
-    loop = asyncio.get_running_loop()
     # Refuse a bad address or TLS setting before anything is bound.
     for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
+    runs_commands = core is None
     if core is None:
         core = ServiceCore(config, loop_name=loop_name)
-        childguard.start()  # a SIGKILLed service leaves no commands running
-    for path in config.hook_files:  # global hooks: a hook that does not load stops the start
-        try:
-            core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
-        except HookLoadError as exc:
-            raise ListenError(f"--hook {exc}") from None
-        log.info("global hook loaded", extra={"fields": {"hook": str(path), "hook_id": core.global_hooks[-1].id}})
-    if tracing.setup_from_env():
-        log.info("tracing exporter configured from OTEL_* variables")
+    async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
+        return await _listen(core, config, listen, loop_name)
+
+
+async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str) -> int:
+    """Open every listener, serve until stopped, close them and end the sessions."""
+    loop = asyncio.get_running_loop()
+    stop = lifecycle.stop_on_signals()
     servers: list[asyncio.base_events.Server] = []
     unix_paths: list[str] = []
-    stop = asyncio.Event()
     grpc_front: GrpcFront | None = None
     metrics_server: MetricsServer | None = None
 
@@ -249,8 +243,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name, "token_required": config.token is not None}})
     try:
         await stop.wait()
@@ -262,7 +254,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
             await grpc_front.begin_shutdown()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(core.shutdown(), timeout=config.limits.kill_grace + 5)
-        process.kill_all()
         if grpc_front is not None:
             with contextlib.suppress(Exception):
                 await grpc_front.stop(1.0)  # the sessions' last messages are queued by now
@@ -274,10 +265,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
         for path in unix_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        for hook in core.global_hooks:
-            with contextlib.suppress(Exception):
-                await hook.close()
-        tracing.shutdown()
         # give transports one tick to push their last bytes out
         await asyncio.sleep(0)
     return 0
