@@ -12,15 +12,14 @@ _BLANK = b" \t\r"
 
 def _line_too_long(offset: int, size: int, limit: int, complete: bool) -> FrameTooLarge:
     more = "" if complete else " so far"
-    err = FrameTooLarge(
+    return FrameTooLarge(
         f"line at byte offset {offset} exceeds max_line_size {limit} ({size} bytes{more}); "
         "it is discarded up to the next newline",
         offset,
         size,
         limit,
+        complete=complete,
     )
-    err.complete = complete  # type: ignore[attr-defined]  (whether size is the whole line's: session logs keep it)
-    return err
 
 
 class LineDecoder:

@@ -318,7 +318,7 @@ class Connection(asyncio.BufferedProtocol):
     def _line_too_long(self, error: FrameTooLarge) -> None:
         assert self.session is not None
         if self.session.recorder is not None:  # its bytes are gone; where and how long it was is kept
-            self.session.recorder.record_discarded(error.offset, error.size, complete=getattr(error, "complete", False))
+            self.session.recorder.record_discarded(error.offset, error.size, complete=error.complete)
         self.session.protocol_error(
             ProtocolError(
                 str(error),
