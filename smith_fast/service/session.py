@@ -152,7 +152,8 @@ class Session:
             self._handshake(command.handshake)
             return
         if not self.authenticated:
-            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token")
+            rid = getattr(getattr(command, kind), "request_id", None) if kind else None
+            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", rid)
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
@@ -160,7 +161,7 @@ class Session:
         request = getattr(command, kind)
         rid = getattr(request, "request_id", None)
         if not self.handshaken:
-            self.reject(
+            self.refuse(
                 ProtocolError(
                     f"{kind} before handshake: send a HandshakeCommand first",
                     pb.ERROR_CODE_UNSPECIFIED,
@@ -177,13 +178,13 @@ class Session:
             needed = _HOOK_CAPS.get(request.hook_type, -1)
         if needed is not None and needed not in self.granted:
             name = capability_name(needed) if needed >= 0 else f"hooks for {request.hook_type!r}"
-            self.reject(
+            self.refuse(
                 ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
             )
             return
         size = request_size(kind, request)
         if size > self.core.limits.max_command_size:
-            self.reject(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
+            self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
         if kind == "shell_exec":
             self._start(rid, self._shell_exec(rid, request), kind)
@@ -194,7 +195,7 @@ class Session:
         elif kind == "plan":
             self._start(rid, self._plan(rid, request), kind)
         else:
-            self.reject(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+            self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -216,10 +217,19 @@ class Session:
         self.sink.error(code, message, rid, details)
 
     def reject(self, exc: ProtocolError) -> None:
-        """Refuse a request before it starts: its error, then its terminal ERROR state."""
+        """End a request that did not run: its error, then its terminal ERROR state."""
         self.protocol_error(exc)
         if exc.request_id:
             self.sink.state_change(pb.SERVICE_STATE_ERROR, exc.request_id)
+
+    def refuse(self, exc: ProtocolError) -> None:
+        """Refuse a request before it starts (:meth:`reject`), unless a request with its id is
+        running: then only the error, as the id's one terminal state is that request's own
+        (PROTOCOL.md, "Terminal states")."""
+        if exc.request_id and exc.request_id in self._tasks:
+            self.protocol_error(exc)
+        else:
+            self.reject(exc)
 
     # ---- handshake ----------------------------------------------------------------------------
 
@@ -518,13 +528,17 @@ class Session:
         self._close()
         self._stop_recording()
 
-    def _deny(self, message: str) -> None:
-        """A wrong or missing token: say so, close (the gRPC front then fails the call UNAUTHENTICATED)."""
+    def _deny(self, message: str, rid: str | None = None) -> None:
+        """A wrong or missing token: say so, end the refused request ``rid`` (if any), close (the
+        gRPC front then fails the call UNAUTHENTICATED)."""
         if self._closing:  # what the peer sent after the refusal, in the same read
             return
         log.warning("authentication failed", extra={"fields": {"peer": self.peer, "error": message}})
         self.denied = True
-        self.abort(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", {"reason": "unauthenticated"})
+        self._error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
+        if rid:
+            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        self._teardown()
 
     def expire(self, reason: str, message: str) -> None:
         """A deadline passed (:class:`~smith_fast.service.guard.Deadlines`): say why, then close.
