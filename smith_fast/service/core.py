@@ -13,24 +13,14 @@ from ..plan import Planner, planner_from_options
 from ..tools import ToolContext, ToolRegistry
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
+from .negotiation import ACCEPTABLE, SUPPORTED_VERSIONS, capability_name
+from .runner import RunnerFactory, local_runner
+from .session import Session
 
 if TYPE_CHECKING:
-    from .session import Session
     from .sinks import EventSink
 
 __all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
-
-SUPPORTED_VERSIONS = (1, 0)  # in order of preference (wire_notes.md, "Negotiation")
-# What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
-ACCEPTABLE = ("batch_event", "health", "metrics")
-
-
-def capability_name(value: int) -> str:
-    """``CAPABILITY_SHELL_EXEC`` → ``shell_exec``; unknown numbers as their decimal value."""
-    try:
-        return smith_pb2.Capability.Name(value).removeprefix("CAPABILITY_").lower()
-    except ValueError:
-        return str(value)
 
 
 class ServiceCore:
@@ -39,9 +29,11 @@ class ServiceCore:
     Args:
         config: the service configuration.
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
+        runner: makes each session's request runner (default: requests run here; ``smith-fast
+            gateway`` passes one that forwards them to workers).
     """
 
-    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio") -> None:
+    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
         self.config = config
         self.limits = config.limits
         self.loop_name = loop_name
@@ -74,9 +66,10 @@ class ServiceCore:
         self.metrics = ServiceMetrics()
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
+        self.runner: RunnerFactory = runner or local_runner(self)
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
-        """The session of a new connection or gRPC stream (a gateway's core makes forwarding ones).
+        """The session of a new connection or gRPC stream, its requests run by this core's runner.
 
         Args:
             sink: where its events go.
@@ -85,9 +78,7 @@ class ServiceCore:
         Returns:
             The session.
         """
-        from .session import Session
-
-        return Session(self, sink, **kwargs)
+        return Session(self, sink, runner=self.runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
         """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.

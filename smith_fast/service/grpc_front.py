@@ -45,7 +45,8 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
-from .guard import TOKEN_KEY, Deadlines, metadata_token, token_matches
+from .auth import TOKEN_KEY, metadata_token, token_matches
+from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .session import Session
 from .sinks import V1Sink
