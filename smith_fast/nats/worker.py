@@ -64,16 +64,17 @@ _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
 
 
-class _EventSink(V1Sink):
-    """One command's events as Envelope messages, each published with its ``(attempt, index)`` id.
+class _Publication:
+    """Where one command's events go: Envelope messages, each published with its ``(attempt, index)`` id.
 
     The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
-    message (the sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
+    message (its sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
     so a burst of output costs one NATS message, not one per event.
     """
 
+    __slots__ = ("sink", "stored", "_publisher", "_subject", "_id", "_index", "_scheduled", "_loop")
+
     def __init__(self, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
-        super().__init__(self._publish, framed=False, notify=self._schedule)
         self._publisher = publisher
         self._subject = meta.reply
         self._id = f"{meta.session}.{meta.number}.{attempt}."
@@ -81,7 +82,8 @@ class _EventSink(V1Sink):
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
         self.stored: list[asyncio.Future[int]] = []
-        self.start_batching()
+        self.sink = V1Sink(self._publish, framed=False, notify=self._schedule)
+        self.sink.start_batching()
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -90,7 +92,7 @@ class _EventSink(V1Sink):
 
     def _flush(self) -> None:
         self._scheduled = False
-        self.flush_batch()
+        self.sink.flush_batch()
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
@@ -441,7 +443,8 @@ class Worker:
         attempt = msg.metadata.num_delivered
         kind = command.WhichOneof("command_type") or ""
         rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
-        sink = _EventSink(self.publisher, meta, attempt)
+        publication = _Publication(self.publisher, meta, attempt)
+        sink = publication.sink
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
         handed_back = False
         try:
@@ -452,8 +455,8 @@ class Worker:
                     sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             else:
                 handed_back = await self._session_run(meta, command, sink, rid, attempt)
-            if sink.stored:
-                await asyncio.gather(*sink.stored, return_exceptions=True)
+            if publication.stored:
+                await asyncio.gather(*publication.stored, return_exceptions=True)
             if handed_back:
                 with contextlib.suppress(Exception):
                     await msg.nak()
@@ -463,7 +466,7 @@ class Worker:
         finally:
             keepalive.cancel()
 
-    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: _EventSink, rid: str, attempt: int) -> bool:
+    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
         """Run the command in a session of its own; True when it was cut short by this worker's stop."""
         state = self._state(meta.session)
         try:
