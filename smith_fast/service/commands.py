@@ -36,7 +36,7 @@ class CommandSpec:
 
     Attributes:
         kind: its ``Command.command_type`` member (also its metrics label).
-        v0_name: its v0 JSON variant name.
+        v0_name: its v0 JSON variant name; None for a command v0 cannot carry (v1 only).
         needs: the capability it needs granted, from the request (-1: none serves it), or None.
         size: what ``--max-command-size`` measures of it, or None (not limited).
         handler: how the local runner runs it; None for the commands the session answers itself
@@ -45,7 +45,7 @@ class CommandSpec:
     """
 
     kind: str
-    v0_name: str
+    v0_name: str | None
     needs: Callable[[Any], int] | None = None
     size: Callable[[Any], int] | None = None
     handler: Handler | None = None
@@ -131,7 +131,8 @@ def _shell_capability(_cmd: pb.ShellExecCommand) -> int:
 
 
 def _spec(kind: str, **columns: Any) -> CommandSpec:
-    return CommandSpec(kind, COMMANDS_BY_ONEOF[kind][0], **columns)
+    variant = COMMANDS_BY_ONEOF.get(kind)
+    return CommandSpec(kind, variant[0] if variant is not None else None, **columns)
 
 
 COMMANDS: Mapping[str, CommandSpec] = {
