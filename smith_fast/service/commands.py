@@ -37,7 +37,8 @@ class CommandSpec:
     Attributes:
         kind: its ``Command.command_type`` member (also its metrics label).
         v0_name: its v0 JSON variant name; None for a command v0 cannot carry (v1 only).
-        needs: the capability it needs granted, from the request (-1: none serves it), or None.
+        needs: the capability the request needs granted, or a phrase naming what it needs when no
+            capability serves it (a HookLoad of an unknown ``hook_type``); None: nothing.
         size: what ``--max-command-size`` measures of it, or None (not limited).
         handler: how the local runner runs it; None for the commands the session answers itself
             (handshake, shutdown).
@@ -46,7 +47,7 @@ class CommandSpec:
 
     kind: str
     v0_name: str | None
-    needs: Callable[[Any], int] | None = None
+    needs: Callable[[Any], int | str] | None = None
     size: Callable[[Any], int] | None = None
     handler: Handler | None = None
     timed: bool = False
@@ -119,8 +120,8 @@ async def _hook_load(ex: Execution, rid: str, cmd: pb.HookLoadCommand) -> None:
 _HOOK_CAPS = {"js": pb.CAPABILITY_HOOKS_JS, "rust": pb.CAPABILITY_HOOKS_RUST}
 
 
-def _hook_capability(cmd: pb.HookLoadCommand) -> int:
-    return _HOOK_CAPS.get(cmd.hook_type, -1)
+def _hook_capability(cmd: pb.HookLoadCommand) -> int | str:
+    return _HOOK_CAPS.get(cmd.hook_type) or f"hooks for {cmd.hook_type!r}"
 
 
 def _shell_capability(_cmd: pb.ShellExecCommand) -> int:

@@ -206,8 +206,7 @@ class Session:
             self.reject(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
             return
         if spec.needs is not None and (needed := spec.needs(request)) not in self.granted:
-            # -1: no capability serves it (HookLoad of a hook_type no runtime exists for)
-            name = capability_name(needed) if needed >= 0 else f"hooks for {request.hook_type!r}"
+            name = capability_name(needed) if isinstance(needed, int) else needed
             self.reject(
                 ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
             )
