@@ -66,7 +66,7 @@ class ServiceCore:
         self.metrics = ServiceMetrics()
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
-        self.runner: RunnerFactory = runner or local_runner(self)
+        self.make_runner: RunnerFactory = runner or local_runner(self)
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
         """The session of a new connection or gRPC stream, its requests run by this core's runner.
@@ -78,7 +78,7 @@ class ServiceCore:
         Returns:
             The session.
         """
-        return Session(self, sink, runner=self.runner, **kwargs)
+        return Session(self, sink, runner=self.make_runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
         """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.
