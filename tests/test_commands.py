@@ -17,7 +17,6 @@ from smith_fast.pb import smith_pb2 as pb
 from smith_fast.service.commands import COMMANDS
 from smith_fast.service.config import ServiceConfig
 from smith_fast.service.core import ServiceCore
-from smith_fast.service.metrics import REQUEST_TYPES, ServiceMetrics
 from smith_fast.service.runner import LocalRunner
 from smith_fast.service.session import Session
 from smith_fast.service.sinks import V1Sink
@@ -44,9 +43,10 @@ def test_requests_have_handlers_and_request_ids() -> None:
         assert "request_id" in getattr(pb, type(getattr(pb.Command(), kind)).__name__).DESCRIPTOR.fields_by_name
 
 
-def test_metrics_histograms_come_from_the_table() -> None:
-    assert REQUEST_TYPES == ("shell_exec", "tool_call")
-    assert set(ServiceMetrics().latency) == set(REQUEST_TYPES)
+def test_metrics_histograms_come_from_the_table(tmp_path: pathlib.Path) -> None:
+    timed = [kind for kind, spec in COMMANDS.items() if spec.timed]
+    assert timed == ["shell_exec", "tool_call"]
+    assert list(ServiceCore(ServiceConfig(root=tmp_path)).metrics.latency) == timed
 
 
 def test_capability_and_size_columns() -> None:

@@ -11,6 +11,7 @@ from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..tools import ToolContext, ToolRegistry
+from .commands import COMMANDS
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 from .negotiation import ACCEPTABLE, SUPPORTED_VERSIONS, capability_name
@@ -63,7 +64,7 @@ class ServiceCore:
         self.running_processes = 0
         self.shutting_down = False
         self.closed = asyncio.Event()
-        self.metrics = ServiceMetrics()
+        self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
         self.make_runner: RunnerFactory = runner or local_runner(self)

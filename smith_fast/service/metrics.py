@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..pb import smith_pb2 as pb
-from .commands import COMMANDS
 
 __all__ = [
     "Gauges",
@@ -52,7 +51,6 @@ __all__ = [
 
 PROTOCOLS = ("v1", "v0", "grpc")
 COMMAND_TYPES = tuple(f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields)
-REQUEST_TYPES = tuple(kind for kind, spec in COMMANDS.items() if spec.timed)
 HOOK_ACTIONS = ("allow", "block", "transform")
 ERROR_CODES = tuple(name.removeprefix("ERROR_CODE_") for name in pb.ErrorCode.keys())
 # Request latencies run from a sub-millisecond tool call to a build of several minutes.
@@ -118,16 +116,21 @@ class Histogram:
 
 
 class ServiceMetrics:
-    """Every counter one service process keeps. Attributes are read and written directly."""
+    """Every counter one service process keeps. Attributes are read and written directly.
 
-    def __init__(self) -> None:
+    Args:
+        timed: the request types whose latency histogram is reported from the start, before one
+            ran (the core passes the command table's ``timed`` rows); others appear once one ran.
+    """
+
+    def __init__(self, timed: Iterable[str] = ()) -> None:
         self.started = time.monotonic()
         self.io = {p: IOCounters() for p in PROTOCOLS}
         self.commands = dict.fromkeys(COMMAND_TYPES, 0)
         self.errors = dict.fromkeys(ERROR_CODES, 0)
         self.hook_decisions = dict.fromkeys(HOOK_ACTIONS, 0)
         self.sessions_total = dict.fromkeys(PROTOCOLS, 0)
-        self.latency = {t: Histogram() for t in REQUEST_TYPES}
+        self.latency = {t: Histogram() for t in timed}
 
     def error(self, code: int) -> None:
         """Count one ErrorEvent sent, by its code."""
