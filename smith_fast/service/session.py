@@ -362,11 +362,7 @@ class Session:
             log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
             self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
             return
-        recorder = self.recorder
-        if self.version == 1:
-            self.sink.tap(recorder.record_out_frame if self.sink.framed else recorder.record_out)
-        else:
-            self.sink.tap(lambda line: recorder.record_event(self.sink.decode(line)))  # type: ignore[attr-defined]
+        self.sink.record_to(self.recorder)
 
     # ---- metrics and health -------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from .. import events
 from ..coalescing import EventBatcher
@@ -28,7 +29,7 @@ from ..jsonl import JsonlCodec
 from ..pb import smith_pb2
 from ..sequencing import Sequencer
 
-__all__ = ["EventSink", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
+__all__ = ["EventSink", "Recording", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
 
 _EVENT_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["event"].number
 _BATCH_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["batch_event"].number
@@ -43,6 +44,16 @@ def _event_bytes(envelope: bytes) -> bytes:
     while envelope[i - 1] & 0x80:
         i += 1
     return envelope[i:]
+
+
+class Recording(Protocol):
+    """Where a recorded session's output goes (:class:`~smith_fast.replay.SessionRecorder` is one)."""
+
+    def record_out(self, envelope: bytes) -> None: ...
+
+    def record_out_frame(self, frame: bytes) -> None: ...
+
+    def record_event(self, event: smith_pb2.Event) -> None: ...
 
 
 def now_ms() -> int:
@@ -68,6 +79,10 @@ class EventSink:
             write(data)
 
         self._write = tapped
+
+    def record_to(self, recording: Recording) -> None:
+        """Record every written unit as the v1 ``Envelope`` it is or carries."""
+        raise NotImplementedError
 
     def event(self, event: smith_pb2.Event) -> None:
         raise NotImplementedError
@@ -155,6 +170,9 @@ class V1Sink(EventSink):
     def tap(self, observer: Callable[[bytes], None]) -> None:
         super().tap(observer)
         self._route()
+
+    def record_to(self, recording: Recording) -> None:
+        self.tap(recording.record_out_frame if self._framed else recording.record_out)
 
     # ---- batching ------------------------------------------------------------------------------
 
@@ -270,6 +288,9 @@ class V0Sink(EventSink):
     def decode(self, line: bytes) -> smith_pb2.Event:
         """The v1 event a written line carries (session recording stores v0 sessions as v1)."""
         return self._codec.decode_event(line)
+
+    def record_to(self, recording: Recording) -> None:
+        self.tap(lambda line: recording.record_event(self.decode(line)))
 
     def event(self, event: smith_pb2.Event) -> None:
         self._write(self._codec.encode_event(event))
