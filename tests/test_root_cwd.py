@@ -105,7 +105,7 @@ async def test_worker_runs_commands_in_its_root(tmp_path: pathlib.Path) -> None:
 
 
 def test_cwd_is_taken_from_the_root() -> None:
-    from smith_fast.service.shell import working_directory
+    from smith_fast.service.shell_exec import working_directory
 
     root = pathlib.Path("/srv/w")
     assert working_directory(root, None) == "/srv/w"

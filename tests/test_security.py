@@ -17,11 +17,11 @@ import pytest
 from grpc import aio
 
 from smith_fast.client import Client, GrpcClient, SmithError
-from smith_fast.envpolicy import REFUSED_NAMES, refused_names
+from smith_fast.refused_env import REFUSED_NAMES, refused_names
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.pb import smith_pb2_grpc
 from smith_fast.replay import read_log
-from smith_fast.service.guard import REDACTED, metadata_token, token_matches
+from smith_fast.service.auth import REDACTED, metadata_token, token_matches
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
 from harness.server import ServerProcess, assert_clean_log, wait_until

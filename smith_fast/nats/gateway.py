@@ -1,12 +1,14 @@
 """``smith-fast gateway``: the listeners of ``smith-fast serve``, with the commands run by workers.
 
 Frontends connect exactly as to ``serve`` (v1 or v0 on Unix, TCP and stdio, v1 on gRPC). Each
-connection gets a :class:`GatewaySession`: a :class:`~smith_fast.service.session.Session` that
-answers the handshake, health checks and everything else session-wide itself, and forwards each
-request (ShellExec, ToolCall, HookLoad, Plan) into the command stream instead of running it. The
-workers' events come back on the gateway's own event subjects; a :class:`~.wire.RequestStream`
-per request turns them into what a single ``serve`` would have sent: in order, each final event
-exactly once. The session's sink then stamps them (v1) or writes them as JSON lines (v0).
+connection gets a plain :class:`~smith_fast.service.session.Session`, which answers the handshake,
+health checks and everything else session-wide itself and admits each request as ``serve`` would;
+its :class:`NatsRunner` (the gateway's :class:`~smith_fast.service.runner.RequestRunner`) forwards
+each admitted request (ShellExec, ToolCall, HookLoad, Plan) into the command stream instead of
+running it. The workers' events come back on the gateway's own event subjects; a
+:class:`~.wire.RequestStream` per request turns them into what a single ``serve`` would have sent:
+in order, each final event exactly once. The session's sink then stamps them (v1) or writes them
+as JSON lines (v0).
 
 ``ReadyEvent`` grants ``nats`` while the gateway is connected to NATS.
 """
@@ -18,7 +20,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -29,8 +31,6 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
-from ..service.session import Session
-from ..service.sinks import EventSink
 from .config import NatsConfig, is_token
 from .jetstream import Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
 from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
@@ -39,7 +39,10 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.js import JetStreamContext
 
-__all__ = ["GatewayCore", "GatewaySession", "Bridge"]
+    from ..service.commands import CommandSpec
+    from ..service.runner import RequestHost
+
+__all__ = ["GatewayCore", "NatsRunner", "Bridge"]
 
 log = get_logger("smith_fast.gateway")
 
@@ -62,62 +65,47 @@ class _Remote:
         self.key = key  # HookLoad: the hook's key in the hooks bucket
 
 
-class GatewaySession(Session):
-    """A frontend session whose requests run on workers.
+class NatsRunner:
+    """Runs a session's requests on workers (the gateway's request runner).
 
-    Same construction and surface as :class:`~smith_fast.service.session.Session` (the socket and
-    gRPC fronts drive it unchanged), and every check a request passes before it starts is
-    Session's own (authentication, handshake, capability, sizes, request id, ``--max-requests``):
-    only the start differs. Where ``serve`` would run the request, this session publishes the
-    command and waits for the workers' events; it sends no ``PROCESSING``/``READY`` of its own,
-    the workers' pass through.
+    Every check a request passes before it starts is the session's own (authentication,
+    handshake, capability, sizes, request id, ``--max-requests``): only the running differs.
+    Where ``serve`` would run the request, this runner publishes the command and waits for the
+    workers' events; it sends no ``PROCESSING``/``READY`` of its own, the workers' pass through.
+
+    Args:
+        core: the gateway's core (its bridge, limits and error counters).
+        host: the session.
     """
 
-    def __init__(self, core: GatewayCore, sink: EventSink, **kwargs: Any) -> None:
-        super().__init__(core, sink, **kwargs)
+    def __init__(self, core: GatewayCore, host: RequestHost) -> None:
+        self.core = core
         self.bridge = core.bridge
+        self._host = host
+        self.session_id = host.session_id
         self.hook_keys: list[str] = []  # hooks loaded by this session, in load order
         self._remote: dict[int, _Remote] = {}
         self._numbers = 0
-        self._command: pb.Command | None = None
+        self._paused = False
         self._released = False
         self.bridge.sessions[self.session_id] = self
 
-    # ---- input -------------------------------------------------------------------------------
-
-    def handle(self, command: pb.Command) -> None:
-        self._command = command  # the command whose request Session.handle may start below
-        try:
-            super().handle(command)
-        finally:
-            self._command = None
-
-    def _start(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
-        coro.close()  # the local execution: never run here
-        command = self._command
-        assert command is not None
-        super()._start(rid, self._forward(rid, kind, command), kind)
-
-    async def _run(self, rid: str, coro: Coroutine[Any, Any, Any], kind: str) -> None:
-        start = time.perf_counter()
-        try:
-            await coro
-        finally:
-            self.last_active = asyncio.get_running_loop().time()
-            self.core.metrics.observe_request(kind, time.perf_counter() - start)
+    async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
+        await self._forward(rid, spec.kind, command)
 
     async def _forward(self, rid: str, kind: str, command: pb.Command) -> None:
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None
         remote = _Remote(self._numbers, rid, kind, key)
         self._remote[remote.number] = remote
+        host = self._host
         meta = CommandMeta(
             session=self.session_id,
             number=remote.number,
             reply=self.bridge.event_subject(self.session_id),
-            capabilities=self.granted,
+            capabilities=host.granted,
             hooks=tuple(self.hook_keys),
-            traceparent=self.span.traceparent,  # None unless tracing was granted
+            traceparent=host.span.traceparent,  # None unless tracing was granted
         )
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
@@ -135,7 +123,7 @@ class GatewaySession(Session):
             self.bridge.track(remote.seq, self, remote)
             await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
         except asyncio.CancelledError:
-            if not self._closing and not remote.stream.finished:
+            if not host.closing and not remote.stream.finished:
                 # Shutdown (somebody listens): the workers were told to stop this session's
                 # commands; their final events are on the way, unless the command never started.
                 if remote.seq:
@@ -144,7 +132,7 @@ class GatewaySession(Session):
                 self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", "cancelled")
             raise
         except Exception as exc:  # a bug of ours: report it, keep the session
-            log.exception("forwarding failed", extra={"fields": {"peer": self.peer, "request_id": rid}})
+            log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         finally:
             self.bridge.untrack(remote.seq)
@@ -154,11 +142,11 @@ class GatewaySession(Session):
 
     def _fail(self, remote: _Remote, code: int, message: str, reason: str) -> None:
         """End a request here (the workers could not): its error, then its terminal ERROR."""
-        if remote.stream.finished or self._closing:
+        if remote.stream.finished or self._host.closing:
             return
         remote.stream.finished = True
         remote.stream.state = pb.SERVICE_STATE_ERROR
-        self.reject(ProtocolError(message, code, remote.rid, {"reason": reason}))
+        self._host.reject(ProtocolError(message, code, remote.rid, {"reason": reason}))
         if not remote.done.done():
             remote.done.set_result(None)
 
@@ -172,7 +160,7 @@ class GatewaySession(Session):
         """One event message (an event or a batch of them) of request ``number``: send what it
         makes deliverable."""
         remote = self._remote.get(number)
-        if remote is None or self._closing:
+        if remote is None or self._host.closing:
             return
         kind = env.WhichOneof("payload")
         if kind == "batch_event":
@@ -182,7 +170,7 @@ class GatewaySession(Session):
         else:
             return
         stream = remote.stream
-        sink = self.sink
+        sink = self._host.sink
         metrics = self.core.metrics
         for event in stream.push(attempt, index, carried):
             if event.WhichOneof("event_type") == "error":
@@ -195,25 +183,23 @@ class GatewaySession(Session):
     # ---- flow control and teardown ----------------------------------------------------------------
 
     def pause(self) -> None:
-        super().pause()
+        self._paused = True
         self.bridge.control(self.session_id, "pause")
 
     def resume(self) -> None:
-        was = self.paused
-        super().resume()
-        if was:
+        if self._paused:
+            self._paused = False
             self.bridge.control(self.session_id, "resume")
 
-    async def shutdown(self) -> None:
-        if self._closing:
-            return
+    async def shutdown(self, grace: float) -> None:
         if self._remote:
-            self.bridge.control(self.session_id, "shutdown")
-        await super().shutdown()
+            self.bridge.control(self.session_id, "shutdown")  # the workers stop them, final events still sent
 
-    def _end(self) -> None:
+    def kill(self) -> None:
+        """Nothing here: :meth:`end` (which follows) tells the workers."""
+
+    def end(self) -> None:
         # Every way a session ends (shutdown, half-close, disconnect, a deadline) passes here.
-        super()._end()
         if not self._released:
             self._released = True
             self.bridge.end_session(self)  # workers kill its commands and forget it; queued ones go
@@ -234,12 +220,12 @@ class Bridge:
         self.gateway_id = gateway_id or uuid.uuid4().hex
         if not is_token(self.gateway_id):
             raise ValueError(f"gateway id {self.gateway_id!r} may hold only letters, digits, '-' and '_'")
-        self.sessions: dict[str, GatewaySession] = {}
+        self.sessions: dict[str, NatsRunner] = {}
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.publisher: Publisher | None = None
         self.feed: PullFeed | None = None
-        self._by_seq: dict[int, tuple[GatewaySession, _Remote]] = {}
+        self._by_seq: dict[int, tuple[NatsRunner, _Remote]] = {}
         self._last: Msg | None = None
         self._ack_scheduled = False
         self._background: set[asyncio.Task[Any]] = set()
@@ -317,7 +303,7 @@ class Bridge:
         subject = self.config.command_subject(self.gateway_id, meta.session)
         return await self.publisher.publish(subject, payload, command_headers(meta), deadline=deadline)
 
-    def track(self, seq: int, session: GatewaySession, remote: _Remote) -> None:
+    def track(self, seq: int, session: NatsRunner, remote: _Remote) -> None:
         self._by_seq[seq] = (session, remote)
 
     def untrack(self, seq: int) -> None:
@@ -352,7 +338,7 @@ class Bridge:
             return
         self._spawn(self.nc.publish(self.config.control_subject(session_id), b"", headers={CONTROL: action}))
 
-    def end_session(self, session: GatewaySession) -> None:
+    def end_session(self, session: NatsRunner) -> None:
         """The session is over: workers kill its commands and forget it; queued commands are purged."""
         self.sessions.pop(session.session_id, None)
         self.control(session.session_id, "end")
@@ -402,11 +388,11 @@ class GatewayCore(ServiceCore):
     """
 
     def __init__(self, config: ServiceConfig, nats_config: NatsConfig, *, loop_name: str = "asyncio", gateway_id: str | None = None) -> None:
-        super().__init__(config, loop_name=loop_name)
+        super().__init__(config, loop_name=loop_name, runner=self._forwarding)
         self.bridge = Bridge(self, nats_config, gateway_id)
 
-    def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
-        return GatewaySession(self, sink, **kwargs)
+    def _forwarding(self, host: RequestHost) -> NatsRunner:
+        return NatsRunner(self, host)
 
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS

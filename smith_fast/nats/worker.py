@@ -42,7 +42,7 @@ from ..hooks import Hook, HookLoadError, load_hook
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.core import ServiceCore
-from ..service.policy import SessionHooks
+from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
@@ -64,16 +64,17 @@ _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
 
 
-class _EventSink(V1Sink):
-    """One command's events as Envelope messages, each published with its ``(attempt, index)`` id.
+class _Publication:
+    """Where one command's events go: Envelope messages, each published with its ``(attempt, index)`` id.
 
     The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
-    message (the sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
+    message (its sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
     so a burst of output costs one NATS message, not one per event.
     """
 
+    __slots__ = ("sink", "stored", "_publisher", "_subject", "_id", "_index", "_scheduled", "_loop")
+
     def __init__(self, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
-        super().__init__(self._publish, framed=False, notify=self._schedule)
         self._publisher = publisher
         self._subject = meta.reply
         self._id = f"{meta.session}.{meta.number}.{attempt}."
@@ -81,7 +82,8 @@ class _EventSink(V1Sink):
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
         self.stored: list[asyncio.Future[int]] = []
-        self.start_batching()
+        self.sink = V1Sink(self._publish, framed=False, notify=self._schedule)
+        self.sink.start_batching()
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -90,40 +92,38 @@ class _EventSink(V1Sink):
 
     def _flush(self) -> None:
         self._scheduled = False
-        self.flush_batch()
+        self.sink.flush_batch()
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
         self.stored.append(self._publisher.publish(self._subject, data, {MSG_ID: f"{self._id}{self._index}"}))
 
 
-class _SharedHooks(SessionHooks):
-    """A command's hook policy: the session's hooks, shared with its other commands on this worker.
+class _Shelf:
+    """Where a command's session keeps the hooks it loads: its gateway session's state on this worker.
 
-    They belong to the worker's :class:`_SessionState`, which closes them when the session ends, so
-    closing a command's session leaves them alone. A hook this command loads (HookLoadCommand) is
-    added to that state and its source stored in the hooks bucket, where the other workers find it.
+    The state closes them when the gateway session ends, so closing a command's session leaves
+    them alone. A hook loaded here (HookLoadCommand) is also stored in the hooks bucket, where the
+    other workers find it.
     """
 
-    def __init__(self, session: Session, hooks: list[Hook], state: _SessionState) -> None:
-        super().__init__(session)
-        self._state = state
-        self.own = list(hooks)
-        self._chain = self._build()
+    __slots__ = ("_state",)
 
-    async def load(self, rid: str, cmd: pb.HookLoadCommand) -> None:
-        await super().load(rid, cmd)
+    def __init__(self, state: _SessionState) -> None:
+        self._state = state
+
+    async def adopt(self, cmd: pb.HookLoadCommand, hook: Hook) -> Hook:
         key = hook_key(cmd.hook_type, cmd.script)
-        hook = self.own[-1]
         cached = self._state.hooks.get(key)
         if cached is not None and cached is not hook:  # an earlier delivery of this command loaded it here
             await hook.close()
-            self.own[-1] = cached
-            self._chain = self._build()
-        else:
-            self._state.hooks[key] = hook
+            return cached
+        self._state.hooks[key] = hook
+        return hook
+
+    async def store(self, rid: str, cmd: pb.HookLoadCommand) -> None:
         try:
-            await self._state.worker.store_hook(key, cmd)
+            await self._state.worker.store_hook(hook_key(cmd.hook_type, cmd.script), cmd)
         except Exception as exc:
             raise ProtocolError(
                 f"hook loaded but its source could not be stored for the other workers: {exc}",
@@ -131,9 +131,6 @@ class _SharedHooks(SessionHooks):
                 rid,
                 {"reason": "hook_store_failed"},
             ) from None
-
-    async def close(self) -> None:
-        """Nothing: the session state owns the hooks."""
 
 
 class _SessionState:
@@ -446,7 +443,8 @@ class Worker:
         attempt = msg.metadata.num_delivered
         kind = command.WhichOneof("command_type") or ""
         rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
-        sink = _EventSink(self.publisher, meta, attempt)
+        publication = _Publication(self.publisher, meta, attempt)
+        sink = publication.sink
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
         handed_back = False
         try:
@@ -457,8 +455,8 @@ class Worker:
                     sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             else:
                 handed_back = await self._session_run(meta, command, sink, rid, attempt)
-            if sink.stored:
-                await asyncio.gather(*sink.stored, return_exceptions=True)
+            if publication.stored:
+                await asyncio.gather(*publication.stored, return_exceptions=True)
             if handed_back:
                 with contextlib.suppress(Exception):
                     await msg.nak()
@@ -468,7 +466,7 @@ class Worker:
         finally:
             keepalive.cancel()
 
-    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: _EventSink, rid: str, attempt: int) -> bool:
+    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
         """Run the command in a session of its own; True when it was cut short by this worker's stop."""
         state = self._state(meta.session)
         try:
@@ -478,13 +476,21 @@ class Worker:
             sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid, {"reason": "hook_load_failed"})
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             return False
+        core, shelf = self.core, _Shelf(state)
+
+        def runner(host: RequestHost) -> LocalRunner:
+            return LocalRunner(core, host, hooks=hooks, shelf=shelf)
+
         # The gateway answered the handshake; this session starts where that one stands.
-        session = Session(self.core, sink, close=_nothing, peer=f"nats:{meta.session}/{meta.number}", protocol="nats")
-        session.handshaken = True
-        session.granted = meta.capabilities
-        if pb.CAPABILITY_TRACING in meta.capabilities:
-            session.span = tracing.remote_span(meta.traceparent)  # the gateway's session span
-        session.hooks = _SharedHooks(session, hooks, state)
+        session = Session(
+            core, sink,
+            close=_nothing,
+            runner=runner,
+            peer=f"nats:{meta.session}/{meta.number}",
+            protocol="nats",
+            granted=meta.capabilities,
+            span=tracing.remote_span(meta.traceparent) if pb.CAPABILITY_TRACING in meta.capabilities else tracing.NOOP,
+        )
         state.running.add(session)
         if state.paused or self._backlogged:
             session.pause()

@@ -109,7 +109,7 @@ class ServiceConfig:
         token: the shared secret socket and gRPC peers must present in their handshake
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
         allow_env: request environment variables permitted although
-            :func:`smith_fast.envpolicy.refused_names` would refuse them (``--allow-env``).
+            :func:`smith_fast.refused_env.refused_names` would refuse them (``--allow-env``).
     """
 
     root: pathlib.Path = option(

@@ -40,7 +40,8 @@ from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .core import ServiceCore
-from .guard import TOKEN_KEY, Deadlines
+from .auth import TOKEN_KEY
+from .deadlines import Deadlines
 from .redact import redacted_bytes, redacted_line
 from .session import Session
 from .sinks import V0Sink, V1Sink, now_ms

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, framing
@@ -13,11 +12,26 @@ from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..tools import ToolContext, ToolRegistry, default_registry
+from .commands import COMMANDS
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
+from .negotiation import (
+    ACCEPT_KEY,
+    ACCEPTABLE,
+    ACCEPTED_KEY,
+    DEFAULT_METRICS_INTERVAL_MS,
+    INTERVAL_KEY,
+    LISTENER_VERSIONS,
+    SUPPORTED_VERSIONS,
+    Endpoint,
+    accept_additions,
+    capability_name,
+    endpoint_list,
+)
+from .runner import RunnerFactory, local_runner
+from .session import Session
 
 if TYPE_CHECKING:
-    from .session import Session
     from .sinks import EventSink
 
 __all__ = [
@@ -35,67 +49,6 @@ __all__ = [
     "endpoint_list",
 ]
 
-SUPPORTED_VERSIONS = (1, 0)  # in order of preference (PROTOCOL.md, "Negotiation")
-# What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
-ACCEPTABLE = ("batch_event", "health", "metrics")
-# Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
-ACCEPT_KEY = "smith_fast.accept"
-INTERVAL_KEY = "smith_fast.metrics_interval_ms"
-ACCEPTED_KEY = "smith_fast.accepted"
-DEFAULT_METRICS_INTERVAL_MS = 1000
-MIN_METRICS_INTERVAL_MS = 50
-MAX_METRICS_INTERVAL_MS = 3_600_000
-
-# The protocol versions a socket listener answers, by ``serve --protocol``.
-LISTENER_VERSIONS: dict[str, tuple[int, ...]] = {"auto": (1, 0), "v1": (1,), "v0": (0,)}
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A listener a frontend can reach: its address (``unix:PATH``, ``tcp:HOST:PORT``,
-    ``grpc:HOST:PORT``) and the protocol versions spoken there."""
-
-    address: str
-    versions: tuple[int, ...]
-
-
-def endpoint_list(addresses: Sequence[str]) -> str:
-    """Addresses as one ``service_metadata`` value: comma-separated, with ``%`` and ``,`` inside an
-    address written ``%25`` and ``%2C`` (a Unix socket's path may hold either)."""
-    return ",".join(a.replace("%", "%25").replace(",", "%2C") for a in addresses)
-
-
-def accept_additions(client_info: Mapping[str, str]) -> tuple[list[str], int, list[tuple[str, dict[str, str]]]]:
-    """Which Envelope additions a v1 peer asked for (in :data:`ACCEPTABLE` order), its metrics
-    interval in ms, and warnings (message, fields) about what was not understood."""
-    warnings: list[tuple[str, dict[str, str]]] = []
-    asked = [item.strip() for item in client_info.get(ACCEPT_KEY, "").split(",") if item.strip()]
-    accepted = [item for item in ACCEPTABLE if item in asked]
-    unknown = [item for item in asked if item not in ACCEPTABLE]
-    if unknown:
-        warnings.append(
-            (
-                f"{ACCEPT_KEY}: {', '.join(unknown)} not known and ignored (known: {', '.join(ACCEPTABLE)})",
-                {"key": ACCEPT_KEY, "ignored": ",".join(unknown)},
-            )
-        )
-    interval = DEFAULT_METRICS_INTERVAL_MS
-    raw = client_info.get(INTERVAL_KEY)
-    if raw is not None:
-        try:
-            interval = min(max(int(raw), MIN_METRICS_INTERVAL_MS), MAX_METRICS_INTERVAL_MS)
-        except ValueError:
-            warnings.append((f"{INTERVAL_KEY}={raw!r} is not a number of milliseconds; using {interval}", {"key": INTERVAL_KEY}))
-    return accepted, interval, warnings
-
-
-def capability_name(value: int) -> str:
-    """``CAPABILITY_SHELL_EXEC`` → ``shell_exec``; unknown numbers as their decimal value."""
-    try:
-        return smith_pb2.Capability.Name(value).removeprefix("CAPABILITY_").lower()
-    except ValueError:
-        return str(value)
-
 
 class ServiceCore:
     """Shared state: identity, configuration, tools, capability set, process accounting, sessions.
@@ -103,9 +56,11 @@ class ServiceCore:
     Args:
         config: the service configuration.
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
+        runner: makes each session's request runner (default: requests run here; ``smith-fast
+            gateway`` passes one that forwards them to workers).
     """
 
-    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio") -> None:
+    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
         self.config = config
         self.limits = config.limits
         self.loop_name = loop_name
@@ -135,12 +90,13 @@ class ServiceCore:
         self.running_processes = 0
         self.shutting_down = False
         self.closed = asyncio.Event()
-        self.metrics = ServiceMetrics()
+        self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
+        self.make_runner: RunnerFactory = runner or local_runner(self)
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
-        """The session of a new connection or gRPC stream (a gateway's core makes forwarding ones).
+        """The session of a new connection or gRPC stream, its requests run by this core's runner.
 
         Args:
             sink: where its events go.
@@ -149,9 +105,7 @@ class ServiceCore:
         Returns:
             The session.
         """
-        from .session import Session
-
-        return Session(self, sink, **kwargs)
+        return Session(self, sink, runner=self.make_runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.

@@ -44,9 +44,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from .auth import TOKEN_KEY, metadata_token, token_matches
 from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
-from .guard import TOKEN_KEY, Deadlines, metadata_token, token_matches
+from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .redact import redacted_bytes
 from .session import Session

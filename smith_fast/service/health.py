@@ -8,16 +8,14 @@ counters. The gRPC listener also carries the standard ``grpc.health.v1.Health`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sized
+from typing import Protocol
 
 from .. import __version__
 from ..pb import smith_pb2 as pb
-from .metrics import ResourceSampler
+from .metrics import ResourceSampler, ServiceMetrics
 
-if TYPE_CHECKING:
-    from .core import ServiceCore
-
-__all__ = ["SERVICE_NAMES", "serving_status", "health_response", "health_metrics"]
+__all__ = ["HealthSource", "SERVICE_NAMES", "serving_status", "health_response", "health_metrics"]
 
 # Names a health check may ask about: the whole service ("") or the Smith service itself.
 SERVICE_NAMES = ("", "smith.v1.SmithService", "smith-fast")
@@ -25,7 +23,34 @@ SERVICE_NAMES = ("", "smith.v1.SmithService", "smith-fast")
 _Status = pb.HealthCheckResponse.ServingStatus
 
 
-def serving_status(core: ServiceCore, service_name: str = "") -> int:
+class HealthSource(Protocol):
+    """What a health answer reads (:class:`~smith_fast.service.core.ServiceCore` is one)."""
+
+    @property
+    def shutting_down(self) -> bool: ...
+
+    @property
+    def metrics(self) -> ServiceMetrics: ...
+
+    @property
+    def service_id(self) -> str: ...
+
+    @property
+    def loop_name(self) -> str: ...
+
+    @property
+    def sessions(self) -> Sized: ...
+
+    @property
+    def running_processes(self) -> int: ...
+
+    @property
+    def health_sampler(self) -> ResourceSampler: ...
+
+    def network_connections(self) -> int: ...
+
+
+def serving_status(core: HealthSource, service_name: str = "") -> int:
     """``SERVING`` while the core runs, ``NOT_SERVING`` once it shuts down, ``SERVICE_UNKNOWN``
     for a name that is not in :data:`SERVICE_NAMES`."""
     if service_name not in SERVICE_NAMES:
@@ -35,7 +60,7 @@ def serving_status(core: ServiceCore, service_name: str = "") -> int:
     return _Status.SERVING_STATUS_SERVING
 
 
-def health_metrics(core: ServiceCore, sampler: ResourceSampler) -> dict[str, str]:
+def health_metrics(core: HealthSource, sampler: ResourceSampler) -> dict[str, str]:
     """The figures a HealthCheckResponse carries, as strings (the ``metrics`` map is string→string)."""
     m = core.metrics
     usage = sampler.sample(core.network_connections())
@@ -57,7 +82,7 @@ def health_metrics(core: ServiceCore, sampler: ResourceSampler) -> dict[str, str
     }
 
 
-def health_response(core: ServiceCore, service_name: str = "") -> pb.HealthCheckResponse:
+def health_response(core: HealthSource, service_name: str = "") -> pb.HealthCheckResponse:
     """The in-stream answer to a ``HealthCheckRequest`` for ``service_name``.
 
     CPU % is measured since the previous health check of this process (or since it started).

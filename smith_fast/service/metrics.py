@@ -30,14 +30,12 @@ import resource
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..pb import smith_pb2 as pb
 
-if TYPE_CHECKING:
-    from .core import ServiceCore
-
 __all__ = [
+    "Gauges",
     "IOCounters",
     "Histogram",
     "ServiceMetrics",
@@ -53,7 +51,6 @@ __all__ = [
 
 PROTOCOLS = ("v1", "v0", "grpc")
 COMMAND_TYPES = tuple(f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields)
-REQUEST_TYPES = ("shell_exec", "tool_call")
 HOOK_ACTIONS = ("allow", "block", "transform")
 ERROR_CODES = tuple(name.removeprefix("ERROR_CODE_") for name in pb.ErrorCode.keys())
 # Request latencies run from a sub-millisecond tool call to a build of several minutes.
@@ -64,6 +61,17 @@ Sample = tuple[str, dict[str, str], float]
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+
+
+class Gauges(Protocol):
+    """The live figures the gauges read (:class:`~smith_fast.service.core.ServiceCore` has them)."""
+
+    @property
+    def running_processes(self) -> int: ...
+
+    def sessions_by_protocol(self) -> dict[str, int]: ...
+
+    def network_connections(self) -> int: ...
 
 class IOCounters:
     """Frames and bytes through one protocol's fronts; fronts add to these directly."""
@@ -108,16 +116,21 @@ class Histogram:
 
 
 class ServiceMetrics:
-    """Every counter one service process keeps. Attributes are read and written directly."""
+    """Every counter one service process keeps. Attributes are read and written directly.
 
-    def __init__(self) -> None:
+    Args:
+        timed: the request types whose latency histogram is reported from the start, before one
+            ran (the core passes the command table's ``timed`` rows); others appear once one ran.
+    """
+
+    def __init__(self, timed: Iterable[str] = ()) -> None:
         self.started = time.monotonic()
         self.io = {p: IOCounters() for p in PROTOCOLS}
         self.commands = dict.fromkeys(COMMAND_TYPES, 0)
         self.errors = dict.fromkeys(ERROR_CODES, 0)
         self.hook_decisions = dict.fromkeys(HOOK_ACTIONS, 0)
         self.sessions_total = dict.fromkeys(PROTOCOLS, 0)
-        self.latency = {t: Histogram() for t in REQUEST_TYPES}
+        self.latency = {t: Histogram() for t in timed}
 
     def error(self, code: int) -> None:
         """Count one ErrorEvent sent, by its code."""
@@ -141,7 +154,7 @@ class ServiceMetrics:
     def uptime(self) -> float:
         return time.monotonic() - self.started
 
-    def samples(self, core: ServiceCore) -> list[Sample]:
+    def samples(self, core: Gauges) -> list[Sample]:
         """Every figure as ``(name, labels, value)``; histograms as their ``_count`` and ``_sum``.
 
         Args:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -26,15 +27,28 @@ from prometheus_client.metrics_core import (
 
 from .. import __version__, framing
 from ..logs import get_logger
-from .core import ServiceCore
+from .metrics import Gauges, ServiceMetrics
 
-__all__ = ["SmithCollector", "make_registry", "MetricsServer"]
+__all__ = ["MetricsSource", "SmithCollector", "make_registry", "MetricsServer"]
 
 log = get_logger("smith_fast.metrics")
 
 _MAX_REQUEST = 16 * 1024
 _READ_TIMEOUT = 10.0
 
+
+
+class MetricsSource(Gauges, Protocol):
+    """What a scrape reads (:class:`~smith_fast.service.core.ServiceCore` is one)."""
+
+    @property
+    def metrics(self) -> ServiceMetrics: ...
+
+    @property
+    def service_id(self) -> str: ...
+
+    @property
+    def loop_name(self) -> str: ...
 
 class SmithCollector:
     """Turns :class:`~smith_fast.service.metrics.ServiceMetrics` into metric families on each scrape.
@@ -43,7 +57,7 @@ class SmithCollector:
         core: the service core to read.
     """
 
-    def __init__(self, core: ServiceCore) -> None:
+    def __init__(self, core: MetricsSource) -> None:
         self.core = core
 
     def collect(self) -> Iterator[Metric]:
@@ -96,7 +110,7 @@ class SmithCollector:
         yield hist
 
 
-def make_registry(core: ServiceCore) -> CollectorRegistry:
+def make_registry(core: MetricsSource) -> CollectorRegistry:
     """A registry with the Smith collector and prometheus_client's process and platform collectors."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SmithCollector(core))  # type: ignore[arg-type]
@@ -113,7 +127,7 @@ class MetricsServer:
         core: the service core to expose.
     """
 
-    def __init__(self, core: ServiceCore) -> None:
+    def __init__(self, core: MetricsSource) -> None:
         self.registry = make_registry(core)
         self.servers: list[asyncio.base_events.Server] = []
         self.addresses: list[str] = []

@@ -1,6 +1,6 @@
 """Taking the token out of inbound bytes before the session log keeps them as they arrived.
 
-A decoded v1 handshake is redacted by :func:`~smith_fast.service.guard.redacted_handshake`; these
+A decoded v1 handshake is redacted by :func:`~smith_fast.service.auth.redacted_handshake`; these
 are for the raw records (``smith_fast/replay/format.py``): a v0 line, which carries the token as the
 ``"token"`` member of its ``data``, and bytes that could not be decoded at all, where the service's
 own token is looked for and replaced wherever it appears. Only bytes that may hold a token are
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .guard import REDACTED, TOKEN_KEY
+from .auth import REDACTED, TOKEN_KEY
 
 __all__ = ["redacted_bytes", "redacted_line"]
 

@@ -1,9 +1,12 @@
-"""One client session: handshake, command dispatch, request lifecycle. Protocol-independent.
+"""One client session: handshake, grants, token, command admission, flow control, teardown.
 
 The connection decodes commands (v1 frames or v0 lines) into ``smith_pb2.Command`` objects and hands
 them to :meth:`Session.handle`; everything the session says goes out through its
-:class:`~smith_fast.service.sinks.EventSink`. Requests run as concurrent tasks, so the events of
-different requests interleave, each carrying its request_id.
+:class:`~smith_fast.service.sinks.EventSink`. What a command needs (capability, size limit,
+handler) is its row in :data:`~smith_fast.service.commands.COMMANDS`; an admitted request runs as a
+task of its own through the session's :class:`~smith_fast.service.runner.RequestRunner` (here, or
+on a NATS worker), so the events of different requests interleave, each carrying its request_id.
+Protocol-independent.
 """
 
 from __future__ import annotations
@@ -12,39 +15,53 @@ import asyncio
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, MutableSet, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
-from ..envpolicy import check_env
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..plan import PlanOptions, Step, run_plan_command
 from ..replay import SessionRecorder
-from ..tools import ToolOutcome
-from .core import ACCEPT_KEY, SUPPORTED_VERSIONS, ServiceCore, accept_additions, capability_name
-from .guard import REDACTED, TOKEN_KEY, command_size, redacted_handshake, request_size, token_matches, too_large
-from .health import health_response
-from .metrics import ResourceSampler
-from .policy import SessionHooks
-from .shell import run_shell_exec
+from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
+from .commands import COMMANDS, CommandSpec
+from .health import HealthSource, health_response
+from .metrics import Gauges, ResourceSampler
+from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name
+from .sizes import too_large
 from .sinks import EventSink, now_ms
 
 if TYPE_CHECKING:
-    from ..process import ShellProcess
+    from .config import Limits, ServiceConfig
+    from .runner import RequestRunner, RunnerFactory
 
-__all__ = ["Session"]
+__all__ = ["Session", "SessionCore"]
 
 log = get_logger("smith_fast.session")
-
-# Commands that need a capability granted in the handshake.
-_REQUIRES = {"shell_exec": pb.CAPABILITY_SHELL_EXEC}
-_HOOK_CAPS = {"js": pb.CAPABILITY_HOOKS_JS, "rust": pb.CAPABILITY_HOOKS_RUST}
 
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
+
+
+class SessionCore(HealthSource, Gauges, Protocol):
+    """What a session uses of the service core (:class:`~smith_fast.service.core.ServiceCore`)."""
+
+    @property
+    def config(self) -> ServiceConfig: ...
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def record_dir(self) -> pathlib.Path | None: ...
+
+    @property
+    def sessions(self) -> MutableSet[Any]: ...
+
+    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
+
+    def service_info(self, version: int, granted: list[int], accepted: Sequence[str] = ..., interval_ms: int = ...) -> dict[str, str]: ...
 
 
 class Session:
@@ -54,47 +71,52 @@ class Session:
         core: the shared service core.
         sink: where events go; its ``version`` is the wire protocol of the connection.
         close: called once the session is over and its output flushed (closes the transport).
+        runner: makes the runner of the session's requests (``core.new_session`` passes the core's).
         peer: a printable peer name for logs.
-        protocol: the metrics label of its front: ``v1``, ``v0`` (socket or stdio) or ``grpc``.
+        protocol: the metrics label of its front: ``v1``, ``v0`` (socket or stdio), ``grpc`` or ``nats``.
+        granted: the capabilities of a handshake answered elsewhere: the session starts
+            handshaken with them (a NATS worker's session, whose gateway answered the handshake).
+        span: the session's span to start with (a NATS worker's: the gateway session's).
     """
 
     def __init__(
         self,
-        core: ServiceCore,
+        core: SessionCore,
         sink: EventSink,
         *,
         close: Callable[[], None],
+        runner: RunnerFactory,
         peer: str = "?",
         protocol: str | None = None,
+        granted: frozenset[int] | None = None,
+        span: tracing.SpanHandle = tracing.NOOP,
     ) -> None:
         self.core = core
         self.sink = sink
         self.peer = peer
         self.version = sink.version
         self.protocol = protocol or f"v{sink.version}"
-        self.granted: frozenset[int] = frozenset()
+        self.granted: frozenset[int] = granted or frozenset()
         self.accepted: frozenset[str] = frozenset()
-        self.handshaken = False
+        self.handshaken = granted is not None
         self.paused = False
         self.shutting = False
-        self.processes: set[ShellProcess] = set()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._batches: set[asyncio.Task[None]] = set()  # BatchCommands with require_ordering
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
         self.session_id = str(uuid.uuid4())
-        # With a token configured, nothing but a handshake presenting it is served (guard.py); the
+        # With a token configured, nothing but a handshake presenting it is served (auth.py); the
         # front sets this for peers it trusts otherwise (stdio, a gRPC call's metadata).
         self.authenticated = core.config.token is None
         self.denied = False  # refused for a wrong or missing token
         self.presented_token: str | None = None  # v0 has no client_info: the connection puts it here
         self._loop = asyncio.get_running_loop()
         self.last_active = self._loop.time()  # of the last message received or request ended (Deadlines)
-        self.hooks = SessionHooks(self)
-        self.span: tracing.SpanHandle = tracing.NOOP  # the session's span when tracing is granted
-        self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
+        self.span = span  # the session's span when tracing is granted
         self.recorder: SessionRecorder | None = None
+        self.runner: RequestRunner = runner(self)
         if core.config.record_dir is not None:
             self._start_recording(core.config.record_dir)
         core.sessions.add(self)
@@ -173,29 +195,20 @@ class Session:
         if kind == "shutdown":
             asyncio.get_running_loop().create_task(self.shutdown())
             return
-        needed = _REQUIRES.get(kind)
-        if kind == "hook_load":
-            needed = _HOOK_CAPS.get(request.hook_type, -1)
-        if needed is not None and needed not in self.granted:
-            name = capability_name(needed) if needed >= 0 else f"hooks for {request.hook_type!r}"
+        spec = COMMANDS.get(kind)
+        if spec is None or spec.handler is None:
+            self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+            return
+        if spec.needs is not None and (needed := spec.needs(request)) not in self.granted:
+            name = capability_name(needed) if isinstance(needed, int) else needed
             self.refuse(
                 ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
             )
             return
-        size = request_size(kind, request)
-        if size > self.core.limits.max_command_size:
+        if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
-        if kind == "shell_exec":
-            self._start(rid, self._shell_exec(rid, request), kind)
-        elif kind == "tool_call":
-            self._start(rid, self._tool_call(rid, request), kind)
-        elif kind == "hook_load":
-            self._start(rid, self.hooks.load(rid, request), kind)
-        elif kind == "plan":
-            self._start(rid, self._plan(rid, request), kind)
-        else:
-            self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+        self._start(rid, spec, command)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -210,9 +223,10 @@ class Session:
     def protocol_error(self, exc: ProtocolError) -> None:
         """Report a problem with the peer's input; the session carries on."""
         log.info("protocol error", extra={"fields": {"peer": self.peer, "error": str(exc), "code": exc.code}})
-        self._error(exc.code, str(exc), exc.request_id, exc.details)
+        self.report_error(exc.code, str(exc), exc.request_id, exc.details)
 
-    def _error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
+    def report_error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
+        """Send (and count) an ``ErrorEvent``."""
         self.core.metrics.error(code)
         self.sink.error(code, message, rid, details)
 
@@ -237,7 +251,7 @@ class Session:
         if not self.authenticated:
             presented = hs.client_info.get(TOKEN_KEY) if self.version == 1 else self.presented_token
             self.presented_token = None
-            if not token_matches(self.core.config.token, presented):  # type: ignore[arg-type]
+            if not token_matches(self.core.config.token, presented):  # type: ignore[arg-type]  # not authenticated: a token is set
                 self._deny("the handshake " + ("presents no token" if presented is None else "presents a wrong token"))
                 return
             self.authenticated = True
@@ -323,11 +337,7 @@ class Session:
             log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
             self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
             return
-        recorder = self.recorder
-        if self.version == 1:
-            self.sink.tap(recorder.record_out_frame if self.sink.framed else recorder.record_out)
-        else:
-            self.sink.tap(lambda line: recorder.record_event(self.sink.decode(line)))  # type: ignore[attr-defined]
+        self.sink.record_to(self.recorder)
 
     # ---- metrics and health -------------------------------------------------------------------
 
@@ -356,120 +366,45 @@ class Session:
         """Whether a request (or an ordered batch) is running."""
         return bool(self._tasks or self._batches)
 
-    def _start(self, rid: str, coro: Coroutine[Any, Any, None], kind: str) -> None:
+    def _start(self, rid: str, spec: CommandSpec, command: pb.Command) -> None:
         if not rid:
-            coro.close()
             self.protocol_error(ProtocolError("request_id is empty", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "invalid_field"}))
             return
         if rid in self._tasks:
-            coro.close()
             self.protocol_error(ProtocolError(f"request {rid} is already running", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"}))
             return
         if len(self._tasks) >= self.core.limits.max_requests:
-            coro.close()
             self.reject(
                 ProtocolError(f"too many requests in flight (max {self.core.limits.max_requests})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
             )
             return
-        task = asyncio.get_running_loop().create_task(self._run(rid, coro, kind))
+        task = self._loop.create_task(self._request(spec, rid, command))
         self._tasks[rid] = task
         task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
 
-    async def _run(self, rid: str, coro: Coroutine[Any, Any, Any], kind: str) -> None:
-        sink = self.sink
-        sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
+    async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
-        span = self.span.command_span(kind, rid) if self.span is not tracing.NOOP else tracing.NOOP
-        if span is not tracing.NOOP:
-            self.spans[rid] = span
         try:
-            await coro
-        except ProtocolError as exc:
-            exc.request_id = exc.request_id or rid
-            span.fail(pb.ErrorCode.Name(exc.code), str(exc))
-            self.protocol_error(exc)
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-        except asyncio.CancelledError:
-            if not self._closing:  # shutdown, not disconnect: somebody is listening
-                self._error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-            raise
-        except Exception as exc:  # a bug of ours: report it, keep the session
-            log.exception("request failed", extra={"fields": {"peer": self.peer, "request_id": rid}})
-            self._error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-        else:
-            sink.state_change(pb.SERVICE_STATE_READY, rid)
+            await self.runner.run(spec, rid, command)
         finally:
             self.last_active = self._loop.time()
-            self.core.metrics.observe_request(kind, time.perf_counter() - start)
-            if span is not tracing.NOOP:
-                self.spans.pop(rid, None)
-                span.end()
-
-    async def _shell_exec(self, rid: str, cmd: pb.ShellExecCommand) -> int:
-        """Hooks first (a block means the process never starts), then the command."""
-        cmd = await self.hooks.before_shell_exec(rid, cmd)
-        # After the hooks, so a transform cannot bring in what a request may not (guard.py, envpolicy.py).
-        limit = self.core.limits.max_command_size
-        if (size := command_size(cmd)) > limit:
-            raise too_large("the shell command (after hooks)", size, limit, rid)
-        check_env(cmd.env, self.core.config.allow_env, request_id=rid)
-        env = dict(cmd.env)
-        span = self.spans.get(rid)
-        if span is not None:
-            span.set(tracing.ATTR_COMMAND, cmd.command)
-            env.update(span.child_env())
-        code = await run_shell_exec(self, rid, cmd, env)
-        if span is not None:
-            span.set(tracing.ATTR_EXIT_CODE, code)
-        return code
-
-    async def _run_tool(self, rid: str, tool: str, args: bytes, timeout_ms: int) -> ToolOutcome:
-        """One tool call through the hooks; sends its ToolResult and returns the outcome."""
-        tool, args = await self.hooks.before_tool_call(rid, tool, args)
-        if len(args) > self.core.limits.max_command_size:
-            raise too_large(f"the arguments of {tool} (after hooks)", len(args), self.core.limits.max_command_size, rid)
-        span = self.spans.get(rid)
-        if span is not None:
-            span.set(tracing.ATTR_TOOL, tool)
-        outcome = await self.core.tools.call(tool, args, self.core.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
-        success, result, error = await self.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
-        self.sink.tool_result(rid, success, result, error, outcome.duration_ms)
-        return ToolOutcome(success, result, error, outcome.duration_ms)
-
-    async def _tool_call(self, rid: str, cmd: pb.ToolCallCommand) -> None:
-        timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else self.core.limits.default_timeout_ms
-        await self._run_tool(rid, cmd.tool, cmd.args, timeout_ms)
-
-    async def _plan(self, rid: str, cmd: pb.PlanCommand) -> None:
-        """Plan (and with ``context["execute"]`` run) a goal; steps report under their node ids."""
-        options = PlanOptions.from_context(cmd.context)
-        timeout_ms = options.timeout_ms or self.core.limits.default_timeout_ms
-
-        async def run_shell(step: Step) -> int:
-            shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
-            if timeout_ms:
-                shell.timeout_ms = timeout_ms
-            return await self._shell_exec(step.id, shell)
-
-        async def run_tool(step: Step) -> ToolOutcome:
-            return await self._run_tool(step.id, step.tool or "", step.args_json(), timeout_ms)
-
-        await run_plan_command(cmd, self.core.planner, emit=self.sink.event, run_shell=run_shell, run_tool=run_tool)
+            self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
 
     # ---- flow control and teardown --------------------------------------------------------------
 
     def pause(self) -> None:
-        """The peer is not reading: stop reading child pipes so memory stays bounded."""
+        """The peer is not reading: stop producing output (child pipes) so memory stays bounded."""
         self.paused = True
-        for proc in self.processes:
-            proc.pause_reading()
+        self.runner.pause()
 
     def resume(self) -> None:
         self.paused = False
-        for proc in self.processes:
-            proc.resume_reading()
+        self.runner.resume()
+
+    @property
+    def closing(self) -> bool:
+        """The session is over: nothing is sent any more."""
+        return self._closing
 
     async def _cancel_requests(self) -> None:
         tasks = [*self._batches, *self._tasks.values()]
@@ -484,8 +419,7 @@ class Session:
             return
         self._closing = True
         self.core.sessions.discard(self)
-        if self.hooks.own:
-            asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session
+        self.runner.end()
         self.span.end()
 
     def _stop_recording(self) -> None:
@@ -506,10 +440,9 @@ class Session:
         self.shutting = True
         self.sink.state_change(pb.SERVICE_STATE_SHUTTING)
         self.resume()
-        # Stop children gracefully first so their last output and exit codes are still delivered;
-        # then cancel whatever is left (tool calls).
-        grace = self.core.limits.kill_grace
-        await asyncio.gather(*(p.terminate(grace) for p in list(self.processes)), return_exceptions=True)
+        # Let the runner stop what runs gracefully first, so the last output and exit codes are
+        # still delivered; then cancel whatever is left (tool calls).
+        await self.runner.shutdown(self.core.limits.kill_grace)
         await self._cancel_requests()
         self._end()
         self.sink.flush_batch()
@@ -541,7 +474,7 @@ class Session:
         self._teardown()
 
     def expire(self, reason: str, message: str) -> None:
-        """A deadline passed (:class:`~smith_fast.service.guard.Deadlines`): say why, then close.
+        """A deadline passed (:class:`~smith_fast.service.deadlines.Deadlines`): say why, then close.
 
         Args:
             reason: ``handshake_timeout`` (an ``ErrorEvent``) or ``idle_timeout`` (a WARN
@@ -568,13 +501,12 @@ class Session:
         """
         if self._closing:
             return
-        self._error(code, message, None, details)
+        self.report_error(code, message, None, details)
         self._teardown()
 
     def _teardown(self) -> None:
         self._end()
-        for proc in list(self.processes):
-            proc.close()
+        self.runner.kill()
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self.sink.flush_batch()
@@ -584,8 +516,7 @@ class Session:
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once."""
         self._end()
-        for proc in list(self.processes):
-            proc.close()
+        self.runner.kill()
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._stop_recording()
@@ -595,7 +526,7 @@ _CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loo
 
 
 def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
-    """The bytes of ``env`` for the session log: a handshake's token replaced (guard.py)."""
+    """The bytes of ``env`` for the session log: a handshake's token replaced (auth.py)."""
     if kind == "command":
         if TOKEN_KEY in env.command.handshake.client_info:
             env = redacted_handshake(env)

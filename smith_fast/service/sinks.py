@@ -10,12 +10,18 @@ A v1 sink can also batch (for a peer that asked for ``batch_event``): events the
 timestamp, one sequence number) per batch. A batch is cut when full, and the rest when the front
 calls :meth:`EventSink.flush_batch` (the socket front once per loop tick, the gRPC front whenever
 it is ready to send), so batches grow exactly as far as the peer is behind.
+
+Batched or not, a v1 event method is the same two lines: take a stamp, hand the encoder's bytes to
+the output. Switching batching swaps what the stamp, the output and the framing are (:meth:`V1Sink._route`),
+so no event method branches on it.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from .. import events
 from ..coalescing import EventBatcher
@@ -23,7 +29,7 @@ from ..jsonl import JsonlCodec
 from ..pb import smith_pb2
 from ..sequencing import Sequencer
 
-__all__ = ["EventSink", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
+__all__ = ["EventSink", "Recording", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
 
 _EVENT_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["event"].number
 _BATCH_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["batch_event"].number
@@ -38,6 +44,16 @@ def _event_bytes(envelope: bytes) -> bytes:
     while envelope[i - 1] & 0x80:
         i += 1
     return envelope[i:]
+
+
+class Recording(Protocol):
+    """Where a recorded session's output goes (:class:`~smith_fast.replay.SessionRecorder` is one)."""
+
+    def record_out(self, envelope: bytes) -> None: ...
+
+    def record_out_frame(self, frame: bytes) -> None: ...
+
+    def record_event(self, event: smith_pb2.Event) -> None: ...
 
 
 def now_ms() -> int:
@@ -63,6 +79,10 @@ class EventSink:
             write(data)
 
         self._write = tapped
+
+    def record_to(self, recording: Recording) -> None:
+        """Record every written unit as the v1 ``Envelope`` it is or carries."""
+        raise NotImplementedError
 
     def event(self, event: smith_pb2.Event) -> None:
         raise NotImplementedError
@@ -132,8 +152,27 @@ class V1Sink(EventSink):
         self._next = Sequencer().next
         self._framed = framed
         self.framed = framed
-        self._notify = notify
+        self._notify: Callable[[], None] = notify or _nothing
         self._batcher: EventBatcher | None = None
+        self._add: Callable[[bytes], list[bytes]] = _no_batch
+        # How an event leaves (see _route): unbatched, stamped with the sequencer and written
+        # framed as the front needs; batched, unstamped bare Envelopes into the batcher.
+        self._stamp: Callable[[], tuple[int, int]] = self._next
+        self._out: Callable[[bytes], None] = write
+        self._frame = framed
+
+    def _route(self) -> None:
+        if self._batcher is None:
+            self._stamp, self._out, self._frame = self._next, self._write, self._framed
+        else:
+            self._stamp, self._out, self._frame = _unstamped, self._batched, False
+
+    def tap(self, observer: Callable[[bytes], None]) -> None:
+        super().tap(observer)
+        self._route()
+
+    def record_to(self, recording: Recording) -> None:
+        self.tap(recording.record_out_frame if self._framed else recording.record_out)
 
     # ---- batching ------------------------------------------------------------------------------
 
@@ -145,10 +184,14 @@ class V1Sink(EventSink):
         if self._batcher is None:
             # linger is unused: the front decides when to flush
             self._batcher = EventBatcher(BATCH_MAX_EVENTS, BATCH_MAX_BYTES, 0.0)
+            self._add = self._batcher.add
+            self._route()
 
     def stop_batching(self) -> None:
         self.flush_batch()
         self._batcher = None
+        self._add = _no_batch
+        self._route()
 
     def flush_batch(self) -> None:
         batcher = self._batcher
@@ -161,10 +204,11 @@ class V1Sink(EventSink):
         self._write(events.encode_envelope(ts, seq, _BATCH_FIELD, batch, framed=self._framed))
 
     def _batched(self, envelope: bytes) -> None:
-        for batch in self._batcher.add(_event_bytes(envelope)):  # type: ignore[union-attr]
-            self._write_batch(batch)
-        if self._notify is not None:
-            self._notify()
+        full = self._add(_event_bytes(envelope))
+        if full:
+            for batch in full:
+                self._write_batch(batch)
+        self._notify()
 
     def envelope(self, field: int, payload: bytes) -> None:
         self.flush_batch()  # keep the order: what was batched before goes first
@@ -173,19 +217,16 @@ class V1Sink(EventSink):
 
     # ---- events --------------------------------------------------------------------------------
 
+    # A stamp is (timestamp, sequence) of the Envelope; (0, 0) when batched, where the batch's
+    # envelope carries them, and an event's own timestamp is then taken now.
+
     def event(self, event: smith_pb2.Event) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_envelope(0, 0, _EVENT_FIELD, event.SerializeToString(), framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_envelope(ts, seq, _EVENT_FIELD, event.SerializeToString(), framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_envelope(ts, seq, _EVENT_FIELD, event.SerializeToString(), framed=self._frame))
 
     def state_change(self, state: int, request_id: str | None = None) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_state_change(0, 0, state, request_id, now_ms(), framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_state_change(ts, seq, state, request_id, ts, framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_state_change(ts, seq, state, request_id, ts or now_ms(), framed=self._frame))
 
     def shell_output(
         self,
@@ -195,29 +236,20 @@ class V1Sink(EventSink):
         exit_code: int | None = None,
         finished: bool = False,
     ) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_shell_output(0, 0, request_id, stdout, stderr, exit_code, finished, framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished, framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished, framed=self._frame))
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
     ) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_tool_result(0, 0, request_id, success, result, error, duration_ms, framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms, framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms, framed=self._frame))
 
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None
     ) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_log(0, 0, level, message, now_ms(), request_id, fields, framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_log(ts, seq, level, message, ts, request_id, fields, framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_log(ts, seq, level, message, ts or now_ms(), request_id, fields, framed=self._frame))
 
     def error(
         self,
@@ -226,11 +258,21 @@ class V1Sink(EventSink):
         request_id: str | None = None,
         details: Mapping[str, str] | None = None,
     ) -> None:
-        if self._batcher is not None:
-            self._batched(events.encode_error(0, 0, code, message, request_id, now_ms(), details, framed=False))
-            return
-        ts, seq = self._next()
-        self._write(events.encode_error(ts, seq, code, message, request_id, ts, details, framed=self._framed))
+        ts, seq = self._stamp()
+        self._out(events.encode_error(ts, seq, code, message, request_id, ts or now_ms(), details, framed=self._frame))
+
+
+def _nothing() -> None:
+    pass
+
+
+def _no_batch(_event: bytes) -> list[bytes]:
+    raise AssertionError("an event was batched while not batching")
+
+
+# The stamp of a batched event: (0, 0) every time, from a C-level callable (a Python function
+# here would add a frame per event to the batched path).
+_unstamped: Callable[[], tuple[int, int]] = itertools.repeat((0, 0)).__next__
 
 
 class V0Sink(EventSink):
@@ -246,6 +288,9 @@ class V0Sink(EventSink):
     def decode(self, line: bytes) -> smith_pb2.Event:
         """The v1 event a written line carries (session recording stores v0 sessions as v1)."""
         return self._codec.decode_event(line)
+
+    def record_to(self, recording: Recording) -> None:
+        self.tap(lambda line: recording.record_event(self.decode(line)))
 
     def event(self, event: smith_pb2.Event) -> None:
         self._write(self._codec.encode_event(event))

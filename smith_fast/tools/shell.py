@@ -1,7 +1,7 @@
 """The ``shell.run`` tool: run a command through the shell and return what it printed.
 
 The working directory must lie inside the workspace (default: the root); the command itself is
-not confined, but ``env`` may not set the variables :mod:`smith_fast.envpolicy` refuses
+not confined, but ``env`` may not set the variables :mod:`smith_fast.refused_env` refuses
 (``LD_PRELOAD`` ...): the call fails with ``ERROR_CODE_PERMISSION_DENIED`` naming them. Output is
 collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8 (undecodable bytes become
 U+FFFD). The command's own ``timeout_ms`` ends it with
@@ -46,7 +46,7 @@ RUN_SCHEMA: dict[str, Any] = {
 
 async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     # Imported here so that the registry (and tools.list) work without the process machinery.
-    from smith_fast.envpolicy import check_env
+    from smith_fast.refused_env import check_env
     from smith_fast.process import run_collect
 
     check_env(args.get("env") or {}, ctx.allow_env, what="shell.run env")

@@ -45,7 +45,7 @@ class ToolContext:
         max_output: byte cap for ``shell.run`` output, ``fs.read`` content and ``fs.search``
             results.
         allow_env: environment variables ``shell.run`` may set although
-            :mod:`smith_fast.envpolicy` refuses them (``serve --allow-env``).
+            :mod:`smith_fast.refused_env` refuses them (``serve --allow-env``).
 
     Raises:
         FileNotFoundError: ``root`` does not exist.

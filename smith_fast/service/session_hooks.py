@@ -7,7 +7,8 @@ what the policy did; a block stops the request before anything runs (HOOKS.md).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ProtocolError
 from ..hooks import ChainResult, Hook, HookChain, HookLoadError, hook_action, load_action, load_hook
@@ -15,11 +16,25 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .. import tracing
+    from ..hooks import HookLimits
 
-__all__ = ["SessionHooks", "blocked"]
+__all__ = ["SessionHooks", "HookShelf", "blocked"]
 
 log = get_logger("smith_fast.policy")
+
+
+class HookShelf(Protocol):
+    """Keeps the hooks a session loads beyond the session (a NATS worker shares them between the
+    commands of one gateway session, and with the other workers)."""
+
+    async def adopt(self, cmd: pb.HookLoadCommand, hook: Hook) -> Hook:
+        """The hook to keep for ``cmd``: ``hook``, or one loaded for it before (then close ``hook``)."""
+        ...
+
+    async def store(self, rid: str, cmd: pb.HookLoadCommand) -> None:
+        """Keep ``cmd``'s source where other workers find it; raise ProtocolError when that failed."""
+        ...
 
 
 def blocked(result: ChainResult, what: str, rid: str) -> ProtocolError:
@@ -33,16 +48,53 @@ def blocked(result: ChainResult, what: str, rid: str) -> ProtocolError:
 
 
 class SessionHooks:
-    """The hooks that apply to one session, and the gates the session's requests pass through."""
+    """The hooks that apply to one session, and the gates the session's requests pass through.
 
-    def __init__(self, session: Session) -> None:
-        self.session = session
-        self.own: list[Hook] = []
+    Args:
+        global_hooks: the service's hooks (``serve --hook``), run first; read again whenever a
+            session hook is loaded.
+        failure: ``--hook-failure``: what a failing hook means (``HookChain``).
+        limits: the limits hooks load and run under.
+        emit: sends an event (each gate's ``HookResultEvent``).
+        count: counts one hook decision (``allow``, ``block``, ``transform``).
+        spans: request id → its command span, where decisions are recorded.
+        peer: names the session in logs.
+        hooks: session hooks loaded before (a NATS worker's command starts with its session's).
+        shelf: keeps loaded hooks beyond the session and then owns them: :meth:`close` leaves
+            them alone.
+    """
+
+    def __init__(
+        self,
+        global_hooks: Sequence[Hook],
+        *,
+        failure: str,
+        limits: HookLimits,
+        emit: Callable[[pb.Event], None],
+        count: Callable[[str], None],
+        spans: Mapping[str, tracing.SpanHandle],
+        peer: str,
+        hooks: Sequence[Hook] = (),
+        shelf: HookShelf | None = None,
+    ) -> None:
+        self._global = global_hooks
+        self._failure = failure
+        self._limits = limits
+        self._emit = emit
+        self._count = count
+        self._spans = spans
+        self._peer = peer
+        self._shelf = shelf
+        self.own: list[Hook] = list(hooks)
         self._chain = self._build()
 
+    @property
+    def owns_hooks(self) -> bool:
+        """Whether closing the session closes its hooks (it loaded some, and no shelf keeps them)."""
+        return self._shelf is None and bool(self.own)
+
     def _build(self) -> HookChain:
-        core = self.session.core
-        return HookChain([*core.global_hooks, *self.own], failure=core.config.hook_failure)
+        return HookChain([*self._global, *self.own], failure=self._failure)  # type: ignore[arg-type]  # ServiceConfig.hook_failure is a str the CLI restricts to closed/open
 
     def handles(self, trigger: str) -> bool:
         return self._chain.handles(trigger)
@@ -50,30 +102,36 @@ class SessionHooks:
     async def load(self, rid: str, cmd: pb.HookLoadCommand) -> None:
         """Load a session hook; answer ALLOW naming its id and triggers, or raise with diagnostics."""
         try:
-            hook = await load_hook(cmd.hook_type, cmd.script, limits=self.session.core.hook_limits)
+            hook = await load_hook(cmd.hook_type, cmd.script, limits=self._limits)
         except HookLoadError as exc:
             raise ProtocolError(
                 f"hook did not load: {exc}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "hook_load_failed"}
             ) from None
-        if any(h.id == hook.id for h in [*self.session.core.global_hooks, *self.own]):
+        if any(h.id == hook.id for h in [*self._global, *self.own]):
             await hook.close()
             raise ProtocolError(f"hook {hook.id} is already loaded", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_hook"})
         self.own.append(hook)
         self._chain = self._build()
         self._report(rid, load_action(hook))
-        log.info("hook loaded", extra={"fields": {"peer": self.session.peer, "hook_id": hook.id, "triggers": sorted(hook.triggers)}})
+        log.info("hook loaded", extra={"fields": {"peer": self._peer, "hook_id": hook.id, "triggers": sorted(hook.triggers)}})
+        if self._shelf is not None:
+            kept = await self._shelf.adopt(cmd, hook)
+            if kept is not hook:
+                self.own[-1] = kept
+                self._chain = self._build()
+            await self._shelf.store(rid, cmd)
 
     def _report(self, rid: str, action: pb.HookAction) -> None:
         event = pb.Event()
         event.hook_result.request_id = rid
         event.hook_result.action.CopyFrom(action)
-        self.session.sink.event(event)
+        self._emit(event)
 
     async def gate(self, trigger: str, rid: str, payload: dict[str, Any], allowed_data: bytes | None = None) -> ChainResult:
         """Run the chain for ``trigger`` and report the decision for request ``rid``."""
         result = await self._chain.run(trigger, payload)
-        self.session.core.metrics.hook_decision(result.action)
-        span = self.session.spans.get(rid)
+        self._count(result.action)
+        span = self._spans.get(rid)
         if span is not None:
             span.hook_decision(trigger, result.action, result.reason)
         self._report(rid, hook_action(result, allowed_data))
@@ -136,13 +194,16 @@ class SessionHooks:
     async def on_shell_output(self, rid: str, stream: str, text: str) -> str | None:
         """The text to send for one output chunk; None when a hook blocked it."""
         result = await self._chain.run("on_shell_output", {"stream": stream, "text": text})
-        self.session.core.metrics.hook_decision(result.action)
+        self._count(result.action)
         if result.action == "allow":
             return text  # per-chunk ALLOWs are not reported: only what changed the stream is
         self._report(rid, hook_action(result))
         return None if result.action == "block" else str(result.payload["text"])
 
     async def close(self) -> None:
+        """Close the session's hooks (unless a shelf keeps them)."""
+        if self._shelf is not None:
+            return
         for hook in self.own:
             await hook.close()
         self.own.clear()

@@ -22,7 +22,7 @@ from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .execution import Execution
 
 __all__ = ["run_shell_exec", "working_directory"]
 
@@ -46,7 +46,7 @@ class _Output:
     HIGH_WATER = 64  # queued chunks waiting for an output hook before the pipes are paused
     LOW_WATER = 16
 
-    def __init__(self, session: Session, rid: str) -> None:
+    def __init__(self, session: Execution, rid: str) -> None:
         limits = session.core.limits
         self.sink = session.sink
         self.rid = rid
@@ -127,7 +127,7 @@ class _Output:
             self.emit(fd, chunker.flush())
 
 
-async def run_shell_exec(session: Session, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str] | None = None) -> int:
+async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str] | None = None) -> int:
     """Run ``cmd`` for ``session`` and return its exit code (negative: killed by that signal).
 
     ``env`` (when given) replaces ``cmd.env``: the request's variables plus any the service adds

@@ -1,0 +1,149 @@
+"""The command table: everything the service knows per command type, in one row each.
+
+Dispatch (:meth:`Session.handle <smith_fast.service.session.Session.handle>`), the capability and
+size checks, the metrics and the local runner all read :data:`COMMANDS`; the v0 name comes from the
+v0 codec's own table (``smith_fast.jsonl._fields``). Adding a command type is one row here (and its
+handler below, or in a module of its own), plus its schema, its v0 shape and its tests
+(ARCHITECTURE.md, "Adding a command type").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import tracing
+from ..jsonl._fields import COMMANDS_BY_ONEOF
+from ..pb import smith_pb2 as pb
+from ..plan import PlanOptions, Step, run_plan_command
+from ..refused_env import check_env
+from ..tools import ToolOutcome
+from .execution import Execution
+from .shell_exec import run_shell_exec
+from .sizes import command_size, plan_size, too_large, tool_call_size
+
+__all__ = ["CommandSpec", "COMMANDS", "Handler", "shell_exec", "run_tool"]
+
+Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
+"""Runs one request of its kind: ``handler(execution, request_id, request)``; raises
+:class:`~smith_fast.errors.ProtocolError` to end it with an error."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommandSpec:
+    """One command type.
+
+    Attributes:
+        kind: its ``Command.command_type`` member (also its metrics label).
+        v0_name: its v0 JSON variant name; None for a command v0 cannot carry (v1 only).
+        needs: the capability the request needs granted, or a phrase naming what it needs when no
+            capability serves it (a HookLoad of an unknown ``hook_type``); None: nothing.
+        size: what ``--max-command-size`` measures of it, or None (not limited).
+        handler: how the local runner runs it; None for the commands the session answers itself
+            (handshake, shutdown).
+        timed: its latency histogram is reported from the start, before one ran.
+    """
+
+    kind: str
+    v0_name: str | None
+    needs: Callable[[Any], int | str] | None = None
+    size: Callable[[Any], int] | None = None
+    handler: Handler | None = None
+    timed: bool = False
+
+
+# ---- handlers ---------------------------------------------------------------------------------
+
+
+async def shell_exec(ex: Execution, rid: str, cmd: pb.ShellExecCommand) -> int:
+    """Hooks first (a block means the process never starts), then the command."""
+    cmd = await ex.hooks.before_shell_exec(rid, cmd)
+    # After the hooks, so a transform cannot bring in what a request may not (sizes.py, refused_env.py).
+    limit = ex.core.limits.max_command_size
+    if (size := command_size(cmd)) > limit:
+        raise too_large("the shell command (after hooks)", size, limit, rid)
+    check_env(cmd.env, ex.core.config.allow_env, request_id=rid)
+    env = dict(cmd.env)
+    span = ex.spans.get(rid)
+    if span is not None:
+        span.set(tracing.ATTR_COMMAND, cmd.command)
+        env.update(span.child_env())
+    code = await run_shell_exec(ex, rid, cmd, env)
+    if span is not None:
+        span.set(tracing.ATTR_EXIT_CODE, code)
+    return code
+
+
+async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: int) -> ToolOutcome:
+    """One tool call through the hooks; sends its ToolResult and returns the outcome."""
+    tool, args = await ex.hooks.before_tool_call(rid, tool, args)
+    limit = ex.core.limits.max_command_size
+    if len(args) > limit:
+        raise too_large(f"the arguments of {tool} (after hooks)", len(args), limit, rid)
+    span = ex.spans.get(rid)
+    if span is not None:
+        span.set(tracing.ATTR_TOOL, tool)
+    core = ex.core
+    outcome = await core.tools.call(tool, args, core.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    success, result, error = await ex.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
+    ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
+    return ToolOutcome(success, result, error, outcome.duration_ms)
+
+
+async def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> None:
+    timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
+    await run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
+
+
+async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
+    """Plan (and with ``context["execute"]`` run) a goal; steps report under their node ids."""
+    options = PlanOptions.from_context(cmd.context)
+    timeout_ms = options.timeout_ms or ex.core.limits.default_timeout_ms
+
+    async def run_shell(step: Step) -> int:
+        shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
+        if timeout_ms:
+            shell.timeout_ms = timeout_ms
+        return await shell_exec(ex, step.id, shell)
+
+    async def step_tool(step: Step) -> ToolOutcome:
+        return await run_tool(ex, step.id, step.tool or "", step.args_json(), timeout_ms)
+
+    await run_plan_command(cmd, ex.core.planner, emit=ex.sink.event, run_shell=run_shell, run_tool=step_tool)
+
+
+async def _hook_load(ex: Execution, rid: str, cmd: pb.HookLoadCommand) -> None:
+    await ex.hooks.load(rid, cmd)
+
+
+_HOOK_CAPS = {"js": pb.CAPABILITY_HOOKS_JS, "rust": pb.CAPABILITY_HOOKS_RUST}
+
+
+def _hook_capability(cmd: pb.HookLoadCommand) -> int | str:
+    return _HOOK_CAPS.get(cmd.hook_type) or f"hooks for {cmd.hook_type!r}"
+
+
+def _shell_capability(_cmd: pb.ShellExecCommand) -> int:
+    return pb.CAPABILITY_SHELL_EXEC
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+
+def _spec(kind: str, **columns: Any) -> CommandSpec:
+    variant = COMMANDS_BY_ONEOF.get(kind)
+    return CommandSpec(kind, variant[0] if variant is not None else None, **columns)
+
+
+COMMANDS: Mapping[str, CommandSpec] = {
+    spec.kind: spec
+    for spec in (
+        _spec("handshake"),
+        _spec("shell_exec", needs=_shell_capability, size=command_size, handler=shell_exec, timed=True),
+        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True),
+        _spec("hook_load", needs=_hook_capability, handler=_hook_load),
+        _spec("plan", size=plan_size, handler=_plan),
+        _spec("shutdown"),
+    )
+}

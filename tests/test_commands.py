@@ -1,0 +1,113 @@
+"""The command table (smith_fast/service/commands.py) and the request runner seam (runner.py).
+
+The table is what dispatch, the capability and size checks, metrics and the local runner read, so
+a command type the schema has but the table lacks would be refused as unsupported: these tests
+make the schema and the table agree. The session tests build sessions the way a NATS worker does
+(through the constructor, already handshaken) and run real requests through the local runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import uuid
+
+from smith_fast.jsonl._fields import COMMANDS_BY_ONEOF
+from smith_fast.pb import smith_pb2 as pb
+from smith_fast.service.commands import COMMANDS
+from smith_fast.service.config import ServiceConfig
+from smith_fast.service.core import ServiceCore
+from smith_fast.service.runner import LocalRunner
+from smith_fast.service.session import Session
+from smith_fast.service.sinks import V1Sink
+
+_COMMAND_TYPES = [f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields]
+
+
+def test_every_command_type_of_the_schema_has_a_row() -> None:
+    assert sorted(COMMANDS) == sorted(_COMMAND_TYPES)
+    for kind, spec in COMMANDS.items():
+        assert spec.kind == kind
+
+
+def test_v0_names_are_the_v0_codecs() -> None:
+    for kind, spec in COMMANDS.items():
+        assert spec.v0_name == COMMANDS_BY_ONEOF[kind][0], kind
+
+
+def test_requests_have_handlers_and_request_ids() -> None:
+    # Rows with a handler start requests, which carry a request id; the session answers the others.
+    handled = {kind for kind, spec in COMMANDS.items() if spec.handler is not None}
+    assert handled == {"shell_exec", "tool_call", "hook_load", "plan"}
+    for kind in handled:
+        assert "request_id" in getattr(pb, type(getattr(pb.Command(), kind)).__name__).DESCRIPTOR.fields_by_name
+
+
+def test_metrics_histograms_come_from_the_table(tmp_path: pathlib.Path) -> None:
+    timed = [kind for kind, spec in COMMANDS.items() if spec.timed]
+    assert timed == ["shell_exec", "tool_call"]
+    assert list(ServiceCore(ServiceConfig(root=tmp_path)).metrics.latency) == timed
+
+
+def test_capability_and_size_columns() -> None:
+    shell = pb.ShellExecCommand(request_id="r", command="echo hé", env={"A": "b"})
+    assert COMMANDS["shell_exec"].needs(shell) == pb.CAPABILITY_SHELL_EXEC
+    assert COMMANDS["shell_exec"].size(shell) == len("echo hé".encode()) + len("A=b") + 1  # exec's NAME=value\0
+    assert COMMANDS["hook_load"].needs(pb.HookLoadCommand(hook_type="js")) == pb.CAPABILITY_HOOKS_JS
+    assert COMMANDS["hook_load"].needs(pb.HookLoadCommand(hook_type="lua")) == "hooks for 'lua'"
+    assert COMMANDS["tool_call"].needs is None
+    assert COMMANDS["tool_call"].size(pb.ToolCallCommand(args=b"{}")) == 2
+
+
+def _events(out: list[bytes]) -> list[pb.Event]:
+    return [pb.Envelope.FromString(data).event for data in out]
+
+
+def _run_handshaken(tmp_path: pathlib.Path, granted: frozenset[int], command: pb.Command) -> list[pb.Event]:
+    (tmp_path / "a.txt").write_text("hello\n")
+
+    async def main() -> list[pb.Event]:
+        core = ServiceCore(ServiceConfig(root=tmp_path))
+        out: list[bytes] = []
+        closed: list[bool] = []
+        session = Session(
+            core, V1Sink(out.append, framed=False),
+            close=lambda: closed.append(True),
+            runner=lambda host: LocalRunner(core, host),
+            peer="test", protocol="nats", granted=granted,
+        )
+        assert session.handshaken and session.granted == granted
+        session.handle(command)
+        await session.finish()
+        assert closed == [True]
+        assert session not in core.sessions
+        return _events(out)
+
+    return asyncio.run(main())
+
+
+def test_a_session_built_handshaken_runs_requests_without_a_handshake(tmp_path: pathlib.Path) -> None:
+    rid = str(uuid.uuid4())
+    command = pb.Command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=b'{"path": "a.txt"}'))
+    events = _run_handshaken(tmp_path, frozenset(), command)
+    kinds = [e.WhichOneof("event_type") for e in events]
+    assert kinds == ["state_change", "tool_result", "state_change"], kinds
+    assert [events[0].state_change.state, events[2].state_change.state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY]
+    assert events[1].tool_result.success and events[1].tool_result.request_id == rid
+    assert b"hello" in events[1].tool_result.result
+
+
+def test_its_grants_are_the_ones_it_was_built_with(tmp_path: pathlib.Path) -> None:
+    rid = str(uuid.uuid4())
+    command = pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="echo hi"))
+    refused = _run_handshaken(tmp_path, frozenset(), command)
+    assert [e.WhichOneof("event_type") for e in refused] == ["error", "state_change"]
+    assert refused[0].error.error_code == pb.ERROR_CODE_INVALID_CAPABILITY
+    assert refused[1].state_change.state == pb.SERVICE_STATE_ERROR
+
+    ran = _run_handshaken(tmp_path, frozenset({pb.CAPABILITY_SHELL_EXEC}), command)
+    out = "".join(e.shell_output.stdout for e in ran if e.WhichOneof("event_type") == "shell_output")
+    assert out == "hi\n"
+    exits = [e.shell_output for e in ran if e.WhichOneof("event_type") == "shell_output" and e.shell_output.finished]
+    assert [x.exit_code for x in exits] == [0]
+    assert ran[-1].state_change.state == pb.SERVICE_STATE_READY
