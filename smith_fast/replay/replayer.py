@@ -53,7 +53,7 @@ _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 _HANDSHAKE = ("handshake", 0)
 _QUIET = 0.05  # seconds without events after the expected count arrived: catches extra events
 _MAX_UNIT = 1 << 26
-_REDACTED_JSON = b'"<redacted>"'  # guard.REDACTED as a JSON string (replay does not import the service)
+_REDACTED_JSON = b'"<redacted>"'  # auth.REDACTED as a JSON string (replay does not import the service)
 _TOKEN_KEY = "token"
 _FILLER = b"x"  # what a discarded v0 line is re-sent as: its content was never kept
 

@@ -416,7 +416,7 @@ class Connection(asyncio.BufferedProtocol):
         )
 
     def _expire(self, reason: str, message: str) -> None:
-        """A deadline passed (guard.Deadlines)."""
+        """A deadline passed (deadlines.Deadlines)."""
         if self.session is not None:
             self.session.expire(reason, message)
         else:  # nothing (or one byte) received: no protocol, no session

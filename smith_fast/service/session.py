@@ -468,7 +468,7 @@ class Session:
             return
         log.warning("authentication failed", extra={"fields": {"peer": self.peer, "error": message}})
         self.denied = True
-        self._error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
+        self.report_error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
         if rid:
             self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         self._teardown()
