@@ -27,7 +27,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf.message import DecodeError
 
@@ -64,14 +64,18 @@ NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
 _CAPS = {name.removeprefix("CAPABILITY_").lower(): value for name, value in pb.Capability.items() if value}
 
-def _capability(name: str | int) -> int:
+def _capability(name: str | int) -> pb.Capability:
     """A capability name (``shell_exec``) or number → its number."""
     if not isinstance(name, str):
-        return name
-    try:
-        return int(_CAPS[name])
-    except KeyError:
-        raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
+        number = name
+    else:
+        try:
+            number = _CAPS[name]
+        except KeyError:
+            raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
+    # The stubs type enum fields as pb.Capability, an int subclass that exists for checkers only:
+    # at run time an enum value is a plain int, so the number is one as it stands.
+    return cast("pb.Capability", number)
 
 
 class SmithError(SmithFastError):
@@ -212,7 +216,7 @@ class Client:
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
         self.process = process
-        self.token: str | None = None
+        self.token = None
         self.address = None  # see __init__ and connect()
         self.ready: pb.ReadyEvent | None = None
         self.answered = False  # something Smith-shaped has arrived
@@ -300,7 +304,7 @@ class Client:
             limit=1 << 20,
         )
         assert proc.stdout is not None and proc.stdin is not None
-        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc, token=token)  # type: ignore[arg-type]
+        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc, token=token)
 
     async def __aenter__(self) -> Client:
         return self
@@ -714,7 +718,8 @@ class GrpcClient(Client):
         self._status: Any = None
         self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
         # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
-        self._call = channel.stream_stream(STREAM_METHOD)(self._requests(), metadata=self._metadata)
+        stream: grpc_aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM_METHOD)
+        self._call = stream(self._requests(), metadata=self._metadata)
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -779,7 +784,7 @@ class GrpcClient(Client):
             code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
             if code is None:
                 raise
-            raise SmithError(pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")) from exc
+            raise SmithError(pb.ErrorEvent(error_code=code, message=exc.details() or "")) from exc
 
     async def close_sending(self) -> None:
         """Half-close: send nothing more; the service finishes the running requests, then ends the call."""
@@ -825,7 +830,7 @@ class GrpcClient(Client):
                 # Refused before the stream began (a wrong token in the metadata, too many
                 # connections): tell whoever waits as the ErrorEvent a socket peer would get.
                 with contextlib.suppress(ValueError):
-                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")))
+                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=code, message=exc.details() or "")))
         except asyncio.CancelledError:
             self._status = grpc.StatusCode.CANCELLED
             self._close_reason = ConnectionClosed("client closed")

@@ -161,7 +161,11 @@ class _SessionState:
                 if task is None:
                     task = asyncio.get_running_loop().create_task(self._load(key))
                     self.loading[key] = task
-                    task.add_done_callback(lambda _t, key=key: self.loading.pop(key, None))
+
+                    def forget(_done: asyncio.Task[Hook], key: str = key) -> None:
+                        self.loading.pop(key, None)
+
+                    task.add_done_callback(forget)
                 hook = await asyncio.shield(task)
             out.append(hook)
         return out
@@ -355,10 +359,10 @@ class Worker:
         action = (msg.headers or {}).get(CONTROL, "")
         if action in ("pause", "resume"):
             # Kept even before a command of the session ran here: it starts paused.
-            state = self._state(session_id)
-            state.paused = action == "pause"
-            for session in state.running:
-                if state.paused:
+            held = self._state(session_id)
+            held.paused = action == "pause"
+            for session in held.running:
+                if held.paused:
                     session.pause()
                 elif not self._backlogged:
                     session.resume()
