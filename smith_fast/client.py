@@ -10,7 +10,8 @@ Example::
         result = await client.call_tool("fs.list", {"path": "."})
 
 Events of concurrent requests are routed to their callers by ``request_id``; events without one
-(Ready, capability warnings, logs) go to :attr:`Client.events`. A client can ask for the Envelope
+(Ready, capability warnings, logs) go to :attr:`Client.events`, which gets ``None`` once the
+connection has ended. A client can ask for the Envelope
 additions in its handshake (``accept=["batch_event", "health", "metrics"]``): BatchEvents are
 unpacked transparently, :meth:`Client.health_check` asks in-stream, and metrics reports land in
 :attr:`Client.metrics` and :attr:`Client.resource_usage`.
@@ -221,7 +222,7 @@ class Client:
         self.ready: pb.ReadyEvent | None = None
         self.answered = False  # something Smith-shaped has arrived
         self.accepted: frozenset[str] = frozenset()
-        self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
+        self.events: asyncio.Queue[pb.Event | None] = asyncio.Queue()  # None once the connection ended
         self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
         self.resource_usage: asyncio.Queue[pb.ResourceUsageEvent] = asyncio.Queue()
         self.warnings: list[pb.ErrorEvent] = []
@@ -426,13 +427,13 @@ class Client:
             return reason
         details = getattr(reason, "details", None)
         if callable(details):  # a gRPC call that failed: nothing (Smith) listens there
-            return ConnectError(f"cannot connect to {self.address}: {reason.code().name}: {details()} "  # type: ignore[union-attr]
+            return ConnectError(f"cannot connect to {self.address}: {reason.code().name}: {details()} "  # type: ignore[union-attr]  # details() callable: an AioRpcError, which has code()
                                 "(is smith-fast serve --grpc running there?)")
         return NotASmithService(f"not a Smith service at {self.address}: it closed the connection without answering the handshake")
 
     async def _await_ready(self) -> pb.ReadyEvent:
         while True:
-            event = await self._next(self.events)  # type: ignore[arg-type]
+            event = await self._next(self.events)
             kind = event.WhichOneof("event_type")
             if kind == "ready":
                 self.ready = event.ready
@@ -696,7 +697,7 @@ class Client:
     def _connection_ended(self) -> None:
         self._closed.set()
         for queue in list(self._routes.values()) + [self.events]:
-            queue.put_nowait(None)  # type: ignore[arg-type]
+            queue.put_nowait(None)
         while self._health:
             future = self._health.popleft()
             if not future.done():

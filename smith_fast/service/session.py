@@ -27,7 +27,7 @@ from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
-from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name
+from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name, wire_capabilities
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -54,10 +54,10 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path | None: ...
+    def record_dir(self) -> pathlib.Path: ...
 
     @property
-    def sessions(self) -> MutableSet[Any]: ...
+    def sessions(self) -> MutableSet[Session]: ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
@@ -208,6 +208,7 @@ class Session:
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
+        assert rid is not None  # every command with a handler has a (string) request_id
         self._start(rid, spec, command)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
@@ -293,7 +294,7 @@ class Session:
         event = pb.Event()
         ready = event.ready
         ready.version = self.version
-        ready.capabilities.extend(granted)
+        ready.capabilities.extend(wire_capabilities(granted))
         ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
@@ -380,7 +381,11 @@ class Session:
             return
         task = self._loop.create_task(self._request(spec, rid, command))
         self._tasks[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+
+        def forget(_done: asyncio.Task[None], rid: str = rid) -> None:
+            self._tasks.pop(rid, None)
+
+        task.add_done_callback(forget)
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
