@@ -282,7 +282,7 @@ async def _health(args: argparse.Namespace) -> int:
         return 2
     kind, target = parse_address(address)
     try:
-        if kind == "grpc":
+        if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             status, metrics = await asyncio.wait_for(_grpc_health(address, target, args), args.timeout)
         else:
             status, metrics = await asyncio.wait_for(_stream_health(address, args), args.timeout)

@@ -40,6 +40,7 @@ from .pb import smith_pb2 as pb
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
+    import grpc
     from grpc import aio as grpc_aio
 
 __all__ = [
@@ -146,7 +147,7 @@ def event_request_id(event: pb.Event) -> str | None:
     return inner.request_id or None
 
 
-def parse_address(address: str) -> tuple[str, Any]:
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
 
     ``grpc`` targets are returned as the ``HOST:PORT`` string grpcio takes.
@@ -171,9 +172,9 @@ def parse_address(address: str) -> tuple[str, Any]:
     return "tcp", (host, int(port))
 
 
-def format_address(kind: str, target: Any) -> str:
+def format_address(kind: str, target: str | tuple[str, int]) -> str:
     """The inverse of :func:`parse_address`: ``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``."""
-    if kind == "tcp":
+    if isinstance(target, tuple):
         host, port = target
         return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
     return f"{kind}:{target}"
@@ -209,7 +210,7 @@ class Client:
         self.address = address
         self._reader = reader
         self._writer = writer
-        self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
+        self._decoder: FrameDecoder | LineDecoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     def _init_state(self, protocol: str, process: asyncio.subprocess.Process | None) -> None:
@@ -262,7 +263,7 @@ class Client:
         """
         kind, target = parse_address(address)
         name = format_address(kind, target)
-        if kind == "grpc":
+        if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
             client: Client = await GrpcClient.open(target, tls_ca=tls_ca, token=token)
@@ -270,7 +271,7 @@ class Client:
             return client
         limit = 1 << 20
         try:
-            if kind == "unix":
+            if isinstance(target, str):
                 reader, writer = await asyncio.open_unix_connection(target, limit=limit)
             else:
                 reader, writer = await asyncio.open_connection(*target, limit=limit)
@@ -716,7 +717,7 @@ class GrpcClient(Client):
         self.token = token
         self._channel = channel
         self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._status: Any = None
+        self._status: grpc.StatusCode | None = None
         self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
         # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
         stream: grpc_aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM_METHOD)
@@ -809,7 +810,7 @@ class GrpcClient(Client):
         await self._channel.close()
 
     @property
-    def status(self) -> Any:
+    def status(self) -> grpc.StatusCode | None:
         """The call's final ``grpc.StatusCode`` once it ended (None before)."""
         return self._status
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from ..client import parse_address
+from ..client import AddressError, parse_address
 from ..errors import FramingError, SmithFastError
 from ..errors import ProtocolError
 from ..framing import FrameDecoder, encode_frame
@@ -244,12 +244,18 @@ class Replayer:
 
         Raises:
             OSError: the connection cannot be made.
+            AddressError: ``address`` is not one of those (a ``grpc:`` address, say).
         """
         kind, target = parse_address(address)
-        if kind == "unix":
-            reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
-        else:
+        if isinstance(target, tuple):
             reader, writer = await asyncio.open_connection(*target, limit=1 << 20)
+        elif kind == "unix":
+            reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
+        else:  # the frames go back as they were recorded, over a socket: gRPC has none to send them on
+            raise AddressError(
+                f"cannot replay against {address}: a replay re-sends the recorded frames over a socket; "
+                "give the service's unix: or tcp: address"
+            )
         return await self.run(reader, writer)
 
     async def spawn(self, *serve_args: str, env: Mapping[str, str] | None = None, python: str = sys.executable) -> ReplayResult:
