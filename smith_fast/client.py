@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from google.protobuf.message import DecodeError
 
@@ -502,7 +502,7 @@ class Client:
             raise SmithError(error)
 
     async def call_tool(
-        self, tool: str, args: Any = None, *, timeout_ms: int | None = None, raw_args: bytes | None = None
+        self, tool: str, args: object = None, *, timeout_ms: int | None = None, raw_args: bytes | None = None
     ) -> pb.ToolResultEvent:
         """Call a tool with JSON-serializable ``args`` (or pre-encoded ``raw_args``); returns its result.
 

@@ -30,7 +30,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from .. import __version__, _varint
 from ..logs import get_logger
@@ -143,7 +142,7 @@ class SessionRecorder:
         flush_bytes: int = FLUSH_BYTES,
         flush_delay: float = 0.0,
         on_error: Callable[[str], None] | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, object] | None = None,
     ) -> SessionRecorder:
         """Create a new log file in ``directory`` (made if missing) and write its header.
 
