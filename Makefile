@@ -37,13 +37,15 @@ serve: install
 test: install $(INTEROP)/node_modules/.deps
 	$(VENV)/bin/pytest
 
-# The end-to-end report (smith_fast/bench): real servers, every contender, Markdown + JSON + PNG charts.
-# `make bench` writes bench/results/ (a few minutes on 2 cores); `make bench-quick` build/bench-quick/ (about a minute).
+# The end-to-end report (bench/report, run from the repository root, not installed): real servers,
+# every contender, Markdown + JSON + PNG charts. `make bench` writes bench/results/ (a few minutes on
+# 2 cores); `make bench-quick` build/bench-quick/ (30-45 s on 2 cores once installed, depending on
+# load; a fresh clone's first run adds ~35 s of install).
 bench: install
-	$(VENV)/bin/smith-fast bench --out bench/results
+	$(PY) -m bench.report --out bench/results
 
 bench-quick: install
-	$(VENV)/bin/smith-fast bench --quick --out build/bench-quick
+	$(PY) -m bench.report --quick --out build/bench-quick
 
 # The micro view: the pytest-benchmark suites under bench/, twins and wires side by side.
 bench-micro: install

@@ -1,8 +1,8 @@
 """Drivers for the end-to-end service benchmarks (``bench/bench_service.py``).
 
-The socket drivers live in :mod:`smith_fast.bench` (``wire`` and ``drivers``), shared with the
-end-to-end report (``smith-fast bench``); this module re-exports them under the names the suite
-uses and adds the echo server that is the round trips' floor.
+The socket drivers live in :mod:`bench.report` (``wire`` and ``drivers``), shared with the
+end-to-end report (``python -m bench.report``); this module re-exports them under the names the
+suite uses and adds the echo server that is the round trips' floor.
 
 Everything talks to a real ``smith-fast serve`` process over its Unix socket with a plain blocking
 socket: no asyncio in the client, so the client's own overhead is small and, above all, identical
@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 
-from smith_fast.bench.drivers import (
+from .report.drivers import (
     READ_SIZE,
     PipelineResult,
     ProtocolFailure,
@@ -29,8 +29,8 @@ from smith_fast.bench.drivers import (
     shell_exec,
     tool_call_request_ids,
 )
-from smith_fast.bench.stats import percentile
-from smith_fast.bench.wire import WIRES, V0Wire, V1Wire, Wire
+from .report.stats import percentile
+from .report.wire import WIRES, V0Wire, V1Wire, Wire
 
 __all__ = [
     "READ_SIZE",

@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from grpc import aio
 
+from harness.server import ServerProcess
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
-from tests.server import ServerProcess
 
 from ._summary import print_summary
 

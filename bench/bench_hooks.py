@@ -178,7 +178,7 @@ ROUND_TRIPS = 300
 
 @pytest.fixture(scope="module")
 def hook_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.server import ServerProcess
+    from harness.server import ServerProcess
 
     tmp = tmp_path_factory.mktemp("hook-rtt")
     (tmp / "small.txt").write_text("x" * 72)

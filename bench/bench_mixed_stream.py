@@ -9,7 +9,7 @@ contender starts from the same Python values and ends with one buffer for the wh
 ENCODE (group ``mixed stream encode``):
   * ``test_encode_v1[c]`` / ``[py]``: the ``smith_fast`` event encoders (both twins), frames joined.
   * ``test_encode_v0_json`` / ``_orjson``: build the v0 adjacently tagged object (``{"type": ...,
-    "data": {...}}``, snake_case, ``null`` for absent options, string enums; ``wire_notes.md``) and
+    "data": {...}}``, snake_case, ``null`` for absent options, string enums; PROTOCOL.md, "v0: JSON lines") and
     serialize it, one object per line: ``json.dumps`` (its cached default encoder, the fastest
     stdlib path; lines joined, then encoded once) or ``orjson.dumps`` (``OPT_APPEND_NEWLINE``,
     appended to one ``bytearray``: its fastest idiom here, see ``encode_orjson``).
@@ -27,7 +27,7 @@ DECODE (group ``mixed stream decode``):
     takes the bytes as they are).
 
 What v0 cannot carry is simply absent from its stream, which favours JSONL: no envelope
-timestamp/sequence, no ``Log.fields``, no ``ToolResult.duration_ms`` (``wire_notes.md``).
+timestamp/sequence, no ``Log.fields``, no ``ToolResult.duration_ms`` (PROTOCOL.md, "v0: JSON lines").
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _v1_calls(events: ModuleType) -> list[tuple[Callable[..., bytes], tuple[Any,
     return calls
 
 
-# v0 builders: the same arguments as the v1 encoders, returning the v0 object (wire_notes.md).
+# v0 builders: the v1 encoders' arguments, returning the v0 object (PROTOCOL.md, "v0: JSON lines").
 def _v0_shell_output(ts, seq, rid, stdout, stderr, exit_code=None, finished=False):  # type: ignore[no-untyped-def]
     return {"type": "ShellOutput", "data": {"request_id": rid, "stdout": stdout, "stderr": stderr,
                                             "exit_code": exit_code, "finished": finished}}

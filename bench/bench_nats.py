@@ -31,10 +31,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.nats_cluster import Cluster
+from harness.server import ServerProcess
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
-from tests.server import ServerProcess
-from tests.test_nats import Cluster
 
 from ._summary import print_summary
 
@@ -58,7 +58,7 @@ class Topology:
         self.serve: ServerProcess | None = None
         self.cluster: Cluster | None = None
         if name == "serve":
-            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, "--log-level", "info").start()
+            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, log_level="info").start()
             self.path = self.serve.sock_path
             self.root = self.serve.root
         else:

@@ -25,14 +25,14 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
+from harness.server import ServerProcess
 from smith_fast import events
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
-from smith_fast.bench.drivers import cpu_seconds_of
 from smith_fast.replay import SessionRecorder, read_log
-from tests.server import ServerProcess
 
 from ._summary import print_summary
+from .report.drivers import cpu_seconds_of
 
 N = 1000
 STREAM_BYTES = 16 << 20

@@ -40,8 +40,8 @@ from typing import Any
 
 import pytest
 
+from harness.server import ServerProcess
 from smith_fast.framing import FrameDecoder
-from tests.server import ServerProcess
 
 from .bench_process import ceiling as _ceiling  # the same blocking os.read loop, one definition
 
@@ -99,9 +99,7 @@ def servers(workspace: pathlib.Path) -> Iterator[Callable[[str], ServerProcess]]
         if loop not in running:
             sock_dir = workspace.parent / f"sock-{loop}"
             sock_dir.mkdir(exist_ok=True)
-            running[loop] = ServerProcess(
-                sock_dir, "--log-level", "info", "--max-output", "2G", loop=loop, root=workspace
-            ).start()
+            running[loop] = ServerProcess(sock_dir, "--max-output", "2G", loop=loop, root=workspace, log_level="info").start()
         return running[loop]
 
     yield get

@@ -21,7 +21,7 @@ included), with tracing
 * ``off, SDK set up``: not granted, the service exporting over OTLP (what other sessions cost);
 * ``granted, no SDK``: granted, the service without an SDK (the API's no-op tracer);
 * ``granted, OTLP``: granted, the service exporting every span over OTLP/HTTP in batches to a
-  local receiver (``tests/otlp_sink.py``, which decodes every request as a collector would).
+  local receiver (``harness/otlp_sink.py``, which decodes every request as a collector would).
 
 The summary gives each against ``off``.
 """
@@ -37,11 +37,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 from smith_fast import tracing
-from smith_fast.bench.drivers import Session, cpu_seconds_of, round_trips, tool_call_request_ids
-from smith_fast.bench.stats import percentile
 from smith_fast.pb import smith_pb2 as pb
 
 from ._summary import print_summary
+from .report.drivers import Session, cpu_seconds_of, round_trips, tool_call_request_ids
+from .report.stats import percentile
 
 N = 1000
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -136,8 +136,8 @@ _round_trips: dict[str, tuple[float, float]] = {}  # mode -> (p50 µs, server CP
 
 @pytest.fixture(scope="module")
 def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, Any]]:
-    from tests.otlp_sink import OtlpSink
-    from tests.server import ServerProcess
+    from harness.otlp_sink import OtlpSink
+    from harness.server import ServerProcess
 
     plain_dir, otlp_dir = tmp_path_factory.mktemp("rt-plain"), tmp_path_factory.mktemp("rt-otlp")
     for root in (plain_dir, otlp_dir):

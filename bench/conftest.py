@@ -1,6 +1,6 @@
 """Benchmarks reuse the twin fixtures, so every wire-core benchmark has a [c] and a [py] entry."""
 
-from tests.conftest import (  # noqa: F401  (fixtures)
+from harness.twins import (  # noqa: F401  (fixtures)
     chunking,
     coalescing,
     events,

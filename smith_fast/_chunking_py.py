@@ -37,12 +37,12 @@ _FEED, _DRAIN, _FLUSH = 0, 1, 2
 
 def _check_args(max_chunk: object, newline_window: object) -> tuple[int, int]:
     """Validate the constructor arguments; return ``(max_chunk, newline_window)`` as ints."""
-    limit = operator.index(max_chunk)  # type: ignore[arg-type]
+    limit = operator.index(max_chunk)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     if not _MIN_CHUNK <= limit < _MAX_CHUNK_LIMIT:
         raise ValueError(f"max_chunk must be in [{_MIN_CHUNK}, 2**31), got {limit}")
     if newline_window is None:
         return limit, limit // 8
-    window = operator.index(newline_window)  # type: ignore[arg-type]
+    window = operator.index(newline_window)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     if not 0 <= window <= limit:
         raise ValueError(f"newline_window must be in [0, max_chunk] = [0, {limit}], got {window}")
     return limit, window

@@ -22,6 +22,8 @@ from __future__ import annotations
 import operator
 import time
 
+from ._varint import encode as _varint
+
 __all__ = ["CommandBatcher", "EventBatcher", "WriteCoalescer"]
 
 # Field 2, wire type 0 (varint), value 1: BatchEvent.partial_batch / BatchCommand.require_ordering.
@@ -31,21 +33,16 @@ _HEADERS = [bytes((0x0A, n)) for n in range(0x80)]  # field 1, wire type 2, one-
 
 def _header(n: int) -> bytes:
     """Tag and length varint of a field-1 entry of ``n`` bytes; ``n >= 0x80``."""
-    out = bytearray(b"\x0a")
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return b"\x0a" + _varint(n)
 
 
 def _as_bytes(data: object) -> bytes:
     """A private ``bytes`` copy of a bytes-like ``data``: the caller may reuse its buffer."""
-    return bytes(memoryview(data))  # type: ignore[arg-type]
+    return bytes(memoryview(data))  # type: ignore[arg-type]  # a probe: refusing non-buffers is the point
 
 
 def _positive(value: object, what: str) -> int:
-    n = operator.index(value)  # type: ignore[arg-type]
+    n = operator.index(value)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     if not 1 <= n < 1 << 62:
         raise ValueError(f"{what} must be in [1, 2**62), got {n}")
     return n

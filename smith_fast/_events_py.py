@@ -32,6 +32,9 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
+from ._varint import ONE_BYTE as _ONE_BYTE
+from ._varint import encode as _uvarint
+from ._varint import encode_int32 as _ivarint
 from .errors import EncodeError
 
 __all__ = [
@@ -43,12 +46,7 @@ __all__ = [
     "encode_tool_result",
 ]
 
-_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
-_CONT_BYTE = [bytes((i | 0x80,)) for i in range(0x80)]  # a 7-bit group with more to follow
-_GROUPS = [max(1, (bits + 6) // 7) for bits in range(65)]  # varint length by bit length
-_CONTINUATION = [int.from_bytes(b"\x80" * (n - 1), "little") if n else 0 for n in range(9)]  # by length
 _ZERO = _ONE_BYTE[0]  # what a default-valued scalar encodes to: the marker for "omit this field"
-_UINT64_MASK = (1 << 64) - 1
 
 # Envelope oneof ``payload`` members (smith.proto): field number -> tag of a length-delimited field.
 # 15 and 4 are deliberately unused (their tags would collide with the v0 sniffing rule).
@@ -68,43 +66,6 @@ _OPT_STR = 4  # optional string
 _BYTES = 5  # bytes
 _MAP = 6  # map<string, string>, None meaning empty
 _FIELD = 7  # an Envelope payload field number
-
-
-def _uvarint(value: int) -> bytes:
-    """The varint of a uint64; raises (any exception: the caller diagnoses) when out of range."""
-    if 0 <= value < 0x80:
-        return _ONE_BYTE[value]
-    if 0 < value < 0x4000:
-        return _CONT_BYTE[value & 0x7F] + _ONE_BYTE[value >> 7]
-    if value >> 56 or value < 0:
-        return _long_uvarint(value)
-    # Up to eight 7-bit groups: spread them one per byte with three mask-and-shift steps, set the
-    # continuation bits, and let int.to_bytes do the byte loop in C.
-    spread = (value & 0xFFFFFFF) | (value >> 28 << 32)
-    spread = (spread & 0x00003FFF00003FFF) | ((spread & 0x0FFFC0000FFFC000) << 2)
-    spread = (spread & 0x007F007F007F007F) | ((spread & 0x3F803F803F803F80) << 1)
-    n = _GROUPS[value.bit_length()]
-    return (spread | _CONTINUATION[n]).to_bytes(n, "little")
-
-
-def _long_uvarint(value: int) -> bytes:
-    if value >> 64 or value < 0:
-        raise OverflowError
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _ivarint(value: int) -> bytes:
-    """The varint of an int32: protobuf sign-extends negatives to 64 bits, hence ten bytes."""
-    if 0 <= value < 0x80:
-        return _ONE_BYTE[value]
-    if not -0x80000000 <= value < 0x80000000:
-        raise OverflowError
-    return _uvarint(value & _UINT64_MASK)
 
 
 def _map_entries(tag: bytes, mapping: Mapping[str, str], parts: list[bytes]) -> None:
@@ -201,12 +162,12 @@ def _check(name: str, kind: int, value: object) -> Exception | None:
         return None
     if kind == _BYTES:
         try:
-            memoryview(value).cast("B")  # type: ignore[arg-type]
+            memoryview(value).cast("B")  # type: ignore[arg-type]  # a probe: refusing non-buffers is the point
         except (TypeError, ValueError, BufferError):
             return TypeError(f"{name} must be a C-contiguous bytes-like object, not {type(value).__name__}")
         return None
     try:
-        number = operator.index(value)  # type: ignore[call-overload]
+        number = operator.index(value)  # type: ignore[arg-type]  # a probe: refusing non-integers is the point
     except TypeError:
         expected = "int or None" if kind == _OPT_I32 else "int"
         return TypeError(f"{name} must be {expected}, not {type(value).__name__}")

@@ -3,7 +3,7 @@
 The format is protobuf's standard *delimited* encoding (Java ``writeDelimitedTo``, protobufjs
 ``encodeDelimited``, Go ``protodelim``): each message is preceded by its length as a base-128
 varint, least significant group first. A v1 Smith stream is a sequence of such frames, each an
-``Envelope`` (``PROTOCOL.md``, "v1 framing").
+``Envelope`` (PROTOCOL.md, "v1: varint-delimited Envelopes").
 
 This module is the specification: ``_framing_c`` must return the same frames and raise the same
 errors, with the same messages, for every input.
@@ -13,6 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ._varint import MAX_LENGTH as MAX_VARINT_LENGTH
+from ._varint import ONE_BYTE as _ONE_BYTE
+from ._varint import encode as encode_varint
+from ._varint import size as varint_size
 from .errors import FramingError, FrameTooLarge
 
 __all__ = [
@@ -27,9 +31,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
-MAX_VARINT_LENGTH = 10  # a uint64 needs at most ten 7-bit groups
 _LENGTH_LIMIT = 1 << 32  # protobuf messages are at most 2 GiB; lengths must fit uint32
-_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
 
 
 def _too_long(offset: int) -> FramingError:
@@ -99,7 +101,7 @@ class FrameDecoder:
         """Bytes held for the frame that is not complete yet (none once the decoder has failed)."""
         return len(self._buf)
 
-    def _prefix(self, data, pos: int, end: int, base: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    def _prefix(self, data: bytes | bytearray | memoryview, pos: int, end: int, base: int) -> tuple[int, int]:
         """Parse a multi-byte length prefix at ``data[pos]``; ``(0, 0)`` when it is incomplete."""
         size = 0
         shift = 0
@@ -136,7 +138,7 @@ class FrameDecoder:
             TypeError: ``data`` is not a contiguous bytes-like object (the stream is left as it was).
         """
         if self._error is not None:
-            self._error.frames = []  # type: ignore[attr-defined]
+            self._error.frames = []
             raise self._error
         if type(data) is not bytes:
             try:
@@ -147,14 +149,14 @@ class FrameDecoder:
         try:
             self._feed(data, frames)
         except FramingError as exc:
-            exc.frames = frames  # type: ignore[attr-defined]
+            exc.frames = frames
             self._offset = exc.offset  # the frames before it were returned; the bad one was not
             self._error = exc
             self._buf = bytearray()  # a failed stream is never resumed: let its bytes go
             raise
         return frames
 
-    def _feed(self, data, frames: list[bytes]) -> None:  # type: ignore[no-untyped-def]
+    def _feed(self, data: bytes | memoryview, frames: list[bytes]) -> None:
         n = len(data)
         pos = 0
         buf = self._buf
@@ -206,33 +208,6 @@ class FrameDecoder:
         self._offset = base + pos
         if pos < n:
             buf += data[pos:]
-
-
-def varint_size(value: int) -> int:
-    """Number of bytes of ``value`` (a non-negative int below 2**64) as a base-128 varint."""
-    if value < 0x80:
-        return 1
-    return (value.bit_length() + 6) // 7
-
-
-def encode_varint(value: int) -> bytes:
-    """Encode a non-negative integer below ``2**64`` as a base-128 varint.
-
-    Raises:
-        OverflowError: ``value`` is negative or does not fit in 64 bits.
-    """
-    if value < 0x80:
-        if value < 0:
-            raise OverflowError(f"varint value must be in [0, 2**64), got {value}")
-        return _ONE_BYTE[value]
-    if value >> 64:
-        raise OverflowError(f"varint value must be in [0, 2**64), got {value}")
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def encode_frame(message: bytes | bytearray | memoryview) -> bytes:

@@ -17,14 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from time import time_ns
 from types import GenericAlias
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .pb import smith_pb2
 
 __all__ = ["MAX_SEQUENCE", "Resequencer", "Sequencer"]
-
-T = TypeVar("T")
 
 MAX_SEQUENCE = (1 << 63) - 1
 """The largest sequence number used or accepted.
@@ -167,8 +165,9 @@ class Resequencer:
     )
 
     # ``Resequencer[Envelope]`` works at run time in both twins. The class cannot derive from
-    # ``typing.Generic``: the compiled twin is an extension type, and those take no Python base.
-    __class_getitem__ = classmethod(GenericAlias)
+    # ``typing.Generic``: the compiled twin is an extension type, and those take no Python base
+    # (Cython refuses one). So to a type checker it is not generic: its items are ``object``.
+    __class_getitem__ = classmethod(GenericAlias)  # type: ignore[var-annotated]  # run-time only: checkers cannot use it
 
     def __init__(self, window: int = 1024, first: int = 1) -> None:
         if isinstance(window, bool) or not isinstance(window, int):
@@ -176,7 +175,7 @@ class Resequencer:
         if not 0 <= window <= MAX_SEQUENCE:
             raise ValueError(f"window must be in [0, 2**63), got {window}")
         first = _checked_sequence(first, "first")
-        self._held: dict[int, T] = {}
+        self._held: dict[int, object] = {}
         self._window: int = int(window)
         self._first: int = first
         self._expected: int = first
@@ -220,7 +219,7 @@ class Resequencer:
         """Items held now, waiting for the numbers before them."""
         return len(self._held)
 
-    def push(self, sequence: int, item: T) -> list[T]:
+    def push(self, sequence: int, item: object) -> list[object]:
         """Accept ``item`` numbered ``sequence``; return the items now deliverable, in order.
 
         Args:
@@ -263,7 +262,7 @@ class Resequencer:
         self._drain(out)
         return out
 
-    def flush(self) -> list[T]:
+    def flush(self) -> list[object]:
         """Stop waiting: deliver every held item in order, counting the numbers missing between.
 
         Afterwards :attr:`expected` is one above the highest number seen (if anything was held),
@@ -283,7 +282,7 @@ class Resequencer:
         self._held.clear()
         return out
 
-    def _drain(self, out: list[T]) -> None:
+    def _drain(self, out: list[object]) -> None:
         """Move held items that continue ``expected`` without a gap to ``out``."""
         held = self._held
         expected = self._expected
@@ -292,12 +291,12 @@ class Resequencer:
             item = held.pop(expected, _MISSING)
             if item is _MISSING:
                 break
-            out.append(item)  # type: ignore[arg-type]
+            out.append(item)
             expected += 1
         self._delivered += expected - start
         self._expected = expected
 
-    def _skip_to(self, floor: int, out: list[T]) -> None:
+    def _skip_to(self, floor: int, out: list[object]) -> None:
         """Give up on every number below ``floor``: deliver held ones, count the rest as gaps."""
         held = self._held
         expected = self._expected
@@ -309,7 +308,7 @@ class Resequencer:
             while expected < floor:
                 item = held.pop(expected, _MISSING)
                 if item is not _MISSING:
-                    out.append(item)  # type: ignore[arg-type]
+                    out.append(item)
                     found += 1
                 expected += 1
         else:

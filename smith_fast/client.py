@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import sys
 import time
 import uuid
@@ -28,16 +29,31 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf.message import DecodeError
+
 from .errors import FramingError, SmithFastError
 from .framing import FrameDecoder, encode_frame
 from .jsonl import JsonlCodec, LineDecoder
+from .options import ADDRESS_FORMS
 from .pb import smith_pb2 as pb
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
     from grpc import aio as grpc_aio
 
-__all__ = ["Client", "GrpcClient", "SmithError", "ConnectionClosed", "event_request_id", "parse_address"]
+__all__ = [
+    "Client",
+    "GrpcClient",
+    "SmithError",
+    "ConnectionClosed",
+    "ConnectError",
+    "NotASmithService",
+    "AddressError",
+    "ADDRESS_FORMS",
+    "event_request_id",
+    "format_address",
+    "parse_address",
+]
 
 ACCEPT_KEY = "smith_fast.accept"
 INTERVAL_KEY = "smith_fast.metrics_interval_ms"
@@ -47,6 +63,15 @@ STREAM_METHOD = "/smith.v1.SmithService/Stream"
 NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
 _CAPS = {name.removeprefix("CAPABILITY_").lower(): value for name, value in pb.Capability.items() if value}
+
+def _capability(name: str | int) -> int:
+    """A capability name (``shell_exec``) or number → its number."""
+    if not isinstance(name, str):
+        return name
+    try:
+        return int(_CAPS[name])
+    except KeyError:
+        raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
 
 
 class SmithError(SmithFastError):
@@ -71,6 +96,40 @@ class ConnectionClosed(SmithFastError):
     """The connection ended before the awaited answer arrived."""
 
 
+class ConnectError(ConnectionClosed, ConnectionError):
+    """The service cannot be reached; the message names the address and says what to check.
+
+    A :class:`ConnectionClosed` (what a handshake on a dead connection raised before) and an
+    ``OSError`` (what connecting raised before), so that existing handlers of either still apply.
+    """
+
+
+class NotASmithService(ConnectError):
+    """Something answers at the address, but not the Smith protocol (an HTTP server, a gRPC port
+    reached as a socket, the metrics port ...), or nothing answered the handshake in time."""
+
+
+class AddressError(SmithFastError, ValueError):
+    """An address that is none of :data:`ADDRESS_FORMS`."""
+
+
+_REASONS = {  # errno → what to say; "is it running?" where that is the likely cause
+    FileNotFoundError: "no such file (is smith-fast serve running there?)",
+    ConnectionRefusedError: "connection refused (is smith-fast serve running there?)",
+    PermissionError: "permission denied (the socket is mode 0600: connect as the user running the service)",
+    TimeoutError: "timed out",
+}
+
+
+def _reason(exc: OSError) -> str:
+    for cls, text in _REASONS.items():
+        if isinstance(exc, cls):
+            return text
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror})"
+    return (exc.strerror or str(exc) or type(exc).__name__).lower()
+
+
 def event_request_id(event: pb.Event) -> str | None:
     """The request an event belongs to, or None (Ready, service-wide state changes, ...)."""
     kind = event.WhichOneof("event_type")
@@ -86,19 +145,33 @@ def parse_address(address: str) -> tuple[str, Any]:
     """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
 
     ``grpc`` targets are returned as the ``HOST:PORT`` string grpcio takes.
+
+    Raises:
+        AddressError: an empty path, or a ``tcp:``/``grpc:`` address without a numeric port.
     """
-    if address.startswith("unix:"):
-        return "unix", address[5:]
-    if address.startswith("grpc:"):
-        host, _, port = address[5:].rpartition(":")
-        host = host or "127.0.0.1"
-        return "grpc", f"{host}:{port}"
-    if address.startswith("tcp:"):
-        address = address[4:]
-    elif "/" in address or not address.rpartition(":")[2].isdigit():
-        return "unix", address
-    host, _, port = address.rpartition(":")
-    return "tcp", (host.strip("[]") or "127.0.0.1", int(port))
+    if address.startswith("unix:") or ("/" in address and not address.startswith(("tcp:", "grpc:"))) or (
+        ":" not in address and address
+    ):
+        path = address.removeprefix("unix:")
+        if not path:
+            raise AddressError(f"address {address!r} names no socket path (forms: {ADDRESS_FORMS})")
+        return "unix", path
+    kind = "grpc" if address.startswith("grpc:") else "tcp"
+    host, sep, port = address.removeprefix(f"{kind}:").rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise AddressError(f"address {address!r} is not {kind}:HOST:PORT with a port number (forms: {ADDRESS_FORMS})")
+    host = host.strip("[]") or "127.0.0.1"
+    if kind == "grpc":
+        return "grpc", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    return "tcp", (host, int(port))
+
+
+def format_address(kind: str, target: Any) -> str:
+    """The inverse of :func:`parse_address`: ``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``."""
+    if kind == "tcp":
+        host, port = target
+        return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
+    return f"{kind}:{target}"
 
 
 class Client:
@@ -112,6 +185,7 @@ class Client:
         process: the spawned service process, if :meth:`spawn` made one.
         max_frame_size: largest frame (or line) accepted from the service.
         token: the service's shared secret (``serve --token``), sent in every handshake.
+        address: where it is connected (``unix:PATH`` ...), for messages; None for a spawned service.
     """
 
     def __init__(
@@ -123,9 +197,11 @@ class Client:
         process: asyncio.subprocess.Process | None = None,
         max_frame_size: int = 64 * 1024 * 1024,
         token: str | None = None,
+        address: str | None = None,
     ) -> None:
         self._init_state(protocol, process)
         self.token = token
+        self.address = address
         self._reader = reader
         self._writer = writer
         self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
@@ -137,7 +213,9 @@ class Client:
         self.protocol = protocol
         self.process = process
         self.token: str | None = None
+        self.address = None  # see __init__ and connect()
         self.ready: pb.ReadyEvent | None = None
+        self.answered = False  # something Smith-shaped has arrived
         self.accepted: frozenset[str] = frozenset()
         self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
         self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
@@ -170,18 +248,30 @@ class Client:
 
         Returns:
             The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
+
+        Raises:
+            AddressError: ``address`` is none of the forms above.
+            ConnectError: nothing accepts connections there; the message names the address and
+                the likely cause (``cannot connect to unix:x.sock: no such file (is smith-fast
+                serve running there?)``).
         """
         kind, target = parse_address(address)
+        name = format_address(kind, target)
         if kind == "grpc":
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
-            return await GrpcClient.open(target, tls_ca=tls_ca, token=token)
+            client: Client = await GrpcClient.open(target, tls_ca=tls_ca, token=token)
+            client.address = name
+            return client
         limit = 1 << 20
-        if kind == "unix":
-            reader, writer = await asyncio.open_unix_connection(target, limit=limit)
-        else:
-            reader, writer = await asyncio.open_connection(*target, limit=limit)
-        return cls(reader, writer, protocol=protocol, token=token)
+        try:
+            if kind == "unix":
+                reader, writer = await asyncio.open_unix_connection(target, limit=limit)
+            else:
+                reader, writer = await asyncio.open_connection(*target, limit=limit)
+        except OSError as exc:
+            raise ConnectError(f"cannot connect to {name}: {_reason(exc)}") from exc
+        return cls(reader, writer, protocol=protocol, token=token, address=name)
 
     @classmethod
     async def spawn(
@@ -278,6 +368,7 @@ class Client:
         version: int | None = None,
         accept: Iterable[str] = (),
         metrics_interval_ms: int | None = None,
+        timeout: float | None = None,
     ) -> pb.ReadyEvent:
         """Negotiate; returns the ReadyEvent. Capability warnings land in :attr:`warnings`.
 
@@ -288,14 +379,19 @@ class Client:
             accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``.
                 What the service granted is in :attr:`accepted` afterwards.
             metrics_interval_ms: how often to send metrics reports, with ``metrics``.
+            timeout: seconds to wait for the service's first answer on this connection; None
+                waits as long as it takes.
 
         Raises:
+            ValueError: an unknown capability name (the message lists the valid ones).
             SmithError: the service refused the version.
+            NotASmithService: what answers at the address does not speak the protocol, or
+                nothing answered within ``timeout``.
         """
         cmd = pb.Command()
         hs = cmd.handshake
         hs.version = (1 if self.protocol == "v1" else 0) if version is None else version
-        hs.capabilities.extend(_CAPS[c] if isinstance(c, str) else c for c in capabilities)
+        hs.capabilities.extend(_capability(c) for c in capabilities)
         hs.client_info.update(client_info or {"client": "smith-fast-sdk"})
         accept = list(accept)
         if accept:
@@ -308,6 +404,29 @@ class Client:
             if self.token is not None:
                 hs.client_info[TOKEN_KEY] = self.token
             self.send(cmd)
+        try:
+            return await asyncio.wait_for(self._await_ready(), timeout)
+        except TimeoutError:
+            if self.answered or self.address is None:
+                raise
+            raise NotASmithService(f"not a Smith service at {self.address}: no answer to the handshake within {timeout:g}s") from None
+        except ConnectionClosed as exc:
+            if self.answered or self.address is None or isinstance(exc, NotASmithService):
+                raise
+            raise self._unanswered() from exc
+
+    def _unanswered(self) -> ConnectError:
+        """Why the connection ended before the service said anything."""
+        reason = self._close_reason
+        if isinstance(reason, NotASmithService):
+            return reason
+        details = getattr(reason, "details", None)
+        if callable(details):  # a gRPC call that failed: nothing (Smith) listens there
+            return ConnectError(f"cannot connect to {self.address}: {reason.code().name}: {details()} "  # type: ignore[union-attr]
+                                "(is smith-fast serve --grpc running there?)")
+        return NotASmithService(f"not a Smith service at {self.address}: it closed the connection without answering the handshake")
+
+    async def _await_ready(self) -> pb.ReadyEvent:
         while True:
             event = await self._next(self.events)  # type: ignore[arg-type]
             kind = event.WhichOneof("event_type")
@@ -505,12 +624,26 @@ class Client:
     def _receive(self, unit: bytes) -> None:
         """One v1 envelope or v0 line from the service: route what it carries."""
         if self.protocol == "v0":
-            event = self._codec.decode_event(unit)
+            try:
+                event = self._codec.decode_event(unit)
+            except SmithFastError:
+                if not self.answered:
+                    raise self._not_smith() from None
+                raise
+            self.answered = True
             if event is not None:
                 self._dispatch(event)
             return
-        env = pb.Envelope.FromString(unit)
+        try:
+            env = pb.Envelope.FromString(unit)
+        except DecodeError:
+            if not self.answered:
+                raise self._not_smith() from None
+            raise
         kind = env.WhichOneof("payload")
+        if kind is None and not self.answered:
+            raise self._not_smith()
+        self.answered = True
         if kind == "event":
             self._dispatch(env.event)
         elif kind == "batch_event":
@@ -527,6 +660,10 @@ class Client:
             self.metrics.put_nowait(env.metrics)
         elif kind == "resource_usage":
             self.resource_usage.put_nowait(env.resource_usage)
+
+    def _not_smith(self) -> NotASmithService:
+        return NotASmithService(f"not a Smith service at {self.address or 'the spawned process'}: "
+                                f"it answered with something other than the {self.protocol} protocol")
 
     def _dispatch(self, event: pb.Event) -> None:
         rid = event_request_id(event)
@@ -545,8 +682,8 @@ class Client:
                     break
                 for unit in self._decoder.feed(data):
                     self._receive(unit)
-        except (FramingError, SmithFastError, ConnectionError, OSError) as exc:
-            self._close_reason = exc
+        except (FramingError, SmithFastError, ConnectionError, OSError, DecodeError) as exc:
+            self._close_reason = self._not_smith() if not self.answered and isinstance(exc, FramingError) else exc
         except asyncio.CancelledError:
             self._close_reason = ConnectionClosed("client closed")
         finally:
@@ -628,7 +765,7 @@ class GrpcClient(Client):
 
         request = pb.NegotiateRequest(
             supported_versions=list(supported_versions),
-            capabilities=[_CAPS[c] if isinstance(c, str) else c for c in capabilities],
+            capabilities=[_capability(c) for c in capabilities],
             client_metadata=dict(client_metadata or {}),
         )
         method = self._channel.unary_unary(

@@ -12,6 +12,7 @@ __all__ = [
     "FrameTooLarge",
     "EncodeError",
     "ProtocolError",
+    "ListenError",
 ]
 
 
@@ -22,16 +23,37 @@ class SmithFastError(Exception):
 class FramingError(SmithFastError, ValueError):
     """The byte stream is not a valid sequence of varint-delimited frames.
 
+    A decoder's ``feed`` raises it after decoding what it could of the data it was given: those
+    frames are not lost, they travel on the exception.
+
     Attributes:
         offset: byte offset in the stream (counted from the first byte ever fed) of the start of
             the frame whose length prefix is bad.
+        frames: the frames completed by the failing ``feed`` call, in order (empty when a sticky
+            error is raised again).
+        index: where the bad frame stood among ``frames``: ``frames[:index]`` came before it. A v1
+            :class:`~smith_fast.framing.FrameDecoder` stops at the bad frame, so by default every
+            frame came before it (``len(frames)``); the v0 line decoder resyncs at the next newline
+            and sets it.
     """
 
-    def __init__(self, message: str, offset: int) -> None:
+    def __init__(
+        self, message: str, offset: int, *, frames: list[bytes] | None = None, index: int | None = None
+    ) -> None:
         super().__init__(message)
         self.offset = offset
+        self.frames: list[bytes] = [] if frames is None else frames
+        self._index = index
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    @property
+    def index(self) -> int:
+        return len(self.frames) if self._index is None else self._index
+
+    @index.setter
+    def index(self, value: int) -> None:
+        self._index = value
+
+    def __reduce__(self) -> tuple[type[FramingError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.offset))
 
 
@@ -46,12 +68,21 @@ class FrameTooLarge(FramingError):
         limit: the decoder's ``max_frame_size``.
     """
 
-    def __init__(self, message: str, offset: int, size: int, limit: int) -> None:
-        super().__init__(message, offset)
+    def __init__(
+        self,
+        message: str,
+        offset: int,
+        size: int,
+        limit: int,
+        *,
+        frames: list[bytes] | None = None,
+        index: int | None = None,
+    ) -> None:
+        super().__init__(message, offset, frames=frames, index=index)
         self.size = size
         self.limit = limit
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[FramingError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.offset, self.size, self.limit))
 
 
@@ -79,3 +110,7 @@ class ProtocolError(SmithFastError):
         self.code = code
         self.request_id = request_id
         self.details = details or {}
+
+
+class ListenError(SmithFastError):
+    """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""

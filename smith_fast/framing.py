@@ -5,9 +5,16 @@ See ``smith_fast._framing_py`` for the API documentation; both twins share it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 from ._compat import NO_EXTENSIONS
 
-if not NO_EXTENSIONS:
+IMPLEMENTATION: Literal["c", "py"]
+
+# A type checker takes the second branch only, so it sees the Python twin's typed API (the
+# compiled twin has the same one: every twin test runs against both). At run time TYPE_CHECKING
+# is false and the choice is the compiled twin unless it is missing or turned off.
+if not TYPE_CHECKING and not NO_EXTENSIONS:
     try:
         from ._framing_c import (
             DEFAULT_MAX_FRAME_SIZE,
@@ -24,7 +31,7 @@ if not NO_EXTENSIONS:
     except ImportError:  # a source checkout without a build; tests/test_extensions.py catches this
         NO_EXTENSIONS = True
 
-if NO_EXTENSIONS:
+if TYPE_CHECKING or NO_EXTENSIONS:
     from ._framing_py import (  # noqa: F401
         DEFAULT_MAX_FRAME_SIZE,
         MAX_VARINT_LENGTH,

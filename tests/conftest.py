@@ -1,94 +1,102 @@
-"""Shared fixtures.
+"""Shared fixtures and checks.
 
-Every test of a wire-core module takes that module's twin fixture (``framing``, ``chunking``, ...),
-which is parametrized over the implementations: the test id ends in ``[c]`` or ``[py]``. In a normal
-build both run, and a compiled twin that fails to import fails its tests (no skip). With
-``SMITH_FAST_NO_EXTENSIONS=1`` only ``[py]`` is collected. The fixtures are session-scoped (the
-modules are stateless), which also lets hypothesis ``@given`` tests use them.
+- The twin fixtures (``impl``, ``framing``, ``chunking``, ...; ``harness/twins.py``, shared with the
+  benchmarks): every wire-core test runs on the Cython and the Python twin, ids ``[c]``/``[py]``.
+- ``run``: the one event-loop fixture; a test takes it to run coroutines on stdlib asyncio and on
+  uvloop (ids ``[asyncio]``/``[uvloop]``), each on a fresh loop whose exception handler must not
+  fire. A module overrides ``after_loop`` to check, once the loop is closed, that it leaked nothing.
+- ``assert_same_api``: the one twin-parity check, a twin's API against the Python twin's.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
+import asyncio
+import inspect
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import pytest
+import uvloop
 
-from smith_fast._compat import NO_EXTENSIONS
+from harness.twins import (  # noqa: F401  (fixtures and helpers the tests use)
+    IMPLEMENTATIONS,
+    chunking,
+    coalescing,
+    events,
+    framing,
+    impl,
+    sequencing,
+    twin,
+)
 
-IMPLEMENTATIONS = ["py"] if NO_EXTENSIONS else ["c", "py"]
-
-
-def twin(module: str, impl: str) -> ModuleType:
-    """Import ``smith_fast._<module>_<impl>``."""
-    return importlib.import_module(f"smith_fast._{module}_{impl}")
-
-
-@pytest.fixture(scope="session", params=IMPLEMENTATIONS)
-def impl(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="session")
-def framing(impl: str) -> ModuleType:
-    return twin("framing", impl)
-
-
-@pytest.fixture(scope="session")
-def chunking(impl: str) -> ModuleType:
-    return twin("chunking", impl)
+T = TypeVar("T")
+Runner = Callable[[Coroutine[Any, Any, T]], T]
+LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
 
 
-@pytest.fixture(scope="session")
-def sequencing(impl: str) -> ModuleType:
-    return twin("sequencing", impl)
+@pytest.fixture
+def after_loop() -> Callable[[], None]:
+    """What a module checks once a ``run`` test's loop is closed (nothing here): a module overrides
+    this fixture to assert that it leaked nothing (shells, hook processes)."""
+    return lambda: None
 
 
-@pytest.fixture(scope="session")
-def coalescing(impl: str) -> ModuleType:
-    return twin("coalescing", impl)
+@pytest.fixture(params=sorted(LOOP_FACTORIES))
+def run(request: pytest.FixtureRequest, after_loop: Callable[[], None]) -> Iterator[Runner[Any]]:
+    """Run a coroutine on a fresh loop of the parametrized kind (ids ``[asyncio]``/``[uvloop]``);
+    once it is closed, check that its exception handler never fired, then ``after_loop``."""
+    fired: list[dict[str, Any]] = []
+    with asyncio.Runner(loop_factory=LOOP_FACTORIES[request.param]) as runner:
+        runner.get_loop().set_exception_handler(lambda _loop, context: fired.append(context))
+        yield runner.run
+    assert fired == [], f"the loop's exception handler fired: {fired}"
+    after_loop()
 
 
-@pytest.fixture(scope="session")
-def events(impl: str) -> ModuleType:
-    return twin("events", impl)
+def public_members(cls: type) -> dict[str, Any]:
+    """The public attributes of ``cls``, inherited ones included."""
+    return {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
 
 
-def assert_same_api(module: str) -> None:
-    """Assert that both twins of ``module`` export the same names, docstrings and signatures."""
-    import inspect
-
-    c, py = twin(module, "c"), twin(module, "py")
-    assert sorted(c.__all__) == sorted(py.__all__)
-    for name in py.__all__:
-        a, b = getattr(c, name), getattr(py, name)
+def assert_same_api(module: str, impl: str = "c") -> None:
+    """Assert that twin ``impl`` of ``module`` exports what the Python twin (the specification) does:
+    the same names in the same order, equal constants, and for every function, class and public class
+    member the same docstring and signature (names, kinds, defaults; annotations differ between the
+    twins). A class's public members are the same set, properties stay properties. The one signature
+    that may be unknown is a cdef class's ``__init__``: Cython does not expose it."""
+    mine, ref = twin(module, impl), twin(module, "py")
+    assert mine.__all__ == ref.__all__
+    for name in ref.__all__:
+        a, b = getattr(mine, name), getattr(ref, name)
         if not callable(b):
             assert a == b, name
             continue
-        assert inspect.getdoc(a) == inspect.getdoc(b), name
-        members = [(name, a, b)]
-        if isinstance(b, type):
-            members += [
-                (f"{name}.{attr}", getattr(a, attr), getattr(b, attr))
-                for attr in vars(b)
-                if not attr.startswith("_") or attr == "__init__"
-            ]
-        for qual, x, y in members:
-            if qual != name:
-                assert inspect.getdoc(x) == inspect.getdoc(y), qual
-            if callable(y) and not isinstance(y, type):
-                assert _params(x) in (None, _params(y)), qual
+        assert a.__doc__ == b.__doc__, name
+        if not isinstance(b, type):
+            assert _params(a) == _params(b), name
+            continue
+        init = _params(a.__init__)
+        assert init is _SLOT or init == _params(b.__init__), f"{name}.__init__"
+        assert public_members(a).keys() == public_members(b).keys(), name
+        for attr, ref_value in public_members(b).items():
+            value = getattr(a, attr)
+            assert value.__doc__ == ref_value.__doc__, f"{name}.{attr}"
+            if callable(ref_value):
+                assert _params(value) == _params(ref_value), f"{name}.{attr}"
+            else:
+                assert isinstance(ref_value, property) and hasattr(value, "__get__"), f"{name}.{attr}"
 
 
-def _params(func: object) -> list[tuple[str, object]] | None:
-    """Parameter names, kinds and defaults (annotations differ between the twins); None if unknown."""
-    import inspect
+_SLOT: list[tuple[str, object, object]] = []  # the "signature" of a slot wrapper: see _params
 
-    try:
-        sig = inspect.signature(func)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    params = [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+def _params(func: object) -> list[tuple[str, object, object]]:
+    """Parameter names, kinds and defaults; :data:`_SLOT` for a slot wrapper of a cdef class, whose
+    signature Cython does not expose."""
+    params = [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]  # type: ignore[arg-type]
     if [p[0] for p in params] in (["self", "args", "kwargs"], ["args", "kwargs"]):
-        return None  # a slot wrapper of a cdef class: Cython does not expose its signature
+        return _SLOT
     return params

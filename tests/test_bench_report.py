@@ -1,6 +1,7 @@
-"""The end-to-end benchmark report (``smith-fast bench``): its machinery, not its figures.
+"""The end-to-end benchmark report (``python -m bench.report``, bench/report/): its machinery, not
+its figures.
 
-``smith-fast bench --smoke`` runs every contender (one real ``smith-fast serve`` each, Unix socket
+``python -m bench.report --smoke`` runs every contender (one real ``smith-fast serve`` each, Unix socket
 and gRPC, v1 and v0, compiled and pure-Python servers) through every workload at a tiny size, and
 must write a Markdown report, the raw JSON and PNG charts that parse. No timing is asserted.
 """
@@ -15,21 +16,21 @@ import sys
 
 import pytest
 
-from smith_fast.bench import stats
-from smith_fast.bench.contenders import CONTENDERS
-from smith_fast.bench.workloads import SCALES, cases
-from smith_fast.bench.wire import OUTPUT, RESULT, STATE, V0Wire, V1Wire, envelope_views
+from bench.report import stats
+from bench.report.contenders import CONTENDERS
+from bench.report.wire import OUTPUT, RESULT, STATE, V0Wire, V1Wire, envelope_views
+from bench.report.workloads import SCALES, cases
+from harness.server import ROOT
 from smith_fast.framing import encode_frame
 from smith_fast.pb import smith_pb2 as pb
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 RID = "7b0c6f1e-2f7e-4a53-9d55-0c4c1c2ad0a1"
 
 
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench-smoke")
-    proc = subprocess.run([sys.executable, "-m", "smith_fast", "bench", "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bench.report", "--smoke", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT, timeout=110)
     return out, proc
 
@@ -52,7 +53,7 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("# smith-fast end-to-end benchmark report")
-    assert "`smith-fast bench --smoke`" in markdown
+    assert "`python -m bench.report --smoke`" in markdown
 
     # the headline: one row per contender, every cell a number with its spread
     headline = _table(markdown, "## Headline")
@@ -155,8 +156,8 @@ def test_stats() -> None:
 
 
 def test_tracker_counts_ended_requests_and_refuses_failures() -> None:
-    from smith_fast.bench.drivers import ProtocolFailure, Tracker
-    from smith_fast.bench.wire import ERROR
+    from bench.report.drivers import ProtocolFailure, Tracker
+    from bench.report.wire import ERROR
 
     shell = "0e6c4b0a-8a53-4f57-bb6e-2b36a7f0a3c2"
     tracker = Tracker([RID], [shell])
@@ -178,3 +179,19 @@ def test_tracker_counts_ended_requests_and_refuses_failures() -> None:
             Tracker([RID]).feed(bad)
     with pytest.raises(ProtocolFailure, match="exit code 2"):
         Tracker([], [shell]).feed([(STATE, shell, processing, None), (OUTPUT, shell, 1, 2)])
+
+
+def test_the_runner_is_not_part_of_the_installed_package() -> None:
+    """What pip installs (pyproject's package list) is the runtime package alone: the report lives in
+    bench/report and what it shares with the tests in harness/, both run from a clone."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    installed = find_packages(str(ROOT), include=find["include"], exclude=find.get("exclude", ()))
+    assert "smith_fast" in installed
+    assert all(name == "smith_fast" or name.startswith("smith_fast.") for name in installed), installed
+    assert not [name for name in installed if "bench" in name or "tests" in name or "harness" in name], installed
+    runtime = "\n".join(path.read_text() for path in (ROOT / "smith_fast").rglob("*.py"))
+    assert not re.search(r"^\s*(from|import) (bench|tests|harness)\b", runtime, re.M)

@@ -21,7 +21,7 @@ import pytest
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V1Peer, kind, terminal
-from .server import ROOT, ServerProcess, descendants, is_child_guard, parent_of, pid_alive, wait_until
+from harness.server import ROOT, ServerProcess, descendants, is_child_guard, parent_of, pid_alive, wait_until
 
 # the shell's own pid, then its background job's, then both sleep
 SPAWN = "sleep 300 & echo $$ $!; wait"

@@ -7,7 +7,6 @@ serialization of that message.
 
 from __future__ import annotations
 
-import inspect
 import time
 from types import ModuleType
 from typing import Any
@@ -19,6 +18,8 @@ from hypothesis import strategies as st
 from smith_fast import _coalescing_py as reference
 from smith_fast import coalescing as facade
 from smith_fast.pb import smith_pb2
+
+from .conftest import assert_same_api, public_members
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -56,27 +57,8 @@ SIZES = st.one_of(st.sampled_from([0, 2]), st.integers(5, 200), st.integers(120,
 # --- the twins are one API -------------------------------------------------------------------
 
 
-def _public(cls: type) -> dict[str, Any]:
-    return {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
-
-
-def _params(fn: Any) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-
-
-def test_twins_share_names_signatures_and_docs(coalescing: ModuleType) -> None:
-    assert coalescing.__all__ == reference.__all__
-    for name in reference.__all__:
-        mine, ref = getattr(coalescing, name), getattr(reference, name)
-        assert mine.__doc__.strip().endswith(ref.__doc__.strip())
-        assert _public(mine).keys() == _public(ref).keys()
-        for attr, ref_value in _public(ref).items():
-            value = getattr(mine, attr)
-            assert value.__doc__ == ref_value.__doc__, attr
-            if callable(ref_value):
-                assert _params(value) == _params(ref_value), attr
-            else:
-                assert isinstance(ref_value, property) and hasattr(value, "__get__"), attr
+def test_twins_share_names_signatures_and_docs(impl: str) -> None:
+    assert_same_api("coalescing", impl)
 
 
 def test_compiled_twin_keeps_its_state_in_c_fields(coalescing: ModuleType, impl: str) -> None:
@@ -93,7 +75,7 @@ def test_facade_exports_the_chosen_twin(coalescing: ModuleType) -> None:
     assert facade.IMPLEMENTATION in ("c", "py")
     for name in reference.__all__:
         assert getattr(facade, name) is getattr(chosen, name)
-        assert _public(getattr(facade, name)).keys() == _public(getattr(coalescing, name)).keys()
+        assert public_members(getattr(facade, name)).keys() == public_members(getattr(coalescing, name)).keys()
 
 
 # --- EventBatcher: examples -------------------------------------------------------------------

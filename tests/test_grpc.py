@@ -27,7 +27,7 @@ from smith_fast.client import Client, GrpcClient, SmithError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.pb import smith_pb2_grpc
 
-from .server import ServerProcess, assert_clean_log, pid_alive, wait_until
+from harness.server import ServerProcess, assert_clean_log, pid_alive, wait_until
 
 LOOPS = ["uvloop", "asyncio"]
 CLI = [sys.executable, "-m", "smith_fast"]

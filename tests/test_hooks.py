@@ -14,14 +14,13 @@ import logging
 import os
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,14 +45,10 @@ from smith_fast.hooks import rust as rust_engine
 from smith_fast.hooks.rust import RustHook, compile_hook
 from smith_fast.pb import smith_pb2 as pb
 
+from .conftest import Runner
+
 pytestmark = pytest.mark.timeout(180)
 
-T = TypeVar("T")
-Runner = Callable[[Coroutine[Any, Any, T]], T]
-LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
 FAST = HookLimits(call_timeout=0.25)  # for the runaway-loop tests: a quick time limit
 
 # -- the hooks under test --------------------------------------------------------------------------
@@ -245,15 +240,14 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
     return asyncio.run(build())
 
 
-@pytest.fixture(params=sorted(LOOP_FACTORIES))
-def run(request: pytest.FixtureRequest) -> Iterator[Runner[Any]]:
-    """Run a coroutine on a fresh loop of the parametrized kind; check the loop stayed clean."""
-    fired: list[dict[str, Any]] = []
-    with asyncio.Runner(loop_factory=LOOP_FACTORIES[request.param]) as runner:
-        runner.get_loop().set_exception_handler(lambda _loop, context: fired.append(context))
-        yield runner.run
-    assert fired == [], f"the loop's exception handler fired: {fired}"
-    assert not list(rust_engine._LIVE), f"rust hooks left running: {list(rust_engine._LIVE)}"
+@pytest.fixture
+def after_loop() -> Callable[[], None]:
+    """Once a test's loop is closed (the ``run`` fixture, tests/conftest.py): no rust hook left running."""
+
+    def check() -> None:
+        assert not list(rust_engine._LIVE), f"rust hooks left running: {list(rust_engine._LIVE)}"
+
+    return check
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .server import ROOT, ServerProcess
+from harness.server import ROOT, ServerProcess
 
 INTEROP = ROOT / "tests" / "interop"
 CLIENT = INTEROP / "v1_client.mjs"

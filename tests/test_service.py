@@ -16,7 +16,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
-from .server import ServerProcess, descendants, pid_alive, wait_until
+from harness.server import ServerProcess, descendants, pid_alive, wait_until
 
 
 LOOPS = ["uvloop", "asyncio"]

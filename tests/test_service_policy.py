@@ -15,7 +15,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
-from .server import ServerProcess
+from harness.server import ServerProcess
 
 BLOCK_RM_AND_REDACT = """
 function beforeShellExec(p) {

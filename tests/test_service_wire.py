@@ -15,7 +15,7 @@ from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-d
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V0Peer, V1Peer
-from .server import ServerProcess, descendants, wait_until
+from harness.server import ServerProcess, descendants, wait_until
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

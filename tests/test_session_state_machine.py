@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 
 from smith_fast.pb import smith_pb2 as pb
 
-from .server import ServerProcess, wait_until
+from harness.server import ServerProcess, wait_until
 
 TERMINAL = {"Ready", "Error"}
 _STATE_NAMES = {

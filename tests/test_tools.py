@@ -24,6 +24,7 @@ from smith_fast.tools import (
     ToolContext,
     ToolOutcome,
     ToolRegistry,
+    default_registry,
     tools_list_tool,
 )
 
@@ -68,7 +69,7 @@ def ctx(root: Path) -> ToolContext:
 
 @pytest.fixture
 def registry() -> ToolRegistry:
-    return ToolRegistry.default(entry_points=False)
+    return default_registry(entry_points=False)
 
 
 def encode(args: dict[str, Any] | bytes) -> bytes:
@@ -924,7 +925,7 @@ async def test_entry_point_tools(
     plugin_path: Path, ctx: ToolContext, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="smith_fast.tools"):
-        registry = ToolRegistry.default()
+        registry = default_registry()
     assert registry.names() == sorted([*BUILTINS, "demo.shout", "demo.whisper"])
     assert await ok(registry, "demo.shout", {"text": "hi"}, ctx) == "HI"
     assert await ok(registry, "demo.whisper", {"text": "HI"}, ctx) == "hi"
@@ -949,4 +950,4 @@ async def test_entry_point_tools(
 
 
 def test_entry_points_can_be_left_out(plugin_path: Path) -> None:
-    assert ToolRegistry.default(entry_points=False).names() == BUILTINS
+    assert default_registry(entry_points=False).names() == BUILTINS

@@ -25,7 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from smith_fast import tracing
 
-from .server import ROOT
+from harness.server import ROOT
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CALLER_TRACE = 0x0AF7651916CD43DD8448EB211C80319C

@@ -1,7 +1,7 @@
 """Tracing end to end: a real ``smith-fast serve`` exports its spans over OTLP/HTTP to a receiver.
 
 The service is configured only through the standard ``OTEL_*`` variables; the receiver
-(``tests/otlp_sink.py``) decodes what arrives with the official OTLP protobuf messages. A v1 peer
+(``harness/otlp_sink.py``) decodes what arrives with the official OTLP protobuf messages. A v1 peer
 grants ``CAPABILITY_TRACING`` and passes its own ``traceparent``: every span must continue that
 trace, the command spans must hang under the session span with their attributes, and the child
 process must see the trace in its environment.
@@ -13,9 +13,9 @@ import pathlib
 
 from smith_fast.pb import smith_pb2 as pb
 
-from .otlp_sink import OtlpSink, ReceivedSpan
+from harness.otlp_sink import OtlpSink, ReceivedSpan
 from .peers import V1Peer, kind, terminal
-from .server import ServerProcess, wait_until
+from harness.server import ServerProcess, wait_until
 from .test_tracing import CALLER, CALLER_SPAN, CALLER_TRACE
 
 

@@ -76,7 +76,7 @@ class HookChain:
 
         Args:
             trigger: one of :data:`~smith_fast.hooks.TRIGGERS`.
-            payload: the trigger's payload (HOOKS.md, "Payloads"); it is not modified.
+            payload: the trigger's payload (HOOKS.md, "Trigger points and payloads"); it is not modified.
 
         Returns:
             The chain's :class:`ChainResult`. A failing hook never raises here: it is logged (logger

@@ -20,7 +20,7 @@ from .model import Decision, Hook, HookFailure, HookLimits, HookLoadError, clip,
 try:
     import quickjs as _quickjs
 except ImportError:  # pragma: no cover - a runtime dependency; available_kinds() reports it
-    _quickjs = None
+    _quickjs = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
 
 __all__ = ["JS_FUNCTIONS", "JsHook", "engine_available", "load_js"]
 

@@ -82,7 +82,7 @@ class HookLoadError(SmithFastError):
         self.message = message
         self.diagnostics = diagnostics
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[HookLoadError], tuple[str, str]]:
         return (type(self), (self.message, self.diagnostics))
 
 
@@ -103,7 +103,7 @@ class HookFailure(SmithFastError):
         self.trigger = trigger
         self.reason = reason
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[HookFailure], tuple[str, str, str]]:
         return (type(self), (self.hook_id, self.trigger, self.reason))
 
 
@@ -113,7 +113,7 @@ def clip(text: str, limit: int = MAX_REASON) -> str:
 
 # --- payload shapes -------------------------------------------------------------------------------
 # A TRANSFORM must hand back exactly the keys it was given, with the same types; anything else is
-# "malformed" (HOOKS.md, "Payloads"). Checked by hand: this runs on every transform.
+# "malformed" (HOOKS.md, "Trigger points and payloads"). Checked by hand: this runs on every transform.
 
 
 def _opt_str(v: object) -> bool:
@@ -207,7 +207,7 @@ _std_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 try:
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is optional
-    _orjson = None  # type: ignore[assignment]
+    _orjson = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
 
 
 def dumps(value: Any) -> str:
@@ -296,7 +296,7 @@ class Hook:
 
         Args:
             trigger: one of :data:`TRIGGERS`.
-            payload: the trigger's payload (HOOKS.md, "Payloads"); it is not modified.
+            payload: the trigger's payload (HOOKS.md, "Trigger points and payloads"); it is not modified.
 
         Returns:
             The hook's :class:`Decision` (``allow`` if the hook does not define ``trigger``).

@@ -104,6 +104,7 @@ def _compile_blocking(source: str, cache_dir: Path, timeout: float) -> tuple[Pat
         if rustc is None or rustc_version() is None:
             raise HookLoadError("Rust hooks need rustc, which does not run here")
         cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        work: Path | None  # None once renamed into place: the finally below removes it otherwise
         work = Path(tempfile.mkdtemp(prefix=f".{key[:16]}-", dir=cache_dir))
         try:
             (work / "main.rs").write_text(PRELUDE, encoding="utf-8")
@@ -135,7 +136,7 @@ def _compile_blocking(source: str, cache_dir: Path, timeout: float) -> tuple[Pat
                     raise
                 # Another process compiled the same hook first: use its binary.
             else:
-                work = None  # type: ignore[assignment]
+                work = None
             log.info("rust hook compiled", extra={"fields": {"key": key[:16], "warnings": clip(text.strip(), 2000)}})
             return exe, False
         finally:

@@ -4,7 +4,7 @@ One JSON object per line, ``\\n``-terminated, adjacently tagged: ``{"type":"<Var
 with PascalCase variants, snake_case fields in the crate's declaration order, and a unit variant
 without ``data`` (``{"type":"Shutdown"}``). ``JsonlCodec`` converts between those lines and the v1
 ``Command``/``Event`` messages, so the service and the SDK speak v1 internally whatever the peer
-speaks (``wire_notes.md``, "v0: JSON Lines"). ``LineDecoder`` cuts the byte stream into lines;
+speaks (PROTOCOL.md, "v0: JSON lines"). ``LineDecoder`` cuts the byte stream into lines;
 unlike the v1 ``FrameDecoder`` its errors are not sticky, as a v0 stream resynchronizes at the next
 newline. The hot events also have direct encoders (``JsonlCodec.shell_output`` and friends) that
 take plain Python values and write the same bytes as ``encode_event``.

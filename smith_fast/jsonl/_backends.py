@@ -20,7 +20,7 @@ from ..pb import smith_pb2 as pb
 try:
     import orjson
 except ImportError:  # optional dependency: the stdlib backend is always there
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
 
 __all__ = ["MAX_NESTING", "STDLIB", "Backend", "backend", "invalid_json", "invalid_utf8", "json_value",
            "nesting_exceeds", "stack_too_deep", "too_deep"]
@@ -127,10 +127,10 @@ def _compact_encoder() -> Callable[[Any], str]:
     small event; building it once makes the stdlib backend about three times faster. Falls back to
     the public API where the C accelerator (or its signature) differs.
     """
-    options = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False, "check_circular": False}
+    options: dict[str, Any] = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False, "check_circular": False}
     slow = json.JSONEncoder(**options).encode
     try:
-        from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+        from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]  # private, not in typeshed
 
         fast = c_make_encoder(None, _not_serializable, encode_basestring, None, ":", ",", False, False, False)
         probe = {"a": [1, 2.5, None, True, "\u00e9\n"], "b": {}}

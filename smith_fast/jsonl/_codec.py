@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import EncodeError, ProtocolError
 from ..pb import smith_pb2 as pb
@@ -35,6 +36,7 @@ from ._fields import (
 
 __all__ = ["JsonlCodec"]
 
+_M = TypeVar("_M", pb.Command, pb.Event)
 _UNSPECIFIED = pb.ERROR_CODE_UNSPECIFIED
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I32 = 0x7FFFFFFF
@@ -69,13 +71,17 @@ class JsonlCodec:
 
     # -- decoding ------------------------------------------------------------------------------
 
-    def _decode(self, line: bytes, table: dict[str, Variant], what: str, wrapper: Any) -> Any:
+    def _decode(
+        self, line: bytes | bytearray | memoryview, table: dict[str, Variant], what: str, wrapper: Callable[..., _M]
+    ) -> _M:
         try:
             return self._decode_line(line, table, what, wrapper)
         except RecursionError:
             raise stack_too_deep() from None
 
-    def _decode_line(self, line: bytes, table: dict[str, Variant], what: str, wrapper: Any) -> Any:
+    def _decode_line(
+        self, line: bytes | bytearray | memoryview, table: dict[str, Variant], what: str, wrapper: Callable[..., _M]
+    ) -> _M:
         if type(line) is not bytes:
             line = bytes(line)
         be = self._be
@@ -116,14 +122,14 @@ class JsonlCodec:
             if unknown:
                 message = wrapper(**{oneof: kwargs})
                 listed = ", ".join(map(repr, unknown))
-                exc = ProtocolError(
+                error = ProtocolError(
                     f"{name}.capabilities has unknown capabilities {listed} (known: "
                     f"{', '.join(CAPABILITIES)}); the known ones were decoded",
                     pb.ERROR_CODE_INVALID_CAPABILITY,
                     details={"reason": "unknown_capability", "unknown_capabilities": ",".join(unknown)},
                 )
-                setattr(exc, what, message)
-                raise exc
+                setattr(error, what, message)
+                raise error
         return wrapper(**{oneof: kwargs})
 
     def decode_command(self, line: bytes | bytearray | memoryview) -> pb.Command:

@@ -27,7 +27,7 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 _I32 = 0x7FFFFFFF
 
 MISSING: Any = object()
-_Decode = Callable[[Any, str, Backend, dict], Any]
+_Decode = Callable[[Any, str, Backend, dict[str, Any]], Any]
 _Encode = Callable[[Any, str, Backend], Any]
 _Kind = tuple[_Decode, _Encode]
 
@@ -66,7 +66,7 @@ def _scalar(check: Callable[[Any], bool], expected: str, optional: bool = False)
     if optional:
         expected += " or null"
 
-    def decode(value: Any, path: str, be: Backend, extras: dict) -> Any:
+    def decode(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
         if check(value):
             return value
         if optional and (value is None or value is MISSING):
@@ -111,7 +111,7 @@ def _uuid(text: str) -> str | None:
 def _uuid_kind(optional: bool) -> _Kind:
     expected = "a UUID string or null" if optional else "a UUID string"
 
-    def decode(value: Any, path: str, be: Backend, extras: dict) -> Any:
+    def decode(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
         if type(value) is str:
             canonical = _uuid(value)
             if canonical is not None:
@@ -127,7 +127,7 @@ _UUID = _uuid_kind(False)
 _OPT_UUID = _uuid_kind(True)
 
 
-def _d_map(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_map(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if type(value) is dict:
         for key, item in value.items():
             if type(item) is not str:
@@ -145,7 +145,7 @@ def _enum_kind(names: dict[int, str], enum: Any, what: str) -> _Kind:
     values = {v: k for k, v in names.items()}
     expected = "one of " + ", ".join(values)
 
-    def decode(value: Any, path: str, be: Backend, extras: dict) -> Any:
+    def decode(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
         if type(value) is str and value in values:
             return values[value]
         raise invalid(path, expected, value)
@@ -165,14 +165,14 @@ def no_v0_name(path: str, enum: Any, number: int, what: str) -> EncodeError:
     return EncodeError(f"{path} is {label}, which has no v0 {what} name")
 
 
-STATE_NAMES = {
+STATE_NAMES: dict[int, str] = {
     pb.SERVICE_STATE_STARTING: "Starting",
     pb.SERVICE_STATE_READY: "Ready",
     pb.SERVICE_STATE_PROCESSING: "Processing",
     pb.SERVICE_STATE_ERROR: "Error",
     pb.SERVICE_STATE_SHUTTING: "Shutting",
 }
-LEVEL_NAMES = {
+LEVEL_NAMES: dict[int, str] = {
     pb.LOG_LEVEL_TRACE: "Trace",
     pb.LOG_LEVEL_DEBUG: "Debug",
     pb.LOG_LEVEL_INFO: "Info",
@@ -188,7 +188,7 @@ _STATE = _enum_kind(STATE_NAMES, pb.ServiceState, "state")
 _LEVEL = _enum_kind(LEVEL_NAMES, pb.LogLevel, "log level")
 
 
-def _d_capabilities(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_capabilities(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if type(value) is list:
         known = []
         for i, item in enumerate(value):
@@ -214,7 +214,7 @@ def _e_capabilities(msg: Any, name: str, be: Backend) -> Any:
     return out
 
 
-def _d_error_code(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_error_code(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if type(value) is not str:
         raise invalid(path, "a string", value)
     number = _ERROR_CODES.get(value)
@@ -234,7 +234,7 @@ def _e_error_code(msg: Any, name: str, be: Backend) -> Any:
         raise no_v0_name(f"{type(msg).__name__}.{name}", pb.ErrorCode, number, "error code") from None
 
 
-def _d_json(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_json(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if value is MISSING:  # any value present is valid, null included
         raise invalid(path, "a JSON value", value)
     return be.dumps_value(value)
@@ -252,7 +252,7 @@ _HOOK_TYPES = {
 _HOOK_DATA = {field: number for number, (_, field) in _HOOK_TYPES.items()}
 
 
-def _d_hook_action(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_hook_action(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if type(value) is not dict:
         raise invalid(path, "an object", value)
     kind = value.get("type", MISSING)
@@ -285,7 +285,7 @@ def _e_hook_action(msg: Any, name: str, be: Backend) -> Any:
 
 
 def _struct_list(fields: tuple[tuple[str, _Kind], ...], expected: str) -> _Kind:
-    def decode(value: Any, path: str, be: Backend, extras: dict) -> Any:
+    def decode(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
         if type(value) is list:
             out = []
             for i, item in enumerate(value):
@@ -304,7 +304,7 @@ def _struct_list(fields: tuple[tuple[str, _Kind], ...], expected: str) -> _Kind:
     return decode, encode
 
 
-def _d_uuid_list(value: Any, path: str, be: Backend, extras: dict) -> Any:
+def _d_uuid_list(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
     if type(value) is list:
         return [_UUID[0](item, f"{path}[{i}]", be, extras) for i, item in enumerate(value)]
     if value is None or value is MISSING:

@@ -106,8 +106,8 @@ class LineDecoder:
                 buf.clear()
                 if nl < 0:
                     self._skipping = True
-                    err.frames = lines  # type: ignore[attr-defined]
-                    err.index = 0  # type: ignore[attr-defined]
+                    err.frames = lines
+                    err.index = 0
                     raise err
             elif nl < 0:
                 buf += memoryview(data)[pos:]
@@ -147,8 +147,8 @@ class LineDecoder:
                 self._start = base + n - len(tail)
                 buf += tail
         if err is not None:
-            err.frames = lines  # type: ignore[attr-defined]
-            err.index = index  # type: ignore[attr-defined]
+            err.frames = lines
+            err.index = index
             raise err
         return lines
 

@@ -14,6 +14,8 @@ import re
 import ssl
 from collections.abc import Mapping
 
+from ..options import format_duration, parse_duration
+
 __all__ = ["NatsConfig", "add_arguments", "from_arguments", "is_token"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # stream, consumer and bucket names, subject tokens
@@ -178,17 +180,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nats-event-stream", default=d.event_stream, metavar="NAME", help=f"stream of events (default {d.event_stream})")
     g.add_argument("--nats-consumer", default=d.worker_consumer, metavar="NAME", help=f"durable consumer shared by the workers (default {d.worker_consumer})")
     g.add_argument("--nats-hooks-bucket", default=d.hooks_bucket, metavar="NAME", help=f"key-value bucket of session hooks (default {d.hooks_bucket})")
-    g.add_argument("--ack-wait", type=float, default=d.ack_wait, metavar="SECONDS",
-                   help=f"a command held this long without progress goes to another worker (default {d.ack_wait:g})")
+    g.add_argument("--ack-wait", type=parse_duration, default=d.ack_wait, metavar="DURATION",
+                   help=f"a command held this long without progress goes to another worker (default {format_duration(d.ack_wait)})")
     g.add_argument("--max-deliver", type=int, default=d.max_deliver, metavar="N", help=f"deliveries of one command before it fails (default {d.max_deliver})")
-    g.add_argument("--duplicate-window", type=float, default=d.duplicate_window, metavar="SECONDS",
-                   help=f"the streams drop a message id seen this recently (default {d.duplicate_window:g})")
+    g.add_argument("--duplicate-window", type=parse_duration, default=d.duplicate_window, metavar="DURATION",
+                   help=f"the streams drop a message id seen this recently (default {format_duration(d.duplicate_window)})")
     g.add_argument("--nats-storage", choices=["file", "memory"], default=d.storage, help="stream storage (default file)")
     g.add_argument("--nats-replicas", type=int, default=d.replicas, metavar="N", help="stream replicas (default 1)")
     g.add_argument("--max-queued-commands", type=int, default=d.max_commands, metavar="N",
                    help=f"commands waiting in the stream before new ones are refused (default {d.max_commands})")
-    g.add_argument("--event-max-age", type=float, default=d.event_max_age, metavar="SECONDS",
-                   help=f"undelivered events are dropped after this long (default {d.event_max_age:g})")
+    g.add_argument("--event-max-age", type=parse_duration, default=d.event_max_age, metavar="DURATION",
+                   help=f"undelivered events are dropped after this long (default {format_duration(d.event_max_age)})")
     g.add_argument("--nats-tls-ca", metavar="PEM", help="CA certificate(s) of the NATS servers; turns TLS on (default CAs: the system's)")
     g.add_argument("--nats-tls-cert", metavar="PEM", help="client certificate, for NATS servers that verify clients (with --nats-tls-key)")
     g.add_argument("--nats-tls-key", metavar="PEM", help="the client certificate's private key")

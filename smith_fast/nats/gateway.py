@@ -30,7 +30,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
-from ..service.core import ServiceCore
+from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from .config import NatsConfig, is_token
 from .jetstream import Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
 from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
@@ -394,8 +394,10 @@ class GatewayCore(ServiceCore):
     def _forwarding(self, host: RequestHost) -> NatsRunner:
         return NatsRunner(self, host)
 
-    def service_info(self, version: int, granted: list[int]) -> dict[str, str]:
-        info = super().service_info(version, granted)
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]:
+        info = super().service_info(version, granted, accepted, interval_ms)
         info["smith_fast.gateway"] = self.bridge.gateway_id
         return info
 

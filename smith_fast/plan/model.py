@@ -15,7 +15,7 @@ stable with respect to the order the planner was given.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +102,7 @@ class PlanError(ProtocolError):
         chat completion) or ``planner_timeout``."""
         return self.details["reason"]
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Callable[..., PlanError], tuple[str, str, int, dict[str, str], str | None]]:
         extra = {k: v for k, v in self.details.items() if k != "reason"}
         return (_rebuild, (self.args[0], self.reason, self.code, extra, self.request_id))
 

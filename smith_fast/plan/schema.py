@@ -20,7 +20,7 @@ import heapq
 import json
 import uuid
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from ..pb import smith_pb2
 from .model import KINDS, SHELL, TOOL, Plan, PlanError, Step, Usage
@@ -98,6 +98,10 @@ def _json_type(value: Any) -> str:
     )
 
 
+@overload
+def _text(raw: Mapping[str, Any], key: str, required: Literal[True]) -> str: ...
+@overload
+def _text(raw: Mapping[str, Any], key: str, required: bool) -> str | None: ...
 def _text(raw: Mapping[str, Any], key: str, required: bool) -> str | None:
     value = raw.get(key)
     if value is None and not required:
@@ -132,7 +136,7 @@ def _parse_step(raw: Any, position: int, known_tools: Collection[str] | None) ->
         fields["args"] = {} if raw.get("args") is None else raw["args"]
         fields["label"] = label.strip() if label and label.strip() else tool
     else:
-        fields["label"] = _text(raw, "label", True).strip()  # type: ignore[union-attr]
+        fields["label"] = _text(raw, "label", True).strip()
     fields["depends_on"] = _refs(raw.get("depends_on"), "depends_on")
     fields["after"] = _refs(raw.get("after"), "after")
     return ref, fields

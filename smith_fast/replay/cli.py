@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
 import sys
 from typing import IO, Any
@@ -18,11 +17,18 @@ from typing import IO, Any
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import DecodeError
 
+from ..options import ADDRESS_FORMS, DURATIONS, HelpFormatter, parse_duration, secret
 from .format import LogFormatError
 from .reader import LogReader, read_log
 from .replayer import Replayer
 
 __all__ = ["add_parser", "main", "print_log", "run"]
+
+_EXAMPLES = """examples:
+  smith-fast replay session.smithrec --print | head
+  smith-fast replay session.smithrec --spawn --fast --serve-args "--root /srv/work"
+  smith-fast replay session.smithrec --against unix:/run/smith.sock --timeout 5s
+"""
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -36,18 +42,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="print or replay a recorded session log",
         description="Print a session log (--print), or re-send its commands to a service (--against ADDR or "
         "--spawn) and compare the events with the recorded ones, ignoring timestamps, durations, ids, "
-        "sequence numbers and how output was chunked. Exits 1 when they differ, 2 on errors.",
+        f"sequence numbers and how output was chunked. Exits 1 when they differ, 2 on errors. {DURATIONS}.",
+        epilog=_EXAMPLES, formatter_class=HelpFormatter, allow_abbrev=False,
     )
     p.add_argument("log", metavar="LOG", help="a .smithrec session log")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--print", action="store_true", dest="print_log", help="print the log as JSON lines")
-    mode.add_argument("--against", metavar="ADDR", help="replay against the service at unix:PATH, tcp:HOST:PORT or HOST:PORT")
+    mode.add_argument("--against", metavar="ADDR", help=f"replay against the service at ADDR: {ADDRESS_FORMS}")
     mode.add_argument("--spawn", action="store_true", help="replay against a fresh `smith-fast serve --stdio`")
     p.add_argument("--serve-args", default="", metavar="ARGS", help="with --spawn: extra serve arguments, shell-quoted (e.g. \"--root /srv\")")
     p.add_argument("--fast", action="store_true", help="do not keep the recorded pacing: send each command once what preceded it has happened")
     p.add_argument("--protocol", choices=["v1", "v0"], help="wire protocol to replay with (default: the recorded session's)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a request to end before going on (default 30)")
-    p.add_argument("--settle", type=float, default=1.0, help="seconds to wait at the end for outstanding events (default 1)")
+    p.add_argument("--timeout", type=parse_duration, default=30.0, metavar="DURATION",
+                   help="how long to wait for a request to end before going on (default 30s)")
+    p.add_argument("--settle", type=parse_duration, default=1.0, metavar="DURATION",
+                   help="how long to wait at the end for outstanding events (default 1s)")
     p.add_argument("--token", metavar="TOKEN", help="the shared secret of the service replayed against (default: $SMITH_TOKEN)")
     return p
 
@@ -91,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     protocol = {"v1": 1, "v0": 0}.get(args.protocol) if args.protocol else None
     try:
-        token = args.token or os.environ.get("SMITH_TOKEN") or None
+        token = secret(args.token)
         replayer = Replayer(header, records, torn=torn, fast=args.fast, protocol=protocol, timeout=args.timeout, settle=args.settle, token=token)
         if args.spawn:
             result = asyncio.run(replayer.spawn(*shlex.split(args.serve_args)))
@@ -116,6 +125,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m smith_fast.replay``: the same command without the ``smith-fast`` front end."""
-    parser = argparse.ArgumentParser(prog="smith-fast")
+    parser = argparse.ArgumentParser(prog="smith-fast", allow_abbrev=False)
     add_parser(parser.add_subparsers(dest="command", required=True))
     return run(parser.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)]))

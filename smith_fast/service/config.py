@@ -1,4 +1,9 @@
-"""Service configuration and limits. Every limit here is a ``smith-fast serve`` flag (README, "Limits")."""
+"""Service configuration and limits. Every limit here is a ``smith-fast serve`` flag (README, "Limits").
+
+Each field that is a command-line option says so in its metadata (:func:`smith_fast.options.option`):
+its flag, help, unit and the commands that take it; ``serve``, ``worker`` and ``gateway`` build
+their options from these, so every option has one name and one default.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,18 @@ import os
 import pathlib
 
 from ..framing import DEFAULT_MAX_FRAME_SIZE
+from ..options import Alias, option
 
 __all__ = ["Limits", "ServiceConfig"]
+
+
+_ALL = ("serve", "worker", "gateway")
+_RUNNERS = ("serve", "worker")  # the commands that run shell commands and tools
+_FRONTS = ("serve", "gateway")  # the commands that accept frontends' connections
+_LIMITS = "limits (sizes are bytes with an optional k/M/G suffix; durations are seconds with an optional ms/s/m/h suffix)"
+_GENERAL = "service"
+_SECURITY = "security"
+_POLICY = "hooks, recording, planning"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,18 +52,43 @@ class Limits:
             arguments or plan goal, in bytes (``--max-command-size``).
     """
 
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
-    max_output: int = 64 * 1024 * 1024
-    max_processes: int = 64
-    max_requests: int = 1024
-    default_timeout_ms: int = 0
-    kill_grace: float = 2.0
-    chunk_size: int = 64 * 1024
-    tool_max_output: int = 1 << 20
-    max_connections: int = 1024
-    idle_timeout: float = 300.0
-    handshake_timeout: float = 10.0
-    max_command_size: int = 1 << 20
+    max_frame_size: int = option(
+        DEFAULT_MAX_FRAME_SIZE, flag="--max-frame-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="largest v1 frame or v0 line")
+    max_output: int = option(
+        64 * 1024 * 1024, flag="--max-output", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="output forwarded per shell command before truncation")
+    max_processes: int = option(
+        64, flag="--max-processes", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="shell commands running at once in this process")
+    max_requests: int = option(
+        1024, flag="--max-requests", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="requests in flight per session")
+    default_timeout_ms: int = option(
+        0, flag="--timeout", unit="milliseconds", commands=_RUNNERS, group=_LIMITS,
+        help="default command and tool timeout; 0 = none",
+        aliases=(Alias("--timeout-ms", "whole milliseconds", "the same as --timeout, in whole milliseconds (older spelling)"),))
+    kill_grace: float = option(
+        2.0, flag="--kill-grace", unit="seconds", commands=_ALL, group=_LIMITS,
+        help="time between SIGTERM and SIGKILL when a command is stopped")
+    chunk_size: int = option(
+        64 * 1024, flag="--chunk-size", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="largest ShellOutput chunk")
+    tool_max_output: int = option(
+        1 << 20, flag="--tool-max-output", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="largest tool output (fs.read, shell.run)")
+    max_connections: int = option(
+        1024, flag="--max-connections", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="live socket connections and gRPC streams; one more gets RESOURCE_EXHAUSTED and is closed")
+    idle_timeout: float = option(
+        300.0, flag="--idle-timeout", unit="seconds", commands=_FRONTS, group=_LIMITS,
+        help="a connection without a message or a running request for this long is closed; 0 = never")
+    handshake_timeout: float = option(
+        10.0, flag="--handshake-timeout", unit="seconds", commands=_FRONTS, group=_LIMITS,
+        help="time a new connection has to complete its handshake; 0 = forever")
+    max_command_size: int = option(
+        1 << 20, flag="--max-command-size", unit="bytes", commands=_ALL, group=_LIMITS,
+        help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,20 +112,44 @@ class ServiceConfig:
             :func:`smith_fast.refused_env.refused_names` would refuse them (``--allow-env``).
     """
 
-    root: pathlib.Path = dataclasses.field(default_factory=pathlib.Path.cwd)
-    protocol: str = "auto"
-    jsonl_backend: str = "auto"
+    root: pathlib.Path = option(
+        default_factory=pathlib.Path.cwd, flag="--root", unit="path", commands=_RUNNERS, group=_GENERAL,
+        metavar="DIR", default_text="the current directory",
+        help="tool workspace root")
+    protocol: str = option(
+        "auto", flag="--protocol", unit="choice", choices=("auto", "v1", "v0"), commands=_FRONTS, group=_GENERAL,
+        help="pin the wire protocol; auto detects it per connection")
+    jsonl_backend: str = option(
+        "auto", flag="--jsonl-backend", unit="choice", choices=("auto", "json", "orjson"), commands=_FRONTS, group=_GENERAL,
+        help="JSON library for v0; auto takes orjson when installed")
     limits: Limits = dataclasses.field(default_factory=Limits)
-    hook_files: tuple[pathlib.Path, ...] = ()
-    hook_failure: str = "closed"
-    record_dir: pathlib.Path | None = None
+    hook_files: tuple[pathlib.Path, ...] = option(
+        (), flag="--hook", unit="path", repeat=True, metavar="FILE", commands=_RUNNERS, group=_POLICY,
+        help="a .js or .rs hook every session runs first; clients cannot unload it (see HOOKS.md)")
+    hook_failure: str = option(
+        "closed", flag="--hook-failure", unit="choice", choices=("closed", "open"), commands=_RUNNERS, group=_POLICY,
+        help="a hook that throws, panics, times out or answers nonsense blocks (closed) or allows (open)")
+    record_dir: pathlib.Path | None = option(
+        None, flag="--record", unit="path", metavar="DIR", commands=("serve",), group=_POLICY,
+        help="record every session to DIR (sessions granted `replay` are recorded even without it); see `smith-fast replay`")
     replay_dir: pathlib.Path = dataclasses.field(
         default_factory=lambda: pathlib.Path(
             os.environ.get("XDG_STATE_HOME", pathlib.Path.home() / ".local" / "state")
         ) / "smith-fast" / "recordings"
     )
-    planner: str = "rules"
-    planner_url: str | None = None
-    planner_model: str | None = None
-    token: str | None = dataclasses.field(default=None, repr=False)  # never in a repr, so never in a log
-    allow_env: frozenset[str] = frozenset()
+    planner: str = option(
+        "rules", flag="--planner", unit="choice", choices=("rules", "llm"), commands=_RUNNERS, group=_POLICY,
+        help="how PlanCommands are planned; rules works offline")
+    planner_url: str | None = option(
+        None, flag="--planner-url", unit="text", metavar="URL", commands=_RUNNERS, group=_POLICY,
+        help="OpenAI-compatible chat-completions endpoint for --planner llm (key from $SMITH_PLANNER_API_KEY)")
+    planner_model: str | None = option(
+        None, flag="--planner-model", unit="text", metavar="NAME", commands=_RUNNERS, group=_POLICY,
+        help="model name for --planner llm")
+    # never in a repr, so never in a log
+    token: str | None = option(
+        None, repr=False, flag="--token", unit="text", metavar="TOKEN", env="SMITH_TOKEN", commands=_FRONTS, group=_SECURITY,
+        help="shared secret socket and gRPC peers must present in their handshake; prefer the variable: arguments show in ps")
+    allow_env: frozenset[str] = option(
+        frozenset(), flag="--allow-env", unit="text", repeat=True, metavar="NAME", commands=_RUNNERS, group=_SECURITY,
+        help="let requests set this refused environment variable (LD_PRELOAD ...; see README, Security)")

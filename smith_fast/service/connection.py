@@ -6,7 +6,7 @@ and the decoder copies out only complete frames. Writes are gathered and flushed
 ``pause_writing``/``resume_writing`` pause the session's child pipes, so a peer that does not read
 cannot make the service buffer without bound.
 
-Which protocol a connection speaks is decided by its first two bytes (wire_notes.md): ``{``
+Which protocol a connection speaks is decided by its first two bytes (PROTOCOL.md, "Telling v0 from v1"): ``{``
 followed by ``"``, ``}`` or JSON whitespace is v0 JSONL; anything else is v1.
 
 A network connection over ``--max-connections`` gets no session: the service waits up to
@@ -399,7 +399,7 @@ class Connection(asyncio.BufferedProtocol):
         )
 
     def _expire(self, reason: str, message: str) -> None:
-        """A deadline passed (guard.Deadlines)."""
+        """A deadline passed (deadlines.Deadlines)."""
         if self.session is not None:
             self.session.expire(reason, message)
         else:  # nothing (or one byte) received: no protocol, no session

@@ -4,24 +4,66 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, framing
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
-from ..tools import ToolContext, ToolRegistry
+from ..tools import ToolContext, ToolRegistry, default_registry
 from .commands import COMMANDS
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
-from .negotiation import ACCEPTABLE, SUPPORTED_VERSIONS, capability_name
+from .negotiation import (
+    ACCEPT_KEY,
+    ACCEPTABLE,
+    ACCEPTED_KEY,
+    DEFAULT_METRICS_INTERVAL_MS,
+    INTERVAL_KEY,
+    SUPPORTED_VERSIONS,
+    accept_additions,
+    capability_name,
+)
 from .runner import RunnerFactory, local_runner
 from .session import Session
 
 if TYPE_CHECKING:
     from .sinks import EventSink
 
-__all__ = ["ServiceCore", "SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
+__all__ = [
+    "ServiceCore",
+    "SUPPORTED_VERSIONS",
+    "ACCEPTABLE",
+    "ACCEPT_KEY",
+    "ACCEPTED_KEY",
+    "INTERVAL_KEY",
+    "DEFAULT_METRICS_INTERVAL_MS",
+    "Endpoint",
+    "LISTENER_VERSIONS",
+    "accept_additions",
+    "capability_name",
+    "endpoint_list",
+]
+
+# The protocol versions a socket listener answers, by ``serve --protocol``.
+LISTENER_VERSIONS: dict[str, tuple[int, ...]] = {"auto": (1, 0), "v1": (1,), "v0": (0,)}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A listener a frontend can reach: its address (``unix:PATH``, ``tcp:HOST:PORT``,
+    ``grpc:HOST:PORT``) and the protocol versions spoken there."""
+
+    address: str
+    versions: tuple[int, ...]
+
+
+def endpoint_list(addresses: Sequence[str]) -> str:
+    """Addresses as one ``service_metadata`` value: comma-separated, with ``%`` and ``,`` inside an
+    address written ``%25`` and ``%2C`` (a Unix socket's path may hold either)."""
+    return ",".join(a.replace("%", "%25").replace(",", "%2C") for a in addresses)
 
 
 class ServiceCore:
@@ -39,7 +81,7 @@ class ServiceCore:
         self.limits = config.limits
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
-        self.tools = ToolRegistry.default()
+        self.tools = default_registry()
         self.tool_context = ToolContext(
             root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
         )
@@ -66,7 +108,7 @@ class ServiceCore:
         self.closed = asyncio.Event()
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
-        self.endpoints: list[str] = []  # listener addresses, for NegotiateResponse on fallback
+        self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
         self.make_runner: RunnerFactory = runner or local_runner(self)
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
@@ -82,7 +124,7 @@ class ServiceCore:
         return Session(self, sink, runner=self.make_runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
-        """Capability negotiation (wire_notes.md): granted = requested ∩ available, in request order.
+        """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
 
         Args:
             requested: capability numbers as the peer listed them (duplicates allowed).
@@ -114,8 +156,19 @@ class ServiceCore:
         """Live sessions over a network listener (Unix, TCP, gRPC; stdio is not one)."""
         return sum(1 for s in self.sessions if s.peer != "stdio")
 
-    def service_info(self, version: int, granted: list[int]) -> dict[str, str]:
-        return {
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]:
+        """What a handshake's ``Ready.service_info`` and ``NegotiateResponse.service_metadata`` say
+        about the service (PROTOCOL.md, "Negotiate"); one function so that the two cannot drift.
+
+        Args:
+            version: the negotiated protocol version.
+            granted: the granted capabilities, in the order the peer asked for them.
+            accepted: the Envelope additions granted (v1 only: v0 has none, and no key for them).
+            interval_ms: the metrics interval, reported when ``metrics`` is accepted.
+        """
+        info = {
             "service_name": "smith-fast",
             "version": __version__,
             "negotiated_version": str(version),
@@ -124,6 +177,20 @@ class ServiceCore:
             "event_loop": self.loop_name,
             "granted_capabilities": ",".join(capability_name(c) for c in granted),
         }
+        if version == 1:
+            info[ACCEPTED_KEY] = ",".join(accepted)
+            if "metrics" in accepted:
+                info[INTERVAL_KEY] = str(interval_ms)
+        return info
+
+    def versions(self) -> tuple[int, ...]:
+        """The protocol versions spoken on some listener, in :data:`SUPPORTED_VERSIONS` order."""
+        spoken = {v for e in self.endpoints for v in e.versions}
+        return tuple(v for v in SUPPORTED_VERSIONS if v in spoken)
+
+    def addresses(self, version: int) -> list[str]:
+        """The listeners where ``version`` is spoken, in the order they were opened."""
+        return [e.address for e in self.endpoints if version in e.versions]
 
     def acquire_process(self) -> bool:
         """Take a process slot; False when ``max_processes`` are already running."""

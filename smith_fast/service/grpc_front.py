@@ -44,8 +44,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .core import ACCEPTABLE, SUPPORTED_VERSIONS, ServiceCore, capability_name
 from .auth import TOKEN_KEY, metadata_token, token_matches
+from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .session import Session
@@ -87,12 +87,15 @@ GRPC_STATUS: dict[int, grpc.StatusCode] = {
 
 
 def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateResponse:
-    """Answer a ``NegotiateRequest`` by the handshake's rules (wire_notes.md, "Negotiation").
+    """Answer a ``NegotiateRequest`` by the handshake's rules (PROTOCOL.md, "Negotiate").
 
-    The selected version is the first of ours (1, then 0) that the client supports;
-    ``fallback_to_jsonl`` is true when that is 0, and ``service_metadata["jsonl_endpoints"]`` then
-    lists the socket listeners where v0 is spoken. Capabilities are the requested ones the service
-    has; the others are named in ``service_metadata["rejected_capabilities"]``.
+    The selected version is the first of ours (1, then 0) that the client supports and some
+    listener speaks; ``fallback_to_jsonl`` is true when that is 0, and
+    ``service_metadata["jsonl_endpoints"]`` then lists the socket listeners where v0 is spoken
+    (never one pinned to v1). Capabilities are the requested ones the service has; the others are
+    named in ``service_metadata["rejected_capabilities"]``. The rest of ``service_metadata`` is
+    what the handshake's ``Ready.service_info`` would say (``core.service_info``), with the
+    additions asked for in ``client_metadata["smith_fast.accept"]``.
 
     Args:
         core: the service core.
@@ -102,26 +105,32 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
         The response.
 
     Raises:
-        ProtocolError: no version in common (``ERROR_CODE_UNSUPPORTED_VERSION``).
+        ProtocolError: no version in common, or only v0 and no listener speaks it
+            (``ERROR_CODE_UNSUPPORTED_VERSION``).
     """
-    common = [v for v in SUPPORTED_VERSIONS if v in request.supported_versions]
+    spoken = core.versions()
+    common = [v for v in spoken if v in request.supported_versions]
     if not common:
         offered = ",".join(map(str, request.supported_versions)) or "none"
-        raise ProtocolError(
-            f"no protocol version in common: the client supports {offered}, this service 1 and 0",
-            pb.ERROR_CODE_UNSUPPORTED_VERSION,
-            details={"supported_versions": "1,0"},
-        )
+        ours = " and ".join(map(str, spoken))
+        if 0 in request.supported_versions and 0 not in spoken:
+            pinned = any(not e.address.startswith("grpc:") for e in core.endpoints)
+            why = "its Unix and TCP listeners are pinned to v1: serve --protocol v1" if pinned else "it has no Unix or TCP listener"
+            message = f"the client supports {offered}, and no listener of this service speaks version 0 ({why}); connect with version {ours}"
+        else:
+            message = f"no protocol version in common: the client supports {offered}, this service {ours}"
+        raise ProtocolError(message, pb.ERROR_CODE_UNSUPPORTED_VERSION, details={"supported_versions": ",".join(map(str, spoken))})
     version = common[0]
     granted, refused = core.grant(list(request.capabilities))
-    meta = core.service_info(version, granted)
+    accepted, interval_ms, _ = accept_additions(request.client_metadata) if version == 1 else ([], 0, [])
+    meta = core.service_info(version, granted, accepted, interval_ms)
     meta["available_capabilities"] = ",".join(sorted(capability_name(c) for c in core.capabilities))
     meta["smith_fast.acceptable"] = ",".join(ACCEPTABLE)
     if refused:
         meta["rejected_capabilities"] = ",".join(capability_name(c) for c, _ in refused)
     fallback = version == 0
     if fallback:
-        meta["jsonl_endpoints"] = ",".join(e for e in core.endpoints if not e.startswith("grpc:"))
+        meta["jsonl_endpoints"] = endpoint_list(core.addresses(0))
     return pb.NegotiateResponse(
         selected_version=version, capabilities=granted, service_metadata=meta, fallback_to_jsonl=fallback
     )

@@ -2,13 +2,55 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..pb import smith_pb2
 
-__all__ = ["SUPPORTED_VERSIONS", "ACCEPTABLE", "capability_name"]
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "ACCEPTABLE",
+    "ACCEPT_KEY",
+    "ACCEPTED_KEY",
+    "INTERVAL_KEY",
+    "DEFAULT_METRICS_INTERVAL_MS",
+    "accept_additions",
+    "capability_name",
+]
 
-SUPPORTED_VERSIONS = (1, 0)  # in order of preference (wire_notes.md, "Negotiation")
+SUPPORTED_VERSIONS = (1, 0)  # in order of preference (PROTOCOL.md, "Negotiation")
 # What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
 ACCEPTABLE = ("batch_event", "health", "metrics")
+# Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
+ACCEPT_KEY = "smith_fast.accept"
+INTERVAL_KEY = "smith_fast.metrics_interval_ms"
+ACCEPTED_KEY = "smith_fast.accepted"
+DEFAULT_METRICS_INTERVAL_MS = 1000
+MIN_METRICS_INTERVAL_MS = 50
+MAX_METRICS_INTERVAL_MS = 3_600_000
+
+
+def accept_additions(client_info: Mapping[str, str]) -> tuple[list[str], int, list[tuple[str, dict[str, str]]]]:
+    """Which Envelope additions a v1 peer asked for (in :data:`ACCEPTABLE` order), its metrics
+    interval in ms, and warnings (message, fields) about what was not understood."""
+    warnings: list[tuple[str, dict[str, str]]] = []
+    asked = [item.strip() for item in client_info.get(ACCEPT_KEY, "").split(",") if item.strip()]
+    accepted = [item for item in ACCEPTABLE if item in asked]
+    unknown = [item for item in asked if item not in ACCEPTABLE]
+    if unknown:
+        warnings.append(
+            (
+                f"{ACCEPT_KEY}: {', '.join(unknown)} not known and ignored (known: {', '.join(ACCEPTABLE)})",
+                {"key": ACCEPT_KEY, "ignored": ",".join(unknown)},
+            )
+        )
+    interval = DEFAULT_METRICS_INTERVAL_MS
+    raw = client_info.get(INTERVAL_KEY)
+    if raw is not None:
+        try:
+            interval = min(max(int(raw), MIN_METRICS_INTERVAL_MS), MAX_METRICS_INTERVAL_MS)
+        except ValueError:
+            warnings.append((f"{INTERVAL_KEY}={raw!r} is not a number of milliseconds; using {interval}", {"key": INTERVAL_KEY}))
+    return accepted, interval, warnings
 
 
 def capability_name(value: int) -> str:

@@ -113,7 +113,7 @@ class SmithCollector:
 def make_registry(core: MetricsSource) -> CollectorRegistry:
     """A registry with the Smith collector and prometheus_client's process and platform collectors."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SmithCollector(core))  # type: ignore[arg-type]
+    registry.register(SmithCollector(core))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry
@@ -132,9 +132,10 @@ class MetricsServer:
         self.servers: list[asyncio.base_events.Server] = []
         self.addresses: list[str] = []
 
-    async def listen(self, host: str, port: int) -> str:
-        """Listen on ``host:port`` (port 0 picks one); returns ``http://HOST:PORT/metrics``."""
-        server = await asyncio.start_server(self._handle, host, port, reuse_address=True, limit=_MAX_REQUEST)
+    async def listen(self, host: str, port: int, *, backlog: int = 100) -> str:
+        """Listen on ``host:port`` (port 0 picks one) with an accept queue of ``backlog``; returns
+        ``http://HOST:PORT/metrics``."""
+        server = await asyncio.start_server(self._handle, host, port, reuse_address=True, limit=_MAX_REQUEST, backlog=backlog)
         self.servers.append(server)
         h, p = server.sockets[0].getsockname()[:2]
         address = f"http://[{h}]:{p}/metrics" if ":" in h else f"http://{h}:{p}/metrics"

@@ -7,32 +7,27 @@ import asyncio
 import contextlib
 import ipaddress
 import os
-import signal
 import socket
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import childguard, process, tracing
-from ..hooks import HookLoadError, load_hook_file
+from ..errors import ListenError
 from ..logs import get_logger
+from . import lifecycle
 from .config import ServiceConfig
 from .connection import Connection, tcp_address
-from .core import ServiceCore
+from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 
 if TYPE_CHECKING:
     from .grpc_front import GrpcFront
     from .prometheus import MetricsServer
 
-__all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError"]
+__all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError", "listen_backlog"]
 
 log = get_logger("smith_fast.server")
 
 DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
-
-
-class ListenError(Exception):
-    """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
 
 
 @dataclass
@@ -93,7 +88,7 @@ async def _open_grpc(core: ServiceCore, listen: ListenConfig) -> GrpcFront:
     front = GrpcFront(core, tls=_tls(listen))
     for host, port in hosts:
         address = front.add_port(host, port)
-        core.endpoints.append(address)
+        core.endpoints.append(Endpoint(address, (1,)))  # a Stream call is v1, whatever --protocol says
         log.info("listening", extra={"fields": {"address": address, "tls": front.tls is not None}})
     await front.start()
     return front
@@ -105,11 +100,35 @@ async def _open_metrics(core: ServiceCore, listen: ListenConfig) -> MetricsServe
     hosts = [_checked(addr, "metrics", listen.allow_remote) for addr in listen.metrics]
     server = MetricsServer(core)
     for host, port in hosts:
-        log.info("listening", extra={"fields": {"address": await server.listen(host, port)}})
+        address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
+        log.info("listening", extra={"fields": {"address": address}})
     return server
 
 
-def _unix_socket(path: str) -> socket.socket:
+# The kernel's historical SOMAXCONN: a burst of this many connects is taken whatever the limit, so a
+# client over --max-connections hears "too many connections" (connection.py) instead of EAGAIN.
+_MIN_BACKLOG = 128
+
+
+def _somaxconn() -> int:
+    """The kernel's cap on a listen backlog (per network namespace): a larger one is cut to it."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return socket.SOMAXCONN
+
+
+def listen_backlog(max_connections: int) -> int:
+    """The accept queue of a Unix or TCP listener: room for ``max_connections`` arriving at once.
+
+    asyncio's default (100) makes the 101st connect of a burst fail with ``EAGAIN`` (Unix) or be
+    dropped (TCP) while the loop is busy, long before ``--max-connections`` is reached.
+    """
+    return max(_MIN_BACKLOG, min(max_connections, _somaxconn()))
+
+
+def _unix_socket(path: str, backlog: int) -> socket.socket:
     """Bind ``path`` mode 0600, replacing a stale socket file but never a live server or other file."""
     if os.path.lexists(path):
         st = os.lstat(path)
@@ -131,7 +150,7 @@ def _unix_socket(path: str) -> socket.socket:
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
-    sock.listen(1024)
+    sock.listen(backlog)
     sock.setblocking(False)
     return sock
 
@@ -174,46 +193,48 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe).
 
     ``core`` replaces the core built from ``config``: every listener then makes its sessions with
-    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers).
+    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers, and
+    runs no commands itself: no child guard then).
     """
-    loop = asyncio.get_running_loop()
     # Refuse a bad address or TLS setting before anything is bound.
     for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
+    runs_commands = core is None
     if core is None:
         core = ServiceCore(config, loop_name=loop_name)
-        childguard.start()  # a SIGKILLed service leaves no commands running
-    for path in config.hook_files:  # global hooks: a hook that does not load stops the start
-        try:
-            core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
-        except HookLoadError as exc:
-            raise ListenError(f"--hook {exc}") from None
-        log.info("global hook loaded", extra={"fields": {"hook": str(path), "hook_id": core.global_hooks[-1].id}})
-    if tracing.setup_from_env():
-        log.info("tracing exporter configured from OTEL_* variables")
+    async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
+        return await _listen(core, config, listen, loop_name)
+
+
+async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str) -> int:
+    """Open every listener, serve until stopped, close them and end the sessions."""
+    loop = asyncio.get_running_loop()
+    stop = lifecycle.stop_on_signals()
     servers: list[asyncio.base_events.Server] = []
     unix_paths: list[str] = []
-    stop = asyncio.Event()
     grpc_front: GrpcFront | None = None
     metrics_server: MetricsServer | None = None
 
     def factory() -> Connection:
         return Connection(core, protocol=config.protocol)
 
+    # asyncio (and uvloop) call listen() again when serving starts, with their own default unless told
+    backlog = listen_backlog(config.limits.max_connections)
+    versions = LISTENER_VERSIONS[config.protocol]  # what Negotiate may point a frontend at
     for path in listen.unix:
-        sock = _unix_socket(path)
+        sock = _unix_socket(path, backlog)
         unix_paths.append(path)
-        servers.append(await loop.create_unix_server(factory, sock=sock))
-        core.endpoints.append(f"unix:{path}")
+        servers.append(await loop.create_unix_server(factory, sock=sock, backlog=backlog))
+        core.endpoints.append(Endpoint(f"unix:{path}", versions))
         log.info("listening", extra={"fields": {"address": f"unix:{path}"}})
     for addr in listen.tcp:
         host, port = _checked(addr, "TCP", listen.allow_remote)
-        server = await loop.create_server(factory, host, port, reuse_address=True)
+        server = await loop.create_server(factory, host, port, reuse_address=True, backlog=backlog)
         servers.append(server)
         for sock in server.sockets:
             address = tcp_address(*sock.getsockname()[:2])
-            core.endpoints.append(address)
+            core.endpoints.append(Endpoint(address, versions))
             log.info("listening", extra={"fields": {"address": address}})
     if listen.grpc:
         grpc_front = await _open_grpc(core, listen)
@@ -222,8 +243,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name, "token_required": config.token is not None}})
     try:
         await stop.wait()
@@ -235,7 +254,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
             await grpc_front.begin_shutdown()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(core.shutdown(), timeout=config.limits.kill_grace + 5)
-        process.kill_all()
         if grpc_front is not None:
             with contextlib.suppress(Exception):
                 await grpc_front.stop(1.0)  # the sessions' last messages are queued by now
@@ -247,10 +265,6 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
         for path in unix_paths:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        for hook in core.global_hooks:
-            with contextlib.suppress(Exception):
-                await hook.close()
-        tracing.shutdown()
         # give transports one tick to push their last bytes out
         await asyncio.sleep(0)
     return 0

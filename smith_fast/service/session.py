@@ -12,10 +12,11 @@ Protocol-independent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, MutableSet
+from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
@@ -27,7 +28,7 @@ from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
-from .negotiation import ACCEPTABLE, SUPPORTED_VERSIONS, capability_name
+from .negotiation import ACCEPT_KEY, DEFAULT_METRICS_INTERVAL_MS, SUPPORTED_VERSIONS, accept_additions, capability_name
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -39,13 +40,6 @@ __all__ = ["Session", "SessionCore"]
 
 log = get_logger("smith_fast.session")
 
-# Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
-ACCEPT_KEY = "smith_fast.accept"
-INTERVAL_KEY = "smith_fast.metrics_interval_ms"
-ACCEPTED_KEY = "smith_fast.accepted"
-DEFAULT_METRICS_INTERVAL_MS = 1000
-MIN_METRICS_INTERVAL_MS = 50
-MAX_METRICS_INTERVAL_MS = 3_600_000
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
@@ -61,14 +55,18 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path | None: ...
+    def record_dir(self) -> pathlib.Path:
+        """Where sessions granted ``replay`` are recorded."""
+        ...
 
     @property
     def sessions(self) -> MutableSet[Any]: ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
-    def service_info(self, version: int, granted: list[int]) -> dict[str, str]: ...
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]: ...
 
 
 class Session:
@@ -187,7 +185,7 @@ class Session:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
             return
         request = getattr(command, kind)
-        rid = getattr(request, "request_id", None)
+        rid: str | None = getattr(request, "request_id", None)
         if not self.handshaken:
             self.reject(
                 ProtocolError(
@@ -214,7 +212,7 @@ class Session:
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.reject(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
-        self._start(rid, spec, command)
+        self._start(rid or "", spec, command)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -274,7 +272,7 @@ class Session:
         granted, refused = self.core.grant(list(hs.capabilities))
         for cap, why in refused:
             self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
-        accepted, interval_ms, warnings = self._accept(hs.client_info) if self.version == 1 else ([], 0, [])
+        accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
@@ -290,15 +288,11 @@ class Session:
         event = pb.Event()
         ready = event.ready
         ready.version = self.version
-        ready.capabilities.extend(granted)
+        ready.capabilities.extend(granted)  # type: ignore[arg-type]  # the stubs type the field as Capability, whose values these are
         ready.service_id = self.core.service_id
-        info = self.core.service_info(self.version, granted)
+        info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
             info["smith_fast.recording"] = str(self.recorder.path)
-        if self.version == 1:
-            info[ACCEPTED_KEY] = ",".join(accepted)
-            if "metrics" in accepted:
-                info[INTERVAL_KEY] = str(interval_ms)
         ready.service_info.update(info)
         self.sink.event(event)
         self.sink.state_change(pb.SERVICE_STATE_READY)
@@ -306,30 +300,6 @@ class Session:
             self.sink.log(pb.LOG_LEVEL_WARN, message, fields=fields)
         self._apply_accepted(frozenset(accepted), interval_ms)
         log.info("handshake", extra={"fields": {"peer": self.peer, "version": self.version, "granted": [capability_name(c) for c in granted], "accepted": accepted}})
-
-    @staticmethod
-    def _accept(client_info: Mapping[str, str]) -> tuple[list[str], int, list[tuple[str, dict[str, str]]]]:
-        """Which Envelope additions the peer asked for, its metrics interval, and warnings (message,
-        fields) about what was not understood."""
-        warnings: list[tuple[str, dict[str, str]]] = []
-        asked = [item.strip() for item in client_info.get(ACCEPT_KEY, "").split(",") if item.strip()]
-        accepted = [item for item in ACCEPTABLE if item in asked]
-        unknown = [item for item in asked if item not in ACCEPTABLE]
-        if unknown:
-            warnings.append(
-                (
-                    f"{ACCEPT_KEY}: {', '.join(unknown)} not known and ignored (known: {', '.join(ACCEPTABLE)})",
-                    {"key": ACCEPT_KEY, "ignored": ",".join(unknown)},
-                )
-            )
-        interval = DEFAULT_METRICS_INTERVAL_MS
-        raw = client_info.get(INTERVAL_KEY)
-        if raw is not None:
-            try:
-                interval = min(max(int(raw), MIN_METRICS_INTERVAL_MS), MAX_METRICS_INTERVAL_MS)
-            except ValueError:
-                warnings.append((f"{INTERVAL_KEY}={raw!r} is not a number of milliseconds; using {interval}", {"key": INTERVAL_KEY}))
-        return accepted, interval, warnings
 
     def _apply_accepted(self, accepted: frozenset[str], interval_ms: int) -> None:
         """Switch batching and the metrics reports on or off, as the latest handshake asked."""
@@ -405,7 +375,10 @@ class Session:
             return
         task = self._loop.create_task(self._request(spec, rid, command))
         self._tasks[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(rid, None)
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()

@@ -12,6 +12,7 @@ queue; the pipes are paused while the queue is long, so a slow hook cannot make 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,15 @@ from ..process import ShellProcess
 if TYPE_CHECKING:
     from .execution import Execution
 
-__all__ = ["run_shell_exec"]
+__all__ = ["run_shell_exec", "working_directory"]
+
+
+def working_directory(root: pathlib.Path, cwd: str | None) -> str:
+    """Where a ShellExec runs: ``--root`` when it names no ``cwd`` (or an empty one), a relative
+    ``cwd`` taken from the root, an absolute one as it is. As with ``shell.run``, so that the two
+    ways of running a command agree; unlike the tools, a ShellExec is not confined to the root.
+    """
+    return str(root / cwd) if cwd else str(root)
 
 
 class _Output:
@@ -144,7 +153,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         proc = await ShellProcess.start(
             cmd.command,
             shell=cmd.shell if cmd.HasField("shell") else None,
-            cwd=cmd.cwd if cmd.HasField("cwd") else None,
+            cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None),
             env=env if env is not None else dict(cmd.env),
             on_output=output.on_output,
         )

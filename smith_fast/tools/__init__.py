@@ -1,6 +1,6 @@
 """Tools: a registry of named, schema-checked tools and the built-ins that work in a workspace.
 
-``ToolRegistry.default()`` holds ``fs.read``, ``fs.write``, ``fs.list``, ``fs.search``,
+``default_registry()`` holds ``fs.read``, ``fs.write``, ``fs.list``, ``fs.search``,
 ``shell.run`` and ``tools.list``, plus the tools of installed distributions that declare the
 ``smith_fast.tools`` entry-point group (see :mod:`smith_fast.tools.plugins`). The service runs
 a ``ToolCallCommand`` with :meth:`ToolRegistry.call`, passing a :class:`ToolContext` for the
@@ -13,13 +13,13 @@ its working directory, not the command.
 
 Example::
 
-    registry = ToolRegistry.default()
+    registry = default_registry()
     outcome = await registry.call("fs.read", b'{"path": "README.md"}', ToolContext(Path(".")))
 """
 
 from __future__ import annotations
 
-from smith_fast.tools.builtin import builtin_tools, tools_list_tool
+from smith_fast.tools.builtin import builtin_tools, default_registry, tools_list_tool
 from smith_fast.tools.plugins import ENTRY_POINT_GROUP, load_entry_point_tools
 from smith_fast.tools.registry import Handler, Tool, ToolOutcome, ToolRegistry, encode_result
 from smith_fast.tools.schema import ArgumentError
@@ -35,6 +35,7 @@ __all__ = [
     "ToolOutcome",
     "ToolRegistry",
     "builtin_tools",
+    "default_registry",
     "encode_result",
     "load_entry_point_tools",
     "tools_list_tool",

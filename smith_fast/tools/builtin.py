@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from smith_fast.tools.fs import FS_LIST, FS_READ, FS_WRITE
+from smith_fast.tools.plugins import load_entry_point_tools
 from smith_fast.tools.registry import Tool, ToolRegistry, _Encoded, encode_result
 from smith_fast.tools.search import FS_SEARCH
 from smith_fast.tools.shell import SHELL_RUN
 from smith_fast.tools.workspace import ToolContext
 
-__all__ = ["builtin_tools", "tools_list_tool"]
+__all__ = ["builtin_tools", "default_registry", "tools_list_tool"]
 
 LIST_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -63,3 +64,21 @@ def builtin_tools(registry: ToolRegistry) -> list[Tool]:
         The tools, not yet registered.
     """
     return [FS_READ, FS_WRITE, FS_LIST, FS_SEARCH, SHELL_RUN, tools_list_tool(registry)]
+
+
+def default_registry(*, entry_points: bool = True) -> ToolRegistry:
+    """A registry with the built-in tools and, optionally, the installed third-party ones.
+
+    Args:
+        entry_points: also load the tools of the ``smith_fast.tools`` entry-point group. A
+            broken entry point is logged (logger ``smith_fast.tools``) and skipped.
+
+    Returns:
+        The registry.
+    """
+    registry = ToolRegistry()
+    for tool in builtin_tools(registry):
+        registry.register(tool)
+    if entry_points:
+        load_entry_point_tools(registry)
+    return registry

@@ -137,27 +137,6 @@ class ToolRegistry:
     def __len__(self) -> int:
         return len(self._entries)
 
-    @classmethod
-    def default(cls, *, entry_points: bool = True) -> ToolRegistry:
-        """A registry with the built-in tools and, optionally, the installed third-party ones.
-
-        Args:
-            entry_points: also load the tools of the ``smith_fast.tools`` entry-point group. A
-                broken entry point is logged (logger ``smith_fast.tools``) and skipped.
-
-        Returns:
-            The registry.
-        """
-        from smith_fast.tools.builtin import builtin_tools
-        from smith_fast.tools.plugins import load_entry_point_tools
-
-        registry = cls()
-        for tool in builtin_tools(registry):
-            registry.register(tool)
-        if entry_points:
-            load_entry_point_tools(registry)
-        return registry
-
     async def call(
         self, name: str, args: bytes, ctx: ToolContext, *, timeout: float | None = None
     ) -> ToolOutcome:
@@ -227,7 +206,7 @@ async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOu
     return ToolOutcome(True, encoded, None, _elapsed_ms(start))
 
 
-class _Encoded(dict):  # type: ignore[type-arg]
+class _Encoded(dict[str, Any]):
     """A result that brings its JSON encoding along (``tools.list`` caches its encoding).
 
     It is the plain ``dict`` to anyone calling the handler directly; only :func:`_run`, right

@@ -49,7 +49,7 @@ class ArgumentError(SmithFastError, ValueError):
         self.reason = reason
         self.path = path
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[type[ArgumentError], tuple[str, str | None]]:
         return (type(self), (self.reason, self.path))
 
 
@@ -167,9 +167,9 @@ def _integer_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
     high = schema.get("maximum")
     if any(b is not None and type(b) not in (int, float) for b in (low, high)):
         return None
-    if low is None and high is None:
-        return lambda value: type(value) is int
     if high is None:
+        if low is None:
+            return lambda value: type(value) is int
         return lambda value: type(value) is int and value >= low
     if low is None:
         return lambda value: type(value) is int and value <= high
@@ -186,10 +186,10 @@ def _object_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
         return None
     checks: dict[str, _Check] = {}
     for name, sub in properties.items():
-        check = _fast_check(sub)
-        if check is None:
+        sub_check = _fast_check(sub)
+        if sub_check is None:
             return None
-        checks[name] = check
+        checks[name] = sub_check
     extra_check: _Check | None
     if extra is False:
         extra_check = None

@@ -25,10 +25,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..framing import FrameDecoder, encode_frame
-from ..pb import smith_pb2 as pb
+from harness.server import ServerProcess
+from smith_fast.framing import FrameDecoder, encode_frame
+from smith_fast.pb import smith_pb2 as pb
+
 from .drivers import Session, Tracker, pipeline, pipeline_many, round_trips
-from .servers import ServiceProcess
 from .wire import WIRES, handshake_command
 
 __all__ = ["CONTENDERS", "BASELINES", "Client", "Contender", "GrpcClient", "UnixClient", "contender_names",
@@ -61,18 +62,24 @@ class Contender:
     batched: bool = False
     implementation: str = "c"
 
-    def server(self, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str] = ()) -> ServiceProcess:
-        """This contender's server (not started), with a socket in ``workdir``."""
-        args = ["--loop", self.loop, "--jsonl-backend", self.jsonl_backend, "--max-output", "2G", *extra]
+    def server(self, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str] = ()) -> ServerProcess:
+        """This contender's server (not launched), with its socket in ``workdir/NAME``.
+
+        It logs at ``info`` (not the tests' ``debug``) and keeps only its first stderr lines: the
+        report measures the server, not its logging.
+        """
+        args = ["--jsonl-backend", self.jsonl_backend, "--max-output", "2G", *extra]
         if self.transport == "grpc":
             args += ["--grpc", "127.0.0.1:0"]
         env = {"SMITH_FAST_NO_EXTENSIONS": "1"} if self.no_extensions else {"SMITH_FAST_NO_EXTENSIONS": ""}
-        return ServiceProcess(workdir / f"{self.name}.sock", root, args, env)
+        home = workdir / self.name
+        home.mkdir(parents=True, exist_ok=True)
+        return ServerProcess(home, *args, loop=self.loop, root=root, env=env, tcp=False, log_level="info", keep=200)
 
-    def client(self, server: ServiceProcess) -> Client:
+    def client(self, server: ServerProcess) -> Client:
         """A connected, handshaken client for ``server``."""
         if self.transport == "grpc":
-            return GrpcClient(server.grpc, self.batched)
+            return GrpcClient(server.grpc.removeprefix("grpc:"), self.batched)
         return UnixClient(server.sock_path, self.wire, self.batched)
 
 

@@ -53,7 +53,7 @@ def collect() -> dict[str, str]:
     """Machine and software facts for the report's header (load is sampled by the runner)."""
     from google.protobuf.internal import api_implementation
 
-    from .. import framing
+    from smith_fast import framing
 
     out = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

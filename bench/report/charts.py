@@ -11,21 +11,21 @@ from __future__ import annotations
 import math
 import pathlib
 
-from .report import headline_columns
+from .render import headline_columns
 from .runner import Report
 
 __all__ = ["MissingMatplotlib", "draw"]
 
 
 class MissingMatplotlib(RuntimeError):
-    """matplotlib is not installed (``pip install 'smith-fast[bench]'``)."""
+    """matplotlib is not installed (it is in requirements-dev.txt)."""
 
 
 def _pyplot():  # type: ignore[no-untyped-def]
     try:
         import matplotlib
     except ImportError:
-        raise MissingMatplotlib("charts need matplotlib: pip install 'smith-fast[bench]' (or --no-charts)") from None
+        raise MissingMatplotlib("charts need matplotlib: .venv/bin/pip install -r requirements-dev.txt (or --no-charts)") from None
     matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
 

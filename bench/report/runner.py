@@ -20,9 +20,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from harness.server import ServerProcess
+
 from .contenders import Client, Contender, probe_service_info
 from .drivers import cpu_seconds_of
-from .servers import ServiceProcess
 from .stats import Summary, summarize
 from .workloads import Case, Scale, cases, make_workspace
 
@@ -42,7 +43,7 @@ class Report:
         samples: ``(case key, contender name) -> [figures of each measured repetition]``.
         failures: ``(case key, contender name) -> what went wrong``.
         service_info: ``contender name -> the Ready.service_info of its server``.
-        meta: machine, versions, load, times (filled by ``smith_fast.bench.meta``).
+        meta: machine, versions, load, times (filled by ``bench.report.meta``).
     """
 
     scale: Scale
@@ -68,11 +69,13 @@ class _ServerSet:
     def __init__(self, contenders: Sequence[Contender], workdir: pathlib.Path, root: pathlib.Path,
                  extra: Sequence[str]) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.servers: dict[str, ServiceProcess] = {c.name: c.server(workdir, root, extra).start() for c in contenders}
+        self.servers: dict[str, ServerProcess] = {c.name: c.server(workdir, root, extra) for c in contenders}
+        for server in self.servers.values():
+            server.launch()  # all at once, then wait for each
         self.clients: dict[str, Client] = {}
         try:
             for server in self.servers.values():
-                server.wait_ready()
+                server.wait_ready(60.0)
         except BaseException:
             self.stop()
             raise
@@ -97,7 +100,7 @@ class _ServerSet:
             server.stop()
 
 
-def _check_config(contender: Contender, server: ServiceProcess) -> dict[str, str]:
+def _check_config(contender: Contender, server: ServerProcess) -> dict[str, str]:
     """The server runs what the contender says (wire core, loop), or the report would lie."""
     info = probe_service_info(server.sock_path)
     if info.get("implementation") != contender.implementation or info.get("event_loop") != contender.loop:
@@ -120,7 +123,7 @@ def run(scale: Scale, contenders: Sequence[Contender], progress: Callable[[str],
         The :class:`Report` (its ``meta`` not filled in yet).
 
     Raises:
-        ServerStartError: a server did not start.
+        harness.server.ServerStartError: a server did not start.
         RuntimeError: a server does not run the configuration its contender claims.
     """
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -186,7 +189,7 @@ def _run_case(report: Report, case: Case, servers: _ServerSet, root: pathlib.Pat
 def _fail(report: Report, case: Case, contender: Contender, servers: _ServerSet, exc: BaseException) -> None:
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     report.failures[(case.key, contender.name)] = detail[:300]
-    print(f"smith-fast bench: {case.key} / {contender.name} failed: {detail}", file=sys.stderr)
+    print(f"bench.report: {case.key} / {contender.name} failed: {detail}", file=sys.stderr)
     if os.environ.get("SMITH_FAST_BENCH_TRACEBACK"):
         traceback.print_exception(exc)
     servers.drop_client(contender.name)  # the next case gets a fresh connection

@@ -2,8 +2,8 @@
 
 Everything here talks to the service over its Unix socket with plain blocking sockets: no asyncio
 in the client, so the client's own overhead is small and identical for every wire (v1 frames,
-v1 with ``BatchEvent``, v0 JSON lines). The drivers see only :data:`~smith_fast.bench.wire.View`
-tuples and a :class:`Tracker`, which the gRPC drivers (``smith_fast.bench.grpc_client``) share.
+v1 with ``BatchEvent``, v0 JSON lines). The drivers see only :data:`~bench.report.wire.View`
+tuples and a :class:`Tracker`, which the gRPC drivers (``bench.report.grpc_client``) share.
 
 A request counts as done at its terminal ``StateChange(READY)``. The tracker checks on the way
 that a tool call brought ``StateChange(PROCESSING)`` and a successful ``ToolResult`` first, and
@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..pb import smith_pb2 as pb
+from smith_fast.pb import smith_pb2 as pb
 from .wire import ERROR, OUTPUT, RESULT, STATE, WIRES, View, Wire
 
 __all__ = [
@@ -128,7 +128,7 @@ class Session:
 
     Args:
         path: the service's Unix socket.
-        wire: ``"v1"`` or ``"v0"``, or a :class:`~smith_fast.bench.wire.Wire`.
+        wire: ``"v1"`` or ``"v0"``, or a :class:`~bench.report.wire.Wire`.
         accept: ``client_info["smith_fast.accept"]`` of the handshake (v1 only), e.g. ``"batch_event"``.
         timeout: seconds a read may wait before ``TimeoutError`` (a hung server fails the run, not hangs it).
         capabilities: what the handshake asks for (``CAPABILITY_*`` numbers).

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from grpc import aio
 
-from ..pb import smith_pb2 as pb
+from smith_fast.pb import smith_pb2 as pb
 from .drivers import ProtocolFailure, Tracker
 from .wire import ERROR, STATE, View, batch_command, batch_item, envelope_views, handshake_command
 

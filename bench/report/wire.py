@@ -21,9 +21,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..framing import FrameDecoder, encode_frame
-from ..jsonl import JsonlCodec, LineDecoder
-from ..pb import smith_pb2 as pb
+from smith_fast.framing import FrameDecoder, encode_frame
+from smith_fast.jsonl import JsonlCodec, LineDecoder
+from smith_fast.pb import smith_pb2 as pb
 
 __all__ = [
     "ERROR",
@@ -185,7 +185,7 @@ def _loads() -> Callable[[bytes], Any]:
 
 
 class V0Wire(Wire):
-    """JSON lines (``wire_notes.md``, "v0"), parsed into dicts and read like a JSONL client would."""
+    """JSON lines (PROTOCOL.md, "v0: JSON lines"), parsed into dicts and read like a JSONL client would."""
 
     name = "v0"
     version = 0

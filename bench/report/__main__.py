@@ -1,25 +1,36 @@
-"""``smith-fast bench``: run the end-to-end report and write it (Markdown, JSON, PNG charts)."""
+"""``python -m bench.report``: run the end-to-end report and write it (Markdown, JSON, PNG charts).
+
+Run it from the repository root, in the venv ``make install`` builds (``make bench``,
+``make bench-quick``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
-from typing import Any
 
-__all__ = ["add_parser", "run"]
+from . import meta as meta_mod
+from .contenders import CONTENDERS
+from .render import to_json, to_markdown
+from .runner import Report
+from .runner import run as run_report
+from .workloads import SCALES
 
+PROG = "python -m bench.report"
 _DEFAULT_OUT = {"full": "bench/results", "quick": "build/bench-quick", "smoke": "build/bench-smoke"}
 
 
-def add_parser(sub: Any) -> argparse.ArgumentParser:
-    """Register ``bench`` on the ``smith-fast`` subcommands (``sub``: from ``add_subparsers``)."""
-    p = sub.add_parser(
-        "bench", help="run the end-to-end benchmark report",
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
         description="Start one real `smith-fast serve` per contender (v1 Cython/pure Python, uvloop/asyncio, "
         "v0 JSONL with json/orjson, gRPC single/batched), drive the same workloads through each, and write "
         "report.md, report.json and PNG charts. The full run takes a few minutes on 2 cores.",
+        epilog=f"examples:\n  {PROG} --out bench/results\n  {PROG} --quick --only latency,bulk --no-charts",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 repetitions (about a minute)")
@@ -34,15 +45,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``smith-fast bench`` with parsed ``args``; the exit status (1 when a contender failed somewhere)."""
-    import dataclasses
-
-    from . import meta as meta_mod
-    from .contenders import CONTENDERS
-    from .report import to_json, to_markdown
-    from .runner import run as run_report
-    from .workloads import SCALES
-
+    """Run the report with parsed ``args``; the exit status (1 when a contender failed somewhere)."""
     scale = SCALES[args.scale]
     if args.reps:
         scale = dataclasses.replace(scale, reps=args.reps)
@@ -51,16 +54,20 @@ def run(args: argparse.Namespace) -> int:
         wanted = [n.strip() for n in args.contenders.split(",") if n.strip()]
         unknown = set(wanted) - {c.name for c in CONTENDERS}
         if unknown:
-            print(f"smith-fast bench: unknown contenders {sorted(unknown)}; known: {[c.name for c in CONTENDERS]}", file=sys.stderr)
+            print(f"{PROG}: unknown contenders {sorted(unknown)}; known: {[c.name for c in CONTENDERS]}", file=sys.stderr)
             return 2
         contenders = [c for c in CONTENDERS if c.name in wanted]
     only = [w.strip() for w in (args.only or "").split(",") if w.strip()]
     out = args.out or pathlib.Path(_DEFAULT_OUT[args.scale])
     out.mkdir(parents=True, exist_ok=True)
     if not args.no_charts:
-        from .charts import _pyplot
+        from .charts import MissingMatplotlib, _pyplot
 
-        _pyplot()  # fail now, not after minutes of measuring
+        try:
+            _pyplot()  # fail now, not after minutes of measuring
+        except MissingMatplotlib as exc:
+            print(f"{PROG}: {exc}", file=sys.stderr)
+            return 2
 
     facts = meta_mod.collect()
     load_before = meta_mod.load_average()
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         "(the machine is shared: other work ran beside this one)",
         "scale": f"{scale.name}: {scale.reps} measured repetitions after {scale.warmups} warm-up",
     }
-    command = "smith-fast bench" + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
+    command = PROG + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
     charts: list[str] = []
     if not args.no_charts:
         from .charts import draw
@@ -87,10 +94,16 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.failures else 0
 
 
-def _print_headline(report: Any) -> None:
-    from .report import to_markdown
-
+def _print_headline(report: Report) -> None:
     text = to_markdown(report, "", [])
     start = text.index("## Headline")
     end = text.index("### Server CPU")
     print(text[start:end].rstrip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

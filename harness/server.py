@@ -1,0 +1,224 @@
+"""Real ``smith-fast`` processes for the tests and the benchmarks, and the /proc readers around them.
+
+A process logs JSON lines on stderr; a thread collects them (all of them, or the first ``keep`` for
+a benchmark's long runs, so a chatty server never blocks on a full pipe), notes the addresses it
+reports listening on and wakes the caller once it logs ``ready`` (or exits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Self
+
+__all__ = [
+    "ROOT", "ServerProcess", "ServerStartError", "SmithProcess", "assert_clean_log", "descendants",
+    "is_child_guard", "parent_of", "pid_alive", "wait_until",
+]
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+class ServerStartError(RuntimeError):
+    """A process did not become ready; the message holds its command line and stderr."""
+
+
+class SmithProcess:
+    """``python -m smith_fast ARGV...`` (``worker``, ``gateway``, ...), run from the repository root.
+
+    Its stderr (JSON log lines) is collected in :attr:`logs` (and :attr:`raw_stderr`); :attr:`tcp`,
+    :attr:`grpc` (``grpc:HOST:PORT``) and :attr:`metrics_url` are the addresses it reported
+    listening on, :attr:`unix` the socket ``tmp/smith.sock`` a command given ``--unix`` that path
+    listens on.
+
+    Args:
+        tmp: a directory of its own (its Unix socket goes there).
+        argv: the ``smith_fast`` command line.
+        env: variables added to this process's environment.
+        keep: how many stderr lines to keep (all when None).
+    """
+
+    def __init__(self, tmp: pathlib.Path, *argv: str, env: dict[str, str] | None = None,
+                 keep: int | None = None) -> None:
+        self.sock_path = str(tmp / "smith.sock")
+        self.argv = [sys.executable, "-m", "smith_fast", *argv]
+        self.env = dict(os.environ, **(env or {}))
+        self.keep = keep
+        self.logs: list[dict[str, Any]] = []
+        self.raw_stderr: list[str] = []
+        self.unix = f"unix:{self.sock_path}"
+        self.tcp = ""
+        self.grpc = ""
+        self.metrics_url = ""
+        self.ready = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._ready = threading.Event()
+
+    def start(self, timeout: float = 20.0) -> Self:
+        """Launch it and wait until it says it is ready (:meth:`wait_ready`)."""
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 20.0) -> Self:
+        """Block until the launched process said ``ready``.
+
+        Raises:
+            ServerStartError: it exited or said nothing in time (it is stopped).
+        """
+        if not self._ready.wait(timeout) or not self.ready:
+            self.stop()
+            raise ServerStartError(f"{' '.join(self.argv)} did not become ready:\n" + "\n".join(self.raw_stderr[-200:]))
+        return self
+
+    def launch(self) -> threading.Event:
+        """Start the process and the thread collecting its stderr; the event is set once it is ready
+        or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, cwd=ROOT, env=self.env)
+        self.ready = False
+        self._ready = threading.Event()
+        threading.Thread(target=self._pump, args=(self.proc, self._ready), daemon=True).start()
+        return self._ready
+
+    def _pump(self, proc: subprocess.Popen[bytes], ready: threading.Event) -> None:
+        assert proc.stderr
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            kept = self.keep is None or len(self.raw_stderr) < self.keep
+            if kept:
+                self.raw_stderr.append(line)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if kept:
+                self.logs.append(record)
+            address = str(record.get("address", ""))
+            if record.get("event") == "listening" and address.startswith("tcp:"):
+                self.tcp = address
+            if record.get("event") == "listening" and address.startswith("grpc:"):
+                self.grpc = self.grpc or address
+            if record.get("event") == "listening" and address.startswith("http:"):
+                self.metrics_url = self.metrics_url or address
+            if record.get("event") == "ready":
+                self.ready = True
+                ready.set()
+        ready.set()  # stderr closed: the process is gone, no point waiting any longer
+
+    @property
+    def pid(self) -> int:
+        assert self.proc
+        return self.proc.pid
+
+    def address(self, kind: str) -> str:
+        return self.unix if kind == "unix" else self.tcp
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Send ``sig`` (SIGTERM), then SIGKILL after ``timeout`` seconds; the exit status."""
+        assert self.proc
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def children(self) -> list[int]:
+        """Live (non-zombie) descendants' pids, from /proc."""
+        return [pid for pid, state in descendants(self.pid) if state != "Z"]
+
+
+class ServerProcess(SmithProcess):
+    """``python -m smith_fast serve`` on the Unix socket ``tmp/smith.sock`` and, unless ``tcp`` is
+    false, an ephemeral loopback TCP port.
+
+    Args:
+        tmp: a directory of its own.
+        extra: further ``serve`` arguments (``--grpc 127.0.0.1:0``, ``--metrics ...``).
+        loop: ``--loop``.
+        root: ``--root`` (default ``tmp``).
+        env: variables added to the environment.
+        tcp: listen on TCP too.
+        log_level: ``--log-level`` (``debug`` for tests; a benchmark logs less).
+        keep: how many stderr lines to keep (all when None).
+    """
+
+    def __init__(self, tmp: pathlib.Path, *extra: str, loop: str = "uvloop", root: pathlib.Path | None = None,
+                 env: dict[str, str] | None = None, tcp: bool = True, log_level: str = "debug",
+                 keep: int | None = None) -> None:
+        self.root = root or tmp
+        listen = ["--unix", str(tmp / "smith.sock"), *(["--tcp", "127.0.0.1:0"] if tcp else [])]
+        super().__init__(tmp, "serve", *listen, "--loop", loop, "--root", str(self.root), "--log-level", log_level,
+                         *extra, env=env, keep=keep)
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    try:
+        data = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = data.rsplit(")", 1)[1].split()
+    return int(rest[1]), rest[0]  # ppid, state
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (None once it is gone), from /proc."""
+    st = _stat(pid)
+    return None if st is None else st[0]
+
+
+def is_child_guard(pid: int) -> bool:
+    """Whether ``pid`` is a service's child guard (``smith_fast/childguard.py``): it lives as long as
+    the service does, so it is not one of the children a test expects to see come and go."""
+    try:
+        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.endswith(b"/smith_fast/childguard.py") for arg in argv)
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """Descendants of ``root`` (pid, state), without its child guard."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and not is_child_guard(int(entry)):
+            st = _stat(int(entry))
+            if st:
+                table[int(entry)] = st
+    out, frontier = [], {root}
+    while frontier:
+        nxt = {pid for pid, (ppid, _) in table.items() if ppid in frontier}
+        out += [(pid, table[pid][1]) for pid in nxt]
+        frontier = nxt
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[1] != "Z"
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.05) -> bool:
+    """Poll ``pred`` until it is true (True) or ``timeout`` seconds passed (its last answer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return bool(pred())
+
+
+def assert_clean_log(server: SmithProcess) -> None:
+    """No error records, tracebacks or complaints of the event loop's exception handler in its stderr."""
+    bad = [line for line in server.raw_stderr if "Traceback" in line or "never retrieved" in line or "Exception in callback" in line]
+    bad += [json.dumps(r) for r in server.logs if r.get("level") in ("error", "critical")]
+    assert not bad, "\n".join(bad[:20])

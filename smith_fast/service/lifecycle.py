@@ -1,0 +1,78 @@
+"""What every long-running command does around its work: ``serve``, ``worker`` and ``gateway``.
+
+:func:`running` starts the child guard (when the process runs commands), loads the global hooks and
+the tracing exporter, and on the way out stops every process group left and closes the hooks and the
+exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import signal
+from collections.abc import AsyncIterator, Iterable
+from typing import Protocol
+
+from .. import childguard, process, tracing
+from ..errors import SmithFastError
+from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
+from ..logs import get_logger
+
+__all__ = ["HookHost", "StartupError", "running", "stop_on_signals"]
+
+log = get_logger("smith_fast.lifecycle")
+
+
+class StartupError(SmithFastError):
+    """The service cannot start as configured (a hook that does not load ...)."""
+
+
+class HookHost(Protocol):
+    """What :func:`running` needs of a core: where global hooks go and the limits they load with."""
+
+    global_hooks: list[Hook]
+    hook_limits: HookLimits
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event SIGTERM and SIGINT set (on the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+@contextlib.asynccontextmanager
+async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_commands: bool) -> AsyncIterator[None]:
+    """Start-up before the body, shutdown after it, the same for every command.
+
+    Args:
+        core: gets the global hooks (``--hook``), loaded before the body runs.
+        hook_files: the hooks to load; one that does not load stops the start.
+        runs_commands: this process runs shell commands: start the child guard, so that a
+            SIGKILLed service leaves none running, and stop every group left at the end.
+
+    Raises:
+        StartupError: a hook did not load.
+    """
+    if runs_commands:
+        childguard.start()
+    try:
+        for path in hook_files:
+            try:
+                core.global_hooks.append(await load_hook_file(path, limits=core.hook_limits))
+            except HookLoadError as exc:
+                raise StartupError(f"--hook {exc}") from None
+            log.info("global hook loaded", extra={"fields": {"hook": str(path), "hook_id": core.global_hooks[-1].id}})
+        if tracing.setup_from_env():
+            log.info("tracing exporter configured from OTEL_* variables")
+        yield
+    finally:
+        if runs_commands:
+            process.kill_all()
+        for hook in core.global_hooks:
+            with contextlib.suppress(Exception):
+                await hook.close()
+        tracing.shutdown()

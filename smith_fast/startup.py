@@ -1,0 +1,141 @@
+"""The command-line side of ``serve``, ``worker`` and ``gateway``: their shared options, the event
+loop, the config they build, and one way to run them and report a failed start.
+
+``smith_fast.cli`` and ``smith_fast.nats.cli`` both use this module; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from .errors import SmithFastError
+from .logs import get_logger
+from .options import add_options, values
+from .service.config import Limits, ServiceConfig
+
+if TYPE_CHECKING:
+    from .service.server import ListenConfig
+
+__all__ = [
+    "add_listen_options",
+    "add_process_options",
+    "add_service_options",
+    "listen_config",
+    "pick_loop",
+    "run_service",
+    "service_config",
+]
+
+log = get_logger("smith_fast.startup")
+
+DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
+
+
+def add_listen_options(p: argparse.ArgumentParser) -> None:
+    """The listener options of ``serve`` and ``gateway``."""
+    listen = p.add_argument_group("listeners (with none given: TCP 127.0.0.1:7878)")
+    listen.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout (one session)")
+    listen.add_argument("--unix", action="append", default=[], metavar="PATH", help="listen on a Unix socket, created mode 0600 (repeatable)")
+    listen.add_argument(
+        "--tcp", action="append", default=[], nargs="?", const=DEFAULT_TCP, metavar="HOST:PORT",
+        help=f"listen on TCP (default {DEFAULT_TCP}; port 0 picks a free one; repeatable)",
+    )
+    listen.add_argument(
+        "--grpc", action="append", default=[], nargs="?", const="127.0.0.1:50051", metavar="HOST:PORT",
+        help="serve gRPC SmithService and grpc.health.v1 (default 127.0.0.1:50051; port 0 picks a free one; repeatable)",
+    )
+    listen.add_argument("--tls-cert", metavar="PEM", help="certificate chain: gRPC listeners serve TLS (with --tls-key)")
+    listen.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    listen.add_argument(
+        "--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default 127.0.0.1:9464; repeatable)",
+    )
+    listen.add_argument("--allow-remote", action="store_true", help="allow TCP, gRPC and metrics on non-loopback addresses")
+
+
+def add_process_options(p: argparse.ArgumentParser) -> None:
+    """``--loop`` and ``--log-level``."""
+    group = p.add_argument_group("process")
+    group.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto", help="event loop (default auto: uvloop when importable)")
+    group.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="level of the JSON log lines on stderr (default info)")
+
+
+def add_service_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The ``ServiceConfig`` and ``Limits`` options ``command`` takes, and ``--loop``/``--log-level``."""
+    groups: dict[str, Any] = {}
+    add_options(p, ServiceConfig, command, groups)
+    add_options(p, Limits, command, groups)
+    add_process_options(p)
+
+
+def service_config(args: argparse.Namespace, command: str, **overrides: Any) -> ServiceConfig:
+    """The config the options of :func:`add_service_options` describe.
+
+    ``overrides`` set ``Limits`` fields the command computes itself (``worker``'s ``max_requests``).
+
+    Raises:
+        ValueError: ``--token ''``, a ``--root`` that is not a directory.
+    """
+    limits = Limits(**{**values(args, Limits, command), **overrides})
+    config = ServiceConfig(limits=limits, **values(args, ServiceConfig, command))
+    if "root" in values(args, ServiceConfig, command) and not config.root.is_dir():
+        raise ValueError(f"--root {config.root}: no such directory")
+    return config
+
+
+def listen_config(args: argparse.Namespace) -> ListenConfig:
+    """The ``ListenConfig`` of :func:`add_listen_options`; TCP 127.0.0.1:7878 when none is given."""
+    from .service.server import ListenConfig  # the listeners' modules only when a service starts
+
+    listen = ListenConfig(
+        stdio=args.stdio, unix=args.unix, tcp=args.tcp, grpc=args.grpc, metrics=args.metrics,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, allow_remote=args.allow_remote,
+    )
+    if not (listen.stdio or listen.unix or listen.tcp or listen.grpc):
+        listen.tcp = [DEFAULT_TCP]
+    return listen
+
+
+def pick_loop(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """``auto``/``uvloop``/``asyncio`` → (loop factory, the name of the loop it makes).
+
+    Raises:
+        SystemExit: ``uvloop`` asked for and not installed.
+    """
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise SystemExit("smith-fast: --loop uvloop, but uvloop is not installed") from None
+            log.warning("uvloop is not importable; using the stdlib asyncio loop")
+        else:
+            return uvloop.new_event_loop, "uvloop"
+    return asyncio.new_event_loop, "asyncio"
+
+
+def run_service(command: str, main: Callable[[str], Coroutine[Any, Any, int]], loop: str) -> int:
+    """Run ``main(loop_name)`` on the chosen loop until it returns; 2 when it cannot start.
+
+    A failed start is reported once, as one plain line on stderr that names the command.
+    """
+    factory, loop_name = pick_loop(loop)
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main(loop_name))
+    except ImportError as exc:
+        if command in ("worker", "gateway"):
+            print(f"smith-fast {command}: needs the nats-py package (pip install 'smith-fast[nats]'): {exc}", file=sys.stderr)
+        else:
+            print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, SmithFastError, ValueError) as exc:  # ListenError and StartupError among them
+        print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
