@@ -66,6 +66,8 @@ class FrameTooLarge(FramingError):
         offset: byte offset of the frame's length prefix.
         size: the declared payload length.
         limit: the decoder's ``max_frame_size``.
+        complete: whether ``size`` is the whole unit's; False for a v0 line whose newline was not
+            seen yet (``size`` is then the bytes so far). Session logs keep it.
     """
 
     def __init__(
@@ -77,10 +79,12 @@ class FrameTooLarge(FramingError):
         *,
         frames: list[bytes] | None = None,
         index: int | None = None,
+        complete: bool = True,
     ) -> None:
         super().__init__(message, offset, frames=frames, index=index)
         self.size = size
         self.limit = limit
+        self.complete = complete
 
     def __reduce__(self) -> tuple[type[FramingError], tuple[object, ...]]:
         return (type(self), (self.args[0], self.offset, self.size, self.limit))

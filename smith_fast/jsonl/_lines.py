@@ -18,6 +18,7 @@ def _line_too_long(offset: int, size: int, limit: int, complete: bool) -> FrameT
         offset,
         size,
         limit,
+        complete=complete,
     )
 
 
@@ -33,7 +34,8 @@ class LineDecoder:
     :class:`~smith_fast.errors.FrameTooLarge` in the feed where it crosses the limit; its bytes are
     dropped as they arrive (never buffered) up to the next ``\\n``, and decoding goes on from there.
     The lines that the failing feed did complete are on the exception: ``exc.frames`` holds them in
-    stream order and ``exc.index`` is how many of them came before the oversize line. When one feed
+    stream order and ``exc.index`` is how many of them came before the oversize line;
+    ``exc.complete`` says whether ``exc.size`` is the whole line's (its newline was seen). When one feed
     holds several oversize lines, all are dropped and the error describes the first.
 
     Args:

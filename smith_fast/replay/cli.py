@@ -8,6 +8,7 @@ log, no service to talk to).
 from __future__ import annotations
 
 import argparse
+import base64
 import asyncio
 import json
 import shlex
@@ -19,7 +20,7 @@ from google.protobuf.message import DecodeError
 
 from ..options import ADDRESS_FORMS, DURATIONS, HelpFormatter, parse_duration, secret
 from .format import LogFormatError
-from .reader import LogReader, read_log
+from .reader import LogReader, Record, read_log
 from .replayer import Replayer
 
 __all__ = ["add_parser", "main", "print_log", "run"]
@@ -77,6 +78,11 @@ def print_log(path: str, out: IO[str]) -> None:
                 "direction": "in" if record.inbound else "out",
                 "t_ms": round(record.offset_ns / 1e6, 3),
             }
+            if record.raw:
+                line["kind"] = record.kind
+                line.update(_raw_fields(record))
+                out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                continue
             try:
                 line["envelope"] = MessageToDict(record.parse(), preserving_proto_field_name=True)
             except DecodeError as exc:
@@ -86,6 +92,20 @@ def print_log(path: str, out: IO[str]) -> None:
         if reader.torn is not None:
             torn = reader.torn
             out.write(json.dumps({"torn_tail": {"offset": torn.offset, "size": torn.size, "reason": torn.reason}}) + "\n")
+
+
+def _raw_fields(record: Record) -> dict[str, Any]:
+    """How ``--print`` shows inbound bytes kept as they arrived: as text when they are UTF-8."""
+    if record.kind == "discarded":
+        try:
+            what = record.discarded()
+        except ValueError as exc:
+            return {"error": str(exc)}
+        return {"offset": what.offset, "size": what.size, "complete": what.complete, "head_hex": what.head.hex()}
+    try:
+        return {"text": record.envelope.decode("utf-8"), "size": len(record.envelope)}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(record.envelope).decode(), "size": len(record.envelope)}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,16 +10,42 @@ Layout (all integers little-endian)::
              metadata              N bytes of UTF-8 JSON (see :class:`LogHeader`)
     record   u32 body length       L (at least BODY_PREFIX_SIZE)
              u32 crc32 of body
-             body                  u8 direction (0 = in: client → service, 1 = out: service → client)
+             body                  u8 kind (see below; 0 and 1 are the direction of an Envelope)
                                    u64 monotonic nanoseconds since the recording started
-                                   the serialized ``smith.v1.Envelope`` (unframed)
+                                   the payload, as the kind says
     record   ...
+
+Record kinds (the ``u8`` once called *direction*):
+
+=====  ========================  ==============================================================
+kind   name                      payload
+=====  ========================  ==============================================================
+0      ``RECORD_IN``             a client → service ``smith.v1.Envelope`` (unframed): a v1 frame
+                                 or gRPC message the service decoded
+1      ``RECORD_OUT``            a service → client ``Envelope`` (v0 events as their v1 form)
+2      ``RECORD_IN_LINE``        a v0 line as it arrived, without its ``\n`` (format 2)
+3      ``RECORD_IN_MALFORMED``   inbound bytes the service could not decode, as they arrived: a
+                                 v0 line (invalid UTF-8 or JSON, unknown type, wrong fields) or a
+                                 v1 frame / gRPC message that is not an ``Envelope`` (format 2)
+4      ``RECORD_IN_DISCARDED``   inbound bytes the service discarded unread (format 2):
+                                 ``u64`` stream offset, ``u64`` size, ``u8`` 1 when the whole
+                                 unit was seen, then up to 10 bytes from that offset. A v0 line
+                                 over the size limit (its bytes are not kept), or a v1 length
+                                 prefix that broke the framing (the prefix is kept)
+=====  ========================  ==============================================================
+
+So a replay re-sends the inbound records verbatim, bad input included, and an unchanged service
+answers it as it did (:mod:`smith_fast.replay.replayer`). Format 1 logs (kinds 0 and 1 only, v0
+lines stored as the decoded Command's Envelope) are still read. The token of a handshake is never
+kept: a decoded handshake holds ``<redacted>`` in ``client_info["token"]``, a v0 line in its
+``data.token`` member, and in bytes that could not be decoded every occurrence of the service's
+token is replaced by ``<redacted>``.
 
 The checksum is zlib's CRC-32 (the stdlib has no CRC-32C; both catch torn and garbled tails
 equally well). Records are appended in order, a batch per write, so a crash can leave at most one
 incomplete record, at the end. A reader stops at the first record that is incomplete or fails its checksum (the *torn tail*) and
-keeps everything before it. v0 sessions are recorded as their v1 equivalents: each JSON line is
-stored as the ``Envelope`` holding the same Command or Event.
+keeps everything before it. A v0 session's events are recorded as their v1 equivalents (the
+``Envelope`` holding the same Event); its inbound lines as they arrived (kinds 2 to 4).
 """
 
 from __future__ import annotations
@@ -37,6 +63,15 @@ __all__ = [
     "BODY_PREFIX_SIZE",
     "DIRECTION_IN",
     "DIRECTION_OUT",
+    "DISCARDED",
+    "INBOUND_KINDS",
+    "READABLE_VERSIONS",
+    "RECORD_IN",
+    "RECORD_IN_DISCARDED",
+    "RECORD_IN_LINE",
+    "RECORD_IN_MALFORMED",
+    "RECORD_KINDS",
+    "RECORD_OUT",
     "FILE_SUFFIX",
     "FORMAT_VERSION",
     "HEADER_FIXED",
@@ -51,10 +86,17 @@ __all__ = [
 ]
 
 MAGIC = b"SMITHREC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 FILE_SUFFIX = ".smithrec"
-DIRECTION_IN = 0
-DIRECTION_OUT = 1
+RECORD_IN = DIRECTION_IN = 0
+RECORD_OUT = DIRECTION_OUT = 1
+RECORD_IN_LINE = 2
+RECORD_IN_MALFORMED = 3
+RECORD_IN_DISCARDED = 4
+RECORD_KINDS = {RECORD_IN: "in", RECORD_OUT: "out", RECORD_IN_LINE: "line", RECORD_IN_MALFORMED: "malformed", RECORD_IN_DISCARDED: "discarded"}
+INBOUND_KINDS = frozenset(RECORD_KINDS) - {RECORD_OUT}
+DISCARDED = struct.Struct("<QQB")  # stream offset, size, whole unit seen; then the head bytes
 HEADER_FIXED = struct.Struct("<8sHHII")  # magic, version, reserved, metadata length, metadata crc
 RECORD_HEADER = struct.Struct("<II")  # body length, body crc
 BODY_PREFIX = struct.Struct("<BQ")  # direction, monotonic ns offset
@@ -140,8 +182,9 @@ def decode_header(data: bytes, path: str | None = None) -> tuple[LogHeader, int]
     magic, version, _reserved, size, checksum = HEADER_FIXED.unpack_from(data)
     if magic != MAGIC:
         raise LogFormatError(f"not a smith-fast session log (bad magic {magic!r})", path)
-    if version != FORMAT_VERSION:
-        raise LogFormatError(f"unsupported log format version {version} (this reader knows {FORMAT_VERSION})", path)
+    if version not in READABLE_VERSIONS:
+        known = " and ".join(map(str, READABLE_VERSIONS))
+        raise LogFormatError(f"unsupported log format version {version} (this reader knows {known})", path)
     if size > _MAX_METADATA:
         raise LogFormatError(f"damaged header: metadata length {size} is implausible", path)
     end = HEADER_FIXED.size + size

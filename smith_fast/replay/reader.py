@@ -13,32 +13,54 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..pb import smith_pb2 as pb
+from google.protobuf.message import DecodeError
+
 from .format import (
     BODY_PREFIX,
     BODY_PREFIX_SIZE,
-    DIRECTION_IN,
     DIRECTION_OUT,
+    DISCARDED,
     HEADER_FIXED,
     MAX_RECORD_SIZE,
     RECORD_HEADER,
+    RECORD_IN_DISCARDED,
+    RECORD_KINDS,
     LogHeader,
     crc,
     decode_header,
 )
 
-__all__ = ["LogReader", "Record", "TornTail", "read_log"]
+__all__ = ["Discarded", "LogReader", "Record", "TornTail", "read_log"]
 
 _READ_SIZE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
-    """One recorded envelope.
+class Discarded:
+    """What a ``RECORD_IN_DISCARDED`` record says about inbound bytes the service did not read.
 
     Attributes:
-        direction: ``DIRECTION_IN`` (0, client → service) or ``DIRECTION_OUT`` (1).
+        offset: their offset in the inbound byte stream.
+        size: how many (as far as the service saw them).
+        complete: the whole unit was seen.
+        head: their first bytes, when kept (a v1 length prefix).
+    """
+
+    offset: int
+    size: int
+    complete: bool
+    head: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a session log.
+
+    Attributes:
+        direction: the record kind (``smith_fast.replay.format``): ``RECORD_IN`` (0) and
+            ``RECORD_OUT`` (1) hold an Envelope; 2 to 4 are inbound bytes as they arrived.
         offset_ns: monotonic nanoseconds since the recording started.
-        envelope: the serialized ``smith.v1.Envelope``.
+        envelope: the record's payload: a serialized ``smith.v1.Envelope`` for kinds 0 and 1.
         position: byte offset of the record in the file.
     """
 
@@ -49,18 +71,42 @@ class Record:
 
     @property
     def inbound(self) -> bool:
-        """True for a client → service envelope."""
-        return self.direction == DIRECTION_IN
+        """True for a client → service record."""
+        return self.direction != DIRECTION_OUT
+
+    @property
+    def kind(self) -> str:
+        """The kind's name: ``in``, ``out``, ``line``, ``malformed`` or ``discarded``."""
+        return RECORD_KINDS[self.direction]
+
+    @property
+    def raw(self) -> bool:
+        """True for inbound bytes kept as they arrived (kinds 2 to 4), which hold no Envelope."""
+        return self.direction > DIRECTION_OUT
 
     def parse(self) -> pb.Envelope:
         """The envelope as a protobuf message.
 
         Raises:
-            google.protobuf.message.DecodeError: the bytes are not an Envelope (a recorder that was
-                handed something else; the checksum only vouches that they are what was recorded).
+            google.protobuf.message.DecodeError: the bytes are not an Envelope (a raw record, or a
+                recorder that was handed something else; the checksum only vouches that they are
+                what was recorded).
         """
+        if self.raw:
+            raise DecodeError(f"a {self.kind} record holds inbound bytes as they arrived, not an Envelope")
         envelope: pb.Envelope = pb.Envelope.FromString(self.envelope)
         return envelope
+
+    def discarded(self) -> Discarded:
+        """The description a ``RECORD_IN_DISCARDED`` record holds.
+
+        Raises:
+            ValueError: another kind of record, or a payload too short.
+        """
+        if self.direction != RECORD_IN_DISCARDED or len(self.envelope) < DISCARDED.size:
+            raise ValueError(f"record at byte {self.position} is not a well-formed discarded record")
+        offset, size, complete = DISCARDED.unpack_from(self.envelope)
+        return Discarded(offset, size, bool(complete), self.envelope[DISCARDED.size :])
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +212,8 @@ class LogReader:
                 self._stop("record checksum mismatch")
                 return
             direction, offset_ns = unpack_prefix(body)
-            if direction not in (DIRECTION_IN, DIRECTION_OUT):
-                self._stop(f"unknown record direction {direction}")
+            if direction not in RECORD_KINDS or (direction > DIRECTION_OUT and self.header.format_version < 2):
+                self._stop(f"unknown record kind {direction}")
                 return
             record = Record(direction, offset_ns, bytes(body[BODY_PREFIX_SIZE:]), self._pos)
             self._at = start + length

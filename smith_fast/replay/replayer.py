@@ -1,14 +1,20 @@
 """Replaying a session log against a service and comparing what it answers with what was recorded.
 
-The replayer re-sends the recorded client → service envelopes byte for byte (so with the recorded
-request ids), collects the events the service sends back, and compares the two sides as
-:class:`~smith_fast.replay.diff.Transcript` s.
+The replayer re-sends the recorded client → service records byte for byte (so with the recorded
+request ids), bad input included: envelopes as frames, v0 lines with their newline, bytes that were
+not an Envelope as the frame they came in, a v0 line that was over the size limit as a line of as
+many bytes at the same stream offset, a length prefix that broke the framing as those bytes. It
+collects the events the service sends back, and compares the two sides as
+:class:`~smith_fast.replay.diff.Transcript` s. (A handshake's token is not in the log; the token
+given is put in its place. Stream offsets quoted in errors match when that token is as long as the
+recorded one, which it is when it is the same token.)
 
 Pacing. Before sending a command the replayer waits, in the replay, for whatever had already
-happened in the recording before that command was sent: every request that had ended (its terminal
-``StateChange``) and every handshake that had been answered (``Ready``). That keeps causally
-dependent commands in order (a handshake before the requests it enables, ``fs.write`` before the
-``fs.read`` that checks it) without serialising requests that overlapped in the recording. With
+happened in the recording before that command was sent: every request that had started
+(``StateChange(PROCESSING)``) or ended (its terminal ``StateChange``) and every handshake that had
+been answered (``Ready``). That keeps causally dependent commands in order (a handshake before the
+requests it enables, ``fs.write`` before the ``fs.read`` that checks it, a duplicate id after the
+request it duplicates had started) without serialising requests that overlapped in the recording. With
 recorded pacing (the default) it also waits until the command's recorded time offset, counted from
 the first command; with ``fast`` it sends as soon as those dependencies are met. Waiting for a
 dependency gives up after ``timeout`` seconds (noted in the result) and the replay goes on.
@@ -33,11 +39,12 @@ from google.protobuf.message import DecodeError
 
 from ..client import parse_address
 from ..errors import FramingError, SmithFastError
+from ..errors import ProtocolError
 from ..framing import FrameDecoder, encode_frame
 from ..jsonl import JsonlCodec, LineDecoder
 from ..pb import smith_pb2 as pb
 from .diff import Transcript, diff_transcripts
-from .format import LogHeader
+from .format import RECORD_IN, RECORD_IN_DISCARDED, RECORD_IN_LINE, RECORD_IN_MALFORMED, LogHeader
 from .reader import Record, TornTail
 
 __all__ = ["ReplayResult", "Replayer"]
@@ -46,12 +53,15 @@ _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 _HANDSHAKE = ("handshake", 0)
 _QUIET = 0.05  # seconds without events after the expected count arrived: catches extra events
 _MAX_UNIT = 1 << 26
+_REDACTED_JSON = b'"<redacted>"'  # guard.REDACTED as a JSON string (replay does not import the service)
+_TOKEN_KEY = "token"
+_FILLER = b"x"  # what a discarded v0 line is re-sent as: its content was never kept
 
 Marker = tuple[str, object]
 
 
 def _markers(envelope: pb.Envelope) -> list[Marker]:
-    """What an outbound envelope completes: a request's end, or a handshake's answer."""
+    """What an outbound envelope marks: a request's start or end, or a handshake's answer."""
     if envelope.WhichOneof("payload") == "event":
         events: Sequence[pb.Event] = [envelope.event]
     elif envelope.WhichOneof("payload") == "batch_event":
@@ -65,6 +75,8 @@ def _markers(envelope: pb.Envelope) -> list[Marker]:
             sc = event.state_change
             if sc.state in _TERMINAL and sc.HasField("request_id") and sc.request_id:
                 out.append(("end", sc.request_id))
+            elif sc.state == pb.SERVICE_STATE_PROCESSING and sc.request_id:
+                out.append(("start", sc.request_id))
         elif kind == "ready" or (
             kind == "error" and event.error.error_code == pb.ERROR_CODE_UNSUPPORTED_VERSION and not event.error.request_id
         ):
@@ -76,8 +88,9 @@ def _markers(envelope: pb.Envelope) -> list[Marker]:
 class _Step:
     offset_ns: int
     raw: bytes
-    envelope: pb.Envelope
+    envelope: pb.Envelope | None  # None for a record that is not an Envelope (or a line that did not decode)
     needs: dict[Marker, int]
+    kind: int = RECORD_IN
 
 
 @dataclass
@@ -162,6 +175,8 @@ class Replayer:
             raise ValueError(f"protocol must be 0 or 1, not {self.protocol}")
         self.timeout = timeout
         self.settle = settle
+        self._written = 0  # bytes sent in the current replay (where the next record starts)
+        self._first_handshake = True  # not sent yet in the current replay
         self._plan = self._make_plan(records)
         if torn is not None:
             self._plan.notes.append(
@@ -176,24 +191,39 @@ class Replayer:
         self._recorded.finish()
         self._rids = rids
 
-    @staticmethod
-    def _make_plan(records: Sequence[Record]) -> _Plan:
+    def _make_plan(self, records: Sequence[Record]) -> _Plan:
         plan = _Plan()
         seen: Counter[Marker] = Counter()
         pending: dict[Marker, int] = {}
+        codec = JsonlCodec()
         for i, record in enumerate(records):
-            try:
-                env = record.parse()
-            except DecodeError:
-                plan.notes.append(f"record {i} (byte {record.position}) is not an Envelope; skipped")
-                continue
+            env: pb.Envelope | None = None
+            if record.direction == RECORD_IN_LINE or (record.direction == RECORD_IN_MALFORMED and self.header.protocol_version == 0):
+                env = _line_envelope(codec, record.envelope)
+            elif record.direction == RECORD_IN_DISCARDED:
+                try:
+                    record.discarded()
+                except ValueError:
+                    plan.notes.append(f"record {i} (byte {record.position}) is a damaged discarded record; skipped")
+                    continue
+                if self.header.protocol_version == 1:
+                    plan.expect_close = True  # a v1 stream whose framing broke is closed
+            elif record.direction != RECORD_IN_MALFORMED:
+                try:
+                    env = record.parse()
+                except DecodeError:
+                    plan.notes.append(f"record {i} (byte {record.position}) is not an Envelope; skipped")
+                    continue
             if not record.inbound:
+                assert env is not None
                 for marker in _markers(env):
                     seen[marker] += 1
                     pending[marker] = seen[marker]
                 continue
-            plan.steps.append(_Step(record.offset_ns, record.envelope, env, pending))
+            plan.steps.append(_Step(record.offset_ns, record.envelope, env, pending, record.direction))
             pending = {}
+            if env is None:
+                continue
             kind = env.WhichOneof("payload")
             commands = [env.command] if kind == "command" else list(env.batch_command.commands) if kind == "batch_command" else []
             for command in commands:
@@ -308,7 +338,7 @@ class Replayer:
         def describe(needs: Mapping[Marker, int]) -> str:
             parts = []
             for (kind, key), _n in needs.items():
-                parts.append("the handshake answer" if kind == "handshake" else f"the end of request {key}")
+                parts.append("the handshake answer" if kind == "handshake" else f"the {kind} of request {key}")
             return ", ".join(parts)
 
         def met(needs: Mapping[Marker, int]) -> bool:
@@ -317,6 +347,8 @@ class Replayer:
         reading = asyncio.get_running_loop().create_task(read_loop())
         loop = asyncio.get_running_loop()
         sent = 0
+        self._written = 0  # bytes sent so far: where in the stream the next record starts
+        self._first_handshake = True
         try:
             start = loop.time()
             base = plan.steps[0].offset_ns if plan.steps else 0
@@ -330,9 +362,13 @@ class Replayer:
                 if closed.is_set():
                     notes.append(f"the service closed the connection before command {i + 1} of {len(plan.steps)} was sent")
                     break
-                self._send(writer, codec, step, notes)
+                tail = self._send(writer, codec, step, notes)
                 sent += 1
                 await writer.drain()
+                if tail:  # the rest of a line that was still incomplete when the service gave up on it
+                    await until(closed.is_set, "", _QUIET)
+                    self._write(writer, tail)
+                    await writer.drain()
             if not closed.is_set():
                 await until(lambda: met(plan.final) or closed.is_set(), "the requests recorded as ended")
             if plan.expect_close:
@@ -361,34 +397,112 @@ class Replayer:
         diff = diff_transcripts(self._recorded, replayed, order=plan.order, labels=plan.labels)
         return ReplayResult(diff, notes, self._recorded, replayed, sent)
 
-    def _send(self, writer: asyncio.StreamWriter, codec: JsonlCodec | None, step: _Step, notes: list[str]) -> None:
+    def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        self._written += len(data)
+        writer.write(data)
+
+    def _send(self, writer: asyncio.StreamWriter, codec: JsonlCodec | None, step: _Step, notes: list[str]) -> bytes:
+        """Send one recorded inbound record; returns bytes to send a moment later (else b"")."""
+        same = self.protocol == self.header.protocol_version
+        if step.kind == RECORD_IN_DISCARDED:
+            if not same:
+                notes.append(f"bytes discarded by the recorded v{self.header.protocol_version} service have no v{self.protocol} form; not sent")
+                return b""
+            return self._send_discarded(writer, step)
+        if step.kind == RECORD_IN_MALFORMED and same:  # as it arrived, in the unit it came in
+            raw = step.raw if self.token is None else step.raw.replace(b"<redacted>", self.token.encode("utf-8", "surrogatepass"))
+            self._write(writer, raw + b"\n" if codec is not None else encode_frame(raw))
+            return b""
+        if step.kind == RECORD_IN_LINE and same:
+            first = self._first_handshake and step.envelope is not None and step.envelope.command.HasField("handshake")
+            if first:
+                self._first_handshake = False
+            self._write(writer, self._with_token(step.raw, first) + b"\n")
+            return b""
         env = step.envelope
+        if env is None:
+            notes.append(f"a recorded input the v{self.header.protocol_version} service could not decode has no v{self.protocol} form; not sent")
+            return b""
         handshake = env.command.WhichOneof("command_type") == "handshake"
+        first, self._first_handshake = self._first_handshake, self._first_handshake and not handshake
+        # The token goes where the recording had one, and into the first handshake (the one that
+        # authenticates) if that had none; other handshakes are sent as they were.
+        give = self.token is not None and handshake and (first or _TOKEN_KEY in env.command.handshake.client_info)
         if codec is None:
             raw = step.raw
-            if handshake and (self.protocol != self.header.protocol_version or self.token is not None):
+            if handshake and (not same or give):
                 env = pb.Envelope()
                 env.CopyFrom(step.envelope)
-                env.command.handshake.version = self.protocol
-                if self.token is not None:
-                    env.command.handshake.client_info["token"] = self.token
+                if not same:
+                    env.command.handshake.version = self.protocol
+                if give:
+                    env.command.handshake.client_info[_TOKEN_KEY] = self.token  # type: ignore[assignment]
                 raw = env.SerializeToString()
-            writer.write(encode_frame(raw))
-            return
+            elif step.kind != RECORD_IN:
+                raw = env.SerializeToString()
+            self._write(writer, encode_frame(raw))
+            return b""
         kind = env.WhichOneof("payload")
-        if kind == "command" and handshake and self.token is not None:
+        if kind == "command" and give:
             line = json.loads(codec.encode_command(env.command))
-            line["data"]["token"] = self.token  # v0 has no client_info: a member of the Handshake's data
-            writer.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+            line["data"][_TOKEN_KEY] = self.token  # v0 has no client_info: a member of the Handshake's data
+            self._write(writer, json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
         elif kind == "command":
-            writer.write(codec.encode_command(env.command))
+            self._write(writer, codec.encode_command(env.command))
         elif kind == "batch_command":  # v0 has no batches: send its commands one by one
             for command in env.batch_command.commands:
-                writer.write(codec.encode_command(command))
+                self._write(writer, codec.encode_command(command))
         else:
             notes.append(f"a recorded {kind or 'empty'} envelope has no v0 form; not sent")
+        return b""
+
+    def _send_discarded(self, writer: asyncio.StreamWriter, step: _Step) -> bytes:
+        what = Record(RECORD_IN_DISCARDED, step.offset_ns, step.raw, 0).discarded()
+        if self.protocol == 1:  # the length prefix that broke the framing: the service closes after it
+            self._write(writer, what.head)
+            return b""
+        # v0: a line of as many bytes, at the same stream offset (blank lines, which the service
+        # skips, make up for blank lines and CRs of the recording that were not kept).
+        gap = what.offset - self._written
+        if gap > 0:
+            self._write(writer, b"\n" * gap)
+        self._write(writer, _FILLER * what.size + (b"\n" if what.complete else b""))
+        return b"" if what.complete else b"\n"
+
+    def _with_token(self, line: bytes, first: bool) -> bytes:
+        """A recorded v0 line with the token given put in place of ``<redacted>`` (the first
+        handshake, if it had none, gets it as a ``"token"`` member of its data)."""
+        if self.token is None:
+            return line
+        token = json.dumps(self.token, ensure_ascii=False).encode()
+        if _REDACTED_JSON in line:
+            return line.replace(_REDACTED_JSON, token)
+        if not first:
+            return line
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return line
+        if type(obj) is dict and obj.get("type") == "Handshake" and type(obj.get("data")) is dict:
+            obj["data"][_TOKEN_KEY] = self.token
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+        return line
 
     @property
     def commands(self) -> int:
         """How many client → service envelopes the replay will send."""
         return len(self._plan.steps)
+
+
+def _line_envelope(codec: JsonlCodec, line: bytes) -> pb.Envelope | None:
+    """The Envelope of the command a recorded v0 line holds (with an unknown capability, the rest of
+    the handshake), for pacing, labels and replays over v1; None when the line does not decode."""
+    try:
+        command = codec.decode_command(line)
+    except ProtocolError as exc:
+        command = getattr(exc, "command", None)
+        if command is None:
+            return None
+    env = pb.Envelope()
+    env.command.CopyFrom(command)
+    return env

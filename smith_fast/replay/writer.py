@@ -39,7 +39,11 @@ from .format import (
     BODY_PREFIX,
     DIRECTION_IN,
     DIRECTION_OUT,
+    DISCARDED,
     FILE_SUFFIX,
+    RECORD_IN_DISCARDED,
+    RECORD_IN_LINE,
+    RECORD_IN_MALFORMED,
     RECORD_HEADER,
     LogHeader,
     crc,
@@ -222,6 +226,32 @@ class SessionRecorder:
             self._record(DIRECTION_OUT, memoryview(frame)[i:])
         else:  # copying a short frame is cheaper than making a view of it
             self._record(DIRECTION_OUT, bytes(frame[i:]))
+
+    def record_line(self, line: bytes, *, malformed: bool = False) -> None:
+        """Record a v0 line as it arrived (without its ``\\n``; the token already redacted).
+
+        Args:
+            line: the line's bytes.
+            malformed: the service could not decode it (the record is kept as
+                ``RECORD_IN_MALFORMED``, so a reader can tell).
+        """
+        self._record(RECORD_IN_MALFORMED if malformed else RECORD_IN_LINE, line if type(line) is bytes else bytes(line))
+
+    def record_malformed(self, unit: bytes | bytearray | memoryview) -> None:
+        """Record inbound bytes that are not what the protocol expects, as they arrived: a v1 frame
+        or gRPC message that is not an Envelope (the token already redacted)."""
+        self._record(RECORD_IN_MALFORMED, unit if type(unit) is bytes else bytes(unit))
+
+    def record_discarded(self, offset: int, size: int, *, complete: bool, head: bytes = b"") -> None:
+        """Record inbound bytes the service discarded without reading them as a unit.
+
+        Args:
+            offset: their offset in the inbound byte stream.
+            size: how many there were (as far as the service saw them).
+            complete: the whole unit was seen (a v0 line up to its newline).
+            head: the first bytes (at most 10: a v1 length prefix); a v0 line's are not kept.
+        """
+        self._record(RECORD_IN_DISCARDED, DISCARDED.pack(offset, size, int(complete)) + bytes(head[:10]))
 
     def record_command(self, command: pb.Command) -> None:
         """Record a v0 command as the v1 Envelope carrying it (receive time, per-direction sequence)."""

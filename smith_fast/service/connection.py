@@ -35,17 +35,18 @@ from google.protobuf.message import DecodeError
 from .. import events
 from ..coalescing import WriteCoalescer
 from ..errors import FramingError, FrameTooLarge, ProtocolError
-from ..framing import FrameDecoder
+from ..framing import MAX_VARINT_LENGTH, FrameDecoder
 from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .core import ServiceCore
 from .auth import TOKEN_KEY
+from .core import ServiceCore
 from .deadlines import Deadlines
+from .redact import redacted_bytes, redacted_line
 from .session import Session
 from .sinks import V0Sink, V1Sink, now_ms
 
-__all__ = ["Connection", "sniff_version"]
+__all__ = ["Connection", "invalid_envelope", "sniff_version"]
 
 log = get_logger("smith_fast.connection")
 
@@ -129,6 +130,8 @@ class Connection(asyncio.BufferedProtocol):
         self._refusing: asyncio.TimerHandle | None = None  # over the limit: answered when this fires
         self._deadlines: Deadlines | None = None
         self._shut = False  # closed, by us or the peer: nothing more is written
+        self._fed = 0  # v1 bytes fed to the decoder before the current feed
+        self._tail = b""  # while recording: the last bytes of the previous v1 feed (a split prefix)
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
 
@@ -243,20 +246,24 @@ class Connection(asyncio.BufferedProtocol):
         io = self._io
         io.bytes_in += len(data)
         io.frames_in += len(frames)
+        fed, self._fed = self._fed, self._fed + len(data)
         for frame in frames:
             try:
                 env = pb.Envelope.FromString(frame)
             except DecodeError as exc:
-                session.protocol_error(
-                    ProtocolError(
-                        f"a {len(frame)}-byte frame is not a valid Envelope ({exc}); it was skipped",
-                        pb.ERROR_CODE_UNSPECIFIED,
-                        details={"reason": "invalid_envelope"},
-                    )
-                )
+                if session.recorder is not None:  # kept as it arrived, so a replay sends it again
+                    session.recorder.record_malformed(redacted_bytes(frame, self.core.config.token))
+                session.protocol_error(invalid_envelope(len(frame), exc))
                 continue
             session.handle_envelope(env)
         if fatal is not None:
+            if session.recorder is not None:
+                session.recorder.record_discarded(
+                    fatal.offset,
+                    fatal.size if isinstance(fatal, FrameTooLarge) else 0,
+                    complete=False,
+                    head=_prefix_at(self._tail + bytes(data), fatal.offset - (fed - len(self._tail))),
+                )
             code = pb.ERROR_CODE_RESOURCE_EXHAUSTED if isinstance(fatal, FrameTooLarge) else pb.ERROR_CODE_UNSPECIFIED
             session.protocol_error(
                 ProtocolError(
@@ -267,6 +274,8 @@ class Connection(asyncio.BufferedProtocol):
             )
             self._loop.create_task(session.shutdown())
             self._feed = self._discard
+        elif session.recorder is not None:
+            self._tail = bytes(data[-MAX_VARINT_LENGTH:])
 
     def _feed_v0(self, data: bytes | memoryview) -> None:
         session = self.session
@@ -287,22 +296,30 @@ class Connection(asyncio.BufferedProtocol):
             self._line_too_long(error)
 
     def _line(self, session: Session, line: bytes) -> None:
+        recorder = session.recorder
         try:
             command = self._codec.decode_command(line)
         except ProtocolError as exc:
-            session.protocol_error(exc)
+            if recorder is not None:  # kept as it arrived, so a replay sends it again
+                recorder.record_line(redacted_line(line, self.core.config.token), malformed=True)
             # An unknown capability does not fail the handshake: the rest are still granted.
             command = getattr(exc, "command", None)
             if command is None:
+                # A line whose request_id was readable is a refused request: its terminal state too.
+                (session.refuse if exc.request_id else session.protocol_error)(exc)
                 return
-        if session.recorder is not None:
-            session.recorder.record_command(command)
+            session.protocol_error(exc)
+        else:
+            if recorder is not None:
+                recorder.record_line(redacted_line(line, self.core.config.token))
         if not session.authenticated and command.WhichOneof("command_type") == "handshake":
             session.presented_token = _v0_token(line)
         session.handle(command)
 
     def _line_too_long(self, error: FrameTooLarge) -> None:
         assert self.session is not None
+        if self.session.recorder is not None:  # its bytes are gone; where and how long it was is kept
+            self.session.recorder.record_discarded(error.offset, error.size, complete=error.complete)
         self.session.protocol_error(
             ProtocolError(
                 str(error),
@@ -405,6 +422,26 @@ class Connection(asyncio.BufferedProtocol):
         else:  # nothing (or one byte) received: no protocol, no session
             log.info("closing connection", extra={"fields": {"peer": self.peer, "reason": reason}})
             self._refuse(self._version(self._head), pb.ERROR_CODE_UNSPECIFIED, message, {"reason": reason})
+
+
+def invalid_envelope(size: int, exc: DecodeError) -> ProtocolError:
+    """The error for a v1 frame or gRPC message that is not an Envelope: worded alike on both
+    fronts, so a recorded gRPC session replays over a socket with the same answers."""
+    return ProtocolError(
+        f"a {size}-byte message is not a valid Envelope ({exc}); it was skipped",
+        pb.ERROR_CODE_UNSPECIFIED,
+        details={"reason": "invalid_envelope"},
+    )
+
+
+def _prefix_at(data: bytes, at: int) -> bytes:
+    """The length prefix starting at ``data[at]`` that broke the framing: up to its last byte, at
+    most ``MAX_VARINT_LENGTH`` bytes (what a replay must send to break it alike)."""
+    head = data[max(at, 0) : max(at, 0) + MAX_VARINT_LENGTH]
+    for i, b in enumerate(head):
+        if b < 0x80:
+            return head[: i + 1]
+    return head
 
 
 def _v0_token(line: bytes) -> str | None:

@@ -45,9 +45,11 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
+from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
+from .redact import redacted_bytes
 from .session import Session
 from .sinks import V1Sink
 
@@ -179,13 +181,9 @@ class _Stream:
             try:
                 env = pb.Envelope.FromString(raw)
             except DecodeError as exc:
-                session.protocol_error(
-                    ProtocolError(
-                        f"a {len(raw)}-byte message is not a valid Envelope ({exc}); it was skipped",
-                        pb.ERROR_CODE_UNSPECIFIED,
-                        details={"reason": "invalid_envelope"},
-                    )
-                )
+                if session.recorder is not None:  # kept as it arrived, so a replay sends it again
+                    session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
+                session.protocol_error(invalid_envelope(len(raw), exc))
                 continue
             session.handle_envelope(env)
         await session.finish()  # half-close: the client still listens

@@ -178,16 +178,18 @@ class Session:
         if kind == "handshake":
             self._handshake(command.handshake)
             return
+        rid: str | None
         if not self.authenticated:
-            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token")
+            rid = getattr(getattr(command, kind), "request_id", None) if kind else None
+            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", rid)
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
             return
         request = getattr(command, kind)
-        rid: str | None = getattr(request, "request_id", None)
+        rid = getattr(request, "request_id", None)
         if not self.handshaken:
-            self.reject(
+            self.refuse(
                 ProtocolError(
                     f"{kind} before handshake: send a HandshakeCommand first",
                     pb.ERROR_CODE_UNSPECIFIED,
@@ -201,16 +203,16 @@ class Session:
             return
         spec = COMMANDS.get(kind)
         if spec is None or spec.handler is None:
-            self.reject(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+            self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
             return
         if spec.needs is not None and (needed := spec.needs(request)) not in self.granted:
             name = capability_name(needed) if isinstance(needed, int) else needed
-            self.reject(
+            self.refuse(
                 ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
             )
             return
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
-            self.reject(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
+            self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
         self._start(rid or "", spec, command)
 
@@ -235,10 +237,19 @@ class Session:
         self.sink.error(code, message, rid, details)
 
     def reject(self, exc: ProtocolError) -> None:
-        """Refuse a request before it starts: its error, then its terminal ERROR state."""
+        """End a request that did not run: its error, then its terminal ERROR state."""
         self.protocol_error(exc)
         if exc.request_id:
             self.sink.state_change(pb.SERVICE_STATE_ERROR, exc.request_id)
+
+    def refuse(self, exc: ProtocolError) -> None:
+        """Refuse a request before it starts (:meth:`reject`), unless a request with its id is
+        running: then only the error, as the id's one terminal state is that request's own
+        (PROTOCOL.md, "Terminal states")."""
+        if exc.request_id and exc.request_id in self._tasks:
+            self.protocol_error(exc)
+        else:
+            self.reject(exc)
 
     # ---- handshake ----------------------------------------------------------------------------
 
@@ -459,13 +470,17 @@ class Session:
         self._close()
         self._stop_recording()
 
-    def _deny(self, message: str) -> None:
-        """A wrong or missing token: say so, close (the gRPC front then fails the call UNAUTHENTICATED)."""
+    def _deny(self, message: str, rid: str | None = None) -> None:
+        """A wrong or missing token: say so, end the refused request ``rid`` (if any), close (the
+        gRPC front then fails the call UNAUTHENTICATED)."""
         if self._closing:  # what the peer sent after the refusal, in the same read
             return
         log.warning("authentication failed", extra={"fields": {"peer": self.peer, "error": message}})
         self.denied = True
-        self.abort(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", {"reason": "unauthenticated"})
+        self.report_error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
+        if rid:
+            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        self._teardown()
 
     def expire(self, reason: str, message: str) -> None:
         """A deadline passed (:class:`~smith_fast.service.deadlines.Deadlines`): say why, then close.
