@@ -1,40 +1,67 @@
-"""The ``fs.search`` tool: a Python regular expression over the lines of the workspace's files.
+"""The ``fs.search`` tool: a regular expression over the lines of the workspace's files, run by ripgrep.
 
-The walk is bounded three ways: ``max_results`` matches, ``ToolContext.max_output`` bytes of
-results, and an excerpt of at most :data:`MAX_LINE_CHARS` characters per matching line. It skips
-``.git`` (and the other VCS directories in :data:`SKIP_DIRS`), binary files (a NUL byte in the
-first 8 KiB), anything that is not a regular file, and symlinks (so it never leaves the root and
-never loops). Files are read as UTF-8, undecodable bytes shown as U+FFFD. The blocking walk runs in
-a worker thread that stops between files and lines once the call is cancelled.
+The matching runs in a separate ``rg`` process (the PyPI ``ripgrep`` package installs it into the
+environment's ``bin``), not in Python's ``re``: Rust's regex engine matches in time linear in the
+input, so no pattern can backtrack for seconds (``(a+)+$`` against ``aaaa…!`` took Python 5 s
+with each extra ``a`` doubling it, holding the GIL and so stalling every other session), and the
+service's event loop only reads rg's output. The call's timeout or cancellation kills rg.
+
+What is searched (see PROTOCOL.md, ``fs.search``):
+
+- the file or directory ``path`` (resolved inside the workspace like every tool path); in a
+  directory, files in path order (rg ``--sort path``), hidden files included, but not ``.git``
+  (nor the other VCS directories in :data:`SKIP_DIRS`) nor what ``.gitignore``/``.ignore`` files
+  exclude (also outside a git repository); symlinks are never followed, binary files (a NUL byte)
+  are skipped;
+- the regex dialect is Rust's ``regex`` crate: Python's for everything common (classes, groups,
+  ``(?i)``, ``\\b``, ``{m,n}``, named groups ``(?P<n>…)``) but no look-around and no
+  back-references, which are refused as invalid;
+- bounded three ways: ``max_results`` matches, ``ToolContext.max_output`` bytes of results, and an
+  excerpt of at most :data:`MAX_LINE_CHARS` characters per matching line. A line longer than
+  :data:`MAX_LINE_BYTES` is never read whole by the service: rg reports where its first match is
+  (``--max-columns``) and the excerpt is read from the file around that byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
 import os
 import re
+import shutil
 import stat
-import threading
-from pathlib import Path
+import sysconfig
 from typing import Any
 
 from smith_fast.tools.registry import Tool, encode_result
 from smith_fast.tools.schema import ArgumentError
-from smith_fast.tools.workspace import ToolContext
+from smith_fast.tools.workspace import ToolContext, display_name
 
-__all__ = ["FS_SEARCH", "MAX_LINE_CHARS", "SKIP_DIRS"]
+__all__ = ["FS_SEARCH", "MAX_LINE_BYTES", "MAX_LINE_CHARS", "SKIP_DIRS", "rg_path"]
 
 DEFAULT_MAX_RESULTS = 100
 MAX_RESULTS = 10_000
 MAX_LINE_CHARS = 1000
+MAX_LINE_BYTES = 4096
+"""Matching lines longer than this (in bytes) are cut: the service reads an excerpt around the
+match from the file instead of the whole line."""
 SKIP_DIRS = frozenset({".git", ".hg", ".svn"})
 _SNIFF = 8192
+_EXCERPT_READ = 4 * MAX_LINE_CHARS  # bytes on each side of a match: enough for MAX_LINE_CHARS characters
+_STDERR_KEEP = 4096
+# One output record: the path (at most PATH_MAX), numbers, and a line of at most MAX_LINE_BYTES.
+_RECORD_LIMIT = MAX_LINE_BYTES + 8192
+_RECORD = re.compile(rb"(\d+):(\d+):(\d+):")
 
 SEARCH_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "pattern": {"type": "string", "minLength": 1, "description": "Python regular expression."},
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Regular expression (Rust regex syntax: no look-around or back-references).",
+        },
         "path": {
             "type": "string",
             "minLength": 1,
@@ -62,83 +89,180 @@ SEARCH_SCHEMA: dict[str, Any] = {
 }
 
 
+def rg_path() -> str:
+    """The ``rg`` program: the one beside this interpreter (the ``ripgrep`` dependency), else on PATH.
+
+    Raises:
+        FileNotFoundError: there is none.
+    """
+    beside = os.path.join(sysconfig.get_path("scripts"), "rg")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("rg")
+    if found is None:
+        raise FileNotFoundError("fs.search needs ripgrep (rg), which is not installed: pip install ripgrep")
+    return found
+
+
+def _argv(rg: str, pattern: str, target: str, ignore_case: bool) -> list[str]:
+    argv = [
+        rg, "--no-config", "--null", "--line-number", "--column", "--byte-offset", "--no-heading",
+        "--with-filename", "--color", "never", "--max-columns", str(MAX_LINE_BYTES),
+        "--hidden", "--no-require-git", "--sort", "path",
+    ]
+    for name in sorted(SKIP_DIRS):
+        argv += ["--glob", f"!{name}"]
+    if ignore_case:
+        argv.append("--ignore-case")
+    return [*argv, "--regexp", pattern, "--", target]
+
+
 async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    try:
-        regex = re.compile(args["pattern"], re.IGNORECASE if args.get("ignore_case") else 0)
-    except re.error as exc:
-        raise ArgumentError(f"invalid regular expression ({exc})", "$.pattern") from None
-    top = ctx.resolve(args.get("path", "."))
-    search = _Search(
-        ctx=ctx,
-        regex=regex,
-        glob=args.get("glob"),
-        max_results=args.get("max_results", DEFAULT_MAX_RESULTS),
+    pattern: str = args["pattern"]
+    top = ctx.resolve_str(args.get("path", "."))
+    target = os.path.relpath(top, ctx.root)  # not ctx.relative: rg needs the name's real bytes
+    st = os.stat(top)
+    if stat.S_ISREG(st.st_mode):
+        if await asyncio.to_thread(_is_binary, top):
+            return {"matches": [], "truncated": False}
+        prefix = target.rsplit("/", 1)[0] + "/" if "/" in target else ""
+    elif stat.S_ISDIR(st.st_mode):
+        prefix = "" if target == "." else target + "/"
+    else:
+        raise NotADirectoryError(f"not a file or directory: {target!r}")
+    search = _Results(ctx, args.get("glob"), prefix, args.get("max_results", DEFAULT_MAX_RESULTS))
+    # Run from the root with a relative target, so rg's paths are the root-relative paths the
+    # results show. An empty environment: no RIPGREP_CONFIG_PATH, no global git excludes from HOME.
+    proc = await asyncio.create_subprocess_exec(
+        *_argv(rg_path(), pattern, target, bool(args.get("ignore_case"))),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=str(ctx.root),
+        env={},
+        limit=_RECORD_LIMIT,
+        start_new_session=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    stderr_task = asyncio.ensure_future(_keep_head(proc.stderr))
     try:
-        await asyncio.to_thread(search.run, top)
+        while True:
+            try:
+                record = await proc.stdout.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                record = exc.partial
+                if record:
+                    await search.add_record(record)
+                break
+            except asyncio.LimitOverrunError:  # a path past PATH_MAX: cannot happen, but never unbounded
+                search.truncated = True
+                break
+            if not await search.add_record(record):
+                break
     finally:
-        search.stop.set()
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        # Shielded: a cancelled call still reaps its rg before it is done.
+        code = await asyncio.shield(proc.wait())
+        errors = await asyncio.shield(stderr_task)
+    if code == 2 and not search.matches and b"regex" in errors:
+        raise ArgumentError(f"invalid regular expression ({_regex_error(pattern, errors)})", "$.pattern")
     return {"matches": search.matches, "truncated": search.truncated}
 
 
-class _Search:
-    """One search's state; lives in the worker thread until ``run`` returns."""
+async def _keep_head(stream: asyncio.StreamReader) -> bytes:
+    """Read a stream to its end, keeping only its first bytes (rg's messages for unreadable files
+    could otherwise grow without bound)."""
+    head = b""
+    while chunk := await stream.read(65536):
+        if len(head) < _STDERR_KEEP:
+            head = (head + chunk)[:_STDERR_KEEP]
+    return head
 
-    def __init__(self, ctx: ToolContext, regex: re.Pattern[str], glob: str | None, max_results: int) -> None:
+
+def _regex_error(pattern: str, errors: bytes) -> str:
+    # Python's wording where Python also refuses the pattern (what callers of the re-based tool
+    # saw); rg's otherwise, e.g. for look-around, which Python supports and rg does not.
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return str(exc)
+    except (RecursionError, OverflowError, ValueError):
+        pass
+    lines = [line.strip() for line in errors.decode("utf-8", "replace").splitlines()]
+    said = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
+    return "; ".join(said) or " ".join(lines)[:500]
+
+
+def _is_binary(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return True  # unreadable: nothing to report
+    try:
+        return b"\0" in os.read(fd, _SNIFF)
+    finally:
+        os.close(fd)
+
+
+class _Results:
+    """The matches collected from rg's output, within the call's bounds."""
+
+    def __init__(self, ctx: ToolContext, glob: str | None, prefix: str, max_results: int) -> None:
         self.ctx = ctx
-        self.regex = regex
         self.glob = glob
+        self.prefix = prefix  # `path` as rg prints it, for globs relative to `path`
         self.max_results = max_results
         self.budget = ctx.max_output
         self.matches: list[dict[str, Any]] = []
         self.truncated = False
-        self.stop = threading.Event()
 
-    def run(self, top: Path) -> None:
-        if top.is_file():
-            self._file(top, top.name)
-            return
-        if not top.is_dir():
-            raise NotADirectoryError(f"not a file or directory: {self.ctx.relative(top)!r}")
-        for dirpath, dirnames, filenames in os.walk(top):
-            # os.walk does not follow symlinked directories; prune VCS metadata in place.
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                if not self._file(Path(path), os.path.relpath(path, top)):
-                    return
+    async def add_record(self, record: bytes) -> bool:
+        """Take one line of rg's output (``PATH\\0LINE:COLUMN:OFFSET:TEXT\\n``); ``False`` once the
+        search must stop."""
+        raw_path, sep, rest = record.partition(b"\0")
+        found = _RECORD.match(rest) if sep else None
+        if found is None:
+            return True  # a notice such as "binary file matches", not a match
+        rel = os.fsdecode(raw_path).removeprefix("./")
+        if self.glob is not None and not self._glob_matches(rel):
+            return True
+        number, column, offset = (int(g) for g in found.groups())
+        body = rest[found.end() :].rstrip(b"\n")
+        if len(body) > MAX_LINE_BYTES or body.startswith(b"[Omitted long line"):
+            # rg left the line out (--max-columns): read around its first match instead.
+            text = await asyncio.to_thread(self._excerpt_from_file, rel, offset + column - 1)
+        else:
+            line = body.decode("utf-8", "replace").rstrip("\r")
+            start = len(body[: column - 1].decode("utf-8", "replace"))
+            text = _excerpt(line, start)
+        return self._add(display_name(rel), number, text)
 
-    def _file(self, path: Path, rel: str) -> bool:
-        """Search one file; ``False`` once the search must stop."""
-        if self.stop.is_set():
-            self.truncated = True
-            return False
-        if self.glob is not None:
-            subject = rel if "/" in self.glob else path.name
-            if not fnmatch.fnmatchcase(subject, self.glob):
-                return True
+    def _glob_matches(self, rel: str) -> bool:
+        assert self.glob is not None
+        if "/" in self.glob:
+            return fnmatch.fnmatchcase(rel.removeprefix(self.prefix), self.glob)
+        return fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], self.glob)
+
+    def _excerpt_from_file(self, rel: str, at: int) -> str:
         try:
+            path = self.ctx.resolve_str(rel)
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return ""
+        try:
+            begin = max(0, at - _EXCERPT_READ)
+            before = os.pread(fd, at - begin, begin).rsplit(b"\n", 1)[-1]
+            after = os.pread(fd, _EXCERPT_READ, at).split(b"\n", 1)[0]
         except OSError:
-            return True  # a symlink (O_NOFOLLOW), or unreadable: not ours to report
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return True
-            if b"\0" in f.read(_SNIFF):
-                return True
-            f.seek(0)
-            display = self.ctx.relative(path)
-            for number, raw in enumerate(f, 1):
-                if number & 0x3FF == 0 and self.stop.is_set():
-                    self.truncated = True
-                    return False
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                found = self.regex.search(line)
-                if found is None:
-                    continue
-                if not self._add(display, number, _excerpt(line, found.start())):
-                    return False
-        return True
+            return ""
+        finally:
+            os.close(fd)
+        head = before.decode("utf-8", "replace")
+        tail = after.decode("utf-8", "replace").rstrip("\r")
+        keep = max(100, MAX_LINE_CHARS - len(tail))
+        return (head[-keep:] + tail)[:MAX_LINE_CHARS]
 
     def _add(self, path: str, line: int, text: str) -> bool:
         if len(self.matches) >= self.max_results:
@@ -166,8 +290,8 @@ def _excerpt(line: str, start: int) -> str:
 FS_SEARCH = Tool(
     name="fs.search",
     description=(
-        "Search files for a Python regular expression, line by line; returns "
-        "{matches: [{path, line, text}], truncated}."
+        "Search files for a regular expression (Rust regex syntax), line by line, skipping "
+        ".gitignored files; returns {matches: [{path, line, text}], truncated}."
     ),
     schema=SEARCH_SCHEMA,
     handler=_search,
