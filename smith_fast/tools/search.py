@@ -34,6 +34,7 @@ import stat
 import sysconfig
 from typing import Any
 
+from smith_fast.errors import ProtocolError
 from smith_fast.tools.registry import Tool, encode_result
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import ToolContext, display_name
@@ -247,9 +248,8 @@ class _Results:
 
     def _excerpt_from_file(self, rel: str, at: int) -> str:
         try:
-            path = self.ctx.resolve_str(rel)
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except (OSError, ValueError):
+            fd, _ = self.ctx.open(rel, os.O_RDONLY | os.O_NONBLOCK)  # beneath the root, by the kernel
+        except (OSError, ValueError, ProtocolError):
             return ""
         try:
             begin = max(0, at - _EXCERPT_READ)
