@@ -194,8 +194,6 @@ async def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         except UnicodeEncodeError as exc:
             raise ArgumentError(f"unencodable character at index {exc.start}", "$.content") from None
     path: str = args["path"]
-    if ctx.resolve_str(path, must_exist=False) == str(ctx.root):
-        raise IsADirectoryError("cannot write to the workspace root")
     append = args.get("append", False)
     create_dirs = args.get("create_dirs", False)
     name = await asyncio.to_thread(_write_bytes, ctx, path, data, append, create_dirs)

@@ -225,7 +225,9 @@ class ToolContext:
         for _ in range(2):  # the second round: the target of a final symlink
             parent, _, name = rel.rstrip("/").rpartition("/")
             if name in ("", ".", ".."):
-                self.resolve_str(path, must_exist=False)  # refused if it leaves the root
+                real = self.resolve_str(path, must_exist=False)  # refused if it leaves the root
+                if real == self._root_str:
+                    raise IsADirectoryError("cannot write to the workspace root")
                 raise IsADirectoryError(f"is a directory: {path!r}")
             dirfd = self._open_dir(parent or ".", path, create_dirs)
             try:
