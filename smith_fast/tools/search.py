@@ -146,11 +146,13 @@ async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     )
     assert proc.stdout is not None and proc.stderr is not None
     stderr_task = asyncio.ensure_future(_keep_head(proc.stderr))
+    at_end = False
     try:
         while True:
             try:
                 record = await proc.stdout.readuntil(b"\n")
             except asyncio.IncompleteReadError as exc:
+                at_end = True  # rg is done (or about to be): let it exit with its own status
                 record = exc.partial
                 if record:
                     await search.add_record(record)
@@ -161,7 +163,7 @@ async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             if not await search.add_record(record):
                 break
     finally:
-        if proc.returncode is None:
+        if not at_end and proc.returncode is None:  # stopped early, timed out or cancelled
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         # Shielded: a cancelled call still reaps its rg before it is done.

@@ -67,7 +67,7 @@ class ToolContext:
     allow_env: frozenset[str] = frozenset()
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
-    _root_fd: int = field(init=False, repr=False, compare=False)
+    _root_dir: _DirFd = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         root = pathlib.Path(self.root).resolve(strict=True)
@@ -83,12 +83,7 @@ class ToolContext:
         object.__setattr__(self, "_root_str", text)
         object.__setattr__(self, "_root_prefix", text if text.endswith("/") else text + "/")
         # Every file tool opens relative to this fd, beneath it (see the module docstring).
-        object.__setattr__(self, "_root_fd", os.open(text, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_root_fd", -1)
-        if fd >= 0:
-            os.close(fd)
+        object.__setattr__(self, "_root_dir", _DirFd(text))
 
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
         """Resolve ``path`` inside the workspace.
@@ -169,12 +164,12 @@ class ToolContext:
             try:
                 # The common case in one system call: a path without symlinks, whose name is then
                 # known without asking the kernel.
-                return open_beneath(self._root_fd, rel, flags, mode, follow=False), _normal(rel)
+                return open_beneath(self._root_dir.fd, rel, flags, mode, follow=False), _normal(rel)
             except OSError as exc:
                 failure = exc
             if failure.errno == errno.ELOOP:  # a symlink on the way: the kernel follows it, beneath
                 try:
-                    fd = open_beneath(self._root_fd, rel, flags, mode)
+                    fd = open_beneath(self._root_dir.fd, rel, flags, mode)
                 except OSError as exc:
                     failure = exc
                 else:
@@ -188,7 +183,7 @@ class ToolContext:
         # leads, beneath the root again (a swap meanwhile is refused, not followed).
         inner = "." if real == self._root_str else real[len(self._root_prefix) :]
         try:
-            fd = open_beneath(self._root_fd, inner, flags, mode)
+            fd = open_beneath(self._root_dir.fd, inner, flags, mode)
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.ELOOP):
                 raise self._denied(path) from None
@@ -263,7 +258,7 @@ class ToolContext:
             real = self.resolve_str(os.path.join(self._root_str, rel), must_exist=False)
         except ProtocolError:
             raise self._denied(path) from None
-        fd = os.dup(self._root_fd)
+        fd = os.dup(self._root_dir.fd)
         try:
             for name in real[len(self._root_str) :].split("/"):
                 if not name:
@@ -370,6 +365,18 @@ def _realpath(path: str) -> tuple[str, bool]:
         if real.startswith("/") and not real.endswith(" (deleted)"):
             return real, True
     return os.path.realpath(path), False
+
+
+class _DirFd:
+    """An ``O_PATH`` fd of a directory, closed when the last context (or copy of one) using it goes."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
 
 
 def _normal(rel: str) -> str:
