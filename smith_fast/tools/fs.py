@@ -19,7 +19,6 @@ import secrets
 import stat
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 from smith_fast.errors import ProtocolError

@@ -21,6 +21,7 @@ import errno
 import os
 import platform
 import stat
+import sys
 from collections import deque
 
 __all__ = [
@@ -36,8 +37,12 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 
-_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "arm64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}.get(
-    platform.machine()
+# openat2's number is 437 on every architecture that has it (it came after the syscall tables
+# were unified); other systems get the walk.
+_SYS_OPENAT2 = (
+    {"x86_64": 437, "aarch64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}.get(platform.machine())
+    if sys.platform == "linux"
+    else None
 )
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0o20200000)
 _MAX_LINKS = 40  # the kernel's MAXSYMLINKS
