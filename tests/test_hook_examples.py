@@ -5,6 +5,7 @@ back as ``TypeError: Unknown quickjs tag: -6`` and the command's output was lost
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import re
 
@@ -23,7 +24,7 @@ AWS_KEY = "AKIAABCDEFGHIJKLMNOP"
 def js_examples() -> dict[str, str]:
     """Every ```js block of HOOKS.md, by the file name its first line comment gives (``// policy.js``)."""
     blocks = re.findall(r"^```js\n(.*?)^```$", HOOKS_MD.read_text(), flags=re.S | re.M)
-    named = {}
+    named: dict[str, str] = {}
     for block in blocks:
         first = block.splitlines()[0]
         name = first[3:].strip() if first.startswith("// ") and first.endswith(".js") else f"example-{len(named)}"
@@ -48,7 +49,7 @@ def test_every_js_example_loads(name: str) -> None:
 def test_policy_example_redacts_forty_lines_with_console_output() -> None:
     hook = load_js(js_examples()["policy.js"])
     text = forty_lines()
-    decision = hook.call_sync("on_shell_output", {"stream": "stdout", "text": text})
+    decision = asyncio.run(hook.call("on_shell_output", {"stream": "stdout", "text": text}))
     assert decision.action == "transform"
     assert decision.data == {"stream": "stdout", "text": text.replace(AWS_KEY, "[aws key]")}
     assert len(decision.data["text"]) > 1024  # the size at which the bindings used to fail
@@ -60,7 +61,7 @@ def test_long_answers_with_console_output_come_back(size: int) -> None:
         "function onShellOutput(p) { console.log('x'.repeat(50) + p.stream);"
         " return {action: 'transform', data: {stream: p.stream, text: 'r'.repeat(p.text.length) + '!'}}; }"
     )
-    decision = hook.call_sync("on_shell_output", {"stream": "stdout", "text": "t" * size})
+    decision = asyncio.run(hook.call("on_shell_output", {"stream": "stdout", "text": "t" * size}))
     assert (decision.action, decision.data) == ("transform", {"stream": "stdout", "text": "r" * size + "!"})
 
 
