@@ -116,6 +116,8 @@ def escaped(tool: str, result: dict[str, Any]) -> bool:
         return "OUTSIDE" in result["content"]
     if tool == "fs.list":
         return any(e["name"] == "only-outside" for e in result["entries"])
+    if tool == "fs.search":
+        return any("OUTSIDE" in m["text"] for m in result["matches"])
     return False  # fs.write: judged by what appeared outside
 
 
@@ -127,6 +129,7 @@ CALLS: list[tuple[str, dict[str, Any]]] = [
     ("fs.read", {"path": "dir-in/f"}),
     ("fs.write", {"path": "dir-in/new/deep.txt", "content": "z", "create_dirs": True}),
 ]
+SEARCHES = 400  # each starts an rg: fewer, in a test of their own
 
 
 def test_racing_symlink_swaps_never_escape_in_process(tmp_path: pathlib.Path, mode: str) -> None:
@@ -161,6 +164,33 @@ def test_racing_symlink_swaps_never_escape_in_process(tmp_path: pathlib.Path, mo
     # The race was real: calls both succeeded and failed (a vanished or refused component).
     assert outcomes["ok"] > 0 and outcomes["failed"] + outcomes["refused"] > 0, outcomes
     assert sum(outcomes.values()) == IN_PROCESS_CALLS
+
+
+def test_racing_symlink_swaps_never_lead_fs_search_outside(tmp_path: pathlib.Path) -> None:
+    # rg walks by path: what keeps it inside is the Landlock domain of the thread that starts it.
+    root, outside = layout(tmp_path)
+    (root / "out").unlink()
+    (root / "proc-root").unlink()
+    ctx = ToolContext(root)
+    registry = ToolRegistry.default(entry_points=False)
+    escapes: list[str] = []
+    found = 0
+
+    async def run() -> None:
+        nonlocal found
+        calls = [registry.call("fs.search", b'{"pattern": "OUTSIDE|inside"}', ctx) for _ in range(SEARCHES)]
+        for out in await asyncio.gather(*calls):
+            assert out.success, out.error
+            matches = json.loads(out.result)["matches"]
+            found += bool(matches)
+            escapes.extend(m["path"] for m in matches if "OUTSIDE" in m["text"])
+
+    racer = Racer(root, outside)
+    try:
+        asyncio.run(run())
+    finally:
+        racer.stop(root)
+    assert escapes == [] and found > 0
 
 
 @pytest.fixture(scope="module", params=MODES)

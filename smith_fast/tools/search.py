@@ -3,8 +3,11 @@
 The matching runs in a separate ``rg`` process (the PyPI ``ripgrep`` package installs it into the
 environment's ``bin``), not in Python's ``re``: Rust's regex engine matches in time linear in the
 input, so no pattern can backtrack for seconds (``(a+)+$`` against ``aaaa…!`` took Python 5 s
-with each extra ``a`` doubling it, holding the GIL and so stalling every other session), and the
-service's event loop only reads rg's output. The call's timeout or cancellation kills rg.
+with each extra ``a`` doubling it, holding the GIL and so stalling every other session). rg is
+started and read by a worker thread that :mod:`smith_fast.tools.landlock` confines to reading the
+workspace root (and executing rg), and its child inherits that: rg walks by path, and a racer
+swapping a directory for a symlink to outside led it there 2 times in 400 searches without it.
+The call's timeout or cancellation kills rg.
 
 What is searched (see PROTOCOL.md, ``fs.search``):
 
@@ -25,16 +28,21 @@ What is searched (see PROTOCOL.md, ``fs.search``):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fnmatch
+import logging
 import os
 import re
 import shutil
 import stat
+import subprocess
 import sysconfig
+import threading
 from typing import Any
 
 from smith_fast.errors import ProtocolError
+from smith_fast.tools import landlock
 from smith_fast.tools.registry import Tool, encode_result
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import ToolContext, display_name
@@ -49,6 +57,7 @@ MAX_LINE_BYTES = 4096
 match from the file instead of the whole line."""
 SKIP_DIRS = frozenset({".git", ".hg", ".svn"})
 _SNIFF = 8192
+log = logging.getLogger("smith_fast.tools")
 _EXCERPT_READ = 4 * MAX_LINE_CHARS  # bytes on each side of a match: enough for MAX_LINE_CHARS characters
 _STDERR_KEEP = 4096
 # One output record: the path (at most PATH_MAX), numbers, and a line of at most MAX_LINE_BYTES.
@@ -109,7 +118,7 @@ def _argv(rg: str, pattern: str, target: str, ignore_case: bool) -> list[str]:
     argv = [
         rg, "--no-config", "--null", "--line-number", "--column", "--byte-offset", "--no-heading",
         "--with-filename", "--color", "never", "--max-columns", str(MAX_LINE_BYTES),
-        "--hidden", "--no-require-git", "--sort", "path",
+        "--hidden", "--no-require-git", "--sort", "path", "--no-messages",
     ]
     for name in sorted(SKIP_DIRS):
         argv += ["--glob", f"!{name}"]
@@ -132,56 +141,101 @@ async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     else:
         raise NotADirectoryError(f"not a file or directory: {target!r}")
     search = _Results(ctx, args.get("glob"), prefix, args.get("max_results", DEFAULT_MAX_RESULTS))
-    # Run from the root with a relative target, so rg's paths are the root-relative paths the
-    # results show. An empty environment: no RIPGREP_CONFIG_PATH, no global git excludes from HOME.
-    proc = await asyncio.create_subprocess_exec(
-        *_argv(rg_path(), pattern, target, bool(args.get("ignore_case"))),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=str(ctx.root),
-        env={},
-        limit=_RECORD_LIMIT,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    stderr_task = asyncio.ensure_future(_keep_head(proc.stderr))
-    at_end = False
+    run = _Run(_argv(rg_path(), pattern, target, bool(args.get("ignore_case"))), str(ctx.root), search)
+    loop = asyncio.get_running_loop()
     try:
-        while True:
-            try:
-                record = await proc.stdout.readuntil(b"\n")
-            except asyncio.IncompleteReadError as exc:
-                at_end = True  # rg is done (or about to be): let it exit with its own status
-                record = exc.partial
-                if record:
-                    await search.add_record(record)
-                break
-            except asyncio.LimitOverrunError:  # a path past PATH_MAX: cannot happen, but never unbounded
-                search.truncated = True
-                break
-            if not await search.add_record(record):
-                break
+        code, errors = await loop.run_in_executor(_pool(str(ctx.root), run.argv[0]), run.run)
     finally:
-        if not at_end and proc.returncode is None:  # stopped early, timed out or cancelled
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        # Shielded: a cancelled call still reaps its rg before it is done.
-        code = await asyncio.shield(proc.wait())
-        errors = await asyncio.shield(stderr_task)
+        run.kill()  # a timeout or cancellation: rg goes, and with it the worker's wait
     if code == 2 and not search.matches and b"regex" in errors:
         raise ArgumentError(f"invalid regular expression ({_regex_error(pattern, errors)})", "$.pattern")
     return {"matches": search.matches, "truncated": search.truncated}
 
 
-async def _keep_head(stream: asyncio.StreamReader) -> bytes:
-    """Read a stream to its end, keeping only its first bytes (rg's messages for unreadable files
-    could otherwise grow without bound)."""
-    head = b""
-    while chunk := await stream.read(65536):
-        if len(head) < _STDERR_KEEP:
-            head = (head + chunk)[:_STDERR_KEEP]
-    return head
+# Searches run in worker threads confined by Landlock to reading the workspace (and executing rg):
+# rg walks the tree by path, so without it a racer swapping a directory for a symlink could lead
+# it outside; the confined thread's child cannot read there at all. One small pool per root.
+_POOL_WORKERS = 4
+_pools: dict[tuple[str, str], concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+_SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache", "/dev/null")
+
+
+def _pool(root: str, rg: str) -> concurrent.futures.ThreadPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get((root, rg))
+        if pool is None:
+            pool = concurrent.futures.ThreadPoolExecutor(
+                _POOL_WORKERS, thread_name_prefix="fs.search", initializer=_confine, initargs=(root, rg)
+            )
+            _pools[(root, rg)] = pool
+        return pool
+
+
+def _confine(root: str, rg: str) -> None:
+    if landlock.abi_version() < 1:
+        log.warning("fs.search runs unconfined: the kernel has no Landlock", extra={"fields": {"root": root}})
+        return
+    rules = [(root, landlock.READ_FILE | landlock.READ_DIR), (rg, landlock.EXECUTE | landlock.READ_FILE)]
+    rules += [(path, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE) for path in _SYSTEM_LIBS]
+    landlock.restrict_reads(rules)
+
+
+class _Run:
+    """One rg process, run to completion (or killed) by a confined worker thread."""
+
+    def __init__(self, argv: list[str], cwd: str, search: _Results) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.search = search
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._killed = False
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            if self._proc is not None and self._proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+
+    def run(self) -> tuple[int, bytes]:
+        """Returns rg's exit status and the start of its error output."""
+        # Error output goes to a memory file, not a pipe: an invalid pattern's message repeats the
+        # pattern, which could fill a pipe that nobody reads before rg exits.
+        errors = os.memfd_create("rg-errors", os.MFD_CLOEXEC)
+        try:
+            with self._lock:
+                if self._killed:
+                    return -9, b""
+                # An empty environment: no RIPGREP_CONFIG_PATH, no global git excludes from HOME.
+                self._proc = proc = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                    cwd=self.cwd, env={}, close_fds=True, start_new_session=True,
+                )
+            assert proc.stdout is not None
+            try:
+                with proc.stdout:
+                    self._read(proc.stdout)
+            finally:
+                if proc.poll() is None and self.search.stopped:
+                    proc.kill()
+                code = proc.wait()
+            return code, os.pread(errors, _STDERR_KEEP, 0)
+        finally:
+            os.close(errors)
+
+    def _read(self, out: Any) -> None:
+        while True:
+            record = out.readline(_RECORD_LIMIT)
+            if not record:
+                return
+            if not record.endswith(b"\n"):  # longer than any record rg writes: skip the rest
+                while (more := out.readline(_RECORD_LIMIT)) and not more.endswith(b"\n"):
+                    pass
+                continue
+            if not self.search.add_record(record):
+                return
 
 
 def _regex_error(pattern: str, errors: bytes) -> str:
@@ -220,8 +274,9 @@ class _Results:
         self.budget = ctx.max_output
         self.matches: list[dict[str, Any]] = []
         self.truncated = False
+        self.stopped = False  # enough: rg is killed rather than left to finish
 
-    async def add_record(self, record: bytes) -> bool:
+    def add_record(self, record: bytes) -> bool:
         """Take one line of rg's output (``PATH\\0LINE:COLUMN:OFFSET:TEXT\\n``); ``False`` once the
         search must stop."""
         raw_path, sep, rest = record.partition(b"\0")
@@ -235,7 +290,7 @@ class _Results:
         body = rest[found.end() :].rstrip(b"\n")
         if len(body) > MAX_LINE_BYTES or body.startswith(b"[Omitted long line"):
             # rg left the line out (--max-columns): read around its first match instead.
-            text = await asyncio.to_thread(self._excerpt_from_file, rel, offset + column - 1)
+            text = self._excerpt_from_file(rel, offset + column - 1)
         else:
             line = body.decode("utf-8", "replace").rstrip("\r")
             start = len(body[: column - 1].decode("utf-8", "replace"))
@@ -268,13 +323,13 @@ class _Results:
 
     def _add(self, path: str, line: int, text: str) -> bool:
         if len(self.matches) >= self.max_results:
-            self.truncated = True
+            self.truncated = self.stopped = True
             return False
         match = {"path": path, "line": line, "text": text}
         # Exactly what the match adds to the encoded result (plus a comma), escapes included.
         cost = len(encode_result(match)) + 1
         if cost > self.budget:
-            self.truncated = True
+            self.truncated = self.stopped = True
             return False
         self.budget -= cost
         self.matches.append(match)

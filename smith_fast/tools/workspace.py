@@ -24,9 +24,10 @@ outside; ``/proc`` magic links are refused too. Only when that open fails does t
 above run, to tell a refusal (``ERROR_CODE_PERMISSION_DENIED``) from a missing file, and to follow an
 absolute symlink whose target is inside the root (the kernel refuses absolute symlinks under
 ``RESOLVE_BENEATH``; the resolved path is opened beneath the root again). ``fs.search`` and
-``shell.run``'s ``cwd`` take a path string (:meth:`ToolContext.resolve`): checked the same way, but a
-child process then uses it, so for them the root is a guard, not a boundary; ``shell.run`` runs
-arbitrary commands anyway.
+``shell.run``'s ``cwd`` take a path string (:meth:`ToolContext.resolve`), checked the same way and
+then used by a child process: ``fs.search`` confines its rg with Landlock
+(:mod:`smith_fast.tools.search`); for ``shell.run``'s ``cwd`` the root is a guard, not a boundary
+(it runs arbitrary commands anyway).
 """
 
 from __future__ import annotations
