@@ -100,7 +100,7 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666, *, follow
         how = _OpenHow(flags, mode if creates else 0, resolve)
         raw = os.fsencode(path)
         for _ in range(_RETRIES):
-            fd = _syscall(_SYS_OPENAT2, dirfd, raw, ctypes.byref(how), ctypes.sizeof(how))
+            fd: int = _syscall(_SYS_OPENAT2, dirfd, raw, ctypes.byref(how), ctypes.sizeof(how))
             if fd >= 0:
                 return fd
             err = ctypes.get_errno()
