@@ -23,7 +23,7 @@ from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.tools import openat2
 from smith_fast.tools.openat2 import open_beneath, set_openat2
-from smith_fast.tools.registry import ToolRegistry
+from smith_fast.tools import default_registry
 from smith_fast.tools.workspace import ToolContext
 
 from .peers import V1Peer, errors, kind, terminal
@@ -135,7 +135,7 @@ SEARCHES = 400  # each starts an rg: fewer, in a test of their own
 def test_racing_symlink_swaps_never_escape_in_process(tmp_path: pathlib.Path, mode: str) -> None:
     root, outside = layout(tmp_path)
     ctx = ToolContext(root)
-    registry = ToolRegistry.default(entry_points=False)
+    registry = default_registry(entry_points=False)
     outcomes = {"ok": 0, "refused": 0, "failed": 0}
     escapes: list[str] = []
 
@@ -172,7 +172,7 @@ def test_racing_symlink_swaps_never_lead_fs_search_outside(tmp_path: pathlib.Pat
     (root / "out").unlink()
     (root / "proc-root").unlink()
     ctx = ToolContext(root)
-    registry = ToolRegistry.default(entry_points=False)
+    registry = default_registry(entry_points=False)
     escapes: list[str] = []
     found = 0
 
