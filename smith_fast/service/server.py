@@ -59,7 +59,9 @@ def _is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
         raise ListenError(f"cannot resolve {host!r}: {exc}") from None
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    # sockaddr[0] is the address text for AF_INET and AF_INET6 (typeshed also allows an int for
+    # families getaddrinfo does not return here).
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def _checked(addr: str, what: str, allow_remote: bool) -> tuple[str, int]:

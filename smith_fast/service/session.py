@@ -28,7 +28,14 @@ from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
-from .negotiation import ACCEPT_KEY, DEFAULT_METRICS_INTERVAL_MS, SUPPORTED_VERSIONS, accept_additions, capability_name
+from .negotiation import (
+    ACCEPT_KEY,
+    DEFAULT_METRICS_INTERVAL_MS,
+    SUPPORTED_VERSIONS,
+    accept_additions,
+    capability_name,
+    wire_capabilities,
+)
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -60,7 +67,7 @@ class SessionCore(HealthSource, Gauges, Protocol):
         ...
 
     @property
-    def sessions(self) -> MutableSet[Any]: ...
+    def sessions(self) -> MutableSet[Session]: ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
@@ -299,7 +306,7 @@ class Session:
         event = pb.Event()
         ready = event.ready
         ready.version = self.version
-        ready.capabilities.extend(granted)  # type: ignore[arg-type]  # the stubs type the field as Capability, whose values these are
+        ready.capabilities.extend(wire_capabilities(granted))
         ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:

@@ -197,8 +197,10 @@ class V1Sink(EventSink):
 
     def _batched(self, envelope: bytes) -> None:
         # The Event inside a bare Envelope whose timestamp and sequence are 0 (so omitted): after
-        # the tag 0x5A and the Event's length.
-        full = self._add(envelope[skip_varint(envelope, 1) :])
+        # the tag 0x5A and the Event's length. That length is one byte for an Event below 128 bytes,
+        # the common case, stepped over inline: the call costs 7-9% of a batched event (bench_sinks).
+        start = 2 if envelope[1] < 0x80 else skip_varint(envelope, 1)
+        full = self._add(envelope[start:])
         if full:
             for batch in full:
                 self._write_batch(batch)
