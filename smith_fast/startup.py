@@ -105,8 +105,6 @@ def listen_config(args: argparse.Namespace) -> ListenConfig:
         tls_cert=args.tls_cert, tls_key=args.tls_key, allow_remote=args.allow_remote,
         mcp=args.mcp, mcp_http=args.mcp_http,
     )
-    if listen.mcp and listen.stdio:
-        raise ValueError("--mcp and --stdio both want stdin/stdout; pick one")
     if not (listen.stdio or listen.unix or listen.tcp or listen.grpc or listen.mcp or listen.mcp_http):
         listen.tcp = [DEFAULT_TCP]
     return listen

@@ -210,6 +210,8 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     runs no commands itself: no child guard then).
     """
     # Refuse a bad address or TLS setting before anything is bound.
+    if listen.mcp and listen.stdio:
+        raise ListenError("--mcp and --stdio both speak on stdin/stdout; pick one")
     for addr, what in [
         *((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics),
         *((a, "MCP HTTP") for a in listen.mcp_http),
