@@ -21,6 +21,7 @@ from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 
 if TYPE_CHECKING:
     from ..mcp.http import McpHttpServer
+    from ..mcp.mount import MountedServer
     from .grpc_front import GrpcFront
     from .prometheus import MetricsServer
 
@@ -222,7 +223,21 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     if core is None:
         core = ServiceCore(config, loop_name=loop_name)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
-        return await _listen(core, config, listen, loop_name)
+        mounted = await _mount(core, config)
+        try:
+            return await _listen(core, config, listen, loop_name)
+        finally:
+            for server in mounted:
+                await server.close()
+
+
+async def _mount(core: ServiceCore, config: ServiceConfig) -> list[MountedServer]:
+    """The --mcp-server tools, in the registry before any listener opens."""
+    if not config.mcp_servers:
+        return []
+    from ..mcp.mount import mount_all
+
+    return await mount_all(core.tools, config.mcp_servers)
 
 
 async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str) -> int:
