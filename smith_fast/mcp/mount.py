@@ -6,7 +6,8 @@ with hooks applied to the calls and their results. A command is spawned and spok
 a URL over Streamable HTTP; the client is the official MCP SDK's (``pip install
 'smith-fast[mcp]'``). A server is supervised: its connection is probed with ``ping`` every
 :data:`PROBE_INTERVAL` s, and when it dies or stops answering it is started (connected) again
-with exponential backoff from :data:`BACKOFF_MIN` to :data:`BACKOFF_MAX` s; calls meanwhile fail
+with exponential backoff from :data:`BACKOFF_MIN` to :data:`BACKOFF_MAX` s (a server that does not come up at
+start-up fails the start instead); calls meanwhile fail
 with a message that says so. Tools it lists after a restart are added; the registry is otherwise
 left as it was (a tool that disappeared fails when called).
 """
@@ -32,6 +33,7 @@ PROBE_INTERVAL = 2.0
 BACKOFF_MIN = 0.5
 BACKOFF_MAX = 30.0
 FIRST_CONNECT = 30.0  # seconds a server has to come up at start-up
+_CONNECTION_CLOSED = -32000  # the SDK's MCPError code for a connection that went away
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _TOOL = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
 
@@ -87,6 +89,9 @@ class MountedServer:
         self.restarts = 0
         self._task: asyncio.Task[None] | None = None
         self._first_error: BaseException | None = None
+        self._settled = asyncio.Event()  # the first attempt connected or failed
+        self._ever = False
+        self._broken = asyncio.Event()  # a call found the connection gone: restart without waiting for the probe
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._supervise())
@@ -116,16 +121,24 @@ class MountedServer:
                     self._register(listed.tools)
                     self.client = client
                     self.connected.set()
+                    self._ever = True
+                    self._settled.set()
                     log.info("mounted MCP server", extra={"fields": {"server": self.spec.name, "tools": len(listed.tools), "restarts": self.restarts}})
                     backoff = BACKOFF_MIN
+                    self._broken.clear()
                     while True:
-                        await asyncio.sleep(PROBE_INTERVAL)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._broken.wait(), PROBE_INTERVAL)
+                        if self._broken.is_set():
+                            raise ConnectionError("a call found the connection closed")
                         await asyncio.wait_for(client.send_ping(), PROBE_INTERVAL * 2)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001 (anyio groups, the SDK's errors, a dead process: all mean restart)
-                if self._first_error is None and not self.connected.is_set():
+                if not self._ever:
                     self._first_error = exc
+                    self._settled.set()
+                    return  # at start-up a failure is the user's to fix: the start fails
                 log.warning(
                     "MCP server unavailable; restarting",
                     extra={"fields": {"server": self.spec.name, "error": _describe(exc), "backoff_s": backoff}},
@@ -144,10 +157,11 @@ class MountedServer:
             StartupError: it did not come up within ``timeout`` s.
         """
         try:
-            await asyncio.wait_for(self.connected.wait(), timeout)
+            await asyncio.wait_for(self._settled.wait(), timeout)
         except TimeoutError:
-            why = _describe(self._first_error) if self._first_error is not None else "no answer"
-            raise StartupError(f"--mcp-server {self.spec!r}: the server did not come up in {timeout:.0f} s ({why})") from None
+            raise StartupError(f"--mcp-server {self.spec!r}: the server did not come up in {timeout:.0f} s") from None
+        if self._first_error is not None:
+            raise StartupError(f"--mcp-server {self.spec!r}: the server did not come up: {_describe(self._first_error)}")
 
     def _register(self, tools: Sequence[Any]) -> None:
         for tool in tools:
@@ -174,7 +188,12 @@ class MountedServer:
             client = self.client
             if client is None:
                 raise RuntimeError(f"the MCP server {self.spec.name} is not connected (it is being restarted); try again")
-            result = await client.call_tool(tool, args)
+            try:
+                result = await client.call_tool(tool, args)
+            except Exception as exc:
+                if getattr(exc, "code", None) == _CONNECTION_CLOSED or isinstance(exc, OSError | EOFError):
+                    self._broken.set()
+                raise RuntimeError(f"the MCP server {self.spec.name} failed the call: {_describe(exc)}") from None
             content = [item.model_dump(mode="json", by_alias=True, exclude_none=True) for item in result.content]
             if result.is_error:
                 text = " ".join(str(c.get("text", "")) for c in content) or "the tool failed"
