@@ -340,3 +340,37 @@ async def test_http_hostile_bytes(http_server: SmithProcess, hostile: bytes, sta
             assert not (await client.call_tool("fs.list", {})).is_error
     assert http_server.proc is not None and http_server.proc.poll() is None
 
+
+
+# ---- what applies because MCP calls are ordinary requests -------------------------------------------
+
+
+async def test_recording_and_metrics_apply(tmp_path: pathlib.Path) -> None:
+    """--record logs an MCP session's commands and events; the metrics count it as protocol mcp."""
+    from smith_fast.replay.reader import read_log
+
+    record = tmp_path / "rec"
+    proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--record", str(record),
+                        "--metrics", "127.0.0.1:0").start()
+    try:
+        async with Client(mcp_url(proc)) as client:
+            assert not (await client.call_tool("fs.list", {})).is_error
+            ran = await client.call_tool("shell", {"command": "echo recorded"})
+            assert ran.structured_content is not None and ran.structured_content["stdout"] == "recorded\n"
+        metrics_url = next(str(r["address"]) for r in proc.logs if str(r.get("address", "")).endswith("/metrics"))
+        async with httpx2.AsyncClient() as http:
+            text = (await http.get(metrics_url)).text
+        assert 'smith_fast_sessions_total{protocol="mcp"} 1.0' in text
+        assert any(line.startswith('smith_fast_commands_total{type="shell_exec"} 1') for line in text.splitlines())
+    finally:
+        proc.stop()
+    logs = list(record.glob("**/*"))
+    files = [p for p in logs if p.is_file()]
+    assert len(files) == 1, logs
+    _header, records, torn = read_log(files[0])
+    assert torn is None
+    inbound = [r.parse().command.WhichOneof("command_type") for r in records if r.inbound]
+    assert inbound == ["handshake", "tool_call", "shell_exec"]
+    outbound = [r.parse() for r in records if not r.inbound]
+    outputs = [e.event.shell_output.stdout for e in outbound if e.event.WhichOneof("event_type") == "shell_output"]
+    assert "recorded\n" in outputs

@@ -71,7 +71,10 @@ class McpEndpoint:
         self.session = core.new_session(self.sink, close=self._closed, peer=peer, protocol="mcp")
         if authenticated:
             self.session.authenticated = True
-        self.session.handle(pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[c for c in _CAPABILITIES if c in core.capabilities])))
+        handshake = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[c for c in _CAPABILITIES if c in core.capabilities]))
+        if self.session.recorder is not None:  # so that the log replays as the v1 session it was
+            self.session.recorder.record_command(handshake)
+        self.session.handle(handshake)
         self._methods: Mapping[str, Callable[[Any, Any, Channel], None]] = {
             "initialize": self._initialize,
             "ping": self._ping,
