@@ -179,7 +179,11 @@ class McpEndpoint:
         call = self.calls.get(rid) if rid is not None else None
         if rid is None or call is None:
             return  # finished already, or never ours: the specification says to ignore it
-        call.cancelled = True  # no response is sent for a cancelled request
+        # No response is sent for a cancelled request, so the call is over for us now (a task
+        # cancelled before it ran never reaches a terminal state).
+        call.cancelled = True
+        del self.calls[rid]
+        self._by_id.pop(request_id, None)
         self.cancel(rid)
 
     def cancel(self, rid: str) -> None:

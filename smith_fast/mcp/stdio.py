@@ -40,6 +40,7 @@ class McpStdio(asyncio.Protocol):
         self._writer: asyncio.WriteTransport | None = None
         self._reader: asyncio.ReadTransport | None = None
         self._on_closed = on_closed
+        self._finishing: asyncio.Task[None] | None = None
         self._loop = asyncio.get_event_loop()
         self._io = core.metrics.io["mcp"]
         self.endpoint = McpEndpoint(core, peer="stdio", close=self._close, authenticated=True, notify=self)
@@ -135,16 +136,20 @@ class McpStdio(asyncio.Protocol):
         )
 
     def eof_received(self) -> bool | None:
-        self._loop.create_task(self._finish())
+        self._start_finish()
         return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._start_finish()
+
+    def _start_finish(self) -> None:
+        """The client sends no more (EOF or a broken pipe): end once the running calls have."""
+        if self._finishing is None and not self.endpoint.closing:
+            self._finishing = self._loop.create_task(self._finish())
 
     async def _finish(self) -> None:
         await self.endpoint.finish()
         self._close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.endpoint.closing:
-            self._loop.create_task(self._finish())
 
     def _close(self) -> None:
         self._flush()
