@@ -9,7 +9,10 @@ cost is the same for both and small): ``smith-fast serve --mcp`` (``fs.read``) a
 documentation shows). The same 72-byte file is read by each:
 
 * ``pipelined``: :data:`N` calls with up to :data:`WINDOW` in flight;
-* ``sequential``: one call at a time (the p50 is of single round trips).
+* ``sequential``: one call at a time (the p50 is of single round trips);
+* ``seq 200000``: one ``shell`` call printing 200,000 lines (1.3 MB), its whole output in the
+  result (smith-fast with ``--tool-max-output 16M`` so that nothing is cut);
+* ``true``: sequential ``shell`` calls of ``true`` (process start and exit, p50).
 
 The summary gives calls/s, p50 and the server's CPU per call (all its threads), and the ratios.
 """
@@ -36,6 +39,7 @@ from .report.stats import percentile
 N = 2000
 WINDOW = 64
 SEQUENTIAL = 300
+TRUE_CALLS = 50
 CONTENT = b"x" * 71 + b"\n"  # 72 bytes, as in issue 17's measurement
 
 _results: dict[tuple[str, str], dict[str, float]] = {}
@@ -74,6 +78,16 @@ class StdioPeer:
         return orjson.dumps({"jsonrpc": "2.0", "id": self._id, "method": "tools/call",
                              "params": {"name": self.tool, "arguments": {"path": self.path_arg}}}) + b"\n"
 
+    def call(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+        self._id += 1
+        self._in.write(orjson.dumps({"jsonrpc": "2.0", "id": self._id, "method": "tools/call", "params": {"name": tool, "arguments": args}}) + b"\n")
+        self._in.flush()
+        while True:
+            answer = orjson.loads(self._out.readline())
+            if answer.get("id") == self._id:
+                assert answer["result"]["isError"] is False, answer
+                return dict(answer["result"])
+
     def read_once(self) -> None:
         self._in.write(self._call_message())
         self._in.flush()
@@ -104,7 +118,8 @@ class StdioPeer:
 
 def _contenders(root: pathlib.Path) -> dict[str, tuple[list[str], str]]:
     return {
-        "smith-fast --mcp": ([sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(root), "--log-level", "warning"], "fs.read"),
+        "smith-fast --mcp": ([sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(root), "--log-level", "warning",
+                              "--tool-max-output", "16M"], "fs.read"),
         "mcp SDK MCPServer": ([sys.executable, str(ROOT / "bench" / "mcp_sdk_server.py"), str(root)], "read_file"),
     }
 
@@ -131,10 +146,10 @@ def _lines() -> Iterator[str]:
     if not _results:
         return
     yield ""
-    yield "MCP, a 72-byte file read over stdio (smith-fast fs.read vs the SDK's read_file):"
+    yield "MCP over stdio, smith-fast --mcp vs the SDK's MCPServer (reads: fs.read vs read_file; shell vs shell):"
     for (name, mode), r in sorted(_results.items()):
-        yield f"  {mode:10s} {name:20s} {r['rate']:9.0f} calls/s  p50 {'-' if math.isnan(r['p50_ms']) else format(r['p50_ms'], '6.3f'):>6s} ms  server CPU {r['cpu_us']:7.1f} µs/call"
-    for mode in ("pipelined", "sequential"):
+        yield f"  {mode:11s} {name:20s} {r['rate']:9.0f} calls/s  p50 {'-' if math.isnan(r['p50_ms']) else format(r['p50_ms'], '6.3f'):>6s} ms  server CPU {r['cpu_us']:7.1f} µs/call"
+    for mode in ("pipelined", "sequential", "seq 200000", "true"):
         ours, sdk = _results.get(("smith-fast --mcp", mode)), _results.get(("mcp SDK MCPServer", mode))
         if ours and sdk:
             p50 = "" if math.isnan(ours["p50_ms"]) else f", p50 {sdk['p50_ms'] / ours['p50_ms']:.1f}x lower"
@@ -180,3 +195,43 @@ def test_sequential_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> 
         "rate": len(samples) / sum(samples), "p50_ms": percentile(samples, 0.5) * 1000, "cpu_us": sum(cpu) / len(samples) * 1e6,
     }
 
+
+
+@pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
+def test_seq_200000(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer = peers[name]
+    walls: list[float] = []
+    cpu: list[float] = []
+
+    def run() -> None:
+        c0, t0 = cpu_seconds_of(peer.proc.pid), time.perf_counter()
+        result = peer.call("shell", {"command": "seq 200000"})
+        walls.append(time.perf_counter() - t0)
+        cpu.append(cpu_seconds_of(peer.proc.pid) - c0)
+        structured = result.get("structuredContent") or {}
+        assert structured.get("stdout", "").endswith("199999\n200000\n"), str(result)[:200]
+
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    best = min(range(len(walls)), key=walls.__getitem__)
+    _results[(name, "seq 200000")] = {"rate": 1 / walls[best], "p50_ms": walls[best] * 1000, "cpu_us": cpu[best] * 1e6}
+
+
+@pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
+def test_sequential_true(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer = peers[name]
+    samples: list[float] = []
+    cpu: list[float] = []
+
+    def run() -> None:
+        c0 = cpu_seconds_of(peer.proc.pid)
+        for _ in range(TRUE_CALLS):
+            t0 = time.perf_counter()
+            peer.call("shell", {"command": "true"})
+            samples.append(time.perf_counter() - t0)
+        cpu.append(cpu_seconds_of(peer.proc.pid) - c0)
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    samples.sort()
+    _results[(name, "true")] = {
+        "rate": len(samples) / sum(samples), "p50_ms": percentile(samples, 0.5) * 1000, "cpu_us": sum(cpu) / len(samples) * 1e6,
+    }

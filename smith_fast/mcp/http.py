@@ -378,7 +378,7 @@ class _Connection(asyncio.Protocol):
     # ---- asyncio callbacks ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = transport  # type: ignore[assignment]  # a server protocol is given a full Transport
         peer = transport.get_extra_info("peername")
         self.peer = f"mcp-http:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "mcp-http"
         self.server._connections.add(self)  # noqa: SLF001 (the server's own bookkeeping)

@@ -109,7 +109,7 @@ class McpSink(EventSink):
 
     def state_change(self, state: int, request_id: str | None = None) -> None:
         if self._recording is not None:
-            self._record(state_change=pb.StateChangeEvent(request_id=request_id, state=state, timestamp=now_ms()))  # type: ignore[arg-type]
+            self._record(state_change=pb.StateChangeEvent(request_id=request_id, state=state, timestamp=now_ms()))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
         if request_id is not None and state in _TERMINAL:
             call = self._calls.pop(request_id, None)
             if call is not None:
@@ -155,12 +155,12 @@ class McpSink(EventSink):
 
     def log(self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None) -> None:
         if self._recording is not None:
-            self._record(log=pb.LogEvent(level=level, message=message, timestamp=now_ms(), request_id=request_id, fields=fields))  # type: ignore[arg-type]
+            self._record(log=pb.LogEvent(level=level, message=message, timestamp=now_ms(), request_id=request_id, fields=fields))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
         self._host.log(protocol.SMITH_LOG_LEVEL.get(level, "info"), message, request_id, fields or {})
 
     def error(self, code: int, message: str, request_id: str | None = None, details: Mapping[str, str] | None = None) -> None:
         if self._recording is not None:
-            self._record(error=pb.ErrorEvent(request_id=request_id, error_code=code, message=message, timestamp=now_ms(), details=details))  # type: ignore[arg-type]
+            self._record(error=pb.ErrorEvent(request_id=request_id, error_code=code, message=message, timestamp=now_ms(), details=details))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
         call = self._calls.get(request_id) if request_id is not None else None
         if call is not None:
             call.errors.append(message)

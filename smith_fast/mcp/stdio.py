@@ -78,7 +78,7 @@ class McpStdio(asyncio.Protocol):
     # ---- reading -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._reader = transport  # type: ignore[assignment]
+        self._reader = transport  # type: ignore[assignment]  # a read pipe's protocol is given a ReadTransport
         self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
