@@ -374,3 +374,30 @@ async def test_recording_and_metrics_apply(tmp_path: pathlib.Path) -> None:
     outbound = [r.parse() for r in records if not r.inbound]
     outputs = [e.event.shell_output.stdout for e in outbound if e.event.WhichOneof("event_type") == "shell_output"]
     assert "recorded\n" in outputs
+
+
+def test_stdio_huge_line_stays_within_memory(tmp_path: pathlib.Path) -> None:
+    """200 MB without a newline is dropped as it arrives (answered once), not buffered; the next
+    request is served."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(tmp_path), "--max-frame-size", "65536"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        block = b"y" * (1 << 20)
+        for _ in range(200):
+            proc.stdin.write(block)
+        proc.stdin.write(b"\n" + json.dumps({"jsonrpc": "2.0", "id": 9, "method": "ping"}).encode() + b"\n")
+        proc.stdin.flush()
+        first = json.loads(proc.stdout.readline())
+        assert first["error"]["code"] == protocol.INVALID_REQUEST and "65536" in first["error"]["message"]
+        assert json.loads(proc.stdout.readline()) == {"jsonrpc": "2.0", "id": 9, "result": {}}
+        status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+        peak_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+        assert peak_kb < 150 * 1024, f"peak RSS {peak_kb} kB after a 200 MB line"
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
