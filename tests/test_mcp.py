@@ -401,3 +401,39 @@ def test_stdio_huge_line_stays_within_memory(tmp_path: pathlib.Path) -> None:
     finally:
         proc.stdin.close()
         proc.wait(30)
+
+
+def test_stdio_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
+    """A client that stops reading while `yes` streams progress: the command's pipes are paused, so
+    the server's memory stays bounded; once the client reads again and cancels, it is answered."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(tmp_path), "--max-output", "8G"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    send = lambda m: (proc.stdin.write(json.dumps(m).encode() + b"\n"), proc.stdin.flush())  # noqa: E731
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": protocol.LATEST, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shell", "arguments": {"command": "yes"}, "_meta": {"progressToken": "p"}}})
+        time.sleep(3)  # not reading: `yes` alone would write gigabytes by now
+        status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+        rss_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+        assert rss_kb < 200 * 1024, f"RSS {rss_kb} kB while the client did not read"
+        send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}})
+        send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        progress = 0
+        while True:
+            message = json.loads(proc.stdout.readline())
+            if message.get("method") == "notifications/progress":
+                progress += 1
+                continue
+            assert message == {"jsonrpc": "2.0", "id": 3, "result": {}}  # no answer for the cancelled call
+            break
+        assert progress > 0
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
