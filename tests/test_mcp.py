@@ -437,3 +437,41 @@ def test_stdio_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
     finally:
         proc.stdin.close()
         proc.wait(30)
+
+
+def test_http_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
+    """The same over Streamable HTTP: an SSE response nobody reads pauses the command's pipes."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--max-output", "8G").start()
+    try:
+        parts = urlsplit(mcp_url(proc))
+
+        def post(sock: socket.socket, message: dict[str, Any], session: str | None = None) -> None:
+            body = json.dumps(message).encode()
+            head = (f"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n")
+            if session:
+                head += f"Mcp-Session-Id: {session}\r\n"
+            sock.sendall(head.encode() + b"\r\n" + body)
+
+        with socket.create_connection((parts.hostname, parts.port), timeout=20) as first:
+            post(first, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": protocol.LATEST, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+            answer = first.recv(65536).decode()
+            session = next(line.split(":", 1)[1].strip() for line in answer.split("\r\n") if line.lower().startswith("mcp-session-id:"))
+        with socket.create_connection((parts.hostname, parts.port), timeout=20) as stream:
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            post(stream, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shell", "arguments": {"command": "yes"}, "_meta": {"progressToken": "p"}}}, session)
+            time.sleep(3)  # not reading
+            status = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
+            rss_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            assert rss_kb < 200 * 1024, f"RSS {rss_kb} kB while the client did not read"
+            assert b"notifications/progress" in stream.recv(65536)
+        # the service still answers (the call's connection went away; its session lives on)
+        with socket.create_connection((parts.hostname, parts.port), timeout=20) as again:
+            post(again, {"jsonrpc": "2.0", "id": 3, "method": "ping"}, session)
+            assert b'"result":{}' in again.recv(65536)
+    finally:
+        proc.stop()
