@@ -475,3 +475,27 @@ def test_http_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
             assert b'"result":{}' in again.recv(65536)
     finally:
         proc.stop()
+
+
+async def test_http_session_lifecycle(tmp_path: pathlib.Path) -> None:
+    """DELETE ends a session (then 404); sessions beyond --max-connections are refused with 503."""
+    proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--max-connections", "3").start()
+    try:
+        url = mcp_url(proc)
+        headers = {"Accept": "application/json, text/event-stream"}
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+        async with httpx2.AsyncClient(headers=headers) as http:
+            first = await http.post(url, json=init)
+            assert first.status_code == 200 and first.json()["result"]["protocolVersion"] == "2025-06-18"
+            sid = first.headers["mcp-session-id"]
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": sid})).json()["result"] == {}
+            assert (await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers={"Mcp-Session-Id": sid})).status_code == 202
+            assert (await http.post(url, json=ping)).status_code == 400  # no session id
+            assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"})).status_code == 400
+            assert (await http.delete(url, headers={"Mcp-Session-Id": sid})).status_code == 200
+            assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": sid})).status_code == 404
+            made = [(await http.post(url, json=init)).status_code for _ in range(4)]
+            assert made == [200, 200, 200, 503]
+    finally:
+        proc.stop()
