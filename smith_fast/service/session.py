@@ -398,6 +398,16 @@ class Session:
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)
 
+    def cancel_request(self, rid: str) -> bool:
+        """Cancel the running request ``rid`` (its process group is killed; the runner sends its
+        terminal state). False when none runs. For fronts whose protocol cancels by itself (MCP's
+        ``notifications/cancelled``) until the runner seam has a Cancel command."""
+        task = self._tasks.get(rid)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
         try:
