@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ..plan import Planner
     from ..process import ShellProcess
     from ..tools import ToolContext, ToolRegistry
+    from .audit import Audit
     from .config import Limits, ServiceConfig
     from .session_hooks import SessionHooks
     from .sinks import EventSink
@@ -55,6 +56,11 @@ class Execution(Protocol):
 
     @property
     def hooks(self) -> SessionHooks: ...
+
+    @property
+    def audit(self) -> Audit:
+        """The session's audit records: what each request ran, what the hooks said, how it ended."""
+        ...
 
     @property
     def processes(self) -> set[ShellProcess]:
