@@ -1163,6 +1163,8 @@ def test_hooks_md_examples(run: Runner[Any], compiled: Compiled, kind: str) -> N
                 await hook.call("after_tool_result", {"tool": "fs.read", "success": True, "result": {"content": "hi"}, "error": None}),
                 await hook.call("on_shell_output", {"stream": "stdout", "text": "id=AKIAABCDEFGHIJKLMNOP, é AKIA12345678901234567\n"}),
                 await hook.call("on_shell_output", {"stream": "stderr", "text": "AKIAabcdefghijklmnop\n"}),
+                await hook.call("before_hook_load", {"hook_type": "rust", "source": "hooks! {}"}),
+                await hook.call("before_hook_load", {"hook_type": "js", "source": ""}),
             ]
 
     d = run(body())
@@ -1174,3 +1176,5 @@ def test_hooks_md_examples(run: Runner[Any], compiled: Compiled, kind: str) -> N
     assert d[5].action == "allow"
     assert d[6].action == "transform" and d[6].data == {"stream": "stdout", "text": "id=[aws key], é [aws key]7\n"}
     assert d[7].action == "allow"
+    assert (d[8].action, d[8].reason) == ("block", "no rust hooks from sessions")
+    assert d[9].action == "allow"
