@@ -165,7 +165,7 @@ def _check_shell_output(d: dict[str, Any]) -> str | None:
 
 def _check_hook_load(d: dict[str, Any]) -> str | None:
     # A hook may only allow or block a load: a rewritten source or kind would skip the capability
-    # the load was admitted under (HOOKS.md, "beforeHookLoad").
+    # the load was admitted under (HOOKS.md, "Trigger points and payloads").
     return "a hook load can only be allowed or blocked, not transformed"
 
 
