@@ -155,6 +155,54 @@ def test_plan_steps_pass_the_choke_point(block_rm: ServerProcess) -> None:
     assert "rm" in line["command"] and line["origin"] == "plan_step" and line["parent"]
 
 
+PLUGIN = """
+from smith_fast.tools import ProcessRequest, Tool
+
+SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+
+
+async def _run(args, ctx):
+    done = await ctx.run_process(ProcessRequest(command=args["command"]))
+    return {"exit_code": done.exit_code, "stdout": done.stdout.decode()}
+
+
+TOOL = Tool("plug.run", "Run a command through the service.", SCHEMA, _run)
+"""
+
+
+def test_a_plugin_tools_processes_pass_the_choke_point(tmp_path: pathlib.Path) -> None:
+    """A plug-in tool starts processes through ``ToolContext.run_process``: the shell hooks see them."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "smith_plug.py").write_text(PLUGIN)
+    dist = site / "smith_plug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: smith_plug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[smith_fast.tools]\nrun = smith_plug:TOOL\n")
+    (tmp_path / "block_rm.js").write_text(BLOCK_RM)
+    root = tmp_path / "root"
+    root.mkdir()
+    victim = root / "file.txt"
+    victim.write_text("keep me\n")
+    srv = ServerProcess(tmp_path, "--hook", str(tmp_path / "block_rm.js"), root=root, env={"PYTHONPATH": str(site)}).start()
+    try:
+        async def go() -> None:
+            async with await Client.connect(srv.unix) as client:
+                await client.handshake(["shell_exec"])
+                with pytest.raises(SmithError) as info:
+                    await client.call_tool("plug.run", {"command": "rm file.txt"})
+                assert info.value.code == pb.ERROR_CODE_PERMISSION_DENIED and info.value.details["reason"] == "hook_blocked"
+                res = await client.call_tool("plug.run", {"command": "echo SECRET123"})
+                assert res.success and json.loads(res.result) == {"exit_code": 0, "stdout": "[redacted]\n"}
+
+        run(go())
+    finally:
+        assert srv.stop() == 0
+    assert victim.read_text() == "keep me\n"
+    line = audit_for(srv, kind="tool_call", tool="plug.run", outcome="blocked")
+    assert line["origin"] == "plug.run" and line["command"] == "rm file.txt"
+
+
 # ---- Rust hooks and --hook -------------------------------------------------------------------------
 
 
@@ -376,6 +424,8 @@ def test_audit_line_per_request(block_rm: ServerProcess) -> None:
             await exec_(client, "rm -f nothing")
             await exec_(client, "sleep 5", timeout_ms=200)
             await client.call_tool("fs.list", {"path": "."})
+            with pytest.raises(SmithError):
+                await client.load_hook("js", BLOCK_RM)  # not granted: refused before it runs
             return client.ready.service_id if client.ready else ""
 
     run(go())
@@ -389,6 +439,8 @@ def test_audit_line_per_request(block_rm: ServerProcess) -> None:
     assert killed["outcome"] == "timeout" and killed["killed"] is True and killed["kill_reason"] == "timeout"
     tool = audit_for(block_rm, kind="tool_call", tool="fs.list")
     assert tool["outcome"] == "ok" and tool["success"] is True
+    refused = [line for line in audit_lines(block_rm) if line.get("outcome") == "refused" and "hooks_js" in line.get("reason", "")]
+    assert refused and refused[0]["error_code"] == "INVALID_CAPABILITY" and refused[0]["request_id"]
     # a hook block is a block in the log, not a protocol error
     assert not any(line.get("event") == "protocol error" and "blocked by hook" in str(line.get("error")) for line in block_rm.logs)
 

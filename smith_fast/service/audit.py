@@ -9,7 +9,9 @@ Each line (logger ``smith_fast.audit``, event ``request``) carries: ``session``,
 and ``reason`` when it did not end well, ``exit_code`` of its process, ``killed`` with
 ``kill_reason`` when the service stopped it, and ``duration_ms``.
 
-A hook block is ``outcome: "blocked"`` naming the hook, not a protocol error.
+A hook block is ``outcome: "blocked"`` naming the hook, not a protocol error. A request the session
+refused before it ran (a capability not granted, too large, too many in flight) gets its line too,
+``outcome: "refused"`` with the error (:func:`refused`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
-__all__ = ["Audit", "MAX_SUBJECT", "MAX_DECISIONS"]
+__all__ = ["Audit", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
 
 log = get_logger("smith_fast.audit")
 
@@ -142,3 +144,15 @@ class Audit:
             record.fields["hooks"] = record.decisions
             record.fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
             log.info("request", extra={"fields": record.fields})
+
+
+def refused(session: str, peer: str, error: ProtocolError) -> None:
+    """The audit line of a request refused before it ran (it never reached a runner)."""
+    log.info(
+        "request",
+        extra={"fields": {
+            "session": session, "peer": peer, "request_id": error.request_id, "outcome": "refused",
+            "error_code": pb.ErrorCode.Name(error.code).removeprefix("ERROR_CODE_"), "reason": _clip(str(error), _MAX_REASON),
+            "hooks": [], "duration_ms": 0,
+        }},
+    )
