@@ -349,12 +349,13 @@ def _attacks(root: pathlib.Path, marker: pathlib.Path) -> list[tuple[str, dict[s
     return [
         ("openssl version", {"OPENSSL_CONF": str(conf)}, "OPENSSL_CONF"),
         ("python3 -c 'import ssl'", {"OPENSSL_CONF": str(conf)}, "OPENSSL_CONF"),
+        ("curl -s file:///dev/null", {"OPENSSL_CONF": str(conf)}, "OPENSSL_CONF"),
         ("git init -q g && cd g && git status", {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": f"touch {marker}"}, "GIT_CONFIG_COUNT"),
         ("python3 -c pass", {"PYTHONPATH": str(site)}, "PYTHONPATH"),
     ]
 
 
-@pytest.mark.parametrize("case", range(4), ids=["openssl", "python-ssl", "git-fsmonitor", "pythonpath"])
+@pytest.mark.parametrize("case", range(5), ids=["openssl", "python-ssl", "curl", "git-fsmonitor", "pythonpath"])
 def test_env_that_loads_code_is_refused(env_server: ServerProcess, case: int) -> None:
     marker = env_server.root / f"ran-{uuid.uuid4().hex}"
     command, env, name = _attacks(env_server.root, marker)[case]
@@ -384,14 +385,14 @@ def test_the_env_attacks_are_real_when_allowed(tmp_path: pathlib.Path) -> None:
         async def go() -> None:
             async with await Client.connect(srv.unix) as client:
                 await client.handshake(["shell_exec"])
-                for case in range(4):
+                for case in range(5):
                     marker = root / f"ran-{case}"
                     markers.append(marker)
                     command, env, _ = _attacks(root, marker)[case]
                     await exec_(client, command, env=env)
 
         run(go())
-        assert [m.exists() for m in markers] == [True, True, True, True]
+        assert [m.exists() for m in markers] == [True] * 5
     finally:
         assert srv.stop() == 0
 
@@ -460,5 +461,5 @@ def test_long_commands_are_cut_in_the_audit_line(block_rm: ServerProcess) -> Non
 
 def test_gcc_and_git_are_here() -> None:
     # the env tests build and run real programs: they must exist, not be skipped
-    for tool in ("gcc", "git", "openssl", "python3"):
+    for tool in ("gcc", "git", "openssl", "python3", "curl"):
         assert shutil.which(tool), tool
