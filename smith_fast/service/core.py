@@ -91,7 +91,10 @@ class ServiceCore:
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
         self.tool_context = ToolContext(
-            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
+            root=config.root.resolve(),
+            max_output=config.limits.tool_max_output,
+            allow_env=config.allow_env,
+            env_policy=config.env_policy,
         )
         kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)

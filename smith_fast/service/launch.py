@@ -9,8 +9,8 @@ Four ways in, one way out:
 
 each passes :func:`admit` (the ``before_shell_exec`` hooks, then ``--max-command-size`` and the env
 policy on what the hooks let through, the span, the audit record), takes a ``--max-processes``
-slot, and starts its process with :func:`smith_fast.service.spawn.spawn`, the single call that creates a peer's process (the
-sandbox of issue 15 applies there). Output goes through the ``on_shell_output`` hooks either way:
+slot, and starts its process with :func:`smith_fast.service.spawn.spawn`, the single call that
+creates a peer's process (the sandbox of issue 15 applies there). Output goes through the ``on_shell_output`` hooks either way:
 chunk by chunk for a stream, per stream of the collected result for a tool. HOOKS.md has the table
 of which hook sees what.
 """
@@ -52,7 +52,8 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
     if (size := command_size(cmd)) > limit:
         raise too_large("the shell command (after hooks)", size, limit, rid)
     config = ex.core.config
-    check_env(cmd.env, config.allow_env, policy=config.env_policy, what="env" if origin in ("shell_exec", "plan_step") else f"{origin} env", request_id=rid)
+    what = "env" if origin in ("shell_exec", "plan_step") else f"{origin} env"
+    check_env(cmd.env, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
     env = dict(cmd.env)
     span = ex.spans.get(rid)
     if span is not None:
