@@ -245,6 +245,24 @@ def test_capabilities_allow_list(tmp_path: pathlib.Path) -> None:
     finally:
         assert srv.stop() == 0
     (tmp_path / "bad").mkdir()
+    # a tool or a plan step cannot start what a ShellExec may not
+    (tmp_path / "noexec").mkdir()
+    srv = ServerProcess(tmp_path / "noexec", "--capabilities", "hooks_js").start()
+    try:
+        async def no_exec() -> None:
+            async with await Client.connect(srv.unix) as client:
+                await client.handshake(["shell_exec", "hooks_js"])
+                result, error = await shell_run(client, {"command": "touch made-by-shell-run"})
+                assert result is None and error is not None and error.code == pb.ERROR_CODE_INVALID_CAPABILITY
+                async for _ in client.plan("touch made-by-plan", context={"execute": "true"}):
+                    pass
+
+        run(no_exec())
+    finally:
+        assert srv.stop() == 0
+    assert not (srv.root / "made-by-shell-run").exists() and not (srv.root / "made-by-plan").exists()
+    step = audit_for(srv, kind="plan_step")
+    assert step["error_code"] == "INVALID_CAPABILITY" and "needs capability shell_exec" in step["reason"]
     bad = ServerProcess(tmp_path / "bad", "--capabilities", "shell_exec,root")
     with pytest.raises(RuntimeError, match="unknown capability root"):
         bad.start(timeout=20)

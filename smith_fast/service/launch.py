@@ -41,10 +41,20 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
     """The hooks, then the checks on what they let through; returns the command and its environment.
 
     Raises:
-        ProtocolError: a hook blocked it (``PERMISSION_DENIED``, ``reason: hook_blocked``), it is
-            larger than ``--max-command-size`` after the hooks, or its env is refused.
+        ProtocolError: the service does not offer ``shell_exec`` (``INVALID_CAPABILITY``), a hook
+            blocked it (``PERMISSION_DENIED``, ``reason: hook_blocked``), it is larger than
+            ``--max-command-size`` after the hooks, or its env is refused.
     """
     ex.audit.note(rid, command=cmd.command, origin=origin)
+    if pb.CAPABILITY_SHELL_EXEC not in ex.core.capabilities:
+        # The operator left shell_exec out of --capabilities: a tool or a plan step must not start
+        # what a ShellExec could not. (Per session it would protect nothing: a peer may ask for it.)
+        raise ProtocolError(
+            f"{origin} starts a process, which needs capability shell_exec, not offered by this service",
+            pb.ERROR_CODE_INVALID_CAPABILITY,
+            rid,
+            {"reason": "capability_required", "capability": "shell_exec"},
+        )
     cmd = await ex.hooks.before_shell_exec(rid, cmd)
     ex.audit.note(rid, command=cmd.command)
     # After the hooks, so a transform cannot bring in what a request may not (sizes.py, refused_env.py).
