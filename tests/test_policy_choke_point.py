@@ -126,6 +126,10 @@ def test_before_shell_exec_sees_shell_run(block_rm: ServerProcess) -> None:
             result, error = await shell_run(client, {"command": "echo SECRET123 ok; echo SECRET123 >&2"})
             assert error is None and result is not None
             assert result["stdout"] == "[redacted] ok\n" and result["stderr"] == "[redacted]\n" and result["exit_code"] == 0
+            # in chunks of --chunk-size, as a ShellExec's output: each fits what the hook may see
+            result, error = await shell_run(client, {"command": "python3 -c \"print('SECRET123 ' * 30000)\""})
+            assert error is None and result is not None
+            assert result["stdout"].count("[redacted]") >= 29000 and len(result["stdout"]) > 64 * 1024
 
     run(go())
     assert victim.read_text() == "keep me\n"

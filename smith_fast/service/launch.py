@@ -10,8 +10,8 @@ Four ways in, one way out:
 each passes :func:`admit` (the ``before_shell_exec`` hooks, then ``--max-command-size`` and the env
 policy on what the hooks let through, the span, the audit record), takes a ``--max-processes``
 slot, and starts its process with :func:`smith_fast.service.spawn.spawn`, the single call that
-creates a peer's process (the sandbox of issue 15 applies there). Output goes through the ``on_shell_output`` hooks either way:
-chunk by chunk for a stream, per stream of the collected result for a tool. HOOKS.md has the table
+creates a peer's process (the sandbox of issue 15 applies there). Output goes through the ``on_shell_output`` hooks either way,
+in chunks of at most ``--chunk-size``: as it comes for a stream, once the process ended for a tool. HOOKS.md has the table
 of which hook sees what.
 """
 
@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import tracing
+from ..chunking import OutputChunker
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import STDERR, STDOUT, Collected, ShellProcess
@@ -166,8 +167,14 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
 
 
 async def _filtered(ex: Execution, rid: str, stream: str, data: bytes) -> bytes:
-    """A collected stream through the output hooks, as one chunk (b"" when a hook blocked it)."""
+    """A collected stream through the output hooks, in the chunks a ShellExec's output would come
+    in (at most ``--chunk-size`` bytes, cut on character boundaries); a chunk a hook blocked is left out."""
     if not data:
         return data
-    text = await ex.hooks.on_shell_output(rid, stream, data.decode("utf-8", "replace"))
-    return text.encode() if text is not None else b""
+    chunker = OutputChunker(ex.core.limits.chunk_size)
+    out = []
+    for text in [*chunker.feed(data), *chunker.flush()]:
+        kept = await ex.hooks.on_shell_output(rid, stream, text)
+        if kept is not None:
+            out.append(kept)
+    return "".join(out).encode()
