@@ -98,10 +98,15 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
 # argparse reports a failed type conversion with the function's __name__
 parse_size.__name__ = "size"
 parse_duration.__name__ = "duration"
 _milliseconds.__name__ = "duration"
+_names.__name__ = "list"
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -138,6 +143,7 @@ UNITS: dict[str, Unit] = {
     "text": Unit(str, None, str),
     "path": Unit(pathlib.Path, "PATH", str),
     "choice": Unit(str, None, str),
+    "names": Unit(_names, "LIST", lambda v: ",".join(sorted(v))),
 }
 
 

@@ -97,6 +97,9 @@ function onShellOutput(p) {
   if (p.stream === "stderr") return { action: "transform", data: { stream: "stderr", text: p.text.toUpperCase() } };
   return { action: "allow" };
 }
+function beforeHookLoad(p) {
+  return p.source.includes("evil") ? { action: "block", reason: `no evil ${p.hook_type} hooks` } : { action: "allow" };
+}
 """
 
 RUST_ALL = r"""
@@ -189,7 +192,14 @@ fn on_shell_output(p: &Json) -> Action {
     Action::Allow
 }
 
-hooks! { before_tool_call, before_shell_exec, after_tool_result, on_shell_output }
+fn before_hook_load(p: &Json) -> Action {
+    if p["source"].as_str().unwrap_or("").contains("evil") {
+        return Action::block(format!("no evil {} hooks", p["hook_type"].as_str().unwrap_or("?")));
+    }
+    Action::Allow
+}
+
+hooks! { before_tool_call, before_shell_exec, after_tool_result, on_shell_output, before_hook_load }
 """
 
 # Append a marker to args.path, so the order of a chain shows in the result.
@@ -225,7 +235,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Compiled:
 
     async def build() -> Compiled:
         hits = {}
-        hook = await load_hook("rust", RUST_ALL, cache_dir=cache)
+        hook = await load_hook("rust", RUST_ALL, cache_dir=cache, trusted=True)
         hits["all"] = hook.cache_hit  # type: ignore[attr-defined]
         await hook.close()
         pair = await asyncio.gather(
@@ -252,6 +262,8 @@ def after_loop() -> Callable[[], None]:
 
 @asynccontextmanager
 async def loaded(kind: str, source: str, compiled: Compiled, limits: HookLimits = HookLimits(), **kw: Any) -> AsyncIterator[Hook]:
+    # the test hooks probe their own sandbox (std::env, unsafe ...): loaded as the operator's
+    kw.setdefault("trusted", True)
     hook = await load_hook(kind, source, limits=limits, cache_dir=compiled.cache, **kw)
     try:
         yield hook
@@ -317,6 +329,8 @@ TRIGGER_CASES = [
     ("on_shell_output", {"stream": "stdout", "text": "hello\n"}, "allow", None),
     ("on_shell_output", {"stream": "stdout", "text": "password: hunter2\n"}, "block", "output contains a password"),
     ("on_shell_output", {"stream": "stderr", "text": "warning: é\n"}, "transform", {"stream": "stderr", "text": "WARNING: É\n"}),
+    ("before_hook_load", {"hook_type": "js", "source": "function beforeToolCall() {}"}, "allow", None),
+    ("before_hook_load", {"hook_type": "rust", "source": "// evil"}, "block", "no evil rust hooks"),
 ]
 
 
@@ -465,6 +479,9 @@ WRONG_SHAPES: dict[str, list[tuple[Any, str]]] = {
         ({"tool": "x", "success": 1, "result": None, "error": None}, "success must be a boolean"),
         ({"tool": "x", "success": True, "result": None, "error": 5}, "error must be a string or null"),
         ({"tool": "x", "success": True, "result": None}, "keys must be exactly tool, success, result, error"),
+    ],
+    "before_hook_load": [
+        ({"hook_type": "js", "source": ""}, "a hook load can only be allowed or blocked, not transformed"),
     ],
     "on_shell_output": [
         ({"stream": "stdin", "text": "x"}, 'stream must be "stdout" or "stderr"'),
@@ -774,7 +791,7 @@ def test_rust_close_kills_and_releases(run: Runner[Any], compiled: Compiled) -> 
     fds_before = set(os.listdir("/proc/self/fd"))
 
     async def body() -> tuple[int, str]:
-        hook = await load_hook("rust", RUST_ALL, cache_dir=compiled.cache)
+        hook = await load_hook("rust", RUST_ALL, cache_dir=compiled.cache, trusted=True)
         assert isinstance(hook, RustHook) and hook._child is not None
         pid, workdir = hook._child.proc.pid, hook._workdir
         await hook.close()
@@ -1060,7 +1077,7 @@ def test_chain_failure_policy(
     run: Runner[Any], compiled: Compiled, caplog: pytest.LogCaptureFixture, policy: str, kind: str, mode: str, fragment: str
 ) -> None:
     async def body() -> Any:
-        failing = await load_hook(kind, SOURCES[kind], limits=FAST, cache_dir=compiled.cache)
+        failing = await load_hook(kind, SOURCES[kind], limits=FAST, cache_dir=compiled.cache, trusted=True)
         after = await load_hook("js", JS_APPEND)
         chain = HookChain([failing, after], failure=policy)  # type: ignore[arg-type]
         try:
@@ -1146,6 +1163,8 @@ def test_hooks_md_examples(run: Runner[Any], compiled: Compiled, kind: str) -> N
                 await hook.call("after_tool_result", {"tool": "fs.read", "success": True, "result": {"content": "hi"}, "error": None}),
                 await hook.call("on_shell_output", {"stream": "stdout", "text": "id=AKIAABCDEFGHIJKLMNOP, é AKIA12345678901234567\n"}),
                 await hook.call("on_shell_output", {"stream": "stderr", "text": "AKIAabcdefghijklmnop\n"}),
+                await hook.call("before_hook_load", {"hook_type": "rust", "source": "hooks! {}"}),
+                await hook.call("before_hook_load", {"hook_type": "js", "source": ""}),
             ]
 
     d = run(body())
@@ -1157,3 +1176,5 @@ def test_hooks_md_examples(run: Runner[Any], compiled: Compiled, kind: str) -> N
     assert d[5].action == "allow"
     assert d[6].action == "transform" and d[6].data == {"stream": "stdout", "text": "id=[aws key], é [aws key]7\n"}
     assert d[7].action == "allow"
+    assert (d[8].action, d[8].reason) == ("block", "no rust hooks from sessions")
+    assert d[9].action == "allow"

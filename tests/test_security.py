@@ -62,7 +62,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     (root / "link-out").symlink_to(tmp / "outside.txt")
     (root / "dir-out").symlink_to(tmp / "outdir")
     (root / "dangling-out").symlink_to(tmp / "does-not-exist")
-    srv = ServerProcess(tmp, "--allow-env", "LD_LIBRARY_PATH", root=root).start()
+    srv = ServerProcess(tmp, "--allow-env", "LD_LIBRARY_PATH", "--allow-env", "PYTHONPATH", root=root).start()
     yield srv
     assert srv.stop() == 0
     assert_clean_log(srv)
@@ -239,8 +239,9 @@ def test_token_flag(tmp_path: pathlib.Path) -> None:
 
 
 def test_refused_names_policy() -> None:
+    # PYTHONPATH is refused since issue 14 (a sitecustomize.py there runs in every python3)
     assert refused_names(["LD_PRELOAD", "PATH", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%", "ld_preload", "PYTHONPATH"]) == [
-        "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%",
+        "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%", "PYTHONPATH",
     ]  # fmt: skip
     assert refused_names(["LD_PRELOAD", "LD_AUDIT"], allow={"LD_AUDIT"}) == ["LD_PRELOAD"]
     assert {"BASH_ENV", "ENV", "GCONV_PATH", "GLIBC_TUNABLES", "NODE_OPTIONS", "PS4"} <= REFUSED_NAMES

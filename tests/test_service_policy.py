@@ -69,7 +69,9 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     (tmp / "real.txt").write_text("the real file\n")
     (tmp / "key.txt").write_text("-----PRIVATE KEY-----\n")
     (tmp / "global.js").write_text('function beforeShellExec(p) { return p.command.includes("forbidden") ? {action: "block", reason: "global policy"} : {action: "allow"}; }')
-    srv = ServerProcess(tmp, "--hook", str(tmp / "global.js"), "--record", str(tmp / "rec"), loop=request.param).start()
+    # hooks_rust is granted only when the operator lists it (issue 14)
+    caps = "shell_exec,hooks_js,hooks_rust,replay,tracing"
+    srv = ServerProcess(tmp, "--hook", str(tmp / "global.js"), "--record", str(tmp / "rec"), "--capabilities", caps, loop=request.param).start()
     yield srv
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 

@@ -65,6 +65,7 @@ async def load_hook(
     limits: HookLimits = HookLimits(),
     cache_dir: Path | None = None,
     hook_id: str | None = None,
+    trusted: bool = False,
 ) -> Hook:
     """Load one hook.
 
@@ -74,6 +75,8 @@ async def load_hook(
         limits: per-call time and memory limits, and the Rust compile time limit.
         cache_dir: where compiled Rust hooks are cached (default ``~/.cache/smith-fast/hooks``).
         hook_id: the id to give the hook (default: kind + ``-`` + 12 hex digits of the source's SHA-256).
+        trusted: the operator's source: a Rust hook skips the check of what it may contain
+            (:func:`smith_fast.hooks.rust_check.check_rust_source`); a peer's never is.
 
     Returns:
         The loaded hook, ready to call.
@@ -85,7 +88,7 @@ async def load_hook(
     if kind == "js":
         return load_js(source, limits, hook_id)
     if kind == "rust":
-        return await load_rust(source, limits, hook_id, cache_dir)
+        return await load_rust(source, limits, hook_id, cache_dir, trusted=trusted)
     raise HookLoadError(f"unknown hook type {kind!r}: expected 'js' or 'rust'")
 
 
@@ -107,6 +110,7 @@ async def load_hook_file(
     limits: HookLimits = HookLimits(),
     cache_dir: Path | None = None,
     hook_id: str | None = None,
+    trusted: bool = True,
 ) -> Hook:
     """Load a hook from a file (``smith-fast serve --hook FILE``); its kind comes from the suffix.
 
@@ -115,6 +119,7 @@ async def load_hook_file(
         limits: as for :func:`load_hook`.
         cache_dir: as for :func:`load_hook`.
         hook_id: as for :func:`load_hook`.
+        trusted: as for :func:`load_hook`; a file is the operator's (the default).
 
     Returns:
         The loaded hook.
@@ -129,6 +134,6 @@ async def load_hook_file(
     except (OSError, UnicodeDecodeError) as exc:
         raise HookLoadError(f"cannot read hook file {str(path)!r}: {exc}") from None
     try:
-        return await load_hook(kind, source, limits=limits, cache_dir=cache_dir, hook_id=hook_id)
+        return await load_hook(kind, source, limits=limits, cache_dir=cache_dir, hook_id=hook_id, trusted=trusted)
     except HookLoadError as exc:
         raise HookLoadError(f"{path}: {exc.message}", exc.diagnostics) from None

@@ -29,6 +29,7 @@ JS_FUNCTIONS: dict[str, str] = {
     "before_shell_exec": "beforeShellExec",
     "after_tool_result": "afterToolResult",
     "on_shell_output": "onShellOutput",
+    "before_hook_load": "beforeHookLoad",
 }
 """The global function a JavaScript hook defines for each trigger."""
 

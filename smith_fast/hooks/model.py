@@ -27,7 +27,7 @@ __all__ = [
 
 log = logging.getLogger("smith_fast.hooks")
 
-TRIGGERS: tuple[str, ...] = ("before_tool_call", "before_shell_exec", "after_tool_result", "on_shell_output")
+TRIGGERS: tuple[str, ...] = ("before_tool_call", "before_shell_exec", "after_tool_result", "on_shell_output", "before_hook_load")
 """The trigger points, in the order a request meets them."""
 
 Action = Literal["allow", "block", "transform"]
@@ -163,11 +163,18 @@ def _check_shell_output(d: dict[str, Any]) -> str | None:
     return None
 
 
+def _check_hook_load(d: dict[str, Any]) -> str | None:
+    # A hook may only allow or block a load: a rewritten source or kind would skip the capability
+    # the load was admitted under (HOOKS.md, "Trigger points and payloads").
+    return "a hook load can only be allowed or blocked, not transformed"
+
+
 _SHAPES: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "before_tool_call": _check_tool_call,
     "before_shell_exec": _check_shell_exec,
     "after_tool_result": _check_tool_result,
     "on_shell_output": _check_shell_output,
+    "before_hook_load": _check_hook_load,
 }
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import childguard
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
+from .rust_check import check_rust_source
 from .rust_build import cache_key, compile_hook, default_cache_dir, rustc_path, rustc_version
 
 __all__ = [
@@ -407,6 +408,8 @@ async def load_rust(
     limits: HookLimits = HookLimits(),
     hook_id: str | None = None,
     cache_dir: Path | None = None,
+    *,
+    trusted: bool = False,
 ) -> RustHook:
     """Load a Rust hook: compile it (or find it in the cache), start its process, ask it its triggers.
 
@@ -416,18 +419,23 @@ async def load_rust(
         limits: its time limit per call, memory limit and compile time limit.
         hook_id: the id to give it (default ``rust-`` + 12 hex digits of the source's SHA-256).
         cache_dir: where compiled hooks live (default :func:`default_cache_dir`).
+        trusted: the operator's own source (``serve --hook``): skip :func:`check_rust_source`,
+            which otherwise refuses what could read files while compiling or reach the system
+            when run (HOOKS.md, "What a session's Rust hook may contain").
 
     Returns:
         The running hook.
 
     Raises:
-        HookLoadError: no ``hooks!`` registration, a compile error (``diagnostics`` is rustc's
+        HookLoadError: a forbidden token (untrusted source), no ``hooks!`` registration, a compile error (``diagnostics`` is rustc's
             output), no working rustc, an unknown trigger name, or a binary that does not start.
     """
     if "hooks!" not in source:
         raise HookLoadError(
             "a Rust hook registers its functions with hooks! { " + ", ".join(TRIGGERS) + " } (any subset)"
         )
+    if not trusted:
+        check_rust_source(source)  # before rustc reads a byte of it
     source_hash = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
     exe, cache_hit = await compile_hook(source, cache_dir=cache_dir, timeout=limits.rust_compile_timeout)
     try:

@@ -250,7 +250,7 @@ class Bridge:
         await self.feed.start()
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{config.command_stream}.{config.worker_consumer}"
         await self.nc.subscribe(advisory, cb=self._max_deliveries)
-        self.core.capabilities = self.core.capabilities | {pb.CAPABILITY_NATS}
+        self.core.capabilities = self.core.capabilities | ({pb.CAPABILITY_NATS} & self.core.permitted)
         log.info("nats connected", extra={"fields": {"gateway": self.gateway_id, "servers": list(config.servers)}})
 
     async def close(self) -> None:
@@ -276,7 +276,7 @@ class Bridge:
         self.core.capabilities = self.core.capabilities - {pb.CAPABILITY_NATS}
 
     def _reconnected(self) -> None:
-        self.core.capabilities = self.core.capabilities | {pb.CAPABILITY_NATS}
+        self.core.capabilities = self.core.capabilities | ({pb.CAPABILITY_NATS} & self.core.permitted)
         if self.feed is not None:
             self.feed.reset()
 

@@ -492,7 +492,7 @@ class Worker:
             runner=runner,
             peer=f"nats:{meta.session}/{meta.number}",
             protocol="nats",
-            granted=meta.capabilities,
+            granted=meta.capabilities & core.permitted,  # and this worker's --capabilities
             span=tracing.remote_span(meta.traceparent) if pb.CAPABILITY_TRACING in meta.capabilities else tracing.NOOP,
         )
         state.running.add(session)

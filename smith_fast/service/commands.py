@@ -17,10 +17,9 @@ from .. import tracing
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
-from ..refused_env import check_env
 from ..tools import ToolOutcome
+from . import launch
 from .execution import Execution
-from .shell_exec import run_shell_exec
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
 __all__ = ["CommandSpec", "COMMANDS", "Handler", "shell_exec", "run_tool"]
@@ -57,27 +56,19 @@ class CommandSpec:
 
 
 async def shell_exec(ex: Execution, rid: str, cmd: pb.ShellExecCommand) -> int:
-    """Hooks first (a block means the process never starts), then the command."""
-    cmd = await ex.hooks.before_shell_exec(rid, cmd)
-    # After the hooks, so a transform cannot bring in what a request may not (sizes.py, refused_env.py).
-    limit = ex.core.limits.max_command_size
-    if (size := command_size(cmd)) > limit:
-        raise too_large("the shell command (after hooks)", size, limit, rid)
-    check_env(cmd.env, ex.core.config.allow_env, request_id=rid)
-    env = dict(cmd.env)
-    span = ex.spans.get(rid)
-    if span is not None:
-        span.set(tracing.ATTR_COMMAND, cmd.command)
-        env.update(span.child_env())
-    code = await run_shell_exec(ex, rid, cmd, env)
-    if span is not None:
-        span.set(tracing.ATTR_EXIT_CODE, code)
-    return code
+    """Through the choke point (service/launch.py): hooks first (a block means the process never
+    starts), the checks on what they let through, then the command."""
+    return await launch.stream(ex, rid, cmd)
 
 
 async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: int) -> ToolOutcome:
-    """One tool call through the hooks; sends its ToolResult and returns the outcome."""
+    """One tool call through the hooks; sends its ToolResult and returns the outcome.
+
+    The tool's context carries this request's process runner: a process the tool starts passes
+    the same choke point as a ShellExec (``launch.tool_runner``)."""
+    ex.audit.note(rid, tool=tool)
     tool, args = await ex.hooks.before_tool_call(rid, tool, args)
+    ex.audit.note(rid, tool=tool)
     limit = ex.core.limits.max_command_size
     if len(args) > limit:
         raise too_large(f"the arguments of {tool} (after hooks)", len(args), limit, rid)
@@ -85,8 +76,10 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     if span is not None:
         span.set(tracing.ATTR_TOOL, tool)
     core = ex.core
-    outcome = await core.tools.call(tool, args, core.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
+    outcome = await core.tools.call(tool, args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
     success, result, error = await ex.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
+    ex.audit.note(rid, success=success)
     ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
     return ToolOutcome(success, result, error, outcome.duration_ms)
 
@@ -105,15 +98,30 @@ async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
         shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
         if timeout_ms:
             shell.timeout_ms = timeout_ms
-        return await shell_exec(ex, step.id, shell)
+        ex.audit.begin(step.id, "plan_step", parent=rid)
+        try:
+            code = await launch.stream(ex, step.id, shell, origin="plan_step")
+        except BaseException as exc:
+            ex.audit.end(step.id, exc)
+            raise
+        ex.audit.end(step.id)
+        return code
 
     async def step_tool(step: Step) -> ToolOutcome:
-        return await run_tool(ex, step.id, step.tool or "", step.args_json(), timeout_ms)
+        ex.audit.begin(step.id, "plan_step", parent=rid)
+        try:
+            outcome = await run_tool(ex, step.id, step.tool or "", step.args_json(), timeout_ms)
+        except BaseException as exc:
+            ex.audit.end(step.id, exc)
+            raise
+        ex.audit.end(step.id)
+        return outcome
 
     await run_plan_command(cmd, ex.core.planner, emit=ex.sink.event, run_shell=run_shell, run_tool=step_tool)
 
 
 async def _hook_load(ex: Execution, rid: str, cmd: pb.HookLoadCommand) -> None:
+    ex.audit.note(rid, hook_type=cmd.hook_type)
     await ex.hooks.load(rid, cmd)
 
 

@@ -13,6 +13,7 @@ import pathlib
 
 from ..framing import DEFAULT_MAX_FRAME_SIZE
 from ..options import Alias, option
+from ..refused_env import ENV_POLICIES
 
 __all__ = ["Limits", "ServiceConfig"]
 
@@ -112,6 +113,10 @@ class ServiceConfig:
             ``NAME.TOOL`` at start-up (``--mcp-server``; :mod:`smith_fast.mcp.mount`).
         allow_env: request environment variables permitted although
             :func:`smith_fast.refused_env.refused_names` would refuse them (``--allow-env``).
+        env_policy: ``denylist`` (refuse the variable classes that load code) or ``allowlist``
+            (refuse all but the safe and the ``--allow-env`` names); :mod:`smith_fast.refused_env`.
+        capabilities: the capabilities this service may grant (``--capabilities``, names); None:
+            every available one except ``hooks_rust``, which is granted only when listed here.
     """
 
     root: pathlib.Path = option(
@@ -159,3 +164,10 @@ class ServiceConfig:
     allow_env: frozenset[str] = option(
         frozenset(), flag="--allow-env", unit="text", repeat=True, metavar="NAME", commands=_RUNNERS, group=_SECURITY,
         help="let requests set this refused environment variable (LD_PRELOAD ...; see README, Security)")
+    env_policy: str = option(
+        "denylist", flag="--env-policy", unit="choice", choices=ENV_POLICIES, commands=_RUNNERS, group=_SECURITY,
+        help="denylist refuses the variables that make programs load code; allowlist refuses all but locale/terminal ones and --allow-env")
+    capabilities: frozenset[str] | None = option(
+        None, flag="--capabilities", unit="names", commands=_ALL, group=_SECURITY, metavar="LIST",
+        default_text="all available but hooks_rust",
+        help="comma list of the capabilities peers may be granted (shell_exec,hooks_js,hooks_rust,replay,tracing,nats)")

@@ -47,7 +47,31 @@ __all__ = [
     "accept_additions",
     "capability_name",
     "endpoint_list",
+    "permitted_capabilities",
 ]
+
+
+_DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST})
+"""Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust")."""
+
+
+def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
+    """The capabilities the operator lets this service grant (``--capabilities``).
+
+    Args:
+        names: capability names (``shell_exec``, ``hooks_rust`` ...); None for the default, every
+            capability but those off by default (``hooks_rust``).
+
+    Raises:
+        ValueError: a name is not a capability (the message lists them).
+    """
+    known = {capability_name(v): v for v in smith_pb2.Capability.values() if v != smith_pb2.CAPABILITY_UNSPECIFIED}
+    if names is None:
+        return frozenset(known.values()) - _DEFAULT_OFF
+    unknown = sorted(n for n in names if n not in known)
+    if unknown:
+        raise ValueError(f"--capabilities: unknown capability {', '.join(unknown)} (the capabilities are: {', '.join(sorted(known))})")
+    return frozenset(known[n] for n in names)
 
 
 class ServiceCore:
@@ -67,10 +91,14 @@ class ServiceCore:
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
         self.tool_context = ToolContext(
-            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
+            root=config.root.resolve(),
+            max_output=config.limits.tool_max_output,
+            allow_env=config.allow_env,
+            env_policy=config.env_policy,
         )
         kinds = available_kinds()
-        self.capabilities: frozenset[int] = frozenset(
+        self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
+        self.capabilities: frozenset[int] = self.permitted & frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
             | ({smith_pb2.CAPABILITY_HOOKS_JS} if "js" in kinds else set())
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ..plan import Planner
     from ..process import ShellProcess
     from ..tools import ToolContext, ToolRegistry
+    from .audit import Audit
     from .config import Limits, ServiceConfig
     from .session_hooks import SessionHooks
     from .sinks import EventSink
@@ -39,6 +40,11 @@ class ExecutionCore(Protocol):
     @property
     def planner(self) -> Planner: ...
 
+    @property
+    def capabilities(self) -> frozenset[int]:
+        """What the service offers (``--capabilities``): a process needs ``shell_exec`` whichever way it starts."""
+        ...
+
     def acquire_process(self) -> bool: ...
 
     def release_process(self) -> None: ...
@@ -55,6 +61,11 @@ class Execution(Protocol):
 
     @property
     def hooks(self) -> SessionHooks: ...
+
+    @property
+    def audit(self) -> Audit:
+        """The session's audit records: what each request ran, what the hooks said, how it ended."""
+        ...
 
     @property
     def processes(self) -> set[ShellProcess]:

@@ -26,6 +26,7 @@ from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from .audit import Audit
 from .execution import ExecutionCore
 from .session_hooks import SessionHooks
 
@@ -147,6 +148,7 @@ class LocalRunner:
         self.sink = host.sink
         self.processes: set[ShellProcess] = set()
         self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
+        self.audit = Audit(host.session_id, host.peer)
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,
@@ -157,6 +159,7 @@ class LocalRunner:
             peer=host.peer,
             hooks=hooks,
             shelf=shelf,
+            decided=self.audit.decision,
         )
 
     @property
@@ -177,23 +180,29 @@ class LocalRunner:
         span = session_span.command_span(spec.kind, rid) if session_span is not tracing.NOOP else tracing.NOOP
         if span is not tracing.NOOP:
             self.spans[rid] = span
+        self.audit.begin(rid, spec.kind)
         try:
             await handler(self, rid, getattr(command, spec.kind))
         except ProtocolError as exc:
             exc.request_id = exc.request_id or rid
+            self.audit.end(rid, exc)
             span.fail(pb.ErrorCode.Name(exc.code), str(exc))
-            host.protocol_error(exc)
+            # The audit line says how it ended (a hook block as a block): not a "protocol error".
+            host.report_error(exc.code, str(exc), exc.request_id, exc.details)
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            self.audit.end(rid, exc)
             if not host.closing:  # shutdown, not disconnect: somebody is listening
                 host.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             raise
         except Exception as exc:  # a bug of ours: report it, keep the session
+            self.audit.end(rid, exc)
             log.exception("request failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
             host.report_error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         else:
+            self.audit.end(rid)
             sink.state_change(pb.SERVICE_STATE_READY, rid)
         finally:
             if span is not tracing.NOOP:
@@ -217,6 +226,7 @@ class LocalRunner:
             proc.close()
 
     def end(self) -> None:
+        self.audit.close()
         if self.hooks.owns_hooks:
             asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session
 

@@ -24,6 +24,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
+from . import audit
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
@@ -246,6 +247,7 @@ class Session:
     def reject(self, exc: ProtocolError) -> None:
         """End a request that did not run: its error, then its terminal ERROR state."""
         self.protocol_error(exc)
+        audit.refused(self.session_id, self.peer, exc)
         if exc.request_id:
             self.sink.state_change(pb.SERVICE_STATE_ERROR, exc.request_id)
 

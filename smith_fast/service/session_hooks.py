@@ -62,6 +62,8 @@ class SessionHooks:
         hooks: session hooks loaded before (a NATS worker's command starts with its session's).
         shelf: keeps loaded hooks beyond the session and then owns them: :meth:`close` leaves
             them alone.
+        decided: told every decision that is reported (request id, trigger, action, hook id,
+            reason): the audit trail.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class SessionHooks:
         peer: str,
         hooks: Sequence[Hook] = (),
         shelf: HookShelf | None = None,
+        decided: Callable[[str, str, str, str | None, str | None], None] | None = None,
     ) -> None:
         self._global = global_hooks
         self._failure = failure
@@ -85,6 +88,7 @@ class SessionHooks:
         self._spans = spans
         self._peer = peer
         self._shelf = shelf
+        self._decided = decided
         self.own: list[Hook] = list(hooks)
         self._chain = self._build()
 
@@ -100,7 +104,14 @@ class SessionHooks:
         return self._chain.handles(trigger)
 
     async def load(self, rid: str, cmd: pb.HookLoadCommand) -> None:
-        """Load a session hook; answer ALLOW naming its id and triggers, or raise with diagnostics."""
+        """Load a session hook; answer ALLOW naming its id and triggers, or raise with diagnostics.
+
+        The hooks already in force (global first) see the load first (``before_hook_load``) and
+        may block it; nothing is compiled or run before they allowed it."""
+        if self.handles("before_hook_load"):
+            result = await self.gate("before_hook_load", rid, {"hook_type": cmd.hook_type, "source": cmd.script})
+            if result.action != "allow":
+                raise blocked(result, f"loading a {cmd.hook_type} hook", rid)
         try:
             hook = await load_hook(cmd.hook_type, cmd.script, limits=self._limits)
         except HookLoadError as exc:
@@ -131,6 +142,8 @@ class SessionHooks:
         """Run the chain for ``trigger`` and report the decision for request ``rid``."""
         result = await self._chain.run(trigger, payload)
         self._count(result.action)
+        if self._decided is not None:
+            self._decided(rid, trigger, result.action, result.hook_id, result.reason)
         span = self._spans.get(rid)
         if span is not None:
             span.hook_decision(trigger, result.action, result.reason)
@@ -197,6 +210,8 @@ class SessionHooks:
         self._count(result.action)
         if result.action == "allow":
             return text  # per-chunk ALLOWs are not reported: only what changed the stream is
+        if self._decided is not None:
+            self._decided(rid, "on_shell_output", result.action, result.hook_id, result.reason)
         self._report(rid, hook_action(result))
         return None if result.action == "block" else str(result.payload["text"])
 

@@ -20,6 +20,7 @@ from ..chunking import OutputChunker
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
+from .spawn import spawn
 
 if TYPE_CHECKING:
     from .execution import Execution
@@ -150,7 +151,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         session.sink.shell_output(rid, exit_code=code, finished=True)
 
     try:
-        proc = await ShellProcess.start(
+        proc = await spawn(
             cmd.command,
             shell=cmd.shell if cmd.HasField("shell") else None,
             cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None),

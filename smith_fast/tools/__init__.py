@@ -23,13 +23,15 @@ from smith_fast.tools.builtin import builtin_tools, default_registry, tools_list
 from smith_fast.tools.plugins import ENTRY_POINT_GROUP, load_entry_point_tools
 from smith_fast.tools.registry import Handler, Tool, ToolOutcome, ToolRegistry, encode_result
 from smith_fast.tools.schema import ArgumentError
-from smith_fast.tools.workspace import DEFAULT_MAX_OUTPUT, ToolContext
+from smith_fast.tools.workspace import DEFAULT_MAX_OUTPUT, ProcessRequest, RunProcess, ToolContext
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT",
     "ENTRY_POINT_GROUP",
     "ArgumentError",
     "Handler",
+    "ProcessRequest",
+    "RunProcess",
     "Tool",
     "ToolContext",
     "ToolOutcome",

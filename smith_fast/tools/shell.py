@@ -1,12 +1,18 @@
 """The ``shell.run`` tool: run a command through the shell and return what it printed.
 
-The working directory must lie inside the workspace (default: the root); the command itself is
-not confined, but ``env`` may not set the variables :mod:`smith_fast.refused_env` refuses
-(``LD_PRELOAD`` ...): the call fails with ``ERROR_CODE_PERMISSION_DENIED`` naming them. Output is
-collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8 (undecodable bytes become
-U+FFFD). The command's own ``timeout_ms`` ends it with
+The tool does not start the process itself: it asks :attr:`ToolContext.run_process
+<smith_fast.tools.workspace.ToolContext.run_process>`, which in the service is the one choke point
+every process a peer starts goes through (``smith_fast.service.launch``): the ``before_shell_exec``
+hooks see the command (and can block or rewrite it) exactly as they see a ShellExec, the
+``on_shell_output`` hooks see its output, the env policy (:mod:`smith_fast.refused_env`) refuses
+variables that load code (``ERROR_CODE_PERMISSION_DENIED`` naming them), it takes one of the
+``--max-processes`` slots, and the audit log records it.
+
+The working directory must lie inside the workspace (default: the root); the command itself is not
+confined. Output is collected up to ``ToolContext.max_output`` bytes per stream and decoded as
+UTF-8 (undecodable bytes become U+FFFD). The command's own ``timeout_ms`` ends it with
 ``timed_out: true`` in a successful result; the call-level timeout of the registry instead
-cancels the tool, and :func:`smith_fast.process.run_collect` kills the child on cancellation.
+cancels the tool, and the child is killed on cancellation.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from smith_fast.tools.registry import Tool
-from smith_fast.tools.workspace import ToolContext
+from smith_fast.tools.workspace import ProcessRequest, ToolContext
 
-__all__ = ["SHELL_RUN"]
+__all__ = ["SHELL_RUN", "run_direct"]
 
 RUN_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -44,24 +50,32 @@ RUN_SCHEMA: dict[str, Any] = {
 }
 
 
-async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+async def run_direct(request: ProcessRequest, ctx: ToolContext) -> Any:
+    """A process for a tool used outside a service (no hooks, no slots): the env policy, then
+    :func:`smith_fast.process.run_collect`."""
     # Imported here so that the registry (and tools.list) work without the process machinery.
-    from smith_fast.refused_env import check_env
     from smith_fast.process import run_collect
+    from smith_fast.refused_env import check_env
 
-    check_env(args.get("env") or {}, ctx.allow_env, what="shell.run env")
+    check_env(request.env, ctx.allow_env, policy=ctx.env_policy, what="shell.run env")
+    return await run_collect(
+        request.command,
+        shell=request.shell,
+        cwd=str(ctx.resolve(request.cwd)),
+        env=request.env,
+        timeout=None if request.timeout_ms is None else request.timeout_ms / 1000,
+        max_output=ctx.max_output,
+    )
+
+
+async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     cwd = ctx.resolve(args.get("cwd", "."))
     if not cwd.is_dir():
         raise NotADirectoryError(f"cwd is not a directory: {args.get('cwd')!r}")
-    timeout_ms = args.get("timeout_ms")
-    collected = await run_collect(
-        args["command"],
-        shell=None,
-        cwd=str(cwd),
-        env=args.get("env"),
-        timeout=None if timeout_ms is None else timeout_ms / 1000,
-        max_output=ctx.max_output,
+    request = ProcessRequest(
+        command=args["command"], cwd=args.get("cwd", "."), env=args.get("env") or {}, timeout_ms=args.get("timeout_ms")
     )
+    collected = await (ctx.run_process(request) if ctx.run_process is not None else run_direct(request, ctx))
     return {
         "exit_code": collected.exit_code,
         "stdout": collected.stdout.decode("utf-8", "replace"),

@@ -32,18 +32,50 @@ then used by a child process: ``fs.search`` confines its rg with Landlock
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import pathlib
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
 from smith_fast.tools.openat2 import open_beneath
 
-__all__ = ["ToolContext", "DEFAULT_MAX_OUTPUT"]
+if TYPE_CHECKING:
+    from smith_fast.process import Collected
+
+__all__ = ["ToolContext", "DEFAULT_MAX_OUTPUT", "ProcessRequest", "RunProcess"]
 
 DEFAULT_MAX_OUTPUT = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessRequest:
+    """A process a tool asks the service to start (:attr:`ToolContext.run_process`).
+
+    Attributes:
+        command: the command line, run by the shell.
+        cwd: the working directory as the peer wrote it (relative to the workspace root); the
+            service resolves it inside the workspace after the hooks saw it.
+        env: variables layered over the service's base environment (the env policy applies).
+        timeout_ms: terminate the command after this long (``Collected.timed_out``); None: no limit.
+        shell: the shell; None for the service's default.
+    """
+
+    command: str
+    cwd: str = "."
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_ms: int | None = None
+    shell: str | None = None
+
+
+RunProcess = Callable[[ProcessRequest], Awaitable["Collected"]]
+"""Starts a process for a tool and collects its output: the service's choke point
+(``smith_fast.service.launch``), which applies the shell hooks, the env policy, the process slots,
+the output cap, the sandbox and the audit log. A tool never spawns on its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +88,10 @@ class ToolContext:
             results.
         allow_env: environment variables ``shell.run`` may set although
             :mod:`smith_fast.refused_env` refuses them (``serve --allow-env``).
+        env_policy: ``serve --env-policy`` (for :attr:`run_process`'s absence only).
+        run_process: how a tool starts a process (:data:`RunProcess`): the service gives each
+            call one bound to its request (:meth:`with_process_runner`); None outside a service
+            (a tool then runs it directly under the env policy, with no hooks to apply).
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -66,6 +102,8 @@ class ToolContext:
     root: pathlib.Path
     max_output: int = DEFAULT_MAX_OUTPUT
     allow_env: frozenset[str] = frozenset()
+    env_policy: str = "denylist"
+    run_process: RunProcess | None = field(default=None, compare=False, repr=False)
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
     _root_dir: _DirFd = field(init=False, repr=False, compare=False)
@@ -85,6 +123,12 @@ class ToolContext:
         object.__setattr__(self, "_root_prefix", text if text.endswith("/") else text + "/")
         # Every file tool opens relative to this fd, beneath it (see the module docstring).
         object.__setattr__(self, "_root_dir", _DirFd(text))
+
+    def with_process_runner(self, run: RunProcess) -> ToolContext:
+        """This context with :attr:`run_process` set (per tool call; the root is not resolved again)."""
+        new = copy.copy(self)
+        object.__setattr__(new, "run_process", run)
+        return new
 
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
         """Resolve ``path`` inside the workspace.

@@ -1,0 +1,158 @@
+"""The audit trail: one structured log line per request, at ``info``, on stderr.
+
+Each line (logger ``smith_fast.audit``, event ``request``) carries: ``session``, ``peer``,
+``kind`` (``shell_exec``, ``tool_call``, ``hook_load``, ``plan``, ``plan_step``), ``request_id``,
+``parent`` (a plan step's plan), ``command`` or ``tool`` (cut to :data:`MAX_SUBJECT` characters),
+``origin`` (which way a process was started: ``shell_exec``, ``plan_step``, a tool's name),
+``hooks`` (the decisions: trigger, action, hook id, reason; output-chunk allows are not listed),
+``outcome`` (``ok``, ``blocked``, ``refused``, ``error``, ``timeout``, ``cancelled``), ``error_code``
+and ``reason`` when it did not end well, ``exit_code`` of its process, ``killed`` with
+``kill_reason`` when the service stopped it, and ``duration_ms``.
+
+A hook block is ``outcome: "blocked"`` naming the hook, not a protocol error. A request the session
+refused before it ran (a capability not granted, too large, too many in flight) gets its line too,
+``outcome: "refused"`` with the error (:func:`refused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..errors import ProtocolError
+from ..logs import get_logger
+from ..pb import smith_pb2 as pb
+
+__all__ = ["Audit", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
+
+log = get_logger("smith_fast.audit")
+
+MAX_SUBJECT = 256
+"""A command or tool name longer than this many characters is cut in the audit line."""
+MAX_DECISIONS = 32
+"""Hook decisions listed per request; more are counted in ``hooks_omitted``."""
+_MAX_REASON = 256
+
+# ProtocolError details["reason"] → outcome; anything else is "error"
+_OUTCOMES = {
+    "hook_blocked": "blocked",
+    "env_refused": "refused",
+    "cancelled": "cancelled",
+}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Record:
+    __slots__ = ("fields", "started", "decisions", "omitted")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self.started = time.monotonic()
+        self.decisions: list[dict[str, str]] = []
+        self.omitted = 0
+
+
+class Audit:
+    """The open audit records of one session's requests.
+
+    Args:
+        session: the session id.
+        peer: the peer's address.
+    """
+
+    __slots__ = ("_session", "_peer", "_open")
+
+    def __init__(self, session: str, peer: str) -> None:
+        self._session = session
+        self._peer = peer
+        self._open: dict[str, _Record] = {}
+
+    def begin(self, rid: str, kind: str, *, parent: str | None = None) -> None:
+        """A request (or a plan step) starts."""
+        fields: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
+        if parent is not None:
+            fields["parent"] = parent
+        self._open[rid] = _Record(fields)
+
+    def note(self, rid: str, **fields: Any) -> None:
+        """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
+        record = self._open.get(rid)
+        if record is None:
+            return
+        for key, value in fields.items():
+            record.fields[key] = _clip(value, MAX_SUBJECT) if isinstance(value, str) and key in ("command", "tool", "origin") else value
+
+    def decision(self, rid: str, trigger: str, action: str, hook_id: str | None, reason: str | None) -> None:
+        """A hook decided something about ``rid``."""
+        record = self._open.get(rid)
+        if record is None:
+            return
+        if len(record.decisions) >= MAX_DECISIONS:
+            record.omitted += 1
+            return
+        entry = {"trigger": trigger, "action": action}
+        if hook_id:
+            entry["hook_id"] = hook_id
+        if reason:
+            entry["reason"] = _clip(reason, _MAX_REASON)
+        record.decisions.append(entry)
+
+    def process(self, rid: str, exit_code: int | None, *, killed: str | None = None) -> None:
+        """``rid``'s process ended with ``exit_code``; ``killed`` says why the service stopped it."""
+        record = self._open.get(rid)
+        if record is None:
+            return
+        record.fields["exit_code"] = exit_code
+        if killed is not None:
+            record.fields["killed"] = True
+            record.fields["kill_reason"] = killed
+
+    def end(self, rid: str, error: BaseException | None = None) -> None:
+        """``rid`` reached its terminal state: write its line."""
+        record = self._open.pop(rid, None)
+        if record is None:
+            return
+        fields = record.fields
+        if error is None:
+            fields["outcome"] = "ok"
+        elif isinstance(error, ProtocolError):
+            reason = error.details.get("reason", "")
+            outcome = _OUTCOMES.get(reason) or ("timeout" if error.code == pb.ERROR_CODE_EXECUTION_TIMEOUT else "error")
+            fields["outcome"] = outcome
+            fields["error_code"] = pb.ErrorCode.Name(error.code).removeprefix("ERROR_CODE_")
+            fields["reason"] = _clip(str(error), _MAX_REASON)
+            if reason == "hook_blocked":
+                fields["blocked_by"] = error.details.get("hook_id", "")
+        else:
+            fields["outcome"] = "cancelled" if isinstance(error, asyncio.CancelledError) else "error"
+            fields["reason"] = _clip(f"{type(error).__name__}: {error}", _MAX_REASON)
+        fields["hooks"] = record.decisions
+        if record.omitted:
+            fields["hooks_omitted"] = record.omitted
+        fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
+        log.info("request", extra={"fields": fields})
+
+    def close(self) -> None:
+        """The session is over: requests still open end as cancelled."""
+        for rid in list(self._open):
+            self._open[rid].fields["outcome"] = "cancelled"
+            record = self._open.pop(rid)
+            record.fields["hooks"] = record.decisions
+            record.fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
+            log.info("request", extra={"fields": record.fields})
+
+
+def refused(session: str, peer: str, error: ProtocolError) -> None:
+    """The audit line of a request refused before it ran (it never reached a runner)."""
+    log.info(
+        "request",
+        extra={"fields": {
+            "session": session, "peer": peer, "request_id": error.request_id, "outcome": "refused",
+            "error_code": pb.ErrorCode.Name(error.code).removeprefix("ERROR_CODE_"), "reason": _clip(str(error), _MAX_REASON),
+            "hooks": [], "duration_ms": 0,
+        }},
+    )

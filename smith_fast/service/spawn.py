@@ -1,0 +1,32 @@
+"""The one call that creates a process for a peer (a ShellExec, a plan step, a tool's process).
+
+Everything that decides *whether* it runs (hooks, env policy, size, slots, audit) is
+:mod:`smith_fast.service.launch`, which every path goes through before it gets here; this is where
+*how* it runs is decided: the sandbox of issue 15 (Landlock, namespaces, rlimits) wraps this call,
+so that no path starts a peer's process outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from ..process import ShellProcess
+
+__all__ = ["spawn"]
+
+
+async def spawn(
+    command: str,
+    *,
+    shell: str | None,
+    cwd: str,
+    env: Mapping[str, str],
+    on_output: Callable[[int, bytes], None],
+) -> ShellProcess:
+    """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
+    environment, its own process group, output to ``on_output(fd, data)``.
+
+    Raises:
+        ProtocolError: it could not be started (:meth:`ShellProcess.start`).
+    """
+    return await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output)
