@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import childguard
+from ..sandbox import Sandbox
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
 from .rust_build import cache_key, compile_hook, default_cache_dir, rustc_path, rustc_version
 
@@ -82,7 +83,7 @@ class _Child:
 
     __slots__ = ("proc", "loop", "stdin", "answers", "output", "buf", "outbuf", "waiter", "dead", "hook_id")
 
-    def __init__(self, exe_fd: int, workdir: str, memory_bytes: int, hook_id: str) -> None:
+    def __init__(self, exe_fd: int, workdir: str, memory_bytes: int, hook_id: str, sandbox: Sandbox | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.hook_id = hook_id
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -96,8 +97,9 @@ class _Child:
                     pass  # above /proc/sys/fs/pipe-max-size: the default size only costs wakeups
             # Executed through a descriptor opened at load (fexecve-style): a restart still works
             # after the cache entry was deleted.
+            argv = [f"/proc/self/fd/{exe_fd}", str(ans_w)]
             self.proc = subprocess.Popen(
-                [f"/proc/self/fd/{exe_fd}", str(ans_w)],
+                sandbox.wrap(argv, writable=[workdir]) if sandbox is not None else argv,
                 stdin=in_r,
                 stdout=out_w,
                 stderr=out_w,
@@ -300,7 +302,7 @@ class RustHook(Hook):
         _LIVE.add(self)
 
     def _start(self) -> _Child:
-        child = _Child(self._exe_fd, self._workdir, self.limits.memory_bytes, self.id)
+        child = _Child(self._exe_fd, self._workdir, self.limits.memory_bytes, self.id, self.limits.sandbox)
         self.restarts += 1
         self._child = child
         return child
@@ -429,7 +431,7 @@ async def load_rust(
             "a Rust hook registers its functions with hooks! { " + ", ".join(TRIGGERS) + " } (any subset)"
         )
     source_hash = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
-    exe, cache_hit = await compile_hook(source, cache_dir=cache_dir, timeout=limits.rust_compile_timeout)
+    exe, cache_hit = await compile_hook(source, cache_dir=cache_dir, timeout=limits.rust_compile_timeout, sandbox=limits.sandbox)
     try:
         hook = RustHook(source_hash, exe, limits, hook_id or f"rust-{source_hash[:12]}", cache_hit)
     except OSError as exc:  # the binary vanished between the compile and now

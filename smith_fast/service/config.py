@@ -110,6 +110,9 @@ class ServiceConfig:
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
         allow_env: request environment variables permitted although
             :func:`smith_fast.refused_env.refused_names` would refuse them (``--allow-env``).
+        sandbox: how the processes started for peers are confined (``--sandbox``; PROTOCOL.md,
+            "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
+        network: their network (``--network``): ``on``, ``off`` or ``loopback``.
     """
 
     root: pathlib.Path = option(
@@ -153,3 +156,11 @@ class ServiceConfig:
     allow_env: frozenset[str] = option(
         frozenset(), flag="--allow-env", unit="text", repeat=True, metavar="NAME", commands=_RUNNERS, group=_SECURITY,
         help="let requests set this refused environment variable (LD_PRELOAD ...; see README, Security)")
+    sandbox: str = option(
+        "workspace-write", flag="--sandbox", unit="choice", choices=("workspace-write", "read-only", "off"),
+        commands=_RUNNERS, group=_SECURITY,
+        help="confine commands, shell.run, plan steps and Rust hooks with Landlock: write only the root and "
+        "a per-request TMPDIR (workspace-write), only the TMPDIR (read-only), or anywhere (off)")
+    network: str = option(
+        "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
+        help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")

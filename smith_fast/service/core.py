@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -11,6 +12,7 @@ from .. import __version__, framing
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
+from ..sandbox import Sandbox
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .commands import COMMANDS
 from .config import ServiceConfig
@@ -58,6 +60,10 @@ class ServiceCore:
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
         runner: makes each session's request runner (default: requests run here; ``smith-fast
             gateway`` passes one that forwards them to workers).
+
+    Raises:
+        SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
+            need (fail closed: nothing is served).
     """
 
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
@@ -69,6 +75,11 @@ class ServiceCore:
         self.tool_context = ToolContext(
             root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
         )
+        self.sandbox = Sandbox(config.sandbox, config.network, str(self.tool_context.root))
+        self.runs_locally = runner is None
+        if self.runs_locally:
+            self.sandbox.check()
+        self.tool_context = dataclasses.replace(self.tool_context, sandbox=self.sandbox)  # shell.run
         kinds = available_kinds()
         self.capabilities: frozenset[int] = frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
@@ -76,7 +87,7 @@ class ServiceCore:
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
-        self.hook_limits = HookLimits()
+        self.hook_limits = HookLimits(sandbox=self.sandbox)
         self.record_dir = config.record_dir or config.replay_dir
         self.planner: Planner = planner_from_options(
             config.planner,
@@ -161,6 +172,8 @@ class ServiceCore:
             "event_loop": self.loop_name,
             "granted_capabilities": ",".join(capability_name(c) for c in granted),
         }
+        if self.runs_locally:  # a gateway's workers say what confines them, not the gateway
+            info.update(self.sandbox.info())
         if version == 1:
             info[ACCEPTED_KEY] = ",".join(accepted)
             if "metrics" in accepted:

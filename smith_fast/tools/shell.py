@@ -1,7 +1,7 @@
 """The ``shell.run`` tool: run a command through the shell and return what it printed.
 
 The working directory must lie inside the workspace (default: the root); the command itself is
-not confined, but ``env`` may not set the variables :mod:`smith_fast.refused_env` refuses
+confined by the service's sandbox (``ToolContext.sandbox``, PROTOCOL.md "Sandbox"), and ``env`` may not set the variables :mod:`smith_fast.refused_env` refuses
 (``LD_PRELOAD`` ...): the call fails with ``ERROR_CODE_PERMISSION_DENIED`` naming them. Output is
 collected up to ``ToolContext.max_output`` bytes and decoded as UTF-8 (undecodable bytes become
 U+FFFD). The command's own ``timeout_ms`` ends it with
@@ -61,6 +61,7 @@ async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         env=args.get("env"),
         timeout=None if timeout_ms is None else timeout_ms / 1000,
         max_output=ctx.max_output,
+        sandbox=ctx.sandbox,
     )
     return {
         "exit_code": collected.exit_code,

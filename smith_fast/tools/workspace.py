@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.sandbox import Sandbox
 
 __all__ = ["ToolContext", "DEFAULT_MAX_OUTPUT"]
 
@@ -46,6 +47,8 @@ class ToolContext:
             results.
         allow_env: environment variables ``shell.run`` may set although
             :mod:`smith_fast.refused_env` refuses them (``serve --allow-env``).
+        sandbox: what confines the commands ``shell.run`` starts (``serve --sandbox``); None:
+            unconfined.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -56,6 +59,7 @@ class ToolContext:
     root: pathlib.Path
     max_output: int = DEFAULT_MAX_OUTPUT
     allow_env: frozenset[str] = frozenset()
+    sandbox: Sandbox | None = None
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
 
