@@ -13,8 +13,9 @@ the child keeps its state and goes on. An abort, a crash, a closed pipe, a garbl
 past the time limit kills the child's process group and fails the call; the next call starts a new
 child. Nothing the child does reaches the service beyond a failed call.
 
-Rust hooks are native code with the service user's rights: the process boundary contains crashes
-and runaway loops, not what the code may do (HOOKS.md, "Trust").
+Rust hooks are native code with the service user's rights, narrowed by ``HookLimits.sandbox`` (the
+service's ``--sandbox``: it may write only its working directory): the process boundary contains
+crashes and runaway loops; the sandbox limits writes and the network, not reads (HOOKS.md, "Trust").
 """
 
 from __future__ import annotations

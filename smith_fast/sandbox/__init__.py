@@ -40,6 +40,7 @@ __all__ = [
     "NETWORKS",
     "Sandbox",
     "SandboxUnavailable",
+    "default_wrapper",
     "kernel_features",
     "make_scratch",
 ]
@@ -95,10 +96,13 @@ def remove_scratch(path: str | None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _prefix() -> list[str]:
-    if os.access(HELPER, os.X_OK):
-        return [HELPER]
-    return [sys.executable, "-I", "-S", WRAPPER]
+PYTHON_WRAPPER: tuple[str, ...] = (sys.executable, "-I", "-S", WRAPPER)
+"""How the Python exec wrapper is started: no site-packages, no environment-driven imports."""
+
+
+def default_wrapper() -> tuple[str, ...]:
+    """The C helper when it was built, else the Python wrapper."""
+    return (HELPER,) if os.access(HELPER, os.X_OK) else PYTHON_WRAPPER
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +115,21 @@ class Sandbox:
         network: ``on``, ``off`` (no network at all, loopback included) or ``loopback`` (a
             private loopback only).
         root: the workspace root (resolved).
+        wrapper: the exec wrapper's argv prefix; empty: :func:`default_wrapper`.
     """
 
     mode: str = "workspace-write"
     network: str = "on"
     root: str = "/"
-    _prefix: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    wrapper: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {self.network!r}")
-        object.__setattr__(self, "_prefix", tuple(_prefix()))
+        if not self.wrapper:
+            object.__setattr__(self, "wrapper", default_wrapper())
 
     @property
     def active(self) -> bool:
@@ -149,7 +155,7 @@ class Sandbox:
         """
         if not self.active:
             return list(argv)
-        out = list(self._prefix)
+        out = list(self.wrapper)
         out += ["--fs", "on" if self.confines_files else "off", "--network", self.network]
         for path in writable:
             out += ["--write", path]
@@ -181,7 +187,7 @@ class Sandbox:
                 f"--network {self.network} needs unprivileged user namespaces (user.max_user_namespaces > 0, "
                 "not blocked by AppArmor or kernel.unprivileged_userns_clone); pass --network on to run without network isolation"
             )
-        probe = [*self._prefix, "--fs", "on" if self.confines_files else "off", "--network", self.network, "--probe"]
+        probe = [*self.wrapper, "--fs", "on" if self.confines_files else "off", "--network", self.network, "--probe"]
         try:
             done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError) as exc:
