@@ -1,6 +1,6 @@
 /* sandbox-exec: the C twin of smith_fast/sandbox/exec.py (same arguments, same policy).
  *
- *   sandbox-exec [--write DIR]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...
+ *   sandbox-exec [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...
  *
  * Network namespace first (unshare needs a single-threaded process), then Landlock
  * (PR_SET_NO_NEW_PRIVS + landlock_restrict_self), then execv. Any failure: one line on stderr and
@@ -101,10 +101,10 @@ static void enter_netns(int loopback) {
     }
 }
 
-static void add_rule(int ruleset, const char *path, uint64_t rights, uint64_t handled) {
+static void add_rule(int ruleset, const char *path, uint64_t rights, uint64_t handled, int follow) {
     struct stat st;
     struct path_beneath_attr attr;
-    int fd = open(path, O_PATH | O_CLOEXEC);
+    int fd = open(path, O_PATH | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
     if (fd < 0) {
         if (errno == ENOENT || errno == ENXIO) return;
         die(126, "cannot restrict the command: open(%s): %s", path);
@@ -118,14 +118,17 @@ static void add_rule(int ruleset, const char *path, uint64_t rights, uint64_t ha
 }
 
 int main(int argc, char **argv) {
-    const char *writable[256];
-    int nwritable = 0, fs = 1, probe = 0, i = 1;
+    const char **writable = calloc((size_t)argc, sizeof *writable);
+    const char **readable = calloc((size_t)argc, sizeof *readable);
+    int nwritable = 0, nreadable = 0, fs = 1, probe = 0, i = 1;
+    if (writable == NULL || readable == NULL) die(126, "cannot restrict the command: %sout of memory: %s", "");
     const char *network = "on";
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) { i++; break; }
         if (strcmp(argv[i], "--probe") == 0) { probe = 1; continue; }
         if (i + 1 >= argc) goto usage;
-        if (strcmp(argv[i], "--write") == 0 && nwritable < 256) writable[nwritable++] = argv[++i];
+        if (strcmp(argv[i], "--write") == 0) writable[nwritable++] = argv[++i];
+        else if (strcmp(argv[i], "--read") == 0) readable[nreadable++] = argv[++i];
         else if (strcmp(argv[i], "--fs") == 0 && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off")))
             fs = strcmp(argv[++i], "on") == 0;
         else if (strcmp(argv[i], "--network") == 0 &&
@@ -150,10 +153,14 @@ int main(int argc, char **argv) {
             if (ruleset < 0) die(126, "cannot restrict the command: %slandlock_create_ruleset: %s", "");
             if (fs) {
                 uint64_t all = attr.handled_access_fs;
-                add_rule(ruleset, "/", READ, all);
-                for (size_t d = 0; d < sizeof DEVICES / sizeof *DEVICES; d++) add_rule(ruleset, DEVICES[d], DEVICE, all);
-                add_rule(ruleset, "/dev/pts", DEVICE | FS_READ_DIR, all);
-                for (int w = 0; w < nwritable; w++) add_rule(ruleset, writable[w], all, all);
+                /* --read: what may be read and executed (default: everything beneath /) */
+                /* --read paths are not followed: one swapped for a symlink after the service listed
+                   it must not grant what the link points to */
+                if (nreadable == 0) add_rule(ruleset, "/", READ, all, 1);
+                for (int r = 0; r < nreadable; r++) add_rule(ruleset, readable[r], READ, all, 0);
+                for (size_t d = 0; d < sizeof DEVICES / sizeof *DEVICES; d++) add_rule(ruleset, DEVICES[d], DEVICE, all, 1);
+                add_rule(ruleset, "/dev/pts", DEVICE | FS_READ_DIR, all, 1);
+                for (int w = 0; w < nwritable; w++) add_rule(ruleset, writable[w], all, all, 1);
             }
             if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) die(126, "cannot restrict the command: %sprctl: %s", "");
             if (syscall(SYS_ll_restrict, ruleset, 0) != 0) die(126, "cannot restrict the command: %slandlock_restrict_self: %s", "");
@@ -164,6 +171,6 @@ int main(int argc, char **argv) {
     execv(argv[i], argv + i);
     die(errno == ENOENT ? 127 : 126, "cannot run '%s': %s", argv[i]);
 usage:
-    fprintf(stderr, "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...\n");
+    fprintf(stderr, "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...\n");
     return 2;
 }

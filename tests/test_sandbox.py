@@ -55,6 +55,8 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]:
     for path in out.values():
         path.mkdir(exist_ok=True)
     (out["home"] / ".bashrc").write_text("# theirs\n")
+    (out["home"] / ".ssh").mkdir()
+    (out["home"] / ".ssh" / "id_ed25519").write_text("PRIVATE\n")
     (out["root"] / "escape").symlink_to(out["outside"])  # a symlink inside the root that leads out
     return out
 
@@ -72,7 +74,8 @@ def default(places: dict[str, pathlib.Path]) -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def read_only(places: dict[str, pathlib.Path]) -> Iterator[ServerProcess]:
-    yield from _server(places, "ro", "--sandbox", "read-only", "--network", "off")
+    deny = str(places["home"] / ".ssh")
+    yield from _server(places, "ro", "--sandbox", "read-only", "--network", "off", "--sandbox-deny-read", deny)
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +141,22 @@ async def test_read_only_refuses_writes_in_the_root_but_not_in_tmpdir(read_only:
         assert code != 0 and EACCES in err and not (places["root"] / "ro.txt").exists()
         code, out, err = await _sh(client, 'echo t > "$TMPDIR/t" && cat "$TMPDIR/t" && cat /etc/hostname > /dev/null && echo read')
         assert code == 0 and out == "t\nread\n", err
+
+
+async def test_deny_read_hides_a_path_and_nothing_else(read_only: ServerProcess, default: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    key = places["home"] / ".ssh" / "id_ed25519"
+    async with await Client.connect(read_only.unix) as client:  # --sandbox-deny-read HOME/.ssh
+        await client.handshake()
+        code, out, err = await _sh(client, f"cat {key}")
+        assert code != 0 and out == "" and EACCES in err
+        code, out, err = await _sh(client, f"ls {key.parent}")
+        assert code != 0 and EACCES in err
+        code, out, err = await _sh(client, f"cat {places['home']}/.bashrc && cat /etc/hostname > /dev/null && python3 -c 'print(2)'")
+        assert code == 0 and out == "# theirs\n2\n", err
+    async with await Client.connect(default.unix) as client:  # without the flag: readable (documented)
+        await client.handshake()
+        code, out, _ = await _sh(client, f"cat {key}")
+        assert code == 0 and out == "PRIVATE\n"
 
 
 async def test_a_cwd_outside_the_root_is_refused(default: ServerProcess, places: dict[str, pathlib.Path]) -> None:

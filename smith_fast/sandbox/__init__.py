@@ -43,6 +43,7 @@ __all__ = [
     "default_wrapper",
     "kernel_features",
     "make_scratch",
+    "read_grants",
 ]
 
 MODES = ("workspace-write", "read-only", "off")
@@ -100,6 +101,40 @@ PYTHON_WRAPPER: tuple[str, ...] = (sys.executable, "-I", "-S", WRAPPER)
 """How the Python exec wrapper is started: no site-packages, no environment-driven imports."""
 
 
+def read_grants(denied: Sequence[str]) -> list[str]:
+    """What to grant read on so that everything but ``denied`` (and what lies beneath) is readable.
+
+    Landlock only grants, beneath a path; so for each directory on the way from ``/`` to a denied
+    path, each of its entries but the next step is granted instead of ``/`` as a whole. A snapshot:
+    entries created later in those directories are not readable, and those directories themselves
+    cannot be listed (looking names up in them still works: Landlock does not control it).
+    """
+    blocked = {os.path.realpath(path) for path in denied}
+    ancestors: set[str] = set()
+    for path in blocked:
+        parent = os.path.dirname(path)
+        while True:
+            ancestors.add(parent)
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+    grants: list[str] = []
+    for parent in sorted(ancestors):
+        if parent in blocked:
+            continue
+        try:
+            names = sorted(os.listdir(parent))
+        except OSError:  # not there (yet): nothing in it to grant
+            continue
+        for name in names:
+            child = os.path.join(parent, name)
+            # A symlink needs no grant (what it leads to is judged where it is), and granting it
+            # would grant its target: /tmp/pytest-current -> a directory holding a denied path.
+            if child not in blocked and child not in ancestors and not os.path.islink(child):
+                grants.append(child)
+    return grants
+
+
 def default_wrapper() -> tuple[str, ...]:
     """The C helper when it was built, else the Python wrapper."""
     return (HELPER,) if os.access(HELPER, os.X_OK) else PYTHON_WRAPPER
@@ -116,18 +151,23 @@ class Sandbox:
             private loopback only).
         root: the workspace root (resolved).
         wrapper: the exec wrapper's argv prefix; empty: :func:`default_wrapper`.
+        deny_read: paths whose contents commands may not read (``--sandbox-deny-read``; see
+            :func:`read_grants` for what that costs); needs a mode other than ``off``.
     """
 
     mode: str = "workspace-write"
     network: str = "on"
     root: str = "/"
     wrapper: tuple[str, ...] = field(default=(), compare=False)
+    deny_read: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"sandbox mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {self.network!r}")
+        if self.deny_read and self.mode == "off":
+            raise ValueError("--sandbox-deny-read needs --sandbox workspace-write or read-only, not off")
         if not self.wrapper:
             object.__setattr__(self, "wrapper", default_wrapper())
 
@@ -155,12 +195,18 @@ class Sandbox:
         """
         if not self.active:
             return list(argv)
-        out = list(self.wrapper)
-        out += ["--fs", "on" if self.confines_files else "off", "--network", self.network]
+        out = [*self.wrapper, *self._policy()]
         for path in writable:
             out += ["--write", path]
         out.append("--")
         out += argv
+        return out
+
+    def _policy(self) -> list[str]:
+        out = ["--fs", "on" if self.confines_files else "off", "--network", self.network]
+        if self.deny_read:
+            for path in read_grants(self.deny_read):
+                out += ["--read", path]
         return out
 
     def info(self) -> dict[str, str]:
@@ -187,7 +233,7 @@ class Sandbox:
                 f"--network {self.network} needs unprivileged user namespaces (user.max_user_namespaces > 0, "
                 "not blocked by AppArmor or kernel.unprivileged_userns_clone); pass --network on to run without network isolation"
             )
-        probe = [*self.wrapper, "--fs", "on" if self.confines_files else "off", "--network", self.network, "--probe"]
+        probe = [*self.wrapper, *self._policy(), "--probe"]
         try:
             done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError) as exc:

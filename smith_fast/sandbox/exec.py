@@ -1,6 +1,6 @@
 """The exec wrapper: restrict this process, then ``exec`` the command.
 
-``python -I -S .../smith_fast/sandbox/exec.py [--write DIR]... [--fs on|off] [--network on|off|loopback] -- PROGRAM ARG...``
+``python -I -S .../smith_fast/sandbox/exec.py [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] -- PROGRAM ARG...``
 (also ``python -m smith_fast.sandbox.exec``). The service spawns commands through it so that the
 restriction happens in the child between fork and exec without running Python code in a forked
 copy of the threaded service (``preexec_fn`` is not safe there). Order: the network namespace
@@ -43,14 +43,15 @@ def _die(message: str, code: int = FAILED) -> None:
     os._exit(code)
 
 
-def _parse(argv: list[str]) -> tuple[list[str], bool, str, bool, list[str]]:
+def _parse(argv: list[str]) -> tuple[list[str], list[str], bool, str, bool, list[str]]:
     writable: list[str] = []
+    readable: list[str] = []
     fs, network, probe = True, "on", False
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
-            return writable, fs, network, probe, argv[i + 1 :]
+            return writable, readable, fs, network, probe, argv[i + 1 :]
         if arg == "--probe":
             probe = True
             i += 1
@@ -60,6 +61,8 @@ def _parse(argv: list[str]) -> tuple[list[str], bool, str, bool, list[str]]:
         value = argv[i + 1]
         if arg == "--write":
             writable.append(value)
+        elif arg == "--read":
+            readable.append(value)
         elif arg == "--fs" and value in ("on", "off"):
             fs = value == "on"
         elif arg == "--network" and value in ("on", "off", "loopback"):
@@ -68,13 +71,15 @@ def _parse(argv: list[str]) -> tuple[list[str], bool, str, bool, list[str]]:
             break
         i += 2
     if probe:
-        return writable, fs, network, probe, []
-    _die(f"usage: exec.py [--write DIR]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG... (at {argv[i:i+1]})", 2)
+        return writable, readable, fs, network, probe, []
+    _die(f"usage: exec.py [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG... (at {argv[i:i+1]})", 2)
     raise AssertionError("unreachable")
 
 
-def apply(writable: list[str], *, fs: bool, network: str) -> None:
+def apply(writable: list[str], *, fs: bool, network: str, readable: list[str] | None = None) -> None:
     """Restrict this process: network namespace first, then Landlock.
+
+    ``readable``: what may be read and executed; empty or None: everything beneath ``/``.
 
     Raises:
         OSError: the kernel refused a step.
@@ -86,10 +91,12 @@ def apply(writable: list[str], *, fs: bool, network: str) -> None:
         return
     if abi < 1:
         raise landlock.LandlockError(0, "the kernel has no Landlock")
-    rules: list[tuple[str, int]] = [("/", READ)]
-    rules += [(path, DEVICE) for path in DEVICES]
-    rules.append((TERMINALS, DEVICE | landlock.FS_READ_DIR))
-    rules += [(path, landlock.fs_rights(abi)) for path in writable]
+    # --read paths are not followed: one swapped for a symlink after the service listed it
+    # must not grant what the link points to.
+    rules: list[tuple[str, int, bool]] = [(path, READ, False) for path in readable] if readable else [("/", READ, True)]
+    rules += [(path, DEVICE, True) for path in DEVICES]
+    rules.append((TERMINALS, DEVICE | landlock.FS_READ_DIR, True))
+    rules += [(path, landlock.fs_rights(abi), True) for path in writable]
     scopes = landlock.SCOPE_SIGNAL if fs else 0
     if network != "on":
         scopes |= landlock.SCOPE_ABSTRACT_UNIX_SOCKET
@@ -97,9 +104,9 @@ def apply(writable: list[str], *, fs: bool, network: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    writable, fs, network, probe, command = _parse(argv)
+    writable, readable, fs, network, probe, command = _parse(argv)
     try:
-        apply(writable, fs=fs, network=network)
+        apply(writable, fs=fs, network=network, readable=readable)
     except OSError as exc:
         _die(f"cannot restrict the command: {exc.strerror or exc}")
     if probe:

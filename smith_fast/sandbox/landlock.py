@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import platform
+import stat
 import struct
 
 __all__ = [
@@ -103,7 +104,7 @@ def _fail(what: str) -> LandlockError:
 
 def restrict(
     abi: int,
-    rules: list[tuple[str, int]],
+    rules: list[tuple[str, int, bool]],
     *,
     handle_fs: bool = True,
     deny_tcp: bool = False,
@@ -113,9 +114,9 @@ def restrict(
 
     Args:
         abi: the kernel's ABI (:func:`abi_version`).
-        rules: ``(path, rights)`` grants; a missing path is skipped (``/dev/tty`` without a
-            terminal), a directory's grant covers everything beneath it. Rights the ABI lacks
-            are dropped.
+        rules: ``(path, rights, follow)`` grants; a missing path is skipped (``/dev/tty`` without
+            a terminal), a directory's grant covers everything beneath it, ``follow`` False grants
+            a symlink itself rather than its target. Rights the ABI lacks are dropped.
         handle_fs: deny every file-system right no rule grants.
         deny_tcp: deny TCP bind and connect (ABI 4+; ignored below).
         scopes: IPC scopes (ABI 6+; ignored below).
@@ -142,14 +143,14 @@ def restrict(
     if ruleset < 0:
         raise _fail("landlock_create_ruleset")
     try:
-        for path, rights in rules if handled_fs else ():
+        for path, rights, follow in rules if handled_fs else ():
             try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
             except FileNotFoundError:
                 continue
             try:
                 allowed = rights & handled_fs
-                if not os.path.isdir(path):
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     allowed &= FILE_RIGHTS
                 if not allowed:
                     continue

@@ -113,6 +113,7 @@ class ServiceConfig:
         sandbox: how the processes started for peers are confined (``--sandbox``; PROTOCOL.md,
             "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
         network: their network (``--network``): ``on``, ``off`` or ``loopback``.
+        sandbox_deny_read: paths those processes may not read (``--sandbox-deny-read``).
     """
 
     root: pathlib.Path = option(
@@ -164,3 +165,7 @@ class ServiceConfig:
     network: str = option(
         "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
         help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")
+    sandbox_deny_read: tuple[pathlib.Path, ...] = option(
+        (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
+        help="commands may not read PATH (e.g. ~/.ssh); a snapshot: new files beside PATH's parents are unreadable too "
+        "(PROTOCOL.md, Sandbox)")

@@ -75,7 +75,9 @@ class ServiceCore:
         self.tool_context = ToolContext(
             root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
         )
-        self.sandbox = Sandbox(config.sandbox, config.network, str(self.tool_context.root))
+        self.sandbox = Sandbox(
+            config.sandbox, config.network, str(self.tool_context.root), deny_read=tuple(map(str, config.sandbox_deny_read))
+        )
         self.runs_locally = runner is None
         if self.runs_locally:
             self.sandbox.check()
