@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +28,12 @@ from smith_fast.sandbox import HELPER, HIDE_ENV, MIN_LANDLOCK_ABI, WRAPPER, Sand
 from harness.server import ServerProcess, ServerStartError
 
 EACCES = "Permission denied"
+RUN = uuid.uuid4().hex[:12]  # outside paths are unique per run: a stale one must not decide a test
+
+
+def outside(name: str) -> str:
+    """A path in /etc (writable by root, which the suite may run as, unless the sandbox stops it)."""
+    return f"/etc/smith-fast-{name}-{RUN}"
 
 
 def test_the_kernel_has_what_the_default_needs() -> None:
@@ -89,7 +96,7 @@ def loopback(places: dict[str, pathlib.Path]) -> Iterator[ServerProcess]:
 async def test_workspace_write_refuses_writes_outside_the_root(default: ServerProcess, places: dict[str, pathlib.Path]) -> None:
     async with await Client.connect(default.unix) as client:
         await client.handshake()
-        target = "/etc/smith-fast-sandbox-probe"
+        target = outside("touch")
         code, _, err = await _sh(client, f"touch {target}")
         assert code != 0 and EACCES in err and not os.path.exists(target)
         code, _, err = await _sh(client, 'echo pwned >> "$HOME/.bashrc"')
@@ -98,7 +105,7 @@ async def test_workspace_write_refuses_writes_outside_the_root(default: ServerPr
         code, _, err = await _sh(client, "echo out > escape/f")  # through the symlink inside the root
         assert code != 0 and EACCES in err and not (places["outside"] / "f").exists()
         # the errno itself, not only the shell's wording
-        code, out, _ = await _sh(client, "python3 -c 'import os\ntry: os.open(\"/etc/smith-x\", os.O_CREAT | os.O_WRONLY)\nexcept OSError as e: print(e.errno)'")
+        code, out, _ = await _sh(client, f"python3 -c 'import os\ntry: os.open(\"{outside('errno')}\", os.O_CREAT | os.O_WRONLY)\nexcept OSError as e: print(e.errno)'")
         assert out == "13\n"
 
 
@@ -124,14 +131,14 @@ async def test_workspace_write_allows_the_root_tmpdir_and_devices(default: Serve
 async def test_shell_run_and_plan_steps_are_confined_too(default: ServerProcess, places: dict[str, pathlib.Path]) -> None:
     async with await Client.connect(default.unix) as client:
         await client.handshake(["shell_exec"])
-        result = await client.call_tool("shell.run", {"command": "touch /etc/smith-fast-tool-probe; echo ok > tool.txt"})
+        result = await client.call_tool("shell.run", {"command": f"touch {outside('tool')}; echo ok > tool.txt"})
         assert result.success
         ran = json.loads(result.result)
-        assert EACCES in ran["stderr"] and not os.path.exists("/etc/smith-fast-tool-probe")
+        assert EACCES in ran["stderr"] and not os.path.exists(outside("tool"))
         assert (places["root"] / "tool.txt").read_text() == "ok\n"
-        events = [ev async for ev in client.plan("touch /etc/smith-fast-plan-probe", {"execute": "true"})]
+        events = [ev async for ev in client.plan(f"touch {outside('plan')}", {"execute": "true"})]
         err = "".join(ev.shell_output.stderr for ev in events if ev.WhichOneof("event_type") == "shell_output")
-        assert EACCES in err and not os.path.exists("/etc/smith-fast-plan-probe")
+        assert EACCES in err and not os.path.exists(outside("plan"))
 
 
 async def test_read_only_refuses_writes_in_the_root_but_not_in_tmpdir(read_only: ServerProcess, places: dict[str, pathlib.Path]) -> None:
@@ -285,7 +292,7 @@ async def test_sandbox_off_starts_without_landlock_and_says_so(tmp_path: pathlib
 
 RUST_PROBE = r"""
 fn before_shell_exec(_p: &Json) -> Action {
-    let outside = match std::fs::write("/etc/smith-fast-hook-probe", "x") { Ok(_) => "written".to_string(), Err(e) => e.to_string() };
+    let outside = match std::fs::write("OUTSIDE", "x") { Ok(_) => "written".to_string(), Err(e) => e.to_string() };
     let inside = match std::fs::write("scratch", "x") { Ok(_) => "written".to_string(), Err(e) => e.to_string() };
     Action::block(format!("outside: {}; workdir: {}", outside, inside))
 }
@@ -295,7 +302,7 @@ hooks! { before_shell_exec }
 
 async def test_rustc_and_rust_hooks_run_sandboxed(tmp_path: pathlib.Path) -> None:
     hook = tmp_path / "probe.rs"
-    hook.write_text(RUST_PROBE)
+    hook.write_text(RUST_PROBE.replace("OUTSIDE", outside("hook")))
     root = tmp_path / "root"
     root.mkdir()
     # a fresh cache: rustc compiles under the sandbox (writing only its build directory)
@@ -307,7 +314,7 @@ async def test_rustc_and_rust_hooks_run_sandboxed(tmp_path: pathlib.Path) -> Non
             with pytest.raises(SmithError) as info:
                 await _sh(client, "true")
         assert "outside: Permission denied (os error 13); workdir: written" in str(info.value)
-        assert not os.path.exists("/etc/smith-fast-hook-probe")
+        assert not os.path.exists(outside("hook"))
     finally:
         assert srv.stop() == 0
 
@@ -322,7 +329,7 @@ def test_both_wrappers_enforce_the_same_policy(tmp_path: pathlib.Path, wrapper: 
     root = tmp_path / "root"
     root.mkdir()
     prefix = [*WRAPPERS[wrapper], "--fs", "on", "--network", network, "--write", str(root), "--"]
-    script = "touch /etc/smith-fast-wrapper-probe; echo in > inside; cat inside; echo > /dev/null && echo dev"
+    script = f"touch {outside('wrapper')}; echo in > inside; cat inside; echo > /dev/null && echo dev"
     done = subprocess.run([*prefix, "/bin/sh", "-c", script], capture_output=True, text=True, cwd=root)
     assert done.stdout == "in\ndev\n" and EACCES in done.stderr
     done = subprocess.run([*prefix, "/bin/sh", "-c", OWN_LOOPBACK], capture_output=True, text=True)
