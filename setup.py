@@ -37,7 +37,7 @@ class LoudBuildExt(build_ext):
 
     def build_sandbox_helper(self) -> None:
         """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the exec wrapper in C, which
-        starts a sandboxed command ~20x faster than the Python one (which stays the fallback)."""
+        starts a sandboxed command some 30x faster than the Python one (which stays the fallback)."""
         if self.compiler is None or sys.platform != "linux":
             return
         out_dir = HERE / "smith_fast" / "sandbox" if self.inplace else pathlib.Path(self.build_lib) / "smith_fast" / "sandbox"

@@ -5,7 +5,7 @@
  * Network namespace first (unshare needs a single-threaded process), then Landlock
  * (PR_SET_NO_NEW_PRIVS + landlock_restrict_self), then execv. Any failure: one line on stderr and
  * exit status 126 (127: PROGRAM not found); nothing runs unrestricted. It exists because a Python
- * interpreter start-up per command costs ~20x a plain spawn (bench/bench_sandbox.py); this costs
+ * interpreter start-up per command costs ~100x a plain spawn (bench/bench_sandbox.py); this costs
  * about one more exec. Built by setup.py next to exec.py; the service falls back to exec.py
  * without it. Keep the policy identical to exec.py's apply().
  */
