@@ -166,6 +166,17 @@ async def test_deny_read_hides_a_path_and_nothing_else(read_only: ServerProcess,
         assert code == 0 and out == "PRIVATE\n"
 
 
+async def test_a_command_cannot_signal_the_service(default: ServerProcess) -> None:
+    # Landlock ABI 6 scopes signals to the command's own sandbox: `kill $PPID` (the service) fails.
+    async with await Client.connect(default.unix) as client:
+        await client.handshake()
+        code, _, err = await _sh(client, f"kill -KILL {default.pid}")
+        assert code != 0 and "not permitted" in err.lower()
+        code, out, _ = await _sh(client, "sleep 30 & p=$!; kill -TERM $p; wait $p; echo own children: $?")
+        assert out == "own children: 143\n"  # its own processes it can signal
+    assert default.proc is not None and default.proc.poll() is None
+
+
 async def test_a_cwd_outside_the_root_is_refused(default: ServerProcess, places: dict[str, pathlib.Path]) -> None:
     async with await Client.connect(default.unix) as client:
         await client.handshake()
