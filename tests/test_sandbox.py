@@ -23,7 +23,8 @@ from collections.abc import Iterator
 import pytest
 
 from smith_fast.client import Client, SmithError
-from smith_fast.sandbox import HELPER, HIDE_ENV, MIN_LANDLOCK_ABI, WRAPPER, Sandbox, kernel_features
+from smith_fast._compat import NO_EXTENSIONS
+from smith_fast.sandbox import HELPER, HIDE_ENV, MIN_LANDLOCK_ABI, PYTHON_WRAPPER, WRAPPER, Sandbox, kernel_features
 
 from harness.server import ServerProcess, ServerStartError
 
@@ -330,7 +331,9 @@ async def test_rustc_and_rust_hooks_run_sandboxed(tmp_path: pathlib.Path) -> Non
         assert srv.stop() == 0
 
 
-WRAPPERS = {"c": [HELPER], "python": [sys.executable, "-I", "-S", WRAPPER]}
+WRAPPERS = {"python": [sys.executable, "-I", "-S", WRAPPER]}
+if not NO_EXTENSIONS:  # SMITH_FAST_NO_EXTENSIONS=1: no C, the helper included
+    WRAPPERS["c"] = [HELPER]
 
 
 @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
@@ -358,5 +361,6 @@ def test_the_wrappers_fail_closed(wrapper: str) -> None:
 
 def test_the_c_helper_is_what_the_service_uses() -> None:
     # setup.py builds it; without it every command would pay a Python start-up (bench_sandbox.py).
-    assert os.access(HELPER, os.X_OK)
-    assert Sandbox("read-only", "on", "/").wrap(["/bin/true"], [])[0] == HELPER
+    expected = list(PYTHON_WRAPPER) if NO_EXTENSIONS else [HELPER]
+    assert NO_EXTENSIONS or os.access(HELPER, os.X_OK)
+    assert Sandbox("read-only", "on", "/").wrap(["/bin/true"], [])[: len(expected)] == expected

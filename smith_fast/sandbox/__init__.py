@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .._compat import NO_EXTENSIONS
 from ..errors import SmithFastError
 from . import landlock
 
@@ -136,8 +137,9 @@ def read_grants(denied: Sequence[str]) -> list[str]:
 
 
 def default_wrapper() -> tuple[str, ...]:
-    """The C helper when it was built, else the Python wrapper."""
-    return (HELPER,) if os.access(HELPER, os.X_OK) else PYTHON_WRAPPER
+    """The C helper when it was built (and ``SMITH_FAST_NO_EXTENSIONS`` is not set, which picks
+    the Python twins everywhere), else the Python wrapper."""
+    return (HELPER,) if not NO_EXTENSIONS and os.access(HELPER, os.X_OK) else PYTHON_WRAPPER
 
 
 @dataclass(frozen=True, slots=True)
