@@ -35,7 +35,7 @@ _EXAMPLES = {
 }
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]  # generic only in the stubs, not at run time
     """Add the ``worker`` and ``gateway`` subcommands."""
     worker = sub.add_parser(
         "worker",

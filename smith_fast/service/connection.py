@@ -39,8 +39,8 @@ from ..framing import MAX_VARINT_LENGTH, FrameDecoder
 from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .core import ServiceCore
 from .auth import TOKEN_KEY
+from .core import ServiceCore
 from .deadlines import Deadlines
 from .redact import redacted_bytes, redacted_line
 from .session import Session

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -72,16 +71,14 @@ class ServiceCore:
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
-        self.tool_context = ToolContext(
-            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
-        )
-        self.sandbox = Sandbox(
-            config.sandbox, config.network, str(self.tool_context.root), deny_read=tuple(map(str, config.sandbox_deny_read))
-        )
+        root = config.root.resolve()
+        self.sandbox = Sandbox(config.sandbox, config.network, str(root), deny_read=tuple(map(str, config.sandbox_deny_read)))
         self.runs_locally = runner is None
         if self.runs_locally:
             self.sandbox.check()
-        self.tool_context = dataclasses.replace(self.tool_context, sandbox=self.sandbox)  # shell.run
+        self.tool_context = ToolContext(
+            root=root, max_output=config.limits.tool_max_output, allow_env=config.allow_env, sandbox=self.sandbox
+        )
         kinds = available_kinds()
         self.capabilities: frozenset[int] = frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}

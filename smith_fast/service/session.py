@@ -12,6 +12,7 @@ Protocol-independent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import pathlib
 import time
 import uuid
@@ -27,7 +28,7 @@ from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
-from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name
+from .negotiation import ACCEPT_KEY, DEFAULT_METRICS_INTERVAL_MS, SUPPORTED_VERSIONS, accept_additions, capability_name
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -54,14 +55,18 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path | None: ...
+    def record_dir(self) -> pathlib.Path:
+        """Where sessions granted ``replay`` are recorded."""
+        ...
 
     @property
     def sessions(self) -> MutableSet[Any]: ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
-    def service_info(self, version: int, granted: list[int], accepted: Sequence[str] = ..., interval_ms: int = ...) -> dict[str, str]: ...
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]: ...
 
 
 class Session:
@@ -173,6 +178,7 @@ class Session:
         if kind == "handshake":
             self._handshake(command.handshake)
             return
+        rid: str | None
         if not self.authenticated:
             rid = getattr(getattr(command, kind), "request_id", None) if kind else None
             self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", rid)
@@ -208,7 +214,7 @@ class Session:
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
-        self._start(rid, spec, command)
+        self._start(rid or "", spec, command)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -293,7 +299,7 @@ class Session:
         event = pb.Event()
         ready = event.ready
         ready.version = self.version
-        ready.capabilities.extend(granted)
+        ready.capabilities.extend(granted)  # type: ignore[arg-type]  # the stubs type the field as Capability, whose values these are
         ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
@@ -380,7 +386,10 @@ class Session:
             return
         task = self._loop.create_task(self._request(spec, rid, command))
         self._tasks[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(rid, None)
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
