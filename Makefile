@@ -18,7 +18,7 @@ $(VENV)/.deps: requirements-dev.txt pyproject.toml
 	touch $@
 
 # --no-build-isolation: build with the Cython pinned in requirements-dev.txt, already in the venv.
-$(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
+$(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/sandbox_exec.c csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
 	$(PIP) install --no-build-isolation -e .
 	touch $@
 

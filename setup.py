@@ -31,8 +31,19 @@ class LoudBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
+            self.build_sandbox_helper()
         except Exception as exc:  # distutils raises a zoo of types; the message is what matters
             raise SystemExit(HINT.format(error=exc)) from exc
+
+    def build_sandbox_helper(self) -> None:
+        """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the exec wrapper in C, which
+        starts a sandboxed command some 30x faster than the Python one (which stays the fallback)."""
+        if self.compiler is None or sys.platform != "linux":
+            return
+        out_dir = HERE / "smith_fast" / "sandbox" if self.inplace else pathlib.Path(self.build_lib) / "smith_fast" / "sandbox"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        objects = self.compiler.compile(["csrc/sandbox_exec.c"], output_dir=self.build_temp, extra_postargs=["-O2"])
+        self.compiler.link_executable(objects, "sandbox-exec", output_dir=str(out_dir))
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:

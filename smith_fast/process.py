@@ -44,6 +44,7 @@ import fcntl
 import functools
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import time
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from . import childguard
 from .errors import ProtocolError
 from .pb import smith_pb2
+from .sandbox import Sandbox, make_scratch, remove_scratch
 
 __all__ = [
     "DEFAULT_PATH",
@@ -202,6 +204,7 @@ class ShellProcess:
         "_exited",
         "_done",
         "_error",
+        "_scratch",
     )
 
     def __init__(
@@ -228,6 +231,7 @@ class ShellProcess:
         self._exited: asyncio.Future[int] = loop.create_future()  # shell reaped
         self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
         self._error: Exception | None = None
+        self._scratch: str | None = None  # the sandbox's TMPDIR for this command, removed at the reap
 
     @classmethod
     async def start(
@@ -240,6 +244,7 @@ class ShellProcess:
         on_output: Callable[[int, bytes], None],
         read_size: int = DEFAULT_READ_SIZE,
         pipe_size: int = PIPE_SIZE,
+        sandbox: Sandbox | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -253,6 +258,9 @@ class ShellProcess:
                 If it raises, the process group is killed and :meth:`wait` raises that exception.
             read_size: the most bytes one read (and so one callback) delivers.
             pipe_size: the kernel buffer to request for each pipe; the default is used if refused.
+            sandbox: confine the command (PROTOCOL.md, "Sandbox"): it runs through the exec
+                wrapper, with a fresh temporary directory as ``TMPDIR`` (removed when the shell is
+                reaped) that it may write besides what the sandbox's mode allows.
 
         Returns:
             The running process.
@@ -273,6 +281,17 @@ class ShellProcess:
         environ["SHELL"] = shell
         if env:
             environ.update(env)
+        argv = [shell, "-c", command]
+        if sandbox is not None and sandbox.active:
+            # The wrapper execs without a PATH search, and its own failure would only be an exit
+            # status: find the shell here, so a missing one is the same clear error as unsandboxed.
+            found = shutil.which(shell, path=environ.get("PATH")) if "/" not in shell else shell
+            if found is None or not os.path.exists(found):
+                raise _spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
+            if not os.access(found, os.X_OK) or os.path.isdir(found):
+                raise _spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
+            argv = [found, "-c", command]
+        scratch: str | None = None
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:
@@ -289,10 +308,14 @@ class ShellProcess:
                 except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
                     pass
                 os.set_blocking(fd, False)
+            if sandbox is not None and sandbox.active:
+                scratch = make_scratch()
+                environ.setdefault("TMPDIR", scratch)
+                argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
             # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
             # bench_process's spawn group); an executor hop would cost more than it saves.
             popen = subprocess.Popen(
-                [shell, "-c", command],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
@@ -303,13 +326,16 @@ class ShellProcess:
             )
         except (OSError, ValueError, TypeError) as exc:
             _close_quietly(out_r, out_w, err_r, err_w)
+            remove_scratch(scratch)
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
             _close_quietly(out_r, out_w, err_r, err_w)
+            remove_scratch(scratch)
             raise
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w)
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
+        self._scratch = scratch
         _LIVE[self.pid] = self
         childguard.register(self.pid)
         if _HAVE_PIDFD:
@@ -451,6 +477,8 @@ class ShellProcess:
             self._popen.returncode = code  # tells Popen.__del__ the child is reaped
             self._popen = None
         _LIVE.pop(self.pid, None)
+        remove_scratch(self._scratch)
+        self._scratch = None
         if self._pidfd >= 0:
             if not self._loop.is_closed():
                 self._loop.remove_reader(self._pidfd)
@@ -607,6 +635,7 @@ async def run_collect(
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
     max_output: int = 1 << 20,
+    sandbox: Sandbox | None = None,
 ) -> Collected:
     """Run a command to completion and collect its output.
 
@@ -620,6 +649,7 @@ async def run_collect(
         env: variables layered over :func:`base_environment`.
         timeout: seconds before the command is terminated; ``None`` for no limit.
         max_output: the most bytes kept of each of stdout and stderr.
+        sandbox: confine the command (see :meth:`ShellProcess.start`).
 
     Returns:
         The exit code, both outputs and what happened.
@@ -643,7 +673,7 @@ async def run_collect(
             truncated = True
 
     started = time.monotonic()
-    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output)
+    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox)
     timed_out = False
     try:
         try:

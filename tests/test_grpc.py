@@ -276,7 +276,7 @@ async def test_half_close_lets_requests_finish(server: ServerProcess) -> None:
 
 
 async def test_cancelled_call_kills_its_commands(server: ServerProcess, tmp_path: pathlib.Path) -> None:
-    pidfile = tmp_path / "pid"
+    pidfile = server.root / f"{tmp_path.name}.pid"  # the default sandbox lets commands write only in the root
     client = await Client.connect(server.grpc)
     await client.handshake()
     agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")

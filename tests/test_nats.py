@@ -439,9 +439,19 @@ async def test_disconnect_kills_remote_commands(cluster: Cluster) -> None:
     assert await asyncio.to_thread(wait_until, lambda: not pid_alive(pid), 10), "the command outlived its frontend"
 
 
-async def test_worker_killed_mid_request_is_replaced(cluster: Cluster) -> None:
+@pytest.fixture(params=["uvloop", "asyncio"])
+def unsandboxed(request: pytest.FixtureRequest, tmp_path: pathlib.Path) -> Iterator[Cluster]:
+    """Like ``cluster``, with ``--sandbox off`` workers: the command below kills its own worker,
+    which the sandbox forbids (Landlock's signal scope: a command cannot signal the service)."""
+    c = Cluster(tmp_path, workers=2, nats_args=NATS_FAST, worker_args=("--concurrency", "2", "--sandbox", "off"), loop=request.param).start()
+    yield c
+    c.stop()
+
+
+async def test_worker_killed_mid_request_is_replaced(unsandboxed: Cluster) -> None:
     """The first run kills its own worker with SIGKILL after some output; the command is handed to
     the other worker after the ack wait, and the frontend sees it finish once."""
+    cluster = unsandboxed
     marker = cluster.root / f"ran-{uuid.uuid4().hex}"
     command = f"if mkdir {marker} 2>/dev/null; then echo first run; sleep 0.3; kill -KILL $PPID; sleep 5; fi; echo done"
     async with await Client.connect(cluster.unix) as client:
@@ -686,7 +696,8 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
 async def test_max_deliveries(tmp_path: pathlib.Path) -> None:
     """A command that kills every worker that runs it is given up after --max-deliver deliveries:
     the frontend gets INTERNAL_ERROR (reason max_deliveries) and the command leaves the queue."""
-    cluster = Cluster(tmp_path, workers=2, nats_args=("--ack-wait", "1", "--max-deliver", "2")).start()
+    # --sandbox off: the command kills its worker, which the sandbox forbids (a signal out of its scope)
+    cluster = Cluster(tmp_path, workers=2, nats_args=("--ack-wait", "1", "--max-deliver", "2"), worker_args=("--sandbox", "off")).start()
     try:
         async with await Client.connect(cluster.unix) as client:
             await client.handshake(["shell_exec"])

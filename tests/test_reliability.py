@@ -70,7 +70,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 @pytest.mark.parametrize("protocol", ["v1", "v0"])
 def test_child_ignoring_sigterm_is_killed_after_the_grace(server: ServerProcess, tmp_path: pathlib.Path, protocol: str) -> None:
-    pidfile = tmp_path / "pids"
+    inside = server.root / tmp_path.name  # the default sandbox lets commands write only in the root
+    inside.mkdir()
+    pidfile = inside / "pids"
     command = f"trap '' TERM; sleep 30 & echo $! > {pidfile}; echo $$ >> {pidfile}; echo started; wait; echo never"
     start = time.monotonic()
     if protocol == "v1":

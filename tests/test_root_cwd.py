@@ -2,7 +2,7 @@
 
 A real ``smith-fast serve --root W`` whose own current directory is the repository (not ``W``): a
 ShellExec without ``cwd`` runs in ``W``, a relative ``cwd`` is taken from ``W``, an absolute one is
-kept, plan steps run in ``W``, and all of it agrees with ``shell.run``. The same for a real
+kept (refused outside ``W`` unless ``--sandbox off``, issue 15), plan steps run in ``W``, and all of it agrees with ``shell.run``. The same for a real
 ``smith-fast worker --root W`` behind a gateway, over a real nats-server.
 """
 
@@ -56,11 +56,25 @@ async def test_shell_exec_runs_in_the_root(server: ServerProcess, workspace: pat
         assert await _pwd(client, "") == f"{workspace}\n"
         assert await _pwd(client, "sub") == f"{workspace}/sub\n"
         assert await _pwd(client, "sub/deeper/..") == f"{workspace}/sub\n"
-        assert await _pwd(client, "/") == "/\n"
+        # issue 15: under the default sandbox a cwd outside the root is refused (below: kept with it off)
+        with pytest.raises(SmithError, match="PERMISSION_DENIED.*cwd '/' is outside the workspace root"):
+            await _pwd(client, "/")
         tool = await client.call_tool("shell.run", {"command": "pwd"})
         assert tool.success and json.loads(tool.result)["stdout"] == f"{workspace}\n"
         tool = await client.call_tool("shell.run", {"command": "pwd", "cwd": "sub"})
         assert json.loads(tool.result)["stdout"] == f"{workspace}/sub\n"
+
+
+async def test_an_absolute_cwd_is_kept_with_the_sandbox_off(workspace: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    # --sandbox off: today's behaviour, where an absolute cwd outside the root is where it runs
+    srv = ServerProcess(tmp_path, "--sandbox", "off", root=workspace).start()
+    try:
+        async with await Client.connect(srv.unix) as client:
+            await client.handshake()
+            assert await _pwd(client, "/") == "/\n"
+            assert await _pwd(client) == f"{workspace}\n"
+    finally:
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
 
 async def test_a_relative_cwd_that_is_not_there_names_where_it_was_looked_for(server: ServerProcess, workspace: pathlib.Path) -> None:

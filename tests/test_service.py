@@ -33,6 +33,14 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
 
+@pytest.fixture
+def inside(server: ServerProcess, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A fresh directory inside the server's root: the default sandbox lets commands write only there."""
+    path = server.root / tmp_path.name
+    path.mkdir()
+    return path
+
+
 async def connect(server: ServerProcess, via: str, protocol: str) -> Client:
     if via == "stdio":
         loop = server.argv[server.argv.index("--loop") + 1]
@@ -157,12 +165,12 @@ async def test_shell_exec_needs_capability(server: ServerProcess) -> None:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-async def test_shell_exec_cwd_env_shell_and_signal(server: ServerProcess, protocol: str, tmp_path: pathlib.Path) -> None:
+async def test_shell_exec_cwd_env_shell_and_signal(server: ServerProcess, protocol: str, inside: pathlib.Path) -> None:
     async with await Client.connect(server.unix, protocol=protocol) as client:
         await client.handshake()
         out, _, final, _ = await run(client, 'pwd; echo "$GREETING"; echo "${SECRET_SERVICE_VAR-unset}"',
-                                     cwd=str(tmp_path), env={"GREETING": "héllo ✓"})
-        assert out == f"{tmp_path}\nhéllo ✓\nunset\n" and final and final.exit_code == 0
+                                     cwd=str(inside), env={"GREETING": "héllo ✓"})
+        assert out == f"{inside}\nhéllo ✓\nunset\n" and final and final.exit_code == 0
         out, _, final, _ = await run(client, "echo $0", shell="/bin/bash")
         assert out == "/bin/bash\n"
         _, _, final, _ = await run(client, "kill -9 $$")
@@ -188,8 +196,8 @@ async def test_large_output_is_complete_and_chunked(server: ServerProcess, proto
         assert len(chunks) < 200000 // 10  # small reads are coalesced
 
 
-async def test_timeout_kills_process_group(server: ServerProcess, tmp_path: pathlib.Path) -> None:
-    pidfile = tmp_path / "pids"
+async def test_timeout_kills_process_group(server: ServerProcess, inside: pathlib.Path) -> None:
+    pidfile = inside / "pids"
     async with await Client.connect(server.unix) as client:
         await client.handshake()
         with pytest.raises(SmithError) as info:
@@ -245,8 +253,8 @@ async def test_tool_calls(server: ServerProcess, protocol: str) -> None:
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-async def test_shutdown_cancels_running_and_closes(server: ServerProcess, protocol: str, tmp_path: pathlib.Path) -> None:
-    pidfile = tmp_path / "pid"
+async def test_shutdown_cancels_running_and_closes(server: ServerProcess, protocol: str, inside: pathlib.Path) -> None:
+    pidfile = inside / "pid"
     client = await Client.connect(server.unix, protocol=protocol)
     await client.handshake()
     events: list[pb.Event] = []
@@ -269,8 +277,8 @@ async def test_shutdown_cancels_running_and_closes(server: ServerProcess, protoc
     await client.close()
 
 
-async def test_disconnect_kills_children(server: ServerProcess, tmp_path: pathlib.Path) -> None:
-    pidfile = tmp_path / "pid"
+async def test_disconnect_kills_children(server: ServerProcess, inside: pathlib.Path) -> None:
+    pidfile = inside / "pid"
     client = await Client.connect(server.unix)
     await client.handshake()
     agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import SmithFastError
+from ..sandbox import Sandbox
 
 __all__ = [
     "TRIGGERS",
@@ -63,11 +64,14 @@ class HookLimits:
             by the engine's interrupt handler; Rust: wall-clock time of the round trip to the child.
         memory_bytes: JavaScript: the QuickJS heap limit; Rust: the child's ``RLIMIT_DATA``.
         rust_compile_timeout: seconds ``rustc`` may take before the load fails.
+        sandbox: confines ``rustc`` (it writes only its build directory) and the Rust hook
+            processes (they write only their private working directory); None: unconfined.
     """
 
     call_timeout: float = 0.5
     memory_bytes: int = 32 << 20
     rust_compile_timeout: float = 120.0
+    sandbox: Sandbox | None = None
 
 
 class HookLoadError(SmithFastError):

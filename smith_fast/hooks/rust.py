@@ -13,8 +13,9 @@ the child keeps its state and goes on. An abort, a crash, a closed pipe, a garbl
 past the time limit kills the child's process group and fails the call; the next call starts a new
 child. Nothing the child does reaches the service beyond a failed call.
 
-Rust hooks are native code with the service user's rights: the process boundary contains crashes
-and runaway loops, not what the code may do (HOOKS.md, "Trust").
+Rust hooks are native code with the service user's rights, narrowed by ``HookLimits.sandbox`` (the
+service's ``--sandbox``: it may write only its working directory): the process boundary contains
+crashes and runaway loops; the sandbox limits writes and the network, not reads (HOOKS.md, "Trust").
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import childguard
+from ..sandbox import Sandbox
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
 from .rust_check import check_rust_source
 from .rust_build import cache_key, compile_hook, default_cache_dir, rustc_path, rustc_version
@@ -83,7 +85,7 @@ class _Child:
 
     __slots__ = ("proc", "loop", "stdin", "answers", "output", "buf", "outbuf", "waiter", "dead", "hook_id")
 
-    def __init__(self, exe_fd: int, workdir: str, memory_bytes: int, hook_id: str) -> None:
+    def __init__(self, exe_fd: int, workdir: str, memory_bytes: int, hook_id: str, sandbox: Sandbox | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.hook_id = hook_id
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
@@ -97,8 +99,9 @@ class _Child:
                     pass  # above /proc/sys/fs/pipe-max-size: the default size only costs wakeups
             # Executed through a descriptor opened at load (fexecve-style): a restart still works
             # after the cache entry was deleted.
+            argv = [f"/proc/self/fd/{exe_fd}", str(ans_w)]
             self.proc = subprocess.Popen(
-                [f"/proc/self/fd/{exe_fd}", str(ans_w)],
+                sandbox.wrap(argv, writable=[workdir]) if sandbox is not None else argv,
                 stdin=in_r,
                 stdout=out_w,
                 stderr=out_w,
@@ -301,7 +304,7 @@ class RustHook(Hook):
         _LIVE.add(self)
 
     def _start(self) -> _Child:
-        child = _Child(self._exe_fd, self._workdir, self.limits.memory_bytes, self.id)
+        child = _Child(self._exe_fd, self._workdir, self.limits.memory_bytes, self.id, self.limits.sandbox)
         self.restarts += 1
         self._child = child
         return child
@@ -437,7 +440,7 @@ async def load_rust(
     if not trusted:
         check_rust_source(source)  # before rustc reads a byte of it
     source_hash = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
-    exe, cache_hit = await compile_hook(source, cache_dir=cache_dir, timeout=limits.rust_compile_timeout)
+    exe, cache_hit = await compile_hook(source, cache_dir=cache_dir, timeout=limits.rust_compile_timeout, sandbox=limits.sandbox)
     try:
         hook = RustHook(source_hash, exe, limits, hook_id or f"rust-{source_hash[:12]}", cache_hit)
     except OSError as exc:  # the binary vanished between the compile and now

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..sandbox import Sandbox
 from .model import HookLoadError, clip, log
 
 __all__ = [
@@ -91,7 +92,7 @@ _compile_locks: dict[str, threading.Lock] = {}
 _compile_locks_guard = threading.Lock()
 
 
-def _compile_blocking(source: str, cache_dir: Path, timeout: float) -> tuple[Path, bool]:
+def _compile_blocking(source: str, cache_dir: Path, timeout: float, sandbox: Sandbox | None = None) -> tuple[Path, bool]:
     key = cache_key(source)
     final = cache_dir / key
     exe = final / "hook"
@@ -109,9 +110,17 @@ def _compile_blocking(source: str, cache_dir: Path, timeout: float) -> tuple[Pat
         try:
             (work / "main.rs").write_text(PRELUDE, encoding="utf-8")
             (work / "hook.rs").write_text(source, encoding="utf-8", errors="surrogatepass")
+            argv = [rustc, *RUSTC_FLAGS, "main.rs", "-o", "hook"]
+            env = None
+            if sandbox is not None and sandbox.active:
+                # The compiler (and the linker it runs) may write only its build directory, which
+                # is also where its temporary files go.
+                argv = sandbox.wrap([shutil.which(rustc) or rustc, *argv[1:]], writable=[str(work)])
+                env = {**os.environ, "TMPDIR": str(work)}
             proc = subprocess.Popen(
-                [rustc, *RUSTC_FLAGS, "main.rs", "-o", "hook"],
+                argv,
                 cwd=work,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -144,13 +153,16 @@ def _compile_blocking(source: str, cache_dir: Path, timeout: float) -> tuple[Pat
                 shutil.rmtree(work, ignore_errors=True)
 
 
-async def compile_hook(source: str, *, cache_dir: Path | None = None, timeout: float = 120.0) -> tuple[Path, bool]:
+async def compile_hook(
+    source: str, *, cache_dir: Path | None = None, timeout: float = 120.0, sandbox: Sandbox | None = None
+) -> tuple[Path, bool]:
     """Compile ``source`` with the prelude, or find it in the cache.
 
     Args:
         source: the hook's Rust source.
         cache_dir: where compiled hooks live (default :func:`default_cache_dir`).
         timeout: seconds ``rustc`` may take.
+        sandbox: confines ``rustc`` to writing its build directory; None: unconfined.
 
     Returns:
         The binary's path, and whether it came from the cache (True) or was compiled now (False).
@@ -159,4 +171,4 @@ async def compile_hook(source: str, *, cache_dir: Path | None = None, timeout: f
         HookLoadError: it does not compile (``diagnostics`` holds rustc's output), rustc took too
             long, or there is no working rustc.
     """
-    return await asyncio.to_thread(_compile_blocking, source, cache_dir or default_cache_dir(), timeout)
+    return await asyncio.to_thread(_compile_blocking, source, cache_dir or default_cache_dir(), timeout, sandbox)

@@ -117,6 +117,10 @@ class ServiceConfig:
             (refuse all but the safe and the ``--allow-env`` names); :mod:`smith_fast.refused_env`.
         capabilities: the capabilities this service may grant (``--capabilities``, names); None:
             every available one except ``hooks_rust``, which is granted only when listed here.
+        sandbox: how the processes started for peers are confined (``--sandbox``; PROTOCOL.md,
+            "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
+        network: their network (``--network``): ``on``, ``off`` or ``loopback``.
+        sandbox_deny_read: paths those processes may not read (``--sandbox-deny-read``).
     """
 
     root: pathlib.Path = option(
@@ -171,3 +175,15 @@ class ServiceConfig:
         None, flag="--capabilities", unit="names", commands=_ALL, group=_SECURITY, metavar="LIST",
         default_text="all available but hooks_rust",
         help="comma list of the capabilities peers may be granted (shell_exec,hooks_js,hooks_rust,replay,tracing,nats)")
+    sandbox: str = option(
+        "workspace-write", flag="--sandbox", unit="choice", choices=("workspace-write", "read-only", "off"),
+        commands=_RUNNERS, group=_SECURITY,
+        help="confine commands, shell.run, plan steps and Rust hooks with Landlock: write only the root and "
+        "a per-request TMPDIR (workspace-write), only the TMPDIR (read-only), or anywhere (off)")
+    network: str = option(
+        "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
+        help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")
+    sandbox_deny_read: tuple[pathlib.Path, ...] = option(
+        (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
+        help="commands may not read PATH (e.g. ~/.ssh); a snapshot: new files beside PATH's parents are unreadable too "
+        "(PROTOCOL.md, Sandbox)")

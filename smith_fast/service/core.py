@@ -11,6 +11,7 @@ from .. import __version__, framing
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
+from ..sandbox import Sandbox
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .commands import COMMANDS
 from .config import ServiceConfig
@@ -82,6 +83,10 @@ class ServiceCore:
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
         runner: makes each session's request runner (default: requests run here; ``smith-fast
             gateway`` passes one that forwards them to workers).
+
+    Raises:
+        SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
+            need (fail closed: nothing is served).
     """
 
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
@@ -90,11 +95,17 @@ class ServiceCore:
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
+        root = config.root.resolve()
+        self.sandbox = Sandbox(config.sandbox, config.network, str(root), deny_read=tuple(map(str, config.sandbox_deny_read)))
+        self.runs_locally = runner is None
+        if self.runs_locally:
+            self.sandbox.check()
         self.tool_context = ToolContext(
-            root=config.root.resolve(),
+            root=root,
             max_output=config.limits.tool_max_output,
             allow_env=config.allow_env,
             env_policy=config.env_policy,
+            sandbox=self.sandbox,
         )
         kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
@@ -104,7 +115,7 @@ class ServiceCore:
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
-        self.hook_limits = HookLimits()
+        self.hook_limits = HookLimits(sandbox=self.sandbox)
         self.record_dir = config.record_dir or config.replay_dir
         self.planner: Planner = planner_from_options(
             config.planner,
@@ -189,6 +200,8 @@ class ServiceCore:
             "event_loop": self.loop_name,
             "granted_capabilities": ",".join(capability_name(c) for c in granted),
         }
+        if self.runs_locally:  # a gateway's workers say what confines them, not the gateway
+            info.update(self.sandbox.info())
         if version == 1:
             info[ACCEPTED_KEY] = ",".join(accepted)
             if "metrics" in accepted:

@@ -139,7 +139,14 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
     proc: ShellProcess | None = None
     timed_out = False
     try:
-        proc = await spawn(cmd.command, shell=cmd.shell if cmd.HasField("shell") else None, cwd=str(cwd), env=env, on_output=on_output)
+        proc = await spawn(
+            cmd.command,
+            shell=cmd.shell if cmd.HasField("shell") else None,
+            cwd=str(cwd),
+            env=env,
+            on_output=on_output,
+            sandbox=core.tool_context.sandbox,
+        )
         ex.processes.add(proc)
         if ex.paused:
             proc.pause_reading()

@@ -12,6 +12,7 @@ queue; the pipes are paused while the queue is long, so a slow hook cannot make 
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 from collections import deque
 from typing import TYPE_CHECKING
@@ -28,12 +29,31 @@ if TYPE_CHECKING:
 __all__ = ["run_shell_exec", "working_directory"]
 
 
-def working_directory(root: pathlib.Path, cwd: str | None) -> str:
+def working_directory(root: pathlib.Path, cwd: str | None, *, confined: bool = False) -> str:
     """Where a ShellExec runs: ``--root`` when it names no ``cwd`` (or an empty one), a relative
     ``cwd`` taken from the root, an absolute one as it is. As with ``shell.run``, so that the two
-    ways of running a command agree; unlike the tools, a ShellExec is not confined to the root.
+    ways of running a command agree.
+
+    Args:
+        root: the workspace root (resolved).
+        cwd: the request's ``cwd``.
+        confined: the sandbox is on: ``cwd`` must resolve (symlinks followed) inside the root.
+
+    Raises:
+        ProtocolError: ``ERROR_CODE_PERMISSION_DENIED``, ``confined`` and ``cwd`` is outside the root
+            (said whether or not it exists, so nothing outside can be probed).
     """
-    return str(root / cwd) if cwd else str(root)
+    path = str(root / cwd) if cwd else str(root)
+    if confined and cwd:
+        real = os.path.realpath(path)
+        top = str(root)
+        if real != top and not real.startswith(top.rstrip("/") + "/"):
+            raise ProtocolError(
+                f"cwd {cwd!r} is outside the workspace root {top!r}; with --sandbox on, commands run inside it",
+                pb.ERROR_CODE_PERMISSION_DENIED,
+                details={"reason": "cwd_outside_root"},
+            )
+    return path
 
 
 class _Output:
@@ -144,6 +164,8 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         )
     output = _Output(session, rid)
     proc: ShellProcess | None = None
+    sandbox = core.tool_context.sandbox
+    confined = sandbox is not None and sandbox.confines_files
 
     async def final(code: int) -> None:
         output.finish()
@@ -154,9 +176,10 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         proc = await spawn(
             cmd.command,
             shell=cmd.shell if cmd.HasField("shell") else None,
-            cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None),
+            cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None, confined=confined),
             env=env if env is not None else dict(cmd.env),
             on_output=output.on_output,
+            sandbox=sandbox,
         )
         output.proc = proc
         session.processes.add(proc)

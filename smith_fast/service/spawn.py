@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from ..process import ShellProcess
+from ..sandbox import Sandbox
 
 __all__ = ["spawn"]
 
@@ -22,11 +23,13 @@ async def spawn(
     cwd: str,
     env: Mapping[str, str],
     on_output: Callable[[int, bytes], None],
+    sandbox: Sandbox | None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
-    environment, its own process group, output to ``on_output(fd, data)``.
+    environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
+    (the core's ``--sandbox``/``--network``; None only where the operator turned it off).
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
-    return await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output)
+    return await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox)

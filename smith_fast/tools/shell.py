@@ -8,8 +8,8 @@ hooks see the command (and can block or rewrite it) exactly as they see a ShellE
 variables that load code (``ERROR_CODE_PERMISSION_DENIED`` naming them), it takes one of the
 ``--max-processes`` slots, and the audit log records it.
 
-The working directory must lie inside the workspace (default: the root); the command itself is not
-confined. Output is collected up to ``ToolContext.max_output`` bytes per stream and decoded as
+The working directory must lie inside the workspace (default: the root); the command itself is
+confined by the service's sandbox (``ToolContext.sandbox``, PROTOCOL.md "Sandbox"). Output is collected up to ``ToolContext.max_output`` bytes per stream and decoded as
 UTF-8 (undecodable bytes become U+FFFD). The command's own ``timeout_ms`` ends it with
 ``timed_out: true`` in a successful result; the call-level timeout of the registry instead
 cancels the tool, and the child is killed on cancellation.
@@ -65,6 +65,7 @@ async def run_direct(request: ProcessRequest, ctx: ToolContext) -> Any:
         env=request.env,
         timeout=None if request.timeout_ms is None else request.timeout_ms / 1000,
         max_output=ctx.max_output,
+        sandbox=ctx.sandbox,
     )
 
 

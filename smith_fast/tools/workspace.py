@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.sandbox import Sandbox
 from smith_fast.tools.openat2 import open_beneath
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ class ToolContext:
         run_process: how a tool starts a process (:data:`RunProcess`): the service gives each
             call one bound to its request (:meth:`with_process_runner`); None outside a service
             (a tool then runs it directly under the env policy, with no hooks to apply).
+        sandbox: what confines the commands ``shell.run`` starts (``serve --sandbox``); None:
+            unconfined.
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -104,6 +107,7 @@ class ToolContext:
     allow_env: frozenset[str] = frozenset()
     env_policy: str = "denylist"
     run_process: RunProcess | None = field(default=None, compare=False, repr=False)
+    sandbox: Sandbox | None = None
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
     _root_dir: _DirFd = field(init=False, repr=False, compare=False)

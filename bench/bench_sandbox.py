@@ -1,0 +1,80 @@
+"""What the sandbox costs a command's start: ``sh -c true`` through ShellProcess, with and without it.
+
+Run: ``.venv/bin/pytest bench/bench_sandbox.py --benchmark-only -p no:cacheprovider``
+
+Variants (one uvloop loop, start + wait, best and median of the rounds):
+
+* ``off``: no wrapper (``--sandbox off --network on``), today's cost;
+* ``c/<mode>/<network>``: through the C helper ``smith_fast/sandbox/sandbox-exec`` (what the
+  service uses when it was built);
+* ``python/workspace-write/on``: through the Python wrapper ``exec.py`` (the fallback), to show
+  why the C helper exists.
+
+The summary gives each variant's median start latency and its ratio to ``off`` (one run, so the
+ratios compare like with like on a shared machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvloop
+
+from smith_fast.process import ShellProcess
+from smith_fast.sandbox import HELPER, PYTHON_WRAPPER, Sandbox
+
+from ._summary import print_summary
+
+ROOT = tempfile.mkdtemp(prefix="bench-sandbox-")
+VARIANTS: dict[str, Sandbox | None] = {
+    "off": None,
+    "c/workspace-write/on": Sandbox("workspace-write", "on", ROOT, wrapper=(HELPER,)),
+    "c/read-only/on": Sandbox("read-only", "on", ROOT, wrapper=(HELPER,)),
+    "c/workspace-write/off": Sandbox("workspace-write", "off", ROOT, wrapper=(HELPER,)),
+    "c/workspace-write/loopback": Sandbox("workspace-write", "loopback", ROOT, wrapper=(HELPER,)),
+    "python/workspace-write/on": Sandbox("workspace-write", "on", ROOT, wrapper=PYTHON_WRAPPER),
+}
+_results: dict[str, float] = {}  # variant -> median seconds
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = uvloop.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    print_summary(request, _summary_lines())
+
+
+def _summary_lines() -> Iterator[str]:
+    base = _results.get("off")
+    if not base:
+        return
+    yield ""
+    yield "ShellExec start latency (sh -c true, start + wait, median):"
+    for variant, median in _results.items():
+        yield f"  {variant:30} {median * 1000:7.2f} ms  {median / base:5.1f}x off"
+
+
+async def _once(sandbox: Sandbox | None) -> int:
+    proc = await ShellProcess.start("true", cwd=ROOT, on_output=lambda fd, data: None, sandbox=sandbox)
+    return await proc.wait()
+
+
+@pytest.mark.benchmark(group="sandbox-start")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_start(benchmark: Any, loop: asyncio.AbstractEventLoop, variant: str) -> None:
+    if variant.startswith("c/"):
+        assert os.access(HELPER, os.X_OK), "build it: make install"
+    sandbox = VARIANTS[variant]
+    assert benchmark.pedantic(lambda: loop.run_until_complete(_once(sandbox)), rounds=40, warmup_rounds=3) == 0
+    _results[variant] = benchmark.stats.stats.median
