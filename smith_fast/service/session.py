@@ -24,7 +24,7 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
-from .commands import COMMANDS, CommandSpec
+from .commands import COMMANDS, CommandSpec, Control
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
 from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name
@@ -196,6 +196,9 @@ class Session:
             asyncio.get_running_loop().create_task(self.shutdown())
             return
         spec = COMMANDS.get(kind)
+        if spec is not None and spec.control is not None:
+            self._control(spec, spec.control, request)
+            return
         if spec is None or spec.handler is None:
             self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
             return
@@ -209,6 +212,18 @@ class Session:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
         self._start(rid, spec, command)
+
+    def _control(self, spec: CommandSpec, control: Control, request: Any) -> None:
+        """A command on a running request (cancel, stdin, resize): the runner does it now; it has
+        no states of its own, so what it cannot do is only an ``ErrorEvent`` (PROTOCOL.md, "Process control")."""
+        if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
+            self.protocol_error(too_large(f"this {spec.kind} command", size, self.core.limits.max_command_size, request.request_id))
+            return
+        try:
+            control(self.runner, request)
+        except ProtocolError as exc:
+            exc.request_id = exc.request_id or request.request_id or None
+            self.protocol_error(exc)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -360,6 +375,10 @@ class Session:
         sink.envelope(_RESOURCE_USAGE, usage.event(ts).SerializeToString())
 
     # ---- requests -----------------------------------------------------------------------------
+
+    def is_running(self, rid: str) -> bool:
+        """Whether request ``rid`` was admitted and has not ended (its runner may not have started it yet)."""
+        return rid in self._tasks
 
     @property
     def busy(self) -> bool:

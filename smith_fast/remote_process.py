@@ -1,0 +1,312 @@
+"""A command running on a Smith service, as the SDK sees it (``Client.start``), and typed views of events.
+
+:class:`RemoteProcess` is one ShellExec in flight: write its stdin, resize its terminal, cancel it,
+read its output as :class:`Chunk` objects (``async for chunk in proc``) and wait for its exit code.
+Leaving the ``async for`` early, :meth:`RemoteProcess.aclose`, or cancelling the task that awaits
+it sends a ``CancelCommand``, so nothing is left running on the service.
+
+The accessors below (:func:`stdout_of`, :func:`exit_code_of`, :func:`terminal_state`, ...) read
+events without ``WhichOneof``; :class:`ToolOutput` is a tool result with its JSON parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import SmithFastError
+from .pb import smith_pb2 as pb
+
+__all__ = [
+    "CONTROL_REASONS",
+    "Chunk",
+    "RemoteProcess",
+    "RunResult",
+    "ToolOutput",
+    "error_of",
+    "exit_code_of",
+    "stderr_of",
+    "stdout_of",
+    "terminal_state",
+    "cancel_command",
+]
+
+CONTROL_REASONS = frozenset({"stdin_full", "stdin_closed", "no_terminal", "not_running", "unknown_request"})
+"""``ErrorEvent.details["reason"]`` of a refused control command (stdin, resize, cancel): the
+request goes on, so these are not its error."""
+
+_TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
+
+
+# ---- typed accessors ------------------------------------------------------------------------------
+
+
+def stdout_of(event: pb.Event) -> bytes | None:
+    """The standard output an event carries (text or ``stdout_bytes``), as bytes; None if none."""
+    if event.WhichOneof("event_type") != "shell_output":
+        return None
+    so = event.shell_output
+    if so.HasField("stdout_bytes"):
+        return so.stdout_bytes
+    return so.stdout.encode() if so.HasField("stdout") else None
+
+
+def stderr_of(event: pb.Event) -> bytes | None:
+    """The standard error an event carries, as bytes; None if none."""
+    if event.WhichOneof("event_type") != "shell_output":
+        return None
+    so = event.shell_output
+    if so.HasField("stderr_bytes"):
+        return so.stderr_bytes
+    return so.stderr.encode() if so.HasField("stderr") else None
+
+
+def exit_code_of(event: pb.Event) -> int | None:
+    """The exit code of a final ShellOutput; None for any other event."""
+    if event.WhichOneof("event_type") != "shell_output" or not event.shell_output.HasField("exit_code"):
+        return None
+    return event.shell_output.exit_code
+
+
+def terminal_state(event: pb.Event) -> int | None:
+    """``SERVICE_STATE_READY`` or ``SERVICE_STATE_ERROR`` if ``event`` ends its request, else None."""
+    if event.WhichOneof("event_type") == "state_change" and event.state_change.state in _TERMINAL:
+        return event.state_change.state
+    return None
+
+
+def error_of(event: pb.Event) -> pb.ErrorEvent | None:
+    return event.error if event.WhichOneof("event_type") == "error" else None
+
+
+def cancel_command(rid: str) -> pb.Command:
+    return pb.Command(cancel=pb.CancelCommand(request_id=rid))
+
+
+# ---- results --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of a command's output.
+
+    Attributes:
+        stream: ``"stdout"`` or ``"stderr"`` (a terminal's output is all ``"stdout"``).
+        data: the bytes (exact with ``binary_output``, the default of :meth:`Client.start`).
+    """
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What :meth:`Client.run` collected (as :class:`subprocess.CompletedProcess`)."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        """stdout as text."""
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A tool result with its JSON parsed.
+
+    Attributes:
+        success: whether the tool succeeded.
+        value: ``result`` parsed as JSON (None when it is empty).
+        raw: ``result`` as sent.
+        error: the tool's error message when it failed.
+        duration_ms: how long it ran.
+    """
+
+    success: bool
+    value: Any
+    raw: bytes
+    error: str | None
+    duration_ms: int
+
+    @classmethod
+    def of(cls, result: pb.ToolResultEvent) -> ToolOutput:
+        value = json.loads(result.result) if result.result else None
+        return cls(result.success, value, result.result, result.error if result.HasField("error") else None, result.duration_ms)
+
+
+# ---- a running command ----------------------------------------------------------------------------
+
+
+class RemoteProcess:
+    """A ShellExec running on the service (made by :meth:`Client.start`).
+
+    Args:
+        rid: its request id.
+        send: sends a command on the client's connection.
+        events: its events, as the client routes them (None: the connection ended).
+        closed: raises the client's ConnectionClosed (called when the connection ended).
+        error: makes the exception for its ErrorEvent (the client's ``SmithError``).
+        done: called once it ended (the client drops its route).
+
+    Attributes:
+        exit_code: set once the command exited (negative: killed by that signal).
+        control_errors: what the service refused of :meth:`write` / :meth:`resize` (``stdin_full``:
+            the command has not read ``--max-stdin-buffer`` bytes yet; the request goes on).
+    """
+
+    def __init__(
+        self,
+        rid: str,
+        *,
+        send: Callable[[pb.Command], None],
+        events: asyncio.Queue[pb.Event | None],
+        closed: Callable[[], BaseException],
+        error: Callable[[pb.ErrorEvent], BaseException],
+        done: Callable[[], None],
+    ) -> None:
+        self.request_id = rid
+        self._send = send
+        self._events = events
+        self._closed = closed
+        self._error = error
+        self._done_cb = done
+        self.exit_code: int | None = None
+        self.control_errors: list[pb.ErrorEvent] = []
+        self._chunks: list[Chunk] = []  # read by wait() but not by an iterator
+        self._failure: pb.ErrorEvent | None = None
+        self._state: int | None = None
+        self._cancel_sent = False
+
+    @property
+    def done(self) -> bool:
+        """The request has ended (its terminal state arrived)."""
+        return self._state is not None
+
+    # -- input -------------------------------------------------------------------------------------
+
+    def write(self, data: bytes | str) -> None:
+        """Send ``data`` to the command's stdin (or terminal: ``"\\x03"`` is Ctrl-C)."""
+        if isinstance(data, str):
+            data = data.encode()
+        if data and not self.done:
+            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, data=data)))
+
+    def close_stdin(self) -> None:
+        """End of input (on a terminal: ^D)."""
+        if not self.done:
+            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, eof=True)))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """New terminal size (a command started with ``pty``)."""
+        if not self.done:
+            self._send(pb.Command(resize=pb.ResizeCommand(request_id=self.request_id, rows=rows, cols=cols)))
+
+    def cancel(self) -> None:
+        """Ask the service to cancel the command (SIGTERM, then SIGKILL after its grace); :meth:`wait`
+        then raises the cancellation's :class:`SmithError`. Harmless when already asked or ended."""
+        if self.done or self._cancel_sent:
+            return
+        self._cancel_sent = True
+        try:
+            self._send(cancel_command(self.request_id))
+        except (SmithFastError, ConnectionError, RuntimeError):  # the connection is gone: so is the command
+            pass
+
+    # -- output ------------------------------------------------------------------------------------
+
+    async def _next_chunks(self) -> list[Chunk]:
+        """The chunks of the next event (may be empty); raises at the end (StopAsyncIteration)."""
+        if self.done:
+            raise StopAsyncIteration
+        event = await self._events.get()
+        if event is None:
+            self._state = pb.SERVICE_STATE_ERROR
+            self._done_cb()
+            raise self._closed()
+        out: list[Chunk] = []
+        kind = event.WhichOneof("event_type")
+        if kind == "shell_output":
+            if (data := stdout_of(event)) is not None and data:
+                out.append(Chunk("stdout", data))
+            if (data := stderr_of(event)) is not None and data:
+                out.append(Chunk("stderr", data))
+            if (code := exit_code_of(event)) is not None:
+                self.exit_code = code
+        elif kind == "error":
+            if event.error.details.get("reason") in CONTROL_REASONS:
+                self.control_errors.append(event.error)
+            else:
+                self._failure = event.error
+        elif (state := terminal_state(event)) is not None:
+            self._state = state
+            self._done_cb()
+        return out
+
+    async def _iterate(self) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                for chunk in await self._next_chunks():
+                    yield chunk
+        except StopAsyncIteration:
+            return
+        finally:
+            if not self.done:  # left early (break, aclose, a cancelled task): stop it on the service
+                self.cancel()
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        return self._iterate()
+
+    async def wait(self) -> int:
+        """Wait for the command to end; returns its exit code.
+
+        Output not read with ``async for`` is kept for :meth:`output`. Cancelling the waiting task
+        cancels the command on the service.
+
+        Raises:
+            SmithError: the request ended with an error (timeout, cancelled, refused ...).
+            ConnectionClosed: the connection ended first.
+        """
+        try:
+            while True:
+                try:
+                    self._chunks += await self._next_chunks()
+                except StopAsyncIteration:
+                    break
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if self._state == pb.SERVICE_STATE_ERROR:
+            raise self._error(self._failure or pb.ErrorEvent(request_id=self.request_id, message="the request ended with an error"))
+        return self.exit_code if self.exit_code is not None else 0
+
+    def output(self) -> RunResult:
+        """What :meth:`wait` kept of the output (stdout and stderr joined)."""
+        out = b"".join(c.data for c in self._chunks if c.stream == "stdout")
+        err = b"".join(c.data for c in self._chunks if c.stream == "stderr")
+        return RunResult(self.exit_code if self.exit_code is not None else 0, out, err)
+
+    async def aclose(self) -> None:
+        """Cancel the command unless it ended, and wait for its end (its error, if any, is not raised)."""
+        if self.done:
+            return
+        self.cancel()
+        try:
+            await self.wait()
+        except (SmithFastError, ConnectionError):
+            pass
+
+    async def __aenter__(self) -> RemoteProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
