@@ -45,7 +45,7 @@ from .framing import FrameDecoder, encode_frame
 from .jsonl import JsonlCodec, LineDecoder
 from .options import ADDRESS_FORMS
 from .pb import smith_pb2 as pb
-from .remote_process import Chunk, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
+from .remote_process import STDIN_WINDOW, Chunk, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
@@ -544,13 +544,18 @@ class Client:
         except BaseException:
             self._routes.pop(rid, None)
             raise
+
+        def done() -> None:
+            self._routes.pop(rid, None)
+
         return RemoteProcess(
             rid,
             send=self.send,
             events=queue,
             closed=lambda: ConnectionClosed(f"connection closed: {self._close_reason}"),
             error=SmithError,
-            done=lambda: self._routes.pop(rid, None),
+            done=done,
+            window=STDIN_WINDOW if self.protocol == "v1" else 0,
         )
 
     async def run(self, command: str, *, input: bytes | str | None = None, **options: Any) -> RunResult:
@@ -564,7 +569,11 @@ class Client:
         """
         proc = await self.start(command, stdin=input is not None or options.pop("stdin", False), **options)
         if input is not None:
-            proc.write(input)
+            try:
+                await proc.send(input)
+            except asyncio.CancelledError:
+                proc.cancel()
+                raise
             proc.close_stdin()
         await proc.wait()
         return proc.output()

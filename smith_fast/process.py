@@ -229,6 +229,8 @@ class ShellProcess:
         "_stdin_limit",
         "_stdin_eof",
         "_pty",
+        "_stdin_taken",
+        "_on_stdin",
     )
 
     def __init__(
@@ -260,6 +262,8 @@ class ShellProcess:
         self._stdin_limit = STDIN_LIMIT
         self._stdin_eof = False  # close stdin once the buffer is written
         self._pty = -1  # the pty master, for resize
+        self._stdin_taken = 0  # bytes of stdin the kernel took
+        self._on_stdin: Callable[[int], None] | None = None
 
     @classmethod
     async def start(
@@ -275,6 +279,7 @@ class ShellProcess:
         stdin: bool = False,
         pty: tuple[int, int] | None = None,
         stdin_limit: int = STDIN_LIMIT,
+        on_stdin: Callable[[int], None] | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -293,6 +298,8 @@ class ShellProcess:
             pty: ``(rows, cols)``: run on a new pseudo-terminal of that size instead (stdin,
                 stdout and stderr; output arrives as :data:`STDOUT`; :meth:`resize`).
             stdin_limit: the most bytes :meth:`write_stdin` keeps that the child has not read.
+            on_stdin: called with the total bytes of stdin the child's pipe (or terminal) has taken,
+                each time it took more: the peer's flow control.
 
         Returns:
             The running process.
@@ -314,7 +321,9 @@ class ShellProcess:
         if env:
             environ.update(env)
         if pty is not None:
-            return cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit)
+            self = cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit)
+            self._on_stdin = on_stdin
+            return self
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:
@@ -359,7 +368,7 @@ class ShellProcess:
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         if stdin:
             os.set_blocking(in_w, False)
-            self._stdin, self._stdin_limit = in_w, stdin_limit
+            self._stdin, self._stdin_limit, self._on_stdin = in_w, stdin_limit, on_stdin
         self._watch(loop)
         return self
 
@@ -732,12 +741,17 @@ class ShellProcess:
     def _write_some(self, data: bytes | bytearray) -> int:
         """Bytes the kernel took (0 when full); -1 when the reader is gone (stdin closed)."""
         try:
-            return os.write(self._stdin, data)
+            n = os.write(self._stdin, data)
         except BlockingIOError:
             return 0
         except OSError:  # EPIPE, or EIO on a pty whose other side is closed
             self._close_stdin_now()
             return -1
+        if n:
+            self._stdin_taken += n
+            if self._on_stdin is not None:
+                self._on_stdin(self._stdin_taken)
+        return n
 
     def _stdin_ready(self) -> None:
         if self._stdin < 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from .pb import smith_pb2 as pb
 
 __all__ = [
     "CONTROL_REASONS",
+    "STDIN_WINDOW",
     "Chunk",
     "RemoteProcess",
     "RunResult",
@@ -147,16 +149,26 @@ class ToolOutput:
 # ---- a running command ----------------------------------------------------------------------------
 
 
+STDIN_WINDOW = 256 * 1024
+"""Bytes of stdin :meth:`RemoteProcess.drain` lets be in flight (sent, not yet taken by the
+command): under the service's ``--max-stdin-buffer`` (1 MiB by default), so writes are never refused."""
+
+
 class RemoteProcess:
     """A ShellExec running on the service (made by :meth:`Client.start`).
+
+    Its events are read by a task of its own as they arrive: output waits in :meth:`__aiter__`'s
+    buffer until read.
 
     Args:
         rid: its request id.
         send: sends a command on the client's connection.
         events: its events, as the client routes them (None: the connection ended).
-        closed: raises the client's ConnectionClosed (called when the connection ended).
+        closed: makes the client's ConnectionClosed (when the connection ended).
         error: makes the exception for its ErrorEvent (the client's ``SmithError``).
         done: called once it ended (the client drops its route).
+        window: see :data:`STDIN_WINDOW`; 0 turns :meth:`drain` off (a v0 service sends no
+            ``stdin_written``).
 
     Attributes:
         exit_code: set once the command exited (negative: killed by that signal).
@@ -173,6 +185,7 @@ class RemoteProcess:
         closed: Callable[[], BaseException],
         error: Callable[[pb.ErrorEvent], BaseException],
         done: Callable[[], None],
+        window: int = STDIN_WINDOW,
     ) -> None:
         self.request_id = rid
         self._send = send
@@ -180,26 +193,90 @@ class RemoteProcess:
         self._closed = closed
         self._error = error
         self._done_cb = done
+        self._window = window
         self.exit_code: int | None = None
         self.control_errors: list[pb.ErrorEvent] = []
-        self._chunks: list[Chunk] = []  # read by wait() but not by an iterator
+        self._buffer: deque[Chunk] = deque()
         self._failure: pb.ErrorEvent | None = None
         self._state: int | None = None
+        self._lost = False  # the connection ended first
         self._cancel_sent = False
+        self._stdin_sent = 0
+        self._stdin_taken = 0
+        self._stdin_failed = False
+        self._changed = asyncio.Condition()
+        self._pump = asyncio.get_running_loop().create_task(self._read())
 
     @property
     def done(self) -> bool:
-        """The request has ended (its terminal state arrived)."""
-        return self._state is not None
+        """The request has ended (its terminal state arrived, or the connection ended)."""
+        return self._state is not None or self._lost
+
+    # -- events ------------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while not self.done:
+            event = await self._events.get()
+            if event is None:
+                self._lost = True
+                self._done_cb()
+            else:
+                self._handle(event)
+            async with self._changed:
+                self._changed.notify_all()
+
+    def _handle(self, event: pb.Event) -> None:
+        kind = event.WhichOneof("event_type")
+        if kind == "shell_output":
+            so = event.shell_output
+            if (data := stdout_of(event)) is not None and data:
+                self._buffer.append(Chunk("stdout", data))
+            if (data := stderr_of(event)) is not None and data:
+                self._buffer.append(Chunk("stderr", data))
+            if (code := exit_code_of(event)) is not None:
+                self.exit_code = code
+            if so.HasField("stdin_written"):
+                self._stdin_taken = max(self._stdin_taken, so.stdin_written)
+        elif kind == "error":
+            if event.error.details.get("reason") in CONTROL_REASONS:
+                self.control_errors.append(event.error)
+                self._stdin_failed = self._stdin_failed or event.error.details.get("reason") in ("stdin_full", "stdin_closed")
+            else:
+                self._failure = event.error
+        elif (state := terminal_state(event)) is not None:
+            self._state = state
+            self._done_cb()
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: ready() or self.done)
 
     # -- input -------------------------------------------------------------------------------------
 
     def write(self, data: bytes | str) -> None:
-        """Send ``data`` to the command's stdin (or terminal: ``"\\x03"`` is Ctrl-C)."""
+        """Send ``data`` to the command's stdin (or terminal: ``"\x03"`` is Ctrl-C).
+
+        Does not wait: a writer of much data awaits :meth:`drain` between writes (or uses
+        :meth:`send`), so what is in flight stays under the service's ``--max-stdin-buffer``."""
         if isinstance(data, str):
             data = data.encode()
         if data and not self.done:
+            self._stdin_sent += len(data)
             self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, data=data)))
+
+    async def drain(self) -> None:
+        """Wait until at most the window of written stdin is not yet taken by the command (or it ended)."""
+        if self._window:
+            await self._until(lambda: self._stdin_sent - self._stdin_taken <= self._window or self._stdin_failed)
+
+    async def send(self, data: bytes | str) -> None:
+        """:meth:`write` in pieces of at most half the window, each after :meth:`drain`."""
+        if isinstance(data, str):
+            data = data.encode()
+        step = max(self._window // 2, 1) if self._window else len(data) or 1
+        for i in range(0, len(data), step):
+            await self.drain()
+            self.write(data[i : i + step])
 
     def close_stdin(self) -> None:
         """End of input (on a terminal: ^D)."""
@@ -224,41 +301,16 @@ class RemoteProcess:
 
     # -- output ------------------------------------------------------------------------------------
 
-    async def _next_chunks(self) -> list[Chunk]:
-        """The chunks of the next event (may be empty); raises at the end (StopAsyncIteration)."""
-        if self.done:
-            raise StopAsyncIteration
-        event = await self._events.get()
-        if event is None:
-            self._state = pb.SERVICE_STATE_ERROR
-            self._done_cb()
-            raise self._closed()
-        out: list[Chunk] = []
-        kind = event.WhichOneof("event_type")
-        if kind == "shell_output":
-            if (data := stdout_of(event)) is not None and data:
-                out.append(Chunk("stdout", data))
-            if (data := stderr_of(event)) is not None and data:
-                out.append(Chunk("stderr", data))
-            if (code := exit_code_of(event)) is not None:
-                self.exit_code = code
-        elif kind == "error":
-            if event.error.details.get("reason") in CONTROL_REASONS:
-                self.control_errors.append(event.error)
-            else:
-                self._failure = event.error
-        elif (state := terminal_state(event)) is not None:
-            self._state = state
-            self._done_cb()
-        return out
-
     async def _iterate(self) -> AsyncIterator[Chunk]:
         try:
             while True:
-                for chunk in await self._next_chunks():
-                    yield chunk
-        except StopAsyncIteration:
-            return
+                while self._buffer:
+                    yield self._buffer.popleft()
+                if self.done:
+                    if self._lost:
+                        raise self._closed()
+                    return
+                await self._until(lambda: bool(self._buffer))
         finally:
             if not self.done:  # left early (break, aclose, a cancelled task): stop it on the service
                 self.cancel()
@@ -277,22 +329,20 @@ class RemoteProcess:
             ConnectionClosed: the connection ended first.
         """
         try:
-            while True:
-                try:
-                    self._chunks += await self._next_chunks()
-                except StopAsyncIteration:
-                    break
+            await self._until(lambda: False)
         except asyncio.CancelledError:
             self.cancel()
             raise
+        if self._lost:
+            raise self._closed()
         if self._state == pb.SERVICE_STATE_ERROR:
             raise self._error(self._failure or pb.ErrorEvent(request_id=self.request_id, message="the request ended with an error"))
         return self.exit_code if self.exit_code is not None else 0
 
     def output(self) -> RunResult:
-        """What :meth:`wait` kept of the output (stdout and stderr joined)."""
-        out = b"".join(c.data for c in self._chunks if c.stream == "stdout")
-        err = b"".join(c.data for c in self._chunks if c.stream == "stderr")
+        """The output not read with ``async for`` (stdout and stderr joined)."""
+        out = b"".join(c.data for c in self._buffer if c.stream == "stdout")
+        err = b"".join(c.data for c in self._buffer if c.stream == "stderr")
         return RunResult(self.exit_code if self.exit_code is not None else 0, out, err)
 
     async def aclose(self) -> None:

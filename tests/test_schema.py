@@ -36,6 +36,7 @@ ADDED_FIELDS = {
     "smith.v1.ShellExecCommand.binary_output": 9,
     "smith.v1.ShellOutputEvent.stdout_bytes": 6,
     "smith.v1.ShellOutputEvent.stderr_bytes": 7,
+    "smith.v1.ShellOutputEvent.stdin_written": 8,
 }
 ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand")
 

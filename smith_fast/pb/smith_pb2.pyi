@@ -340,7 +340,7 @@ class TokenUsageEvent(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens_used: _Optional[int] = ..., tokens_remaining: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ShellOutputEvent(_message.Message):
-    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes")
+    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
@@ -348,6 +348,7 @@ class ShellOutputEvent(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     STDOUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDIN_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     stdout: str
     stderr: str
@@ -355,7 +356,8 @@ class ShellOutputEvent(_message.Message):
     finished: bool
     stdout_bytes: bytes
     stderr_bytes: bytes
-    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ...) -> None: ...
+    stdin_written: int
+    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ...) -> None: ...
 
 class ToolResultEvent(_message.Message):
     __slots__ = ("request_id", "success", "result", "error", "duration_ms")

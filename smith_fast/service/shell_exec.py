@@ -182,6 +182,32 @@ class _BytesChunker:
         return out
 
 
+class _StdinAcks:
+    """Tells a v1 peer how much of its stdin the command took (``ShellOutputEvent.stdin_written``),
+    at most once per loop tick, so it can keep what it has in flight under ``--max-stdin-buffer``."""
+
+    __slots__ = ("sink", "rid", "total", "scheduled", "ended", "_loop")
+
+    def __init__(self, session: Execution, rid: str) -> None:
+        self.sink = session.sink
+        self.rid = rid
+        self.total = 0
+        self.scheduled = False
+        self.ended = False
+        self._loop = asyncio.get_running_loop()
+
+    def taken(self, total: int) -> None:
+        self.total = total
+        if not self.scheduled and self.sink.version == 1:
+            self.scheduled = True
+            self._loop.call_soon(self._send)
+
+    def _send(self) -> None:
+        self.scheduled = False
+        if not self.ended:  # nothing after the request's final event
+            self.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(request_id=self.rid, stdin_written=self.total)))
+
+
 def _cancelled(rid: str, what: str) -> ProtocolError:
     return ProtocolError(f"request cancelled: {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
 
@@ -207,11 +233,13 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             rid,
         )
     output = _Output(session, rid, cmd.binary_output)
+    acks = _StdinAcks(session, rid)
     proc: ShellProcess | None = None
 
     async def final(code: int) -> None:
         output.finish()
         await output.settle()
+        acks.ended = True
         session.sink.shell_output(rid, exit_code=code, finished=True)
 
     try:
@@ -224,6 +252,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             stdin=cmd.open_stdin,
             pty=size,
             stdin_limit=limits.max_stdin_buffer,
+            on_stdin=acks.taken,
         )
         output.proc = proc
         session.process_started(rid, proc)
@@ -243,6 +272,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         except asyncio.CancelledError:
             # Cancelling wait() killed the group; still say how it ended if anyone listens.
             output.finish()
+            acks.ended = True
             session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
             raise
         await final(code)
