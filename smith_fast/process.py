@@ -7,8 +7,8 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
   stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
 * **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,
-  or all three standard streams one pseudo-terminal (``os.openpty``; the shell makes it its
-  controlling terminal with ``TIOCSCTTY``, so Ctrl-C written as ``\x03`` interrupts its foreground
+  or all three standard streams one pseudo-terminal (``os.openpty``; a ``/bin/sh`` wrapper reopens
+  it by name after ``setsid``, which makes it the controlling terminal, then execs the shell; so Ctrl-C written as ``\x03`` interrupts its foreground
   job and ``resize`` reaches it as SIGWINCH). :meth:`ShellProcess.write_stdin` writes without
   blocking; what the child has not read yet waits in a buffer of at most ``stdin_limit`` bytes, and
   a write that would exceed it is refused whole (returns False), so a child that does not read
@@ -51,6 +51,7 @@ import fcntl
 import functools
 import os
 import pwd
+import shutil
 import signal
 import struct
 import subprocess
@@ -108,9 +109,10 @@ def _set_winsize(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def _take_terminal() -> None:
-    # In the child, after setsid (start_new_session): the pty on fd 0 becomes its controlling terminal.
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+# The pty's first opener after setsid (start_new_session) gets it as its controlling terminal, so a
+# small /bin/sh reopens it by name before it execs the command's shell. Not preexec_fn + TIOCSCTTY:
+# that runs Python between fork and exec, which is unsafe in a process with threads (gRPC's).
+_PTY_WRAPPER = 'exec 0<>"$1" 1>&0 2>&0 && exec "$2" -c "$3"'
 
 # pid -> process whose shell is not reaped yet; kill_all() signals these groups.
 _LIVE: dict[int, ShellProcess] = {}
@@ -385,6 +387,8 @@ class ShellProcess:
         size: tuple[int, int],
         stdin_limit: int,
     ) -> ShellProcess:
+        if shutil.which(shell, path=environ.get("PATH")) is None:
+            raise _spawn_error(FileNotFoundError(errno.ENOENT, "not found", shell), shell, cwd)
         try:
             master, slave = os.openpty()  # both non-inheritable
         except OSError as exc:
@@ -395,9 +399,8 @@ class ShellProcess:
             writer = os.dup(master)  # our stdin end: closed apart from the read end
             os.set_blocking(master, False)
             os.set_blocking(writer, False)
-            # preexec_fn (fork, not vfork: ~1 ms more) only here: Popen cannot make a controlling terminal.
             popen = subprocess.Popen(
-                [shell, "-c", command],
+                [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command],
                 stdin=slave,
                 stdout=slave,
                 stderr=slave,
@@ -405,7 +408,6 @@ class ShellProcess:
                 env=environ,
                 close_fds=True,
                 start_new_session=True,
-                preexec_fn=_take_terminal,
             )
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))

@@ -264,19 +264,28 @@ class RemoteProcess:
             self._stdin_sent += len(data)
             self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, data=data)))
 
-    async def drain(self) -> None:
-        """Wait until at most the window of written stdin is not yet taken by the command (or it ended)."""
+    async def drain(self, room: int = 0) -> None:
+        """Wait until ``room`` more bytes fit in the window of stdin not yet taken by the command
+        (or it ended).
+
+        Raises:
+            SmithError: the service refused stdin (``stdin_full``: more was in flight than its
+                ``--max-stdin-buffer``; ``stdin_closed``: the command closed it).
+        """
         if self._window:
-            await self._until(lambda: self._stdin_sent - self._stdin_taken <= self._window or self._stdin_failed)
+            await self._until(lambda: self._stdin_sent - self._stdin_taken + room <= self._window or self._stdin_failed)
+        if self._stdin_failed:
+            raise self._error(next(e for e in self.control_errors if e.details.get("reason") in ("stdin_full", "stdin_closed")))
 
     async def send(self, data: bytes | str) -> None:
-        """:meth:`write` in pieces of at most half the window, each after :meth:`drain`."""
+        """:meth:`write` in pieces of at most half the window, each once it fits (:meth:`drain`)."""
         if isinstance(data, str):
             data = data.encode()
         step = max(self._window // 2, 1) if self._window else len(data) or 1
         for i in range(0, len(data), step):
-            await self.drain()
-            self.write(data[i : i + step])
+            piece = data[i : i + step]
+            await self.drain(len(piece))
+            self.write(piece)
 
     def close_stdin(self) -> None:
         """End of input (on a terminal: ^D)."""

@@ -287,6 +287,17 @@ def test_stdin_of_a_command_that_does_not_read_is_bounded_and_refused(run, serve
     run(main())
 
 
+async def eventually(pred, timeout: float = 10.0) -> bool:  # type: ignore[no-untyped-def]
+    """wait_until without blocking the loop (what is checked may need it to run: an SDK's aclose)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        if loop.time() > end:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
 def cmdlines(server: ServerProcess) -> list[str]:
     """The command lines of the service's descendants (not its child guard)."""
     out = []
@@ -408,7 +419,8 @@ def test_sdk_start_write_iterate_wait_and_run(run, server: ServerProcess, via: s
                 seen += chunk.data
                 if b"name? " in seen:
                     pty.write("bob\r")
-            assert b"hi bob" in seen and await pty.wait() == 0
+            assert await pty.wait() == 0
+            assert b"hi bob" in seen
             value = await client.tool("shell.run", {"command": "echo 42"})
             assert value.success and value.value["stdout"].strip() == "42" and value.raw.startswith(b"{")
 
@@ -441,7 +453,7 @@ def test_sdk_leaving_cancels_on_the_service(run, server: ServerProcess, how: str
                         break  # started (this break alone also cancels: the next wait tells)
                     proc2 = await client.start(f"echo up; {marker}")
                     task = asyncio.ensure_future(proc2.wait())
-                    assert wait_until(lambda: len(sleeps(server, marker)) >= 1, 10)
+                    assert await eventually(lambda: len(sleeps(server, marker)) >= 1)
                     await asyncio.sleep(0.2)
                     task.cancel()
                     with pytest.raises(asyncio.CancelledError):
@@ -451,7 +463,7 @@ def test_sdk_leaving_cancels_on_the_service(run, server: ServerProcess, how: str
                         proc.cancel()
                     with pytest.raises(SmithError, match="cancelled"):
                         await proc.wait()
-            assert wait_until(lambda: not sleeps(server, marker), 10), sleeps(server, marker)
+            assert await eventually(lambda: not sleeps(server, marker)), sleeps(server, marker)
             # the connection is still fine
             assert (await client.run("echo ok")).stdout == b"ok\n"
 
