@@ -42,11 +42,9 @@ EXAMPLES = {
   SMITH_TOKEN=s3cret smith-fast serve --tcp 0.0.0.0:7878 --allow-remote --root /srv/work
   smith-fast serve --stdio --timeout 30s --max-output 8M  # one session on stdin/stdout""",
     "exec": """\
-  smith-fast exec ls -l                                   # spawns a service for itself
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
   smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
-  echo hello | smith-fast exec cat                        # stdin is forwarded when it is not a terminal
-  smith-fast exec 'cat image.png' > copy.png              # output is byte-exact
+  tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
   smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)""",
     "call": """\
   smith-fast call tools.list
