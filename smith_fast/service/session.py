@@ -213,6 +213,11 @@ class Session:
             return
         self._start(rid, spec, command)
 
+    def cancel(self, rid: str) -> None:
+        """Cancel running request ``rid`` as a ``CancelCommand`` would (for a front with a cancel of
+        its own, MCP's ``notifications/cancelled``); what cannot be done is an ``ErrorEvent``."""
+        self.handle(pb.Command(cancel=pb.CancelCommand(request_id=rid)))
+
     def _control(self, spec: CommandSpec, control: Control, request: Any) -> None:
         """A command on a running request (cancel, stdin, resize): the runner does it now; it has
         no states of its own, so what it cannot do is only an ``ErrorEvent`` (PROTOCOL.md, "Process control")."""
