@@ -218,7 +218,7 @@ async def _exec(args: argparse.Namespace) -> int:
         await client.close()  # on a closed stdout too: the service then stops the command
 
 
-_STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+_STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
 
 
 async def _exec_command(client: Client, command: str, args: argparse.Namespace, env: dict[str, str]) -> int:

@@ -325,7 +325,10 @@ class V0Sink(EventSink):
     def shell_output_bytes(self, request_id: str, fd: int, data: bytes) -> None:
         # v0 has no bytes (its ShellExec cannot ask for them): text, invalid UTF-8 replaced
         text = data.decode("utf-8", "replace")
-        self.shell_output(request_id, stdout=text) if fd == 1 else self.shell_output(request_id, stderr=text)
+        if fd == 1:
+            self.shell_output(request_id, stdout=text)
+        else:
+            self.shell_output(request_id, stderr=text)
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
