@@ -161,7 +161,7 @@ def test_the_terminal_is_restored_on_every_exit_path(server: ServerProcess) -> N
         assert settings() == before, run
     # killed by SIGTERM while it runs in the foreground
     sh.sendline(f"{base} -t 'echo started; sleep 31'; echo rc=$?".encode())
-    sh.expect(b"started")
+    sh.expect(b"started\r\n")  # the command's output, not the echo of the line typed
     [pid] = [pid for pid, cmdline in cli_pids() if b"sleep 31" in cmdline]
     os.kill(pid, signal.SIGTERM)
     sh.expect(rb"rc=(\d+)", timeout=30)
