@@ -495,3 +495,16 @@ def test_v0_lines_of_the_control_commands(run, server: ServerProcess) -> None:
         writer.close()
 
     run(main())
+
+
+def test_binary_output_in_batches(run, server: ServerProcess) -> None:
+    # A peer that asked for BatchEvents gets the raw chunks inside them, as any event.
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"], accept=["batch_event"])
+            result = await client.run("for i in 1 2 3 4 5 6 7 8; do printf '\\377\\000%s' $i; done; printf '\\376' >&2")
+            assert result.stdout == b"".join(b"\xff\x00" + str(i).encode() for i in range(1, 9))
+            assert result.stderr == b"\xfe"
+            assert client.batches_received > 0
+
+    run(main())

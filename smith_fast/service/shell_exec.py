@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..chunking import OutputChunker
@@ -81,15 +82,15 @@ class _Output:
         self._consumer: asyncio.Task[None] | None = None
         self._held = False
 
-    def _send(self, fd: int, text: str | bytes) -> None:
-        if isinstance(text, bytes):
+    def _send(self, fd: int, text: str | bytes | memoryview) -> None:
+        if not isinstance(text, str):
             self.sink.shell_output_bytes(self.rid, fd, text)
         elif fd == 1:
             self.sink.shell_output(self.rid, stdout=text)
         else:
             self.sink.shell_output(self.rid, stderr=text)
 
-    def emit(self, fd: int, chunks: list[str] | list[bytes], *, filtered: bool = True) -> None:
+    def emit(self, fd: int, chunks: Sequence[str] | Sequence[bytes | memoryview], *, filtered: bool = True) -> None:
         if self._hooks is None:
             for text in chunks:
                 self._send(fd, text)
@@ -161,23 +162,32 @@ class _BytesChunker:
     def pending(self) -> bool:
         return bool(self._buf)
 
-    def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += data
-        if len(buf) < self.size:
-            return []
-        cut = len(buf) - len(buf) % self.size
-        out = [bytes(buf[i : i + self.size]) for i in range(0, cut, self.size)]
-        del buf[:cut]
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
+        buf, size = self._buf, self.size
+        if buf:  # top up what is pending to one chunk first
+            take = data[: size - len(buf)]
+            buf += take
+            data = data[len(take) :]
+            if len(buf) < size:
+                return []
+            out: list[bytes | memoryview] = [bytes(buf)]
+            buf.clear()
+        else:
+            out = []
+        # Full chunks are views of the read (immutable bytes): the encoder copies them once, into the frame.
+        view = memoryview(data)
+        cut = len(data) - len(data) % size
+        out += [view[i : i + size] for i in range(0, cut, size)]
+        buf += view[cut:]
         return out
 
-    def drain(self) -> list[bytes]:
+    def drain(self) -> list[bytes | memoryview]:
         return self.flush()
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> list[bytes | memoryview]:
         if not self._buf:
             return []
-        out = [bytes(self._buf)]
+        out: list[bytes | memoryview] = [bytes(self._buf)]
         self._buf.clear()
         return out
 

@@ -100,7 +100,7 @@ class EventSink:
     ) -> None:
         raise NotImplementedError
 
-    def shell_output_bytes(self, request_id: str, fd: int, data: bytes) -> None:
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
         """A chunk of raw output (a ShellExec with ``binary_output``): ``stdout_bytes`` (``fd`` 1) or ``stderr_bytes``."""
         raise NotImplementedError
 
@@ -243,15 +243,9 @@ class V1Sink(EventSink):
         ts, seq = self._stamp()
         self._out(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished, framed=self._frame))
 
-    def shell_output_bytes(self, request_id: str, fd: int, data: bytes) -> None:
-        # Built as a message (one copy of the chunk more than a direct encoder): binary output is
-        # asked for per command, and the chunk's copy costs less than its system calls.
-        out = smith_pb2.ShellOutputEvent(request_id=request_id)
-        if fd == 1:
-            out.stdout_bytes = data
-        else:
-            out.stderr_bytes = data
-        self.event(smith_pb2.Event(shell_output=out))
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
+        ts, seq = self._stamp()
+        self._out(events.encode_shell_output_bytes(ts, seq, request_id, data, fd != 1, framed=self._frame))
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
@@ -322,9 +316,9 @@ class V0Sink(EventSink):
     ) -> None:
         self._write(self._codec.shell_output(request_id, stdout, stderr, exit_code, finished))
 
-    def shell_output_bytes(self, request_id: str, fd: int, data: bytes) -> None:
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
         # v0 has no bytes (its ShellExec cannot ask for them): text, invalid UTF-8 replaced
-        text = data.decode("utf-8", "replace")
+        text = str(data, "utf-8", "replace")
         if fd == 1:
             self.shell_output(request_id, stdout=text)
         else:
