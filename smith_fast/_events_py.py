@@ -309,7 +309,7 @@ def encode_shell_output_bytes(
         if data.__class__ is not bytes:
             data = memoryview(data).cast("B")  # len() counts bytes
         n = len(data)
-        parts += (b"\x3a" if stderr else b"\x32", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)  # type: ignore[arg-type]
+        parts += (b"\x3a" if stderr else b"\x32", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)  # type: ignore[arg-type]  # a memoryview joins like bytes
         return _event(timestamp, sequence, b"\x2a", b"".join(parts), framed)
     except Exception as exc:
         raise _invalid(exc, _SHELL_OUTPUT_BYTES_ARGS, (timestamp, sequence, request_id, data)) from None
