@@ -26,6 +26,7 @@ from smith_fast._events_py import (
     _ERROR_ARGS,
     _LOG_ARGS,
     _SHELL_OUTPUT_ARGS,
+    _SHELL_OUTPUT_BYTES_ARGS,
     _STATE_CHANGE_ARGS,
     _TOOL_RESULT_ARGS,
     _invalid,
@@ -36,6 +37,7 @@ __all__ = [
     "encode_error",
     "encode_log",
     "encode_shell_output",
+    "encode_shell_output_bytes",
     "encode_state_change",
     "encode_tool_result",
 ]
@@ -283,6 +285,39 @@ cdef object _shell_output(object timestamp, object sequence, object request_id, 
     return out
 
 
+cdef object _shell_output_bytes(object timestamp, object sequence, object request_id, object data,
+                                object stderr, object framed):
+    cdef uint64_t ts = _uint64(timestamp)
+    cdef uint64_t seq = _uint64(sequence)
+    cdef Text rid
+    cdef Py_buffer view
+    cdef bint viewed = False
+    cdef const char* chunk
+    cdef Py_ssize_t n
+    cdef char* p
+    cdef char tag = 0x3A if stderr else 0x32
+    _text(request_id, &rid)
+    cdef Py_ssize_t size = _lsize(rid.size) if rid.size else 0
+    if PyBytes_CheckExact(data):
+        chunk = PyBytes_AS_STRING(data)
+        n = PyBytes_GET_SIZE(data)
+    else:
+        PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+        viewed = True
+        chunk = <const char*>view.buf
+        n = view.len
+    try:
+        size += _lsize(n)
+        out = _event_frame(ts, seq, 0x2A, size, framed, &p)
+        if rid.size:
+            p = _delimited(p, 0x0A, rid.data, rid.size)
+        p = _delimited(p, tag, chunk, n)
+        return out
+    finally:
+        if viewed:
+            PyBuffer_Release(&view)
+
+
 cdef object _log(object timestamp, object sequence, object level, object message, object log_timestamp,
                  object request_id, object fields, object framed):
     cdef uint64_t ts = _uint64(timestamp)
@@ -491,6 +526,30 @@ def encode_shell_output(timestamp, sequence, request_id, stdout=None, stderr=Non
         return _shell_output(timestamp, sequence, request_id, stdout, stderr, exit_code, finished, framed)
     except Exception as exc:
         raise _invalid(exc, _SHELL_OUTPUT_ARGS, (timestamp, sequence, request_id, stdout, stderr, exit_code)) from None
+
+
+def encode_shell_output_bytes(timestamp, sequence, request_id, data, stderr=False, *, framed=True):
+    """Encode an ``Envelope`` carrying a ``ShellOutputEvent`` with a raw chunk (``binary_output``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        request_id: the request the output belongs to ("" is omitted).
+        data: the chunk, as the command wrote it; written even when empty.
+        stderr: the chunk is ``stderr_bytes`` (7), else ``stdout_bytes`` (6).
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        return _shell_output_bytes(timestamp, sequence, request_id, data, stderr, framed)
+    except Exception as exc:
+        raise _invalid(exc, _SHELL_OUTPUT_BYTES_ARGS, (timestamp, sequence, request_id, data)) from None
 
 
 def encode_log(timestamp, sequence, level, message, log_timestamp=0, request_id=None, fields=None, *,

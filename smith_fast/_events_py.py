@@ -42,6 +42,7 @@ __all__ = [
     "encode_error",
     "encode_log",
     "encode_shell_output",
+    "encode_shell_output_bytes",
     "encode_state_change",
     "encode_tool_result",
 ]
@@ -200,6 +201,9 @@ _SHELL_OUTPUT_ARGS = (
     ("timestamp", _U64), ("sequence", _U64), ("request_id", _STR), ("stdout", _OPT_STR),
     ("stderr", _OPT_STR), ("exit_code", _OPT_I32),
 )
+_SHELL_OUTPUT_BYTES_ARGS = (
+    ("timestamp", _U64), ("sequence", _U64), ("request_id", _STR), ("data", _BYTES),
+)
 _LOG_ARGS = (
     ("timestamp", _U64), ("sequence", _U64), ("level", _I32), ("message", _STR), ("log_timestamp", _U64),
     ("request_id", _OPT_STR), ("fields", _MAP),
@@ -270,6 +274,45 @@ def encode_shell_output(
         return _event(timestamp, sequence, b"\x2a", b"".join(parts), framed)
     except Exception as exc:
         raise _invalid(exc, _SHELL_OUTPUT_ARGS, (timestamp, sequence, request_id, stdout, stderr, exit_code)) from None
+
+
+def encode_shell_output_bytes(
+    timestamp: int,
+    sequence: int,
+    request_id: str,
+    data: bytes | bytearray | memoryview,
+    stderr: bool = False,
+    *,
+    framed: bool = True,
+) -> bytes:
+    """Encode an ``Envelope`` carrying a ``ShellOutputEvent`` with a raw chunk (``binary_output``).
+
+    Args:
+        timestamp: ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: ``Envelope.sequence`` (uint64; 0 is omitted).
+        request_id: the request the output belongs to ("" is omitted).
+        data: the chunk, as the command wrote it; written even when empty.
+        stderr: the chunk is ``stderr_bytes`` (7), else ``stdout_bytes`` (6).
+        framed: prefix the result with its length as a varint (one delimited frame).
+
+    Returns:
+        The framed (or, with ``framed=False``, bare) serialized ``Envelope``.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        rid = request_id.encode()
+        n = len(rid)
+        parts = [b"\x0a", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), rid] if n else []
+        if data.__class__ is not bytes:
+            data = memoryview(data).cast("B")  # len() counts bytes
+        n = len(data)
+        parts += (b"\x3a" if stderr else b"\x32", _ONE_BYTE[n] if n < 0x80 else _uvarint(n), data)  # type: ignore[arg-type]  # a memoryview joins like bytes
+        return _event(timestamp, sequence, b"\x2a", b"".join(parts), framed)
+    except Exception as exc:
+        raise _invalid(exc, _SHELL_OUTPUT_BYTES_ARGS, (timestamp, sequence, request_id, data)) from None
 
 
 def encode_log(

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +28,7 @@ from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, pars
 from .startup import add_listen_options, add_service_options, listen_config, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .client import Client, RemoteProcess
 
 __all__ = ["main", "build_parser", "client_token"]
 
@@ -38,9 +42,10 @@ EXAMPLES = {
   SMITH_TOKEN=s3cret smith-fast serve --tcp 0.0.0.0:7878 --allow-remote --root /srv/work
   smith-fast serve --stdio --timeout 30s --max-output 8M  # one session on stdin/stdout""",
     "exec": """\
-  smith-fast exec ls -l                                   # spawns a service for itself
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
-  smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v""",
+  smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
+  tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
+  smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)""",
     "call": """\
   smith-fast call tools.list
   smith-fast call --connect unix:/run/smith.sock fs.read '{"path": "README.md"}'
@@ -109,8 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(128+N when killed by signal N). As with `ssh host ls -l`, everything after the options is the command: "
         "its words are joined with spaces and run by the service's shell, so `exec ls -l` and `exec 'ls -l'` are "
         "the same; options after COMMAND belong to it (put `--` first when COMMAND itself starts with -). "
-        f"{DURATIONS}.",
+        "When stdin is not a terminal it is forwarded to COMMAND (else COMMAND reads /dev/null, unless -t); "
+        "output is passed through byte for byte. Ctrl-C cancels COMMAND on the service (exit 130); with -t it "
+        f"goes to COMMAND, as every key does. {DURATIONS}.",
     )
+    ex.add_argument("-t", "--tty", action="store_true",
+                    help="run COMMAND on a pseudo-terminal: this terminal in raw mode, its size and resizes forwarded "
+                    "(as ssh -t, docker exec -it); for python3, vi, read -p ...")
     ex.add_argument("--cwd", help="working directory on the service side")
     ex.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     ex.add_argument("--shell", help="shell to run COMMAND with (default /bin/sh)")
@@ -198,28 +208,92 @@ async def _exec(args: argparse.Namespace) -> int:
             return 2
         env[key] = value
     client = await _client(args)
-    code = 1
     try:
         await _handshake(client, args, ["shell_exec"])
-        out, err = sys.stdout, sys.stderr
-        async for event in client.shell_exec(" ".join(words), cwd=args.cwd, env=env, shell=args.shell, timeout_ms=args.timeout_ms):
-            if event.WhichOneof("event_type") != "shell_output":
-                continue
-            so = event.shell_output
-            if so.HasField("stdout"):
-                out.write(so.stdout)
-                out.flush()
-            if so.HasField("stderr"):
-                err.write(so.stderr)
-                err.flush()
-            if so.finished and so.HasField("exit_code"):
-                code = so.exit_code if so.exit_code >= 0 else 128 - so.exit_code
+        return await _exec_command(client, " ".join(words), args, env)
     except SmithError as exc:
         print(f"smith-fast: {exc}", file=sys.stderr)
-        code = code if code != 0 else 1
+        return 1
     finally:
         await client.close()  # on a closed stdout too: the service then stops the command
-    return code
+
+
+_STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+
+
+async def _exec_command(client: Client, command: str, args: argparse.Namespace, env: dict[str, str]) -> int:
+    """Run ``command`` (stdin forwarded unless it is a terminal; ``-t``: on a pty), mirror its output."""
+    from .client import SmithError
+    from .terminal import raw_mode, window_size
+
+    loop = asyncio.get_running_loop()
+    stdin_tty = os.isatty(0)
+    forward = args.tty or not stdin_tty
+    pty = window_size(0, 1, 2) if args.tty else None
+    proc = await client.start(command, stdin=forward, pty=pty, cwd=args.cwd, env=env, shell=args.shell, timeout_ms=args.timeout_ms)
+    stopped: list[int] = []
+
+    def stop(sig: int) -> None:  # Ctrl-C (without -t), SIGTERM, SIGHUP: cancel it on the service
+        stopped.append(sig)
+        proc.cancel()
+
+    handled = [sig for sig in _STOP_SIGNALS if not (args.tty and sig == signal.SIGINT)]
+    for sig in handled:
+        loop.add_signal_handler(sig, stop, sig)
+    if pty is not None:
+        loop.add_signal_handler(signal.SIGWINCH, lambda: proc.resize(*window_size(0, 1, 2)))
+    feeder: threading.Thread | None = None
+    with raw_mode(0) if args.tty and stdin_tty else contextlib.nullcontext(False) as raw:
+        if raw:  # keys as they are typed, no flow control needed
+            loop.add_reader(0, _typed, proc)
+        elif forward:
+            feeder = threading.Thread(target=_feed_stdin, args=(loop, proc), name="smith-fast-stdin", daemon=True)
+            feeder.start()
+        try:
+            out, err = sys.stdout.buffer, sys.stderr.buffer
+            async for chunk in proc:
+                stream = out if chunk.stream == "stdout" else err
+                stream.write(chunk.data)
+                stream.flush()
+            code = await proc.wait()
+        except SmithError:
+            if stopped:
+                code = -1
+            else:
+                raise
+        finally:
+            if raw:
+                loop.remove_reader(0)
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            if pty is not None:
+                loop.remove_signal_handler(signal.SIGWINCH)
+    if stopped:
+        print(f"smith-fast: {_STOP_SIGNALS[stopped[0]]}", file=sys.stderr)
+        return 128 + stopped[0]
+    return code if code >= 0 else 128 - code
+
+
+def _typed(proc: RemoteProcess) -> None:
+    """What was typed on the raw terminal, to the remote terminal."""
+    try:
+        data = os.read(0, 4096)
+    except OSError:
+        data = b""
+    if data:
+        proc.write(data)
+
+
+def _feed_stdin(loop: asyncio.AbstractEventLoop, proc: RemoteProcess) -> None:
+    """A thread: stdin (a pipe, a file: anything ``os.read`` reads, which the loop cannot watch) to
+    the command, each piece after the previous ones were taken (``RemoteProcess.send``), then EOF."""
+    try:
+        while data := os.read(0, 1 << 16):
+            asyncio.run_coroutine_threadsafe(proc.send(data), loop).result()
+        loop.call_soon_threadsafe(proc.close_stdin)
+    except (OSError, RuntimeError, concurrent.futures.CancelledError):  # stdin failed, or we are ending
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(proc.close_stdin)
 
 
 async def _call(args: argparse.Namespace) -> int:

@@ -9,6 +9,15 @@ Example::
             print(event.shell_output.stdout or "", end="")
         result = await client.call_tool("fs.list", {"path": "."})
 
+A command to steer (stdin, a terminal, cancel) or to read as bytes::
+
+    proc = await client.start("python3 -i", pty=(24, 80))    # or stdin=True
+    proc.write("print(6 * 7)\n")
+    async for chunk in proc:                                   # Chunk(stream, data)
+        ...
+    code = await proc.wait()
+    result = await client.run("cat image.png")               # RunResult(exit_code, stdout, stderr)
+
 Events of concurrent requests are routed to their callers by ``request_id``; events without one
 (Ready, capability warnings, logs) go to :attr:`Client.events`, which gets ``None`` once the
 connection has ended. A client can ask for the Envelope
@@ -28,7 +37,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf.message import DecodeError
 
@@ -37,6 +46,7 @@ from .framing import FrameDecoder, encode_frame
 from .jsonl import JsonlCodec, LineDecoder
 from .options import ADDRESS_FORMS
 from .pb import smith_pb2 as pb
+from .remote_process import STDIN_WINDOW, Chunk, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
@@ -51,6 +61,10 @@ __all__ = [
     "ConnectError",
     "NotASmithService",
     "AddressError",
+    "Chunk",
+    "RemoteProcess",
+    "RunResult",
+    "ToolOutput",
     "ADDRESS_FORMS",
     "event_request_id",
     "format_address",
@@ -462,10 +476,29 @@ class Client:
         Raises:
             SmithError: the service answered with an ErrorEvent (after the final output, if any).
         """
-        rid = request_id or str(uuid.uuid4())
+        cmd = self.shell_exec_command(command, shell=shell, cwd=cwd, env=env, timeout_ms=timeout_ms, request_id=request_id)
+        rid = cmd.shell_exec.request_id
+        async for event in self._request(rid, cmd):
+            yield event
+
+    def shell_exec_command(
+        self,
+        command: str,
+        *,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        request_id: str | None = None,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        term: str | None = None,
+        binary: bool = False,
+    ) -> pb.Command:
+        """The ``ShellExec`` command :meth:`shell_exec` and :meth:`start` send."""
         cmd = pb.Command()
         se = cmd.shell_exec
-        se.request_id = rid
+        se.request_id = request_id or str(uuid.uuid4())
         se.command = command
         if shell is not None:
             se.shell = shell
@@ -474,13 +507,98 @@ class Client:
         se.env.update(env or {})
         if timeout_ms is not None:
             se.timeout_ms = timeout_ms
-        async for event in self._request(rid, cmd):
-            yield event
+        se.open_stdin = stdin
+        if pty is not None:
+            se.pty.rows, se.pty.cols = pty
+            se.pty.term = term or ""
+        se.binary_output = binary
+        return cmd
+
+    async def start(
+        self,
+        command: str,
+        *,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        term: str | None = None,
+        binary: bool = True,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        request_id: str | None = None,
+    ) -> RemoteProcess:
+        """Start ``command`` and return it running: write its stdin, resize, cancel, read its output.
+
+        Args:
+            stdin: keep its stdin open for :meth:`RemoteProcess.write` (else it is ``/dev/null``).
+            pty: ``(rows, cols)``: run it on a pseudo-terminal (stdin open, output on stdout).
+            term: ``TERM`` on the terminal (default ``xterm-256color``).
+            binary: output as exact bytes (v1 only: on v0 it is text).
+
+        Leaving ``async for chunk in proc`` early, ``proc.aclose()`` or cancelling a task awaiting
+        ``proc.wait()`` cancels it on the service.
+        """
+        cmd = self.shell_exec_command(
+            command, shell=shell, cwd=cwd, env=env, timeout_ms=timeout_ms, request_id=request_id,
+            stdin=stdin, pty=pty, term=term, binary=binary and self.protocol == "v1",
+        )
+        rid = cmd.shell_exec.request_id
+        queue = self._route(rid)
+        try:
+            self.send(cmd)
+        except BaseException:
+            self._routes.pop(rid, None)
+            raise
+
+        def done() -> None:
+            self._routes.pop(rid, None)
+
+        return RemoteProcess(
+            rid,
+            send=self.send,
+            events=queue,
+            closed=lambda: ConnectionClosed(f"connection closed: {self._close_reason}"),
+            error=SmithError,
+            done=done,
+            window=STDIN_WINDOW if self.protocol == "v1" else 0,
+        )
+
+    async def run(self, command: str, *, input: bytes | str | None = None, **options: Any) -> RunResult:
+        """Run ``command`` to its end; returns its exit code, stdout and stderr (bytes).
+
+        ``input`` is written to its stdin (then closed). Cancelling the awaiting task cancels the
+        command on the service. Options are :meth:`start`'s.
+
+        Raises:
+            SmithError: the request ended with an error (timeout, refused ...).
+        """
+        proc = await self.start(command, stdin=input is not None or options.pop("stdin", False), **options)
+        if input is not None:
+            try:
+                await proc.send(input)
+            except asyncio.CancelledError:
+                proc.cancel()
+                raise
+            proc.close_stdin()
+        await proc.wait()
+        return proc.output()
+
+    async def tool(self, tool: str, args: object = None, *, timeout_ms: int | None = None) -> ToolOutput:
+        """:meth:`call_tool` with the result's JSON parsed (``value``; ``raw`` keeps the bytes)."""
+        return ToolOutput.of(await self.call_tool(tool, args, timeout_ms=timeout_ms))
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the service to cancel a running request of this connection by its id."""
+        self.send(cancel_command(request_id))
 
     async def _request(self, rid: str, cmd: pb.Command) -> AsyncIterator[pb.Event]:
-        """Send ``cmd``, yield its events until its terminal state change; raise its ErrorEvent."""
+        """Send ``cmd``, yield its events until its terminal state change; raise its ErrorEvent.
+
+        Left before that (a ``break``, a cancelled task): the service is told to cancel it."""
         queue = self._route(rid)
         error: pb.ErrorEvent | None = None
+        ended = False
         try:
             self.send(cmd)
             while True:
@@ -489,15 +607,19 @@ class Client:
                 if kind == "error":
                     error = event.error
                     continue
-                if kind == "state_change" and event.state_change.state in (
-                    pb.SERVICE_STATE_READY,
-                    pb.SERVICE_STATE_ERROR,
-                ):
+                if terminal_state(event) is not None:
+                    ended = True
                     yield event
                     break
                 yield event
+        except ConnectionClosed:
+            ended = True
+            raise
         finally:
             self._routes.pop(rid, None)
+            if not ended and not self._closed.is_set():
+                with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
+                    self.send(cancel_command(rid))
         if error is not None:
             raise SmithError(error)
 

@@ -21,6 +21,7 @@ if not TYPE_CHECKING and not NO_EXTENSIONS:
             encode_error,
             encode_log,
             encode_shell_output,
+            encode_shell_output_bytes,
             encode_state_change,
             encode_tool_result,
         )
@@ -35,6 +36,7 @@ if TYPE_CHECKING or NO_EXTENSIONS:
         encode_error,
         encode_log,
         encode_shell_output,
+        encode_shell_output_bytes,
         encode_state_change,
         encode_tool_result,
     )
@@ -47,6 +49,7 @@ __all__ = [
     "encode_error",
     "encode_log",
     "encode_shell_output",
+    "encode_shell_output_bytes",
     "encode_state_change",
     "encode_tool_result",
 ]

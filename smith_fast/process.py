@@ -6,6 +6,13 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
 * **Spawn**: ``subprocess.Popen`` (vfork + exec) with ``start_new_session=True``, so the shell leads
   a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
   stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
+* **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,
+  or all three standard streams one pseudo-terminal (``os.openpty``; a ``/bin/sh`` wrapper reopens
+  it by name after ``setsid``, which makes it the controlling terminal, then execs the shell; so Ctrl-C written as ``\x03`` interrupts its foreground
+  job and ``resize`` reaches it as SIGWINCH). :meth:`ShellProcess.write_stdin` writes without
+  blocking; what the child has not read yet waits in a buffer of at most ``stdin_limit`` bytes, and
+  a write that would exceed it is refused whole (returns False), so a child that does not read
+  cannot make the service hold more.
 * **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
   past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
   one read per wakeup, into a buffer of ``read_size`` bytes kept for the process (then copied out
@@ -46,7 +53,9 @@ import os
 import pwd
 import shutil
 import signal
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,6 +72,7 @@ __all__ = [
     "ESCAPED_WRITER_GRACE",
     "PIPE_SIZE",
     "STDERR",
+    "STDIN_LIMIT",
     "STDOUT",
     "TERMINATE_GRACE",
     "Collected",
@@ -91,6 +101,19 @@ _HAVE_PIDFD = hasattr(os, "pidfd_open")
 _POLL_INTERVAL = 0.05
 _DRAIN_MAX_READS = 64
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+STDIN_LIMIT = 1 << 20
+"""Default bound of the bytes written to a child's stdin that it has not read yet."""
+_EOT = b"\x04"  # what end of input is on a terminal (VEOF, in canonical mode)
+
+
+def _set_winsize(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+# The pty's first opener after setsid (start_new_session) gets it as its controlling terminal, so a
+# small /bin/sh reopens it by name before it execs the command's shell. Not preexec_fn + TIOCSCTTY:
+# that runs Python between fork and exec, which is unsafe in a process with threads (gRPC's).
+_PTY_WRAPPER = 'exec 0<>"$1" 1>&0 2>&0 && exec "$2" -c "$3"'
 
 # pid -> process whose shell is not reaped yet; kill_all() signals these groups.
 _LIVE: dict[int, ShellProcess] = {}
@@ -205,6 +228,13 @@ class ShellProcess:
         "_done",
         "_error",
         "_scratch",
+        "_stdin",
+        "_stdin_buffer",
+        "_stdin_limit",
+        "_stdin_eof",
+        "_pty",
+        "_stdin_taken",
+        "_on_stdin",
     )
 
     def __init__(
@@ -232,6 +262,13 @@ class ShellProcess:
         self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
         self._error: Exception | None = None
         self._scratch: str | None = None  # the sandbox's TMPDIR for this command, removed at the reap
+        self._stdin = -1  # our end of the child's stdin (a pipe, or a dup of the pty master)
+        self._stdin_buffer = bytearray()  # written but not yet taken by the kernel
+        self._stdin_limit = STDIN_LIMIT
+        self._stdin_eof = False  # close stdin once the buffer is written
+        self._pty = -1  # the pty master, for resize
+        self._stdin_taken = 0  # bytes of stdin the kernel took
+        self._on_stdin: Callable[[int], None] | None = None
 
     @classmethod
     async def start(
@@ -245,6 +282,10 @@ class ShellProcess:
         read_size: int = DEFAULT_READ_SIZE,
         pipe_size: int = PIPE_SIZE,
         sandbox: Sandbox | None = None,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        stdin_limit: int = STDIN_LIMIT,
+        on_stdin: Callable[[int], None] | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -261,6 +302,13 @@ class ShellProcess:
             sandbox: confine the command (PROTOCOL.md, "Sandbox"): it runs through the exec
                 wrapper, with a fresh temporary directory as ``TMPDIR`` (removed when the shell is
                 reaped) that it may write besides what the sandbox's mode allows.
+            stdin: give the child a stdin pipe (:meth:`write_stdin`, :meth:`close_stdin`) instead
+                of ``/dev/null``.
+            pty: ``(rows, cols)``: run on a new pseudo-terminal of that size instead (stdin,
+                stdout and stderr; output arrives as :data:`STDOUT`; :meth:`resize`).
+            stdin_limit: the most bytes :meth:`write_stdin` keeps that the child has not read.
+            on_stdin: called with the total bytes of stdin the child's pipe (or terminal) has taken,
+                each time it took more: the peer's flow control.
 
         Returns:
             The running process.
@@ -292,6 +340,10 @@ class ShellProcess:
                 raise _spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
             argv = [found, "-c", command]
         scratch: str | None = None
+        if pty is not None:
+            self = cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit, sandbox)
+            self._on_stdin = on_stdin
+            return self
         try:
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:
@@ -308,6 +360,11 @@ class ShellProcess:
                 except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
                     pass
                 os.set_blocking(fd, False)
+            in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (-1, -1)
+        except OSError as exc:
+            _close_quietly(out_r, out_w, err_r, err_w)
+            raise _spawn_error(exc, shell, cwd) from None
+        try:
             if sandbox is not None and sandbox.active:
                 scratch = make_scratch()
                 environ.setdefault("TMPDIR", scratch)
@@ -316,7 +373,7 @@ class ShellProcess:
             # bench_process's spawn group); an executor hop would cost more than it saves.
             popen = subprocess.Popen(
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=in_r if stdin else subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=err_w,
                 cwd=cwd,
@@ -325,17 +382,83 @@ class ShellProcess:
                 start_new_session=True,
             )
         except (OSError, ValueError, TypeError) as exc:
-            _close_quietly(out_r, out_w, err_r, err_w)
+            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
-            _close_quietly(out_r, out_w, err_r, err_w)
+            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
             raise
         # Only the child may hold the write ends, or EOF would never come.
-        _close_quietly(out_w, err_w)
+        _close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         self._scratch = scratch
+        if stdin:
+            os.set_blocking(in_w, False)
+            self._stdin, self._stdin_limit, self._on_stdin = in_w, stdin_limit, on_stdin
+        self._watch(loop)
+        return self
+
+    @classmethod
+    def _start_pty(
+        cls,
+        loop: asyncio.AbstractEventLoop,
+        shell: str,
+        command: str,
+        cwd: str | None,
+        environ: dict[str, str],
+        on_output: Callable[[int, bytes], None],
+        read_size: int,
+        size: tuple[int, int],
+        stdin_limit: int,
+        sandbox: Sandbox | None,
+    ) -> ShellProcess:
+        if shutil.which(shell, path=environ.get("PATH")) is None:
+            raise _spawn_error(FileNotFoundError(errno.ENOENT, "not found", shell), shell, cwd)
+        try:
+            master, slave = os.openpty()  # both non-inheritable
+        except OSError as exc:
+            raise _spawn_error(exc, shell, cwd) from None
+        writer = -1
+        scratch: str | None = None
+        try:
+            _set_winsize(master, *size)
+            writer = os.dup(master)  # our stdin end: closed apart from the read end
+            os.set_blocking(master, False)
+            os.set_blocking(writer, False)
+            argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
+            if sandbox is not None and sandbox.active:
+                # The same confinement as a piped command: the wrapper (which reopens the pty as
+                # the controlling terminal; /dev/pts stays usable in every mode) runs inside it.
+                scratch = make_scratch()
+                environ.setdefault("TMPDIR", scratch)
+                argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
+            popen = subprocess.Popen(
+                argv,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=cwd,
+                env=environ,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
+            remove_scratch(scratch)
+            raise _spawn_error(exc, shell, cwd) from None
+        except BaseException:
+            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
+            remove_scratch(scratch)
+            raise
+        _close_quietly(slave)  # EOF (EIO on the master) once the child's side is closed
+        self = cls(loop, popen, {STDOUT: master}, on_output, read_size)
+        self._scratch = scratch
+        self._stdin, self._stdin_limit, self._pty = writer, stdin_limit, writer
+        self._watch(loop)
+        return self
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         _LIVE[self.pid] = self
         childguard.register(self.pid)
         if _HAVE_PIDFD:
@@ -349,7 +472,6 @@ class ShellProcess:
             self._poll_handle = loop.call_later(_POLL_INTERVAL, self._poll_exit)
         for stream, fd in self._pipes.items():
             loop.add_reader(fd, self._read_ready, stream, fd)
-        return self
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else f"returncode={self.returncode}"
@@ -489,6 +611,7 @@ class ShellProcess:
             self._poll_handle = None
         if not self._exited.done():
             self._exited.set_result(code)
+        self._close_stdin_now()
         if self._pipes:
             self._escape_timer = self._loop.call_later(ESCAPED_WRITER_GRACE, self._escaped_writer_check)
         self._maybe_done()
@@ -587,9 +710,113 @@ class ShellProcess:
         its status.
         """
         self.kill()
+        self._close_stdin_now()
         for stream in list(self._pipes):
             self._close_pipe(stream)
         self._maybe_done()
+
+    # -- stdin and terminal ------------------------------------------------------------------------
+
+    @property
+    def stdin_open(self) -> bool:
+        """Whether :meth:`write_stdin` can still write (opened, not closed, child not reaped)."""
+        return self._stdin >= 0 and not self._stdin_eof
+
+    @property
+    def stdin_buffered(self) -> int:
+        """Bytes written with :meth:`write_stdin` that the child has not taken yet."""
+        return len(self._stdin_buffer)
+
+    @property
+    def is_pty(self) -> bool:
+        return self._pty >= 0
+
+    def write_stdin(self, data: bytes) -> bool:
+        """Write ``data`` to the child's stdin (or terminal) without blocking.
+
+        What the kernel does not take at once is kept and written as the child reads.
+
+        Returns:
+            False, writing nothing, if what is buffered plus ``data`` is more than ``stdin_limit``
+            bytes (so one write is at most that); True otherwise.
+
+        Raises:
+            ValueError: stdin is not open (not asked for, closed, or the child exited).
+        """
+        if not self.stdin_open:
+            raise ValueError("stdin is not open")
+        if len(self._stdin_buffer) + len(data) > self._stdin_limit:
+            return False
+        if self._stdin_buffer:
+            self._stdin_buffer += data
+            return True
+        written = self._write_some(data)
+        if written < 0:
+            return True  # the child closed its stdin: like a write to a closed pipe, the bytes are gone
+        if written < len(data):
+            self._stdin_buffer += data[written:]
+            self._loop.add_writer(self._stdin, self._stdin_ready)
+        return True
+
+    def close_stdin(self) -> None:
+        """End of input: close stdin once what is buffered is written (on a terminal: send ^D)."""
+        if not self.stdin_open:
+            return
+        if self._pty >= 0:
+            self.write_stdin(_EOT)
+            return
+        self._stdin_eof = True
+        if not self._stdin_buffer:
+            self._close_stdin_now()
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal size (the foreground job gets SIGWINCH).
+
+        Raises:
+            ValueError: the process has no terminal.
+        """
+        if self._pty < 0:
+            raise ValueError("the process has no terminal")
+        _set_winsize(self._pty, rows, cols)
+
+    def _write_some(self, data: bytes | bytearray) -> int:
+        """Bytes the kernel took (0 when full); -1 when the reader is gone (stdin closed)."""
+        try:
+            n = os.write(self._stdin, data)
+        except BlockingIOError:
+            return 0
+        except OSError:  # EPIPE, or EIO on a pty whose other side is closed
+            self._close_stdin_now()
+            return -1
+        if n:
+            self._stdin_taken += n
+            if self._on_stdin is not None:
+                self._on_stdin(self._stdin_taken)
+        return n
+
+    def _stdin_ready(self) -> None:
+        if self._stdin < 0:
+            return
+        written = self._write_some(self._stdin_buffer)
+        if written < 0:
+            return
+        del self._stdin_buffer[:written]
+        if not self._stdin_buffer:
+            self._loop.remove_writer(self._stdin)
+            if self._stdin_eof:
+                self._close_stdin_now()
+
+    def _close_stdin_now(self) -> None:
+        fd = self._stdin
+        if fd < 0:
+            return
+        self._stdin = -1
+        self._pty = -1
+        self._stdin_eof = True
+        self._stdin_buffer.clear()
+        if not self._loop.is_closed():
+            self._loop.remove_writer(fd)
+        os.close(fd)
 
 
 def kill_all() -> None:

@@ -111,3 +111,14 @@ def test_its_grants_are_the_ones_it_was_built_with(tmp_path: pathlib.Path) -> No
     exits = [e.shell_output for e in ran if e.WhichOneof("event_type") == "shell_output" and e.shell_output.finished]
     assert [x.exit_code for x in exits] == [0]
     assert ran[-1].state_change.state == pb.SERVICE_STATE_READY
+
+
+def test_control_rows_address_a_running_request() -> None:
+    # Control commands run nothing of their own: the session hands them to its runner at once.
+    control = {kind for kind, spec in COMMANDS.items() if spec.control is not None}
+    assert control == {"cancel", "stdin", "resize"}
+    for kind in control:
+        spec = COMMANDS[kind]
+        assert spec.handler is None and spec.needs is None and not spec.timed
+        assert "request_id" in getattr(pb, type(getattr(pb.Command(), kind)).__name__).DESCRIPTOR.fields_by_name
+    assert COMMANDS["stdin"].size(pb.StdinCommand(data=b"abc")) == 3

@@ -74,6 +74,30 @@ def assert_matches_runtime(encode: Callable[..., bytes], expected: Any, *args: A
     assert smith_pb2.Envelope.FromString(bare) == expected
 
 
+class TestShellOutputBytes:
+    """``binary_output`` chunks (PROTOCOL.md, "Process control"): ``stdout_bytes`` 6, ``stderr_bytes`` 7."""
+
+    @settings(max_examples=200)
+    @given(uint64s, uint64s, texts, st.binary(max_size=300), st.booleans())
+    def test_matches_runtime(self, events: ModuleType, ts: int, seq: int, rid: str, data: bytes, err: bool) -> None:
+        member = "stderr_bytes" if err else "stdout_bytes"
+        expected = envelope(ts, seq, shell_output=smith_pb2.ShellOutputEvent(request_id=rid, **{member: data}))
+        assert_matches_runtime(events.encode_shell_output_bytes, expected, ts, seq, rid, data, err)
+
+    def test_buffers_and_an_empty_chunk(self, events: ModuleType) -> None:
+        for data in (bytearray(b"\xff\x00"), memoryview(b"ab\xfe")):
+            frame = events.encode_shell_output_bytes(1, 2, "r", data, framed=False)
+            assert smith_pb2.Envelope.FromString(frame).event.shell_output.stdout_bytes == bytes(data)
+        empty = smith_pb2.Envelope.FromString(events.encode_shell_output_bytes(0, 0, "", b"", framed=False))
+        assert empty.event.shell_output.HasField("stdout_bytes")  # written although empty, as set
+
+    def test_bad_arguments(self, events: ModuleType) -> None:
+        with pytest.raises(TypeError, match="data"):
+            events.encode_shell_output_bytes(0, 0, "r", "text")
+        with pytest.raises(EncodeError, match="timestamp"):
+            events.encode_shell_output_bytes(-1, 0, "r", b"")
+
+
 class TestShellOutput:
     @settings(max_examples=200)
     @given(uint64s, uint64s, texts, opt_texts, opt_texts, st.one_of(st.none(), int32s), st.booleans())

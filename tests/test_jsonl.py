@@ -106,6 +106,24 @@ GOLDEN_COMMANDS: list[tuple[str, pb.Command, bytes]] = [
         b'{"type":"ShellExec","data":{"request_id":"' + RID.encode() + b'","command":"echo $A","shell":"/bin/sh",'
         b'"cwd":"/w","env":{"A":"1"},"timeout_ms":5000}}\n',
     ),
+    # process control (PROTOCOL.md, "Process control"): new variants, and ShellExec keys left out unless set
+    (
+        "shell_exec_pty",
+        cmd(shell_exec=pb.ShellExecCommand(request_id=RID, command="vi", open_stdin=True, pty=pb.PtyRequest(rows=24, cols=80, term="xterm"))),
+        b'{"type":"ShellExec","data":{"request_id":"' + RID.encode() + b'","command":"vi","shell":null,"cwd":null,'
+        b'"env":{},"timeout_ms":null,"open_stdin":true,"pty":{"rows":24,"cols":80,"term":"xterm"}}}\n',
+    ),
+    ("cancel", cmd(cancel=pb.CancelCommand(request_id=RID)), b'{"type":"Cancel","data":{"request_id":"' + RID.encode() + b'"}}\n'),
+    (
+        "stdin",
+        cmd(stdin=pb.StdinCommand(request_id=RID, data="h\u00e9\n".encode(), eof=True)),
+        b'{"type":"Stdin","data":{"request_id":"' + RID.encode() + b'","data":"h\xc3\xa9\\n","eof":true}}\n',
+    ),
+    (
+        "resize",
+        cmd(resize=pb.ResizeCommand(request_id=RID, rows=40, cols=120)),
+        b'{"type":"Resize","data":{"request_id":"' + RID.encode() + b'","rows":40,"cols":120}}\n',
+    ),
 ]
 
 R = RID.encode()
@@ -528,7 +546,7 @@ BAD_LINES: list[tuple[str, str, bytes, str, str, str | None]] = [
      'the event object has a "type" that is the number 7; expected a variant name string', None),
     ("unknown-command", "decode_command", b'{"type":"Launch","data":{"request_id":"' + R + b'"}}',
      "unknown_command", "unknown command type 'Launch' (expected one of Handshake, Plan, ToolCall, HookLoad, "
-     "ShellExec, Shutdown)", RID),
+     "ShellExec, Shutdown, Cancel, Stdin, Resize)", RID),
     ("event-as-command", "decode_command", b'{"type":"Ready","data":{}}', "unknown_command",
      "unknown command type 'Ready' (expected one of ...", None),
     ("unknown-event", "decode_event", b'{"type":"Plan","data":{}}', "unknown_event",
@@ -991,3 +1009,15 @@ def test_oversize_resync_against_a_model(lines: list[bytes], cuts: list[int]) ->
     assert out == expected
     assert errors <= sum(len(line) > limit for line in lines)
     assert (errors == 0) == all(len(line) <= limit for line in lines)
+
+
+def test_process_control_keys_are_optional_in_v0(codec: JsonlCodec) -> None:
+    base = b'{"type":"ShellExec","data":{"request_id":"' + RID.encode() + b'","command":"x"'
+    assert not codec.decode_command(base + b"}}").shell_exec.open_stdin
+    assert not codec.decode_command(base + b"}}").shell_exec.HasField("pty")
+    pty = codec.decode_command(base + b',"pty":{"rows":5}}}').shell_exec.pty
+    assert (pty.rows, pty.cols, pty.term) == (5, 0, "")
+    with pytest.raises(ProtocolError, match="open_stdin must be a boolean"):
+        codec.decode_command(base + b',"open_stdin":1}}')
+    with pytest.raises(ProtocolError, match="Stdin.data must be a string"):
+        codec.decode_command(b'{"type":"Stdin","data":{"request_id":"' + RID.encode() + b'","data":[1]}}')

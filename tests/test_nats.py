@@ -427,6 +427,29 @@ async def test_shutdown_cancels_remote_commands(cluster: Cluster) -> None:
         await client.close()
 
 
+async def test_control_commands_are_refused_clearly_through_the_gateway(cluster: Cluster) -> None:
+    # Cancel, stdin and resize are not forwarded to the workers yet (issue 16 item 8): each is
+    # refused with an ErrorEvent naming the request, and the request itself runs on to its end.
+    client = await Client.connect(cluster.unix)
+    try:
+        await client.handshake(["shell_exec"])
+        rid = str(uuid.uuid4())
+        running = asyncio.ensure_future(_collect(client, _shell("echo started; sleep 1; echo end", rid)))
+        await asyncio.sleep(0.5)
+        client.send(pb.Command(cancel=pb.CancelCommand(request_id=rid)))
+        client.send(pb.Command(stdin=pb.StdinCommand(request_id=rid, data=b"x")))
+        client.send(pb.Command(resize=pb.ResizeCommand(request_id=rid, rows=2, cols=2)))
+        events = await running
+        errors = [e.error for e in events if e.WhichOneof("event_type") == "error"]
+        assert [e.details["reason"] for e in errors] == ["unsupported_command"] * 3
+        assert "NATS gateway" in errors[0].message and all(e.request_id == rid for e in errors)
+        out, _, code = _output(events)
+        assert out == "started\nend\n" and code == 0
+        assert _terminals(events, rid) == [pb.SERVICE_STATE_READY]
+    finally:
+        await client.close()
+
+
 async def test_disconnect_kills_remote_commands(cluster: Cluster) -> None:
     pidfile = cluster.root / f"pid-{uuid.uuid4().hex}"
     client = await Client.connect(cluster.unix, protocol="v0")

@@ -26,6 +26,19 @@ ADDED_ENVELOPE_FIELDS = {
     "metrics": 17,
     "resource_usage": 18,
 }
+# Process control (PROTOCOL.md, "Process control"): new members and fields with new numbers.
+ADDED_FIELDS = {
+    "smith.v1.Command.cancel": 7,
+    "smith.v1.Command.stdin": 8,
+    "smith.v1.Command.resize": 9,
+    "smith.v1.ShellExecCommand.open_stdin": 7,
+    "smith.v1.ShellExecCommand.pty": 8,
+    "smith.v1.ShellExecCommand.binary_output": 9,
+    "smith.v1.ShellOutputEvent.stdout_bytes": 6,
+    "smith.v1.ShellOutputEvent.stderr_bytes": 7,
+    "smith.v1.ShellOutputEvent.stdin_written": 8,
+}
+ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand")
 
 
 def compile_descriptor(path: pathlib.Path) -> descriptor_pb2.FileDescriptorProto:
@@ -74,7 +87,10 @@ def test_schema_is_upstream_plus_documented_additions() -> None:
     for name, spec in theirs.items():
         assert ours.get(name) == spec, f"{name} changed: {spec} -> {ours.get(name)}"
     added = {name: spec for name, spec in ours.items() if name not in theirs}
-    assert set(added) == {f"smith.v1.Envelope.{n}" for n in ADDED_ENVELOPE_FIELDS}
+    new_messages = {name for name in added if name.split(".")[2] in ADDED_MESSAGES}
+    assert set(added) - new_messages == {f"smith.v1.Envelope.{n}" for n in ADDED_ENVELOPE_FIELDS} | set(ADDED_FIELDS)
+    for name, number in ADDED_FIELDS.items():
+        assert added[name][0] == number  # type: ignore[index]
     for field, number in ADDED_ENVELOPE_FIELDS.items():
         assert added[f"smith.v1.Envelope.{field}"][0] == number  # type: ignore[index]
     # 4 and 15 stay unused: their tags would make a v1 stream look like JSON (PROTOCOL.md, "Telling v0 from v1")

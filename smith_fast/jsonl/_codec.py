@@ -175,7 +175,10 @@ class JsonlCodec:
             return self._dumps_line({"type": name})
         msg = getattr(message, which)
         be = self._be
-        return self._dumps_line({"type": name, "data": {f: e(msg, f, be) for f, _, _, e in fields}})
+        data = {f: e(msg, f, be) for f, _, _, e in fields}
+        if MISSING in data.values():  # smith-fast additions left unset: absent, as the crate writes it
+            data = {f: v for f, v in data.items() if v is not MISSING}
+        return self._dumps_line({"type": name, "data": data})
 
     def encode_event(self, event: pb.Event) -> bytes:
         """Encode a v1 ``Event`` as one v0 line ending in ``\\n``; fields v0 lacks are dropped.

@@ -318,6 +318,56 @@ _EDGES = _struct_list(
     (("id", _UUID), ("from", _UUID), ("to", _UUID), ("label", _OPT_STR), ("edge_type", _STR)), "graph edge"
 )
 
+def _d_text_bytes(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
+    if type(value) is str:
+        return value.encode()
+    if value is None or value is MISSING:
+        return b""
+    raise invalid(path, "a string", value)
+
+
+# v0 has no bytes: stdin data travels as a JSON string, so v0 stdin is text (UTF-8) only.
+_TEXT_BYTES = (_d_text_bytes, lambda msg, name, be: getattr(msg, name).decode("utf-8", "replace"))
+
+
+def _omitted_unless_set(kind: _Kind) -> _Kind:
+    """A smith-fast addition to an existing variant: absent (not null) in JSON when unset, so a
+    line that does not use it is byte for byte the crate's (the codec drops ``MISSING``)."""
+    decode, encode = kind
+
+    def encode_set(msg: Any, name: str, be: Backend) -> Any:
+        field = msg.DESCRIPTOR.fields_by_name[name]
+        present = msg.HasField(name) if field.has_presence else bool(getattr(msg, name))
+        return encode(msg, name, be) if present else MISSING
+
+    return decode, encode_set
+
+
+def _d_flag(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
+    if value is None or value is MISSING:
+        return False
+    if type(value) is bool:
+        return value
+    raise invalid(path, "a boolean", value)
+
+
+_PTY_FIELDS = (("rows", _U32_KIND), ("cols", _U32_KIND), ("term", _STR))
+
+
+def _d_pty(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
+    if value is None or value is MISSING:
+        return None
+    if type(value) is not dict:
+        raise invalid(path, "an object with rows, cols and term", value)
+    defaults = {"rows": 0, "cols": 0, "term": ""}
+    return {f: d(value.get(f, defaults[f]), f"{path}.{f}", be, extras) for f, (d, _) in _PTY_FIELDS}
+
+
+def _e_pty(msg: Any, name: str, be: Backend) -> Any:
+    pty = getattr(msg, name)
+    return {f: getattr(pty, f) for f, _ in _PTY_FIELDS}
+
+
 # --- variants ----------------------------------------------------------------------------------
 
 # (v0 name, v1 oneof member, fields in serde order as (name, path, decode, encode); None: unit variant)
@@ -342,8 +392,14 @@ _COMMANDS: tuple[Variant, ...] = (
         "ShellExec", "shell_exec",
         ("request_id", _UUID), ("command", _STR), ("shell", _OPT_STR), ("cwd", _OPT_STR), ("env", _MAP),
         ("timeout_ms", _OPT_U64),
+        # smith-fast additions (PROTOCOL.md, "Process control"); binary_output is v1 only
+        ("open_stdin", _omitted_unless_set((_d_flag, _e_plain))), ("pty", _omitted_unless_set((_d_pty, _e_pty))),
     ),
     ("Shutdown", "shutdown", None),
+    # smith-fast additions (PROTOCOL.md, "Process control"): control commands on a running request
+    _variant("Cancel", "cancel", ("request_id", _UUID)),
+    _variant("Stdin", "stdin", ("request_id", _UUID), ("data", _TEXT_BYTES), ("eof", (_d_flag, _e_plain))),
+    _variant("Resize", "resize", ("request_id", _UUID), ("rows", _U32_KIND), ("cols", _U32_KIND)),
 )  # fmt: skip
 _EVENTS: tuple[Variant, ...] = (
     _variant(

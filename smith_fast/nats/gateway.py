@@ -93,6 +93,24 @@ class NatsRunner:
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         await self._forward(rid, spec.kind, command)
 
+    # Control commands (issue 16): not forwarded to the worker running the request yet.
+    def _no_control(self, rid: str, what: str) -> ProtocolError:
+        return ProtocolError(
+            f"{what} is not supported through the NATS gateway yet; connect to a service (serve) to {what} request {rid}",
+            pb.ERROR_CODE_UNSPECIFIED,
+            rid,
+            {"reason": "unsupported_command"},
+        )
+
+    def cancel(self, rid: str) -> None:
+        raise self._no_control(rid, "cancel")
+
+    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
+        raise self._no_control(rid, "stdin")
+
+    def resize(self, rid: str, rows: int, cols: int) -> None:
+        raise self._no_control(rid, "resize")
+
     async def _forward(self, rid: str, kind: str, command: pb.Command) -> None:
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None

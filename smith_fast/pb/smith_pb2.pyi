@@ -109,20 +109,26 @@ class Envelope(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., sequence: _Optional[int] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., batch_command: _Optional[_Union[BatchCommand, _Mapping]] = ..., batch_event: _Optional[_Union[BatchEvent, _Mapping]] = ..., health_check_request: _Optional[_Union[HealthCheckRequest, _Mapping]] = ..., health_check_response: _Optional[_Union[HealthCheckResponse, _Mapping]] = ..., metrics: _Optional[_Union[MetricsEvent, _Mapping]] = ..., resource_usage: _Optional[_Union[ResourceUsageEvent, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown")
+    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown", "cancel", "stdin", "resize")
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
     HOOK_LOAD_FIELD_NUMBER: _ClassVar[int]
     SHELL_EXEC_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
     handshake: HandshakeCommand
     plan: PlanCommand
     tool_call: ToolCallCommand
     hook_load: HookLoadCommand
     shell_exec: ShellExecCommand
     shutdown: ShutdownCommand
-    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ...) -> None: ...
+    cancel: CancelCommand
+    stdin: StdinCommand
+    resize: ResizeCommand
+    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ...) -> None: ...
 
 class HandshakeCommand(_message.Message):
     __slots__ = ("version", "capabilities", "client_info")
@@ -181,7 +187,7 @@ class HookLoadCommand(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., hook_type: _Optional[str] = ..., script: _Optional[str] = ...) -> None: ...
 
 class ShellExecCommand(_message.Message):
-    __slots__ = ("request_id", "command", "shell", "cwd", "env", "timeout_ms")
+    __slots__ = ("request_id", "command", "shell", "cwd", "env", "timeout_ms", "open_stdin", "pty", "binary_output")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -195,13 +201,55 @@ class ShellExecCommand(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STDIN_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    BINARY_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     command: str
     shell: str
     cwd: str
     env: _containers.ScalarMap[str, str]
     timeout_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., command: _Optional[str] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    open_stdin: bool
+    pty: PtyRequest
+    binary_output: bool
+    def __init__(self, request_id: _Optional[str] = ..., command: _Optional[str] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ..., open_stdin: _Optional[bool] = ..., pty: _Optional[_Union[PtyRequest, _Mapping]] = ..., binary_output: _Optional[bool] = ...) -> None: ...
+
+class PtyRequest(_message.Message):
+    __slots__ = ("rows", "cols", "term")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    term: str
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ..., term: _Optional[str] = ...) -> None: ...
+
+class CancelCommand(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class StdinCommand(_message.Message):
+    __slots__ = ("request_id", "data", "eof")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    data: bytes
+    eof: bool
+    def __init__(self, request_id: _Optional[str] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class ResizeCommand(_message.Message):
+    __slots__ = ("request_id", "rows", "cols")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    rows: int
+    cols: int
+    def __init__(self, request_id: _Optional[str] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
 
 class ShutdownCommand(_message.Message):
     __slots__ = ()
@@ -292,18 +340,24 @@ class TokenUsageEvent(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens_used: _Optional[int] = ..., tokens_remaining: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ShellOutputEvent(_message.Message):
-    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished")
+    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STDOUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STDIN_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     stdout: str
     stderr: str
     exit_code: int
     finished: bool
-    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    stdin_written: int
+    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ...) -> None: ...
 
 class ToolResultEvent(_message.Message):
     __slots__ = ("request_id", "success", "result", "error", "duration_ms")

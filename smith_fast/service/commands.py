@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .. import tracing
+from ..errors import ProtocolError
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
@@ -22,11 +23,36 @@ from . import launch
 from .execution import Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
-__all__ = ["CommandSpec", "COMMANDS", "Handler", "shell_exec", "run_tool"]
+__all__ = ["CommandSpec", "COMMANDS", "Control", "Handler", "RequestControl", "shell_exec", "run_tool"]
 
 Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
 """Runs one request of its kind: ``handler(execution, request_id, request)``; raises
 :class:`~smith_fast.errors.ProtocolError` to end it with an error."""
+
+
+class RequestControl(Protocol):
+    """What a control command does to a running request (a
+    :class:`~smith_fast.service.runner.RequestRunner` is one). Each raises
+    :class:`~smith_fast.errors.ProtocolError` when it cannot (unknown or finished request id, no
+    open stdin, no terminal, stdin buffer full); the request itself goes on."""
+
+    def cancel(self, rid: str) -> None:
+        """End request ``rid`` as cancelled: its processes get SIGTERM, then SIGKILL after
+        ``--kill-grace``; its final events are sent, then one ``ErrorEvent`` (reason
+        ``cancelled``) and ``StateChange ERROR``. Harmless while a cancel of it is under way."""
+        ...
+
+    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
+        """Write ``data`` to the open stdin (or terminal) of ShellExec ``rid``; then close it if ``eof``."""
+        ...
+
+    def resize(self, rid: str, rows: int, cols: int) -> None:
+        """Set the terminal size of ShellExec ``rid`` (run with a ``pty``)."""
+        ...
+
+
+Control = Callable[[RequestControl, Any], None]
+"""What a control command does: ``control(runner, request)`` (the request names its target's id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +68,10 @@ class CommandSpec:
         handler: how the local runner runs it; None for the commands the session answers itself
             (handshake, shutdown).
         timed: its latency histogram is reported from the start, before one ran.
+        control: for a command that addresses a running request (cancel, stdin, resize): what it
+            does, which the session hands to its runner at once instead of starting a request.
+            Such a command has no states of its own; what it cannot do is an ``ErrorEvent``
+            naming the request it addressed.
     """
 
     kind: str
@@ -50,6 +80,7 @@ class CommandSpec:
     size: Callable[[Any], int] | None = None
     handler: Handler | None = None
     timed: bool = False
+    control: Control | None = None
 
 
 # ---- handlers ---------------------------------------------------------------------------------
@@ -66,6 +97,8 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
 
     The tool's context carries this request's process runner: a process the tool starts passes
     the same choke point as a ShellExec (``launch.tool_runner``)."""
+    if ex.cancelling():  # a plan's step after its plan was cancelled
+        raise ProtocolError("request cancelled: the tool was not called", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
     ex.audit.note(rid, tool=tool)
     tool, args = await ex.hooks.before_tool_call(rid, tool, args)
     ex.audit.note(rid, tool=tool)
@@ -136,6 +169,22 @@ def _shell_capability(_cmd: pb.ShellExecCommand) -> int:
     return pb.CAPABILITY_SHELL_EXEC
 
 
+def _cancel(runner: RequestControl, cmd: pb.CancelCommand) -> None:
+    runner.cancel(cmd.request_id)
+
+
+def _stdin(runner: RequestControl, cmd: pb.StdinCommand) -> None:
+    runner.write_stdin(cmd.request_id, cmd.data, cmd.eof)
+
+
+def _resize(runner: RequestControl, cmd: pb.ResizeCommand) -> None:
+    runner.resize(cmd.request_id, cmd.rows, cmd.cols)
+
+
+def _stdin_size(cmd: pb.StdinCommand) -> int:
+    return len(cmd.data)
+
+
 # ---- the table --------------------------------------------------------------------------------
 
 
@@ -153,5 +202,8 @@ COMMANDS: Mapping[str, CommandSpec] = {
         _spec("hook_load", needs=_hook_capability, handler=_hook_load),
         _spec("plan", size=plan_size, handler=_plan),
         _spec("shutdown"),
+        _spec("cancel", control=_cancel),
+        _spec("stdin", size=_stdin_size, control=_stdin),
+        _spec("resize", control=_resize),
     )
 }

@@ -49,6 +49,9 @@ class Limits:
             runs before it is closed; 0 means never (``--idle-timeout``).
         handshake_timeout: seconds a connection has to complete its first (authenticated)
             handshake; 0 means forever (``--handshake-timeout``).
+        max_stdin_buffer: bytes written to a command's open stdin that it has not read yet; a
+            ``StdinCommand`` that would pass it is refused whole with ``ERROR_CODE_RESOURCE_EXHAUSTED``
+            (``--max-stdin-buffer``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
     """
@@ -90,6 +93,9 @@ class Limits:
     max_command_size: int = option(
         1 << 20, flag="--max-command-size", unit="bytes", commands=_ALL, group=_LIMITS,
         help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED")
+    max_stdin_buffer: int = option(
+        1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="stdin a command has not read yet, per command; a StdinCommand past it is refused whole")
 
 
 @dataclasses.dataclass(frozen=True)

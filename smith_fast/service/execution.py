@@ -77,6 +77,19 @@ class Execution(Protocol):
         """Request id → its command span (only while tracing is granted)."""
         ...
 
+    def process_started(self, rid: str, proc: ShellProcess) -> None:
+        """``proc`` runs for ShellExec ``rid``: in :attr:`processes`, reached by a Cancel of its
+        request, and given the stdin and resizes sent for ``rid`` (with open stdin or a pty)."""
+        ...
+
+    def process_ended(self, rid: str, proc: ShellProcess) -> None:
+        """``proc`` (started with :meth:`process_started`) is over."""
+        ...
+
+    def cancelling(self) -> bool:
+        """The request this handler runs for is being cancelled: start nothing more."""
+        ...
+
     @property
     def paused(self) -> bool:
         """The peer stopped reading: a process started now starts paused."""

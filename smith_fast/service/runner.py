@@ -19,7 +19,10 @@ runner.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from .. import tracing
@@ -27,7 +30,9 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .audit import Audit
+from .commands import RequestControl
 from .execution import ExecutionCore
+from .shell_exec import terminal_size
 from .session_hooks import SessionHooks
 
 if TYPE_CHECKING:
@@ -41,6 +46,29 @@ if TYPE_CHECKING:
 __all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "local_runner"]
 
 log = get_logger("smith_fast.session")
+
+# The request a handler runs for (set in LocalRunner.run; the tasks a handler starts inherit it), so
+# that a process started for a plan's step belongs to the plan a Cancel names.
+_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("smith_fast_request", default=None)
+_STOPPING: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
+_ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
+
+
+def _not_running(rid: str, what: str, ended: bool) -> ProtocolError:
+    if ended:
+        return ProtocolError(f"request {rid} has already ended; nothing to {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "not_running"})
+    return ProtocolError(
+        f"no request {rid} is running in this session; nothing to {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unknown_request"}
+    )
+
+
+@dataclass(slots=True)
+class _EarlyInput:
+    """What a peer sent a ShellExec with open stdin before its process started (hooks run first)."""
+
+    data: bytearray = field(default_factory=bytearray)
+    eof: bool = False
+    size: tuple[int, int] | None = None
 
 
 class RequestHost(Protocol):
@@ -78,6 +106,11 @@ class RequestHost(Protocol):
         """Report (and count) an error with the request it names."""
         ...
 
+    def is_running(self, rid: str) -> bool:
+        """Request ``rid`` was admitted and has not ended (its task may not have started yet: a
+        Cancel or stdin in the same read as its command)."""
+        ...
+
     def report_error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
         """Send (and count) an ``ErrorEvent``."""
         ...
@@ -87,8 +120,9 @@ class RequestHost(Protocol):
         ...
 
 
-class RequestRunner(Protocol):
-    """Runs the admitted requests of one session."""
+class RequestRunner(RequestControl, Protocol):
+    """Runs the admitted requests of one session, and steers the running ones (cancel, stdin,
+    resize: :class:`~smith_fast.service.commands.RequestControl`)."""
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         """Run one request until its terminal state was sent.
@@ -149,6 +183,12 @@ class LocalRunner:
         self.processes: set[ShellProcess] = set()
         self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
         self.audit = Audit(host.session_id, host.peer)
+        self._running: dict[str, asyncio.Task[None]] = {}  # request id -> the task running it
+        self._cancelling: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task stopping it (None: not started yet)
+        self._ended: OrderedDict[str, bool] = OrderedDict()  # recently ended id -> it was cancelled
+        self._owned: dict[str, set[ShellProcess]] = {}  # request id -> the processes started for it
+        self._interactive: dict[str, ShellProcess] = {}  # ShellExec id -> its process with open stdin
+        self._early: dict[str, _EarlyInput] = {}  # ShellExec id with open stdin -> input before its process
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,
@@ -181,16 +221,37 @@ class LocalRunner:
         if span is not tracing.NOOP:
             self.spans[rid] = span
         self.audit.begin(rid, spec.kind)
+        request = getattr(command, spec.kind)
+        if spec.kind == "shell_exec" and (request.open_stdin or request.HasField("pty")):
+            self._early.setdefault(rid, _EarlyInput())
+        elif self._early.pop(rid, None) is not None:  # stdin sent before it started, but it has none
+            host.protocol_error(ProtocolError(
+                f"request {rid} has no open stdin: its ShellExec was sent without open_stdin or pty; the data was not written",
+                pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
+            ))
+        task = asyncio.current_task()
+        assert task is not None
+        self._running[rid] = task
+        token = _REQUEST.set(rid)
         try:
-            await handler(self, rid, getattr(command, spec.kind))
+            if rid in self._cancelling:  # cancelled before it started
+                raise ProtocolError("request cancelled before it started", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
+            await handler(self, rid, request)
         except ProtocolError as exc:
-            exc.request_id = exc.request_id or rid
-            self.audit.end(rid, exc)
-            span.fail(pb.ErrorCode.Name(exc.code), str(exc))
-            # The audit line says how it ended (a hook block as a block): not a "protocol error".
-            host.report_error(exc.code, str(exc), exc.request_id, exc.details)
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            if rid in self._cancelling:
+                self._cancelled(rid, span)
+            else:
+                exc.request_id = exc.request_id or rid
+                self.audit.end(rid, exc)
+                span.fail(pb.ErrorCode.Name(exc.code), str(exc))
+                # The audit line says how it ended (a hook block as a block): not a "protocol error".
+                host.report_error(exc.code, str(exc), exc.request_id, exc.details)
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         except asyncio.CancelledError as exc:
+            if rid in self._cancelling and not host.closing and not host.shutting and task.cancelling() <= 1:
+                task.uncancel()  # our own Cancel: the request ends here, the session goes on
+                self._cancelled(rid, span)
+                return
             self.audit.end(rid, exc)
             if not host.closing:  # shutdown, not disconnect: somebody is listening
                 host.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
@@ -202,12 +263,148 @@ class LocalRunner:
             host.report_error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         else:
-            self.audit.end(rid)
-            sink.state_change(pb.SERVICE_STATE_READY, rid)
+            if rid in self._cancelling:  # it ended after the Cancel came: cancelled all the same
+                self._cancelled(rid, span)
+            else:
+                self.audit.end(rid)
+                sink.state_change(pb.SERVICE_STATE_READY, rid)
         finally:
+            _REQUEST.reset(token)
+            self._running.pop(rid, None)
+            self._early.pop(rid, None)
+            self._ended[rid] = self._cancelling.pop(rid, None) is not None
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
             if span is not tracing.NOOP:
                 self.spans.pop(rid, None)
                 span.end()
+
+    def _cancelled(self, rid: str, span: tracing.SpanHandle) -> None:
+        """The one terminal state of a request ended by a Cancel."""
+        message = f"request {rid} cancelled by the peer"
+        span.fail("cancelled", message)
+        self.audit.end(rid, ProtocolError(message, pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"}))
+        self._host.report_error(pb.ERROR_CODE_UNSPECIFIED, message, rid, {"reason": "cancelled"})
+        self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+
+    # ---- control: commands on a running request (RequestControl) ----------------------------------
+
+    def cancel(self, rid: str) -> None:
+        if rid in self._cancelling:
+            return  # a second Cancel while the first is under way
+        task = self._running.get(rid)
+        if task is None:
+            if self._host.is_running(rid):  # admitted, its task not started yet: it ends at its start
+                self._cancelling[rid] = None
+                return
+            if self._ended.get(rid):
+                return  # already cancelled and ended: cancelling twice is harmless
+            raise _not_running(rid, "cancel", rid in self._ended)
+        stopping = self._cancelling[rid] = asyncio.get_running_loop().create_task(self._stop(rid, task))
+        _STOPPING.add(stopping)
+        stopping.add_done_callback(_STOPPING.discard)
+
+    async def _stop(self, rid: str, task: asyncio.Task[None]) -> None:
+        """SIGTERM to the request's process groups, SIGKILL after ``--kill-grace``; the handler
+        then sends their final output and ends (as cancelled, ``run``). A request without a process
+        of its own (a tool call, a hook load, a plan between steps) has its task cancelled."""
+        grace = self.core.limits.kill_grace
+        procs = list(self._owned.get(rid, ()))
+        if procs:
+            await asyncio.gather(*(p.terminate(grace) for p in procs), return_exceptions=True)
+            await asyncio.wait([task], timeout=grace)
+        if not task.done():
+            task.cancel()
+
+    def cancelling(self) -> bool:
+        """Whether the request this runs for (a handler's context) is being cancelled."""
+        rid = _REQUEST.get()
+        return rid is not None and rid in self._cancelling
+
+    def _input_target(self, rid: str, what: str) -> ShellProcess | _EarlyInput:
+        proc = self._interactive.get(rid)
+        if proc is not None:
+            return proc
+        early = self._early.get(rid)
+        if early is not None:
+            return early
+        if rid not in self._running and self._host.is_running(rid):  # its task has not started yet
+            early = self._early[rid] = _EarlyInput()
+            return early
+        if rid in self._running:
+            raise ProtocolError(
+                f"request {rid} has no open stdin: {what} needs a ShellExec sent with open_stdin or pty",
+                pb.ERROR_CODE_UNSPECIFIED,
+                rid,
+                {"reason": "stdin_closed"},
+            )
+        raise _not_running(rid, what, rid in self._ended)
+
+    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
+        target = self._input_target(rid, "write stdin to")
+        limit = self.core.limits.max_stdin_buffer
+        if isinstance(target, _EarlyInput):
+            if data and (target.eof or len(target.data) + len(data) > limit):
+                raise self._stdin_refused(rid, len(target.data), limit, target.eof)
+            target.data += data
+            target.eof = target.eof or eof
+            return
+        if data:
+            if not target.stdin_open:
+                raise self._stdin_refused(rid, 0, limit, True)
+            if not target.write_stdin(data):
+                raise self._stdin_refused(rid, target.stdin_buffered, limit, False)
+        if eof:
+            target.close_stdin()
+
+    @staticmethod
+    def _stdin_refused(rid: str, buffered: int, limit: int, closed: bool) -> ProtocolError:
+        if closed:
+            return ProtocolError(f"the stdin of request {rid} is closed; the data was not written", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"})
+        return ProtocolError(
+            f"the stdin of request {rid} is full: the command has not read {buffered} bytes "
+            f"(max --max-stdin-buffer {limit}); this StdinCommand was refused whole, send it again once it reads",
+            pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+            rid,
+            {"reason": "stdin_full"},
+        )
+
+    def resize(self, rid: str, rows: int, cols: int) -> None:
+        target = self._input_target(rid, "resize")
+        size = terminal_size(rows, cols, rid)
+        if isinstance(target, _EarlyInput):
+            target.size = size
+        elif not target.is_pty:
+            raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
+        else:
+            target.resize(*size)
+
+    # ---- the processes of the running requests (Execution) --------------------------------------
+
+    def process_started(self, rid: str, proc: ShellProcess) -> None:
+        self.processes.add(proc)
+        self._owned.setdefault(_REQUEST.get() or rid, set()).add(proc)
+        early = self._early.pop(rid, None)
+        if early is None or not (proc.stdin_open or proc.is_pty):
+            return
+        self._interactive[rid] = proc
+        if early.size is not None and proc.is_pty:
+            proc.resize(*early.size)
+        if early.data:
+            proc.write_stdin(bytes(early.data))  # within the limit, which is the process's too
+        if early.eof:
+            proc.close_stdin()
+
+    def process_ended(self, rid: str, proc: ShellProcess) -> None:
+        self.processes.discard(proc)
+        owner = _REQUEST.get() or rid
+        owned = self._owned.get(owner)
+        if owned is not None:
+            owned.discard(proc)
+            if not owned:
+                del self._owned[owner]
+        if self._interactive.get(rid) is proc:
+            del self._interactive[rid]
 
     def pause(self) -> None:
         for proc in self.processes:

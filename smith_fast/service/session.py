@@ -26,7 +26,7 @@ from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
 from . import audit
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
-from .commands import COMMANDS, CommandSpec
+from .commands import COMMANDS, CommandSpec, Control
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
 from .negotiation import (
@@ -210,6 +210,9 @@ class Session:
             asyncio.get_running_loop().create_task(self.shutdown())
             return
         spec = COMMANDS.get(kind)
+        if spec is not None and spec.control is not None:
+            self._control(spec, spec.control, request)
+            return
         if spec is None or spec.handler is None:
             self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
             return
@@ -223,6 +226,23 @@ class Session:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
         self._start(rid or "", spec, command)
+
+    def cancel(self, rid: str) -> None:
+        """Cancel running request ``rid`` as a ``CancelCommand`` would (for a front with a cancel of
+        its own, MCP's ``notifications/cancelled``); what cannot be done is an ``ErrorEvent``."""
+        self.handle(pb.Command(cancel=pb.CancelCommand(request_id=rid)))
+
+    def _control(self, spec: CommandSpec, control: Control, request: Any) -> None:
+        """A command on a running request (cancel, stdin, resize): the runner does it now; it has
+        no states of its own, so what it cannot do is only an ``ErrorEvent`` (PROTOCOL.md, "Process control")."""
+        if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
+            self.protocol_error(too_large(f"this {spec.kind} command", size, self.core.limits.max_command_size, request.request_id))
+            return
+        try:
+            control(self.runner, request)
+        except ProtocolError as exc:
+            exc.request_id = exc.request_id or request.request_id or None
+            self.protocol_error(exc)
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
@@ -375,6 +395,10 @@ class Session:
         sink.envelope(_RESOURCE_USAGE, usage.event(ts).SerializeToString())
 
     # ---- requests -----------------------------------------------------------------------------
+
+    def is_running(self, rid: str) -> bool:
+        """Whether request ``rid`` was admitted and has not ended (its runner may not have started it yet)."""
+        return rid in self._tasks
 
     @property
     def busy(self) -> bool:

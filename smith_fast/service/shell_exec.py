@@ -7,6 +7,13 @@ the pipes (the child then blocks on a full pipe), so memory stays bounded.
 
 When a hook watches output (``on_shell_output``), chunks pass through it in order on a small
 queue; the pipes are paused while the queue is long, so a slow hook cannot make memory grow either.
+
+A ShellExec may ask for its stdin to stay open (``open_stdin``) or for a pseudo-terminal
+(``pty``): the process is registered with the runner (``process_started``), which writes the
+peer's StdinCommands and resizes to it. With ``binary_output`` its output goes out as raw bytes
+(``stdout_bytes``/``stderr_bytes``), cut at ``--chunk-size`` and never decoded; text (UTF-8,
+invalid bytes replaced) stays the default, and so it stays while an output hook watches (hooks
+see text).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import os
 import pathlib
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..chunking import OutputChunker
@@ -26,7 +34,17 @@ from .spawn import spawn
 if TYPE_CHECKING:
     from .execution import Execution
 
-__all__ = ["run_shell_exec", "working_directory"]
+__all__ = ["run_shell_exec", "terminal_size", "working_directory"]
+
+_MAX_TERMINAL = 0xFFFF  # rows and cols are 16-bit in the kernel's winsize
+
+
+def terminal_size(rows: int, cols: int, rid: str) -> tuple[int, int]:
+    """A PtyRequest's or ResizeCommand's size: 0 means 24 rows or 80 columns."""
+    rows, cols = rows or 24, cols or 80
+    if rows > _MAX_TERMINAL or cols > _MAX_TERMINAL:
+        raise ProtocolError(f"terminal size {rows}x{cols} is too large (max {_MAX_TERMINAL})", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "invalid_field"})
+    return rows, cols
 
 
 def working_directory(root: pathlib.Path, cwd: str | None, *, confined: bool = False) -> str:
@@ -61,40 +79,44 @@ class _Output:
 
     __slots__ = (
         "sink", "rid", "chunkers", "room", "truncated", "cap", "proc", "_drain_scheduled", "_loop",
-        "_hooks", "_queue", "_consumer", "_held",
+        "_hooks", "_queue", "_consumer", "_held", "binary",
     )
 
     HIGH_WATER = 64  # queued chunks waiting for an output hook before the pipes are paused
     LOW_WATER = 16
 
-    def __init__(self, session: Execution, rid: str) -> None:
+    def __init__(self, session: Execution, rid: str, binary: bool = False) -> None:
         limits = session.core.limits
         self.sink = session.sink
         self.rid = rid
-        self.chunkers = {1: OutputChunker(limits.chunk_size), 2: OutputChunker(limits.chunk_size)}
+        self._hooks = session.hooks if session.hooks.handles("on_shell_output") else None
+        self.binary = binary and self._hooks is None
+        chunker = _BytesChunker if self.binary else OutputChunker
+        self.chunkers: dict[int, OutputChunker | _BytesChunker] = {1: chunker(limits.chunk_size), 2: chunker(limits.chunk_size)}
         self.cap = limits.max_output
         self.room = limits.max_output
         self.truncated = False
         self.proc: ShellProcess | None = None
         self._drain_scheduled = False
         self._loop = asyncio.get_running_loop()
-        self._hooks = session.hooks if session.hooks.handles("on_shell_output") else None
         self._queue: deque[tuple[int, str, bool]] = deque()
         self._consumer: asyncio.Task[None] | None = None
         self._held = False
 
-    def _send(self, fd: int, text: str) -> None:
-        if fd == 1:
+    def _send(self, fd: int, text: str | bytes | memoryview) -> None:
+        if not isinstance(text, str):
+            self.sink.shell_output_bytes(self.rid, fd, text)
+        elif fd == 1:
             self.sink.shell_output(self.rid, stdout=text)
         else:
             self.sink.shell_output(self.rid, stderr=text)
 
-    def emit(self, fd: int, chunks: list[str], *, filtered: bool = True) -> None:
+    def emit(self, fd: int, chunks: Sequence[str] | Sequence[bytes | memoryview], *, filtered: bool = True) -> None:
         if self._hooks is None:
             for text in chunks:
                 self._send(fd, text)
             return
-        self._queue.extend((fd, text, filtered) for text in chunks)
+        self._queue.extend((fd, text, filtered) for text in chunks if isinstance(text, str))
         if self._queue and self._consumer is None:
             self._consumer = self._loop.create_task(self._consume())
         if len(self._queue) > self.HIGH_WATER and self.proc is not None and not self._held:
@@ -131,7 +153,7 @@ class _Output:
         if self.truncated:
             self.finish()
             notice = f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n"
-            self.emit(2, [notice], filtered=False)
+            self.emit(2, [notice.encode()] if self.binary else [notice], filtered=False)
         elif not self._drain_scheduled:
             self._drain_scheduled = True
             self._loop.call_soon(self.drain)
@@ -148,6 +170,79 @@ class _Output:
             self.emit(fd, chunker.flush())
 
 
+class _BytesChunker:
+    """The binary twin of :class:`~smith_fast.chunking.OutputChunker`: bytes cut at ``size``, never decoded."""
+
+    __slots__ = ("size", "_buf")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buf)
+
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
+        buf, size = self._buf, self.size
+        if buf:  # top up what is pending to one chunk first
+            take = data[: size - len(buf)]
+            buf += take
+            data = data[len(take) :]
+            if len(buf) < size:
+                return []
+            out: list[bytes | memoryview] = [bytes(buf)]
+            buf.clear()
+        else:
+            out = []
+        # Full chunks are views of the read (immutable bytes): the encoder copies them once, into the frame.
+        view = memoryview(data)
+        cut = len(data) - len(data) % size
+        out += [view[i : i + size] for i in range(0, cut, size)]
+        buf += view[cut:]
+        return out
+
+    def drain(self) -> list[bytes | memoryview]:
+        return self.flush()
+
+    def flush(self) -> list[bytes | memoryview]:
+        if not self._buf:
+            return []
+        out: list[bytes | memoryview] = [bytes(self._buf)]
+        self._buf.clear()
+        return out
+
+
+class _StdinAcks:
+    """Tells a v1 peer how much of its stdin the command took (``ShellOutputEvent.stdin_written``),
+    at most once per loop tick, so it can keep what it has in flight under ``--max-stdin-buffer``."""
+
+    __slots__ = ("sink", "rid", "total", "scheduled", "ended", "_loop")
+
+    def __init__(self, session: Execution, rid: str) -> None:
+        self.sink = session.sink
+        self.rid = rid
+        self.total = 0
+        self.scheduled = False
+        self.ended = False
+        self._loop = asyncio.get_running_loop()
+
+    def taken(self, total: int) -> None:
+        self.total = total
+        if not self.scheduled and self.sink.version == 1:
+            self.scheduled = True
+            self._loop.call_soon(self._send)
+
+    def _send(self) -> None:
+        self.scheduled = False
+        if not self.ended:  # nothing after the request's final event
+            self.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(request_id=self.rid, stdin_written=self.total)))
+
+
+def _cancelled(rid: str, what: str) -> ProtocolError:
+    return ProtocolError(f"request cancelled: {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
+
+
 async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str] | None = None) -> int:
     """Run ``cmd`` for ``session`` and return its exit code (negative: killed by that signal).
 
@@ -156,13 +251,20 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
     """
     core = session.core
     limits = core.limits
+    if session.cancelling():
+        raise _cancelled(rid, "the command was not started")
+    pty = cmd.pty if cmd.HasField("pty") else None
+    size = terminal_size(pty.rows, pty.cols, rid) if pty is not None else None
+    if pty is not None:
+        env = {"TERM": pty.term or "xterm-256color", **(env if env is not None else cmd.env)}
     if not core.acquire_process():
         raise ProtocolError(
             f"too many commands running (max {limits.max_processes}); try again later",
             pb.ERROR_CODE_RESOURCE_EXHAUSTED,
             rid,
         )
-    output = _Output(session, rid)
+    output = _Output(session, rid, cmd.binary_output)
+    acks = _StdinAcks(session, rid)
     proc: ShellProcess | None = None
     sandbox = core.tool_context.sandbox
     confined = sandbox is not None and sandbox.confines_files
@@ -170,6 +272,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
     async def final(code: int) -> None:
         output.finish()
         await output.settle()
+        acks.ended = True
         session.sink.shell_output(rid, exit_code=code, finished=True)
 
     try:
@@ -180,9 +283,13 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             env=env if env is not None else dict(cmd.env),
             on_output=output.on_output,
             sandbox=sandbox,
+            stdin=cmd.open_stdin,
+            pty=size,
+            stdin_limit=limits.max_stdin_buffer,
+            on_stdin=acks.taken,
         )
         output.proc = proc
-        session.processes.add(proc)
+        session.process_started(rid, proc)
         if session.paused:
             proc.pause_reading()
         timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else limits.default_timeout_ms
@@ -198,9 +305,13 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             ) from None
         except asyncio.CancelledError:
             # Cancelling wait() killed the group; still say how it ended if anyone listens.
+            output.finish()
+            acks.ended = True
             session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
             raise
         await final(code)
+        if session.cancelling():
+            raise _cancelled(rid, f"the command ended with {code}")
         if session.shutting:
             raise ProtocolError(
                 f"request cancelled: the session is shutting down (the command ended with {code})",
@@ -211,7 +322,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         return code
     finally:
         if proc is not None:
-            session.processes.discard(proc)
+            session.process_ended(rid, proc)
             if proc.returncode is None:
                 proc.kill()
         core.release_process()

@@ -92,6 +92,10 @@ class EventSink:
     ) -> None:
         raise NotImplementedError
 
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
+        """A chunk of raw output (a ShellExec with ``binary_output``): ``stdout_bytes`` (``fd`` 1) or ``stderr_bytes``."""
+        raise NotImplementedError
+
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
     ) -> None:
@@ -235,6 +239,10 @@ class V1Sink(EventSink):
         ts, seq = self._stamp()
         self._out(events.encode_shell_output(ts, seq, request_id, stdout, stderr, exit_code, finished, framed=self._frame))
 
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
+        ts, seq = self._stamp()
+        self._out(events.encode_shell_output_bytes(ts, seq, request_id, data, fd != 1, framed=self._frame))
+
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
     ) -> None:
@@ -303,6 +311,14 @@ class V0Sink(EventSink):
         finished: bool = False,
     ) -> None:
         self._write(self._codec.shell_output(request_id, stdout, stderr, exit_code, finished))
+
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
+        # v0 has no bytes (its ShellExec cannot ask for them): text, invalid UTF-8 replaced
+        text = str(data, "utf-8", "replace")
+        if fd == 1:
+            self.shell_output(request_id, stdout=text)
+        else:
+            self.shell_output(request_id, stderr=text)
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int

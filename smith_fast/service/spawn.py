@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..process import ShellProcess
+from ..process import STDIN_LIMIT, ShellProcess
 from ..sandbox import Sandbox
 
 __all__ = ["spawn"]
@@ -24,12 +24,20 @@ async def spawn(
     env: Mapping[str, str],
     on_output: Callable[[int, bytes], None],
     sandbox: Sandbox | None,
+    stdin: bool = False,
+    pty: tuple[int, int] | None = None,
+    stdin_limit: int = STDIN_LIMIT,
+    on_stdin: Callable[[int], None] | None = None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
     environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
-    (the core's ``--sandbox``/``--network``; None only where the operator turned it off).
+    (the core's ``--sandbox``/``--network``; None only where the operator turned it off); with
+    ``stdin`` or ``pty`` as :meth:`ShellProcess.start` takes them (process control).
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
-    return await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox)
+    return await ShellProcess.start(
+        command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
+        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin,
+    )
