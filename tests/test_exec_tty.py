@@ -112,7 +112,7 @@ def test_tty_vi_edits_a_file(server: ServerProcess) -> None:
     assert vi, "install vim-tiny: apt-get install vim-tiny"
     target = server.root / "notes.txt"
     target.write_text("first\n")
-    child = spawn(server, "-t", f"{vi} -u NONE -N {target}")
+    child = spawn(server, "-t", f"{vi} -u NONE -N -i NONE {target}")
     child.expect(b"first")
     child.send(b"Gosecond line\x1b")  # a new last line, then Escape
     child.send(b":wq\r")
@@ -128,7 +128,7 @@ def test_tty_git_commit_with_an_editor(server: ServerProcess) -> None:
     (repo / "a.txt").write_text("a\n")
     subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
     vi = shutil.which("vim.tiny") or shutil.which("vi") or "vi"
-    command = (f"cd {repo} && GIT_EDITOR='{vi} -u NONE -N' git -c user.name=t -c user.email=t@e commit -q && "
+    command = (f"cd {repo} && GIT_EDITOR='{vi} -u NONE -N -i NONE' git -c user.name=t -c user.email=t@e commit -q && "
                "git log --format=%s -1")
     child = spawn(server, "-t", command)
     child.expect(b"Please enter the commit message")

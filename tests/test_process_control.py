@@ -24,7 +24,8 @@ FRONTS = [(via, "v1") for via in VIAS] + [(via, "v0") for via in VIAS if via != 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("control")
-    srv = ServerProcess(tmp, "--grpc", "127.0.0.1:0", "--kill-grace", "1s", "--max-stdin-buffer", "256k").start()
+    srv = ServerProcess(tmp, "--grpc", "127.0.0.1:0", "--kill-grace", "1s", "--max-stdin-buffer", "256k",
+                        "--capabilities", "shell_exec,hooks_js,hooks_rust,replay,tracing").start()
     yield srv
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
