@@ -277,7 +277,7 @@ def test_the_summary_is_generated_from_the_figures() -> None:
         ("latency", "floor"): [105.0, 109.0, 110.0],
         ("latency", "mcp"): [200.0, 210.0, 215.0],
         ("latency", "mcp-sdk"): [900.0, 950.0, 1000.0],
-        ("spawn", "v1"): [1.0, 3.0, 6.0],  # too noisy to say
+        ("spawn", "v1"): [0.5, 1.0, 3.0],  # too noisy to say: its range straddles the other's
         ("spawn", "no-server"): [0.8, 0.85, 0.9],
     }
     lines = summary_lines(_fake_report(figures, KEY_OF))
@@ -301,7 +301,14 @@ def test_the_summary_is_generated_from_the_figures() -> None:
     # a noisy figure decides nothing
     noisy = {**figures, ("latency", "mcp"): [100.0, 210.0, 400.0]}
     sentence, met = mcp_target(_fake_report(noisy, KEY_OF))
-    assert met is None and "lower p50: too noisy to say" in sentence and "**not decided**" in sentence
+    assert met is None and "lower p50: too noisy to say, ×2.25–10.0" in sentence and "**not decided**" in sentence
+    # noisy but clear: even the slowest MCP repetition against the fastest SDK one is ≥ 8x
+    clear = {**figures, ("pipelined", "mcp"): [9000.0, 10000.0, 15000.0]}
+    sentence, met = mcp_target(_fake_report(clear, KEY_OF))
+    assert met is True and "×8.18–16.7 the calls/s, noisy (target ≥ 8x)" in sentence
+    clear_loss = {**figures, ("spawn", "v1"): [2.0, 3.0, 6.0]}
+    assert "- `true`, request to final event, p50: `v1` 3.00 ms against `no-server` 0.85: ×0.13–0.45 (worse; " \
+           "noisy but clear)." in summary_lines(_fake_report(clear_loss, KEY_OF))
     # nothing to lose against: said so
     winning = {k: v for k, v in figures.items() if "floor" not in k and k[0] != "spawn"}
     assert "- Where it loses: nowhere among these comparisons in this run." in summary_lines(_fake_report(winning, KEY_OF))

@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 repetitions (about a minute)")
+    size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 longer repetitions (a few minutes)")
     size.add_argument("--smoke", dest="scale", action="store_const", const="smoke", help="tiny workloads: checks the machinery, measures nothing")
     p.set_defaults(scale="full")
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from .contenders import BASELINES
 from .runner import Report
 from .stats import Summary, speedup
-from .summary import mcp_target, summary_lines
+from .summary import Comparison, mcp_target, outcome, ratio_text, summary_lines
 from .workloads import Case, Metric
 
 __all__ = ["HEADLINE", "headline_columns", "to_json", "to_markdown"]
@@ -193,14 +193,16 @@ def _winners(report: Report, columns: list[tuple[Case, Metric, str]]) -> list[st
             continue
         ranked.sort(key=lambda x: x[0].median, reverse=metric.higher_is_better)
         (best, first), (second, runner) = ranked[0], ranked[1]
-        if best.noisy or second.noisy:
+        clear = best.low > second.high if metric.higher_is_better else best.high < second.low
+        if (best.noisy or second.noisy) and not clear:
             out.append(f"- {title.removesuffix(' ↑').removesuffix(' ↓')}: too noisy to rank (`{first}` and `{runner}` "
                        "lead on their medians)")
             continue
         overlap = best.low <= second.high and second.low <= best.high
+        noisy = ", noisy, but every repetition of the first beat every one of the second" if best.noisy or second.noisy else ""
         out.append(f"- {title.removesuffix(' ↑').removesuffix(' ↓')}: `{first}` {fmt(best.median)}, then `{runner}` "
                    f"{fmt(second.median)} (×{fmt(speedup(best.median, second.median, metric.higher_is_better))}"
-                   f"{', within the spread' if overlap else ''})")
+                   f"{', within the spread' if overlap else ''}{noisy})")
     return [*out, ""]
 
 
@@ -234,13 +236,8 @@ def _mcp_section(report: Report) -> list[str]:
     out += [*_table(["contender", *(t for _, _, t in columns)], rows), ""]
     ratio = ["`mcp` vs `mcp-sdk`"]
     for case, key, title in columns:
-        ours, theirs = report.summary(case, "mcp", key), report.summary(case, "mcp-sdk", key)
-        if ours is None or theirs is None:
-            ratio.append("n/a")
-        elif ours.noisy or theirs.noisy:
-            ratio.append("too noisy to rank")
-        else:
-            ratio.append(f"×{fmt(speedup(ours.median, theirs.median, title.endswith('↑')))}")
+        o = outcome(report, Comparison(case, key, "mcp", "mcp-sdk", title))
+        ratio.append("n/a" if o is None else ratio_text(o))
     out += [*_table(["", *(t for _, _, t in columns)], [ratio]), ""]
     sentence, _ = mcp_target(report)
     return [*out, sentence, ""]

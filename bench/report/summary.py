@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from .runner import Report
 from .stats import Summary, speedup
 
-__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "mcp_target", "outcomes", "summary_lines"]
+__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "mcp_target", "outcome", "outcomes", "ratio_text",
+           "summary_lines"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,10 @@ MCP_TARGET = ((9, 8.0), (10, 4.0))
 class Outcome:
     """A comparison as measured: ``ratio`` > 1 means ``ours`` is better, whichever way the figure goes.
 
-    ``verdict``: ``win``, ``loss``, ``tie`` (the repetitions' ranges overlap) or ``noisy``.
+    ``worst`` and ``best``: the ratio's bounds from the repetitions' ranges (our worst against their
+    best, and the other way round). ``verdict``: ``win`` or ``loss`` when even those bounds agree,
+    else ``tie`` (the ranges overlap), or ``noisy`` (they overlap and a side spreads too wide to rank).
+    A noisy figure still decides when its whole range lies on one side.
     """
 
     comparison: Comparison
@@ -63,6 +67,12 @@ class Outcome:
     ratio: float
     verdict: str
     unit: str
+    worst: float = math.nan
+    best: float = math.nan
+
+    @property
+    def noisy(self) -> bool:
+        return self.ours.noisy or self.theirs.noisy
 
 
 def _direction(report: Report, case: str, key: str) -> tuple[bool, str] | None:
@@ -85,16 +95,18 @@ def outcome(report: Report, c: Comparison) -> Outcome | None:
         return None
     higher, unit = direction
     ratio = speedup(ours.median, theirs.median, higher)
-    if ours.noisy or theirs.noisy or math.isnan(ratio):
+    worst = speedup(ours.low if higher else ours.high, theirs.high if higher else theirs.low, higher)
+    best = speedup(ours.high if higher else ours.low, theirs.low if higher else theirs.high, higher)
+    if math.isnan(ratio) or math.isnan(worst) or math.isnan(best):
         verdict = "noisy"
-    elif ours.low <= theirs.high and theirs.low <= ours.high:
-        verdict = "tie"
+    elif worst <= 1 <= best:
+        verdict = "noisy" if ours.noisy or theirs.noisy else "tie"
     else:
-        verdict = "win" if ratio > 1 else "loss"
+        verdict = "win" if worst > 1 else "loss"
     found = report.case(c.case)
     title = found.title.split(",")[0] if found else c.case
     return Outcome(Comparison(c.case, c.metric, c.ours, c.theirs, c.what.format(title=title)), ours, theirs, ratio,
-                   verdict, unit)
+                   verdict, unit, worst, best)
 
 
 def outcomes(report: Report) -> list[Outcome]:
@@ -112,12 +124,15 @@ def mcp_target(report: Report) -> tuple[str, bool | None]:
             return ("The MCP target (the MCP front ≥ 8x the SDK server's pipelined calls/s and ≥ 4x lower p50) "
                     "was not measured in this run.", None)
         what = "the calls/s" if o.comparison.metric == "calls/s" else "lower p50"
-        if o.verdict == "noisy":
-            parts.append(f"{what}: too noisy to say (target ≥ {need:g}x)")
-            verdicts.append(None)
-        else:
+        if not o.noisy:
             parts.append(f"×{_fmt(o.ratio)} {what} (target ≥ {need:g}x)")
             verdicts.append(o.ratio >= need)
+        elif o.worst >= need or o.best < need:  # noisy, but its whole range is on one side of the target
+            parts.append(f"×{_fmt(o.worst)}–{_fmt(o.best)} {what}, noisy (target ≥ {need:g}x)")
+            verdicts.append(o.worst >= need)
+        else:
+            parts.append(f"{what}: too noisy to say, ×{_fmt(o.worst)}–{_fmt(o.best)} (target ≥ {need:g}x)")
+            verdicts.append(None)
     result = False if False in verdicts else None if None in verdicts else True
     verdict = {True: "**met** in this run", False: "**not met** in this run", None: "**not decided**: too noisy"}[result]
     return f"MCP target, `mcp` against `mcp-sdk` in the same run: {'; '.join(parts)}: {verdict}.", result
@@ -127,11 +142,19 @@ def _fmt(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
+def ratio_text(o: Outcome) -> str:
+    """The ratio of ``o`` for a table cell: ``×4.1``, ``×3.2–6.0`` (noisy but clear), or too noisy."""
+    if o.verdict == "noisy":
+        return "too noisy to rank"
+    return f"×{_fmt(o.worst)}–{_fmt(o.best)}" if o.noisy else f"×{_fmt(o.ratio)}"
+
+
 def _times(o: Outcome) -> str:
     if o.verdict == "noisy":
         return "too noisy to rank"
-    word = "" if o.ratio >= 1 else " (worse)"
-    return f"×{_fmt(o.ratio)}{word}{', within the spread' if o.verdict == 'tie' else ''}"
+    notes = [note for note, on in (("worse", o.ratio < 1), ("noisy but clear", o.noisy),
+                                   ("within the spread", o.verdict == "tie")) if on]
+    return ratio_text(o) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`") -> list[str]:
@@ -139,7 +162,8 @@ def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`
     got = outcomes(report)
     out = ["## In short", "",
            "Generated from this run's figures (medians; \"×N\": N times better, whichever way the figure goes; "
-           "a figure whose repetitions spread over ±25% is left out as too noisy to rank):", ""]
+           "where a side's repetitions spread over ±25%, the ratio's range from the repetitions' ranges, "
+           "and \"too noisy to rank\" when that range straddles 1):", ""]
     first = [o for o in got if o.comparison.case == "pipelined" and o.comparison.ours == "v1"
              and o.comparison.metric == "calls/s"]
     if first:
@@ -155,7 +179,7 @@ def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`
                    f"{_fmt(o.theirs.median)}: {_times(o)}.")
     losses = [o for o in got if o.verdict == "loss"]
     out.append("- Where it loses: " + ("; ".join(f"{o.comparison.what}, {name(o.comparison.ours)} against "
-                                                f"{name(o.comparison.theirs)} (×{_fmt(o.ratio)})" for o in losses)
+                                                f"{name(o.comparison.theirs)} ({ratio_text(o)})" for o in losses)
                                       if losses else "nowhere among these comparisons in this run") + ".")
     noisy = [o for o in got if o.verdict == "noisy"]
     if noisy:

@@ -98,7 +98,7 @@ SCALES: dict[str, Scale] = {
     # machine moved the figure by half), paid for by shorter ladders
     "quick": Scale("quick", reps=3, warmups=1, mixed_lines=20_000, mixed_calls=600, lines=1_000_000,
                    bulk=32 * MIB, rt_calls=1000, pipe_calls=4000, sessions=(1, 100), session_total=2000,
-                   sizes=(16, 64 * KIB), size_calls=500, chunks=(64 * KIB,), chunk_events=2048,
+                   sizes=(16, 64 * KIB), size_calls=500, chunks=(256, 64 * KIB), chunk_events=2048,
                    chunk_cap=8 * MIB, seq_lines=200_000, spawns=100),
     "full": Scale("full", reps=5, warmups=1, mixed_lines=30_000, mixed_calls=1000, lines=1_000_000,
                   bulk=128 * MIB, rt_calls=1000, pipe_calls=4000, sessions=(1, 10, 100), session_total=2000,
