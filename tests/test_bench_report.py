@@ -92,7 +92,7 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
                           "sequential: CPU µs/call ↓", "`seq` final ms ↓", "`seq`: CPU ms/MB ↓", "`true` p50 ms ↓",
                           "`true`: CPU µs/call ↓"]
     section = markdown[markdown.index("## MCP:"):]
-    assert re.search(r"\| `mcp` vs `mcp-sdk` \|( (×[\d.,]+|too noisy to rank) \|){8}", section)
+    assert re.search(r"\| `mcp` vs `mcp-sdk` \|( (×[\d.,]+(–[\d.,]+)?|too noisy to rank) \|){8}", section)
 
     # ratios: each baseline against itself is exactly 1
     ratios = _table(markdown, "### Speed-up against")
