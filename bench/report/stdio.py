@@ -127,13 +127,25 @@ class StdioPeer:
 class StdioServer:
     """A stdio contender's server for the runner: spawned by :meth:`launch`, ready when its peer is.
 
-    After :meth:`restart` (a client was dropped after a failure: the stream may hold a half-read
-    answer) the next client gets a fresh process.
+    Once a client is dropped (:meth:`release`: after a failure the stream may hold a half-read
+    answer) the next :meth:`connect` gets a fresh process.
     """
 
     def __init__(self, argv: Sequence[str], cwd: pathlib.Path, handshake: bool) -> None:
         self.argv, self.cwd, self.handshake = list(argv), cwd, handshake
         self.peer: StdioPeer | None = None
+        self.released = False
+
+    def connect(self) -> StdioPeer:
+        """The peer on the server's pipes (a fresh server when the last client was released)."""
+        if self.peer is None or self.released:
+            self.restart()
+            self.released = False
+        assert self.peer is not None
+        return self.peer
+
+    def release(self) -> None:
+        self.released = True
 
     def launch(self) -> None:
         self.peer = StdioPeer(self.argv, self.cwd, self.handshake, {"SMITH_FAST_NO_EXTENSIONS": ""})
@@ -190,8 +202,7 @@ class McpClient:
     """
 
     def __init__(self, server: StdioServer, tools: Mapping[str, str]) -> None:
-        assert server.peer is not None
-        self.server, self.peer, self.tools = server, server.peer, dict(tools)
+        self.server, self.peer, self.tools = server, server.connect(), dict(tools)
 
     def encode(self, commands: Sequence[pb.Command]) -> list[tuple[str, bool, bytes]]:
         out = []
@@ -227,7 +238,7 @@ class McpClient:
         raise NotImplementedError("stdio servers have one session")
 
     def close(self) -> None:
-        self.server.restart()
+        self.server.release()
 
 
 def _views(answer: dict[str, Any], shell: bool) -> list[View]:
