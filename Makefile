@@ -39,8 +39,8 @@ test: install $(INTEROP)/node_modules/.deps
 
 # The end-to-end report (bench/report, run from the repository root, not installed): real servers,
 # every contender, Markdown + JSON + PNG charts. `make bench` writes bench/results/ (a few minutes on
-# 2 cores); `make bench-quick` build/bench-quick/ (30-45 s on 2 cores once installed, depending on
-# load; a fresh clone's first run adds ~35 s of install).
+# 2 cores); `make bench-quick` build/bench-quick/ (about 3 minutes on a loaded 2-core machine once
+# installed: 3 longer repetitions; a fresh clone's first run adds ~35 s of install).
 bench: install
 	$(PY) -m bench.report --out bench/results
 

@@ -3,7 +3,7 @@
 Run: ``.venv/bin/pytest bench/bench_mcp.py --benchmark-only -p no:cacheprovider``.
 
 Both contenders run as stdio servers, spawned the way MCP clients spawn them, and are driven by
-the same minimal JSON-RPC client here (newline-delimited messages on the pipes, so the client's
+the same minimal JSON-RPC client (``bench.report.stdio.StdioPeer``, the end-to-end report's; newline-delimited messages on the pipes, so the client's
 cost is the same for both and small): ``smith-fast serve --mcp`` (``fs.read``) and
 ``bench/mcp_sdk_server.py`` (``MCPServer`` with a ``read_file`` tool, written the way the SDK's
 documentation shows). The same 72-byte file is read by each:
@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import math
 import pathlib
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 
 from harness.server import ROOT
@@ -35,6 +33,7 @@ from harness.server import ROOT
 from ._summary import print_summary
 from .report.drivers import cpu_seconds_of
 from .report.stats import percentile
+from .report.stdio import StdioPeer
 
 N = 2000
 WINDOW = 64
@@ -45,75 +44,13 @@ CONTENT = b"x" * 71 + b"\n"  # 72 bytes, as in issue 17's measurement
 _results: dict[tuple[str, str], dict[str, float]] = {}
 
 
-class StdioPeer:
-    """A spawned MCP server and a JSON-RPC client on its pipes."""
+def _read_once(peer: StdioPeer, tool: str) -> None:
+    peer.call(tool, {"path": "small.txt"})
 
-    def __init__(self, argv: list[str], tool: str, path_arg: str) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._in = self.proc.stdin
-        self._out = self.proc.stdout
-        self.tool = tool
-        self.path_arg = path_arg
-        self._id = 0
-        self._request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}})
-        self._send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        self._in.flush()
 
-    def _send(self, message: dict[str, Any]) -> None:
-        self._in.write(orjson.dumps(message) + b"\n")
-
-    def _request(self, method: str, params: dict[str, Any]) -> Any:
-        self._id += 1
-        self._send({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params})
-        self._in.flush()
-        while True:
-            answer = orjson.loads(self._out.readline())
-            if answer.get("id") == self._id:
-                assert "result" in answer, answer
-                return answer["result"]
-
-    def _call_message(self) -> bytes:
-        self._id += 1
-        return orjson.dumps({"jsonrpc": "2.0", "id": self._id, "method": "tools/call",
-                             "params": {"name": self.tool, "arguments": {"path": self.path_arg}}}) + b"\n"
-
-    def call(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-        self._id += 1
-        self._in.write(orjson.dumps({"jsonrpc": "2.0", "id": self._id, "method": "tools/call", "params": {"name": tool, "arguments": args}}) + b"\n")
-        self._in.flush()
-        while True:
-            answer = orjson.loads(self._out.readline())
-            if answer.get("id") == self._id:
-                assert answer["result"]["isError"] is False, answer
-                return dict(answer["result"])
-
-    def read_once(self) -> None:
-        self._in.write(self._call_message())
-        self._in.flush()
-        answer = orjson.loads(self._out.readline())
-        assert answer["result"]["isError"] is False, answer
-
-    def pipelined(self, n: int, window: int) -> None:
-        sent = received = 0
-        while received < n:
-            batch = [self._call_message() for _ in range(min(window - (sent - received), n - sent))]
-            if batch:
-                self._in.write(b"".join(batch))
-                self._in.flush()
-                sent += len(batch)
-            answer = orjson.loads(self._out.readline())
-            if "id" in answer:
-                assert answer["result"]["isError"] is False, answer
-                received += 1
-
-    def close(self) -> None:
-        self._in.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def _pipelined(peer: StdioPeer, tool: str, n: int, window: int) -> None:
+    answers = peer.pipelined([peer.call_line(tool, {"path": "small.txt"}) for _ in range(n)], window)
+    assert all(a["result"]["isError"] is False for a in answers), answers[:3]
 
 
 def _contenders(root: pathlib.Path) -> dict[str, tuple[list[str], str]]:
@@ -125,14 +62,14 @@ def _contenders(root: pathlib.Path) -> dict[str, tuple[list[str], str]]:
 
 
 @pytest.fixture(scope="module")
-def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, StdioPeer]]:
+def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[StdioPeer, str]]]:
     root = tmp_path_factory.mktemp("mcp-bench")
     (root / "small.txt").write_bytes(CONTENT)
-    made = {name: StdioPeer(argv, tool, "small.txt") for name, (argv, tool) in _contenders(root).items()}
-    for peer in made.values():
-        peer.read_once()  # warm: imports, first-call caches
+    made = {name: (StdioPeer(argv, ROOT), tool) for name, (argv, tool) in _contenders(root).items()}
+    for peer, tool in made.values():
+        _read_once(peer, tool)  # warm: imports, first-call caches
     yield made
-    for peer in made.values():
+    for peer, _ in made.values():
         peer.close()
 
 
@@ -157,14 +94,14 @@ def _lines() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
-def test_pipelined_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
-    peer = peers[name]
+def test_pipelined_reads(benchmark, peers: dict[str, tuple[StdioPeer, str]], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer, tool = peers[name]
     cpu: list[float] = []
     walls: list[float] = []
 
     def run() -> None:
         c0, t0 = cpu_seconds_of(peer.proc.pid), time.perf_counter()
-        peer.pipelined(N, WINDOW)
+        _pipelined(peer, tool, N, WINDOW)
         walls.append(time.perf_counter() - t0)
         cpu.append(cpu_seconds_of(peer.proc.pid) - c0)
 
@@ -176,8 +113,8 @@ def test_pipelined_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> N
 
 
 @pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
-def test_sequential_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
-    peer = peers[name]
+def test_sequential_reads(benchmark, peers: dict[str, tuple[StdioPeer, str]], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer, tool = peers[name]
     samples: list[float] = []
     cpu: list[float] = []
 
@@ -185,7 +122,7 @@ def test_sequential_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> 
         c0 = cpu_seconds_of(peer.proc.pid)
         for _ in range(SEQUENTIAL):
             t0 = time.perf_counter()
-            peer.read_once()
+            _read_once(peer, tool)
             samples.append(time.perf_counter() - t0)
         cpu.append(cpu_seconds_of(peer.proc.pid) - c0)
 
@@ -198,8 +135,8 @@ def test_sequential_reads(benchmark, peers: dict[str, StdioPeer], name: str) -> 
 
 
 @pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
-def test_seq_200000(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
-    peer = peers[name]
+def test_seq_200000(benchmark, peers: dict[str, tuple[StdioPeer, str]], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer, tool = peers[name]
     walls: list[float] = []
     cpu: list[float] = []
 
@@ -217,8 +154,8 @@ def test_seq_200000(benchmark, peers: dict[str, StdioPeer], name: str) -> None: 
 
 
 @pytest.mark.parametrize("name", list(_contenders(pathlib.Path("."))))
-def test_sequential_true(benchmark, peers: dict[str, StdioPeer], name: str) -> None:  # type: ignore[no-untyped-def]
-    peer = peers[name]
+def test_sequential_true(benchmark, peers: dict[str, tuple[StdioPeer, str]], name: str) -> None:  # type: ignore[no-untyped-def]
+    peer, tool = peers[name]
     samples: list[float] = []
     cpu: list[float] = []
 

@@ -2,8 +2,11 @@
 its figures.
 
 ``python -m bench.report --smoke`` runs every contender (one real ``smith-fast serve`` each, Unix socket
-and gRPC, v1 and v0, compiled and pure-Python servers) through every workload at a tiny size, and
-must write a Markdown report, the raw JSON and PNG charts that parse. No timing is asserted.
+and gRPC, v1 and v0, compiled and pure-Python servers; the MCP front and the official SDK's server on
+stdio; the bare-loop floor and the no-server spawn reference) through every workload it answers at a
+tiny size, and must write a Markdown report, the raw JSON and PNG charts that parse. The summary, the
+noisy-cell rule and the MCP target's verdict are checked on small made-up result sets. No timing is
+asserted.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import sys
 import pytest
 
 from bench.report import stats
-from bench.report.contenders import CONTENDERS
+from bench.report.contenders import CONTENDERS, Contender
+from bench.report.runner import Report
 from bench.report.wire import OUTPUT, RESULT, STATE, V0Wire, V1Wire, envelope_views
 from bench.report.workloads import SCALES, cases
 from harness.server import ROOT
@@ -31,7 +35,7 @@ RID = "7b0c6f1e-2f7e-4a53-9d55-0c4c1c2ad0a1"
 def smoke_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("bench-smoke")
     proc = subprocess.run([sys.executable, "-m", "bench.report", "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=110)
+                          capture_output=True, text=True, cwd=ROOT, timeout=230)
     return out, proc
 
 
@@ -47,7 +51,7 @@ def _table(markdown: str, heading: str) -> list[list[str]]:
     return [rows[0], *rows[2:]]  # without the alignment row
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Path, subprocess.CompletedProcess[str]]) -> None:
     out, proc = smoke_report
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,14 +59,40 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
     assert markdown.startswith("# smith-fast end-to-end benchmark report")
     assert "`python -m bench.report --smoke`" in markdown
 
-    # the headline: one row per contender, every cell a number with its spread
+    # the generated summary comes first, before the tables, and says the MCP target's verdict
+    assert markdown.index("## In short") < markdown.index("## Headline")
+    short = markdown[markdown.index("## In short"):markdown.index("## Headline")]
+    assert "- For small tool calls (pipelined `fs.read` of 72 B) smith-fast `v1` handles " in short
+    for name in ("`floor`", "`mcp-sdk`", "`v0-json`"):
+        assert name in short.splitlines()[4], name
+    assert "- Where it loses: " in short
+    assert re.search(r"MCP target, `mcp` against `mcp-sdk` in the same run: .*: \*\*(met|not met|not decided)", short)
+
+    # the headline: one row per contender, every cell a number with its spread, too noisy to rank,
+    # or "—" where the contender does not run that workload (the MCP servers and the references)
     headline = _table(markdown, "## Headline")
     assert [row[0] for row in headline[1:]] == [f"`{c.name}`" for c in CONTENDERS]
-    assert len(headline[0]) == 8  # contender + mixed, lines, bulk, p50, p99, pipelined, sessions
+    assert len(headline[0]) == 9  # contender + mixed, lines, bulk, p50, p99, pipelined, true, sessions
+    columns = ["mixed", "lines", "bulk", "latency", "latency", "pipelined", "spawn", "sessions"]
+    by_contender = {f"`{c.name}`": c for c in CONTENDERS}
     for row in headline[1:]:
         assert len(row) == len(headline[0])
-        for cell in row[1:]:
-            assert re.fullmatch(r"[\d,.]+ ±\d+%", cell), (row[0], cell)
+        for group, cell in zip(columns, row[1:]):
+            if by_contender[row[0]].answers(group):
+                assert re.fullmatch(r"[\d,.]+ ±\d+%|too noisy to rank \(±\d+%\)", cell), (row[0], cell)
+            else:
+                assert cell == "—", (row[0], cell)
+    assert by_contender["`floor`"].answers("pipelined") and by_contender["`mcp-sdk`"].answers("latency")
+    assert by_contender["`no-server`"].answers("spawn") and not by_contender["`floor`"].answers("spawn")
+
+    # the MCP section: the front and the SDK server side by side, the ratio, the target
+    mcp = _table(markdown, "## MCP: smith-fast's MCP front against the official SDK")
+    assert [row[0] for row in mcp[1:]] == ["`mcp`", "`mcp-sdk`", "`floor`", "`v1`"]
+    assert mcp[0][1:] == ["pipelined calls/s ↑", "pipelined: CPU µs/call ↓", "sequential p50 µs ↓",
+                          "sequential: CPU µs/call ↓", "`seq` final ms ↓", "`seq`: CPU ms/MB ↓", "`true` p50 ms ↓",
+                          "`true`: CPU µs/call ↓"]
+    section = markdown[markdown.index("## MCP:"):]
+    assert re.search(r"\| `mcp` vs `mcp-sdk` \|( (×[\d.,]+(–[\d.,]+)?|too noisy to rank) \|){8}", section)
 
     # ratios: each baseline against itself is exactly 1
     ratios = _table(markdown, "### Speed-up against")
@@ -72,6 +102,7 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
 
     # every server ran the configuration its contender claims
     contenders = {row[0]: row for row in _table(markdown, "## Contenders")[1:]}
+    assert contenders["`mcp`"][2] == "smith-fast" and contenders["`mcp-sdk`"][2] == "sdk-contender"
     assert contenders["`v1-py`"][2:] == ["py", "uvloop"]
     assert contenders["`v1-asyncio`"][2:] == ["c", "asyncio"]
     assert contenders["`v1`"][2:] == ["c", "uvloop"]
@@ -87,7 +118,8 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
     assert data["failures"] == []
     scale = SCALES["smoke"]
     got = {(s["case"], s["contender"]): s["repetitions"] for s in data["samples"]}
-    assert set(got) == {(case.key, c.name) for case in cases(scale) for c in CONTENDERS}
+    assert set(got) == {(case.key, c.name) for case in cases(scale) for c in CONTENDERS if c.answers(case.group)}
+    assert {"mcp", "mcp-sdk", "floor", "no-server"} <= {c for _, c in got}
     assert all(len(reps) == scale.reps for reps in got.values())
     assert all(reps[0]["server CPU µs/call"] >= 0 for (case, _), reps in got.items() if case == "pipelined")
 
@@ -195,3 +227,123 @@ def test_the_runner_is_not_part_of_the_installed_package() -> None:
     assert not [name for name in installed if "bench" in name or "tests" in name or "harness" in name], installed
     runtime = "\n".join(path.read_text() for path in (ROOT / "smith_fast").rglob("*.py"))
     assert not re.search(r"^\s*(from|import) (bench|tests|harness)\b", runtime, re.M)
+
+
+def _fake_report(figures: dict[tuple[str, str], list[float]], key_of: dict[str, str]) -> Report:
+    """A report with made-up repetitions: ``(case key, contender) -> values of that case's figure``."""
+    scale = SCALES["quick"]
+    report = Report(scale, list(CONTENDERS), cases(scale))
+    for (case, contender), values in figures.items():
+        report.samples[(case, contender)] = [{key_of[case]: v} for v in values]
+    return report
+
+
+KEY_OF = {"pipelined": "calls/s", "latency": "p50 µs", "seq": "final ms", "spawn": "p50 ms"}
+
+
+def test_noisy_cells_are_not_ranked_and_not_run_cells_are_a_dash() -> None:
+    from bench.report.render import _cell, _cell_at, _winners, headline_columns
+
+    assert stats.summarize([100.0, 110.0, 120.0]).noisy is False  # ±10%
+    assert stats.summarize([100.0, 148.0, 400.0]).noisy is True  # the `148 ±154%` of issue 18
+    assert stats.summarize([5.0]).noisy is False  # one value has no spread to judge
+    assert _cell(stats.summarize([100.0, 110.0, 120.0])) == "110 ±9%"
+    assert _cell(stats.summarize([52.0, 148.0, 500.0])) == "too noisy to rank (±151%)"
+
+    report = _fake_report({("pipelined", "v1"): [9000.0, 9100.0, 9200.0],
+                           ("pipelined", "v1-batch"): [5000.0, 9500.0, 20000.0],
+                           ("pipelined", "v0-json"): [4000.0, 4100.0, 4200.0],
+                           ("pipelined", "floor"): [15000.0, 15600.0, 16000.0]}, KEY_OF)
+    assert _cell_at(report, "pipelined", "floor", "calls/s") == "15,600 ±3%"
+    assert _cell_at(report, "pipelined", "no-server", "calls/s") == "—"  # never run there, not failed
+    assert _cell_at(report, "spawn", "floor", "p50 ms") == "—"
+    assert _cell_at(report, "pipelined", "v1-py", "calls/s") == "failed"
+    pipelined = [col for col in headline_columns(report) if col[0].key == "pipelined"]
+    lines = _winners(report, pipelined)
+    # the floor is best but a reference, v1-batch's median is higher but too noisy: not ranked
+    assert lines[2] == "- pipelined calls/s: too noisy to rank (`v1-batch` and `v1` lead on their medians)"
+
+
+def test_the_summary_is_generated_from_the_figures() -> None:
+    from bench.report.summary import mcp_target, summary_lines
+
+    figures = {
+        ("pipelined", "v1"): [8000.0, 8200.0, 8300.0],
+        ("pipelined", "floor"): [15000.0, 15600.0, 16000.0],
+        ("pipelined", "mcp-sdk"): [900.0, 1000.0, 1100.0],
+        ("pipelined", "v0-json"): [4000.0, 4100.0, 4200.0],
+        ("pipelined", "mcp"): [8500.0, 9000.0, 9500.0],
+        ("latency", "v1"): [170.0, 175.0, 180.0],
+        ("latency", "floor"): [105.0, 109.0, 110.0],
+        ("latency", "mcp"): [200.0, 210.0, 215.0],
+        ("latency", "mcp-sdk"): [900.0, 950.0, 1000.0],
+        ("spawn", "v1"): [0.5, 1.0, 3.0],  # too noisy to say: its range straddles the other's
+        ("spawn", "no-server"): [0.8, 0.85, 0.9],
+    }
+    lines = summary_lines(_fake_report(figures, KEY_OF))
+    text = "\n".join(lines)
+    assert lines[0] == "## In short"
+    assert ("- For small tool calls (pipelined `fs.read` of 72 B) smith-fast `v1` handles 8,200 calls/s: "
+            "×0.53 (worse) those of `floor` (15,600), ×8.20 those of `mcp-sdk` (1,000), ×2.00 those of `v0-json` "
+            "(4,100).") in lines
+    assert "- one call at a time, p50: `v1` 175 µs against `floor` 109: ×0.62 (worse)." in lines
+    assert ("- Where it loses: pipelined small tool calls, `v1` against `floor` (×0.53); one call at a time, p50, "
+            "`v1` against `floor` (×0.62).") in lines
+    assert "- Too noisy to say in this run: `true`, request to final event, p50 (`v1` against `no-server`)." in lines
+    # 9000 / 1000 = 9x (≥ 8) and 950 / 210 = 4.5x (≥ 4): met
+    assert mcp_target(_fake_report(figures, KEY_OF))[1] is True
+    assert "×9.00 the calls/s (target ≥ 8x); ×4.52 lower p50 (target ≥ 4x): **met** in this run." in text
+
+    # the same run with a slower MCP front: not met, and the sentence changes with the figures
+    slower = {**figures, ("pipelined", "mcp"): [6900.0, 7000.0, 7100.0]}
+    sentence, met = mcp_target(_fake_report(slower, KEY_OF))
+    assert met is False and "×7.00 the calls/s (target ≥ 8x)" in sentence and "**not met**" in sentence
+    # a noisy figure decides nothing
+    noisy = {**figures, ("latency", "mcp"): [100.0, 210.0, 400.0]}
+    sentence, met = mcp_target(_fake_report(noisy, KEY_OF))
+    assert met is None and "lower p50: too noisy to say, ×2.25–10.0" in sentence and "**not decided**" in sentence
+    # noisy but clear: even the slowest MCP repetition against the fastest SDK one is ≥ 8x
+    clear = {**figures, ("pipelined", "mcp"): [9000.0, 10000.0, 15000.0]}
+    sentence, met = mcp_target(_fake_report(clear, KEY_OF))
+    assert met is True and "×8.18–16.7 the calls/s, noisy (target ≥ 8x)" in sentence
+    clear_loss = {**figures, ("spawn", "v1"): [2.0, 3.0, 6.0]}
+    assert "- `true`, request to final event, p50: `v1` 3.00 ms against `no-server` 0.85: ×0.13–0.45 (worse; " \
+           "noisy but clear)." in summary_lines(_fake_report(clear_loss, KEY_OF))
+    # nothing to lose against: said so
+    winning = {k: v for k, v in figures.items() if "floor" not in k and k[0] != "spawn"}
+    assert "- Where it loses: nowhere among these comparisons in this run." in summary_lines(_fake_report(winning, KEY_OF))
+
+
+def test_the_floor_and_the_no_server_reference_answer_like_the_others(tmp_path: pathlib.Path) -> None:
+    """The floor is a real stdlib loop on stdio, the no-server reference real posix_spawn: both held
+    to the tracker's checks (a failed read or command is an error, not a figure)."""
+    from bench.report.contenders import CONTENDERS as ALL
+    from bench.report.drivers import ProtocolFailure, Tracker
+    from bench.report.wire import shell_exec_command, tool_call_command
+
+    (tmp_path / "small.txt").write_text("hello\n")
+    floor: Contender = next(c for c in ALL if c.name == "floor")
+    server = floor.server(tmp_path, tmp_path)
+    server.launch()
+    server.wait_ready(10)
+    try:
+        client = floor.client(server)
+        rids = [f"r{i}" for i in range(50)]
+        units = client.encode([tool_call_command(r, "fs.read", b'{"path":"small.txt"}') for r in rids])
+        tracker = Tracker(rids)
+        assert client.pipeline(units, tracker, 8) > 0
+        assert (tracker.left, tracker.results) == (0, 50)
+        assert len(client.round_trips(units[0], rids[0], 3)) == 3
+        bad = client.encode([tool_call_command("bad", "fs.read", b'{"path":"missing.txt"}')])
+        with pytest.raises(ProtocolFailure, match="tool failed"):
+            client.pipeline(bad, Tracker(["bad"]), 1)
+    finally:
+        server.stop()
+
+    spawn = next(c for c in ALL if c.name == "no-server").client(next(c for c in ALL if c.name == "no-server").server(tmp_path, tmp_path))
+    units = spawn.encode([shell_exec_command("s1", "printf 'abc'; printf 'de' >&2; yes | head -c 100000 >/dev/null")])
+    tracker = Tracker((), ("s1",))
+    spawn.pipeline(units, tracker, 1)
+    assert (tracker.left, tracker.output) == (0, 5)  # yes got SIGPIPE quietly, as a server's child would
+    with pytest.raises(ProtocolFailure, match="exit code 3"):
+        spawn.pipeline(spawn.encode([shell_exec_command("s2", "exit 3")]), Tracker((), ("s2",)), 1)

@@ -27,18 +27,21 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Start one real `smith-fast serve` per contender (v1 Cython/pure Python, uvloop/asyncio, "
-        "v0 JSONL with json/orjson, gRPC single/batched), drive the same workloads through each, and write "
-        "report.md, report.json and PNG charts. The full run takes a few minutes on 2 cores.",
+        "v0 JSONL with json/orjson, gRPC single/batched, the MCP front on stdio), the official MCP SDK's "
+        "server and the references (a bare stdlib loop, commands with no server), drive the same workloads "
+        "through each, and write report.md (opening with a generated summary), report.json and PNG charts. "
+        "The full run takes several minutes on 2 cores.",
         epilog=f"examples:\n  {PROG} --out bench/results\n  {PROG} --quick --only latency,bulk --no-charts",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 repetitions (about a minute)")
+    size.add_argument("--quick", dest="scale", action="store_const", const="quick", help="smaller workloads, 3 longer repetitions (a few minutes)")
     size.add_argument("--smoke", dest="scale", action="store_const", const="smoke", help="tiny workloads: checks the machinery, measures nothing")
     p.set_defaults(scale="full")
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
     p.add_argument("--contenders", help="comma list of contenders to run (default all)")
-    p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, latency, pipelined, sessions, size, chunk)")
+    p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, seq, spawn, latency, pipelined, sessions, "
+                   "size, chunk)")
     p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return p

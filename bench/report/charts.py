@@ -41,11 +41,11 @@ def _throughput(report: Report, path: pathlib.Path) -> None:
     plt = _pyplot()
     columns = headline_columns(report)
     colors = _colors(report)
-    names = [c.name for c in report.contenders]
     ncols = 4
     nrows = math.ceil(len(columns) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(15, 3.3 * nrows), squeeze=False)
     for ax, (case, metric, title) in zip(axes.flat, columns):
+        names = [c.name for c in report.contenders if c.answers(case.group)]  # no empty rows for "—"
         medians, lows, highs = [], [], []
         for n in names:
             s = report.summary(case.key, n, metric.key)

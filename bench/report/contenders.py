@@ -11,6 +11,15 @@ contender's garbage or open sessions never weigh on another's figures. What a co
   difference; the client parses with orjson (the cheapest JSONL client) for both.
 * ``grpc`` / ``grpc-batch``: the gRPC ``Stream`` with one envelope per message, or with
   ``BatchEvent`` out and ``BatchCommand`` in; the client is grpc.aio on the stdlib loop.
+* ``mcp``: smith-fast's MCP front (``serve --mcp``, stdio), and its rival ``mcp-sdk``: a server
+  written with the official MCP Python SDK the way its documentation shows
+  (``bench/mcp_sdk_server.py``), both driven by the same JSON-RPC client (``bench.report.stdio``).
+* References, floors rather than competitors (``role="reference"``): ``floor``, the bare blocking
+  stdlib loop of ``bench/report/floor_server.py`` (reads a line, opens the file, writes one answer;
+  no validation, no path check, no concurrency), and ``no-server``, commands run by the report's own
+  process with ``posix_spawn`` and two pipes.
+
+A contender that does not answer a workload (``groups``) is shown as "—" there, not as failed.
 
 :class:`Client` is what a workload drives: ``encode`` commands before timing, then ``pipeline``,
 ``round_trips`` or ``pipeline_many``, each returning the seconds of its timed region only.
@@ -21,19 +30,28 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import socket
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
-from harness.server import ServerProcess
+from harness.server import ROOT, ServerProcess
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
 
 from .drivers import Session, Tracker, pipeline, pipeline_many, round_trips
+from .stdio import McpClient, NoServer, SpawnClient, StdioServer
 from .wire import WIRES, handshake_command
 
-__all__ = ["CONTENDERS", "BASELINES", "Client", "Contender", "GrpcClient", "UnixClient", "contender_names",
-           "probe_service_info"]
+__all__ = ["CONTENDERS", "BASELINES", "ROLES", "Client", "Contender", "Endpoint", "GrpcClient", "UnixClient",
+           "contender_names", "probe_service_info"]
+
+# what a contender is to the reader: a configuration of this service, another server for the same
+# job, or a floor that shows what the job costs with (almost) no server at all
+ROLES = ("smith-fast", "rival", "reference")
+# the workload groups of small tool calls and of commands (for the contenders that answer only those)
+TOOL_CALLS = frozenset({"latency", "pipelined"})
+COMMANDS = frozenset({"lines", "bulk", "seq", "spawn"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +68,11 @@ class Contender:
         jsonl_backend: the server's ``--jsonl-backend``.
         batched: ask for ``batch_event`` (and, on gRPC, send ``BatchCommand``s).
         implementation: the wire core the server must report (``c``/``py``).
+        role: one of :data:`ROLES`.
+        groups: the workload groups it answers (None: all).
+        argv: a stdio contender's command line (``{python}``, ``{root}`` and ``{repo}`` filled in).
+        tools: Smith tool name -> the stdio server's tool name.
+        handshake: a stdio contender speaks MCP ``initialize`` first.
     """
 
     name: str
@@ -61,8 +84,35 @@ class Contender:
     jsonl_backend: str = "orjson"
     batched: bool = False
     implementation: str = "c"
+    role: str = "smith-fast"
+    groups: frozenset[str] | None = None
+    argv: tuple[str, ...] = ()
+    tools: tuple[tuple[str, str], ...] = ()
+    handshake: bool = True
 
-    def server(self, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str] = ()) -> ServerProcess:
+    def answers(self, group: str) -> bool:
+        """Whether this contender runs workloads of ``group``."""
+        return self.groups is None or group in self.groups
+
+    def server(self, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str] = ()) -> Endpoint:
+        """This contender's server (not launched): its own process, or this one for ``no-server``."""
+        return _SERVERS[self.transport](self, workdir, root, extra)
+
+    def client(self, server: Endpoint) -> Client:
+        """A connected, handshaken client for ``server``."""
+        return _CLIENTS[self.transport](self, server)
+
+    def check(self, server: Endpoint) -> dict[str, str]:
+        """What the server says it runs (a smith-fast socket server must run what the contender claims)."""
+        if self.transport == "unix" or self.transport == "grpc":
+            assert isinstance(server, ServerProcess)
+            return _check_socket_server(self, server)
+        if isinstance(server, StdioServer) and server.peer is not None and server.peer.server_info:
+            info = server.peer.server_info
+            return {"server": str(info.get("name", "?")), "version": str(info.get("version", "?"))}
+        return {}
+
+    def smith_server(self, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str] = ()) -> ServerProcess:
         """This contender's server (not launched), with its socket in ``workdir/NAME``.
 
         It logs at ``info`` (not the tests' ``debug``) and keeps only its first stderr lines: the
@@ -76,11 +126,37 @@ class Contender:
         home.mkdir(parents=True, exist_ok=True)
         return ServerProcess(home, *args, loop=self.loop, root=root, env=env, tcp=False, log_level="info", keep=200)
 
-    def client(self, server: ServerProcess) -> Client:
-        """A connected, handshaken client for ``server``."""
-        if self.transport == "grpc":
-            return GrpcClient(server.grpc.removeprefix("grpc:"), self.batched)
-        return UnixClient(server.sock_path, self.wire, self.batched)
+
+class Endpoint(Protocol):
+    """What the runner needs of a contender's server: start it, wait, stop it, and whose CPU to count."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def launch(self) -> object: ...
+
+    def wait_ready(self, timeout: float) -> object: ...
+
+    def stop(self) -> object: ...
+
+
+def _stdio_server(c: Contender, workdir: pathlib.Path, root: pathlib.Path, extra: Sequence[str]) -> Endpoint:
+    fill = {"python": sys.executable, "root": str(root), "repo": str(ROOT)}
+    return StdioServer([part.format(**fill) for part in c.argv], ROOT, c.handshake)
+
+
+_SERVERS: dict[str, Callable[[Contender, pathlib.Path, pathlib.Path, Sequence[str]], Endpoint]] = {
+    "unix": Contender.smith_server,
+    "grpc": Contender.smith_server,
+    "stdio": _stdio_server,
+    "none": lambda c, workdir, root, extra: NoServer(),
+}
+_CLIENTS: dict[str, Callable[[Contender, Any], Client]] = {
+    "unix": lambda c, s: UnixClient(s.sock_path, c.wire, c.batched),
+    "grpc": lambda c, s: GrpcClient(s.grpc.removeprefix("grpc:"), c.batched),
+    "stdio": lambda c, s: cast(Client, McpClient(s, dict(c.tools))),
+    "none": lambda c, s: cast(Client, SpawnClient(ROOT)),
+}
 
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -94,12 +170,36 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("grpc", "gRPC Stream, one Envelope per message, uvloop", transport="grpc"),
     Contender("grpc-batch", "gRPC Stream with BatchEvent out and BatchCommand in, uvloop", transport="grpc",
               batched=True),
+    Contender("mcp", "smith-fast's MCP front: `smith-fast serve --mcp` on stdio (JSON-RPC lines), uvloop",
+              transport="stdio", groups=TOOL_CALLS | {"seq", "spawn"},
+              argv=("{python}", "-m", "smith_fast", "serve", "--mcp", "--root", "{root}", "--log-level", "warning",
+                    "--tool-max-output", "16M")),
+    Contender("mcp-sdk", "a server written with the official MCP Python SDK as its documentation shows "
+              "(`bench/mcp_sdk_server.py`: `MCPServer`, `read_file` and `shell` tools, stdio)", transport="stdio",
+              role="rival", groups=TOOL_CALLS | {"seq", "spawn"}, tools=(("fs.read", "read_file"),),
+              argv=("{python}", "{repo}/bench/mcp_sdk_server.py", "{root}")),
+    Contender("floor", "reference, not a competitor: the bare blocking stdlib loop of "
+              "`bench/report/floor_server.py` on stdio (read a line, open the file, write one answer, flush; "
+              "no validation, no path check, no concurrency)", transport="stdio", role="reference",
+              groups=TOOL_CALLS, argv=("{python}", "{repo}/bench/report/floor_server.py", "{root}"), handshake=False),
+    Contender("no-server", "reference, not a competitor: the report's own process runs each command with "
+              "`posix_spawn` and two pipes (no server at all); its CPU is that process's", transport="none",
+              role="reference", groups=COMMANDS),
 )
 BASELINES = ("v0-json", "v0-orjson")
 
 
 def contender_names() -> list[str]:
     return [c.name for c in CONTENDERS]
+
+
+def _check_socket_server(contender: Contender, server: ServerProcess) -> dict[str, str]:
+    """The server runs what the contender says (wire core, loop), or the report would lie."""
+    info = probe_service_info(server.sock_path)
+    if info.get("implementation") != contender.implementation or info.get("event_loop") != contender.loop:
+        raise RuntimeError(f"{contender.name}: the server reports implementation={info.get('implementation')} "
+                           f"event_loop={info.get('event_loop')}, expected {contender.implementation}/{contender.loop}")
+    return info
 
 
 def probe_service_info(path: str) -> dict[str, str]:

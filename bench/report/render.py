@@ -10,6 +10,7 @@ from dataclasses import asdict
 from .contenders import BASELINES
 from .runner import Report
 from .stats import Summary, speedup
+from .summary import Comparison, mcp_target, outcome, ratio_text, summary_lines
 from .workloads import Case, Metric
 
 __all__ = ["HEADLINE", "headline_columns", "to_json", "to_markdown"]
@@ -22,6 +23,7 @@ HEADLINE = (
     ("latency", "p50 µs", "round trip p50, µs"),
     ("latency", "p99 µs", "round trip p99, µs"),
     ("pipelined", "calls/s", "pipelined calls/s"),
+    ("spawn", "p50 ms", "`true` p50, ms"),
     ("sessions", "calls/s", "{n} sessions, calls/s"),
 )
 
@@ -37,11 +39,24 @@ def fmt(value: float) -> str:
     return f"{value:.2f}"
 
 
+NOT_RUN = "—"
+
+
 def _cell(s: Summary | None) -> str:
-    """Median with the half-range of the repetitions, relative: ``14,200 ±3%``."""
+    """Median with the half-range of the repetitions, relative: ``14,200 ±3%``; too wide a range
+    gives no number (``stats.NOISY``)."""
     if s is None:
         return "failed"
+    if s.noisy:
+        return f"too noisy to rank (±{s.spread * 50:.0f}%)"
     return f"{fmt(s.median)} ±{s.spread * 50:.0f}%" if s.n > 1 else fmt(s.median)
+
+
+def _cell_at(report: Report, case: str, contender: str, key: str) -> str:
+    """:func:`_cell` of one figure, or "—" where the contender does not run the workload."""
+    if not report.applies(case, contender):
+        return NOT_RUN
+    return _cell(report.summary(case, contender, key))
 
 
 def _arrow(metric: Metric) -> str:
@@ -78,7 +93,8 @@ def _ladder(report: Report, group: str, key: str, label: str) -> Iterator[str]:
     if not rungs:
         return
     header = ["contender", *(label.format(c.param if group == "sessions" else _size(c.param)) for c in rungs)]
-    rows = [[f"`{c.name}`", *(_cell(report.summary(r.key, c.name, key)) for r in rungs)] for c in report.contenders]
+    rows = [[f"`{c.name}`", *(_cell_at(report, r.key, c.name, key) for r in rungs)] for c in report.contenders
+            if any(c.answers(r.group) for r in rungs)]
     yield from _table(header, rows)
     yield ""
 
@@ -102,10 +118,14 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
         "the median. ↑: higher is better, ↓: lower is better.",
         "",
     ]
+    out += summary_lines(report)
     for chart in charts:
         out += [f"![{chart}]({chart})", ""]
-    out += ["## Headline", ""]
-    rows = [[f"`{n}`", *(_cell(report.summary(case.key, n, m.key)) for case, m, _ in columns)] for n in names]
+    out += ["## Headline", "",
+            "`mcp`, `mcp-sdk`, `floor` and `no-server` run only the workloads they answer (\"—\" elsewhere); "
+            "`floor` and `no-server` are references, floors that show what the job costs with (almost) no "
+            "server, not competitors: they check nothing and refuse nothing.", ""]
+    rows = [[f"`{n}`", *(_cell_at(report, case.key, n, m.key) for case, m, _ in columns)] for n in names]
     out += [*_table(["contender", *(t for _, _, t in columns)], rows), ""]
     out += _winners(report, columns)
     baselines = [b for b in BASELINES if b in names]
@@ -122,6 +142,9 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
             row = [f"`{n}`"]
             for case, m, _ in columns:
                 value = _median(report, case, n, m.key)
+                if not report.applies(case.key, n):
+                    row.append(NOT_RUN)
+                    continue
                 row.append(" / ".join(f"×{fmt(speedup(value, _median(report, case, b, m.key), m.higher_is_better))}"
                                       for b in baselines))
             rows.append(row)
@@ -133,7 +156,7 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
             "the speed-up against the baselines follows (× > 1: less CPU than the baseline).", ""]
     cases = list(dict.fromkeys(case for case, _, _ in columns))  # latency has two columns, one CPU figure
     header = ["contender", *(f"{case.key}: {case.cpu[0].removeprefix('server CPU ')}" for case in cases)]
-    rows = [[f"`{n}`", *(_cell(report.summary(case.key, n, case.cpu[0])) for case in cases)] for n in names]
+    rows = [[f"`{n}`", *(_cell_at(report, case.key, n, case.cpu[0]) for case in cases)] for n in names]
     out += [*_table(header, rows), ""]
     if baselines:
         rows = []
@@ -141,10 +164,14 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
             row = [f"`{n}`"]
             for case in cases:
                 value = _median(report, case, n, case.cpu[0])
+                if not report.applies(case.key, n):
+                    row.append(NOT_RUN)
+                    continue
                 row.append(" / ".join(f"×{fmt(speedup(value, _median(report, case, b, case.cpu[0]), False))}"
                                       for b in baselines))
             rows.append(row)
         out += [*_table(header, rows), ""]
+    out += _mcp_section(report)
     out += _ladder_sections(report)
     out += _contenders_section(report)
     out += _details(report)
@@ -154,22 +181,66 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
 
 def _winners(report: Report, columns: list[tuple[Case, Metric, str]]) -> list[str]:
     """Who is best on each headline figure, and by how much over the runner-up (overlap said)."""
-    out = ["Best median on each figure (and the runner-up; \"within the spread\" when their ranges overlap):", ""]
+    out = ["Best median on each figure among the contenders (the references left out), and the runner-up; "
+           "\"within the spread\" when their ranges overlap, \"too noisy to rank\" when either spreads over ±25%:", ""]
     for case, metric, title in columns:
         ranked = []
         for c in report.contenders:
             s = report.summary(case.key, c.name, metric.key)
-            if s:
+            if s and c.role != "reference":
                 ranked.append((s, c.name))
         if len(ranked) < 2:
             continue
         ranked.sort(key=lambda x: x[0].median, reverse=metric.higher_is_better)
         (best, first), (second, runner) = ranked[0], ranked[1]
+        clear = best.low > second.high if metric.higher_is_better else best.high < second.low
+        if (best.noisy or second.noisy) and not clear:
+            out.append(f"- {title.removesuffix(' ↑').removesuffix(' ↓')}: too noisy to rank (`{first}` and `{runner}` "
+                       "lead on their medians)")
+            continue
         overlap = best.low <= second.high and second.low <= best.high
+        noisy = ", noisy, but every repetition of the first beat every one of the second" if best.noisy or second.noisy else ""
         out.append(f"- {title.removesuffix(' ↑').removesuffix(' ↓')}: `{first}` {fmt(best.median)}, then `{runner}` "
                    f"{fmt(second.median)} (×{fmt(speedup(best.median, second.median, metric.higher_is_better))}"
-                   f"{', within the spread' if overlap else ''})")
+                   f"{', within the spread' if overlap else ''}{noisy})")
     return [*out, ""]
+
+
+# the MCP comparison's columns: (case key, figure key, column title)
+_MCP_COLUMNS = (
+    ("pipelined", "calls/s", "pipelined calls/s ↑"),
+    ("pipelined", "server CPU µs/call", "pipelined: CPU µs/call ↓"),
+    ("latency", "p50 µs", "sequential p50 µs ↓"),
+    ("latency", "server CPU µs/call", "sequential: CPU µs/call ↓"),
+    ("seq", "final ms", "`seq` final ms ↓"),
+    ("seq", "server CPU ms/MB", "`seq`: CPU ms/MB ↓"),
+    ("spawn", "p50 ms", "`true` p50 ms ↓"),
+    ("spawn", "server CPU µs/call", "`true`: CPU µs/call ↓"),
+)
+_MCP_ROWS = ("mcp", "mcp-sdk", "floor", "v1")
+
+
+def _mcp_section(report: Report) -> list[str]:
+    """smith-fast's MCP front against the official SDK's server, on the MCP issue's workloads."""
+    names = [n for n in _MCP_ROWS if any(c.name == n for c in report.contenders)]
+    columns = [col for col in _MCP_COLUMNS if report.case(col[0]) is not None]
+    if "mcp" not in names or "mcp-sdk" not in names or not columns:
+        return []
+    sdk = next(c for c in report.contenders if c.name == "mcp-sdk")
+    out = ["## MCP: smith-fast's MCP front against the official SDK", "",
+           f"`mcp` is `smith-fast serve --mcp` on stdio; `mcp-sdk` is {sdk.description}. Both are spawned as "
+           "MCP clients spawn servers and driven by the same JSON-RPC client (`bench.report.stdio`), the reads "
+           "calling `fs.read` and `read_file` on the same 72 B file; `floor` and `v1` (Unix socket) for scale. "
+           "Server CPU is the server process's own.", ""]
+    rows = [[f"`{n}`", *(_cell_at(report, case, n, key) for case, key, _ in columns)] for n in names]
+    out += [*_table(["contender", *(t for _, _, t in columns)], rows), ""]
+    ratio = ["`mcp` vs `mcp-sdk`"]
+    for case, key, title in columns:
+        o = outcome(report, Comparison(case, key, "mcp", "mcp-sdk", title))
+        ratio.append("n/a" if o is None else ratio_text(o))
+    out += [*_table(["", *(t for _, _, t in columns)], [ratio]), ""]
+    sentence, _ = mcp_target(report)
+    return [*out, sentence, ""]
 
 
 def _ladder_sections(report: Report) -> list[str]:
@@ -210,12 +281,15 @@ def _contenders_section(report: Report) -> list[str]:
            "every v1 socket contender (compiled framing + upb, one blocking socket, pipelining by writing every "
            "freed request in one `send`), so `v1`, `v1-py` and `v1-asyncio` differ only in the server. The v0 "
            "contenders' client parses each line with orjson and reads the same few fields, for both server "
-           "backends; the gRPC contenders use grpc.aio on the stdlib loop. Every server reported the wire core "
-           "and loop its contender claims (checked at start).", ""]
+           "backends; the gRPC contenders use grpc.aio on the stdlib loop. Every smith-fast socket server reported "
+           "the wire core and loop its contender claims (checked at start). The stdio contenders (`mcp`, `mcp-sdk`, "
+           "`floor`) share one minimal JSON-RPC client on their pipes (orjson, blocking); the MCP ones show the "
+           "`serverInfo` name and version they answered `initialize` with.", ""]
     rows = []
     for c in report.contenders:
         info = report.service_info.get(c.name, {})
-        rows.append([f"`{c.name}`", c.description, info.get("implementation", "?"), info.get("event_loop", "?")])
+        rows.append([f"`{c.name}`", c.description, info.get("implementation", info.get("server", "-")),
+                     info.get("event_loop", info.get("version", "-"))])
     out += [*_table(["contender", "what", "server wire core", "server loop"], rows, numeric=False), ""]
     return out
 
@@ -228,6 +302,8 @@ def _details(report: Report) -> list[str]:
         out += [f"### `{case.key}`: {case.title}", ""]
         rows = []
         for c in report.contenders:
+            if not c.answers(case.group):
+                continue
             if (case.key, c.name) in report.failures:
                 rows.append([f"`{c.name}`", f"failed: {report.failures[(case.key, c.name)]}", *([""] * (len(keys) - 1))])
                 continue
@@ -252,7 +328,8 @@ def to_json(report: Report) -> str:
     data = {
         "scale": asdict(report.scale),
         "meta": report.meta,
-        "contenders": [asdict(c) for c in report.contenders],
+        "contenders": [{**asdict(c), "groups": None if c.groups is None else sorted(c.groups)}
+                       for c in report.contenders],
         "cases": [{"key": c.key, "group": c.group, "title": c.title, "param": c.param,
                    "metrics": [asdict(m) for m in c.metrics], "cpu": c.cpu[0]} for c in report.cases],
         "samples": [{"case": k[0], "contender": k[1], "repetitions": v} for k, v in report.samples.items()],

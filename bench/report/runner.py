@@ -5,7 +5,9 @@ cost nothing), and a case runs its repetitions round-robin, the contenders' orde
 repetition to the next, so a burst of load from elsewhere falls on all of them alike. The first
 ``warmups`` repetitions of each case are run and thrown away (the server's caches, the allocator
 and the client's lazily built objects warm up there). Server CPU comes from ``/proc`` around each
-repetition. A contender that fails a case is reported as failed there; the run goes on.
+repetition. A contender that fails a case is reported as failed there; the run goes on. A
+contender runs only the cases of the groups it answers (the MCP servers and the references answer a
+few); the others are not run, and shown as "—".
 """
 
 from __future__ import annotations
@@ -20,9 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from harness.server import ServerProcess
-
-from .contenders import Client, Contender, probe_service_info
+from .contenders import Client, Contender, Endpoint
 from .drivers import cpu_seconds_of
 from .stats import Summary, summarize
 from .workloads import Case, Scale, cases, make_workspace
@@ -62,6 +62,11 @@ class Report:
     def case(self, key: str) -> Case | None:
         return next((c for c in self.cases if c.key == key), None)
 
+    def applies(self, case: str, contender: str) -> bool:
+        """Whether ``contender`` runs ``case`` (False: not measured by design, shown as "—")."""
+        found, who = self.case(case), next((c for c in self.contenders if c.name == contender), None)
+        return found is not None and who is not None and who.answers(found.group)
+
 
 class _ServerSet:
     """One server and one client per contender, for one set of extra ``serve`` arguments."""
@@ -69,7 +74,7 @@ class _ServerSet:
     def __init__(self, contenders: Sequence[Contender], workdir: pathlib.Path, root: pathlib.Path,
                  extra: Sequence[str]) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
-        self.servers: dict[str, ServerProcess] = {c.name: c.server(workdir, root, extra) for c in contenders}
+        self.servers: dict[str, Endpoint] = {c.name: c.server(workdir, root, extra) for c in contenders}
         for server in self.servers.values():
             server.launch()  # all at once, then wait for each
         self.clients: dict[str, Client] = {}
@@ -98,15 +103,6 @@ class _ServerSet:
             self.drop_client(name)
         for server in self.servers.values():
             server.stop()
-
-
-def _check_config(contender: Contender, server: ServerProcess) -> dict[str, str]:
-    """The server runs what the contender says (wire core, loop), or the report would lie."""
-    info = probe_service_info(server.sock_path)
-    if info.get("implementation") != contender.implementation or info.get("event_loop") != contender.loop:
-        raise RuntimeError(f"{contender.name}: the server reports implementation={info.get('implementation')} "
-                           f"event_loop={info.get('event_loop')}, expected {contender.implementation}/{contender.loop}")
-    return info
 
 
 def run(scale: Scale, contenders: Sequence[Contender], progress: Callable[[str], None] | None = None,
@@ -139,9 +135,12 @@ def run(scale: Scale, contenders: Sequence[Contender], progress: Callable[[str],
                 for other in [k for k in sets if k and k != key]:  # ladders' own servers: one set at a time
                     sets.pop(other).stop()
                 if key not in sets:
-                    sets[key] = _ServerSet(contenders, pathlib.Path(tmp) / f"set{len(sets)}-{index}", root, key)
-                    for c in contenders:
-                        report.service_info.setdefault(c.name, _check_config(c, sets[key].servers[c.name]))
+                    # only those that answer a case of this set get a server in it
+                    needed = [c for c in contenders
+                              if any(c.answers(k.group) for k in selected if tuple(k.server_args) == key)]
+                    sets[key] = _ServerSet(needed, pathlib.Path(tmp) / f"set{len(sets)}-{index}", root, key)
+                    for c in needed:
+                        report.service_info.setdefault(c.name, c.check(sets[key].servers[c.name]))
                 # Objects alive now (modules, servers' bookkeeping, clients) are never garbage: frozen
                 # out of the collector, so the full collection before each repetition stays cheap.
                 gc.collect()
@@ -159,11 +158,13 @@ def _run_case(report: Report, case: Case, servers: _ServerSet, root: pathlib.Pat
     scale = report.scale
     reps: dict[str, Callable[[], Figures]] = {}
     for contender in report.contenders:
+        if not contender.answers(case.group):
+            continue
         try:
             reps[contender.name] = case.prepare(servers.client(contender), root)
         except Exception as exc:
             _fail(report, case, contender, servers, exc)
-    names = [c.name for c in report.contenders]
+    names = [c.name for c in report.contenders if c.answers(case.group)]
     cpu_key, cpu_scale = case.cpu
     for r in range(scale.warmups + scale.reps):
         shift = r % len(names)
@@ -199,6 +200,9 @@ def _progress_line(report: Report, case: Case, index: int, total: int, seconds: 
     metric = case.metrics[0]
     parts = []
     for c in report.contenders:
+        if not c.answers(case.group):
+            continue
         s = report.summary(case.key, c.name, metric.key)
-        parts.append(f"{c.name} {s.median:,.0f}" if s else f"{c.name} failed")
+        figure = "failed" if s is None else f"{s.median:,.0f}" if s.median >= 100 else f"{s.median:.3g}"
+        parts.append(f"{c.name} {figure}")
     return f"[{index}/{total}] {case.key} ({metric.key}, {seconds:.1f} s): " + ", ".join(parts)

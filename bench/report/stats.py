@@ -7,7 +7,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Summary", "percentile", "speedup", "summarize"]
+__all__ = ["NOISY", "Summary", "percentile", "speedup", "summarize"]
+
+# A figure whose repetitions spread wider than this (max - min, relative to the median; 0.5 is
+# ±25%) says more about the machine's other load than about the contender: the report shows "too
+# noisy to rank" instead of a number, and ranks and summarises without it.
+NOISY = 0.5
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,11 @@ class Summary:
     def spread(self) -> float:
         """``(high - low) / median``: 0.05 means the repetitions lay within 5% of the median."""
         return (self.high - self.low) / self.median if self.median else math.nan
+
+    @property
+    def noisy(self) -> bool:
+        """The repetitions spread wider than :data:`NOISY` (a single value never is)."""
+        return self.n > 1 and not self.spread <= NOISY
 
 
 def summarize(values: Sequence[float]) -> Summary:

@@ -20,6 +20,10 @@ Workloads (the issue's list; :func:`cases` gives their sizes per scale):
 * ``lines``: ``seq 1000000``, 1,000,000 short lines (6.9 MB): MB/s delivered and time to the
   final event.
 * ``bulk``: ``yes`` text cut by ``head -c``: MB/s delivered.
+* ``seq``: ``seq 200000`` (1.3 MB), the MCP issue's command workload: an MCP server returns the
+  whole output in one result (the MCP front with ``--tool-max-output 16M``, so nothing is cut).
+* ``spawn``: sequential ``ShellExec`` of ``true``, one at a time: p50 from the request to its final
+  event (process start and exit).
 * ``latency``: sequential ``fs.read`` calls of a 72 B file, one in flight: p50 and p99.
 * ``pipelined``: ``fs.read`` calls of the 72 B file, 256 in flight: calls/s.
 * ``sessions-N``: the same total of calls spread over N concurrent sessions, 32 in flight in each.
@@ -80,21 +84,26 @@ class Scale:
     chunks: tuple[int, ...]
     chunk_events: int
     chunk_cap: int
+    seq_lines: int
+    spawns: int
 
 
 KIB, MIB = 1 << 10, 1 << 20
 SCALES: dict[str, Scale] = {
     "smoke": Scale("smoke", reps=2, warmups=1, mixed_lines=200, mixed_calls=20, lines=2000, bulk=256 * KIB,
                    rt_calls=20, pipe_calls=100, sessions=(1, 4), session_total=40, sizes=(16, 4 * KIB),
-                   size_calls=20, chunks=(256, 64 * KIB), chunk_events=64, chunk_cap=1 * MIB),
-    "quick": Scale("quick", reps=3, warmups=1, mixed_lines=10_000, mixed_calls=300, lines=1_000_000,
-                   bulk=32 * MIB, rt_calls=300, pipe_calls=1000, sessions=(1, 100), session_total=1000,
-                   sizes=(16, 1 * KIB, 64 * KIB), size_calls=200, chunks=(256, 64 * KIB), chunk_events=2048,
-                   chunk_cap=4 * MIB),
+                   size_calls=20, chunks=(256, 64 * KIB), chunk_events=64, chunk_cap=1 * MIB, seq_lines=2000, spawns=5),
+    # quick: the fewest repetitions that give a median and a range (3), each several times longer
+    # than they were (300-call repetitions lasted ~50 ms, so one scheduler hiccup on a shared
+    # machine moved the figure by half), paid for by shorter ladders
+    "quick": Scale("quick", reps=3, warmups=1, mixed_lines=20_000, mixed_calls=600, lines=1_000_000,
+                   bulk=32 * MIB, rt_calls=1000, pipe_calls=4000, sessions=(1, 100), session_total=2000,
+                   sizes=(16, 64 * KIB), size_calls=500, chunks=(256, 64 * KIB), chunk_events=2048,
+                   chunk_cap=8 * MIB, seq_lines=200_000, spawns=100),
     "full": Scale("full", reps=5, warmups=1, mixed_lines=30_000, mixed_calls=1000, lines=1_000_000,
                   bulk=128 * MIB, rt_calls=1000, pipe_calls=4000, sessions=(1, 10, 100), session_total=2000,
                   sizes=(16, 256, 4 * KIB, 16 * KIB, 64 * KIB), size_calls=500, chunks=(64, 1 * KIB, 16 * KIB, 64 * KIB),
-                  chunk_events=4096, chunk_cap=16 * MIB),
+                  chunk_events=4096, chunk_cap=16 * MIB, seq_lines=200_000, spawns=200),
 }
 DEFAULT_CHUNK = 64 * KIB  # the server's default --chunk-size: chunk cases of this size use the main servers
 MIXED_CHUNK = 128
@@ -209,6 +218,20 @@ def _shell(command: str, expected: int) -> Callable[[Client, pathlib.Path], Rep]
     return prepare
 
 
+def _spawns(command: str, count: int) -> Callable[[Client, pathlib.Path], Rep]:
+    def prepare(client: Client, root: pathlib.Path) -> Rep:
+        rids = request_ids(count)
+        units = client.encode([shell_exec_command(r, command) for r in rids])
+
+        def rep() -> Figures:
+            times = sorted(client.pipeline([unit], Tracker((), (rid,)), 1) for unit, rid in zip(units, rids))
+            return {"p50 ms": percentile(times, 0.5) * 1e3, "calls/s": count / sum(times), "_work": count}
+
+        return rep
+
+    return prepare
+
+
 def _mixed(lines: int, calls: int) -> Callable[[Client, pathlib.Path], Rep]:
     awk = ("awk 'BEGIN{for(i=1;i<=%d;i++){printf \"tests/test_%%05d.py::test_case PASSED [%%3d%%%%]\\n\", i, 100*i/%d;"
            " if(i%%8==0) printf \"warning: slow test %%d took 0.%%03ds\\n\", i, i%%1000 > \"/dev/stderr\"}}'") % (lines, lines)
@@ -246,6 +269,12 @@ def cases(scale: Scale) -> list[Case]:
              per_mb, _shell(f"seq {scale.lines}", sum(len(str(i)) + 1 for i in range(1, scale.lines + 1)))),
         Case("bulk", "bulk", f"bulk output, {_bytes(scale.bulk)}", 0, (Metric("MB/s", "MB/s"),), per_mb,
              _shell(_yes(scale.bulk), scale.bulk)),
+        Case("seq", "seq", f"`seq {scale.seq_lines}`, whole output", 0,
+             (Metric("final ms", "ms", False), Metric("MB/s", "MB/s")), per_mb,
+             _shell(f"seq {scale.seq_lines}", sum(len(str(i)) + 1 for i in range(1, scale.seq_lines + 1)))),
+        Case("spawn", "spawn", f"{scale.spawns:,} sequential `true`", 0,
+             (Metric("p50 ms", "ms", False), Metric("calls/s", "calls/s")), _cpu_us_per_call(),
+             _spawns("true", scale.spawns)),
         Case("latency", "latency", f"round trip, {scale.rt_calls:,} sequential fs.read", 0,
              (Metric("p50 µs", "µs", False), Metric("p99 µs", "µs", False)), _cpu_us_per_call(), _latency(scale.rt_calls)),
         Case("pipelined", "pipelined", f"{scale.pipe_calls:,} pipelined fs.read, 256 in flight", 0,
