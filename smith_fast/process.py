@@ -22,6 +22,10 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   pipes drain to EOF. A writer that escaped the group (``setsid cmd &``) would hold a pipe open
   forever, so :data:`ESCAPED_WRITER_GRACE` seconds after the exit whatever is buffered is read and the
   pipes are closed.
+* **No escapes**: each command also runs in a cgroup of its own (:mod:`smith_fast.containment`,
+  where a cgroup hierarchy is writable), killed whole with the group, so ``setsid``, double forks
+  and daemons die with the request too; the cell also yields :attr:`ShellProcess.usage` (CPU,
+  memory, I/O, from the cgroup and the ``wait4`` rusage) and enforces the command's limits.
 * **Backpressure**: :meth:`ShellProcess.pause_reading` removes the pipe readers; the kernel pipe
   fills and the child blocks in ``write``, so the service holds at most what it already delivered.
 * **Cancellation**: a cancelled :meth:`ShellProcess.wait`, :meth:`ShellProcess.terminate` or
@@ -44,13 +48,14 @@ import fcntl
 import functools
 import os
 import pwd
+import resource
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from . import childguard
+from . import childguard, containment
 from .errors import ProtocolError
 from .pb import smith_pb2
 
@@ -202,6 +207,8 @@ class ShellProcess:
         "_exited",
         "_done",
         "_error",
+        "_cell",
+        "usage",
     )
 
     def __init__(
@@ -228,6 +235,9 @@ class ShellProcess:
         self._exited: asyncio.Future[int] = loop.create_future()  # shell reaped
         self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
         self._error: Exception | None = None
+        self._cell: containment.Cell | None = None
+        # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
+        self.usage: containment.Usage | None = None
 
     @classmethod
     async def start(
@@ -240,6 +250,7 @@ class ShellProcess:
         on_output: Callable[[int, bytes], None],
         read_size: int = DEFAULT_READ_SIZE,
         pipe_size: int = PIPE_SIZE,
+        limits: containment.CommandLimits | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -253,6 +264,7 @@ class ShellProcess:
                 If it raises, the process group is killed and :meth:`wait` raises that exception.
             read_size: the most bytes one read (and so one callback) delivers.
             pipe_size: the kernel buffer to request for each pipe; the default is used if refused.
+            limits: what the command may use (:mod:`smith_fast.containment`); None: no limits.
 
         Returns:
             The running process.
@@ -282,6 +294,7 @@ class ShellProcess:
         except OSError as exc:
             _close_quietly(out_r, out_w)
             raise _spawn_error(exc, shell, cwd) from None
+        cell = containment.new_cell(limits)
         try:
             for fd in (out_r, err_r):
                 try:
@@ -291,27 +304,33 @@ class ShellProcess:
                 os.set_blocking(fd, False)
             # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
             # bench_process's spawn group); an executor hop would cost more than it saves.
-            popen = subprocess.Popen(
-                [shell, "-c", command],
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=cwd,
-                env=environ,
-                close_fds=True,
-                start_new_session=True,
-            )
+            with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+                popen = subprocess.Popen(
+                    [shell, "-c", command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    cwd=cwd,
+                    env=environ,
+                    close_fds=True,
+                    start_new_session=True,
+                )
         except (OSError, ValueError, TypeError) as exc:
             _close_quietly(out_r, out_w, err_r, err_w)
+            cell.release()
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
             _close_quietly(out_r, out_w, err_r, err_w)
+            cell.release()
             raise
+        cell.attach(popen.pid)  # its limits, now that the service is out of the cell
+        cell.watch(loop)
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w)
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
+        self._cell = cell
         _LIVE[self.pid] = self
-        childguard.register(self.pid)
+        childguard.register(self.pid, cell.dirs)
         if _HAVE_PIDFD:
             try:
                 self._pidfd = os.pidfd_open(self.pid)
@@ -436,14 +455,24 @@ class ShellProcess:
             if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 return  # still running (a poll tick)
             self._signal_group(signal.SIGKILL)  # whatever the shell left behind (`cmd &`)
+            if self._cell is not None:  # and what left its group (`setsid`, double forks)
+                self._cell.kill()
             childguard.unregister(self.pid)  # before the reap, which frees the group id
-            _, status = os.waitpid(self.pid, os.WNOHANG)
+            _, status, rusage = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
             # Reaped behind our back (a waitpid(-1) elsewhere): the status is lost, and the group id
             # may already belong to someone else. asyncio reports 255 in this case too.
+            self._finish_cell(None, 255)
             self._reaped(255)
             return
-        self._reaped(os.waitstatus_to_exitcode(status))
+        code = os.waitstatus_to_exitcode(status)
+        self._finish_cell(rusage, code)
+        self._reaped(code)
+
+    def _finish_cell(self, rusage: resource.struct_rusage | None, code: int) -> None:
+        if self._cell is not None:
+            self.usage = self._cell.finish(rusage, code)
+            self._cell = None
 
     def _reaped(self, code: int) -> None:
         self.returncode = code
@@ -549,8 +578,11 @@ class ShellProcess:
         return await self.wait()
 
     def kill(self) -> None:
-        """SIGKILL the whole process group now. Output already in the pipes is still delivered."""
+        """SIGKILL the whole process group and everything else the command started (its cgroup)
+        now. Output already in the pipes is still delivered."""
         self._signal_group(signal.SIGKILL)
+        if self._cell is not None and self.returncode is None:
+            self._cell.kill()
 
     def close(self) -> None:
         """Kill the group, stop delivering output and close the pipes at once.
@@ -589,6 +621,7 @@ class Collected:
         truncated: a stream produced more than ``max_output`` bytes and the rest was discarded.
         timed_out: the command ran past ``timeout`` and was terminated.
         duration_ms: wall time from spawning to the last output, in milliseconds.
+        usage: what the command cost (:class:`smith_fast.containment.Usage`), when known.
     """
 
     exit_code: int | None
@@ -597,6 +630,7 @@ class Collected:
     truncated: bool
     timed_out: bool
     duration_ms: int
+    usage: containment.Usage | None = None
 
 
 async def run_collect(
@@ -607,6 +641,7 @@ async def run_collect(
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
     max_output: int = 1 << 20,
+    limits: containment.CommandLimits | None = None,
 ) -> Collected:
     """Run a command to completion and collect its output.
 
@@ -620,6 +655,7 @@ async def run_collect(
         env: variables layered over :func:`base_environment`.
         timeout: seconds before the command is terminated; ``None`` for no limit.
         max_output: the most bytes kept of each of stdout and stderr.
+        limits: what the command may use (:mod:`smith_fast.containment`).
 
     Returns:
         The exit code, both outputs and what happened.
@@ -643,7 +679,7 @@ async def run_collect(
             truncated = True
 
     started = time.monotonic()
-    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output)
+    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, limits=limits)
     timed_out = False
     try:
         try:
@@ -661,4 +697,5 @@ async def run_collect(
         truncated=truncated,
         timed_out=timed_out,
         duration_ms=int((time.monotonic() - started) * 1000),
+        usage=proc.usage,
     )

@@ -67,7 +67,8 @@ class ServiceCore:
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
         self.tool_context = ToolContext(
-            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env
+            root=config.root.resolve(), max_output=config.limits.tool_max_output, allow_env=config.allow_env,
+            command_limits=config.limits.command_limits(),
         )
         kinds = available_kinds()
         self.capabilities: frozenset[int] = frozenset(

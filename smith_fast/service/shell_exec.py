@@ -17,6 +17,8 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from ..chunking import OutputChunker
+from ..containment import Usage
+from ..logs import get_logger
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
@@ -24,7 +26,31 @@ from ..process import ShellProcess
 if TYPE_CHECKING:
     from .execution import Execution
 
-__all__ = ["run_shell_exec", "working_directory"]
+__all__ = ["limit_error", "report_usage", "run_shell_exec", "working_directory"]
+
+_log = get_logger("smith_fast.accounting")
+
+
+def report_usage(session: Execution, rid: str, usage: Usage) -> None:
+    """What a command cost, right after its final ShellOutput: a LogEvent with the
+    :class:`~smith_fast.containment.Usage` fields (v0: the same ``key=value`` pairs in its message,
+    which carries no fields), and one structured line in the service's log (the audit trail)."""
+    fields = usage.fields()
+    text = "command usage: " + " ".join(f"{k}={v}" for k, v in fields.items())
+    session.sink.log(pb.LOG_LEVEL_INFO, text, rid, fields)
+    _log.info("command usage", extra={"fields": {"request_id": rid, **fields}})
+
+
+def limit_error(usage: Usage | None, rid: str | None) -> None:
+    """Raise ``ERROR_CODE_RESOURCE_EXHAUSTED`` naming the limit a finished command hit, if any."""
+    if usage is None or usage.limit_hit is None:
+        return
+    raise ProtocolError(
+        f"command hit {usage.limit_hit} and was stopped (see `smith-fast serve --help`)",
+        pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+        rid,
+        {"reason": "limit", "limit": usage.limit_hit},
+    )
 
 
 def working_directory(root: pathlib.Path, cwd: str | None) -> str:
@@ -148,6 +174,8 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         output.finish()
         await output.settle()
         session.sink.shell_output(rid, exit_code=code, finished=True)
+        if proc is not None and proc.usage is not None:
+            report_usage(session, rid, proc.usage)
 
     try:
         proc = await ShellProcess.start(
@@ -156,6 +184,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None),
             env=env if env is not None else dict(cmd.env),
             on_output=output.on_output,
+            limits=limits.command_limits(),
         )
         output.proc = proc
         session.processes.add(proc)
@@ -177,6 +206,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
             raise
         await final(code)
+        limit_error(proc.usage, rid)
         if session.shutting:
             raise ProtocolError(
                 f"request cancelled: the session is shutting down (the command ended with {code})",

@@ -37,6 +37,7 @@ import os
 import pathlib
 from dataclasses import dataclass, field
 
+from smith_fast.containment import CommandLimits
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
 from smith_fast.tools.openat2 import open_beneath
@@ -56,6 +57,7 @@ class ToolContext:
             results.
         allow_env: environment variables ``shell.run`` may set although
             :mod:`smith_fast.refused_env` refuses them (``serve --allow-env``).
+        command_limits: what a ``shell.run`` command may use (``--max-*-per-command``).
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -66,6 +68,7 @@ class ToolContext:
     root: pathlib.Path
     max_output: int = DEFAULT_MAX_OUTPUT
     allow_env: frozenset[str] = frozenset()
+    command_limits: CommandLimits | None = None
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
     _root_dir: _DirFd = field(init=False, repr=False, compare=False)
