@@ -62,6 +62,7 @@ __all__ = [
     "available",
     "new_cell",
     "release_all",
+    "set_enabled",
 ]
 
 LIMIT_FLAGS = {
@@ -246,6 +247,7 @@ def _discover() -> list[_Tree]:
 _lock = threading.Lock()
 _trees: list[_Tree] | None = None
 _serial = itertools.count(1)
+_enabled = True
 _spawn_lock = threading.Lock()  # one process in a cell at a time: the steps in and out pair up
 _pending: list[str] = []  # cell directories whose members were still exiting at release
 
@@ -531,11 +533,18 @@ def _kill_members(path: str) -> None:
         time.sleep(0.001)
 
 
+def set_enabled(enabled: bool) -> None:
+    """Give new cells cgroups (the default, where a hierarchy is writable) or not (rusage and
+    rlimits only): the benchmark's "without", and the seam for an explicit opt-out."""
+    global _enabled
+    _enabled = enabled
+
+
 def new_cell(limits: CommandLimits | None = None) -> Cell:
     """A new cell for one command, with ``limits`` applied (in the cgroups it has)."""
     if _pending:
         _retry_pending()
-    return Cell(limits or CommandLimits(), _hierarchies())
+    return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
 
 
 def release_all(timeout: float = 1.0) -> None:
