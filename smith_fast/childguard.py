@@ -133,8 +133,8 @@ def _guard() -> None:
         for line in pipe:
             op = line[:1]
             if op == b"+":
-                pid, *cgroups = line[1:].split()
-                tracked[int(pid)] = cgroups
+                number, *cgroups = line[1:].split()
+                tracked[int(number)] = cgroups
             elif op == b"-":
                 tracked.pop(int(line[1:]), None)
             elif op == b"!":

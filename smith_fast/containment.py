@@ -478,9 +478,9 @@ class Cell:
                     read_b, write_b = max(read_b, rb), max(write_b, wb)
         if self._memory is not None:
             path, v2 = self._memory
-            value = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
-            if value is not None:
-                peak = value
+            held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
+            if held is not None:
+                peak = held
             events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
             if events.get("oom_kill", 0) > 0:
                 hit = LIMIT_FLAGS["memory"]
