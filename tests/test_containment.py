@@ -16,13 +16,14 @@ import os
 import pathlib
 import signal
 import sys
+import uuid
 from collections.abc import Callable
 
 import pytest
 
 from smith_fast.pb import smith_pb2 as pb
 
-from .peers import V1Peer, kind, terminal
+from .peers import V0Peer, V1Peer, kind, terminal
 from harness.server import ServerProcess, pid_alive, wait_until
 
 PY = sys.executable
@@ -190,9 +191,26 @@ def test_accounting_follows_the_final_output(tmp_path: pathlib.Path) -> None:
         assert int(cpu["memory_peak_bytes"]) < 100 << 20  # its own, not the previous command's
 
         # the same in the service's log, one structured line per command
-        lines = [r for r in srv.logs if r.get("event") == "command usage"]
-        assert {line["request_id"] for line in lines} >= {"mem", "cpu"}
-        assert all("cpu_user_us" in line and "memory_peak_bytes" in line for line in lines)
+        def usage_lines() -> list[dict[str, object]]:
+            return [r for r in srv.logs if r.get("event") == "command usage"]
+
+        assert wait_until(lambda: {line["request_id"] for line in usage_lines()} >= {"mem", "cpu"}, 5), usage_lines()
+        assert all("cpu_user_us" in line and "memory_peak_bytes" in line for line in usage_lines())
+
+        # v0 has no LogEvent fields: the same pairs in the Log's message, after the final output
+        v0 = V0Peer(srv.unix)
+        v0.send({"type": "Handshake", "data": {"version": 0, "capabilities": ["shell_exec"]}})
+        v0.until(lambda m: m["type"] == "Ready")
+        rid = str(uuid.uuid4())  # v0 request ids are UUIDs
+        v0.send({"type": "ShellExec", "data": {"request_id": rid, "command": "echo v0", "shell": None, "cwd": None,
+                                                "env": {}, "timeout_ms": None}})
+        msgs = v0.until(lambda m: m["type"] == "StateChange" and m["data"]["request_id"] == rid
+                        and m["data"]["state"] in ("Ready", "Error"))  # fmt: skip
+        types = [m["type"] for m in msgs]
+        log = next(m for m in msgs if m["type"] == "Log" and "cpu_user_us=" in m["data"]["message"])
+        assert types.index("Log") > max(i for i, m in enumerate(msgs) if m["type"] == "ShellOutput")
+        assert "memory_peak_bytes=" in log["data"]["message"] and "source=cgroup" in log["data"]["message"]
+        v0.close()
 
         # and in shell.run's result
         args = json.dumps({"command": "echo hi"}).encode()
