@@ -16,7 +16,7 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). The limits are set
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
-  event loop only. :attr:`Cell.procs_files` is the seam for an exec wrapper that joins by itself.
+  event loop, and other spawners in threads hold :func:`spawn_guard`. :attr:`Cell.procs_files` is the seam for an exec wrapper that joins by itself.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -63,6 +63,7 @@ __all__ = [
     "new_cell",
     "release_all",
     "set_enabled",
+    "spawn_guard",
 ]
 
 LIMIT_FLAGS = {
@@ -531,6 +532,13 @@ def _kill_members(path: str) -> None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.001)
+
+
+def spawn_guard() -> threading.Lock:
+    """Hold this (``with containment.spawn_guard():``) around a spawn made from another thread
+    (``rg`` for ``fs.search``, ``rustc`` for a hook), so its child is not born in a command's cell
+    while the service is stepping through it (:meth:`Cell.joined`)."""
+    return _spawn_lock
 
 
 def set_enabled(enabled: bool) -> None:
