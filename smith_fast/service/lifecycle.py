@@ -60,7 +60,7 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     if runs_commands:
         childguard.start()
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
-        log.info("command containment", extra={"fields": containment.available()})
+        log.debug("command containment", extra={"fields": containment.available()})
     try:
         for path in hook_files:
             try:
