@@ -258,3 +258,24 @@ def test_each_limit_hit_is_resource_exhausted_naming_it(tmp_path: pathlib.Path) 
         assert errs[0].details["limit"] == "--max-cpu-per-command"
     finally:
         srv.stop()
+
+
+def test_without_cgroups_usage_comes_from_rusage() -> None:
+    """Where no cgroup hierarchy is writable (containment off here), a command still reports what
+    it cost, from the shell's wait4 rusage, which covers the children it waited for."""
+    import asyncio
+
+    from smith_fast import containment
+    from smith_fast.process import run_collect
+
+    burn = f"{PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass'"
+    containment.set_enabled(False)
+    try:
+        collected = asyncio.run(run_collect(f"{burn}; true"))
+    finally:
+        containment.set_enabled(True)
+    usage = collected.usage
+    assert collected.exit_code == 0 and usage is not None
+    assert usage.source == "rusage" and usage.pids_peak == 0 and usage.limit_hit is None
+    assert usage.cpu_user_us + usage.cpu_system_us >= 250_000
+    assert usage.memory_peak_bytes == usage.max_rss_bytes > 0
