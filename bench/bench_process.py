@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from smith_fast import containment
 from smith_fast.process import PIPE_SIZE, ShellProcess
 
 from ._summary import print_summary
@@ -117,6 +118,11 @@ def summary(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def _summary_lines() -> Iterator[str]:
+    if _spawn:
+        on, off = _spawn["cgroup"], _spawn["no cgroup"]
+        yield ""
+        yield f"ShellExec start latency (sh -c true, start to reaped), median of {SPAWN_ROUNDS} interleaved rounds:"
+        yield f"  with its cgroup {on * 1000:6.2f} ms   without {off * 1000:6.2f} ms   ratio {on / off:4.2f}x"
     if not _results:
         return
     yield ""
@@ -177,3 +183,28 @@ def test_spawn_shell_process(benchmark: Any, loop: asyncio.AbstractEventLoop) ->
 @pytest.mark.benchmark(group="process-spawn")
 def test_spawn_create_subprocess_exec(benchmark: Any, loop: asyncio.AbstractEventLoop) -> None:
     assert benchmark(lambda: loop.run_until_complete(create_subprocess("true"))) == 0
+
+
+SPAWN_ROUNDS = 200
+_spawn: dict[str, float] = {}  # variant -> median seconds
+
+
+@pytest.mark.benchmark(group="process-spawn")
+def test_spawn_with_and_without_cgroup(loop: asyncio.AbstractEventLoop) -> None:
+    """The cost of containment (smith_fast.containment: a cgroup per command, made, joined, killed,
+    read and removed) on the start of ``sh -c true``: rounds alternate, so both see the same load."""
+    import statistics
+    import time
+
+    times: dict[str, list[float]] = {"cgroup": [], "no cgroup": []}
+    try:
+        for i in range(SPAWN_ROUNDS * 2):
+            variant = "cgroup" if i % 2 == 0 else "no cgroup"
+            containment.set_enabled(variant == "cgroup")
+            started = time.perf_counter()
+            assert loop.run_until_complete(shell_process("true")) == 0
+            times[variant].append(time.perf_counter() - started)
+    finally:
+        containment.set_enabled(True)
+    for variant, values in times.items():
+        _spawn[variant] = statistics.median(values)

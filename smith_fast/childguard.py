@@ -9,6 +9,9 @@ shells would be re-parented to init and run on. The guard closes that gap:
 * For each shell (and each Rust hook process), :mod:`smith_fast.process` writes ``+PID`` once it
   is spawned and ``-PID`` once it has exited and its group was killed, *before* reaping it: while a
   pid is registered it is ours and unreaped, so its number (the group id) cannot be reused.
+* A command's cgroup directories (:mod:`smith_fast.containment`) follow its ``+PID``: what left
+  the group (``setsid``, daemons) is in the cgroup, which the guard kills (``cgroup.kill``, else each
+  member) and removes, with the service's ``smith-fast-PID`` parents once empty.
 * When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
   every pid still registered: at once, so the groups are still ours. Linux does not hand out a
   number that is the group id of a live process, so a group id can only come back once every
@@ -86,9 +89,13 @@ def _send(line: bytes) -> None:
         get_logger("smith_fast.childguard").warning("the child guard process died; children would outlive a killed service")
 
 
-def register(pid: int) -> None:
-    """A shell was spawned as the leader of process group ``pid``: kill its group if we die."""
-    _send(b"+%d\n" % pid)
+def register(pid: int, cgroups: tuple[str, ...] = ()) -> None:
+    """A shell was spawned as the leader of process group ``pid``: kill its group, and the
+    ``cgroups`` directories it was put in, if we die (paths hold no whitespace: we made them)."""
+    line = b"+%d" % pid
+    for path in cgroups:
+        line += b" " + os.fsencode(path)
+    _send(line + b"\n")
 
 
 def unregister(pid: int) -> None:
@@ -121,14 +128,15 @@ def _guard() -> None:
     """The guard process: track ``+PID``/``-PID`` lines on stdin, kill what is left at EOF."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only EOF (our parent gone) ends the guard
-    tracked: set[int] = set()
+    tracked: dict[int, list[bytes]] = {}
     with os.fdopen(0, "rb") as pipe:
         for line in pipe:
             op = line[:1]
             if op == b"+":
-                tracked.add(int(line[1:]))
+                number, *cgroups = line[1:].split()
+                tracked[int(number)] = cgroups
             elif op == b"-":
-                tracked.discard(int(line[1:]))
+                tracked.pop(int(line[1:]), None)
             elif op == b"!":
                 return
     killed = []
@@ -138,6 +146,10 @@ def _guard() -> None:
         except OSError:  # the whole group is gone already
             continue
         killed.append(pid)
+    cells = [os.fsdecode(p) for cgroups in tracked.values() for p in cgroups]
+    for cell in cells:
+        _kill_cgroup(cell)
+    _remove_cgroups(cells)
     if killed:  # on the service's stderr, in its log format (smith_fast.logs)
         record = {
             "ts": round(time.time(), 3), "level": "warning", "logger": "smith_fast.childguard",
@@ -146,6 +158,48 @@ def _guard() -> None:
         }  # fmt: skip
         with contextlib.suppress(OSError):
             os.write(2, (json.dumps(record) + "\n").encode())
+
+
+def _kill_cgroup(path: str) -> None:
+    try:
+        with open(path + "/cgroup.kill", "w") as f:
+            f.write("1")
+        return
+    except OSError:  # a v1 hierarchy, or Linux < 5.14: each member, until none is left
+        pass
+    for _ in range(50):
+        try:
+            with open(path + "/cgroup.procs") as f:
+                pids = [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+
+
+def _remove_cgroups(cells: list[str], timeout: float = 2.0) -> None:
+    """Remove the killed cells (once their members have exited) and any of our parents left empty."""
+    parents = {os.path.dirname(c) for c in cells}
+    deadline = time.monotonic() + timeout
+    while cells and time.monotonic() < deadline:
+        left = []
+        for cell in cells:
+            try:
+                os.rmdir(cell)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(cell)
+        cells = left
+        if cells:
+            time.sleep(0.01)
+    for parent in parents:
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)  # still holding another cell (ENOTEMPTY): not ours to wait for
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   pipes drain to EOF. A writer that escaped the group (``setsid cmd &``) would hold a pipe open
   forever, so :data:`ESCAPED_WRITER_GRACE` seconds after the exit whatever is buffered is read and the
   pipes are closed.
+* **No escapes**: each command also runs in a cgroup of its own (:mod:`smith_fast.containment`,
+  where a cgroup hierarchy is writable), killed whole with the group, so ``setsid``, double forks
+  and daemons die with the request too; the cell also yields :attr:`ShellProcess.usage` (CPU,
+  memory, I/O, from the cgroup and the ``wait4`` rusage) and enforces the command's limits.
 * **Backpressure**: :meth:`ShellProcess.pause_reading` removes the pipe readers; the kernel pipe
   fills and the child blocks in ``write``, so the service holds at most what it already delivered.
 * **Cancellation**: a cancelled :meth:`ShellProcess.wait`, :meth:`ShellProcess.terminate` or
@@ -52,15 +56,16 @@ import functools
 import os
 import pwd
 import shutil
+import resource
 import signal
 import struct
 import subprocess
 import termios
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from . import childguard
+from . import childguard, containment
 from .errors import ProtocolError
 from .pb import smith_pb2
 from .sandbox import Sandbox, make_scratch, remove_scratch
@@ -235,6 +240,8 @@ class ShellProcess:
         "_pty",
         "_stdin_taken",
         "_on_stdin",
+        "_cell",
+        "usage",
     )
 
     def __init__(
@@ -269,6 +276,9 @@ class ShellProcess:
         self._pty = -1  # the pty master, for resize
         self._stdin_taken = 0  # bytes of stdin the kernel took
         self._on_stdin: Callable[[int], None] | None = None
+        self._cell: containment.Cell | None = None
+        # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
+        self.usage: containment.Usage | None = None
 
     @classmethod
     async def start(
@@ -286,6 +296,7 @@ class ShellProcess:
         pty: tuple[int, int] | None = None,
         stdin_limit: int = STDIN_LIMIT,
         on_stdin: Callable[[int], None] | None = None,
+        limits: containment.CommandLimits | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -309,6 +320,7 @@ class ShellProcess:
             stdin_limit: the most bytes :meth:`write_stdin` keeps that the child has not read.
             on_stdin: called with the total bytes of stdin the child's pipe (or terminal) has taken,
                 each time it took more: the peer's flow control.
+            limits: what the command may use (:mod:`smith_fast.containment`); None: no limits.
 
         Returns:
             The running process.
@@ -341,7 +353,7 @@ class ShellProcess:
             argv = [found, "-c", command]
         scratch: str | None = None
         if pty is not None:
-            self = cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit, sandbox)
+            self = cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit, sandbox, limits)
             self._on_stdin = on_stdin
             return self
         try:
@@ -353,6 +365,7 @@ class ShellProcess:
         except OSError as exc:
             _close_quietly(out_r, out_w)
             raise _spawn_error(exc, shell, cwd) from None
+        cell = containment.new_cell(limits)
         try:
             for fd in (out_r, err_r):
                 try:
@@ -371,28 +384,34 @@ class ShellProcess:
                 argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
             # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
             # bench_process's spawn group); an executor hop would cost more than it saves.
-            popen = subprocess.Popen(
-                argv,
-                stdin=in_r if stdin else subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=cwd,
-                env=environ,
-                close_fds=True,
-                start_new_session=True,
-            )
+            with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=in_r if stdin else subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    cwd=cwd,
+                    env=environ,
+                    close_fds=True,
+                    start_new_session=True,
+                )
         except (OSError, ValueError, TypeError) as exc:
             _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
+            cell.release()
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
             _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
+            cell.release()
             raise
+        cell.attach(popen.pid)  # its limits, now that the service is out of the cell
+        cell.watch(loop)
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
         self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         self._scratch = scratch
+        self._cell = cell
         if stdin:
             os.set_blocking(in_w, False)
             self._stdin, self._stdin_limit, self._on_stdin = in_w, stdin_limit, on_stdin
@@ -412,6 +431,7 @@ class ShellProcess:
         size: tuple[int, int],
         stdin_limit: int,
         sandbox: Sandbox | None,
+        limits: containment.CommandLimits | None,
     ) -> ShellProcess:
         if shutil.which(shell, path=environ.get("PATH")) is None:
             raise _spawn_error(FileNotFoundError(errno.ENOENT, "not found", shell), shell, cwd)
@@ -421,6 +441,7 @@ class ShellProcess:
             raise _spawn_error(exc, shell, cwd) from None
         writer = -1
         scratch: str | None = None
+        cell = containment.new_cell(limits)
         try:
             _set_winsize(master, *size)
             writer = os.dup(master)  # our stdin end: closed apart from the read end
@@ -433,34 +454,40 @@ class ShellProcess:
                 scratch = make_scratch()
                 environ.setdefault("TMPDIR", scratch)
                 argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
-            popen = subprocess.Popen(
-                argv,
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                cwd=cwd,
-                env=environ,
-                close_fds=True,
-                start_new_session=True,
-            )
+            with cell.joined():  # born in its cgroup, as a piped command is
+                popen = subprocess.Popen(
+                    argv,
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    cwd=cwd,
+                    env=environ,
+                    close_fds=True,
+                    start_new_session=True,
+                )
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
             _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
             remove_scratch(scratch)
+            cell.release()
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
             _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
             remove_scratch(scratch)
+            cell.release()
             raise
+        cell.attach(popen.pid)
+        cell.watch(loop)
         _close_quietly(slave)  # EOF (EIO on the master) once the child's side is closed
         self = cls(loop, popen, {STDOUT: master}, on_output, read_size)
         self._scratch = scratch
+        self._cell = cell
         self._stdin, self._stdin_limit, self._pty = writer, stdin_limit, writer
         self._watch(loop)
         return self
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         _LIVE[self.pid] = self
-        childguard.register(self.pid)
+        childguard.register(self.pid, self._cell.dirs if self._cell is not None else ())
         if _HAVE_PIDFD:
             try:
                 self._pidfd = os.pidfd_open(self.pid)
@@ -584,14 +611,24 @@ class ShellProcess:
             if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 return  # still running (a poll tick)
             self._signal_group(signal.SIGKILL)  # whatever the shell left behind (`cmd &`)
+            if self._cell is not None:  # and what left its group (`setsid`, double forks)
+                self._cell.kill()
             childguard.unregister(self.pid)  # before the reap, which frees the group id
-            _, status = os.waitpid(self.pid, os.WNOHANG)
+            _, status, rusage = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
             # Reaped behind our back (a waitpid(-1) elsewhere): the status is lost, and the group id
             # may already belong to someone else. asyncio reports 255 in this case too.
+            self._finish_cell(None, 255)
             self._reaped(255)
             return
-        self._reaped(os.waitstatus_to_exitcode(status))
+        code = os.waitstatus_to_exitcode(status)
+        self._finish_cell(rusage, code)
+        self._reaped(code)
+
+    def _finish_cell(self, rusage: resource.struct_rusage | None, code: int) -> None:
+        if self._cell is not None:
+            self.usage = self._cell.finish(rusage, code)
+            self._cell = None
 
     def _reaped(self, code: int) -> None:
         self.returncode = code
@@ -700,8 +737,11 @@ class ShellProcess:
         return await self.wait()
 
     def kill(self) -> None:
-        """SIGKILL the whole process group now. Output already in the pipes is still delivered."""
+        """SIGKILL the whole process group and everything else the command started (its cgroup)
+        now. Output already in the pipes is still delivered."""
         self._signal_group(signal.SIGKILL)
+        if self._cell is not None and self.returncode is None:
+            self._cell.kill()
 
     def close(self) -> None:
         """Kill the group, stop delivering output and close the pipes at once.
@@ -844,6 +884,7 @@ class Collected:
         truncated: a stream produced more than ``max_output`` bytes and the rest was discarded.
         timed_out: the command ran past ``timeout`` and was terminated.
         duration_ms: wall time from spawning to the last output, in milliseconds.
+        usage: what the command cost (:class:`smith_fast.containment.Usage`), when known.
     """
 
     exit_code: int | None
@@ -852,6 +893,7 @@ class Collected:
     truncated: bool
     timed_out: bool
     duration_ms: int
+    usage: containment.Usage | None = field(default=None, compare=False)  # varies run to run
 
 
 async def run_collect(
@@ -863,6 +905,7 @@ async def run_collect(
     timeout: float | None = None,
     max_output: int = 1 << 20,
     sandbox: Sandbox | None = None,
+    limits: containment.CommandLimits | None = None,
 ) -> Collected:
     """Run a command to completion and collect its output.
 
@@ -877,6 +920,7 @@ async def run_collect(
         timeout: seconds before the command is terminated; ``None`` for no limit.
         max_output: the most bytes kept of each of stdout and stderr.
         sandbox: confine the command (see :meth:`ShellProcess.start`).
+        limits: what the command may use (:mod:`smith_fast.containment`).
 
     Returns:
         The exit code, both outputs and what happened.
@@ -900,7 +944,7 @@ async def run_collect(
             truncated = True
 
     started = time.monotonic()
-    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox)
+    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox, limits=limits)
     timed_out = False
     try:
         try:
@@ -918,4 +962,5 @@ async def run_collect(
         truncated=truncated,
         timed_out=timed_out,
         duration_ms=int((time.monotonic() - started) * 1000),
+        usage=proc.usage,
     )

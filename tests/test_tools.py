@@ -411,6 +411,8 @@ async def test_search_invalid_regex(registry: ToolRegistry, ctx: ToolContext) ->
 @pytest.mark.asyncio
 async def test_shell_run(registry: ToolRegistry, ctx: ToolContext) -> None:
     got = await ok(registry, "shell.run", {"command": "echo out; echo err >&2; exit 3"}, ctx)
+    usage = got.pop("usage")  # what it cost (smith_fast.containment.Usage; tests/test_containment.py)
+    assert usage["limit_hit"] is None and usage["cpu_user_us"] >= 0 and usage["source"] in ("cgroup", "rusage")
     assert got == {
         "exit_code": 3,
         "stdout": "out\n",

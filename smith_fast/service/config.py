@@ -11,6 +11,7 @@ import dataclasses
 import os
 import pathlib
 
+from ..containment import CommandLimits
 from ..framing import DEFAULT_MAX_FRAME_SIZE
 from ..options import Alias, option
 from ..refused_env import ENV_POLICIES
@@ -54,6 +55,11 @@ class Limits:
             (``--max-stdin-buffer``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
+        max_memory_per_command, max_pids_per_command, max_cpu_per_command: what one command
+            (the shell and all it starts, ShellExec or ``shell.run``) may use: bytes of memory,
+            processes at once, CPU seconds; 0 means no limit. A command past one is killed and
+            answered with ``ERROR_CODE_RESOURCE_EXHAUSTED`` naming the option
+            (:mod:`smith_fast.containment`).
     """
 
     max_frame_size: int = option(
@@ -96,6 +102,20 @@ class Limits:
     max_stdin_buffer: int = option(
         1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="stdin a command has not read yet, per command; a StdinCommand past it is refused whole")
+    max_memory_per_command: int = option(
+        0, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="memory one command and its children may hold (cgroup memory.max); past it: killed, RESOURCE_EXHAUSTED; 0 = none")
+    max_pids_per_command: int = option(
+        0, flag="--max-pids-per-command", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="processes one command may have at once (cgroup pids.max); hitting it: RESOURCE_EXHAUSTED; 0 = none")
+    max_cpu_per_command: float = option(
+        0.0, flag="--max-cpu-per-command", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="CPU time one command and its children may use; past it: killed, RESOURCE_EXHAUSTED; 0 = none")
+
+    def command_limits(self) -> CommandLimits:
+        """The per-command limits, for :mod:`smith_fast.containment`."""
+        return CommandLimits(
+            memory=self.max_memory_per_command, pids=self.max_pids_per_command, cpu=self.max_cpu_per_command)
 
 
 @dataclasses.dataclass(frozen=True)

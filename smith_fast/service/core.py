@@ -106,6 +106,7 @@ class ServiceCore:
             allow_env=config.allow_env,
             env_policy=config.env_policy,
             sandbox=self.sandbox,
+            command_limits=config.limits.command_limits(),
         )
         kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)

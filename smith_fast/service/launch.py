@@ -146,6 +146,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
             env=env,
             on_output=on_output,
             sandbox=core.tool_context.sandbox,
+            limits=core.limits.command_limits(),
         )
         ex.processes.add(proc)
         if ex.paused:
@@ -170,7 +171,8 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
     if ex.hooks.handles("on_shell_output"):
         out = await _filtered(ex, rid, "stdout", out)
         err = await _filtered(ex, rid, "stderr", err)
-    return Collected(code, out, err, truncated, timed_out, int((time.monotonic() - started) * 1000))
+    usage = proc.usage if proc is not None else None
+    return Collected(code, out, err, truncated, timed_out, int((time.monotonic() - started) * 1000), usage)
 
 
 async def _filtered(ex: Execution, rid: str, stream: str, data: bytes) -> bytes:

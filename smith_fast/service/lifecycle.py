@@ -14,7 +14,7 @@ import signal
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-from .. import childguard, process, tracing
+from .. import childguard, containment, process, tracing
 from ..errors import SmithFastError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
@@ -59,6 +59,8 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     """
     if runs_commands:
         childguard.start()
+        # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
+        log.debug("command containment", extra={"fields": containment.available()})
     try:
         for path in hook_files:
             try:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..chunking import OutputChunker
+from ..containment import Usage
+from ..logs import get_logger
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
@@ -34,7 +36,32 @@ from .spawn import spawn
 if TYPE_CHECKING:
     from .execution import Execution
 
-__all__ = ["run_shell_exec", "terminal_size", "working_directory"]
+__all__ = ["limit_error", "report_usage", "run_shell_exec", "terminal_size", "working_directory"]
+
+_log = get_logger("smith_fast.accounting")
+
+
+def report_usage(session: Execution, rid: str, usage: Usage) -> None:
+    """What a command cost, right after its final ShellOutput: a LogEvent with the
+    :class:`~smith_fast.containment.Usage` fields (v0: the same ``key=value`` pairs in its message,
+    which carries no fields), and one structured line in the service's log (the audit trail)."""
+    fields = usage.fields()
+    text = "command usage: " + " ".join(f"{k}={v}" for k, v in fields.items())
+    session.sink.log(pb.LOG_LEVEL_INFO, text, rid, fields)
+    _log.info("command usage", extra={"fields": {"request_id": rid, **fields}})
+
+
+def limit_error(usage: Usage | None, rid: str | None) -> None:
+    """Raise ``ERROR_CODE_RESOURCE_EXHAUSTED`` naming the limit a finished command hit, if any."""
+    if usage is None or usage.limit_hit is None:
+        return
+    raise ProtocolError(
+        f"command hit {usage.limit_hit} and was stopped (see `smith-fast serve --help`)",
+        pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+        rid,
+        {"reason": "limit", "limit": usage.limit_hit},
+    )
+
 
 _MAX_TERMINAL = 0xFFFF  # rows and cols are 16-bit in the kernel's winsize
 
@@ -274,6 +301,8 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         await output.settle()
         acks.ended = True
         session.sink.shell_output(rid, exit_code=code, finished=True)
+        if proc is not None and proc.usage is not None:
+            report_usage(session, rid, proc.usage)
 
     try:
         proc = await spawn(
@@ -287,6 +316,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             pty=size,
             stdin_limit=limits.max_stdin_buffer,
             on_stdin=acks.taken,
+            limits=limits.command_limits(),
         )
         output.proc = proc
         session.process_started(rid, proc)
@@ -312,6 +342,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         await final(code)
         if session.cancelling():
             raise _cancelled(rid, f"the command ended with {code}")
+        limit_error(proc.usage, rid)
         if session.shutting:
             raise ProtocolError(
                 f"request cancelled: the session is shutting down (the command ended with {code})",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from ..containment import CommandLimits
 from ..process import STDIN_LIMIT, ShellProcess
 from ..sandbox import Sandbox
 
@@ -28,16 +29,18 @@ async def spawn(
     pty: tuple[int, int] | None = None,
     stdin_limit: int = STDIN_LIMIT,
     on_stdin: Callable[[int], None] | None = None,
+    limits: CommandLimits | None = None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
     environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
     (the core's ``--sandbox``/``--network``; None only where the operator turned it off); with
-    ``stdin`` or ``pty`` as :meth:`ShellProcess.start` takes them (process control).
+    ``stdin`` or ``pty`` as :meth:`ShellProcess.start` takes them (process control), in a cgroup of its
+    own under ``limits`` (:mod:`smith_fast.containment`).
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
     return await ShellProcess.start(
         command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
-        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin,
+        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
     )

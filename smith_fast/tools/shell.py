@@ -10,7 +10,10 @@ variables that load code (``ERROR_CODE_PERMISSION_DENIED`` naming them), it take
 
 The working directory must lie inside the workspace (default: the root); the command itself is
 confined by the service's sandbox (``ToolContext.sandbox``, PROTOCOL.md "Sandbox"). Output is collected up to ``ToolContext.max_output`` bytes per stream and decoded as
-UTF-8 (undecodable bytes become U+FFFD). The command's own ``timeout_ms`` ends it with
+UTF-8 (undecodable bytes become U+FFFD). ``usage`` in the result is what the command cost
+(:class:`smith_fast.containment.Usage`, the fields PROTOCOL.md lists under "Accounting"); a command
+past a ``--max-*-per-command`` limit fails the call with ``ERROR_CODE_RESOURCE_EXHAUSTED`` naming it.
+The command's own ``timeout_ms`` ends it with
 ``timed_out: true`` in a successful result; the call-level timeout of the registry instead
 cancels the tool, and the child is killed on cancellation.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from smith_fast.errors import ProtocolError
+from smith_fast.pb import smith_pb2
 from smith_fast.tools.registry import Tool
 from smith_fast.tools.workspace import ProcessRequest, ToolContext
 
@@ -66,6 +71,7 @@ async def run_direct(request: ProcessRequest, ctx: ToolContext) -> Any:
         timeout=None if request.timeout_ms is None else request.timeout_ms / 1000,
         max_output=ctx.max_output,
         sandbox=ctx.sandbox,
+        limits=ctx.command_limits,
     )
 
 
@@ -77,19 +83,27 @@ async def _run(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         command=args["command"], cwd=args.get("cwd", "."), env=args.get("env") or {}, timeout_ms=args.get("timeout_ms")
     )
     collected = await (ctx.run_process(request) if ctx.run_process is not None else run_direct(request, ctx))
+    usage = collected.usage
+    if usage is not None and usage.limit_hit is not None:
+        raise ProtocolError(
+            f"shell.run: the command hit {usage.limit_hit} and was stopped",
+            smith_pb2.ERROR_CODE_RESOURCE_EXHAUSTED,
+            details={"reason": "limit", "limit": usage.limit_hit},
+        )
     return {
         "exit_code": collected.exit_code,
         "stdout": collected.stdout.decode("utf-8", "replace"),
         "stderr": collected.stderr.decode("utf-8", "replace"),
         "truncated": collected.truncated,
         "timed_out": collected.timed_out,
+        "usage": usage.as_dict() if usage is not None else None,
     }
 
 
 SHELL_RUN = Tool(
     name="shell.run",
     description=(
-        "Run a shell command in the workspace; returns {exit_code, stdout, stderr, truncated, timed_out}."
+        "Run a shell command in the workspace; returns {exit_code, stdout, stderr, truncated, timed_out, usage}."
     ),
     schema=RUN_SCHEMA,
     handler=_run,

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from smith_fast.containment import CommandLimits
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
 from smith_fast.sandbox import Sandbox
@@ -95,6 +96,7 @@ class ToolContext:
             (a tool then runs it directly under the env policy, with no hooks to apply).
         sandbox: what confines the commands ``shell.run`` starts (``serve --sandbox``); None:
             unconfined.
+        command_limits: what a ``shell.run`` command may use (``--max-*-per-command``).
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
@@ -108,6 +110,7 @@ class ToolContext:
     env_policy: str = "denylist"
     run_process: RunProcess | None = field(default=None, compare=False, repr=False)
     sandbox: Sandbox | None = None
+    command_limits: CommandLimits | None = None
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
     _root_dir: _DirFd = field(init=False, repr=False, compare=False)

@@ -1,0 +1,577 @@
+"""Every command runs in a cgroup of its own: it dies whole with its request, and says what it cost.
+
+A process group is not a container: ``setsid``, a double fork or a daemonizing tool leaves it, and
+then ``killpg`` misses it. A cgroup cannot be left (only root can move a process out, and the
+commands' descendants are moved in by nobody), so killing the cgroup kills everything the command
+started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per command:
+
+* **Where**: under the service's own cgroup (``/proc/self/cgroup``), in ``smith-fast-PID/cN``
+  directories, so a delegated systemd unit works as well as root. cgroup v2 is preferred
+  (``cgroup.kill`` kills every member at once, ``cpu.stat`` is always there); controllers bound to
+  a cgroup v1 hierarchy on a hybrid machine (``memory``, ``pids``) are used there, next to it.
+* **Joining**: the shell is born in its cell. Moving it in after ``Popen`` returned loses the race
+  to a shell that forks at once (measured: ``sh -c 'setsid cmd &'`` had forked before the pid was
+  written), and ``clone3(CLONE_INTO_CGROUP)`` is not reachable from ``subprocess``; so for the
+  ``Popen`` call the service's process (v2) and event-loop thread (v1 ``tasks``) step into the cell
+  and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). The limits are set
+  only once the service is out, so it is never what they kill. A thread of the service that forks
+  in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
+  event loop, and other spawners in threads hold :func:`spawn_guard`. :attr:`Cell.procs_files` is the seam for an exec wrapper that joins by itself.
+* **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
+  when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
+  cell's directories, so a SIGKILLed service's leftovers die too.
+* **Accounting** (:class:`Usage`): CPU from ``cpu.stat``, peak memory from ``memory.peak`` (v1:
+  ``memory.max_usage_in_bytes``), processes from ``pids.peak``, bytes from ``io.stat``; what the
+  cgroups cannot say comes from the shell's ``wait4`` rusage, which covers the descendants it
+  waited for.
+* **Limits** (:class:`CommandLimits`): ``memory.max``/``pids.max`` (v1: ``memory.limit_in_bytes``,
+  ``pids.max``), hits read back from ``memory.events``/``memory.oom_control`` ``oom_kill`` and
+  ``pids.events`` ``max``; CPU time is the v2 ``cpu.stat`` ``usage_usec`` of the whole cell, looked
+  at every :data:`CPU_POLL` s (the cell is killed past it). Without the controllers: ``RLIMIT_AS``
+  and ``RLIMIT_CPU`` on the shell, set right after the spawn (so per process, and a child the
+  shell forked before that escapes them).
+
+Without any writable cgroup hierarchy (an unprivileged container) :func:`new_cell` returns a cell
+that only accounts from rusage and applies rlimits; the process group kill of
+:mod:`smith_fast.process` is then all there is. Processes meant to outlive a request would get a
+cell of their own that a request's end does not kill (the seam: :func:`new_cell` is per owner, not
+per request).
+
+Linux only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import dataclasses
+import itertools
+import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+__all__ = [
+    "CommandLimits",
+    "Cell",
+    "Usage",
+    "LIMIT_FLAGS",
+    "available",
+    "new_cell",
+    "release_all",
+    "set_enabled",
+    "spawn_guard",
+]
+
+LIMIT_FLAGS = {
+    "memory": "--max-memory-per-command",
+    "pids": "--max-pids-per-command",
+    "cpu": "--max-cpu-per-command",
+}
+"""The option that sets each limit; a hit names it (:attr:`Usage.limit_hit`)."""
+
+_V1_CONTROLLERS = ("memory", "pids")  # used from a v1 hierarchy when the v2 one lacks them
+_KILL_ROUNDS = 50
+CPU_POLL = 0.1
+"""Seconds between two looks at a CPU-limited command's CPU time: how far past the limit it may get."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommandLimits:
+    """What one command (the shell and everything it starts) may use; 0 means no limit.
+
+    Attributes:
+        memory: bytes of memory (cgroup ``memory.max``; without the controller ``RLIMIT_AS`` per process).
+        pids: processes and threads alive at once (cgroup ``pids.max``).
+        cpu: CPU seconds of the whole command (cgroup ``cpu.stat``, looked at every :data:`CPU_POLL`
+            seconds; without cgroup v2 ``RLIMIT_CPU`` per process).
+    """
+
+    memory: int = 0
+    pids: int = 0
+    cpu: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Usage:
+    """What a command cost. Field names are the wire names (PROTOCOL.md, "Accounting").
+
+    Attributes:
+        cpu_user_us, cpu_system_us: CPU time of the whole command, microseconds.
+        max_rss_bytes: the largest resident set of any one of its processes it waited for
+            (rusage ``ru_maxrss``; as the shell is vforked, at least the service's own resident
+            set at the spawn: the kernel keeps the high-water mark of the memory it was born in).
+        memory_peak_bytes: the most memory the command held at once (cgroup ``memory.peak``, v1
+            ``memory.max_usage_in_bytes``; includes page cache and kernel memory), or
+            ``max_rss_bytes`` without a memory cgroup.
+        io_read_bytes, io_write_bytes: bytes read from / written to storage (not the page cache).
+        pids_peak: the most processes and threads alive at once (``pids.peak``; the service's
+            spawning thread is in the cell for the instant of the spawn, so at least 2); 0 when
+            unknown.
+        source: ``cgroup`` when the command had a cgroup, else ``rusage``.
+        limit_hit: the option of the limit the command hit (:data:`LIMIT_FLAGS`), else None.
+    """
+
+    cpu_user_us: int
+    cpu_system_us: int
+    max_rss_bytes: int
+    memory_peak_bytes: int
+    io_read_bytes: int
+    io_write_bytes: int
+    pids_peak: int
+    source: str
+    limit_hit: str | None = None
+
+    def fields(self) -> dict[str, str]:
+        """As LogEvent ``fields`` (strings; ``limit_hit`` only when set)."""
+        out = {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "limit_hit"}
+        if self.limit_hit is not None:
+            out["limit_hit"] = self.limit_hit
+        return out
+
+    def as_dict(self) -> dict[str, int | str | None]:
+        """As a JSON object (the ``shell.run`` result's ``usage``)."""
+        return dataclasses.asdict(self)
+
+
+# -- the hierarchies ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class _Tree:
+    """Our directory in one cgroup hierarchy and what it offers."""
+
+    parent: str  # smith-fast-PID, created by us, holds the cells
+    home: str  # our own cgroup there, where the service returns after a spawn
+    v2: bool
+    controllers: frozenset[str]  # what a cell here can use (v2: enabled in parent's subtree_control)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as f:
+        return f.read()
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root inside the hierarchy, fs type, v1 controllers) of each cgroup mount."""
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
+                continue
+            root, point = fields[3], fields[4].replace("\\040", " ")
+            found.append((point, root, rfields[0], set(rfields[2].split(",")) if rfields[0] == "cgroup" else set()))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """Hierarchy key (``""`` for v2, else a v1 controller) -> our cgroup path in it."""
+    out: dict[str, str] = {}
+    for line in _read("/proc/self/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if not controllers:
+            out[""] = path
+        for name in controllers.split(","):
+            if name:
+                out[name] = path
+    return out
+
+
+def _dir_for(point: str, root: str, path: str) -> str:
+    if root != "/" and (path == root or path.startswith(root + "/")):
+        path = path[len(root):]
+    return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
+
+
+def _make_parent(base: str) -> str | None:
+    parent = f"{base.rstrip('/')}/smith-fast-{os.getpid()}"
+    try:
+        os.mkdir(parent, 0o755)
+    except FileExistsError:
+        pass
+    except OSError:  # EACCES/EROFS (not delegated), ENOENT (no such mount here)
+        return None
+    return parent
+
+
+def _discover() -> list[_Tree]:
+    try:
+        mounts, own = _mounts(), _own_paths()
+    except (OSError, ValueError):
+        return []
+    trees: list[_Tree] = []
+    have: set[str] = set()
+    for point, root, kind, _ in mounts:
+        if kind != "cgroup2" or "" not in own or trees:
+            continue
+        home = _dir_for(point, root, own[""])
+        parent = _make_parent(home)
+        if parent is None:
+            continue
+        enabled: set[str] = set()
+        with contextlib.suppress(OSError):
+            offered = set(_read(parent + "/cgroup.controllers").split())
+            for name in ("memory", "pids", "io", "cpu"):
+                if name in offered:
+                    with contextlib.suppress(OSError):
+                        _write(parent + "/cgroup.subtree_control", "+" + name)
+                        enabled.add(name)
+        trees.append(_Tree(parent, home, True, frozenset(enabled)))
+        have |= enabled
+    for name in _V1_CONTROLLERS:
+        if name in have or name not in own:
+            continue
+        for point, root, kind, names in mounts:
+            if kind == "cgroup" and name in names:
+                home = _dir_for(point, root, own[name])
+                parent = _make_parent(home)
+                if parent is not None:
+                    trees.append(_Tree(parent, home, False, frozenset({name})))
+                    have.add(name)
+                break
+    return trees
+
+
+_lock = threading.Lock()
+_trees: list[_Tree] | None = None
+_serial = itertools.count(1)
+_enabled = True
+_spawn_lock = threading.Lock()  # one process in a cell at a time: the steps in and out pair up
+_pending: list[str] = []  # cell directories whose members were still exiting at release
+
+
+def _hierarchies() -> list[_Tree]:
+    global _trees
+    with _lock:
+        if _trees is None:
+            _trees = _discover()
+        return _trees
+
+
+def available() -> dict[str, object]:
+    """What containment this process gets: for logs and ``service_info`` (``kill``: how a cell ends)."""
+    trees = _hierarchies()
+    controllers = sorted({c for t in trees for c in t.controllers})
+    kill = "cgroup.kill" if any(t.v2 and os.path.exists(t.parent + "/cgroup.kill") for t in trees) else (
+        "cgroup" if trees else "process-group")
+    return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}
+
+
+def _rmdir(path: str) -> bool:
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:  # EBUSY: members still exiting
+        return False
+    return True
+
+
+def _retry_pending() -> None:
+    with _lock:
+        _pending[:] = [p for p in _pending if not _rmdir(p)]
+
+
+# -- a command's cell -----------------------------------------------------------------------------
+
+
+def _kv(path: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in _read(path).splitlines():
+            key, _, value = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                out[key] = int(value.split()[0]) if value else 0
+    return out
+
+
+def _int(path: str) -> int | None:
+    try:
+        return int(_read(path).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Cell:
+    """The cgroups one command runs in (none: rusage and rlimits only).
+
+    Attributes:
+        dirs: the cell's directory in each hierarchy (empty without cgroups).
+        limits: what it may use.
+    """
+
+    __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer", "_cpu_hit")
+
+    def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
+        self.limits = limits
+        self.dirs: tuple[str, ...] = ()
+        self._homes: list[tuple[str, str, bool]] = []  # (cell dir, our own cgroup dir, is v2)
+        self._hosting = False  # the service could not step back out: never cgroup.kill this one
+        self._born: set[str] = set()  # the cell dirs a spawn inside joined() was born in
+        self._timer: asyncio.TimerHandle | None = None
+        self._cpu_hit = False
+        self._v2: str | None = None
+        self._memory: tuple[str, bool] | None = None  # (dir, is v2)
+        self._pids: str | None = None
+        self._pid = 0
+        self._killed = False
+        name = f"c{next(_serial)}"
+        dirs = []
+        for tree in trees:
+            path = f"{tree.parent}/{name}"
+            try:
+                os.mkdir(path, 0o755)
+            except OSError:
+                continue
+            dirs.append(path)
+            self._homes.append((path, tree.home, tree.v2))
+            if tree.v2:
+                self._v2 = path
+            if "memory" in tree.controllers:
+                self._memory = (path, tree.v2)
+            if "pids" in tree.controllers:
+                self._pids = path
+        self.dirs = tuple(dirs)
+        self._fallback = limits.memory > 0 and self._memory is None
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        """While the body runs, the calling process (v2) and thread (v1) are in the cell, so a
+        process it spawns is born there; afterwards they are back home."""
+        entered: list[tuple[str, str, bool]] = []
+        with _spawn_lock:
+            try:
+                for cell, home, v2 in self._homes:
+                    try:
+                        _write(cell + ("/cgroup.procs" if v2 else "/tasks"), "0")
+                    except OSError:
+                        continue
+                    entered.append((cell, home, v2))
+                self._born = {cell for cell, _, _ in entered}
+                yield
+            finally:
+                for cell, home, v2 in entered:
+                    try:
+                        _write(home + ("/cgroup.procs" if v2 else "/tasks"), "0")
+                    except OSError:
+                        self._hosting = True
+                        from .logs import get_logger
+
+                        get_logger("smith_fast.containment").error(
+                            "could not leave a command's cgroup", extra={"fields": {"cgroup": cell, "home": home}})
+
+    def _apply_limits(self) -> None:
+        lim = self.limits
+        if lim.memory > 0 and self._memory is not None:
+            path, v2 = self._memory
+            with contextlib.suppress(OSError):
+                if v2:
+                    _write(path + "/memory.max", str(lim.memory))
+                    with contextlib.suppress(OSError):
+                        _write(path + "/memory.swap.max", "0")
+                else:
+                    _write(path + "/memory.limit_in_bytes", str(lim.memory))
+                    with contextlib.suppress(OSError):
+                        _write(path + "/memory.memsw.limit_in_bytes", str(lim.memory))
+        if lim.pids > 0 and self._pids is not None:
+            with contextlib.suppress(OSError):
+                _write(self._pids + "/pids.max", str(lim.pids))
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """The ``cgroup.procs`` file of each directory: writing ``0`` there joins the cell."""
+        return tuple(d + "/cgroup.procs" for d in self.dirs)
+
+    def attach(self, pid: int) -> None:
+        """The shell ``pid`` was spawned (best inside :meth:`joined`): make sure it is in, set the
+        cell's limits and its rlimits (what it starts inherits both)."""
+        self._pid = pid
+        text = str(pid)
+        for cell in self.dirs:
+            if cell not in self._born:  # a spawn outside joined(), or a hierarchy it could not enter
+                with contextlib.suppress(OSError):  # ESRCH: it exited already
+                    _write(cell + "/cgroup.procs", text)
+        self._apply_limits()
+        lim = self.limits
+        with contextlib.suppress(OSError, ValueError):
+            if lim.cpu > 0 and self._v2 is None:  # per process, and only from here on: a fallback
+                soft = max(1, int(lim.cpu + 0.999))
+                resource.prlimit(pid, resource.RLIMIT_CPU, (soft, soft + 1))
+            if self._fallback:
+                resource.prlimit(pid, resource.RLIMIT_AS, (lim.memory, lim.memory))
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Enforce the CPU limit on the whole command: its cgroup's ``cpu.stat`` is read every
+        :data:`CPU_POLL` seconds, and the cell killed once past the limit (no-op without one)."""
+        if self.limits.cpu > 0 and self._v2 is not None and not self._killed:
+            self._timer = loop.call_later(CPU_POLL, self._check_cpu, loop)
+
+    def _check_cpu(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        if self._killed or self._v2 is None:
+            return
+        if _kv(self._v2 + "/cpu.stat").get("usage_usec", 0) >= self.limits.cpu * 1e6:
+            self._cpu_hit = True
+            self.kill()
+        else:
+            self._timer = loop.call_later(CPU_POLL, self._check_cpu, loop)
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cell, whatever session or group it moved to. Idempotent
+        in effect; the first call is what counts (the callers call it at every way a command ends)."""
+        self._killed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._v2 is not None and not self._hosting:
+            try:
+                _write(self._v2 + "/cgroup.kill", "1")
+                return
+            except OSError:  # ENOENT before Linux 5.14
+                pass
+        for path in self.dirs[:1]:
+            _kill_members(path)
+
+    def finish(self, rusage: resource.struct_rusage | None, returncode: int | None) -> Usage:
+        """After the shell was reaped: what the command cost and which limit it hit; then the
+        cell's directories are removed (later, if members are still exiting)."""
+        usage = self._usage(rusage, returncode)
+        self.release()
+        return usage
+
+    def _usage(self, ru: resource.struct_rusage | None, returncode: int | None) -> Usage:
+        user = int(ru.ru_utime * 1e6) if ru else 0
+        system = int(ru.ru_stime * 1e6) if ru else 0
+        max_rss = ru.ru_maxrss * 1024 if ru else 0
+        read_b = ru.ru_inblock * 512 if ru else 0
+        write_b = ru.ru_oublock * 512 if ru else 0
+        peak = max_rss
+        pids_peak = 0
+        hit: str | None = None
+        if self._v2 is not None:
+            cpu = _kv(self._v2 + "/cpu.stat")
+            if "user_usec" in cpu:  # includes the members that were never waited for
+                user, system = max(user, cpu["user_usec"]), max(system, cpu.get("system_usec", 0))
+            io = self._v2 + "/io.stat"
+            if os.path.exists(io):
+                with contextlib.suppress(OSError):
+                    rb = wb = 0
+                    for line in _read(io).splitlines():
+                        for item in line.split()[1:]:
+                            key, _, value = item.partition("=")
+                            if key == "rbytes":
+                                rb += int(value)
+                            elif key == "wbytes":
+                                wb += int(value)
+                    read_b, write_b = max(read_b, rb), max(write_b, wb)
+        if self._memory is not None:
+            path, v2 = self._memory
+            held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
+            if held is not None:
+                peak = held
+            events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
+            if events.get("oom_kill", 0) > 0:
+                hit = LIMIT_FLAGS["memory"]
+        if self._pids is not None:
+            pids_peak = _int(self._pids + "/pids.peak") or 0
+            if hit is None and self.limits.pids > 0 and _kv(self._pids + "/pids.events").get("max", 0) > 0:
+                hit = LIMIT_FLAGS["pids"]
+        if hit is None and self._cpu_hit:
+            hit = LIMIT_FLAGS["cpu"]
+        if hit is None and self.limits.cpu > 0 and self._v2 is None and returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
+            if user + system >= self.limits.cpu * 1e6 * 0.9:
+                hit = LIMIT_FLAGS["cpu"]
+        if hit is None and self._fallback and returncode not in (0, None):
+            if max_rss >= self.limits.memory * 0.5:  # RLIMIT_AS: allocations failed near the limit
+                hit = LIMIT_FLAGS["memory"]
+        return Usage(
+            cpu_user_us=user, cpu_system_us=system, max_rss_bytes=max_rss, memory_peak_bytes=peak,
+            io_read_bytes=read_b, io_write_bytes=write_b, pids_peak=pids_peak,
+            source="cgroup" if self.dirs else "rusage", limit_hit=hit,
+        )  # fmt: skip
+
+    def release(self) -> None:
+        """Remove the cell's directories (killing what is left first)."""
+        if not self.dirs:
+            return
+        if not self._killed:
+            self.kill()
+        dirs, self.dirs = self.dirs, ()
+        busy = [d for d in dirs if not _rmdir(d)]
+        if busy:
+            with _lock:
+                _pending.extend(busy)
+
+
+def _kill_members(path: str) -> None:
+    """SIGKILL each process listed in ``path/cgroup.procs`` until it lists none (no ``cgroup.kill``)."""
+    for _ in range(_KILL_ROUNDS):
+        try:
+            pids = [int(p) for p in _read(path + "/cgroup.procs").split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        pids = [p for p in pids if p != os.getpid()]  # never the service (a failed step out)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.001)
+
+
+def spawn_guard() -> threading.Lock:
+    """Hold this (``with containment.spawn_guard():``) around a spawn made from another thread
+    (``rg`` for ``fs.search``, ``rustc`` for a hook), so its child is not born in a command's cell
+    while the service is stepping through it (:meth:`Cell.joined`)."""
+    return _spawn_lock
+
+
+def set_enabled(enabled: bool) -> None:
+    """Give new cells cgroups (the default, where a hierarchy is writable) or not (rusage and
+    rlimits only): the benchmark's "without", and the seam for an explicit opt-out."""
+    global _enabled
+    _enabled = enabled
+
+
+def new_cell(limits: CommandLimits | None = None) -> Cell:
+    """A new cell for one command, with ``limits`` applied (in the cgroups it has)."""
+    if _pending:
+        _retry_pending()
+    return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
+
+
+def release_all(timeout: float = 1.0) -> None:
+    """Remove the cells whose members were still exiting and our parent directories (at exit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _retry_pending()
+        if not _pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    with _lock:
+        trees = _trees or []
+    for tree in trees:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(tree.parent):
+                if entry.is_dir(follow_symlinks=False):
+                    _kill_members(entry.path)
+                    _rmdir(entry.path)
+        _rmdir(tree.parent)  # busy: a cell still exiting; the child guard's sweep removes it
+
+
+atexit.register(release_all)

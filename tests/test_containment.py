@@ -1,0 +1,281 @@
+"""No process outlives its request, and every command says what it cost (``smith_fast.containment``).
+
+Against a real ``smith-fast serve`` on this machine's kernel: a command starts daemons that leave
+its process group every way a shell can (``setsid``, a double fork, ``nohup``, a Python
+daemonization) and prints their pids; the request is then ended each way a request can end
+(normal exit, timeout, disconnect, session shutdown, service SIGTERM, service SIGKILL), and /proc
+is polled until every daemon is gone. Then the accounting LogEvent that follows the final
+ShellOutput, the ``usage`` of ``shell.run``, and each ``--max-*-per-command`` limit answered with
+``ERROR_CODE_RESOURCE_EXHAUSTED`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from smith_fast.pb import smith_pb2 as pb
+
+from .peers import V0Peer, V1Peer, kind, terminal
+from harness.server import ServerProcess, pid_alive, wait_until
+
+PY = sys.executable
+_DAEMONIZE = (
+    "import os, sys, time\n"
+    "if os.fork(): sys.exit(0)\n"
+    "os.setsid()\n"
+    "if os.fork(): sys.exit(0)\n"
+    "print(os.getpid(), flush=True)\n"
+    "os.close(1); os.close(2); time.sleep(3013)\n"
+)
+# Each line prints one daemon's pid; none of them stays in the shell's process group.
+DAEMONS = "\n".join([
+    "setsid sleep 3010 >/dev/null 2>&1 & echo $!",
+    "(setsid sleep 3011 >/dev/null 2>&1 & echo $!)",
+    "nohup setsid sleep 3012 >/dev/null 2>&1 & echo $!",
+    f"{PY} -c '{_DAEMONIZE}'",
+])  # fmt: skip
+N_DAEMONS = 4
+
+
+def _shell(peer: V1Peer, rid: str, command: str, **kw: object) -> None:
+    peer.command(shell_exec=pb.ShellExecCommand(request_id=rid, command=command, **kw))  # type: ignore[arg-type]
+
+
+def _daemon_pids(peer: V1Peer, rid: str) -> list[int]:
+    out = ""
+    while out.count("\n") < N_DAEMONS:
+        env = peer.recv()
+        if kind(env) == "shell_output" and env.event.shell_output.request_id == rid:
+            out += env.event.shell_output.stdout
+    pids = [int(p) for p in out.split()]
+    assert len(pids) == N_DAEMONS and all(pid_alive(p) for p in pids), (out, pids)
+    return pids
+
+
+def _assert_gone(pids: list[int]) -> None:
+    try:
+        assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _server(tmp_path: pathlib.Path, *extra: str) -> ServerProcess:
+    return ServerProcess(tmp_path, *extra, tcp=False).start()
+
+
+def _end_normal(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS)
+    pids = _daemon_pids(peer, "r")
+    peer.until(terminal("r"))
+    _assert_gone(pids)
+
+
+def _end_timeout(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS + "\nsleep 300", timeout_ms=1500)
+    pids = _daemon_pids(peer, "r")
+    ends = peer.until(terminal("r"))
+    assert any(kind(e) == "error" and e.event.error.error_code == pb.ERROR_CODE_EXECUTION_TIMEOUT for e in ends)
+    _assert_gone(pids)
+
+
+def _end_disconnect(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS + "\nsleep 300")
+    pids = _daemon_pids(peer, "r")
+    peer.sock.close()
+    _assert_gone(pids)
+
+
+def _end_shutdown(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS + "\nsleep 300")
+    pids = _daemon_pids(peer, "r")
+    peer.command(shutdown=pb.ShutdownCommand())
+    _assert_gone(pids)
+
+
+def _end_sigterm(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS + "\nsleep 300")
+    pids = _daemon_pids(peer, "r")
+    srv.stop(signal.SIGTERM)
+    _assert_gone(pids)
+
+
+def _end_sigkill(srv: ServerProcess, peer: V1Peer) -> None:
+    _shell(peer, "r", DAEMONS + "\nsleep 300")
+    pids = _daemon_pids(peer, "r")
+    os.kill(srv.pid, signal.SIGKILL)  # no cleanup runs in the service: the child guard must do it
+    _assert_gone(pids)
+
+
+ENDINGS: dict[str, Callable[[ServerProcess, V1Peer], None]] = {
+    "normal-exit": _end_normal,
+    "timeout": _end_timeout,
+    "disconnect": _end_disconnect,
+    "session-shutdown": _end_shutdown,
+    "service-sigterm": _end_sigterm,
+    "service-sigkill": _end_sigkill,
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_daemons_die_with_their_request(tmp_path: pathlib.Path, ending: str) -> None:
+    srv = _server(tmp_path)
+    try:
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        ENDINGS[ending](srv, peer)
+        if ending not in ("service-sigterm", "service-sigkill"):  # the service lives on and answers
+            other = V1Peer(srv.unix)
+            other.handshake()
+            _shell(other, "after", "echo still here")
+            assert any(kind(e) == "shell_output" and "still here" in e.event.shell_output.stdout
+                       for e in other.until(terminal("after")))
+    finally:
+        if srv.pid and pid_alive(srv.pid):
+            srv.stop()
+    # nothing of ours is left in the cgroup trees either (the guard or the service removed them)
+    assert wait_until(lambda: not _leftover_cgroups(srv.pid), 5), _leftover_cgroups(srv.pid)
+
+
+def _leftover_cgroups(pid: int) -> list[str]:
+    found = []
+    for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids"):
+        for dirpath, dirnames, _ in os.walk(base):
+            if f"smith-fast-{pid}" in dirnames:
+                found.append(f"{dirpath}/smith-fast-{pid}")
+            if dirpath.count("/") > 8:
+                dirnames.clear()
+    return found
+
+
+def _usage_of(envs: list[pb.Envelope], rid: str) -> dict[str, str]:
+    logs = [e.event.log for e in envs if kind(e) == "log" and e.event.log.request_id == rid
+            and "cpu_user_us" in e.event.log.fields]  # fmt: skip
+    assert len(logs) == 1, envs
+    return dict(logs[0].fields)
+
+
+def test_accounting_follows_the_final_output(tmp_path: pathlib.Path) -> None:
+    srv = _server(tmp_path)
+    try:
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        _shell(peer, "mem", f"{PY} -c 'b = b\"x\" * (100 << 20); print(len(b))'")
+        envs = peer.until(terminal("mem"))
+        finals = [i for i, e in enumerate(envs) if kind(e) == "shell_output" and e.event.shell_output.finished]
+        usage = _usage_of(envs, "mem")
+        log_at = next(i for i, e in enumerate(envs) if kind(e) == "log" and "cpu_user_us" in e.event.log.fields)
+        assert finals and log_at > finals[0]  # it accompanies the final ShellOutput
+        assert set(usage) >= {"cpu_user_us", "cpu_system_us", "max_rss_bytes", "memory_peak_bytes",
+                              "io_read_bytes", "io_write_bytes", "pids_peak", "source"}
+        assert int(usage["max_rss_bytes"]) >= 100 << 20
+        assert int(usage["memory_peak_bytes"]) >= 100 << 20
+        assert usage["source"] == "cgroup"  # this machine kind delegates cgroups to root
+        assert int(usage["pids_peak"]) >= 1
+
+        burn = f"{PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass'"
+        _shell(peer, "cpu", burn)
+        cpu = _usage_of(peer.until(terminal("cpu")), "cpu")
+        assert int(cpu["cpu_user_us"]) + int(cpu["cpu_system_us"]) >= 500_000
+        assert int(cpu["memory_peak_bytes"]) < 100 << 20  # its own, not the previous command's
+
+        # the same in the service's log, one structured line per command
+        def usage_lines() -> list[dict[str, object]]:
+            return [r for r in srv.logs if r.get("event") == "command usage"]
+
+        assert wait_until(lambda: {line["request_id"] for line in usage_lines()} >= {"mem", "cpu"}, 5), usage_lines()
+        assert all("cpu_user_us" in line and "memory_peak_bytes" in line for line in usage_lines())
+
+        # v0 has no LogEvent fields: the same pairs in the Log's message, after the final output
+        v0 = V0Peer(srv.unix)
+        v0.send({"type": "Handshake", "data": {"version": 0, "capabilities": ["shell_exec"]}})
+        v0.until(lambda m: m["type"] == "Ready")
+        rid = str(uuid.uuid4())  # v0 request ids are UUIDs
+        v0.send({"type": "ShellExec", "data": {"request_id": rid, "command": "echo v0", "shell": None, "cwd": None,
+                                                "env": {}, "timeout_ms": None}})
+        msgs = v0.until(lambda m: m["type"] == "StateChange" and m["data"]["request_id"] == rid
+                        and m["data"]["state"] in ("Ready", "Error"))  # fmt: skip
+        types = [m["type"] for m in msgs]
+        log = next(m for m in msgs if m["type"] == "Log" and "cpu_user_us=" in m["data"]["message"])
+        assert types.index("Log") > max(i for i, m in enumerate(msgs) if m["type"] == "ShellOutput")
+        assert "memory_peak_bytes=" in log["data"]["message"] and "source=cgroup" in log["data"]["message"]
+        v0.close()
+
+        # and in shell.run's result
+        args = json.dumps({"command": "echo hi"}).encode()
+        peer.command(tool_call=pb.ToolCallCommand(request_id="tool", tool="shell.run", args=args))
+        result = next(e.event.tool_result for e in peer.until(terminal("tool")) if kind(e) == "tool_result")
+        assert result.success, result.error
+        body = json.loads(result.result)
+        assert body["stdout"] == "hi\n" and body["usage"]["source"] == "cgroup"
+        assert body["usage"]["cpu_user_us"] >= 0 and body["usage"]["limit_hit"] is None
+    finally:
+        srv.stop()
+
+
+LIMITS = {
+    "--max-memory-per-command": f"{PY} -c 'b = b\"x\" * (400 << 20); print(len(b))'",
+    "--max-pids-per-command": "for i in $(seq 30); do sleep 5 & done; wait",
+    "--max-cpu-per-command": f"{PY} -c 'while True: pass'",
+}
+
+
+def test_each_limit_hit_is_resource_exhausted_naming_it(tmp_path: pathlib.Path) -> None:
+    srv = _server(tmp_path, "--max-memory-per-command", "128M", "--max-pids-per-command", "10",
+                  "--max-cpu-per-command", "0.5")
+    try:
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        for flag, command in LIMITS.items():
+            rid = flag.strip("-")
+            _shell(peer, rid, command, timeout_ms=60_000)
+            envs = peer.until(terminal(rid))
+            errs = [e.event.error for e in envs if kind(e) == "error"]
+            assert len(errs) == 1, (flag, envs)
+            assert errs[0].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED, (flag, errs[0])
+            assert errs[0].details["limit"] == flag and flag in errs[0].message
+            assert _usage_of(envs, rid)["limit_hit"] == flag
+        # under the limits a command runs as before
+        _shell(peer, "fine", "echo fine")
+        envs = peer.until(terminal("fine"))
+        assert not [e for e in envs if kind(e) == "error"] and "limit_hit" not in _usage_of(envs, "fine")
+        # shell.run is held to the same limits
+        args = json.dumps({"command": LIMITS["--max-cpu-per-command"]}).encode()
+        peer.command(tool_call=pb.ToolCallCommand(request_id="tool", tool="shell.run", args=args))
+        errs = [e.event.error for e in peer.until(terminal("tool")) if kind(e) == "error"]
+        assert len(errs) == 1 and errs[0].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
+        assert errs[0].details["limit"] == "--max-cpu-per-command"
+    finally:
+        srv.stop()
+
+
+def test_without_cgroups_usage_comes_from_rusage() -> None:
+    """Where no cgroup hierarchy is writable (containment off here), a command still reports what
+    it cost, from the shell's wait4 rusage, which covers the children it waited for."""
+    import asyncio
+
+    from smith_fast import containment
+    from smith_fast.process import run_collect
+
+    burn = f"{PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass'"
+    containment.set_enabled(False)
+    try:
+        collected = asyncio.run(run_collect(f"{burn}; true"))
+    finally:
+        containment.set_enabled(True)
+    usage = collected.usage
+    assert collected.exit_code == 0 and usage is not None
+    assert usage.source == "rusage" and usage.pids_peak == 0 and usage.limit_hit is None
+    assert usage.cpu_user_us + usage.cpu_system_us >= 250_000
+    assert usage.memory_peak_bytes == usage.max_rss_bytes > 0
