@@ -50,6 +50,10 @@ class Limits:
             handshake; 0 means forever (``--handshake-timeout``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
+        max_handshake_frame_size: largest v1 frame / v0 line (declared or received) before the
+            connection's first accepted handshake (authenticated, with a token), in bytes
+            (``--max-handshake-frame-size``); over it, the connection is closed. So a peer that has
+            not shown the token cannot make the service hold more than this (plus one read).
     """
 
     max_frame_size: int = option(
@@ -89,6 +93,9 @@ class Limits:
     max_command_size: int = option(
         1 << 20, flag="--max-command-size", unit="bytes", commands=_ALL, group=_LIMITS,
         help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED")
+    max_handshake_frame_size: int = option(
+        64 * 1024, flag="--max-handshake-frame-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="largest v1 frame or v0 line before the first accepted (authenticated) handshake; larger: closed")
 
 
 @dataclasses.dataclass(frozen=True)
