@@ -149,3 +149,87 @@ def test_long_v0_line_before_handshake_is_refused(tmp_path: pathlib.Path) -> Non
         assert kind(ping(v1)[-1]) == "state_change"
     finally:
         assert srv.stop() == 0
+
+
+# ---- batches -------------------------------------------------------------------------------------
+
+
+def _batch(calls: int, prefix: str, ordered: bool = False) -> pb.Envelope:
+    env = pb.Envelope()
+    env.batch_command.require_ordering = ordered
+    for i in range(calls):
+        env.batch_command.commands.add().tool_call.CopyFrom(pb.ToolCallCommand(request_id=f"{prefix}{i}", tool="tools.list", args=b"{}"))
+    return env
+
+
+def test_batch_over_the_limit_is_refused_whole(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path, "--max-batch-commands", "100").start()
+    try:
+        peer = honest(srv.unix, token=None)
+        env = _batch(150, "b")
+        env.batch_command.commands[7].tool_call.request_id = "b3"  # a duplicate id: one terminal state
+        env.batch_command.commands[8].tool_call.request_id = ""  # unreadable: none
+        peer.send(env)
+        envs = peer.until(terminal("b149"))
+        envs += ping(peer, "after")
+        errs = errors(envs)
+        assert len(errs) == 1 and errs[0].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and not errs[0].request_id
+        assert errs[0].details["reason"] == "batch_too_large" and errs[0].details["limit"] == "100"
+        assert "--max-batch-commands" in errs[0].message
+        ends = [e.event.state_change for e in envs if kind(e) == "state_change" and e.event.state_change.request_id.startswith("b")]
+        assert all(sc.state == pb.SERVICE_STATE_ERROR for sc in ends)
+        ids = [sc.request_id for sc in ends]
+        assert sorted(ids) == sorted({f"b{i}" for i in range(150)} - {"b7", "b8"})  # each once, nothing ran
+        assert not any(kind(e) == "tool_result" and e.event.tool_result.request_id.startswith("b") for e in envs)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_large_batch_does_not_stall_other_sessions(tmp_path: pathlib.Path) -> None:
+    """A batch of 40,000 calls (issue 14: one of 200,000 stalled another session 14.6 s). Another
+    session's round trip sent right behind it is answered well before the batch is done."""
+    n = 40_000
+    srv = ServerProcess(tmp_path, "--max-batch-commands", str(n), "--max-requests", str(n)).start()
+    try:
+        big = honest(srv.unix, token=None)
+        other = honest(srv.unix, token=None)
+        ping(other, "warm")
+        data = _batch(n, "x").SerializeToString()
+        start = time.monotonic()
+        big.sock.sendall(_VarintBytes(len(data)) + data)
+        time.sleep(0.05)  # the batch is being read and dispatched
+        t0 = time.monotonic()
+        assert ping(other, "probe")[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        probe = time.monotonic() - t0
+        done = 0
+        while done < n:
+            env = big.recv()
+            if kind(env) == "state_change" and env.event.state_change.request_id.startswith("x") and env.event.state_change.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                done += 1
+        batch = time.monotonic() - start
+        print(f"probe {probe:.3f} s, batch {batch:.3f} s")
+        assert probe < batch / 3, f"the other session waited {probe:.2f} s during a {batch:.2f} s batch"
+    finally:
+        assert srv.stop() == 0
+
+
+# ---- request ids ---------------------------------------------------------------------------------
+
+
+def test_long_request_id_is_refused_unread(tmp_path: pathlib.Path) -> None:
+    """A 2 MiB request_id (issue 14: 15 MiB was accepted, and echoed in every event)."""
+    srv = ServerProcess(tmp_path).start()
+    try:
+        peer = honest(srv.unix, token=None)
+        long_id = "i" * (2 * MiB)
+        peer.command(tool_call=pb.ToolCallCommand(request_id=long_id, tool="tools.list", args=b"{}"))
+        peer.command(tool_call=pb.ToolCallCommand(request_id="i" * 256, tool="tools.list", args=b"{}"))  # at the limit: runs
+        envs = peer.until(terminal("i" * 256))
+        assert envs[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        errs = errors(envs)
+        assert len(errs) == 1 and errs[0].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and not errs[0].request_id
+        assert errs[0].details["reason"] == "request_id_too_long" and errs[0].details["limit"] == "256"
+        assert "--max-request-id-size" in errs[0].message
+        assert max(e.ByteSize() for e in envs) < 64 * 1024  # the long id was echoed nowhere
+    finally:
+        assert srv.stop() == 0

@@ -54,6 +54,11 @@ class Limits:
             connection's first accepted handshake (authenticated, with a token), in bytes
             (``--max-handshake-frame-size``); over it, the connection is closed. So a peer that has
             not shown the token cannot make the service hold more than this (plus one read).
+        max_batch_commands: commands in one ``BatchCommand`` (``--max-batch-commands``); a larger
+            batch is refused whole (``ERROR_CODE_RESOURCE_EXHAUSTED``; each readable request id in it
+            gets its ``StateChange(ERROR)``).
+        max_request_id_size: longest ``request_id``, in bytes (``--max-request-id-size``); a longer
+            one is not read as an id: ``ErrorEvent`` without it, nothing runs.
     """
 
     max_frame_size: int = option(
@@ -96,6 +101,12 @@ class Limits:
     max_handshake_frame_size: int = option(
         64 * 1024, flag="--max-handshake-frame-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="largest v1 frame or v0 line before the first accepted (authenticated) handshake; larger: closed")
+    max_batch_commands: int = option(
+        1024, flag="--max-batch-commands", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="commands in one BatchCommand; a larger batch is refused whole with RESOURCE_EXHAUSTED")
+    max_request_id_size: int = option(
+        256, flag="--max-request-id-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="longest request_id; a longer one is refused unread (ErrorEvent without it, nothing runs)")
 
 
 @dataclasses.dataclass(frozen=True)
