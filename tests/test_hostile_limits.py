@@ -233,3 +233,59 @@ def test_long_request_id_is_refused_unread(tmp_path: pathlib.Path) -> None:
         assert max(e.ByteSize() for e in envs) < 64 * 1024  # the long id was echoed nowhere
     finally:
         assert srv.stop() == 0
+
+
+# ---- hooks per session ---------------------------------------------------------------------------
+
+
+def _load(peer: V1Peer, rid: str, script: str) -> list[pb.Envelope]:
+    peer.command(hook_load=pb.HookLoadCommand(request_id=rid, hook_type="js", script=script))
+    return peer.until(terminal(rid))
+
+
+def _ended(envs: list[pb.Envelope]) -> int:
+    return envs[-1].event.state_change.state
+
+
+def test_hook_count_is_bounded(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path, "--max-hooks-per-session", "3").start()
+    try:
+        peer = honest(srv.unix, token=None)
+        peer.handshake((pb.CAPABILITY_HOOKS_JS,))
+        for i in range(3):
+            assert _ended(_load(peer, f"h{i}", f"// {i}\nfunction beforeToolCall(p) {{ return {{action: 'allow'}}; }}")) == pb.SERVICE_STATE_READY
+        envs = _load(peer, "h3", "// 3\nfunction beforeToolCall(p) { return {action: 'allow'}; }")
+        assert _ended(envs) == pb.SERVICE_STATE_ERROR
+        (err,) = errors(envs)
+        assert err.error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and err.request_id == "h3"
+        assert err.details["reason"] == "too_many_hooks" and "--max-hooks-per-session" in err.message
+        assert _ended(ping(peer)) == pb.SERVICE_STATE_READY  # the three loaded hooks still allow
+    finally:
+        assert srv.stop() == 0
+
+
+def test_hook_memory_per_session_is_bounded(tmp_path: pathlib.Path) -> None:
+    """12 JS hooks each holding a 28 MiB array (issue 14: 30 such took the service from 74 to 888 MB).
+    With --max-session-hook-memory 96M and --hook-memory 32M three load; the rest are refused
+    naming the limit, and the service grows by less than 96 MB + 48 MB."""
+    srv = ServerProcess(tmp_path, "--hook-memory", "32M", "--max-session-hook-memory", "96M").start()
+    try:
+        peer = honest(srv.unix, token=None)
+        peer.handshake((pb.CAPABILITY_HOOKS_JS,))
+        before = rss(srv.pid)
+        outcomes = []
+        for i in range(12):
+            script = f"// {i}\nconst held = new Uint8Array(28 << 20); held.fill(1);\nfunction beforeToolCall(p) {{ return {{action: 'allow'}}; }}"
+            envs = _load(peer, f"m{i}", script)
+            outcomes.append((_ended(envs), errors(envs)))
+        grown = rss(srv.pid) - before
+        assert [o[0] for o in outcomes[:3]] == [pb.SERVICE_STATE_READY] * 3
+        refused = outcomes[3:]
+        assert all(state == pb.SERVICE_STATE_ERROR for state, _ in refused)
+        for _, errs in refused:
+            assert errs[-1].error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED
+            assert errs[-1].details["reason"] == "hook_memory" and "--max-session-hook-memory" in errs[-1].message
+        assert grown < (96 + 48) * MiB, f"the service grew by {grown // MiB} MB"
+        assert _ended(ping(peer)) == pb.SERVICE_STATE_READY
+    finally:
+        assert srv.stop() == 0

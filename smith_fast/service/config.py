@@ -59,6 +59,11 @@ class Limits:
             gets its ``StateChange(ERROR)``).
         max_request_id_size: longest ``request_id``, in bytes (``--max-request-id-size``); a longer
             one is not read as an id: ``ErrorEvent`` without it, nothing runs.
+        max_hooks_per_session: hooks one session may load (``--max-hooks-per-session``).
+        hook_memory: memory limit of one hook, in bytes (``--hook-memory``): the QuickJS heap of a
+            JavaScript hook, the ``RLIMIT_DATA`` of a Rust hook's process.
+        max_session_hook_memory: the sum of the memory limits of one session's hooks
+            (``--max-session-hook-memory``); a hook that would go over it is refused.
     """
 
     max_frame_size: int = option(
@@ -107,6 +112,15 @@ class Limits:
     max_request_id_size: int = option(
         256, flag="--max-request-id-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="longest request_id; a longer one is refused unread (ErrorEvent without it, nothing runs)")
+    max_hooks_per_session: int = option(
+        16, flag="--max-hooks-per-session", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="hooks one session may load; one more: RESOURCE_EXHAUSTED")
+    hook_memory: int = option(
+        32 << 20, flag="--hook-memory", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="memory limit of one hook (QuickJS heap; a Rust hook's RLIMIT_DATA)")
+    max_session_hook_memory: int = option(
+        256 << 20, flag="--max-session-hook-memory", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="the sum of the memory limits of one session's hooks; a hook over it: RESOURCE_EXHAUSTED")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,11 @@ class ServiceCore:
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
-        self.hook_limits = HookLimits()
+        self.hook_limits = HookLimits(
+            memory_bytes=config.limits.hook_memory,
+            session_hooks=config.limits.max_hooks_per_session,
+            session_memory_bytes=config.limits.max_session_hook_memory,
+        )
         self.record_dir = config.record_dir or config.replay_dir
         self.planner: Planner = planner_from_options(
             config.planner,
