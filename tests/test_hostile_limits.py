@@ -289,3 +289,52 @@ def test_hook_memory_per_session_is_bounded(tmp_path: pathlib.Path) -> None:
         assert _ended(ping(peer)) == pb.SERVICE_STATE_READY
     finally:
         assert srv.stop() == 0
+
+
+# ---- hook transforms within --chunk-size and --max-output ----------------------------------------
+
+_INFLATE = """
+function onShellOutput(p) {
+  return { action: "transform", data: { stream: p.stream, text: p.text.replace(/\\n/g, "").repeat(%d) + "\\n" } };
+}
+"""
+
+
+def _run_inflated(srv: ServerProcess, command: str, factor: int) -> tuple[list[pb.ShellOutputEvent], list[pb.Envelope]]:
+    peer = honest(srv.unix, token=None)
+    peer.handshake((pb.CAPABILITY_HOOKS_JS, pb.CAPABILITY_SHELL_EXEC))
+    assert _ended(_load(peer, "inflate", _INFLATE % factor)) == pb.SERVICE_STATE_READY
+    peer.command(shell_exec=pb.ShellExecCommand(request_id="sh", command=command))
+    envs = peer.until(terminal("sh"))
+    outs = [e.event.shell_output for e in envs if kind(e) == "shell_output"]
+    peer.close()
+    return outs, envs
+
+
+def test_transformed_output_is_rechunked(tmp_path: pathlib.Path) -> None:
+    """A 3-byte chunk a hook turns into 5 MB (issue 14: it went out as one 5 MB event) goes out as
+    --chunk-size chunks, all of it."""
+    srv = ServerProcess(tmp_path, "--chunk-size", "64k").start()
+    try:
+        outs, envs = _run_inflated(srv, "printf abc", 5 * MiB // 3)
+        assert envs[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        sizes = [len(o.stdout.encode()) for o in outs if o.HasField("stdout")]
+        assert max(sizes) <= 64 * 1024
+        text = "".join(o.stdout for o in outs if o.HasField("stdout"))
+        assert text == "abc" * (5 * MiB // 3) + "\n"
+        assert outs[-1].finished and outs[-1].exit_code == 0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_transformed_output_counts_against_max_output(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path, "--max-output", "1M", "--chunk-size", "64k").start()
+    try:
+        outs, envs = _run_inflated(srv, "for i in 1 2 3 4 5; do echo abc; sleep 0.05; done", 200_000)
+        stdout = sum(len(o.stdout.encode()) for o in outs if o.HasField("stdout"))
+        assert stdout <= 1 * MiB, stdout
+        assert max(len(o.stdout.encode()) for o in outs if o.HasField("stdout")) <= 64 * 1024
+        assert any("output truncated after 1048576 bytes" in o.stderr for o in outs)
+        assert outs[-1].finished
+    finally:
+        assert srv.stop() == 0
