@@ -338,3 +338,31 @@ def test_transformed_output_counts_against_max_output(tmp_path: pathlib.Path) ->
         assert outs[-1].finished
     finally:
         assert srv.stop() == 0
+
+
+# ---- a command that cannot fit in a NATS message -------------------------------------------------
+
+
+def test_gateway_refuses_a_command_over_nats_max_payload(tmp_path: pathlib.Path) -> None:
+    """A command just under --max-command-size (1M) is, with its envelope and headers, over the
+    nats-server's default max_payload (1 MiB): the gateway refuses it naming the limit, and the
+    next command still goes through (before, its publish was retried forever, holding the queue)."""
+    from harness.nats_cluster import Cluster
+
+    cluster = Cluster(tmp_path, workers=1).start()
+    try:
+        peer = V1Peer(cluster.unix, timeout=30)
+        assert kind(peer.handshake(())[-1]) == "ready"
+        args = b'{"x":"' + b"a" * (1024 * 1024 - 120) + b'"}'
+        peer.command(tool_call=pb.ToolCallCommand(request_id="huge", tool="tools.list", args=args))
+        envs = peer.until(terminal("huge"))
+        assert envs[-1].event.state_change.state == pb.SERVICE_STATE_ERROR
+        (err,) = errors(envs)
+        assert err.error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and err.request_id == "huge"
+        assert err.details["reason"] == "too_large_for_nats" and err.details["limit"] == str(1024 * 1024)
+        assert "max_payload" in err.message
+        assert ping(peer, "after")[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        peer.close()
+    finally:
+        codes = cluster.stop()
+    assert set(codes.values()) == {0}, codes
