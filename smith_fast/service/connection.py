@@ -338,7 +338,7 @@ class Connection(asyncio.BufferedProtocol):
         limit = self.core.limits.max_handshake_frame_size
         for i, line in enumerate(lines):
             if guard and not self._admitted(session):
-                if error is not None and i == error.index:  # type: ignore[attr-defined]
+                if error is not None and i == error.index:
                     self._too_large_before_handshake(session, error.offset, error.size, "the line")
                     return
                 if len(line) > limit:
@@ -348,7 +348,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._line_too_long(error)
             self._line(session, line)
         if guard and not session.closing and not self._admitted(session):
-            if error is not None and error.index >= len(lines):  # type: ignore[attr-defined]
+            if error is not None and error.index >= len(lines):
                 self._too_large_before_handshake(session, error.offset, error.size, "the line")
                 return
             if self._lines.buffered > limit:

@@ -91,8 +91,8 @@ class _Output:
             while self._queue:
                 fd, text, filtered = self._queue.popleft()
                 out = await self._hooks.on_shell_output(self.rid, "stdout" if fd == 1 else "stderr", text) if filtered else text
-                if self._cut:
-                    pass  # over --max-output after a transform: nothing more of this command
+                if self._cut or out is None:
+                    pass  # blocked, or over --max-output after a transform: nothing more of this command
                 elif out is text or not filtered:
                     self._out_room -= len(out) if out.isascii() else len(out.encode("utf-8", "replace"))  # as it came (or the notice)
                     self._send(fd, out)
