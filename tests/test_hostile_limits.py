@@ -366,3 +366,24 @@ def test_gateway_refuses_a_command_over_nats_max_payload(tmp_path: pathlib.Path)
     finally:
         codes = cluster.stop()
     assert set(codes.values()) == {0}, codes
+
+
+def test_worker_event_over_nats_max_payload_is_reported(tmp_path: pathlib.Path) -> None:
+    """A tool result near --tool-max-output (1M) does not fit in a NATS message either: the worker
+    sends an ErrorEvent naming max_payload in its place, and the request still ends."""
+    from harness.nats_cluster import Cluster
+
+    cluster = Cluster(tmp_path, workers=1).start()
+    (cluster.root / "big.txt").write_bytes(b"b" * (1024 * 1024 - 16))
+    try:
+        peer = V1Peer(cluster.unix, timeout=30)
+        assert kind(peer.handshake(())[-1]) == "ready"
+        peer.command(tool_call=pb.ToolCallCommand(request_id="read", tool="fs.read", args=b'{"path": "big.txt"}'))
+        envs = peer.until(terminal("read"))
+        errs = [e for e in errors(envs) if e.details.get("reason") == "too_large_for_nats"]
+        assert errs and errs[0].request_id == "read" and "max_payload" in errs[0].message
+        assert ping(peer, "after")[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        peer.close()
+    finally:
+        codes = cluster.stop()
+    assert set(codes.values()) == {0}, codes

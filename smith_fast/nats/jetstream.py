@@ -480,6 +480,11 @@ class Publisher:
             if not item.future.done():
                 item.future.set_exception(PublishError("the publisher was closed"))
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message (payload plus headers) the server takes: its INFO ``max_payload``."""
+        return self._nc.max_payload
+
     def publish(self, subject: str, payload: bytes, headers: dict[str, str], *, deadline: float | None = None) -> asyncio.Future[int]:
         """Queue one message; returns a future of its stream sequence number.
 
