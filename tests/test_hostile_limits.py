@@ -387,3 +387,36 @@ def test_worker_event_over_nats_max_payload_is_reported(tmp_path: pathlib.Path) 
     finally:
         codes = cluster.stop()
     assert set(codes.values()) == {0}, codes
+
+
+async def test_grpc_long_request_id_and_big_batch(tmp_path: pathlib.Path) -> None:
+    """The same admission on the gRPC front: a long request id refused unread, a batch over the limit
+    refused whole with one terminal state per readable id."""
+    from grpc import aio
+
+    from smith_fast.pb import smith_pb2_grpc
+
+    srv = ServerProcess(tmp_path, "--grpc", "127.0.0.1:0", "--max-batch-commands", "10").start()
+    try:
+        async with aio.insecure_channel(srv.grpc.removeprefix("grpc:")) as channel:
+            call = smith_pb2_grpc.SmithServiceStub(channel).Stream()
+            hs = pb.Envelope()
+            hs.command.handshake.version = 1
+            await call.write(hs)
+            while (await call.read()).event.WhichOneof("event_type") != "ready":
+                pass
+            long_id = pb.Envelope()
+            long_id.command.tool_call.CopyFrom(pb.ToolCallCommand(request_id="L" * 100_000, tool="tools.list", args=b"{}"))
+            await call.write(long_id)
+            await call.write(_batch(11, "g"))
+            await call.write(pb.Envelope(command=pb.Command(tool_call=pb.ToolCallCommand(request_id="end", tool="tools.list", args=b"{}"))))
+            got: list[pb.Envelope] = []
+            while not terminal("end")(env := await call.read()):
+                got.append(env)
+            await call.done_writing()
+        reasons = [e.details["reason"] for e in errors(got)]
+        assert reasons == ["request_id_too_long", "batch_too_large"], reasons
+        ended = sorted(e.event.state_change.request_id for e in got if kind(e) == "state_change" and e.event.state_change.state == pb.SERVICE_STATE_ERROR)
+        assert ended == sorted(f"g{i}" for i in range(11))
+    finally:
+        assert srv.stop() == 0
