@@ -282,7 +282,7 @@ async def _health(args: argparse.Namespace) -> int:
         return 2
     kind, target = parse_address(address)
     try:
-        if kind == "grpc":
+        if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             status, metrics = await asyncio.wait_for(_grpc_health(address, target, args), args.timeout)
         else:
             status, metrics = await asyncio.wait_for(_stream_health(address, args), args.timeout)
@@ -304,7 +304,7 @@ async def _health(args: argparse.Namespace) -> int:
 async def _grpc_health(address: str, target: str, args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     import grpc
     from grpc import aio
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1 import health_pb2
 
     from .client import ConnectError
 
@@ -314,9 +314,14 @@ async def _grpc_health(address: str, target: str, args: argparse.Namespace) -> t
     else:
         channel = aio.insecure_channel(target)
     async with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        # What grpc_health's HealthStub does, spelled out: its stub (types-grpcio) declares no methods.
+        check: aio.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse] = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         try:
-            response = await stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+            response = await check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:  # the standard service's answer for an unknown name
                 return "SERVICE_UNKNOWN", {}

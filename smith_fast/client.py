@@ -10,7 +10,8 @@ Example::
         result = await client.call_tool("fs.list", {"path": "."})
 
 Events of concurrent requests are routed to their callers by ``request_id``; events without one
-(Ready, capability warnings, logs) go to :attr:`Client.events`. A client can ask for the Envelope
+(Ready, capability warnings, logs) go to :attr:`Client.events`, which gets ``None`` once the
+connection has ended. A client can ask for the Envelope
 additions in its handshake (``accept=["batch_event", "health", "metrics"]``): BatchEvents are
 unpacked transparently, :meth:`Client.health_check` asks in-stream, and metrics reports land in
 :attr:`Client.metrics` and :attr:`Client.resource_usage`.
@@ -27,7 +28,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from google.protobuf.message import DecodeError
 
@@ -39,6 +40,7 @@ from .pb import smith_pb2 as pb
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
+    import grpc
     from grpc import aio as grpc_aio
 
 __all__ = [
@@ -64,14 +66,18 @@ NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
 _CAPS = {name.removeprefix("CAPABILITY_").lower(): value for name, value in pb.Capability.items() if value}
 
-def _capability(name: str | int) -> int:
+def _capability(name: str | int) -> pb.Capability:
     """A capability name (``shell_exec``) or number → its number."""
     if not isinstance(name, str):
-        return name
-    try:
-        return int(_CAPS[name])
-    except KeyError:
-        raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
+        number = name
+    else:
+        try:
+            number = _CAPS[name]
+        except KeyError:
+            raise ValueError(f"unknown capability {name!r}; the capabilities are: {', '.join(sorted(_CAPS))}") from None
+    # The stubs type enum fields as pb.Capability, an int subclass that exists for checkers only:
+    # at run time an enum value is a plain int, so the number is one as it stands.
+    return cast("pb.Capability", number)
 
 
 class SmithError(SmithFastError):
@@ -141,7 +147,7 @@ def event_request_id(event: pb.Event) -> str | None:
     return inner.request_id or None
 
 
-def parse_address(address: str) -> tuple[str, Any]:
+def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
 
     ``grpc`` targets are returned as the ``HOST:PORT`` string grpcio takes.
@@ -166,9 +172,9 @@ def parse_address(address: str) -> tuple[str, Any]:
     return "tcp", (host, int(port))
 
 
-def format_address(kind: str, target: Any) -> str:
+def format_address(kind: str, target: str | tuple[str, int]) -> str:
     """The inverse of :func:`parse_address`: ``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``."""
-    if kind == "tcp":
+    if isinstance(target, tuple):
         host, port = target
         return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
     return f"{kind}:{target}"
@@ -204,7 +210,7 @@ class Client:
         self.address = address
         self._reader = reader
         self._writer = writer
-        self._decoder: Any = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
+        self._decoder: FrameDecoder | LineDecoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     def _init_state(self, protocol: str, process: asyncio.subprocess.Process | None) -> None:
@@ -212,12 +218,12 @@ class Client:
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
         self.process = process
-        self.token: str | None = None
+        self.token = None
         self.address = None  # see __init__ and connect()
         self.ready: pb.ReadyEvent | None = None
         self.answered = False  # something Smith-shaped has arrived
         self.accepted: frozenset[str] = frozenset()
-        self.events: asyncio.Queue[pb.Event] = asyncio.Queue()
+        self.events: asyncio.Queue[pb.Event | None] = asyncio.Queue()  # None once the connection ended
         self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
         self.resource_usage: asyncio.Queue[pb.ResourceUsageEvent] = asyncio.Queue()
         self.warnings: list[pb.ErrorEvent] = []
@@ -257,7 +263,7 @@ class Client:
         """
         kind, target = parse_address(address)
         name = format_address(kind, target)
-        if kind == "grpc":
+        if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
             client: Client = await GrpcClient.open(target, tls_ca=tls_ca, token=token)
@@ -265,7 +271,7 @@ class Client:
             return client
         limit = 1 << 20
         try:
-            if kind == "unix":
+            if isinstance(target, str):
                 reader, writer = await asyncio.open_unix_connection(target, limit=limit)
             else:
                 reader, writer = await asyncio.open_connection(*target, limit=limit)
@@ -300,7 +306,7 @@ class Client:
             limit=1 << 20,
         )
         assert proc.stdout is not None and proc.stdin is not None
-        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc, token=token)  # type: ignore[arg-type]
+        return cls(proc.stdout, proc.stdin, protocol=protocol, process=proc, token=token)
 
     async def __aenter__(self) -> Client:
         return self
@@ -422,13 +428,13 @@ class Client:
             return reason
         details = getattr(reason, "details", None)
         if callable(details):  # a gRPC call that failed: nothing (Smith) listens there
-            return ConnectError(f"cannot connect to {self.address}: {reason.code().name}: {details()} "  # type: ignore[union-attr]
+            return ConnectError(f"cannot connect to {self.address}: {reason.code().name}: {details()} "  # type: ignore[union-attr]  # details() callable: an AioRpcError, which has code()
                                 "(is smith-fast serve --grpc running there?)")
         return NotASmithService(f"not a Smith service at {self.address}: it closed the connection without answering the handshake")
 
     async def _await_ready(self) -> pb.ReadyEvent:
         while True:
-            event = await self._next(self.events)  # type: ignore[arg-type]
+            event = await self._next(self.events)
             kind = event.WhichOneof("event_type")
             if kind == "ready":
                 self.ready = event.ready
@@ -496,7 +502,7 @@ class Client:
             raise SmithError(error)
 
     async def call_tool(
-        self, tool: str, args: Any = None, *, timeout_ms: int | None = None, raw_args: bytes | None = None
+        self, tool: str, args: object = None, *, timeout_ms: int | None = None, raw_args: bytes | None = None
     ) -> pb.ToolResultEvent:
         """Call a tool with JSON-serializable ``args`` (or pre-encoded ``raw_args``); returns its result.
 
@@ -692,7 +698,7 @@ class Client:
     def _connection_ended(self) -> None:
         self._closed.set()
         for queue in list(self._routes.values()) + [self.events]:
-            queue.put_nowait(None)  # type: ignore[arg-type]
+            queue.put_nowait(None)
         while self._health:
             future = self._health.popleft()
             if not future.done():
@@ -711,10 +717,11 @@ class GrpcClient(Client):
         self.token = token
         self._channel = channel
         self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._status: Any = None
+        self._status: grpc.StatusCode | None = None
         self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
         # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
-        self._call = channel.stream_stream(STREAM_METHOD)(self._requests(), metadata=self._metadata)
+        stream: grpc_aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM_METHOD)
+        self._call = stream(self._requests(), metadata=self._metadata)
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
 
     @classmethod
@@ -779,7 +786,7 @@ class GrpcClient(Client):
             code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
             if code is None:
                 raise
-            raise SmithError(pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")) from exc
+            raise SmithError(pb.ErrorEvent(error_code=code, message=exc.details() or "")) from exc
 
     async def close_sending(self) -> None:
         """Half-close: send nothing more; the service finishes the running requests, then ends the call."""
@@ -803,7 +810,7 @@ class GrpcClient(Client):
         await self._channel.close()
 
     @property
-    def status(self) -> Any:
+    def status(self) -> grpc.StatusCode | None:
         """The call's final ``grpc.StatusCode`` once it ended (None before)."""
         return self._status
 
@@ -825,7 +832,7 @@ class GrpcClient(Client):
                 # Refused before the stream began (a wrong token in the metadata, too many
                 # connections): tell whoever waits as the ErrorEvent a socket peer would get.
                 with contextlib.suppress(ValueError):
-                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=pb.ErrorCode.Value(code), message=exc.details() or "")))
+                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=code, message=exc.details() or "")))
         except asyncio.CancelledError:
             self._status = grpc.StatusCode.CANCELLED
             self._close_reason = ConnectionClosed("client closed")

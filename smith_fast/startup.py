@@ -54,7 +54,15 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
         "--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default 127.0.0.1:9464; repeatable)",
     )
-    listen.add_argument("--allow-remote", action="store_true", help="allow TCP, gRPC and metrics on non-loopback addresses")
+    listen.add_argument(
+        "--mcp", action="store_true",
+        help="speak MCP (Model Context Protocol) on stdin/stdout, as MCP clients spawn their servers (one session)",
+    )
+    listen.add_argument(
+        "--mcp-http", action="append", default=[], nargs="?", const="127.0.0.1:8765", metavar="HOST:PORT",
+        help="serve MCP over Streamable HTTP at http://HOST:PORT/mcp (default 127.0.0.1:8765; port 0 picks a free one; repeatable)",
+    )
+    listen.add_argument("--allow-remote", action="store_true", help="allow TCP, gRPC, MCP HTTP and metrics on non-loopback addresses")
 
 
 def add_process_options(p: argparse.ArgumentParser) -> None:
@@ -95,8 +103,9 @@ def listen_config(args: argparse.Namespace) -> ListenConfig:
     listen = ListenConfig(
         stdio=args.stdio, unix=args.unix, tcp=args.tcp, grpc=args.grpc, metrics=args.metrics,
         tls_cert=args.tls_cert, tls_key=args.tls_key, allow_remote=args.allow_remote,
+        mcp=args.mcp, mcp_http=args.mcp_http,
     )
-    if not (listen.stdio or listen.unix or listen.tcp or listen.grpc):
+    if not (listen.stdio or listen.unix or listen.tcp or listen.grpc or listen.mcp or listen.mcp_http):
         listen.tcp = [DEFAULT_TCP]
     return listen
 

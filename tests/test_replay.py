@@ -564,6 +564,17 @@ def test_replay_errors_exit_2(recorded: pathlib.Path, tmp_path: pathlib.Path) ->
     assert result.returncode == 2 and "bad magic" in result.stderr
 
 
+def test_replay_against_a_grpc_address_is_refused_with_a_message(recorded: pathlib.Path, server_a: ServerProcess) -> None:
+    # A grpc: address parses to HOST:PORT text, which replay once spread into open_connection(*target)
+    # as characters: a TypeError traceback. Replay re-sends frames over a socket; gRPC has none.
+    host, port = server_a.tcp.removeprefix("tcp:").rsplit(":", 1)
+    result = replay_cli(str(recorded), "--against", f"grpc:{host}:{port}")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"smith-fast replay: cannot replay against grpc:{host}:{port}" in result.stderr
+    assert "unix: or tcp:" in result.stderr
+
+
 def test_print_shows_every_record_and_the_torn_tail(recorded: pathlib.Path, tmp_path: pathlib.Path) -> None:
     records = read_log(recorded)[1]
     result = replay_cli(str(recorded), "--print")

@@ -33,6 +33,7 @@ JS_FUNCTIONS: dict[str, str] = {
 """The global function a JavaScript hook defines for each trigger."""
 
 _ALLOW_TEXT = '{"action":"allow"}'
+_LOGGED = '["\\u0001",'  # how an answer that carries console output starts (see _PRELUDE)
 _MAX_LOG = 2000
 _MAX_LOG_LINES = 100
 
@@ -40,13 +41,17 @@ _MAX_LOG_LINES = 100
 # as globalThis properties, so `const beforeToolCall = (p) => ...` works as well as a declaration.
 # JSON.parse/stringify are captured first, so a hook that replaces them does not break the wrappers.
 # The bindings refuse calls into Python while a time limit is set, so console output is buffered in
-# the context (bounded) and comes back with the answer: "\x01" + JSON [lines, answer] instead of the
+# the context (bounded) and comes back with the answer: JSON ["\u0001", lines, answer] instead of the
 # answer alone. The allow fast path is unaffected.
+# Every string handed back to Python is made by JSON.stringify, never by `+`: quickjs-ng makes a
+# concatenation longer than a few hundred characters a rope string (JS_TAG_STRING_ROPE, -6), which
+# the bindings' value conversion (quickjs_to_python handles JS_TAG_STRING only) rejects with
+# "TypeError: Unknown quickjs tag: -6", so a long decision with console output was lost.
 _PRELUDE = (
     "const __smith_parse = JSON.parse, __smith_stringify = JSON.stringify, __smith_logs = [];\n"
     "function __smith_out(r) {\n"
     "  if (__smith_logs.length === 0) return r;\n"
-    '  return "\\u0001" + __smith_stringify([__smith_logs.splice(0), r === undefined ? null : r]);\n'
+    '  return __smith_stringify(["\\u0001", __smith_logs.splice(0), r === undefined ? null : r]);\n'
     "}\n"
     'function __smith_drain() { return __smith_stringify(__smith_logs.splice(0)); }\n'
     + "".join(
@@ -181,8 +186,8 @@ class JsHook(Hook):
             raise HookFailure(self.id, trigger, f"engine error: {type(exc).__name__}: {exc}") from None
         if out == _ALLOW_TEXT:
             return self._allow
-        if type(out) is str and out.startswith("\x01"):
-            lines, out = loads(out[1:])
+        if type(out) is str and out.startswith(_LOGGED):
+            _, lines, out = loads(out)
             self._emit(lines)
             if out == _ALLOW_TEXT:
                 return self._allow

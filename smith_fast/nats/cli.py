@@ -35,7 +35,7 @@ _EXAMPLES = {
 }
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``worker`` and ``gateway`` subcommands."""
     worker = sub.add_parser(
         "worker",

@@ -13,10 +13,11 @@ import os
 import re
 import ssl
 from collections.abc import Mapping
+from typing import TypedDict
 
 from ..options import format_duration, parse_duration
 
-__all__ = ["NatsConfig", "add_arguments", "from_arguments", "is_token"]
+__all__ = ["NatsConfig", "NatsCredentials", "add_arguments", "from_arguments", "is_token"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # stream, consumer and bucket names, subject tokens
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -25,6 +26,14 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 def is_token(name: str) -> bool:
     """Whether ``name`` can be one subject token and a stream, consumer or bucket name."""
     return bool(_NAME.match(name))
+
+
+class NatsCredentials(TypedDict, total=False):
+    """The credential keyword arguments of ``nats.connect``: ``user`` with ``password``, or ``token``."""
+
+    user: str
+    password: str
+    token: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +123,7 @@ class NatsConfig:
         if self.token is not None and self.user is not None:
             raise ValueError("give SMITH_NATS_TOKEN or SMITH_NATS_USER/SMITH_NATS_PASSWORD, not both")
 
-    def credentials(self) -> dict[str, str]:
+    def credentials(self) -> NatsCredentials:
         """The ``user``/``password`` or ``token`` keyword arguments of ``nats.connect`` (may be empty)."""
         if self.token is not None:
             return {"token": self.token}

@@ -352,7 +352,7 @@ class Bridge:
         """The session is over: workers kill its commands and forget it; queued commands are purged."""
         self.sessions.pop(session.session_id, None)
         self.control(session.session_id, "end")
-        if self.js is not None and not self.nc.is_closed:  # type: ignore[union-attr]
+        if self.js is not None and self.nc is not None and not self.nc.is_closed:
             subject = self.config.command_subject(self.gateway_id, session.session_id)
             self._spawn(self._purge(subject))
 

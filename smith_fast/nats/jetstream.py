@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -101,7 +103,7 @@ async def connect(
                 name=name,
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=config.reconnect_wait,  # type: ignore[arg-type]
+                reconnect_time_wait=config.reconnect_wait,  # type: ignore[arg-type]  # nats-py says int, but it is seconds for asyncio.sleep: a float works
                 connect_timeout=2,
                 ping_interval=5,
                 max_outstanding_pings=3,
@@ -116,14 +118,15 @@ async def connect(
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             tried += 1
             if attempts and tried >= attempts:
-                raise OSError(f"cannot reach NATS at {', '.join(config.servers)}: {exc or type(exc).__name__}") from None
+                raise OSError(f"cannot reach NATS at {', '.join(config.servers)}: {str(exc) or type(exc).__name__}") from None
             log.warning("nats unreachable, retrying", extra={"fields": {"servers": list(config.servers), "error": repr(exc)}})
             await asyncio.sleep(min(5.0, config.reconnect_wait * tried))
 
 
-async def _ensure_stream(js: JetStreamContext, cfg: api.StreamConfig) -> None:
+async def _ensure_stream(js: JetStreamContext, name: str, cfg: api.StreamConfig) -> None:
+    cfg = dataclasses.replace(cfg, name=name)
     try:
-        await js.stream_info(cfg.name)  # type: ignore[arg-type]
+        await js.stream_info(name)
         return
     except NotFoundError:
         pass
@@ -131,7 +134,7 @@ async def _ensure_stream(js: JetStreamContext, cfg: api.StreamConfig) -> None:
         await js.add_stream(cfg)
         log.info("stream created", extra={"fields": {"stream": cfg.name, "subjects": cfg.subjects}})
     except BadRequestError:
-        await js.stream_info(cfg.name)  # type: ignore[arg-type]  # created meanwhile by another process
+        await js.stream_info(name)  # created meanwhile by another process
 
 
 async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
@@ -139,8 +142,8 @@ async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
     storage = api.StorageType(config.storage)
     await _ensure_stream(
         js,
+        config.command_stream,
         api.StreamConfig(
-            name=config.command_stream,
             description="smith-fast commands: gateway -> workers",
             subjects=[f"{config.prefix}.cmd.>"],
             retention=api.RetentionPolicy.WORK_QUEUE,
@@ -154,8 +157,8 @@ async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
     )
     await _ensure_stream(
         js,
+        config.event_stream,
         api.StreamConfig(
-            name=config.event_stream,
             description="smith-fast events: workers -> gateways",
             subjects=[f"{config.prefix}.evt.>"],
             retention=api.RetentionPolicy.INTEREST,
@@ -169,9 +172,10 @@ async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
     )
 
 
-async def _ensure_consumer(js: JetStreamContext, stream: str, cfg: api.ConsumerConfig) -> None:
+async def _ensure_consumer(js: JetStreamContext, stream: str, durable: str, cfg: api.ConsumerConfig) -> None:
+    cfg = dataclasses.replace(cfg, durable_name=durable)
     try:
-        await js.consumer_info(stream, cfg.durable_name)  # type: ignore[arg-type]
+        await js.consumer_info(stream, durable)
         return
     except NotFoundError:
         pass
@@ -179,7 +183,7 @@ async def _ensure_consumer(js: JetStreamContext, stream: str, cfg: api.ConsumerC
         await js.add_consumer(stream, cfg)
         log.info("consumer created", extra={"fields": {"stream": stream, "consumer": cfg.durable_name}})
     except BadRequestError:
-        await js.consumer_info(stream, cfg.durable_name)  # type: ignore[arg-type]
+        await js.consumer_info(stream, durable)  # created meanwhile by another process
 
 
 async def ensure_worker_consumer(js: JetStreamContext, config: NatsConfig) -> None:
@@ -187,8 +191,8 @@ async def ensure_worker_consumer(js: JetStreamContext, config: NatsConfig) -> No
     await _ensure_consumer(
         js,
         config.command_stream,
+        config.worker_consumer,
         api.ConsumerConfig(
-            durable_name=config.worker_consumer,
             description="smith-fast workers",
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=config.ack_wait,
@@ -205,8 +209,8 @@ async def ensure_gateway_consumer(js: JetStreamContext, config: NatsConfig, gate
     await _ensure_consumer(
         js,
         config.event_stream,
+        config.gateway_consumer(gateway),
         api.ConsumerConfig(
-            durable_name=config.gateway_consumer(gateway),
             description="smith-fast gateway events",
             filter_subject=config.gateway_filter(gateway),
             ack_policy=api.AckPolicy.ALL,
@@ -266,7 +270,7 @@ class PullFeed:
         self._asked = 0  # messages the outstanding requests may still bring
         self._heard = 0.0
         self._inbox = nc.new_inbox()
-        self._sub: nats.aio.subscription.Subscription | None = None
+        self._sub: Subscription | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._paused = False
         self.received = 0
@@ -321,16 +325,16 @@ class PullFeed:
 
     async def _receive(self, msg: Msg) -> None:
         self._heard = time.monotonic()
-        headers = msg.headers
-        status = headers.get("Status") if headers else None
+        headers = msg.headers or {}
+        status = headers.get("Status")
         if status is not None and not msg.data and not msg.reply:
             if status == "100":  # idle heartbeat
                 return
             # 404/408: a request ended (no messages, expired); 409: consumer deleted, leadership
             # changed, limits ... The header says how many of its messages it will not bring.
-            pending = headers.get("Nats-Pending-Messages")  # type: ignore[union-attr]
+            pending = headers.get("Nats-Pending-Messages")
             self._asked = max(0, self._asked - int(pending)) if pending is not None else 0
-            description = str(headers.get("Description", ""))  # type: ignore[union-attr]
+            description = str(headers.get("Description", ""))
             if status == "409" and "Deleted" in description and self._on_gone is not None:
                 await self._on_gone()
             if status not in ("404", "408"):
@@ -451,7 +455,7 @@ class Publisher:
         self._inflight: dict[int, _Pending] = {}
         self._next_token = 0
         self._prefix = nc.new_inbox() + "."
-        self._sub: nats.aio.subscription.Subscription | None = None
+        self._sub: Subscription | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.backlog = 0
         self.high_water = high_water

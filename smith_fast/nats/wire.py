@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
@@ -181,7 +182,7 @@ class RequestStream:
 
     __slots__ = ("request_id", "attempt", "finished", "state", "dropped", "restarts", "_reseq", "_new", "_window", "_processing", "_shown")
 
-    def __init__(self, request_id: str, window: int = DEFAULT_WINDOW, resequencer: type[Resequencer[Sequence[pb.Event]]] = Resequencer) -> None:
+    def __init__(self, request_id: str, window: int = DEFAULT_WINDOW, resequencer: type[Resequencer] = Resequencer) -> None:
         self.request_id = request_id
         self.attempt = 0
         self.finished = False
@@ -190,7 +191,7 @@ class RequestStream:
         self.restarts = 0  # attempts announced to the frontend
         self._window = window
         self._new = resequencer
-        self._reseq: Resequencer[Sequence[pb.Event]] = resequencer(window)
+        self._reseq = resequencer(window)  # holds Sequence[pb.Event] items: push() only gets those
         self._processing = False
         self._shown = False
 
@@ -218,7 +219,9 @@ class RequestStream:
             self.attempt = attempt
             self._reseq = self._new(self._window)
         before = self._reseq.duplicates
-        ready = self._reseq.push(index, events)
+        # Resequencer is not generic (the compiled twin is a cdef class): every item pushed here is a
+        # Sequence[pb.Event], so that is what comes back out.
+        ready = cast("list[Sequence[pb.Event]]", self._reseq.push(index, events))
         self.dropped += self._reseq.duplicates - before
         rid = self.request_id
         for ev in (ev for batch in ready for ev in batch):

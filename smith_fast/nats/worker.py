@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -185,10 +186,13 @@ class _SessionState:
                 if task is None:
                     task = asyncio.get_running_loop().create_task(self._load(key))
                     self.loading[key] = task
-                    task.add_done_callback(lambda _t, key=key: self.loading.pop(key, None))
+                    task.add_done_callback(functools.partial(self._loaded, key))
                 hook = await asyncio.shield(task)
             out.append(hook)
         return out
+
+    def _loaded(self, key: str, _task: asyncio.Task[Hook]) -> None:
+        self.loading.pop(key, None)
 
     async def _load(self, key: str) -> Hook:
         cmd = await self.worker.fetch_hook(key)
@@ -379,10 +383,10 @@ class Worker:
         action = (msg.headers or {}).get(CONTROL, "")
         if action in ("pause", "resume"):
             # Kept even before a command of the session ran here: it starts paused.
-            state = self._state(session_id)
-            state.paused = action == "pause"
-            for session in state.running:
-                if state.paused:
+            kept = self._state(session_id)
+            kept.paused = action == "pause"
+            for session in kept.running:
+                if kept.paused:
                     session.pause()
                 elif not self._backlogged:
                     session.resume()

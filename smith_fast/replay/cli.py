@@ -32,7 +32,7 @@ _EXAMPLES = """examples:
 """
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add the ``replay`` subcommand to ``subparsers`` (from ``ArgumentParser.add_subparsers``).
 
     Returns:

@@ -32,12 +32,12 @@ import contextlib
 import json
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from ..client import parse_address
+from ..client import AddressError, parse_address
 from ..errors import FramingError, SmithFastError
 from ..errors import ProtocolError
 from ..framing import FrameDecoder, encode_frame
@@ -133,10 +133,11 @@ def _label(command: pb.Command) -> tuple[str | None, str]:
     inner = getattr(command, kind, None)
     rid = getattr(inner, "request_id", None) or None
     if kind == "shell_exec":
-        text = inner.command if len(inner.command) <= 60 else inner.command[:57] + "..."  # type: ignore[union-attr]
+        line = command.shell_exec.command
+        text = line if len(line) <= 60 else line[:57] + "..."
         return rid, f"shell_exec {text!r}"
     if kind == "tool_call":
-        return rid, f"tool_call {inner.tool}"  # type: ignore[union-attr]
+        return rid, f"tool_call {command.tool_call.tool}"
     return rid, kind
 
 
@@ -243,12 +244,18 @@ class Replayer:
 
         Raises:
             OSError: the connection cannot be made.
+            AddressError: ``address`` is not one of those (a ``grpc:`` address, say).
         """
         kind, target = parse_address(address)
-        if kind == "unix":
-            reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
-        else:
+        if isinstance(target, tuple):
             reader, writer = await asyncio.open_connection(*target, limit=1 << 20)
+        elif kind == "unix":
+            reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
+        else:  # the frames go back as they were recorded, over a socket: gRPC has none to send them on
+            raise AddressError(
+                f"cannot replay against {address}: a replay re-sends the recorded frames over a socket; "
+                "give the service's unix: or tcp: address"
+            )
         return await self.run(reader, writer)
 
     async def spawn(self, *serve_args: str, env: Mapping[str, str] | None = None, python: str = sys.executable) -> ReplayResult:
@@ -321,7 +328,7 @@ class Replayer:
                 closed.set()
                 changed.set()
 
-        async def until(pred, what: str, timeout: float | None = None) -> bool:  # type: ignore[no-untyped-def]
+        async def until(pred: Callable[[], bool], what: str, timeout: float | None = None) -> bool:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + (self.timeout if timeout is None else timeout)
             while not pred():
@@ -354,7 +361,8 @@ class Replayer:
             base = plan.steps[0].offset_ns if plan.steps else 0
             for i, step in enumerate(plan.steps):
                 if step.needs and not met(step.needs):
-                    await until(lambda s=step: met(s.needs) or closed.is_set(), describe(step.needs))
+                    # Awaited here, before the loop moves on: the lambda's ``step`` is this one.
+                    await until(lambda: met(step.needs) or closed.is_set(), describe(step.needs))
                 if not self.fast:
                     delay = (step.offset_ns - base) / 1e9 - (loop.time() - start)
                     if delay > 0:
@@ -431,12 +439,13 @@ class Replayer:
         if codec is None:
             raw = step.raw
             if handshake and (not same or give):
-                env = pb.Envelope()
-                env.CopyFrom(step.envelope)
+                copy = pb.Envelope()
+                copy.CopyFrom(env)
+                env = copy
                 if not same:
                     env.command.handshake.version = self.protocol
-                if give:
-                    env.command.handshake.client_info[_TOKEN_KEY] = self.token  # type: ignore[assignment]
+                if give and self.token is not None:  # give says there is one
+                    env.command.handshake.client_info[_TOKEN_KEY] = self.token
                 raw = env.SerializeToString()
             elif step.kind != RECORD_IN:
                 raw = env.SerializeToString()
@@ -500,9 +509,10 @@ def _line_envelope(codec: JsonlCodec, line: bytes) -> pb.Envelope | None:
     try:
         command = codec.decode_command(line)
     except ProtocolError as exc:
-        command = getattr(exc, "command", None)
-        if command is None:
+        partial = getattr(exc, "command", None)  # the codec's decoded command, unknown capabilities left out
+        if not isinstance(partial, pb.Command):
             return None
+        command = partial
     env = pb.Envelope()
     env.command.CopyFrom(command)
     return env

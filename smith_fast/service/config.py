@@ -140,6 +140,8 @@ class ServiceConfig:
         planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
         token: the shared secret socket and gRPC peers must present in their handshake
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
+        mcp_servers: ``NAME=COMMAND`` / ``NAME=URL`` MCP servers whose tools are registered as
+            ``NAME.TOOL`` at start-up (``--mcp-server``; :mod:`smith_fast.mcp.mount`).
         allow_env: request environment variables permitted although
             :func:`smith_fast.refused_env.refused_names` would refuse them (``--allow-env``).
     """
@@ -182,6 +184,10 @@ class ServiceConfig:
     token: str | None = option(
         None, repr=False, flag="--token", unit="text", metavar="TOKEN", env="SMITH_TOKEN", commands=_FRONTS, group=_SECURITY,
         help="shared secret socket and gRPC peers must present in their handshake; prefer the variable: arguments show in ps")
+    mcp_servers: tuple[str, ...] = option(
+        (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve",), group=_POLICY,
+        help="mount an MCP server's tools as NAME.TOOL: a command line (spawned, supervised, spoken to over stdio) "
+             "or an http(s) URL (Streamable HTTP); needs smith-fast[mcp]")
     allow_env: frozenset[str] = option(
         frozenset(), flag="--allow-env", unit="text", repeat=True, metavar="NAME", commands=_RUNNERS, group=_SECURITY,
         help="let requests set this refused environment variable (LD_PRELOAD ...; see README, Security)")

@@ -34,6 +34,7 @@ import json
 import socket
 import struct
 from collections.abc import Callable, Mapping
+from typing import cast
 
 from google.protobuf.message import DecodeError
 
@@ -44,12 +45,12 @@ from ..framing import MAX_VARINT_LENGTH, FrameDecoder, encode_varint, varint_siz
 from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .core import ServiceCore
 from .auth import TOKEN_KEY
+from .core import ServiceCore
 from .deadlines import Deadlines
 from .redact import redacted_bytes, redacted_line
 from .session import Session
-from .sinks import V0Sink, V1Sink, now_ms
+from .sinks import EventSink, V0Sink, V1Sink, now_ms
 
 __all__ = ["Connection", "invalid_envelope", "sniff_version"]
 
@@ -144,7 +145,8 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
         if self._writer is None:
-            self._writer = transport  # type: ignore[assignment]
+            # A stream protocol's transport writes too; BaseTransport is only what the Protocol API promises.
+            self._writer = cast("asyncio.WriteTransport", transport)
         self._loop = asyncio.get_running_loop()
         if self.peer == "?":
             self.peer = describe_peer(transport)
@@ -227,6 +229,7 @@ class Connection(asyncio.BufferedProtocol):
     def _start_session(self, head: bytes) -> None:
         version = self._version(head)
         self._io = self.core.metrics.io[f"v{version}"]
+        sink: EventSink
         if version == 1:
             sink = V1Sink(self.write, notify=self._schedule_flush)
             self._decoder = FrameDecoder(self.core.limits.max_frame_size)
@@ -278,7 +281,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             frames = self._decoder.feed(data)
         except FramingError as exc:
-            frames, fatal = exc.frames, exc  # type: ignore[attr-defined]
+            frames, fatal = exc.frames, exc
         io = self._io
         io.bytes_in += len(data)
         io.frames_in += len(frames)
@@ -330,7 +333,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             lines = self._lines.feed(data)
         except FrameTooLarge as exc:  # not sticky for v0: the decoder resyncs at the next newline
-            lines, error = exc.frames, exc  # type: ignore[attr-defined]
+            lines, error = exc.frames, exc
         io = self._io
         io.bytes_in += len(data)
         io.frames_in += len(lines)
@@ -344,7 +347,7 @@ class Connection(asyncio.BufferedProtocol):
                 if len(line) > limit:
                     self._too_large_before_handshake(session, None, len(line), "a line")
                     return
-            if error is not None and i == error.index:  # type: ignore[attr-defined]
+            if error is not None and i == error.index:
                 self._line_too_long(error)
             self._line(session, line)
         if guard and not session.closing and not self._admitted(session):
@@ -354,7 +357,7 @@ class Connection(asyncio.BufferedProtocol):
             if self._lines.buffered > limit:
                 self._too_large_before_handshake(session, None, self._lines.buffered, "a line")
                 return
-        if error is not None and error.index >= len(lines):  # type: ignore[attr-defined]
+        if error is not None and error.index >= len(lines):
             self._line_too_long(error)
 
     def _line(self, session: Session, line: bytes) -> None:
@@ -365,11 +368,12 @@ class Connection(asyncio.BufferedProtocol):
             if recorder is not None:  # kept as it arrived, so a replay sends it again
                 recorder.record_line(redacted_line(line, self.core.config.token), malformed=True)
             # An unknown capability does not fail the handshake: the rest are still granted.
-            command = getattr(exc, "command", None)
-            if command is None:
+            partial = getattr(exc, "command", None)  # the codec's decoded command, unknown capabilities left out
+            if not isinstance(partial, pb.Command):
                 # A line whose request_id was readable is a refused request: its terminal state too.
                 (session.refuse if exc.request_id else session.protocol_error)(exc)
                 return
+            command = partial
             session.protocol_error(exc)
         else:
             if recorder is not None:
@@ -403,7 +407,7 @@ class Connection(asyncio.BufferedProtocol):
         full = self._out.add(data)
         if full is not None:
             self._io.bytes_out += len(full)
-            self._writer.write(full)  # type: ignore[union-attr]
+            self._writer.write(full)  # type: ignore[union-attr]  # set by connection_made, before any session writes
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -425,7 +429,7 @@ class Connection(asyncio.BufferedProtocol):
         data = self._out.flush()
         if data:
             self._io.bytes_out += len(data)
-            self._writer.write(data)  # type: ignore[union-attr]
+            self._writer.write(data)  # type: ignore[union-attr]  # set by connection_made, before any session writes
 
     def close(self) -> None:
         """Flush what is queued, then close (the transport sends buffered bytes first): a
@@ -442,9 +446,10 @@ class Connection(asyncio.BufferedProtocol):
             self._writer.close()
         if transport is None or transport.is_closing():
             return
-        if self._writer is transport and not self.core.shutting_down and transport.can_write_eof():  # type: ignore[attr-defined]
-            transport.write_eof()  # type: ignore[attr-defined]
-            self._loop.call_later(LINGER, transport.close)
+        writer = self._writer
+        if writer is transport and writer is not None and not self.core.shutting_down and writer.can_write_eof():
+            writer.write_eof()
+            self._loop.call_later(LINGER, writer.close)
             return
         transport.close()
 
@@ -461,7 +466,7 @@ class Connection(asyncio.BufferedProtocol):
         self._io.frames_out += 1
         self._io.bytes_out += len(data)
         if self._writer is not None and not self._shut:
-            self._writer.write(data)  # type: ignore[union-attr]
+            self._writer.write(data)
         self.close()
 
     def _refuse_over_limit(self) -> None:

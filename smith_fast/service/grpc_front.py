@@ -33,7 +33,7 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -49,6 +49,7 @@ from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
+from .negotiation import wire_capabilities
 from .redact import redacted_bytes
 from .session import Session
 from .sinks import V1Sink
@@ -67,6 +68,10 @@ __all__ = [
 ]
 
 log = get_logger("smith_fast.grpc")
+
+# The request and response types of a call's context: Stream passes bytes, Negotiate messages.
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
 
 SERVICE_NAME = "smith.v1.SmithService"
 HIGH_WATER = 1 << 20
@@ -134,7 +139,7 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
     if fallback:
         meta["jsonl_endpoints"] = endpoint_list(core.addresses(0))
     return pb.NegotiateResponse(
-        selected_version=version, capabilities=granted, service_metadata=meta, fallback_to_jsonl=fallback
+        selected_version=version, capabilities=wire_capabilities(granted), service_metadata=meta, fallback_to_jsonl=fallback
     )
 
 
@@ -290,7 +295,9 @@ class GrpcFront:
 
     # ---- methods -------------------------------------------------------------------------------
 
-    async def _negotiate(self, request: pb.NegotiateRequest, context: aio.ServicerContext) -> pb.NegotiateResponse:
+    async def _negotiate(
+        self, request: pb.NegotiateRequest, context: aio.ServicerContext[pb.NegotiateRequest, pb.NegotiateResponse]
+    ) -> pb.NegotiateResponse:
         self.core.metrics.io["grpc"].frames_in += 1
         token = self.core.config.token
         if token is not None:
@@ -309,22 +316,23 @@ class GrpcFront:
         return response
 
     @staticmethod
-    async def _abort(context: aio.ServicerContext, exc: ProtocolError) -> None:
+    async def _abort(context: aio.ServicerContext[_Request, _Response], exc: ProtocolError) -> None:
         context.set_trailing_metadata(((ERROR_CODE_METADATA, pb.ErrorCode.Name(exc.code)),))
         await context.abort(GRPC_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc))
 
-    async def _unauthenticated(self, context: aio.ServicerContext, message: str) -> None:
+    async def _unauthenticated(self, context: aio.ServicerContext[_Request, _Response], message: str) -> None:
         log.warning("authentication failed", extra={"fields": {"peer": context.peer(), "error": message}})
         self.core.metrics.error(pb.ERROR_CODE_PERMISSION_DENIED)
         context.set_trailing_metadata(((ERROR_CODE_METADATA, "ERROR_CODE_PERMISSION_DENIED"),))
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def _stream(self, requests: AsyncIterator[bytes], context: aio.ServicerContext) -> None:
+    async def _stream(self, requests: AsyncIterator[bytes], context: aio.ServicerContext[bytes, bytes]) -> None:
         core = self.core
         if core.shutting_down:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the service is shutting down")
-        presented = metadata_token(context.invocation_metadata()) if core.config.token is not None else None
-        if presented is not None and not token_matches(core.config.token, presented):  # type: ignore[arg-type]
+        token = core.config.token
+        presented = metadata_token(context.invocation_metadata()) if token is not None else None
+        if token is not None and presented is not None and not token_matches(token, presented):
             await _first_message(requests)
             await self._unauthenticated(context, "the call metadata presents a wrong token")
         if core.connections >= core.limits.max_connections:

@@ -50,7 +50,7 @@ class HealthSource(Protocol):
     def network_connections(self) -> int: ...
 
 
-def serving_status(core: HealthSource, service_name: str = "") -> int:
+def serving_status(core: HealthSource, service_name: str = "") -> pb.HealthCheckResponse.ServingStatus:
     """``SERVING`` while the core runs, ``NOT_SERVING`` once it shuts down, ``SERVICE_UNKNOWN``
     for a name that is not in :data:`SERVICE_NAMES`."""
     if service_name not in SERVICE_NAMES:

@@ -49,7 +49,7 @@ __all__ = [
     "open_fds",
 ]
 
-PROTOCOLS = ("v1", "v0", "grpc")
+PROTOCOLS = ("v1", "v0", "grpc", "mcp")
 COMMAND_TYPES = tuple(f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields)
 HOOK_ACTIONS = ("allow", "block", "transform")
 ERROR_CODES = tuple(name.removeprefix("ERROR_CODE_") for name in pb.ErrorCode.keys())

@@ -3,8 +3,9 @@ the listeners a NegotiateResponse points a frontend at."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ..pb import smith_pb2
 
@@ -22,6 +23,7 @@ __all__ = [
     "accept_additions",
     "capability_name",
     "endpoint_list",
+    "wire_capabilities",
 ]
 
 SUPPORTED_VERSIONS = (1, 0)  # in order of preference (PROTOCOL.md, "Negotiation")
@@ -46,6 +48,15 @@ class Endpoint:
 
     address: str
     versions: tuple[int, ...]
+
+
+def wire_capabilities(numbers: Iterable[int]) -> list[smith_pb2.Capability]:
+    """Capability numbers as the stubs type a ``repeated Capability`` field.
+
+    ``smith_pb2.Capability`` is an ``int`` subclass for checkers only: at run time an enum value is
+    a plain int, so this is a cast, not a conversion.
+    """
+    return cast("list[smith_pb2.Capability]", list(numbers))
 
 
 def endpoint_list(addresses: Sequence[str]) -> str:

@@ -113,7 +113,7 @@ class SmithCollector:
 def make_registry(core: MetricsSource) -> CollectorRegistry:
     """A registry with the Smith collector and prometheus_client's process and platform collectors."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SmithCollector(core))  # type: ignore[arg-type]
+    registry.register(SmithCollector(core))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

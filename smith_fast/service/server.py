@@ -20,6 +20,8 @@ from .connection import Connection, tcp_address
 from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 
 if TYPE_CHECKING:
+    from ..mcp.http import McpHttpServer
+    from ..mcp.mount import MountedServer
     from .grpc_front import GrpcFront
     from .prometheus import MetricsServer
 
@@ -43,6 +45,8 @@ class ListenConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     allow_remote: bool = False
+    mcp: bool = False  # MCP on stdin/stdout
+    mcp_http: list[str] = field(default_factory=list)  # MCP Streamable HTTP listeners
 
 
 def parse_tcp(addr: str) -> tuple[str, int]:
@@ -59,7 +63,9 @@ def _is_loopback(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
         raise ListenError(f"cannot resolve {host!r}: {exc}") from None
-    return all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+    # sockaddr[0] is the address text for AF_INET and AF_INET6 (typeshed also allows an int for
+    # families getaddrinfo does not return here).
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def _checked(addr: str, what: str, allow_remote: bool) -> tuple[str, int]:
@@ -102,6 +108,16 @@ async def _open_metrics(core: ServiceCore, listen: ListenConfig) -> MetricsServe
     for host, port in hosts:
         address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
         log.info("listening", extra={"fields": {"address": address}})
+    return server
+
+
+async def _open_mcp_http(core: ServiceCore, addr: str, allow_remote: bool) -> McpHttpServer:
+    from ..mcp.http import McpHttpServer  # only when asked for
+
+    host, port = _checked(addr, "MCP HTTP", allow_remote)
+    server = McpHttpServer(core)
+    address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
+    log.info("listening", extra={"fields": {"address": address}})
     return server
 
 
@@ -197,14 +213,33 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     runs no commands itself: no child guard then).
     """
     # Refuse a bad address or TLS setting before anything is bound.
-    for addr, what in [*((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics)]:
+    if listen.mcp and listen.stdio:
+        raise ListenError("--mcp and --stdio both speak on stdin/stdout; pick one")
+    for addr, what in [
+        *((a, "TCP") for a in listen.tcp), *((a, "gRPC") for a in listen.grpc), *((a, "metrics") for a in listen.metrics),
+        *((a, "MCP HTTP") for a in listen.mcp_http),
+    ]:
         _checked(addr, what, listen.allow_remote)
     _tls(listen)
     runs_commands = core is None
     if core is None:
         core = ServiceCore(config, loop_name=loop_name)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
-        return await _listen(core, config, listen, loop_name)
+        mounted = await _mount(core, config)
+        try:
+            return await _listen(core, config, listen, loop_name)
+        finally:
+            for server in mounted:
+                await server.close()
+
+
+async def _mount(core: ServiceCore, config: ServiceConfig) -> list[MountedServer]:
+    """The --mcp-server tools, in the registry before any listener opens."""
+    if not config.mcp_servers:
+        return []
+    from ..mcp.mount import mount_all
+
+    return await mount_all(core.tools, config.mcp_servers)
 
 
 async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str) -> int:
@@ -215,6 +250,7 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
     unix_paths: list[str] = []
     grpc_front: GrpcFront | None = None
     metrics_server: MetricsServer | None = None
+    mcp_servers: list[McpHttpServer] = []
 
     def factory() -> Connection:
         return Connection(core, protocol=config.protocol)
@@ -240,9 +276,16 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
         grpc_front = await _open_grpc(core, listen)
     if listen.metrics:
         metrics_server = await _open_metrics(core, listen)
+    for addr in listen.mcp_http:
+        mcp_servers.append(await _open_mcp_http(core, addr, listen.allow_remote))
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)
+    if listen.mcp:
+        from ..mcp.stdio import open_mcp_stdio
+
+        log.info("listening", extra={"fields": {"address": "mcp:stdio"}})
+        await open_mcp_stdio(core, stop)
     log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name, "token_required": config.token is not None}})
     try:
         await stop.wait()
@@ -259,6 +302,8 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
                 await grpc_front.stop(1.0)  # the sessions' last messages are queued by now
         if metrics_server is not None:
             metrics_server.close()
+        for mcp_server in mcp_servers:
+            mcp_server.close()
         for server in servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)

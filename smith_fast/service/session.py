@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import pathlib
 import time
 import uuid
@@ -28,7 +29,14 @@ from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
-from .negotiation import ACCEPT_KEY, SUPPORTED_VERSIONS, accept_additions, capability_name
+from .negotiation import (
+    ACCEPT_KEY,
+    DEFAULT_METRICS_INTERVAL_MS,
+    SUPPORTED_VERSIONS,
+    accept_additions,
+    capability_name,
+    wire_capabilities,
+)
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -57,14 +65,18 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path | None: ...
+    def record_dir(self) -> pathlib.Path:
+        """Where sessions granted ``replay`` are recorded."""
+        ...
 
     @property
-    def sessions(self) -> MutableSet[Any]: ...
+    def sessions(self) -> MutableSet[Session]: ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
-    def service_info(self, version: int, granted: list[int], accepted: Sequence[str] = ..., interval_ms: int = ...) -> dict[str, str]: ...
+    def service_info(
+        self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
+    ) -> dict[str, str]: ...
 
 
 class Session:
@@ -178,6 +190,7 @@ class Session:
         if kind == "handshake":
             self._handshake(command.handshake)
             return
+        rid: str | None
         if not self.authenticated:
             self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", self.request_id(command))
             return
@@ -222,7 +235,7 @@ class Session:
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
-        self._start(rid, spec, command)
+        self._start(rid or "", spec, command)
 
     def request_id(self, command: pb.Command) -> str | None:
         """The command's request id if it can be read as one: set, and not over
@@ -375,7 +388,7 @@ class Session:
         event = pb.Event()
         ready = event.ready
         ready.version = self.version
-        ready.capabilities.extend(granted)
+        ready.capabilities.extend(wire_capabilities(granted))
         ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
@@ -462,7 +475,20 @@ class Session:
             return
         task = self._loop.create_task(self._request(spec, rid, command))
         self._tasks[rid] = task
-        task.add_done_callback(lambda _t, rid=rid: self._tasks.pop(rid, None))
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
+        self._tasks.pop(rid, None)
+
+    def cancel_request(self, rid: str) -> bool:
+        """Cancel the running request ``rid`` (its process group is killed; the runner sends its
+        terminal state). False when none runs. For fronts whose protocol cancels by itself (MCP's
+        ``notifications/cancelled``) until the runner seam has a Cancel command."""
+        task = self._tasks.get(rid)
+        if task is None:
+            return False
+        task.cancel()
+        return True
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from .. import events
+from .._varint import skip as skip_varint
 from ..coalescing import EventBatcher
 from ..jsonl import JsonlCodec
 from ..pb import smith_pb2
@@ -35,15 +36,6 @@ _EVENT_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["event"].number
 _BATCH_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["batch_event"].number
 BATCH_MAX_EVENTS = 1024
 BATCH_MAX_BYTES = 256 * 1024
-
-
-def _event_bytes(envelope: bytes) -> bytes:
-    """The ``Event`` inside a bare Envelope whose timestamp and sequence are 0 (so omitted):
-    the tag 0x5A, the Event's length as a varint, then the Event."""
-    i = 2
-    while envelope[i - 1] & 0x80:
-        i += 1
-    return envelope[i:]
 
 
 class Recording(Protocol):
@@ -204,7 +196,11 @@ class V1Sink(EventSink):
         self._write(events.encode_envelope(ts, seq, _BATCH_FIELD, batch, framed=self._framed))
 
     def _batched(self, envelope: bytes) -> None:
-        full = self._add(_event_bytes(envelope))
+        # The Event inside a bare Envelope whose timestamp and sequence are 0 (so omitted): after
+        # the tag 0x5A and the Event's length. That length is one byte for an Event below 128 bytes,
+        # the common case, stepped over inline: the call costs 7-9% of a batched event (bench_sinks).
+        start = 2 if envelope[1] < 0x80 else skip_varint(envelope, 1)
+        full = self._add(envelope[start:])
         if full:
             for batch in full:
                 self._write_batch(batch)

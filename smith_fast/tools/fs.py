@@ -1,7 +1,8 @@
 """The file tools ``fs.read``, ``fs.write`` and ``fs.list``.
 
-Every path goes through :meth:`ToolContext.resolve <smith_fast.tools.workspace.ToolContext.resolve>`
-(see :mod:`smith_fast.tools.workspace` for what is allowed); paths in results are POSIX paths
+Every path is opened through :meth:`ToolContext.open <smith_fast.tools.workspace.ToolContext.open>`
+or :meth:`~smith_fast.tools.workspace.ToolContext.open_parent`, beneath a directory fd of the root
+with the containment enforced by the kernel (see :mod:`smith_fast.tools.workspace`); paths in results are POSIX paths
 relative to the root. Blocking file-system work runs in the default executor so one slow disk
 does not stall the other calls; the exception is ``fs.read`` of at most :data:`INLINE_READ`
 bytes of a regular file, which costs less than the hop to a thread and back.
@@ -18,9 +19,11 @@ import secrets
 import stat
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Any
 
+from smith_fast.errors import ProtocolError
+from smith_fast.pb import smith_pb2
+from smith_fast.tools.openat2 import open_beneath
 from smith_fast.tools.registry import Tool
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import ToolContext, display_name
@@ -63,23 +66,27 @@ INLINE_READ = 64 * 1024
 
 
 async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    path = ctx.resolve_str(args["path"])
     offset: int = args.get("offset", 0)
     length: int | None = args.get("length")
     encoding: str = args.get("encoding", "utf-8")
     cap = ctx.max_output
     n = cap if length is None else min(length, cap)
-    fd, size = _open_regular(path)
+    # O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
+    fd, name = ctx.open(args["path"], os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        size = _regular_size(fd, name)
+    except BaseException:
+        os.close(fd)
+        raise
     if min(n, max(0, size - offset)) <= INLINE_READ:
         try:
             data = _pread(fd, n, offset, size)
         finally:
             os.close(fd)
     else:
-        # The thread opens the file again (and checks it again) rather than sharing this fd: a
-        # cancelled call must not close an fd that a still-running thread reads from.
-        os.close(fd)
-        data, size = await asyncio.to_thread(_read_bytes, path, offset, length, cap)
+        # The thread owns the fd from here and closes it: a cancelled call returns at once, and
+        # the fd stays open until the thread's read is done.
+        data = await asyncio.to_thread(_pread_and_close, fd, n, offset, size)
     wanted = max(0, size - offset) if length is None else min(length, max(0, size - offset))
     truncated = len(data) < wanted
     if encoding == "base64":
@@ -88,7 +95,7 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     else:
         content, covered = _decode_utf8(data, at_eof=offset + len(data) >= size, offset=offset)
     return {
-        "path": ctx.relative(path),
+        "path": name,
         "content": content,
         "size": size,
         "offset": offset,
@@ -97,20 +104,14 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     }
 
 
-def _open_regular(path: str | Path) -> tuple[int, int]:
-    """Open ``path`` for reading; return the fd and the file's size. Refuses all but regular files."""
-    # O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(f"is a directory: {os.path.basename(path)!r}")
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"not a regular file: {os.path.basename(path)!r}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st.st_size
+def _regular_size(fd: int, name: str) -> int:
+    """The size of the regular file ``fd`` is open on; refuses all but regular files."""
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"is a directory: {os.path.basename(name)!r}")
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"not a regular file: {os.path.basename(name)!r}")
+    return st.st_size
 
 
 def _pread(fd: int, n: int, offset: int, size: int) -> bytes:
@@ -124,10 +125,9 @@ def _pread(fd: int, n: int, offset: int, size: int) -> bytes:
     return data
 
 
-def _read_bytes(path: str | Path, offset: int, length: int | None, cap: int) -> tuple[bytes, int]:
-    fd, size = _open_regular(path)
+def _pread_and_close(fd: int, n: int, offset: int, size: int) -> bytes:
     try:
-        return _pread(fd, cap if length is None else min(length, cap), offset, size), size
+        return _pread(fd, n, offset, size)
     finally:
         os.close(fd)
 
@@ -181,9 +181,6 @@ WRITE_SCHEMA: dict[str, Any] = {
 
 
 async def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    path = ctx.resolve(args["path"], must_exist=False)
-    if path == ctx.root:
-        raise IsADirectoryError("cannot write to the workspace root")
     content: str = args["content"]
     if args.get("encoding", "utf-8") == "base64":
         try:
@@ -195,50 +192,74 @@ async def _write(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             data = content.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise ArgumentError(f"unencodable character at index {exc.start}", "$.content") from None
+    path: str = args["path"]
     append = args.get("append", False)
     create_dirs = args.get("create_dirs", False)
-    await asyncio.to_thread(_write_bytes, path, data, append, create_dirs)
-    return {"path": ctx.relative(path), "bytes_written": len(data)}
+    name = await asyncio.to_thread(_write_bytes, ctx, path, data, append, create_dirs)
+    return {"path": name, "bytes_written": len(data)}
 
 
-def _write_bytes(path: Path, data: bytes, append: bool, create_dirs: bool) -> None:
-    parent = path.parent
-    if create_dirs:
-        parent.mkdir(parents=True, exist_ok=True)
-    elif not parent.is_dir():
-        raise FileNotFoundError(f"no such directory: {parent.name!r} (set create_dirs to create it)")
-    if append:
-        # The path was resolved symlink-free; O_NOFOLLOW keeps it so if one appears meanwhile.
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        return
-    if path.is_dir():
-        raise IsADirectoryError(f"is a directory: {path.name!r}")
+def _write_bytes(ctx: ToolContext, path: str, data: bytes, append: bool, create_dirs: bool) -> str:
+    # Everything happens relative to the parent directory's fd, opened beneath the root: a
+    # component swapped for a symlink afterwards changes nothing.
+    dirfd, name, shown = ctx.open_parent(path, create_dirs=create_dirs)
     try:
-        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+        if append:
+            _append(dirfd, name, data, path)
+        else:
+            _replace(dirfd, name, data)
+    finally:
+        os.close(dirfd)
+    return shown
+
+
+def _append(dirfd: int, name: str, data: bytes, path: str) -> None:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o666, dir_fd=dirfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file: {name!r}")
+        if st.st_nlink > 1:
+            # Another name of the same file may be outside the root (a hard link to ~/.bashrc):
+            # appending would change it. A replacing write is safe (it renames a new file over
+            # this name), so only appending is refused.
+            raise ProtocolError(
+                f"path {path!r} is a file with {st.st_nlink} hard links; appending to it is refused "
+                "(write it without append to replace this name only)",
+                smith_pb2.ERROR_CODE_PERMISSION_DENIED,
+                details={"path": path, "reason": "hard_link"},
+            )
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _replace(dirfd: int, name: str, data: bytes) -> None:
+    try:
+        st: os.stat_result | None = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     except FileNotFoundError:
-        mode = None  # a new file: 0o666 less the umask, as open() would give it
+        st = None  # a new file: 0o666 less the umask, as open() would give it
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(f"is a directory: {name!r}")
+    mode = None if st is None else stat.S_IMODE(st.st_mode)
     # Write beside the target and rename over it: readers see the old or the new content, never
-    # a half-written file, and a symlink swapped in at ``path`` is replaced, not followed. No
+    # a half-written file, and a symlink swapped in at the name is replaced, not followed. No
     # fsync: atomic with respect to other processes, not durable across a power cut.
-    tmp = parent / f".{path.name[:100]}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name[:100]}.{secrets.token_hex(6)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o666)
+    fd = os.open(tmp, flags, 0o666, dir_fd=dirfd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dirfd)
         except FileNotFoundError:
             pass
         raise
@@ -283,50 +304,54 @@ _NO_DESCEND = frozenset({".git"})
 
 
 async def _list(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    path = ctx.resolve(args.get("path", "."))
+    fd, name = ctx.open(args.get("path", "."), os.O_RDONLY | os.O_DIRECTORY)
     recursive = args.get("recursive", False)
     limit = args.get("max_entries", DEFAULT_MAX_ENTRIES)
     stop = threading.Event()
     try:
-        entries, truncated = await asyncio.to_thread(_walk_entries, ctx, path, recursive, limit, stop)
+        entries, truncated = await asyncio.to_thread(_walk_entries, fd, name, recursive, limit, stop)
     finally:
-        # On cancellation the thread cannot be interrupted, but it checks this between entries.
+        # On cancellation the thread cannot be interrupted, but it checks this between entries
+        # (and closes the fds it holds).
         stop.set()
     return {"entries": entries, "truncated": truncated}
 
 
 def _walk_entries(
-    ctx: ToolContext, top: Path, recursive: bool, limit: int, stop: threading.Event
+    top: int, top_name: str, recursive: bool, limit: int, stop: threading.Event
 ) -> tuple[list[dict[str, Any]], bool]:
-    if not top.is_dir():
-        raise NotADirectoryError(f"not a directory: {ctx.relative(top)!r}")
+    """Breadth first from the directory fd ``top`` (closed on return); each subdirectory opened
+    beneath its parent's fd without following symlinks, so the walk cannot be led outside."""
     entries: list[dict[str, Any]] = []
-    pending = deque([top])
-    while pending:
-        directory = pending.popleft()
-        try:
-            with os.scandir(directory) as it:
-                children = sorted(it, key=lambda e: e.name)
-        except OSError:
-            if directory is top:
-                raise
-            continue  # an unreadable subdirectory is left out, not fatal
-        for entry in children:
-            if stop.is_set():
-                return entries, True
-            if len(entries) >= limit:
-                return entries, True
-            kind, size = _kind_and_size(entry)
-            entries.append(
-                {
-                    "name": display_name(entry.name),
-                    "path": ctx.relative(entry.path),
-                    "type": kind,
-                    "size": size,
-                }
-            )
-            if recursive and kind == "dir" and entry.name not in _NO_DESCEND:
-                pending.append(Path(entry.path))
+    pending: deque[tuple[int, str]] = deque([(top, top_name)])
+    try:
+        while pending:
+            fd, shown = pending.popleft()
+            try:
+                with os.scandir(fd) as it:
+                    children = sorted(it, key=lambda e: e.name)
+                for entry in children:
+                    if stop.is_set() or len(entries) >= limit:
+                        return entries, True
+                    kind, size = _kind_and_size(entry)
+                    name = display_name(entry.name)
+                    path = name if shown == "." else f"{shown}/{name}"
+                    entries.append({"name": name, "path": path, "type": kind, "size": size})
+                    if recursive and kind == "dir" and entry.name not in _NO_DESCEND:
+                        try:
+                            sub = open_beneath(fd, entry.name, os.O_RDONLY | os.O_DIRECTORY, follow=False)
+                        except OSError:
+                            continue  # unreadable, or swapped for a symlink since: left out
+                        pending.append((sub, path))
+            except OSError:
+                if fd == top:
+                    raise
+                # an unreadable subdirectory is left out, not fatal
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in pending:
+            os.close(fd)
     return entries, False
 
 

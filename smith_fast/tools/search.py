@@ -1,40 +1,77 @@
-"""The ``fs.search`` tool: a Python regular expression over the lines of the workspace's files.
+"""The ``fs.search`` tool: a regular expression over the lines of the workspace's files, run by ripgrep.
 
-The walk is bounded three ways: ``max_results`` matches, ``ToolContext.max_output`` bytes of
-results, and an excerpt of at most :data:`MAX_LINE_CHARS` characters per matching line. It skips
-``.git`` (and the other VCS directories in :data:`SKIP_DIRS`), binary files (a NUL byte in the
-first 8 KiB), anything that is not a regular file, and symlinks (so it never leaves the root and
-never loops). Files are read as UTF-8, undecodable bytes shown as U+FFFD. The blocking walk runs in
-a worker thread that stops between files and lines once the call is cancelled.
+The matching runs in a separate ``rg`` process (the PyPI ``ripgrep`` package installs it into the
+environment's ``bin``), not in Python's ``re``: Rust's regex engine matches in time linear in the
+input, so no pattern can backtrack for seconds (``(a+)+$`` against ``aaaa…!`` took Python 5 s
+with each extra ``a`` doubling it, holding the GIL and so stalling every other session). rg is
+started and read by a worker thread that :mod:`smith_fast.tools.landlock` confines to reading the
+workspace root (and executing rg), and its child inherits that: rg walks by path, and a racer
+swapping a directory for a symlink to outside led it there 2 times in 400 searches without it.
+The call's timeout or cancellation kills rg.
+
+What is searched (see PROTOCOL.md, ``fs.search``):
+
+- the file or directory ``path`` (resolved inside the workspace like every tool path); in a
+  directory, files in path order (rg ``--sort path``), hidden files included, but not ``.git``
+  (nor the other VCS directories in :data:`SKIP_DIRS`) nor what ``.gitignore``/``.ignore`` files
+  exclude (also outside a git repository); symlinks are never followed, binary files (a NUL byte)
+  are skipped;
+- the regex dialect is Rust's ``regex`` crate: Python's for everything common (classes, groups,
+  ``(?i)``, ``\\b``, ``{m,n}``, named groups ``(?P<n>…)``) but no look-around and no
+  back-references, which are refused as invalid;
+- bounded three ways: ``max_results`` matches, ``ToolContext.max_output`` bytes of results, and an
+  excerpt of at most :data:`MAX_LINE_CHARS` characters per matching line. A line longer than
+  :data:`MAX_LINE_BYTES` is never read whole by the service: rg reports where its first match is
+  (``--max-columns``) and the excerpt is read from the file around that byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import fnmatch
+import logging
 import os
 import re
+import shutil
 import stat
+import subprocess
+import sysconfig
 import threading
-from pathlib import Path
 from typing import Any
 
+from smith_fast.errors import ProtocolError
+from smith_fast.tools import landlock
 from smith_fast.tools.registry import Tool, encode_result
 from smith_fast.tools.schema import ArgumentError
-from smith_fast.tools.workspace import ToolContext
+from smith_fast.tools.workspace import ToolContext, display_name
 
-__all__ = ["FS_SEARCH", "MAX_LINE_CHARS", "SKIP_DIRS"]
+__all__ = ["FS_SEARCH", "MAX_LINE_BYTES", "MAX_LINE_CHARS", "SKIP_DIRS", "rg_path"]
 
 DEFAULT_MAX_RESULTS = 100
 MAX_RESULTS = 10_000
 MAX_LINE_CHARS = 1000
+MAX_LINE_BYTES = 4096
+"""Matching lines longer than this (in bytes) are cut: the service reads an excerpt around the
+match from the file instead of the whole line."""
 SKIP_DIRS = frozenset({".git", ".hg", ".svn"})
 _SNIFF = 8192
+log = logging.getLogger("smith_fast.tools")
+_EXCERPT_READ = 4 * MAX_LINE_CHARS  # bytes on each side of a match: enough for MAX_LINE_CHARS characters
+_STDERR_KEEP = 4096
+# One output record: the path (at most PATH_MAX), numbers, and a line of at most MAX_LINE_BYTES.
+_RECORD_LIMIT = MAX_LINE_BYTES + 8192
+_RECORD = re.compile(rb"(\d+):(\d+):(\d+):")
 
 SEARCH_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "pattern": {"type": "string", "minLength": 1, "description": "Python regular expression."},
+        "pattern": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Regular expression (Rust regex syntax: no look-around or back-references).",
+        },
         "path": {
             "type": "string",
             "minLength": 1,
@@ -62,93 +99,237 @@ SEARCH_SCHEMA: dict[str, Any] = {
 }
 
 
+def rg_path() -> str:
+    """The ``rg`` program: the one beside this interpreter (the ``ripgrep`` dependency), else on PATH.
+
+    Raises:
+        FileNotFoundError: there is none.
+    """
+    beside = os.path.join(sysconfig.get_path("scripts"), "rg")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("rg")
+    if found is None:
+        raise FileNotFoundError("fs.search needs ripgrep (rg), which is not installed: pip install ripgrep")
+    return found
+
+
+def _argv(rg: str, pattern: str, target: str, ignore_case: bool) -> list[str]:
+    argv = [
+        rg, "--no-config", "--null", "--line-number", "--column", "--byte-offset", "--no-heading",
+        "--with-filename", "--color", "never", "--max-columns", str(MAX_LINE_BYTES),
+        "--hidden", "--no-require-git", "--sort", "path", "--no-messages",
+    ]
+    for name in sorted(SKIP_DIRS):
+        argv += ["--glob", f"!{name}"]
+    if ignore_case:
+        argv.append("--ignore-case")
+    return [*argv, "--regexp", pattern, "--", target]
+
+
 async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    pattern: str = args["pattern"]
+    top = ctx.resolve_str(args.get("path", "."))
+    target = os.path.relpath(top, ctx.root)  # not ctx.relative: rg needs the name's real bytes
+    st = os.stat(top)
+    if stat.S_ISREG(st.st_mode):
+        if await asyncio.to_thread(_is_binary, top):
+            return {"matches": [], "truncated": False}
+        prefix = target.rsplit("/", 1)[0] + "/" if "/" in target else ""
+    elif stat.S_ISDIR(st.st_mode):
+        prefix = "" if target == "." else target + "/"
+    else:
+        raise NotADirectoryError(f"not a file or directory: {target!r}")
+    search = _Results(ctx, args.get("glob"), prefix, args.get("max_results", DEFAULT_MAX_RESULTS))
+    run = _Run(_argv(rg_path(), pattern, target, bool(args.get("ignore_case"))), str(ctx.root), search)
+    loop = asyncio.get_running_loop()
     try:
-        regex = re.compile(args["pattern"], re.IGNORECASE if args.get("ignore_case") else 0)
-    except re.error as exc:
-        raise ArgumentError(f"invalid regular expression ({exc})", "$.pattern") from None
-    top = ctx.resolve(args.get("path", "."))
-    search = _Search(
-        ctx=ctx,
-        regex=regex,
-        glob=args.get("glob"),
-        max_results=args.get("max_results", DEFAULT_MAX_RESULTS),
-    )
-    try:
-        await asyncio.to_thread(search.run, top)
+        code, errors = await loop.run_in_executor(_pool(str(ctx.root), run.argv[0]), run.run)
     finally:
-        search.stop.set()
+        run.kill()  # a timeout or cancellation: rg goes, and with it the worker's wait
+    if code == 2 and not search.matches and b"regex" in errors:
+        raise ArgumentError(f"invalid regular expression ({_regex_error(pattern, errors)})", "$.pattern")
     return {"matches": search.matches, "truncated": search.truncated}
 
 
-class _Search:
-    """One search's state; lives in the worker thread until ``run`` returns."""
+# Searches run in worker threads confined by Landlock to reading the workspace (and executing rg):
+# rg walks the tree by path, so without it a racer swapping a directory for a symlink could lead
+# it outside; the confined thread's child cannot read there at all. One small pool per root.
+_POOL_WORKERS = 4
+_pools: dict[tuple[str, str], concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+_SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache", "/dev/null")
 
-    def __init__(self, ctx: ToolContext, regex: re.Pattern[str], glob: str | None, max_results: int) -> None:
+
+def _pool(root: str, rg: str) -> concurrent.futures.ThreadPoolExecutor:
+    with _pools_lock:
+        pool = _pools.get((root, rg))
+        if pool is None:
+            pool = concurrent.futures.ThreadPoolExecutor(
+                _POOL_WORKERS, thread_name_prefix="fs.search", initializer=_confine, initargs=(root, rg)
+            )
+            _pools[(root, rg)] = pool
+        return pool
+
+
+def _confine(root: str, rg: str) -> None:
+    if landlock.abi_version() < 1:
+        log.warning("fs.search runs unconfined: the kernel has no Landlock", extra={"fields": {"root": root}})
+        return
+    rules = [(root, landlock.READ_FILE | landlock.READ_DIR), (rg, landlock.EXECUTE | landlock.READ_FILE)]
+    rules += [(path, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE) for path in _SYSTEM_LIBS]
+    landlock.restrict_reads(rules)
+
+
+class _Run:
+    """One rg process, run to completion (or killed) by a confined worker thread."""
+
+    def __init__(self, argv: list[str], cwd: str, search: _Results) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.search = search
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._killed = False
+
+    def kill(self) -> None:
+        with self._lock:
+            self._killed = True
+            if self._proc is not None and self._proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+
+    def run(self) -> tuple[int, bytes]:
+        """Returns rg's exit status and the start of its error output."""
+        # Error output goes to a memory file, not a pipe: an invalid pattern's message repeats the
+        # pattern, which could fill a pipe that nobody reads before rg exits.
+        errors = os.memfd_create("rg-errors", os.MFD_CLOEXEC)
+        try:
+            with self._lock:
+                if self._killed:
+                    return -9, b""
+                # An empty environment: no RIPGREP_CONFIG_PATH, no global git excludes from HOME.
+                self._proc = proc = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                    cwd=self.cwd, env={}, close_fds=True, start_new_session=True,
+                )
+            assert proc.stdout is not None
+            try:
+                with proc.stdout:
+                    self._read(proc.stdout)
+            finally:
+                if proc.poll() is None and self.search.stopped:
+                    proc.kill()
+                code = proc.wait()
+            return code, os.pread(errors, _STDERR_KEEP, 0)
+        finally:
+            os.close(errors)
+
+    def _read(self, out: Any) -> None:
+        while True:
+            record = out.readline(_RECORD_LIMIT)
+            if not record:
+                return
+            if not record.endswith(b"\n"):  # longer than any record rg writes: skip the rest
+                while (more := out.readline(_RECORD_LIMIT)) and not more.endswith(b"\n"):
+                    pass
+                continue
+            if not self.search.add_record(record):
+                return
+
+
+def _regex_error(pattern: str, errors: bytes) -> str:
+    # Python's wording where Python also refuses the pattern (what callers of the re-based tool
+    # saw); rg's otherwise, e.g. for look-around, which Python supports and rg does not.
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return str(exc)
+    except (RecursionError, OverflowError, ValueError):
+        pass
+    lines = [line.strip() for line in errors.decode("utf-8", "replace").splitlines()]
+    said = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
+    return "; ".join(said) or " ".join(lines)[:500]
+
+
+def _is_binary(path: str) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return True  # unreadable: nothing to report
+    try:
+        return b"\0" in os.read(fd, _SNIFF)
+    finally:
+        os.close(fd)
+
+
+class _Results:
+    """The matches collected from rg's output, within the call's bounds."""
+
+    def __init__(self, ctx: ToolContext, glob: str | None, prefix: str, max_results: int) -> None:
         self.ctx = ctx
-        self.regex = regex
         self.glob = glob
+        self.prefix = prefix  # `path` as rg prints it, for globs relative to `path`
         self.max_results = max_results
         self.budget = ctx.max_output
         self.matches: list[dict[str, Any]] = []
         self.truncated = False
-        self.stop = threading.Event()
+        self.stopped = False  # enough: rg is killed rather than left to finish
 
-    def run(self, top: Path) -> None:
-        if top.is_file():
-            self._file(top, top.name)
-            return
-        if not top.is_dir():
-            raise NotADirectoryError(f"not a file or directory: {self.ctx.relative(top)!r}")
-        for dirpath, dirnames, filenames in os.walk(top):
-            # os.walk does not follow symlinked directories; prune VCS metadata in place.
-            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                if not self._file(Path(path), os.path.relpath(path, top)):
-                    return
+    def add_record(self, record: bytes) -> bool:
+        """Take one line of rg's output (``PATH\\0LINE:COLUMN:OFFSET:TEXT\\n``); ``False`` once the
+        search must stop."""
+        raw_path, sep, rest = record.partition(b"\0")
+        found = _RECORD.match(rest) if sep else None
+        if found is None:
+            return True  # a notice such as "binary file matches", not a match
+        rel = os.fsdecode(raw_path).removeprefix("./")
+        if self.glob is not None and not self._glob_matches(rel):
+            return True
+        number, column, offset = (int(g) for g in found.groups())
+        body = rest[found.end() :].rstrip(b"\n")
+        if len(body) > MAX_LINE_BYTES or body.startswith(b"[Omitted long line"):
+            # rg left the line out (--max-columns): read around its first match instead.
+            text = self._excerpt_from_file(rel, offset + column - 1)
+        else:
+            line = body.decode("utf-8", "replace").rstrip("\r")
+            start = len(body[: column - 1].decode("utf-8", "replace"))
+            text = _excerpt(line, start)
+        return self._add(display_name(rel), number, text)
 
-    def _file(self, path: Path, rel: str) -> bool:
-        """Search one file; ``False`` once the search must stop."""
-        if self.stop.is_set():
-            self.truncated = True
-            return False
-        if self.glob is not None:
-            subject = rel if "/" in self.glob else path.name
-            if not fnmatch.fnmatchcase(subject, self.glob):
-                return True
+    def _glob_matches(self, rel: str) -> bool:
+        assert self.glob is not None
+        if "/" in self.glob:
+            return fnmatch.fnmatchcase(rel.removeprefix(self.prefix), self.glob)
+        return fnmatch.fnmatchcase(rel.rsplit("/", 1)[-1], self.glob)
+
+    def _excerpt_from_file(self, rel: str, at: int) -> str:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd, _ = self.ctx.open(rel, os.O_RDONLY | os.O_NONBLOCK)  # beneath the root, by the kernel
+        except (OSError, ValueError, ProtocolError):
+            return ""
+        try:
+            begin = max(0, at - _EXCERPT_READ)
+            before = os.pread(fd, at - begin, begin).rsplit(b"\n", 1)[-1]
+            after = os.pread(fd, _EXCERPT_READ, at).split(b"\n", 1)[0]
         except OSError:
-            return True  # a symlink (O_NOFOLLOW), or unreadable: not ours to report
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return True
-            if b"\0" in f.read(_SNIFF):
-                return True
-            f.seek(0)
-            display = self.ctx.relative(path)
-            for number, raw in enumerate(f, 1):
-                if number & 0x3FF == 0 and self.stop.is_set():
-                    self.truncated = True
-                    return False
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                found = self.regex.search(line)
-                if found is None:
-                    continue
-                if not self._add(display, number, _excerpt(line, found.start())):
-                    return False
-        return True
+            return ""
+        finally:
+            os.close(fd)
+        head = before.decode("utf-8", "replace")
+        tail = after.decode("utf-8", "replace").rstrip("\r")
+        keep = max(100, MAX_LINE_CHARS - len(tail))
+        return (head[-keep:] + tail)[:MAX_LINE_CHARS]
 
     def _add(self, path: str, line: int, text: str) -> bool:
         if len(self.matches) >= self.max_results:
-            self.truncated = True
+            self.truncated = self.stopped = True
             return False
         match = {"path": path, "line": line, "text": text}
         # Exactly what the match adds to the encoded result (plus a comma), escapes included.
         cost = len(encode_result(match)) + 1
         if cost > self.budget:
-            self.truncated = True
+            self.truncated = self.stopped = True
             return False
         self.budget -= cost
         self.matches.append(match)
@@ -166,8 +347,8 @@ def _excerpt(line: str, start: int) -> str:
 FS_SEARCH = Tool(
     name="fs.search",
     description=(
-        "Search files for a Python regular expression, line by line; returns "
-        "{matches: [{path, line, text}], truncated}."
+        "Search files for a regular expression (Rust regex syntax), line by line, skipping "
+        ".gitignored files; returns {matches: [{path, line, text}], truncated}."
     ),
     schema=SEARCH_SCHEMA,
     handler=_search,

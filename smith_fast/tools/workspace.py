@@ -14,22 +14,32 @@ What is allowed:
   can be probed for existence.
 - Symlinks *inside* the root that point inside the root are followed.
 
-What this does not protect against: a process that swaps a directory for a symlink between the
-check and the use. The built-in tools narrow that window (writes rename onto the resolved path,
-appends open with ``O_NOFOLLOW``, walks never follow symlinked directories), but the sandbox is a
-guard against mistakes of a cooperative agent, not a security boundary against a hostile local
-process; ``shell.run`` in particular runs arbitrary commands, and only its working directory is
-confined.
+How it is enforced: the file tools (``fs.read``, ``fs.write``, ``fs.list``) never open a path
+string. :meth:`ToolContext.open` and :meth:`ToolContext.open_parent` open it relative to a directory
+fd of the root with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)``
+(:mod:`smith_fast.tools.openat2`, with an ``O_NOFOLLOW`` component walk where the kernel lacks it):
+the kernel refuses any resolution that leaves the root, in the same system call that opens, so a
+process swapping a path component for a symlink between a check and the use cannot get a tool
+outside; ``/proc`` magic links are refused too. Only when that open fails does the realpath check
+above run, to tell a refusal (``ERROR_CODE_PERMISSION_DENIED``) from a missing file, and to follow an
+absolute symlink whose target is inside the root (the kernel refuses absolute symlinks under
+``RESOLVE_BENEATH``; the resolved path is opened beneath the root again). ``fs.search`` and
+``shell.run``'s ``cwd`` take a path string (:meth:`ToolContext.resolve`), checked the same way and
+then used by a child process: ``fs.search`` confines its rg with Landlock
+(:mod:`smith_fast.tools.search`); for ``shell.run``'s ``cwd`` the root is a guard, not a boundary
+(it runs arbitrary commands anyway).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 from dataclasses import dataclass, field
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.tools.openat2 import open_beneath
 
 __all__ = ["ToolContext", "DEFAULT_MAX_OUTPUT"]
 
@@ -58,6 +68,7 @@ class ToolContext:
     allow_env: frozenset[str] = frozenset()
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
+    _root_dir: _DirFd = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         root = pathlib.Path(self.root).resolve(strict=True)
@@ -72,6 +83,8 @@ class ToolContext:
         text = str(root)
         object.__setattr__(self, "_root_str", text)
         object.__setattr__(self, "_root_prefix", text if text.endswith("/") else text + "/")
+        # Every file tool opens relative to this fd, beneath it (see the module docstring).
+        object.__setattr__(self, "_root_dir", _DirFd(text))
 
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
         """Resolve ``path`` inside the workspace.
@@ -113,16 +126,194 @@ class ToolContext:
         # os.path.join keeps an absolute ``path`` as is; realpath then resolves every symlink
         # that exists and normalises the rest lexically (a component that does not exist cannot
         # be a symlink, so lexical ``..`` handling is exact there).
-        real, exists = _realpath(os.path.join(self._root_str, path))
-        if real != self._root_str and not real.startswith(self._root_prefix):
-            raise ProtocolError(
-                f"path {path!r} is outside the workspace root",
-                smith_pb2.ERROR_CODE_PERMISSION_DENIED,
-                details={"path": path},
-            )
+        try:
+            real, exists = _realpath(os.path.join(self._root_str, path))
+        except OSError:
+            # realpath itself failed on a component it may not read (/proc/1/root): whatever is
+            # there, it is not something inside the root, and the answer must not say more.
+            raise self._denied(path) from None
+        if not self._inside(real):
+            raise self._denied(path)
         if must_exist and not exists and not os.path.lexists(real):
             raise FileNotFoundError(f"no such file or directory: {path!r}")
         return real
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> tuple[int, str]:
+        """Open ``path`` inside the workspace, the containment enforced by the kernel.
+
+        Args:
+            path: a path relative to the root, or an absolute path inside it.
+            flags: ``os.open`` flags.
+            mode: the mode for ``O_CREAT``.
+
+        Returns:
+            The fd (the caller closes it) and the POSIX path of what was opened, relative to the
+            root (symlinks resolved, as :meth:`relative` shows it).
+
+        Raises:
+            ProtocolError: ``ERROR_CODE_PERMISSION_DENIED`` when the path leaves the root, whether
+                or not the target exists.
+            FileNotFoundError: nothing is there.
+            OSError: what ``open`` raises otherwise (``NotADirectoryError``, ``PermissionError`` …).
+            ValueError: the path contains a NUL byte.
+        """
+        if "\x00" in path:
+            raise ValueError(f"path contains a NUL byte: {path!r}")
+        rel = self._lexical(path)
+        failure: OSError | None = None
+        if rel is not None:
+            try:
+                # The common case in one system call: a path without symlinks, whose name is then
+                # known without asking the kernel.
+                return open_beneath(self._root_dir.fd, rel, flags, mode, follow=False), _normal(rel)
+            except OSError as exc:
+                failure = exc
+            if failure.errno == errno.ELOOP:  # a symlink on the way: the kernel follows it, beneath
+                try:
+                    fd = open_beneath(self._root_dir.fd, rel, flags, mode)
+                except OSError as exc:
+                    failure = exc
+                else:
+                    return fd, self._fd_name(fd, rel)
+        # Refused or failed: decide as the realpath check always did, so a refusal is a refusal
+        # whether or not the target exists, and a missing file inside is FileNotFoundError.
+        real = self.resolve_str(path, must_exist=False)
+        if failure is not None and failure.errno not in (errno.EXDEV, errno.ELOOP):
+            raise _plain_error(failure, path)
+        # An absolute path or absolute symlink that the realpath check found inside: open where it
+        # leads, beneath the root again (a swap meanwhile is refused, not followed).
+        inner = "." if real == self._root_str else real[len(self._root_prefix) :]
+        try:
+            fd = open_beneath(self._root_dir.fd, inner, flags, mode)
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.ELOOP):
+                raise self._denied(path) from None
+            raise _plain_error(exc, path) from None
+        return fd, self._fd_name(fd, inner)
+
+    def open_parent(self, path: str, *, create_dirs: bool = False) -> tuple[int, str, str]:
+        """Open the directory that holds ``path`` (which need not exist) and name its last component.
+
+        A final component that is a symlink is resolved (it must lead inside the root) and its
+        target's directory is opened instead, so writing through a symlink inside the root writes
+        the file it names.
+
+        Args:
+            path: a path relative to the root, or an absolute path inside it.
+            create_dirs: create missing directories on the way, each beneath its parent's fd.
+
+        Returns:
+            The directory's fd (``O_PATH``; the caller closes it), the entry's name in it, and its
+            POSIX path relative to the root.
+
+        Raises:
+            ProtocolError: ``ERROR_CODE_PERMISSION_DENIED`` when the path leaves the root.
+            FileNotFoundError: a parent directory is missing and not ``create_dirs``.
+            IsADirectoryError: the path names the root or ends in ``..``.
+            ValueError: the path contains a NUL byte.
+        """
+        if "\x00" in path:
+            raise ValueError(f"path contains a NUL byte: {path!r}")
+        rel = self._lexical(path)
+        if rel is None:
+            real = self.resolve_str(path, must_exist=False)
+            rel = "." if real == self._root_str else real[len(self._root_prefix) :]
+        for _ in range(2):  # the second round: the target of a final symlink
+            parent, _, name = rel.rstrip("/").rpartition("/")
+            if name in ("", ".", ".."):
+                real = self.resolve_str(path, must_exist=False)  # refused if it leaves the root
+                if real == self._root_str:
+                    raise IsADirectoryError("cannot write to the workspace root")
+                raise IsADirectoryError(f"is a directory: {path!r}")
+            dirfd = self._open_dir(parent or ".", path, create_dirs)
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            except BaseException:
+                os.close(dirfd)
+                raise
+            if st is None or not _is_link(st.st_mode):
+                return dirfd, name, _join(self._fd_name(dirfd, parent or "."), name)
+            os.close(dirfd)
+            real = self.resolve_str(path, must_exist=False)
+            rel = "." if real == self._root_str else real[len(self._root_prefix) :]
+        raise self._denied(path)  # still a symlink after resolving: swapped meanwhile
+
+    def _open_dir(self, rel: str, path: str, create_dirs: bool) -> int:
+        flags = os.O_PATH | os.O_DIRECTORY
+        try:
+            fd, _ = self.open(rel, flags)
+            return fd
+        except ProtocolError:
+            raise self._denied(path) from None
+        except (FileNotFoundError, NotADirectoryError):
+            if not create_dirs:
+                raise FileNotFoundError(
+                    f"no such directory: {os.path.basename(rel)!r} (set create_dirs to create it)"
+                ) from None
+        # Create what is missing one component at a time, each below the fd of the one before, on
+        # the realpath-resolved path (no "..", no symlinks): a symlink swapped in meanwhile is
+        # refused, not followed.
+        try:
+            real = self.resolve_str(os.path.join(self._root_str, rel), must_exist=False)
+        except ProtocolError:
+            raise self._denied(path) from None
+        fd = os.dup(self._root_dir.fd)
+        try:
+            for name in real[len(self._root_str) :].split("/"):
+                if not name:
+                    continue
+                try:
+                    nxt = open_beneath(fd, name, flags, follow=False)
+                except FileNotFoundError:
+                    try:
+                        os.mkdir(name, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    nxt = open_beneath(fd, name, flags, follow=False)
+                os.close(fd)
+                fd = nxt
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EXDEV, errno.ELOOP):
+                raise self._denied(path) from None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _lexical(self, path: str) -> str | None:
+        """``path`` relative to the root without touching the file system; ``None`` for an absolute
+        path that does not start with the root."""
+        if not path.startswith("/"):
+            return path
+        if path == self._root_str or path + "/" == self._root_prefix:
+            return "."
+        if path.startswith(self._root_prefix):
+            return path[len(self._root_prefix) :] or "."
+        return None
+
+    def _fd_name(self, fd: int, fallback: str) -> str:
+        """The root-relative name of what ``fd`` is open on (``fallback``, normalised, if unknown)."""
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return _normal(fallback)
+        if self._inside(real):
+            return self.relative(real)
+        return _normal(fallback)
+
+    def _inside(self, real: str) -> bool:
+        return real == self._root_str or real.startswith(self._root_prefix)
+
+    def _denied(self, path: str) -> ProtocolError:
+        return ProtocolError(
+            f"path {path!r} is outside the workspace root",
+            smith_pb2.ERROR_CODE_PERMISSION_DENIED,
+            details={"path": path},
+        )
 
     def relative(self, path: pathlib.Path | str) -> str:
         """The POSIX path of ``path`` relative to the root (``"."`` for the root itself).
@@ -175,6 +366,38 @@ def _realpath(path: str) -> tuple[str, bool]:
         if real.startswith("/") and not real.endswith(" (deleted)"):
             return real, True
     return os.path.realpath(path), False
+
+
+class _DirFd:
+    """An ``O_PATH`` fd of a directory, closed when the last context (or copy of one) using it goes."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def __del__(self) -> None:
+        os.close(self.fd)
+
+
+def _normal(rel: str) -> str:
+    """A symlink-free relative path, normalised as :meth:`ToolContext.relative` shows it."""
+    return display_name(os.path.normpath(rel)) if rel else "."
+
+
+def _join(parent: str, name: str) -> str:
+    return display_name(name) if parent == "." else f"{parent}/{display_name(name)}"
+
+
+def _is_link(mode: int) -> bool:
+    return (mode & 0o170000) == 0o120000
+
+
+def _plain_error(exc: OSError, path: str) -> OSError:
+    """The open's error, named after the caller's path (not the resolved one)."""
+    if exc.errno == errno.ENOENT:
+        return FileNotFoundError(f"no such file or directory: {path!r}")
+    return OSError(exc.errno, exc.strerror, path)
 
 
 def display_name(name: str) -> str:

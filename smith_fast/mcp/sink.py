@@ -1,0 +1,174 @@
+"""The MCP front's event sink: a session's events gathered per request into MCP messages.
+
+A request's output is kept in its :class:`Call` (bounded by ``--tool-max-output``, the bytes beyond
+counted, not kept) and, when the client asked for progress, streamed as
+``notifications/progress``; its terminal state hands the call to the endpoint, which answers the
+JSON-RPC request. Events without a request (the handshake's) are dropped, except logs and errors,
+which go to the endpoint's log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..pb import smith_pb2 as pb
+from ..service.sinks import EventSink, Recording, now_ms
+from . import protocol
+
+__all__ = ["Call", "Channel", "McpSink", "CallHost"]
+
+_TERMINAL = frozenset({pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR})
+
+
+class Channel(Protocol):
+    """Where the messages about one JSON-RPC request go (stdio: the one pipe; HTTP: its response)."""
+
+    def send(self, data: bytes, final: bool) -> None:
+        """Send one message; ``final``: the request's response, the last message about it."""
+        ...
+
+
+class Call:
+    """One ``tools/call`` in flight: its JSON-RPC id, where to answer, what it produced so far."""
+
+    __slots__ = (
+        "id", "shell", "channel", "token", "cancelled", "room", "out", "err", "out_bytes", "err_bytes",
+        "exit_code", "success", "result", "errors", "progress",
+    )
+
+    def __init__(self, request_id: Any, shell: bool, channel: Channel, token: Any, room: int) -> None:
+        self.id = request_id
+        self.shell = shell
+        self.channel = channel
+        self.token = token  # the client's progressToken, or None
+        self.cancelled = False
+        self.room = room  # output bytes still kept for the result
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.out_bytes = 0
+        self.err_bytes = 0
+        self.exit_code: int | None = None
+        self.success = False
+        self.result = b""
+        self.errors: list[str] = []
+        self.progress = 0
+
+    def add(self, parts: list[str], text: str) -> int:
+        """Keep what fits of ``text`` in ``parts``; the bytes it had."""
+        size = len(text) if text.isascii() else len(text.encode())
+        if self.room > 0:
+            if size <= self.room:
+                parts.append(text)
+                self.room -= size
+            else:
+                data = text.encode()[: self.room]
+                parts.append(data.decode(errors="ignore"))
+                self.room = 0
+        return size
+
+    @property
+    def truncated(self) -> bool:
+        kept = sum(len(p.encode()) for p in (*self.out, *self.err))
+        return kept < self.out_bytes + self.err_bytes
+
+
+class CallHost(Protocol):
+    """What the sink hands its findings to (:class:`~smith_fast.mcp.endpoint.McpEndpoint`)."""
+
+    calls: dict[str, Call]
+
+    def ended(self, rid: str, call: Call) -> None: ...
+
+    def log(self, level: str, message: str, rid: str | None, fields: Mapping[str, str]) -> None: ...
+
+
+class McpSink(EventSink):
+    """An :class:`~smith_fast.service.sinks.EventSink` that writes no Smith bytes: its events fill
+    the calls of ``host``; progress notifications go out through each call's channel."""
+
+    version = 1  # the session speaks v1 semantics (the front's handshake asks for version 1)
+    framed = False
+
+    def __init__(self, host: CallHost) -> None:
+        super().__init__(_nowhere)
+        self._host = host
+        self._calls = host.calls
+        self._recording: Recording | None = None
+
+    def record_to(self, recording: Recording) -> None:
+        self._recording = recording
+
+    def _record(self, **event: Any) -> None:
+        if self._recording is not None:
+            self._recording.record_event(pb.Event(**event))
+
+    def event(self, event: pb.Event) -> None:
+        if self._recording is not None:
+            self._recording.record_event(event)
+
+    def state_change(self, state: int, request_id: str | None = None) -> None:
+        if self._recording is not None:
+            self._record(state_change=pb.StateChangeEvent(request_id=request_id, state=state, timestamp=now_ms()))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
+        if request_id is not None and state in _TERMINAL:
+            call = self._calls.pop(request_id, None)
+            if call is not None:
+                self._host.ended(request_id, call)
+
+    def shell_output(
+        self,
+        request_id: str,
+        stdout: str | None = None,
+        stderr: str | None = None,
+        exit_code: int | None = None,
+        finished: bool = False,
+    ) -> None:
+        if self._recording is not None:
+            self._record(shell_output=pb.ShellOutputEvent(request_id=request_id, stdout=stdout, stderr=stderr, exit_code=exit_code, finished=finished))
+        call = self._calls.get(request_id)
+        if call is None:
+            return
+        if stdout:
+            call.out_bytes += call.add(call.out, stdout)
+        if stderr:
+            call.err_bytes += call.add(call.err, stderr)
+        if exit_code is not None:
+            call.exit_code = exit_code
+        if call.token is not None and (stdout or stderr) and not call.cancelled:
+            call.progress = call.out_bytes + call.err_bytes
+            call.channel.send(
+                protocol.notification(
+                    "notifications/progress",
+                    {"progressToken": call.token, "progress": call.progress, "message": stdout or stderr},
+                ),
+                False,
+            )
+
+    def tool_result(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
+        if self._recording is not None:
+            self._record(tool_result=pb.ToolResultEvent(request_id=request_id, success=success, result=result, error=error, duration_ms=duration_ms))
+        call = self._calls.get(request_id)
+        if call is not None:
+            call.success, call.result = success, result
+            if error:
+                call.errors.append(error)
+
+    def log(self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None) -> None:
+        if self._recording is not None:
+            self._record(log=pb.LogEvent(level=level, message=message, timestamp=now_ms(), request_id=request_id, fields=fields))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
+        self._host.log(protocol.SMITH_LOG_LEVEL.get(level, "info"), message, request_id, fields or {})
+
+    def error(self, code: int, message: str, request_id: str | None = None, details: Mapping[str, str] | None = None) -> None:
+        if self._recording is not None:
+            self._record(error=pb.ErrorEvent(request_id=request_id, error_code=code, message=message, timestamp=now_ms(), details=details))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
+        call = self._calls.get(request_id) if request_id is not None else None
+        if call is not None:
+            call.errors.append(message)
+        else:
+            self._host.log("error", message, request_id, {"error_code": pb.ErrorCode.Name(code), **(details or {})})
+
+
+
+def _nowhere(_data: bytes) -> None:
+    pass
+
