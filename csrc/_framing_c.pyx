@@ -10,6 +10,8 @@ which is the specification (and the typing source).
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_XDECREF, Py_XINCREF
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
@@ -35,9 +37,13 @@ __all__ = [
     "varint_size",
 ]
 
+cdef extern from "Python.h":
+    int _PyBytes_Resize(PyObject** string, Py_ssize_t newsize) except -1
+
 cdef enum:
     _MAXLEN = 10
     _LOW_GROUPS = 5  # groups 0..4 hold bits 0..34; any set bit past them means >= 2**35
+    _MIN_GATHER = 16 * 1024  # the first allocation of a frame that spans feeds, if it is larger
 
 
 cdef inline int _prefix(const unsigned char* p, Py_ssize_t avail, uint64_t limit,
@@ -80,14 +86,15 @@ cdef class FrameDecoder:
     Args:
         max_frame_size: the largest payload length accepted, in bytes (at most ``2**32 - 1``).
             A longer declared length raises :class:`~smith_fast.errors.FrameTooLarge` as soon as
-            the length prefix is read, before any of the payload is buffered.
+            the length prefix is read, before any of the payload is buffered. A frame's buffer
+            grows with the bytes that arrived, never to a declared length ahead of them.
     """
 
     cdef uint64_t _max
     cdef unsigned char _pre[_MAXLEN]  # a length prefix split across feeds
     cdef Py_ssize_t _pre_len
-    cdef object _frame  # the bytes object being filled, or None
-    cdef Py_ssize_t _hdr, _size, _filled
+    cdef object _frame  # the bytes object being filled (its size is its capacity), or None
+    cdef Py_ssize_t _hdr, _size, _filled, _cap
     cdef uint64_t _offset  # stream offset of the pending frame's first byte
     cdef object _error
 
@@ -97,7 +104,7 @@ cdef class FrameDecoder:
         self._max = max_frame_size
         self._pre_len = 0
         self._frame = None
-        self._hdr = self._size = self._filled = 0
+        self._hdr = self._size = self._filled = self._cap = 0
         self._offset = 0
         self._error = None
 
@@ -117,6 +124,11 @@ cdef class FrameDecoder:
         if self._frame is not None:
             return self._hdr + self._filled
         return self._pre_len
+
+    @property
+    def pending_size(self):
+        """The declared payload length of the frame that is not complete yet; 0 when none is."""
+        return self._size if self._frame is not None else 0
 
     def feed(self, data):
         """Add ``data`` to the stream and return the frames it completes, in order.
@@ -160,12 +172,40 @@ cdef class FrameDecoder:
             frames.append(PyBytes_FromStringAndSize(<const char*>p, size))
             self._offset += hdr + size
             return size
-        self._frame = PyBytes_FromStringAndSize(NULL, size)
+        # Room for what arrived, not for what the prefix declares: a peer that declares 16 MiB
+        # and sends a few bytes costs a few bytes (the frame grows as its bytes arrive, _grow).
+        cdef Py_ssize_t cap = 2 * avail
+        if cap < _MIN_GATHER:
+            cap = _MIN_GATHER
+        if cap > size:
+            cap = size
+        self._frame = PyBytes_FromStringAndSize(NULL, cap)
         memcpy(PyBytes_AS_STRING(self._frame), p, avail)
         self._hdr = hdr
         self._size = size
         self._filled = avail
+        self._cap = cap
         return avail
+
+    cdef int _grow(self, Py_ssize_t need) except -1:
+        """Make the pending frame hold at least ``need`` bytes: doubling, at most its declared size.
+
+        The bytes object is private to the decoder until it is returned (one reference), so it is
+        resized in place (realloc; large blocks are remapped, not copied) rather than gathered in a
+        second buffer and copied out at the end."""
+        cdef Py_ssize_t cap = 2 * self._cap
+        if cap < need:
+            cap = need
+        if cap > self._size:
+            cap = self._size
+        cdef PyObject* raw = <PyObject*>self._frame
+        Py_XINCREF(raw)  # our own reference, so dropping the attribute's leaves exactly one
+        self._frame = None
+        _PyBytes_Resize(&raw, cap)  # on failure it frees the object and raises MemoryError
+        self._frame = <object>raw
+        Py_XDECREF(raw)
+        self._cap = cap
+        return 0
 
     cdef int _feed(self, const unsigned char* p, Py_ssize_t n, list frames) except -1:
         cdef Py_ssize_t pos = 0, take, hdr = 0
@@ -176,6 +216,8 @@ cdef class FrameDecoder:
             take = self._size - self._filled
             if take > n:
                 take = n
+            if self._filled + take > self._cap:
+                self._grow(self._filled + take)
             memcpy(PyBytes_AS_STRING(self._frame) + self._filled, p, take)
             self._filled += take
             if self._filled < self._size:

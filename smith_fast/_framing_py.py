@@ -71,7 +71,8 @@ class FrameDecoder:
     Args:
         max_frame_size: the largest payload length accepted, in bytes (at most ``2**32 - 1``).
             A longer declared length raises :class:`~smith_fast.errors.FrameTooLarge` as soon as
-            the length prefix is read, before any of the payload is buffered.
+            the length prefix is read, before any of the payload is buffered. A frame's buffer
+            grows with the bytes that arrived, never to a declared length ahead of them.
     """
 
     __slots__ = ("_max", "_buf", "_need", "_hdr", "_offset", "_error")
@@ -100,6 +101,11 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes held for the frame that is not complete yet (none once the decoder has failed)."""
         return len(self._buf)
+
+    @property
+    def pending_size(self) -> int:
+        """The declared payload length of the frame that is not complete yet; 0 when none is."""
+        return self._need - self._hdr if self._need >= 0 else 0
 
     def _prefix(self, data: bytes | bytearray | memoryview, pos: int, end: int, base: int) -> tuple[int, int]:
         """Parse a multi-byte length prefix at ``data[pos]``; ``(0, 0)`` when it is incomplete."""
@@ -153,6 +159,7 @@ class FrameDecoder:
             self._offset = exc.offset  # the frames before it were returned; the bad one was not
             self._error = exc
             self._buf = bytearray()  # a failed stream is never resumed: let its bytes go
+            self._need = -1
             raise
         return frames
 

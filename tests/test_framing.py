@@ -45,7 +45,7 @@ def outcome(mod: ModuleType, parts: list[bytes], max_frame_size: int = 1 << 20):
         except FramingError as exc:
             frames.extend(exc.frames)
             return frames, (type(exc), str(exc), exc.offset), dec.offset
-    return frames, None, (dec.offset, dec.buffered)
+    return frames, None, (dec.offset, dec.buffered, dec.pending_size)
 
 
 class TestEncoding:
@@ -187,6 +187,69 @@ class TestDecoding:
         dec = framing.FrameDecoder(max_frame_size=len(body))
         got = feed_all(dec, (data[i : i + 4096] for i in range(0, len(data), 4096)))
         assert got == [body]
+
+
+class TestArrivedBytes:
+    """A declared length is a promise, not a reservation: memory follows the bytes that arrived
+    (issue 14: 150 unauthenticated connections declaring 16 MiB each took 1.7 GB)."""
+
+    def test_declared_length_reserves_nothing(self, framing: ModuleType) -> None:
+        import tracemalloc
+
+        declared = 16 * 1024 * 1024 - 1
+        dec = framing.FrameDecoder(max_frame_size=declared)
+        chunk = framing.encode_varint(declared) + b"\0" * 4096
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            base, _ = tracemalloc.get_traced_memory()
+            assert dec.feed(chunk) == []
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert peak < 256 * 1024, f"{peak} bytes held for 4 KiB that arrived"
+        assert dec.pending_size == declared and dec.buffered == 4 + 4096
+
+    def test_growth_follows_arrivals_and_completes(self, framing: ModuleType) -> None:
+        import tracemalloc
+
+        body = bytes(range(256)) * 4096  # 1 MiB
+        data = framing.encode_frame(body)
+        dec = framing.FrameDecoder(max_frame_size=4 * len(body))
+        tracemalloc.start()
+        try:
+            for sent in (10, 50_000, 300_000):
+                chunk = data[:sent]
+                dec = framing.FrameDecoder(max_frame_size=4 * len(body))
+                tracemalloc.reset_peak()
+                base, _ = tracemalloc.get_traced_memory()
+                assert dec.feed(chunk) == []
+                peak = tracemalloc.get_traced_memory()[1] - base
+                assert peak < 2 * sent + 64 * 1024, (sent, peak)
+        finally:
+            tracemalloc.stop()
+        assert dec.feed(data[300_000:]) == [body] and dec.pending_size == 0 and dec.buffered == 0
+
+    def test_pending_size(self, framing: ModuleType) -> None:
+        dec = framing.FrameDecoder()
+        data = framing.encode_frame(b"x" * 200)
+        assert dec.feed(data[:1]) == [] and dec.pending_size == 0  # the prefix is not complete yet
+        assert dec.feed(data[1:3]) == [] and dec.pending_size == 200
+        assert dec.feed(data[3:]) == [b"x" * 200] and dec.pending_size == 0
+        with pytest.raises(FrameTooLarge):
+            framing.FrameDecoder(100).feed(data)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.sampled_from([0, 1, 16_383, 16_384, 16_385, 40_000, 100_000]), min_size=1, max_size=4),
+        st.lists(st.integers(0, 400_000), max_size=20),
+    )
+    def test_large_frames_any_split(self, framing: ModuleType, sizes: list[int], cuts: list[int]) -> None:
+        msgs = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+        data = framing.encode_frames(msgs)
+        dec = framing.FrameDecoder()
+        assert feed_all(dec, split_points(data, cuts)) == msgs
+        assert dec.offset == len(data) and dec.buffered == 0 and dec.pending_size == 0
 
 
 class TestProperties:

@@ -62,16 +62,27 @@ class HookLimits:
     Attributes:
         call_timeout: seconds one call may run. JavaScript: CPU time of the service process, checked
             by the engine's interrupt handler; Rust: wall-clock time of the round trip to the child.
-        memory_bytes: JavaScript: the QuickJS heap limit; Rust: the child's ``RLIMIT_DATA``.
+        memory_bytes: JavaScript: the QuickJS heap limit (the hook's own runtime: everything it
+            allocates counts); Rust: the child's ``RLIMIT_DATA``.
         rust_compile_timeout: seconds ``rustc`` may take before the load fails.
         sandbox: confines ``rustc`` (it writes only its build directory) and the Rust hook
             processes (they write only their private working directory); None: unconfined.
+        session_hooks: hooks one session may load (``--max-hooks-per-session``).
+        session_memory_bytes: the sum of the ``memory_bytes`` of one session's hooks
+            (``--max-session-hook-memory``): a hook loaded when less than ``memory_bytes`` is left
+            gets what is left, and none loads with less than :data:`MIN_HOOK_MEMORY`.
     """
 
     call_timeout: float = 0.5
     memory_bytes: int = 32 << 20
     rust_compile_timeout: float = 120.0
     sandbox: Sandbox | None = None
+    session_hooks: int = 16
+    session_memory_bytes: int = 256 << 20
+
+
+MIN_HOOK_MEMORY = 4 << 20
+"""The least memory a session hook is loaded with (a QuickJS runtime needs about 1 MB to start)."""
 
 
 class HookLoadError(SmithFastError):

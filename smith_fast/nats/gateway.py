@@ -32,7 +32,7 @@ from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from .config import NatsConfig, is_token
-from .jetstream import Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
+from .jetstream import PayloadTooLarge, Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
 from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
 
 if TYPE_CHECKING:
@@ -129,6 +129,16 @@ class NatsRunner:
         try:
             try:
                 remote.seq = await self.bridge.submit(meta, payload)
+            except PayloadTooLarge as exc:
+                self._fail(
+                    remote,
+                    pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                    f"this {kind} command does not fit in a NATS message: {exc} (the nats-server's max_payload; "
+                    "raise it there, or send less); nothing was run",
+                    "too_large_for_nats",
+                    {"size": str(exc.size), "limit": str(exc.limit)},
+                )
+                return
             except PublishError as exc:
                 full = exc.code in _STREAM_FULL
                 self._fail(
@@ -158,13 +168,13 @@ class NatsRunner:
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
 
-    def _fail(self, remote: _Remote, code: int, message: str, reason: str) -> None:
+    def _fail(self, remote: _Remote, code: int, message: str, reason: str, details: dict[str, str] | None = None) -> None:
         """End a request here (the workers could not): its error, then its terminal ERROR."""
         if remote.stream.finished or self._host.closing:
             return
         remote.stream.finished = True
         remote.stream.state = pb.SERVICE_STATE_ERROR
-        self._host.reject(ProtocolError(message, code, remote.rid, {"reason": reason}))
+        self._host.reject(ProtocolError(message, code, remote.rid, {"reason": reason, **(details or {})}))
         if not remote.done.done():
             remote.done.set_result(None)
 

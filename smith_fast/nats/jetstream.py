@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import nats
 from nats.aio.client import Client as NATS
@@ -32,7 +32,10 @@ from ..errors import SmithFastError
 from ..logs import get_logger
 from .config import NatsConfig
 
-__all__ = ["connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "PullFeed", "Publisher", "PublishError"]
+__all__ = [
+    "connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size", "PullFeed",
+    "Publisher", "PublishError", "PayloadTooLarge",
+]
 
 log = get_logger("smith_fast.nats")
 
@@ -373,6 +376,35 @@ class PublishError(SmithFastError):
         self.status = status
 
 
+class PayloadTooLarge(PublishError):
+    """A message larger than the NATS server's ``max_payload``: it can never be published (the
+    server would close the connection on it), so it is failed at once and never retried.
+
+    Attributes:
+        size: the message's payload plus its header block, in bytes.
+        limit: the server's ``max_payload`` (its INFO, as the connection last received it).
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the message is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes"
+        )
+        self.size = size
+        self.limit = limit
+
+
+def message_size(payload: bytes, headers: Mapping[str, str] | None) -> int:
+    """What a message counts against the server's ``max_payload``: its payload and its header block
+    as nats-py writes it (``NATS/1.0``, ``Key: value`` lines, a blank line). nats-py checks the
+    payload alone; the server refuses ``HPUB`` on the two together."""
+    size = len(payload)
+    if headers:
+        size += 12  # "NATS/1.0\r\n" and the closing "\r\n"
+        for key, value in headers.items():
+            size += len(key.strip().encode()) + len(value.strip().encode()) + 4  # ": " and "\r\n"
+    return size
+
+
 class _Pending:
     __slots__ = ("subject", "payload", "headers", "future", "deadline", "sent", "token", "attempts")
 
@@ -452,6 +484,11 @@ class Publisher:
             if not item.future.done():
                 item.future.set_exception(PublishError("the publisher was closed"))
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message (payload plus headers) the server takes: its INFO ``max_payload``."""
+        return self._nc.max_payload
+
     def publish(self, subject: str, payload: bytes, headers: dict[str, str], *, deadline: float | None = None) -> asyncio.Future[int]:
         """Queue one message; returns a future of its stream sequence number.
 
@@ -462,6 +499,10 @@ class Publisher:
             deadline: ``time.monotonic()`` after which it fails instead of being published again.
         """
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        size, limit = message_size(payload, headers), self._nc.max_payload
+        if size > limit:
+            future.set_exception(PayloadTooLarge(size, limit))
+            return future
         self._queue.append(_Pending(subject, payload, headers, future, deadline))
         self.backlog += 1
         if not self._high and self.backlog >= self.high_water:
@@ -489,6 +530,11 @@ class Publisher:
             if item.future.done():  # failed meanwhile (closed, deadline)
                 self._settled()
                 continue
+            size, limit = message_size(item.payload, item.headers), nc.max_payload
+            if size > limit:  # reconnected to a server with a smaller max_payload: it never fits
+                item.future.set_exception(PayloadTooLarge(size, limit))
+                self._settled()
+                continue
             self._next_token += 1
             token = self._next_token
             item.token = token
@@ -498,6 +544,11 @@ class Publisher:
             try:
                 await nc.publish(item.subject, item.payload, reply=f"{self._prefix}{token}", headers=item.headers)
                 self.published += 1
+            except nats.errors.MaxPayloadError:  # cannot succeed: fail it, do not hold the queue
+                inflight.pop(token, None)
+                if not item.future.done():
+                    item.future.set_exception(PayloadTooLarge(message_size(item.payload, item.headers), nc.max_payload))
+                self._settled()
             except Exception as exc:  # the reconnect buffer is full, or the client is closed
                 inflight.pop(token, None)
                 log.info("publish failed, retrying", extra={"fields": {"subject": item.subject, "error": repr(exc)}})

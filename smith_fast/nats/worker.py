@@ -47,7 +47,7 @@ from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
-from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer
+from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size
 from .wire import CONTROL, MSG_ID, CommandMeta, hook_key, parse_command_headers
 
 if TYPE_CHECKING:
@@ -97,7 +97,31 @@ class _Publication:
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
-        self.stored.append(self._publisher.publish(self._subject, data, {MSG_ID: f"{self._id}{self._index}"}))
+        headers = {MSG_ID: f"{self._id}{self._index}"}
+        size, limit = message_size(data, headers), self._publisher.max_payload
+        if size > limit:  # it could never be published: say so in its place, for its request
+            data = _unpublishable(data, size, limit)
+        self.stored.append(self._publisher.publish(self._subject, data, headers))
+
+
+def _unpublishable(data: bytes, size: int, limit: int) -> bytes:
+    """An ErrorEvent envelope standing for an event message over the NATS server's max_payload
+    (a tool result near --tool-max-output is one): RESOURCE_EXHAUSTED for the event's request."""
+    env = pb.Envelope.FromString(data)
+    first = env.batch_event.events[0] if env.HasField("batch_event") and env.batch_event.events else env.event
+    kind = first.WhichOneof("event_type")
+    rid = getattr(getattr(first, kind), "request_id", "") if kind else ""
+    out = pb.Envelope(timestamp=env.timestamp, sequence=env.sequence)
+    error = out.event.error
+    error.error_code = pb.ERROR_CODE_RESOURCE_EXHAUSTED
+    error.message = (
+        f"a {kind or 'event'} message of {size} bytes was dropped: over the NATS server's max_payload of {limit} bytes"
+    )
+    error.timestamp = env.timestamp
+    error.details.update({"reason": "too_large_for_nats", "size": str(size), "limit": str(limit)})
+    if rid:
+        error.request_id = rid
+    return out.SerializeToString()
 
 
 class _Shelf:

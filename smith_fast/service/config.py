@@ -60,6 +60,20 @@ class Limits:
             processes at once, CPU seconds; 0 means no limit. A command past one is killed and
             answered with ``ERROR_CODE_RESOURCE_EXHAUSTED`` naming the option
             (:mod:`smith_fast.containment`).
+        max_handshake_frame_size: largest v1 frame / v0 line (declared or received) before the
+            connection's first accepted handshake (authenticated, with a token), in bytes
+            (``--max-handshake-frame-size``); over it, the connection is closed. So a peer that has
+            not shown the token cannot make the service hold more than this (plus one read).
+        max_batch_commands: commands in one ``BatchCommand`` (``--max-batch-commands``); a larger
+            batch is refused whole (``ERROR_CODE_RESOURCE_EXHAUSTED``; each readable request id in it
+            gets its ``StateChange(ERROR)``).
+        max_request_id_size: longest ``request_id``, in bytes (``--max-request-id-size``); a longer
+            one is not read as an id: ``ErrorEvent`` without it, nothing runs.
+        max_hooks_per_session: hooks one session may load (``--max-hooks-per-session``).
+        hook_memory: memory limit of one hook, in bytes (``--hook-memory``): the QuickJS heap of a
+            JavaScript hook, the ``RLIMIT_DATA`` of a Rust hook's process.
+        max_session_hook_memory: the sum of the memory limits of one session's hooks
+            (``--max-session-hook-memory``); a hook that would go over it is refused.
     """
 
     max_frame_size: int = option(
@@ -116,6 +130,24 @@ class Limits:
         """The per-command limits, for :mod:`smith_fast.containment`."""
         return CommandLimits(
             memory=self.max_memory_per_command, pids=self.max_pids_per_command, cpu=self.max_cpu_per_command)
+    max_handshake_frame_size: int = option(
+        64 * 1024, flag="--max-handshake-frame-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="largest v1 frame or v0 line before the first accepted (authenticated) handshake; larger: closed")
+    max_batch_commands: int = option(
+        1024, flag="--max-batch-commands", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="commands in one BatchCommand; a larger batch is refused whole with RESOURCE_EXHAUSTED")
+    max_request_id_size: int = option(
+        256, flag="--max-request-id-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="longest request_id; a longer one is refused unread (ErrorEvent without it, nothing runs)")
+    max_hooks_per_session: int = option(
+        16, flag="--max-hooks-per-session", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="hooks one session may load; one more: RESOURCE_EXHAUSTED")
+    hook_memory: int = option(
+        32 << 20, flag="--hook-memory", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="memory limit of one hook (QuickJS heap; a Rust hook's RLIMIT_DATA)")
+    max_session_hook_memory: int = option(
+        256 << 20, flag="--max-session-hook-memory", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="the sum of the memory limits of one session's hooks; a hook over it: RESOURCE_EXHAUSTED")
 
 
 @dataclasses.dataclass(frozen=True)

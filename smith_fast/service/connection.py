@@ -16,6 +16,11 @@ the protocol the peer speaks (a v0 peer could not parse a v1 frame), then answer
 v1 frame. At most :data:`MAX_REFUSING` such connections wait at once; beyond that they are
 answered at once.
 
+Until its first accepted handshake (authenticated, when the service has a token) a connection may
+send frames and lines of at most ``--max-handshake-frame-size`` bytes, declared or received: one
+that declares or sends more is told so and closed. The check runs after the frames of a read were
+handled, so a client that pipelines a large command right behind its handshake is not refused.
+
 Closing is a half-close first (``write_eof``): the peer reads everything sent, then closes, or
 the service closes :data:`LINGER` seconds later. A plain ``close()`` with bytes of the peer still
 unread would make TCP reset the connection, and the peer could lose the last events (the error
@@ -36,7 +41,7 @@ from google.protobuf.message import DecodeError
 from .. import events
 from ..coalescing import WriteCoalescer
 from ..errors import FramingError, FrameTooLarge, ProtocolError
-from ..framing import MAX_VARINT_LENGTH, FrameDecoder
+from ..framing import MAX_VARINT_LENGTH, FrameDecoder, encode_varint, varint_size
 from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
@@ -133,6 +138,7 @@ class Connection(asyncio.BufferedProtocol):
         self._shut = False  # closed, by us or the peer: nothing more is written
         self._fed = 0  # v1 bytes fed to the decoder before the current feed
         self._tail = b""  # while recording: the last bytes of the previous v1 feed (a split prefix)
+        self._guarded = True  # no accepted handshake yet: --max-handshake-frame-size applies
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
 
@@ -238,10 +244,40 @@ class Connection(asyncio.BufferedProtocol):
         if self.trusted:
             self.session.authenticated = True
 
+    def _admitted(self, session: Session) -> bool:
+        """Past the first accepted handshake: the guard of ``--max-handshake-frame-size`` is lifted
+        for good (it is only ever checked while ``_guarded``)."""
+        if session.handshaken and session.authenticated:
+            self._guarded = False
+        return not self._guarded
+
+    def _too_large_before_handshake(self, session: Session, offset: int | None, size: int, what: str) -> None:
+        """A frame or line over ``--max-handshake-frame-size`` before an accepted handshake: say
+        so, then close (the peer has not shown it may use the service, so it is not read on)."""
+        limit = self.core.limits.max_handshake_frame_size
+        where = "" if offset is None else f" at byte offset {offset}"
+        details = {"reason": "handshake_frame_too_large", "size": str(size), "limit": str(limit)}
+        if offset is not None:
+            details["offset"] = str(offset)
+            if session.recorder is not None and session.version == 1:
+                session.recorder.record_discarded(offset, size, complete=False, head=encode_varint(size))
+        session.protocol_error(
+            ProtocolError(
+                f"{what}{where} is {size} bytes, above the {limit} allowed before an accepted "
+                "handshake (--max-handshake-frame-size); closing the connection",
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                details=details,
+            )
+        )
+        self._loop.create_task(session.shutdown())
+        self._feed = self._discard
+
     def _feed_v1(self, data: bytes | memoryview) -> None:
         session = self.session
         assert session is not None
         fatal: FramingError | None = None
+        guard = self._guarded and not self._admitted(session)
+        at = self._decoder.offset  # of the first frame this feed completes (while guarded)
         try:
             frames = self._decoder.feed(data)
         except FramingError as exc:
@@ -251,6 +287,11 @@ class Connection(asyncio.BufferedProtocol):
         io.frames_in += len(frames)
         fed, self._fed = self._fed, self._fed + len(data)
         for frame in frames:
+            if guard and not self._admitted(session):
+                if len(frame) > self.core.limits.max_handshake_frame_size:
+                    self._too_large_before_handshake(session, at, len(frame), "the frame")
+                    return
+                at += varint_size(len(frame)) + len(frame)
             try:
                 env = pb.Envelope.FromString(frame)
             except DecodeError as exc:
@@ -259,6 +300,11 @@ class Connection(asyncio.BufferedProtocol):
                 session.protocol_error(invalid_envelope(len(frame), exc))
                 continue
             session.handle_envelope(env)
+        if fatal is None and guard and not session.closing and not self._admitted(session):
+            pending = self._decoder.pending_size
+            if pending > self.core.limits.max_handshake_frame_size:
+                self._too_large_before_handshake(session, self._decoder.offset, pending, "the frame")
+                return
         if fatal is not None:
             if session.recorder is not None:
                 session.recorder.record_discarded(
@@ -291,10 +337,26 @@ class Connection(asyncio.BufferedProtocol):
         io = self._io
         io.bytes_in += len(data)
         io.frames_in += len(lines)
+        guard = self._guarded and not self._admitted(session)
+        limit = self.core.limits.max_handshake_frame_size
         for i, line in enumerate(lines):
+            if guard and not self._admitted(session):
+                if error is not None and i == error.index:
+                    self._too_large_before_handshake(session, error.offset, error.size, "the line")
+                    return
+                if len(line) > limit:
+                    self._too_large_before_handshake(session, None, len(line), "a line")
+                    return
             if error is not None and i == error.index:
                 self._line_too_long(error)
             self._line(session, line)
+        if guard and not session.closing and not self._admitted(session):
+            if error is not None and error.index >= len(lines):
+                self._too_large_before_handshake(session, error.offset, error.size, "the line")
+                return
+            if self._lines.buffered > limit:
+                self._too_large_before_handshake(session, None, self._lines.buffered, "a line")
+                return
         if error is not None and error.index >= len(lines):
             self._line_too_long(error)
 

@@ -116,7 +116,12 @@ class ServiceCore:
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
-        self.hook_limits = HookLimits(sandbox=self.sandbox)
+        self.hook_limits = HookLimits(
+            memory_bytes=config.limits.hook_memory,
+            session_hooks=config.limits.max_hooks_per_session,
+            session_memory_bytes=config.limits.max_session_hook_memory,
+            sandbox=self.sandbox,
+        )
         self.record_dir = config.record_dir or config.replay_dir
         self.planner: Planner = planner_from_options(
             config.planner,

@@ -12,6 +12,7 @@ Protocol-independent.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import pathlib
 import time
@@ -51,6 +52,8 @@ log = get_logger("smith_fast.session")
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
+# Commands of a batch handled per loop iteration: a large batch must not stall other sessions.
+_BATCH_SLICE = 128
 
 
 class SessionCore(HealthSource, Gauges, Protocol):
@@ -115,7 +118,10 @@ class Session:
         self.paused = False
         self.shutting = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._batches: set[asyncio.Task[None]] = set()  # BatchCommands with require_ordering
+        self._batches: set[asyncio.Task[None]] = set()  # BatchCommands being dispatched or run in order
+        # While a large batch is dispatched slice by slice, what arrives after it waits here, so
+        # envelopes are still handled in the order they came.
+        self._backlog: collections.deque[tuple[pb.Envelope, str | None]] | None = None
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
@@ -143,17 +149,16 @@ class Session:
         kind = env.WhichOneof("payload")
         if self.recorder is not None:
             self.recorder.record_in(_loggable(env, kind))
+        if self._backlog is not None:
+            self._backlog.append((env, kind))
+            return
+        self._route(env, kind)
+
+    def _route(self, env: pb.Envelope, kind: str | None) -> None:
         if kind == "command":
             self.handle(env.command)
         elif kind == "batch_command":
-            batch = env.batch_command
-            if batch.require_ordering:
-                task = asyncio.get_running_loop().create_task(self.run_ordered(list(batch.commands)))
-                self._batches.add(task)
-                task.add_done_callback(self._batches.discard)
-            else:
-                for command in batch.commands:
-                    self.handle(command)
+            self._batch(env.batch_command)
         elif not self.authenticated:
             self._deny(f"{kind or 'an empty envelope'} before an authenticated handshake: this service needs a token")
         elif kind == "health_check_request" and "health" in self.accepted:
@@ -188,14 +193,23 @@ class Session:
             return
         rid: str | None
         if not self.authenticated:
-            rid = getattr(getattr(command, kind), "request_id", None) if kind else None
-            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", rid)
+            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", self.request_id(command))
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
             return
         request = getattr(command, kind)
         rid = getattr(request, "request_id", None)
+        if rid is not None and _id_size(rid) > (limit := self.core.limits.max_request_id_size):
+            # Not read as an id (it would be echoed in every event of the request): no terminal state.
+            self.protocol_error(
+                ProtocolError(
+                    f"{kind}'s request_id is {_id_size(rid)} bytes, over the limit of {limit} (--max-request-id-size); nothing was run",
+                    pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                    details={"reason": "request_id_too_long", "size": str(_id_size(rid)), "limit": str(limit)},
+                )
+            )
+            return
         if not self.handshaken:
             self.refuse(
                 ProtocolError(
@@ -244,9 +258,77 @@ class Session:
             exc.request_id = exc.request_id or request.request_id or None
             self.protocol_error(exc)
 
+    def request_id(self, command: pb.Command) -> str | None:
+        """The command's request id if it can be read as one: set, and not over
+        ``--max-request-id-size`` (PROTOCOL.md, "Terminal states")."""
+        kind = command.WhichOneof("command_type")
+        rid = getattr(getattr(command, kind), "request_id", None) if kind else None
+        return rid if rid and _id_size(rid) <= self.core.limits.max_request_id_size else None
+
+    def _batch(self, batch: pb.BatchCommand) -> None:
+        """Admit a ``BatchCommand``: refused whole over ``--max-batch-commands``; a large one is
+        dispatched a slice per loop iteration, an ordered one command after command."""
+        commands = batch.commands
+        limit = self.core.limits.max_batch_commands
+        if len(commands) > limit:
+            self._refuse_batch(list(commands), limit)
+            return
+        if batch.require_ordering:
+            self._in_task(self.run_ordered(list(commands)))
+        elif len(commands) <= _BATCH_SLICE:
+            for command in commands:
+                self.handle(command)
+        else:
+            self._backlog = collections.deque()
+            self._in_task(self._dispatch(list(commands)))
+
+    def _in_task(self, work: Any) -> None:
+        task = self._loop.create_task(work)
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _dispatch(self, commands: list[pb.Command]) -> None:
+        """Handle an unordered batch ``_BATCH_SLICE`` commands at a time, then what arrived meanwhile."""
+        try:
+            for start in range(0, len(commands), _BATCH_SLICE):
+                for command in commands[start : start + _BATCH_SLICE]:
+                    self.handle(command)
+                await asyncio.sleep(0)
+        finally:
+            backlog, self._backlog = self._backlog, None
+            while backlog and not (self._closing or self.shutting):
+                env, kind = backlog.popleft()
+                self._route(env, kind)
+                if self._backlog is not None:  # it started another large batch: the rest waits for it
+                    self._backlog.extend(backlog)
+                    break
+
+    def _refuse_batch(self, commands: list[pb.Command], limit: int) -> None:
+        """A batch over ``--max-batch-commands``: one error for the batch, nothing of it runs, and
+        each readable request id in it (not that of a running request) ends ``ERROR``."""
+        message = f"a BatchCommand of {len(commands)} commands is over the limit of {limit} (--max-batch-commands); none of it was run"
+        if not self.authenticated:
+            self._deny("a BatchCommand before an authenticated handshake: this service needs a token")
+            return
+        self.protocol_error(
+            ProtocolError(
+                message,
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                details={"reason": "batch_too_large", "size": str(len(commands)), "limit": str(limit)},
+            )
+        )
+        ended: set[str] = set()
+        for command in commands:
+            rid = self.request_id(command)
+            if rid is not None and rid not in ended and rid not in self._tasks:
+                ended.add(rid)
+                self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
-        for command in commands:
+        for i, command in enumerate(commands):
+            if i % _BATCH_SLICE == _BATCH_SLICE - 1:
+                await asyncio.sleep(0)  # refused commands start no task to wait for
             self.handle(command)
             kind = command.WhichOneof("command_type")
             rid = getattr(getattr(command, kind), "request_id", None) if kind else None
@@ -572,6 +654,11 @@ class Session:
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._stop_recording()
+
+
+def _id_size(rid: str) -> int:
+    """A request id's length in UTF-8 bytes."""
+    return len(rid) if rid.isascii() else len(rid.encode("utf-8", "surrogatepass"))
 
 
 _CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)

@@ -6,12 +6,14 @@ what the policy did; a block stops the request before anything runs (HOOKS.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ProtocolError
 from ..hooks import ChainResult, Hook, HookChain, HookLoadError, hook_action, load_action, load_hook
+from ..hooks.model import MIN_HOOK_MEMORY
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
@@ -113,7 +115,7 @@ class SessionHooks:
             if result.action != "allow":
                 raise blocked(result, f"loading a {cmd.hook_type} hook", rid)
         try:
-            hook = await load_hook(cmd.hook_type, cmd.script, limits=self._limits)
+            hook = await load_hook(cmd.hook_type, cmd.script, limits=self._admit_hook(rid))
         except HookLoadError as exc:
             raise ProtocolError(
                 f"hook did not load: {exc}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "hook_load_failed"}
@@ -131,6 +133,29 @@ class SessionHooks:
                 self.own[-1] = kept
                 self._chain = self._build()
             await self._shelf.store(rid, cmd)
+
+    def _admit_hook(self, rid: str) -> HookLimits:
+        """The limits one more session hook loads under, within ``--max-hooks-per-session`` and
+        ``--max-session-hook-memory``; RESOURCE_EXHAUSTED naming the limit when it would exceed one."""
+        limits = self._limits
+        if len(self.own) >= limits.session_hooks:
+            raise ProtocolError(
+                f"this session has loaded {len(self.own)} hooks, the limit (--max-hooks-per-session {limits.session_hooks}); nothing was loaded",
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                rid,
+                {"reason": "too_many_hooks", "limit": str(limits.session_hooks)},
+            )
+        reserved = sum(getattr(h, "limits", limits).memory_bytes for h in self.own)
+        left = limits.session_memory_bytes - reserved
+        if left < min(MIN_HOOK_MEMORY, limits.memory_bytes):
+            raise ProtocolError(
+                f"this session's hooks already hold {reserved} of the {limits.session_memory_bytes} bytes of "
+                f"--max-session-hook-memory (a hook needs at least {min(MIN_HOOK_MEMORY, limits.memory_bytes)}); nothing was loaded",
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                rid,
+                {"reason": "hook_memory", "limit": str(limits.session_memory_bytes)},
+            )
+        return limits if left >= limits.memory_bytes else dataclasses.replace(limits, memory_bytes=left)
 
     def _report(self, rid: str, action: pb.HookAction) -> None:
         event = pb.Event()

@@ -14,6 +14,9 @@ peer's StdinCommands and resizes to it. With ``binary_output`` its output goes o
 (``stdout_bytes``/``stderr_bytes``), cut at ``--chunk-size`` and never decoded; text (UTF-8,
 invalid bytes replaced) stays the default, and so it stays while an output hook watches (hooks
 see text).
+
+What a hook's transform returns is chunked again to ``--chunk-size`` and counted against
+``--max-output`` (a transform may make a 3-byte chunk 5 MB).
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ class _Output:
 
     __slots__ = (
         "sink", "rid", "chunkers", "room", "truncated", "cap", "proc", "_drain_scheduled", "_loop",
-        "_hooks", "_queue", "_consumer", "_held", "binary",
+        "_hooks", "_queue", "_consumer", "_held", "binary", "chunk_size", "_out_room", "_cut",
     )
 
     HIGH_WATER = 64  # queued chunks waiting for an output hook before the pipes are paused
@@ -122,6 +125,9 @@ class _Output:
         self.chunkers: dict[int, OutputChunker | _BytesChunker] = {1: chunker(limits.chunk_size), 2: chunker(limits.chunk_size)}
         self.cap = limits.max_output
         self.room = limits.max_output
+        self.chunk_size = limits.chunk_size
+        self._out_room = limits.max_output  # what output hooks send: transforms can inflate it
+        self._cut = False  # output hooks' output reached --max-output
         self.truncated = False
         self.proc: ShellProcess | None = None
         self._drain_scheduled = False
@@ -156,13 +162,39 @@ class _Output:
             while self._queue:
                 fd, text, filtered = self._queue.popleft()
                 out = await self._hooks.on_shell_output(self.rid, "stdout" if fd == 1 else "stderr", text) if filtered else text
-                if out:
+                if self._cut or out is None:
+                    pass  # blocked, or over --max-output after a transform: nothing more of this command
+                elif out is text or not filtered:
+                    self._out_room -= len(out) if out.isascii() else len(out.encode("utf-8", "replace"))  # as it came (or the notice)
                     self._send(fd, out)
+                elif out:
+                    self._forward(fd, out)
                 if self._held and len(self._queue) < self.LOW_WATER and self.proc is not None:
                     self._held = False
                     self.proc.resume_reading()
         finally:
             self._consumer = None
+
+    def _forward(self, fd: int, text: str) -> None:
+        """Send a hook's transformed text as ``--chunk-size`` chunks, within ``--max-output``."""
+        data = text.encode("utf-8", "replace")
+        if len(data) > self._out_room:
+            cut = max(self._out_room, 0)
+            while 0 < cut < len(data) and data[cut] & 0xC0 == 0x80:  # not inside a character
+                cut -= 1
+            data = data[:cut]
+            self._cut = True
+        self._out_room -= len(data)
+        chunker = OutputChunker(self.chunk_size)
+        for piece in [*chunker.feed(data), *chunker.flush()]:
+            self._send(fd, piece)
+        if self._cut:
+            self.truncated = True  # the rest of the child's output is read and discarded
+            self._queue.clear()
+            if self._held and self.proc is not None:
+                self._held = False
+                self.proc.resume_reading()
+            self._send(2, f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n")
 
     async def settle(self) -> None:
         """Wait until every queued chunk went through the output hooks."""
