@@ -50,6 +50,10 @@ class Limits:
             handshake; 0 means forever (``--handshake-timeout``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
+        max_session_buffer: output a session may hold for a peer that is not reading, in bytes:
+            what the front still holds for it plus what its running requests may still produce
+            (``--max-session-buffer``; :mod:`smith_fast.service.flow`). Further requests wait,
+            and its commands are not read, until the peer reads again.
     """
 
     max_frame_size: int = option(
@@ -89,6 +93,9 @@ class Limits:
     max_command_size: int = option(
         1 << 20, flag="--max-command-size", unit="bytes", commands=_ALL, group=_LIMITS,
         help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED")
+    max_session_buffer: int = option(
+        16 << 20, flag="--max-session-buffer", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="output held per session for a peer that does not read; beyond it requests wait and its commands are not read")
 
 
 @dataclasses.dataclass(frozen=True)

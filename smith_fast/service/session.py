@@ -26,6 +26,7 @@ from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec
+from .flow import OutputBudget, reservation
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
 from .negotiation import ACCEPT_KEY, DEFAULT_METRICS_INTERVAL_MS, SUPPORTED_VERSIONS, accept_additions, capability_name
@@ -82,6 +83,10 @@ class Session:
         granted: the capabilities of a handshake answered elsewhere: the session starts
             handshaken with them (a NATS worker's session, whose gateway answered the handshake).
         span: the session's span to start with (a NATS worker's: the gateway session's).
+        unsent: the bytes its front still holds for the peer (the transport's write buffer, a
+            gRPC queue), counted against ``--max-session-buffer`` (:mod:`~smith_fast.service.flow`).
+        hold_input: called with True when the peer's commands should no longer be read (the peer
+            does not read, or requests wait for the budget), with False when they may be again.
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class Session:
         protocol: str | None = None,
         granted: frozenset[int] | None = None,
         span: tracing.SpanHandle = tracing.NOOP,
+        unsent: Callable[[], int] = lambda: 0,
+        hold_input: Callable[[bool], None] | None = None,
     ) -> None:
         self.core = core
         self.sink = sink
@@ -106,6 +113,9 @@ class Session:
         self.handshaken = granted is not None
         self.paused = False
         self.shutting = False
+        self.budget = OutputBudget(core.limits.max_session_buffer, unsent)
+        self._hold_input = hold_input
+        self._input_held = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._batches: set[asyncio.Task[None]] = set()  # BatchCommands with require_ordering
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
@@ -393,22 +403,66 @@ class Session:
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
+        size = reservation(spec.kind, self.core.limits)
+        budget = self.budget
+        try:
+            if budget.waiting or budget.reserved or self.paused:
+                await self._admit(size)
+            else:
+                budget.reserved += size  # the common case: nothing else runs, the peer reads
+        except asyncio.CancelledError:
+            self._not_started(rid)
+            raise
+        if self.shutting:  # it waited for the budget while the session began shutting down
+            budget.release(size)
+            self._not_started(rid)
+            return
         try:
             await self.runner.run(spec, rid, command)
         finally:
+            budget.release(size)
+            self._update_input()
             self.last_active = self._loop.time()
             self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
+
+    def _not_started(self, rid: str) -> None:
+        """A request that waited for the budget is cancelled by a shutdown: its one terminal
+        state, as a running request's (nobody listens after a disconnect)."""
+        if not self._closing:
+            self.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+
+    async def _admit(self, size: int) -> None:
+        """Wait for the output budget; the peer's commands are not read meanwhile."""
+        acquired = self.budget.acquire(size)
+        self._update_input(True)
+        try:
+            await acquired
+        finally:
+            self._update_input()
 
     # ---- flow control and teardown --------------------------------------------------------------
 
     def pause(self) -> None:
-        """The peer is not reading: stop producing output (child pipes) so memory stays bounded."""
+        """The peer is not reading: stop producing output (child pipes), starting requests
+        (:mod:`~smith_fast.service.flow`) and reading its commands, so memory stays bounded."""
         self.paused = True
+        self.budget.set_paused(True)
         self.runner.pause()
+        self._update_input()
 
     def resume(self) -> None:
         self.paused = False
         self.runner.resume()
+        self.budget.set_paused(False)
+        self._update_input()
+
+    def _update_input(self, waiting: bool = False) -> None:
+        """Hold the peer's input while it is not reading or requests wait for the budget."""
+        held = self.paused or waiting or self.budget.waiting > 0
+        if held != self._input_held and self._hold_input is not None and not self._closing:
+            self._input_held = held
+            self._hold_input(held)
 
     @property
     def closing(self) -> bool:
