@@ -68,7 +68,8 @@ def _connect(address: str, rcvbuf: int | None = None) -> socket.socket:
 
 def frame(env: pb.Envelope) -> bytes:
     data = env.SerializeToString()
-    return _VarintBytes(len(data)) + data
+    prefix: bytes = _VarintBytes(len(data))
+    return prefix + data
 
 
 def command(**kw: Any) -> bytes:
@@ -102,7 +103,7 @@ class Peer:
             self.buf += data
 
     def handshake(self, *caps: int) -> None:
-        self.send(command(handshake=pb.HandshakeCommand(version=1, capabilities=list(caps))))
+        self.send(command(handshake=pb.HandshakeCommand(version=1, capabilities=list(caps))))  # type: ignore[arg-type]  # Capability values
         while not self.recv().event.HasField("ready"):
             pass
 

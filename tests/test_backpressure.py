@@ -66,7 +66,8 @@ def tiny_socket(address: str) -> socket.socket:
 
 def v1_frame(**command: object) -> bytes:
     data = pb.Envelope(command=pb.Command(**command)).SerializeToString()  # type: ignore[arg-type]
-    return _VarintBytes(len(data)) + data
+    prefix: bytes = _VarintBytes(len(data))
+    return prefix + data
 
 
 def read_call(rid: str) -> dict[str, object]:
@@ -223,7 +224,7 @@ async def test_grpc_stream_that_does_not_read_is_bounded(server: ServerProcess) 
 
     options = [("grpc.max_receive_message_length", -1)]
     async with aio.insecure_channel(target, options=options) as channel:
-        stream = channel.stream_stream("/smith.v1.SmithService/Stream")
+        stream: aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/smith.v1.SmithService/Stream")
         call = stream(requests())
         loop = asyncio.get_running_loop()
         grown = await loop.run_in_executor(None, stall_and_measure, server, before)
