@@ -2,7 +2,8 @@
 
 One real ``smith-fast serve``; 10 honest sessions (``harness.hostile.Honest``: rounds of 4
 pipelined tool calls and a shell command) run for :data:`PHASE` seconds alone, then as long again
-while every attack of :data:`harness.hostile.ATTACKS` runs. Reported in ``extra_info``: the p50
+while the attacks of :data:`harness.hostile.ATTACKS` run (``all`` of them at once, then each alone, to
+see which costs what). Reported in ``extra_info``: the p50
 and p99 round trip of each phase, ``p99_ratio`` (attacked / unloaded), the rounds completed, and
 the server's RSS growth (MiB) during the attack.
 
@@ -16,6 +17,8 @@ import statistics
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from harness.hostile import ATTACKS, Honest, prepare_root, rss_kib, run_attacks
 from harness.server import ServerProcess
@@ -49,7 +52,11 @@ def _p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) >= 2 else values[0]
 
 
-def test_hostile_load(benchmark: Any, tmp_path: pathlib.Path) -> None:
+SETS = {"all": list(ATTACKS), **{name: [name] for name in ATTACKS}}
+
+
+@pytest.mark.parametrize("attacks", list(SETS))
+def test_hostile_load(benchmark: Any, tmp_path: pathlib.Path, attacks: str) -> None:
     benchmark.group = "hostile load: honest round trip"
     prepare_root(tmp_path)
     server = ServerProcess(tmp_path, log_level="info", keep=2000).start()
@@ -58,7 +65,7 @@ def test_hostile_load(benchmark: Any, tmp_path: pathlib.Path) -> None:
 
         def run() -> None:
             calm, _, calm_problems = _phase(server, [])
-            hostile_rts, grown, problems = _phase(server, list(ATTACKS))
+            hostile_rts, grown, problems = _phase(server, SETS[attacks])
             assert not calm_problems and not problems, (calm_problems + problems)[:10]
             result.update(
                 unloaded_p50_ms=round(_p(calm, 50) * 1000, 1),
@@ -69,7 +76,7 @@ def test_hostile_load(benchmark: Any, tmp_path: pathlib.Path) -> None:
                 unloaded_rounds=len(calm),
                 attacked_rounds=len(hostile_rts),
                 rss_growth_mib=grown,
-                attacks=",".join(ATTACKS),
+                attacks=",".join(SETS[attacks]),
             )
 
         benchmark.pedantic(run, rounds=1, iterations=1)
