@@ -231,3 +231,17 @@ async def test_grpc_stream_that_does_not_read_is_bounded(server: ServerProcess) 
         assert grown <= BOUND_KIB, f"the server's peak RSS grew {grown // 1024} MB for a gRPC stream that does not read"
         assert await loop.run_in_executor(None, honest_pings, server, 5) == 5
         call.cancel()
+
+
+def test_plan_steps_wait_for_a_peer_that_does_not_read(server: ServerProcess) -> None:
+    """One request that produces output step by step: a plan of 200 ``fs.read`` steps."""
+    before = status_kib(server.pid, "VmHWM")
+    steps = [{"id": f"s{i}", "kind": "tool", "tool": "fs.read", "args": {"path": "big.bin"}} for i in range(200)]
+    context = {"steps": json.dumps(steps), "execute": "true", "max_parallel": "4"}
+    sock = tiny_socket(server.tcp)
+    sock.sendall(v1_frame(handshake=pb.HandshakeCommand(version=1)))
+    sock.sendall(v1_frame(plan=pb.PlanCommand(request_id="plan", goal="read it all", context=context)))
+    grown = stall_and_measure(server, before)
+    sock.close()
+    assert grown <= BOUND_KIB, f"the server's peak RSS grew {grown // 1024} MB for a plan whose peer does not read"
+    assert honest_pings(server, 5) == 5

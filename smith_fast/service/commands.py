@@ -102,12 +102,14 @@ async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
     timeout_ms = options.timeout_ms or ex.core.limits.default_timeout_ms
 
     async def run_shell(step: Step) -> int:
+        await ex.reading()  # a peer that does not read holds the plan's next step (service/flow.py)
         shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
         if timeout_ms:
             shell.timeout_ms = timeout_ms
         return await shell_exec(ex, step.id, shell)
 
     async def step_tool(step: Step) -> ToolOutcome:
+        await ex.reading()
         return await run_tool(ex, step.id, step.tool or "", step.args_json(), timeout_ms)
 
     await run_plan_command(cmd, ex.core.planner, emit=ex.sink.event, run_shell=run_shell, run_tool=step_tool)

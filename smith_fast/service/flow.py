@@ -14,6 +14,9 @@ sending. So every request of a session starts through its :class:`OutputBudget`:
   in arrival order;
 * while requests wait or the peer is paused, the session stops reading the peer's commands (the
   front pauses its transport or its request stream), so nothing more piles up behind them.
+* a request that produces output step by step (a plan) waits before each step while the peer is
+  paused (``Execution.reading``), so it adds at most its running steps' output (``max_parallel``
+  results) beyond its reservation.
 
 A request that runs alone always starts while the peer reads (else a budget smaller than one
 reservation would never start anything). So a session holds at most about

@@ -77,6 +77,10 @@ class RequestHost(Protocol):
         """Report (and count) an error with the request it names."""
         ...
 
+    async def reading(self) -> None:
+        """Return once the peer reads (at once unless the session is paused)."""
+        ...
+
     def report_error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
         """Send (and count) an ``ErrorEvent``."""
         ...
@@ -199,6 +203,9 @@ class LocalRunner:
             if span is not tracing.NOOP:
                 self.spans.pop(rid, None)
                 span.end()
+
+    async def reading(self) -> None:
+        await self._host.reading()
 
     def pause(self) -> None:
         for proc in self.processes:

@@ -114,6 +114,8 @@ class Session:
         self.paused = False
         self.shutting = False
         self.budget = OutputBudget(core.limits.max_session_buffer, unsent)
+        self._peer_reading = asyncio.Event()  # clear while the front says the peer does not read
+        self._peer_reading.set()
         self._hold_input = hold_input
         self._input_held = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -447,15 +449,23 @@ class Session:
         """The peer is not reading: stop producing output (child pipes), starting requests
         (:mod:`~smith_fast.service.flow`) and reading its commands, so memory stays bounded."""
         self.paused = True
+        self._peer_reading.clear()
         self.budget.set_paused(True)
         self.runner.pause()
         self._update_input()
 
     def resume(self) -> None:
         self.paused = False
+        self._peer_reading.set()
         self.runner.resume()
         self.budget.set_paused(False)
         self._update_input()
+
+    async def reading(self) -> None:
+        """Return once the peer reads (at once unless it is paused): a request that produces
+        output step by step (a plan) waits here before each step."""
+        if self.paused and not self.shutting:
+            await self._peer_reading.wait()
 
     def _update_input(self, waiting: bool = False) -> None:
         """Hold the peer's input while it is not reading or requests wait for the budget."""
