@@ -12,15 +12,17 @@ sending. So every request of a session starts through its :class:`OutputBudget`:
   holds for the peer (the transport's write buffer, the gRPC queue: ``unsent``) stay within
   ``--max-session-buffer``; otherwise it waits, admitted but not started (no ``PROCESSING`` yet),
   in arrival order;
-* while requests wait or the peer is paused, the session stops reading the peer's commands (the
-  front pauses its transport or its request stream), so nothing more piles up behind them.
+* while the peer is paused, or the commands waiting hold more than a quarter of the budget, the
+  session stops reading the peer's commands (the front pauses its transport or its request
+  stream), so nothing more piles up behind them; a peer that reads can still reach its running
+  requests while a few wait (the waiting ones are also bounded by ``--max-requests``).
 * a request that produces output step by step (a plan) waits before each step while the peer is
   paused (``Execution.reading``), so it adds at most its running steps' output (``max_parallel``
   results) beyond its reservation.
 
 A request that runs alone always starts while the peer reads (else a budget smaller than one
 reservation would never start anything). So a session holds at most about
-``--max-session-buffer`` bytes of output, plus one read's worth of commands.
+``--max-session-buffer`` bytes of output, plus a quarter of it (and one read) of commands.
 """
 
 from __future__ import annotations

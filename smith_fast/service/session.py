@@ -86,7 +86,8 @@ class Session:
         unsent: the bytes its front still holds for the peer (the transport's write buffer, a
             gRPC queue), counted against ``--max-session-buffer`` (:mod:`~smith_fast.service.flow`).
         hold_input: called with True when the peer's commands should no longer be read (the peer
-            does not read, or requests wait for the budget), with False when they may be again.
+            does not read, or the commands waiting for the budget hold over a quarter of it),
+            with False when they may be again.
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class Session:
         self._peer_reading.set()
         self._hold_input = hold_input
         self._input_held = False
+        self._waiting_bytes = 0  # of the commands waiting for the budget
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._batches: set[asyncio.Task[None]] = set()  # BatchCommands with require_ordering
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
@@ -409,7 +411,7 @@ class Session:
         budget = self.budget
         try:
             if budget.waiting or budget.reserved or self.paused:
-                await self._admit(size)
+                await self._admit(size, command.ByteSize())
             else:
                 budget.reserved += size  # the common case: nothing else runs, the peer reads
         except asyncio.CancelledError:
@@ -434,13 +436,14 @@ class Session:
             self.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
             self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
 
-    async def _admit(self, size: int) -> None:
-        """Wait for the output budget; the peer's commands are not read meanwhile."""
-        acquired = self.budget.acquire(size)
-        self._update_input(True)
+    async def _admit(self, size: int, held: int) -> None:
+        """Wait for the output budget, holding a ``held``-byte command meanwhile."""
+        self._waiting_bytes += held
+        self._update_input()
         try:
-            await acquired
+            await self.budget.acquire(size)
         finally:
+            self._waiting_bytes -= held
             self._update_input()
 
     # ---- flow control and teardown --------------------------------------------------------------
@@ -467,9 +470,11 @@ class Session:
         if self.paused and not self.shutting:
             await self._peer_reading.wait()
 
-    def _update_input(self, waiting: bool = False) -> None:
-        """Hold the peer's input while it is not reading or requests wait for the budget."""
-        held = self.paused or waiting or self.budget.waiting > 0
+    def _update_input(self) -> None:
+        """Hold the peer's input while it is not reading, or while the commands waiting for the
+        budget hold more than a quarter of it; a peer that reads can still send what addresses
+        the running requests while a few wait."""
+        held = self.paused or self._waiting_bytes > self.budget.limit // 4
         if held != self._input_held and self._hold_input is not None and not self._closing:
             self._input_held = held
             self._hold_input(held)
