@@ -125,6 +125,7 @@ class JsHook(Hook):
             self._thread.shutdown(wait=False)
             raise
         if not self.triggers:
+            self._thread.shutdown(wait=False)
             raise HookLoadError(
                 "the JavaScript hook defines none of the hook functions " + ", ".join(JS_FUNCTIONS.values())
             )
