@@ -12,7 +12,7 @@ import functools
 from pathlib import Path
 
 from .chain import ChainResult, HookChain
-from .js import JS_FUNCTIONS, JsHook, engine_available, load_js
+from .js import JS_FUNCTIONS, JsHook, engine_available, load_js, load_js_async
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, shape_error
 from .rust import RustHook, default_cache_dir, load_rust, rustc_version
 from .wire import hook_action, load_action
@@ -86,7 +86,7 @@ async def load_hook(
             (``diagnostics`` carries the engine's or compiler's text), or no hook function defined.
     """
     if kind == "js":
-        return load_js(source, limits, hook_id)
+        return await load_js_async(source, limits, hook_id)
     if kind == "rust":
         return await load_rust(source, limits, hook_id, cache_dir, trusted=trusted)
     raise HookLoadError(f"unknown hook type {kind!r}: expected 'js' or 'rust'")

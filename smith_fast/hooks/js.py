@@ -6,13 +6,22 @@ bindings add nothing else, and ``tests/test_hooks.py`` checks it). The payload c
 as JSON text, parsed and re-serialized inside the engine by a small wrapper per trigger; the answer
 ``{"action":"allow"}`` is recognised by string comparison before any decoding.
 
-QuickJS contexts are not thread-safe: every call runs on the calling thread, which is the event
-loop's. A call costs a few microseconds; a runaway one blocks the loop for at most the time limit.
+Each hook runs off the event loop, on a thread of its own (HOOKS.md, "Execution model"): the
+bindings release the GIL while QuickJS runs, so a hook that computes for its whole time limit
+delays only the requests waiting for that hook (its session's, or every session's for a global
+hook), never the loop and the other sessions. A context must only ever be used from the thread
+that made it (the bindings crash otherwise), so the context is built, called, reset and freed on
+that one thread. The thread runs at a lower scheduling priority (nice +10) than the loop, so on a
+busy machine the loop gets the CPU first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
+import os
+import threading
 from typing import Any
 
 from .model import Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
@@ -22,7 +31,9 @@ try:
 except ImportError:  # pragma: no cover - a runtime dependency; available_kinds() reports it
     _quickjs = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
 
-__all__ = ["JS_FUNCTIONS", "JsHook", "engine_available", "load_js"]
+__all__ = ["JS_FUNCTIONS", "JsHook", "engine_available", "load_js", "load_js_async"]
+
+HOOK_THREAD_NICE = 10  # how much lower than the loop a hook's thread is scheduled
 
 JS_FUNCTIONS: dict[str, str] = {
     "before_tool_call": "beforeToolCall",
@@ -108,12 +119,17 @@ class JsHook(Hook):
         self._fns: dict[str, Any] = {}
         self._context: Any = None
         self._drain: Any = None
-        self.triggers = frozenset(self._build())
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"hook-{self.id}", initializer=_lower_priority)
+        try:
+            self.triggers = frozenset(self._thread.submit(self._build).result())
+        except BaseException:
+            self._thread.shutdown(wait=False)
+            raise
         if not self.triggers:
+            self._thread.shutdown(wait=False)
             raise HookLoadError(
                 "the JavaScript hook defines none of the hook functions " + ", ".join(JS_FUNCTIONS.values())
             )
-        self.call_sync = self._call
 
     def _build(self) -> list[str]:
         """A fresh context with the hook's script run in it; returns the triggers it defines."""
@@ -195,17 +211,43 @@ class JsHook(Hook):
         return decode_decision(out, trigger, self.id)
 
     async def call(self, trigger: str, payload: dict[str, Any]) -> Decision:
-        return self._call(trigger, payload)
+        if trigger not in self.triggers:  # nothing to run: no thread hop
+            return self._allow
+        try:
+            future = self._thread.submit(self._call, trigger, payload)
+        except RuntimeError:  # closed
+            raise HookFailure(self.id, trigger, "the hook is closed") from None
+        return await asyncio.wrap_future(future)
 
     call.__doc__ = Hook.call.__doc__
 
-    async def close(self) -> None:
+    def call_blocking(self, trigger: str, payload: dict[str, Any]) -> Decision:
+        """:meth:`call` for a caller that is not on an event loop (it waits for the hook's thread)."""
+        return self._thread.submit(self._call, trigger, payload).result()
+
+    def _free(self) -> None:
         self._broken = "the hook is closed"
         self._fns = {}
         self._context = self._drain = None
 
+    async def close(self) -> None:
+        try:
+            future = self._thread.submit(self._free)  # freed on the thread that made it
+        except RuntimeError:
+            return  # closed already
+        self._thread.shutdown(wait=False)
+        await asyncio.wrap_future(future)
+
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+
+
+def _lower_priority() -> None:
+    """Schedule the calling thread (a hook's) below the loop: on Linux, nice applies per thread."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HOOK_THREAD_NICE)
+    except (OSError, AttributeError):  # not Linux, or not permitted: same priority as the loop
+        pass
 
 
 def load_js(source: str, limits: HookLimits = HookLimits(), hook_id: str | None = None) -> JsHook:
@@ -225,3 +267,8 @@ def load_js(source: str, limits: HookLimits = HookLimits(), hook_id: str | None 
             the engine's message with its line:column), no hook function defined, or no engine.
     """
     return JsHook(source, limits, hook_id)
+
+
+async def load_js_async(source: str, limits: HookLimits = HookLimits(), hook_id: str | None = None) -> JsHook:
+    """:func:`load_js` from an event loop: the script's top level runs off the loop too."""
+    return await asyncio.to_thread(JsHook, source, limits, hook_id)

@@ -187,10 +187,9 @@ class McpEndpoint:
         self.cancel(rid)
 
     def cancel(self, rid: str) -> None:
-        """Stop a running request as a Smith cancel does (its process group is killed).
-
-        The one place that cancels, so that it can become the runner seam's Cancel command."""
-        self.session.cancel_request(rid)
+        """Stop a running request with the runner seam's Cancel, as a Smith peer's CancelCommand
+        does: its processes get SIGTERM, then SIGKILL after ``--kill-grace``, and it ends cancelled."""
+        self.session.cancel(rid)
 
     # ---- output ------------------------------------------------------------------------------
 

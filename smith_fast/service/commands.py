@@ -128,6 +128,7 @@ async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
     timeout_ms = options.timeout_ms or ex.core.limits.default_timeout_ms
 
     async def run_shell(step: Step) -> int:
+        await ex.reading()  # a peer that does not read holds the plan's next step (service/flow.py)
         shell = pb.ShellExecCommand(request_id=step.id, command=step.command or "")
         if timeout_ms:
             shell.timeout_ms = timeout_ms
@@ -141,6 +142,7 @@ async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
         return code
 
     async def step_tool(step: Step) -> ToolOutcome:
+        await ex.reading()
         ex.audit.begin(step.id, "plan_step", parent=rid)
         try:
             outcome = await run_tool(ex, step.id, step.tool or "", step.args_json(), timeout_ms)

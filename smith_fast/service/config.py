@@ -74,6 +74,10 @@ class Limits:
             JavaScript hook, the ``RLIMIT_DATA`` of a Rust hook's process.
         max_session_hook_memory: the sum of the memory limits of one session's hooks
             (``--max-session-hook-memory``); a hook that would go over it is refused.
+        max_session_buffer: output a session may hold for a peer that is not reading, in bytes:
+            what the front still holds for it plus what its running requests may still produce
+            (``--max-session-buffer``; :mod:`smith_fast.service.flow`). Further requests wait,
+            and its commands are not read, until the peer reads again.
     """
 
     max_frame_size: int = option(
@@ -148,6 +152,9 @@ class Limits:
     max_session_hook_memory: int = option(
         256 << 20, flag="--max-session-hook-memory", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="the sum of the memory limits of one session's hooks; a hook over it: RESOURCE_EXHAUSTED")
+    max_session_buffer: int = option(
+        16 << 20, flag="--max-session-buffer", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="output held per session for a peer that does not read; beyond it requests wait and its commands are not read")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,11 @@
 Reads go through ``asyncio.BufferedProtocol``: the loop reads straight into one preallocated buffer
 and the decoder copies out only complete frames. Writes are gathered and flushed once per loop tick
 (or as soon as 256 KiB are pending) with a single transport write. The transport's
-``pause_writing``/``resume_writing`` pause the session's child pipes, so a peer that does not read
-cannot make the service buffer without bound.
+``pause_writing``/``resume_writing`` pause the session: its child pipes, the start of its further
+requests and the reading of its commands (the transport's ``pause_reading``), and what the
+transport still buffers counts against the session's ``--max-session-buffer``
+(:mod:`~smith_fast.service.flow`), so a peer that does not read cannot make the service buffer
+without bound.
 
 Which protocol a connection speaks is decided by its first two bytes (PROTOCOL.md, "Telling v0 from v1"): ``{``
 followed by ``"``, ``}`` or JSON whitespace is v0 JSONL; anything else is v1.
@@ -218,6 +221,27 @@ class Connection(asyncio.BufferedProtocol):
         if self.session is not None:
             self.session.resume()
 
+    # ---- flow control ------------------------------------------------------------------------
+
+    def _unsent(self) -> int:
+        """Bytes written for the peer that it has not taken yet (the session's output budget)."""
+        writer = self._writer
+        buffered = writer.get_write_buffer_size() if writer is not None and not self._shut else 0
+        return buffered + self._out.pending_bytes
+
+    def _hold_input(self, held: bool) -> None:
+        """Stop (or resume) reading the peer's commands: the socket's buffers fill, and so the peer's."""
+        transport = self._transport
+        if transport is None or self._closed or transport.is_closing():
+            return
+        try:
+            if held:
+                transport.pause_reading()  # type: ignore[attr-defined]
+            else:
+                transport.resume_reading()  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # not a reading transport, or one already closing
+            pass
+
     # ---- reading -----------------------------------------------------------------------------
 
     def _version(self, head: bytes) -> int:
@@ -240,7 +264,7 @@ class Connection(asyncio.BufferedProtocol):
             self._codec = codec
             self._lines = LineDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v0
-        self.session = self.core.new_session(sink, close=self.close, peer=self.peer)
+        self.session = self.core.new_session(sink, close=self.close, peer=self.peer, unsent=self._unsent, hold_input=self._hold_input)
         if self.trusted:
             self.session.authenticated = True
 

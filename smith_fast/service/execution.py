@@ -95,6 +95,11 @@ class Execution(Protocol):
         """The peer stopped reading: a process started now starts paused."""
         ...
 
+    async def reading(self) -> None:
+        """Return once the peer reads (at once unless it stopped): what produces output step
+        by step waits here before each step (service/flow.py)."""
+        ...
+
     @property
     def shutting(self) -> bool:
         """The session is shutting down: a command that ends now ends as cancelled."""

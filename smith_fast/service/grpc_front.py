@@ -9,7 +9,10 @@ fed from the sink's batcher: whenever the generator is ready to send, everything
 the previous message leaves as one ``BatchEvent``, so a slow reader gets many events per message.
 
 The queue is bounded the way a transport's buffer is: above :data:`HIGH_WATER` bytes the session
-is paused (its commands' pipes are no longer read), below :data:`LOW_WATER` it resumes.
+is paused (its commands' pipes are no longer read, its further requests wait and its request
+stream is no longer read, so HTTP/2 flow control holds the client back), below :data:`LOW_WATER`
+it resumes; what the queue holds counts against ``--max-session-buffer``
+(:mod:`~smith_fast.service.flow`).
 
 grpc.aio runs on whichever asyncio loop is current, uvloop included: it polls its completion queue
 in a gRPC thread and wakes the loop through a socket pair. So the gRPC front shares the one loop
@@ -146,7 +149,7 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
 class _Stream:
     """One ``Stream`` call: a session, its outgoing queue and the reader of its requests."""
 
-    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused")
+    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused", "_reading")
 
     def __init__(self, core: ServiceCore, peer: str) -> None:
         self.out: collections.deque[bytes] = collections.deque()
@@ -155,8 +158,21 @@ class _Stream:
         self.wake = asyncio.Event()
         self.io = core.metrics.io["grpc"]
         self._paused = False
+        self._reading = asyncio.Event()  # clear while the session holds the peer's input
+        self._reading.set()
         self.sink = V1Sink(self.push, framed=False, notify=self.notify)
-        self.session: Session = core.new_session(self.sink, close=self.close, peer=peer, protocol="grpc")
+        self.session: Session = core.new_session(
+            self.sink, close=self.close, peer=peer, protocol="grpc", unsent=self._unsent, hold_input=self._hold_input
+        )
+
+    def _unsent(self) -> int:
+        return self.pending
+
+    def _hold_input(self, held: bool) -> None:
+        if held:
+            self._reading.clear()
+        else:
+            self._reading.set()
 
     def push(self, data: bytes) -> None:
         if self.closed:
@@ -180,7 +196,10 @@ class _Stream:
     async def read(self, requests: AsyncIterator[bytes]) -> None:
         session = self.session
         io = self.io
+        reading = self._reading
         async for raw in requests:
+            if not reading.is_set():  # the peer does not read, or its requests wait: take no more
+                await reading.wait()
             io.frames_in += 1
             io.bytes_in += len(raw)
             try:

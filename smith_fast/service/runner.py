@@ -109,6 +109,9 @@ class RequestHost(Protocol):
     def is_running(self, rid: str) -> bool:
         """Request ``rid`` was admitted and has not ended (its task may not have started yet: a
         Cancel or stdin in the same read as its command)."""
+
+    async def reading(self) -> None:
+        """Return once the peer reads (at once unless the session is paused)."""
         ...
 
     def report_error(self, code: int, message: str, rid: str | None = None, details: Mapping[str, str] | None = None) -> None:
@@ -405,6 +408,9 @@ class LocalRunner:
                 del self._owned[owner]
         if self._interactive.get(rid) is proc:
             del self._interactive[rid]
+
+    async def reading(self) -> None:
+        await self._host.reading()
 
     def pause(self) -> None:
         for proc in self.processes:

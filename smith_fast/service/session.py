@@ -28,6 +28,7 @@ from ..replay import SessionRecorder
 from . import audit
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec, Control
+from .flow import OutputBudget, reservation
 from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
 from .negotiation import (
@@ -93,6 +94,11 @@ class Session:
         granted: the capabilities of a handshake answered elsewhere: the session starts
             handshaken with them (a NATS worker's session, whose gateway answered the handshake).
         span: the session's span to start with (a NATS worker's: the gateway session's).
+        unsent: the bytes its front still holds for the peer (the transport's write buffer, a
+            gRPC queue), counted against ``--max-session-buffer`` (:mod:`~smith_fast.service.flow`).
+        hold_input: called with True when the peer's commands should no longer be read (the peer
+            does not read, or the commands waiting for the budget hold over a quarter of it),
+            with False when they may be again.
     """
 
     def __init__(
@@ -106,6 +112,8 @@ class Session:
         protocol: str | None = None,
         granted: frozenset[int] | None = None,
         span: tracing.SpanHandle = tracing.NOOP,
+        unsent: Callable[[], int] = lambda: 0,
+        hold_input: Callable[[bool], None] | None = None,
     ) -> None:
         self.core = core
         self.sink = sink
@@ -117,6 +125,12 @@ class Session:
         self.handshaken = granted is not None
         self.paused = False
         self.shutting = False
+        self.budget = OutputBudget(core.limits.max_session_buffer, unsent)
+        self._peer_reading = asyncio.Event()  # clear while the front says the peer does not read
+        self._peer_reading.set()
+        self._hold_input = hold_input
+        self._input_held = False
+        self._waiting_bytes = 0  # of the commands waiting for the budget
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._batches: set[asyncio.Task[None]] = set()  # BatchCommands being dispatched or run in order
         # While a large batch is dispatched slice by slice, what arrives after it waits here, so
@@ -506,34 +520,79 @@ class Session:
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)
 
-    def cancel_request(self, rid: str) -> bool:
-        """Cancel the running request ``rid`` (its process group is killed; the runner sends its
-        terminal state). False when none runs. For fronts whose protocol cancels by itself (MCP's
-        ``notifications/cancelled``) until the runner seam has a Cancel command."""
-        task = self._tasks.get(rid)
-        if task is None:
-            return False
-        task.cancel()
-        return True
-
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
+        size = reservation(spec.kind, self.core.limits)
+        budget = self.budget
+        try:
+            if budget.waiting or budget.reserved or self.paused:
+                await self._admit(size, command.ByteSize())
+            else:
+                budget.reserved += size  # the common case: nothing else runs, the peer reads
+        except asyncio.CancelledError:
+            self._not_started(rid)
+            raise
+        if self.shutting:  # it waited for the budget while the session began shutting down
+            budget.release(size)
+            self._not_started(rid)
+            return
         try:
             await self.runner.run(spec, rid, command)
         finally:
+            budget.release(size)
+            self._update_input()
             self.last_active = self._loop.time()
             self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
+
+    def _not_started(self, rid: str) -> None:
+        """A request that waited for the budget is cancelled by a shutdown: its one terminal
+        state, as a running request's (nobody listens after a disconnect)."""
+        if not self._closing:
+            self.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+
+    async def _admit(self, size: int, held: int) -> None:
+        """Wait for the output budget, holding a ``held``-byte command meanwhile."""
+        self._waiting_bytes += held
+        self._update_input()
+        try:
+            await self.budget.acquire(size)
+        finally:
+            self._waiting_bytes -= held
+            self._update_input()
 
     # ---- flow control and teardown --------------------------------------------------------------
 
     def pause(self) -> None:
-        """The peer is not reading: stop producing output (child pipes) so memory stays bounded."""
+        """The peer is not reading: stop producing output (child pipes), starting requests
+        (:mod:`~smith_fast.service.flow`) and reading its commands, so memory stays bounded."""
         self.paused = True
+        self._peer_reading.clear()
+        self.budget.set_paused(True)
         self.runner.pause()
+        self._update_input()
 
     def resume(self) -> None:
         self.paused = False
+        self._peer_reading.set()
         self.runner.resume()
+        self.budget.set_paused(False)
+        self._update_input()
+
+    async def reading(self) -> None:
+        """Return once the peer reads (at once unless it is paused): a request that produces
+        output step by step (a plan) waits here before each step."""
+        if self.paused and not self.shutting:
+            await self._peer_reading.wait()
+
+    def _update_input(self) -> None:
+        """Hold the peer's input while it is not reading, or while the commands waiting for the
+        budget hold more than a quarter of it; a peer that reads can still send what addresses
+        the running requests while a few wait."""
+        held = self.paused or self._waiting_bytes > self.budget.limit // 4
+        if held != self._input_held and self._hold_input is not None and not self._closing:
+            self._input_held = held
+            self._hold_input(held)
 
     @property
     def closing(self) -> bool:
