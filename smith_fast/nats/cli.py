@@ -46,7 +46,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         f"{DURATIONS}; {SIZES}.",
         epilog=_EXAMPLES["worker"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
-    nats_config.add_arguments(worker)
+    nats_config.add_arguments(worker, "worker")
     worker.add_argument("--concurrency", type=int, default=64, metavar="N", help="commands run at once (default 64)")
     worker.add_argument("--drain-timeout", type=parse_duration, default=10.0, metavar="DURATION",
                         help="on SIGTERM, how long running commands may still take (default 10s)")
@@ -61,7 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         epilog=_EXAMPLES["gateway"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
     add_listen_options(gateway)
-    nats_config.add_arguments(gateway)
+    nats_config.add_arguments(gateway, "gateway")
     gateway.add_argument("--gateway-id", metavar="ID", help="names this gateway's event subjects and consumer (default: a fresh id)")
     add_service_options(gateway, "gateway")
 
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``worker`` or ``gateway`` until SIGTERM/SIGINT; 2 when it cannot start."""
     try:
         config = nats_config.from_arguments(args)
+        config.ssl_context()  # an unreadable TLS file stops the start here, before any listener opens
         service = service_config(args, args.command, **({"max_requests": max(args.concurrency, 1)} if args.command == "worker" else {}))
     except ValueError as exc:
         print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
@@ -121,9 +122,14 @@ async def _gateway(args: argparse.Namespace, service: ServiceConfig, config: nat
 
     listen = listen_config(args)
     core = GatewayCore(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
+    # Listen at once, NATS or not (issue 19): until it is reached, health says why the gateway
+    # cannot serve and each command gets an ErrorEvent saying so, instead of a missing socket.
+    bridging = asyncio.ensure_future(core.bridge.run())
     try:
-        if not await _started(core.bridge.start(), lifecycle.stop_on_signals()):
-            return 0
         return await serve(service, listen, loop_name=loop_name, core=core)
     finally:
+        if not bridging.done():
+            bridging.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await bridging
         await core.bridge.close()
