@@ -17,7 +17,7 @@ import time
 
 from .server import ServerStartError, SmithProcess, wait_until
 
-__all__ = ["Cluster", "NatsServer", "free_port", "nats_server_binary"]
+__all__ = ["Cluster", "NatsServer", "free_port", "logged", "nats_server_binary", "wait_gateway"]
 
 
 def nats_server_binary() -> str:

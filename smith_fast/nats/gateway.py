@@ -34,7 +34,7 @@ from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig, is_token
-from .jetstream import Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
+from .jetstream import Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams, round_trip
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
 from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
@@ -360,7 +360,7 @@ class Bridge:
             if self.nc is not None and self.counters.connected:
                 await self.poll_queue()
                 with contextlib.suppress(Exception):
-                    self.counters.rtt = await self.nc.rtt(timeout=max(1, int(interval)))
+                    self.counters.rtt = await round_trip(self.nc)
             await asyncio.sleep(interval)
 
     async def withdraw(self, seq: int) -> None:

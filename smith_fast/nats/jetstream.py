@@ -32,7 +32,7 @@ from ..errors import SmithFastError
 from ..logs import get_logger
 from .config import NatsConfig
 
-__all__ = ["connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "PullFeed", "Publisher", "PublishError"]
+__all__ = ["round_trip", "connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "PullFeed", "Publisher", "PublishError"]
 
 log = get_logger("smith_fast.nats")
 
@@ -126,6 +126,14 @@ async def connect(
                 log.warning("nats unreachable, retrying",
                             extra={"fields": {"name": name, "servers": list(config.servers), "error": repr(exc), "retry_interval": wait}})
             await asyncio.sleep(wait)
+
+
+async def round_trip(nc: NATS, timeout: float = 2.0) -> float:
+    """Seconds for a PING/PONG with the server (``nc.rtt`` reads the loop's clock, which uvloop
+    keeps in whole milliseconds: a loopback round trip would read 0)."""
+    start = time.perf_counter()
+    await nc.flush(timeout=max(1, round(timeout)))
+    return time.perf_counter() - start
 
 
 async def _ensure_stream(js: JetStreamContext, name: str, cfg: api.StreamConfig) -> None:

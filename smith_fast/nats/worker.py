@@ -50,7 +50,7 @@ from ..service.sinks import V1Sink
 from .config import NatsConfig
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
-from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer
+from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, round_trip
 from .wire import CONTROL, MSG_ID, CommandMeta, hook_key, parse_command_headers
 
 if TYPE_CHECKING:
@@ -348,7 +348,7 @@ class Worker:
             await asyncio.sleep(self.config.presence_interval)
             if self.nc is not None and self.nc.is_connected:
                 with contextlib.suppress(Exception):
-                    self.counters.rtt = await self.nc.rtt(timeout=max(1, int(self.config.presence_interval)))
+                    self.counters.rtt = await round_trip(self.nc)
 
     async def _recreate_consumer(self) -> None:
         assert self.js is not None
