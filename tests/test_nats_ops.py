@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import socket
 import urllib.request
 import uuid
 
@@ -111,7 +112,8 @@ async def test_no_worker_not_serving_queued_then_a_worker_runs_it(tmp_path: path
     """With no worker: the handshake succeeds and says workers=0, health (in-stream and gRPC) is
     NOT_SERVING with a reason, a command gets a queued notice and /metrics shows it waiting; a
     worker starts, the command runs, health says SERVING and the figures follow."""
-    cluster = Cluster(tmp_path, workers=0, nats_args=FAST, gateway_args=("--queue-notice", "0.2", "--metrics", "127.0.0.1:0")).start()
+    cluster = Cluster(tmp_path, workers=0, nats_args=FAST, worker_args=("--metrics", "127.0.0.1:0"),
+                      gateway_args=("--queue-notice", "0.2", "--metrics", "127.0.0.1:0")).start()
     try:
         async with await Client.connect(cluster.unix) as client:
             ready = await client.handshake(["shell_exec"], accept=["health"])
@@ -158,7 +160,7 @@ async def test_no_worker_not_serving_queued_then_a_worker_runs_it(tmp_path: path
         assert await grpc_serving()
         worker = cluster.workers[0].proc
         assert worker is not None
-        name = f"{pathlib.Path('/proc/sys/kernel/hostname').read_text().strip()}:{worker.pid}"
+        name = f"{socket.gethostname()}:{worker.pid}"
         assert wait_until(lambda: _samples(url).get(("smith_fast_nats_queue_depth", frozenset()), 1) == 0, 20)
         snap = _samples(url)
         assert snap[("smith_fast_nats_workers_alive", frozenset())] == 1
@@ -167,6 +169,13 @@ async def test_no_worker_not_serving_queued_then_a_worker_runs_it(tmp_path: path
         assert snap[("smith_fast_nats_commands_acked_total", frozenset())] >= 1
         assert snap[("smith_fast_nats_events_relayed_total", frozenset())] >= 1
         assert snap[("smith_fast_nats_rtt_seconds", frozenset())] > 0
+        # the worker's own /metrics: what it took, acknowledged and published
+        mine = _samples(cluster.workers[0].metrics_url)
+        assert mine[("smith_fast_nats_commands_dispatched_total", frozenset())] >= 1
+        assert mine[("smith_fast_nats_commands_acked_total", frozenset())] >= 1
+        assert mine[("smith_fast_nats_events_relayed_total", frozenset())] >= 1
+        assert mine[("smith_fast_nats_connected", frozenset())] == 1
+        assert mine[("smith_fast_nats_worker_capacity", frozenset())] >= 1
 
         # A worker that stops says so: health goes back to NOT_SERVING without waiting for expiry.
         cluster.workers[0].stop()

@@ -50,6 +50,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     worker.add_argument("--concurrency", type=int, default=64, metavar="N", help="commands run at once (default 64)")
     worker.add_argument("--drain-timeout", type=parse_duration, default=10.0, metavar="DURATION",
                         help="on SIGTERM, how long running commands may still take (default 10s)")
+    worker.add_argument("--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
+                        help="serve Prometheus metrics (with the smith_fast_nats_* figures) at http://HOST:PORT/metrics "
+                             "(default 127.0.0.1:9464; repeatable)")
+    worker.add_argument("--allow-remote", action="store_true", help="allow --metrics on a non-loopback address")
     add_service_options(worker, "worker")
 
     gateway = sub.add_parser(
@@ -104,14 +108,31 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
     from ..service.core import ServiceCore
     from .worker import Worker
 
+    from ..service.server import ListenError, check_listen_address
+
     core = ServiceCore(service, loop_name=loop_name)
+    try:
+        hosts = [check_listen_address(addr, "metrics", args.allow_remote) for addr in args.metrics]
+    except ListenError as exc:
+        print(f"smith-fast worker: {exc}", file=sys.stderr)
+        return 2
+    metrics = None
+    if hosts:
+        from ..service.prometheus import MetricsServer  # prometheus_client only when asked for
+
+        metrics = MetricsServer(core)
     async with lifecycle.running(core, service.hook_files, runs_commands=True):
         stop = lifecycle.stop_on_signals()
         worker = Worker(core, config, concurrency=args.concurrency, drain_timeout=args.drain_timeout)
         try:
+            if metrics is not None:
+                for host, port in hosts:
+                    log.info("listening", extra={"fields": {"address": await metrics.listen(host, port)}})
             if await _started(worker.start(), stop):
                 await stop.wait()
         finally:
+            if metrics is not None:
+                metrics.close()
             await worker.stop()
     return 0
 
