@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -126,11 +126,12 @@ class NatsRunner:
                 )
                 return
             self.bridge.track(remote.seq, self, remote)
-            waiting = asyncio.get_running_loop().create_task(self._wait_for_worker(remote))
+            timers = self._queue_timers(remote)
             try:
                 await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
             finally:
-                waiting.cancel()
+                for timer in timers:
+                    timer.cancel()
         except asyncio.CancelledError:
             if not host.closing and not remote.stream.finished:
                 # Shutdown (somebody listens): the workers were told to stop this session's
@@ -149,36 +150,51 @@ class NatsRunner:
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
 
-    async def _wait_for_worker(self, remote: _Remote) -> None:
+    def _queue_timers(self, remote: _Remote) -> list[asyncio.TimerHandle]:
         """Tell the frontend when its command waits for a worker (``--queue-notice``), and give
-        up on it at ``--queue-timeout`` (issue 19: wait by default, but say so)."""
+        up on it at ``--queue-timeout`` (issue 19: wait by default, but say so). Timers, not a
+        task per command: most commands are taken long before either fires."""
         config = self.bridge.config
         loop = asyncio.get_running_loop()
-        started = loop.time()
         notice, timeout = config.queue_notice, config.queue_timeout
+        timers = []
         if notice > 0 and (timeout == 0 or notice < timeout):
-            await asyncio.sleep(notice)
-            if remote.attempt == 0 and not remote.stream.finished:
-                depth = await self.bridge.poll_queue()
-                workers = self.bridge.workers_alive()
-                who = f"{workers} worker(s) alive, all busy" if workers else "no worker is alive"
-                self._host.sink.log(
-                    pb.LOG_LEVEL_WARN,
-                    f"request {remote.rid} is queued: no worker took it in {notice:g}s ({who}; {depth} command(s) waiting)",
-                    remote.rid,
-                    {"reason": "queued", "queue_depth": str(depth), "workers": str(workers), "waited_seconds": f"{notice:g}"},
-                )
+            timers.append(loop.call_later(notice, self._due, self._notice, remote))
         if timeout > 0:
-            await asyncio.sleep(max(0.0, timeout - (loop.time() - started)))
-            if remote.attempt == 0 and not remote.stream.finished:
-                await self.bridge.withdraw(remote.seq)
-                if remote.attempt == 0:  # no worker's event came in meanwhile
-                    self._fail(
-                        remote, pb.ERROR_CODE_EXECUTION_TIMEOUT,
-                        f"request {remote.rid} was withdrawn: no worker took it within --queue-timeout {timeout:g}s "
-                        f"({self.bridge.workers_alive()} worker(s) alive)",
-                        "queue_timeout",
-                    )
+            timers.append(loop.call_later(timeout, self._due, self._withdraw, remote))
+        return timers
+
+    def _due(self, act: Callable[[_Remote], Coroutine[Any, Any, None]], remote: _Remote) -> None:
+        if self._queued(remote):
+            self.bridge.spawn(act(remote))
+
+    def _queued(self, remote: _Remote) -> bool:
+        """Still waiting for a worker: no event of it came back, nothing ended it."""
+        return remote.attempt == 0 and not remote.stream.finished and not self._host.closing
+
+    async def _notice(self, remote: _Remote) -> None:
+        depth = await self.bridge.poll_queue()
+        if not self._queued(remote):
+            return
+        workers = self.bridge.workers_alive()
+        notice = self.bridge.config.queue_notice
+        who = f"{workers} worker(s) alive, all busy" if workers else "no worker is alive"
+        self._host.sink.log(
+            pb.LOG_LEVEL_WARN,
+            f"request {remote.rid} is queued: no worker took it in {notice:g}s ({who}; {depth} command(s) waiting)",
+            remote.rid,
+            {"reason": "queued", "queue_depth": str(depth), "workers": str(workers), "waited_seconds": f"{notice:g}"},
+        )
+
+    async def _withdraw(self, remote: _Remote) -> None:
+        await self.bridge.withdraw(remote.seq)
+        if self._queued(remote):  # no worker's event came in meanwhile
+            self._fail(
+                remote, pb.ERROR_CODE_EXECUTION_TIMEOUT,
+                f"request {remote.rid} was withdrawn: no worker took it within --queue-timeout "
+                f"{self.bridge.config.queue_timeout:g}s ({self.bridge.workers_alive()} worker(s) alive)",
+                "queue_timeout",
+            )
 
     def _fail(self, remote: _Remote, code: int, message: str, reason: str) -> None:
         """End a request here (the workers could not): its error, then its terminal ERROR."""
@@ -451,6 +467,10 @@ class Bridge:
         assert self.js is not None
         with contextlib.suppress(Exception):
             await ensure_gateway_consumer(self.js, self.config, self.gateway_id)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background; :meth:`close` waits for it briefly."""
+        self._spawn(coro)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
