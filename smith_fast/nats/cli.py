@@ -26,11 +26,13 @@ _EXAMPLES = {
   smith-fast worker --nats nats://127.0.0.1:4222 --root /srv/work
   smith-fast worker --nats nats://a:4222,nats://b:4222 --concurrency 16 --drain-timeout 30s
   SMITH_NATS_TOKEN=... smith-fast worker --nats tls://nats.internal:4222 --nats-tls-ca ca.pem
+  smith-fast worker --metrics 127.0.0.1:9465          # its own smith_fast_nats_* figures
 """,
     "gateway": """examples:
   smith-fast gateway --nats nats://127.0.0.1:4222 --unix /run/smith.sock
   smith-fast gateway --tcp 127.0.0.1:7878 --grpc --metrics
   SMITH_TOKEN=... smith-fast gateway --tcp 0.0.0.0:7878 --allow-remote
+  smith-fast gateway --unix /run/smith.sock --queue-notice 5s --queue-timeout 10m   # fail what waits too long
 """,
 }
 
