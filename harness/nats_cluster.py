@@ -15,9 +15,9 @@ import subprocess
 import sys
 import time
 
-from .server import SmithProcess
+from .server import ServerStartError, SmithProcess, wait_until
 
-__all__ = ["Cluster", "NatsServer", "free_port", "nats_server_binary"]
+__all__ = ["Cluster", "NatsServer", "free_port", "logged", "nats_server_binary", "wait_gateway"]
 
 
 def nats_server_binary() -> str:
@@ -86,6 +86,19 @@ class NatsServer:
         self.start()
 
 
+def logged(proc: SmithProcess, event: str) -> int:
+    """How many times ``proc`` logged ``event`` so far."""
+    return sum(1 for record in list(proc.logs) if record.get("event") == event)
+
+
+def wait_gateway(gateway: SmithProcess, workers: int = 0, timeout: float = 20.0) -> SmithProcess:
+    """Block until ``gateway`` reached NATS and heard from ``workers`` workers (it listens, and says
+    ``ready``, before that: until then its commands fail with ``reason=nats_unavailable``)."""
+    if not wait_until(lambda: logged(gateway, "nats connected") and logged(gateway, "worker joined") >= workers, timeout):
+        raise ServerStartError("the gateway did not reach NATS and its workers:\n" + "\n".join(gateway.raw_stderr[-100:]))
+    return gateway
+
+
 class Cluster:
     """A NATS server, ``workers`` workers and one gateway (Unix, TCP and gRPC listeners).
 
@@ -135,10 +148,15 @@ class Cluster:
             for _ in range(self.count):
                 self.add_worker()
             self.gateway.start()
+            self.wait_connected(self.count)
         except BaseException:
             self.stop()  # nothing left running when a process does not come up
             raise
         return self
+
+    def wait_connected(self, workers: int = 0, timeout: float = 20.0) -> None:
+        """Block until the gateway reached NATS and heard from ``workers`` workers."""
+        wait_gateway(self.gateway, workers, timeout)
 
     def stop(self) -> dict[str, int]:
         """Stop everything (SIGTERM); returns the exit codes of the processes that were still running."""

@@ -26,7 +26,7 @@ from types import ModuleType
 
 import pytest
 
-from harness.nats_cluster import Cluster, NatsServer
+from harness.nats_cluster import Cluster, NatsServer, wait_gateway
 from harness.server import ROOT, SmithProcess, assert_clean_log, pid_alive, wait_until
 from smith_fast.client import Client, SmithError, event_request_id
 from smith_fast.errors import ProtocolError
@@ -573,7 +573,7 @@ async def test_tracing_through_the_gateway(tmp_path: pathlib.Path) -> None:
                 proc = SmithProcess(tmp_path / name, role, "--nats", nats.url, *NATS_FAST, "--log-level", "debug", *extra)
                 proc.env.update(sink.env(), OTEL_SERVICE_NAME=f"smith-{role}")
                 procs.append(proc.start())
-            gateway = procs[1]
+            gateway = wait_gateway(procs[1], workers=1)
             async with await Client.connect(gateway.unix) as client:
                 ready = await client.handshake(["shell_exec", "tracing"], client_info={"traceparent": caller})
                 assert pb.CAPABILITY_TRACING in ready.capabilities and not client.warnings
@@ -645,6 +645,7 @@ async def test_token_authentication(tmp_path: pathlib.Path) -> None:
             proc.env["SMITH_NATS_TOKEN"] = token
             procs.append(proc.start())
             assert token not in " ".join(proc.argv)
+        wait_gateway(procs[1], workers=1)
         async with await Client.connect(procs[1].unix) as client:
             await client.handshake(["shell_exec"])
             assert _output([e async for e in client.shell_exec("echo authenticated")]) == ("authenticated\n", "", 0)
@@ -686,6 +687,7 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
         gateway = SmithProcess(tmp_path / "gw", "gateway", "--nats", nats.url, *tls, *NATS_FAST,
                                "--unix", str(tmp_path / "gw" / "smith.sock"), "--log-level", "debug").start()
         procs.append(gateway)
+        wait_gateway(gateway, workers=1)
         async with await Client.connect(gateway.unix) as client:
             ready = await client.handshake(["shell_exec", "nats"])
             assert pb.CAPABILITY_NATS in ready.capabilities

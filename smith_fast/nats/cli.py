@@ -26,11 +26,13 @@ _EXAMPLES = {
   smith-fast worker --nats nats://127.0.0.1:4222 --root /srv/work
   smith-fast worker --nats nats://a:4222,nats://b:4222 --concurrency 16 --drain-timeout 30s
   SMITH_NATS_TOKEN=... smith-fast worker --nats tls://nats.internal:4222 --nats-tls-ca ca.pem
+  smith-fast worker --metrics 127.0.0.1:9465          # its own smith_fast_nats_* figures
 """,
     "gateway": """examples:
   smith-fast gateway --nats nats://127.0.0.1:4222 --unix /run/smith.sock
   smith-fast gateway --tcp 127.0.0.1:7878 --grpc --metrics
   SMITH_TOKEN=... smith-fast gateway --tcp 0.0.0.0:7878 --allow-remote
+  smith-fast gateway --unix /run/smith.sock --queue-notice 5s --queue-timeout 10m   # fail what waits too long
 """,
 }
 
@@ -46,10 +48,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         f"{DURATIONS}; {SIZES}.",
         epilog=_EXAMPLES["worker"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
-    nats_config.add_arguments(worker)
+    nats_config.add_arguments(worker, "worker")
     worker.add_argument("--concurrency", type=int, default=64, metavar="N", help="commands run at once (default 64)")
     worker.add_argument("--drain-timeout", type=parse_duration, default=10.0, metavar="DURATION",
                         help="on SIGTERM, how long running commands may still take (default 10s)")
+    worker.add_argument("--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
+                        help="serve Prometheus metrics (with the smith_fast_nats_* figures) at http://HOST:PORT/metrics "
+                             "(default 127.0.0.1:9464; repeatable)")
+    worker.add_argument("--allow-remote", action="store_true", help="allow --metrics on a non-loopback address")
     add_service_options(worker, "worker")
 
     gateway = sub.add_parser(
@@ -61,7 +67,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         epilog=_EXAMPLES["gateway"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
     add_listen_options(gateway)
-    nats_config.add_arguments(gateway)
+    nats_config.add_arguments(gateway, "gateway")
     gateway.add_argument("--gateway-id", metavar="ID", help="names this gateway's event subjects and consumer (default: a fresh id)")
     add_service_options(gateway, "gateway")
 
@@ -70,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``worker`` or ``gateway`` until SIGTERM/SIGINT; 2 when it cannot start."""
     try:
         config = nats_config.from_arguments(args)
+        config.ssl_context()  # an unreadable TLS file stops the start here, before any listener opens
         service = service_config(args, args.command, **({"max_requests": max(args.concurrency, 1)} if args.command == "worker" else {}))
     except ValueError as exc:
         print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
@@ -103,14 +110,31 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
     from ..service.core import ServiceCore
     from .worker import Worker
 
+    from ..service.server import ListenError, check_listen_address
+
     core = ServiceCore(service, loop_name=loop_name)
+    try:
+        hosts = [check_listen_address(addr, "metrics", args.allow_remote) for addr in args.metrics]
+    except ListenError as exc:
+        print(f"smith-fast worker: {exc}", file=sys.stderr)
+        return 2
+    metrics = None
+    if hosts:
+        from ..service.prometheus import MetricsServer  # prometheus_client only when asked for
+
+        metrics = MetricsServer(core)
     async with lifecycle.running(core, service.hook_files, runs_commands=True):
         stop = lifecycle.stop_on_signals()
         worker = Worker(core, config, concurrency=args.concurrency, drain_timeout=args.drain_timeout)
         try:
+            if metrics is not None:
+                for host, port in hosts:
+                    log.info("listening", extra={"fields": {"address": await metrics.listen(host, port)}})
             if await _started(worker.start(), stop):
                 await stop.wait()
         finally:
+            if metrics is not None:
+                metrics.close()
             await worker.stop()
     return 0
 
@@ -121,9 +145,14 @@ async def _gateway(args: argparse.Namespace, service: ServiceConfig, config: nat
 
     listen = listen_config(args)
     core = GatewayCore(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
+    # Listen at once, NATS or not (issue 19): until it is reached, health says why the gateway
+    # cannot serve and each command gets an ErrorEvent saying so, instead of a missing socket.
+    bridging = asyncio.ensure_future(core.bridge.run())
     try:
-        if not await _started(core.bridge.start(), lifecycle.stop_on_signals()):
-            return 0
         return await serve(service, listen, loop_name=loop_name, core=core)
     finally:
+        if not bridging.done():
+            bridging.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await bridging
         await core.bridge.close()

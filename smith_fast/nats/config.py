@@ -15,11 +15,12 @@ import ssl
 from collections.abc import Mapping
 from typing import TypedDict
 
-from ..options import format_duration, parse_duration
+from ..options import add_options, format_duration, option, parse_duration, values
 
 __all__ = ["NatsConfig", "NatsCredentials", "add_arguments", "from_arguments", "is_token"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # stream, consumer and bucket names, subject tokens
+_GROUP = "NATS JetStream (gateway and workers must agree on these)"
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
@@ -66,6 +67,12 @@ class NatsConfig:
         publish_timeout: seconds to wait for the stream's acknowledgement of one publish before
             publishing it again (under the same message id).
         reconnect_wait: seconds between reconnection attempts; the clients never stop trying.
+        presence_interval: seconds between a worker's presence announcements; a gateway takes a
+            worker silent for three intervals as gone.
+        queue_notice: seconds a command may wait for a worker before its frontend gets a
+            ``LogEvent`` (``reason=queued``, the queue depth); 0 = no notice.
+        queue_timeout: seconds a command may wait for a worker before it is withdrawn and fails
+            (``ERROR_CODE_EXECUTION_TIMEOUT``, ``reason=queue_timeout``); 0 = wait for ever.
         tls_ca: PEM file of the CA(s) that signed the NATS servers' certificates (default: the
             system's). Given, or with a ``tls://`` server URL, the connection uses TLS.
         tls_cert, tls_key: PEM client certificate and its key, for servers that verify clients
@@ -95,6 +102,15 @@ class NatsConfig:
     submit_timeout: float = 60.0
     publish_timeout: float = 5.0
     reconnect_wait: float = 0.5
+    presence_interval: float = option(
+        2.0, flag="--presence-interval", unit="seconds", commands=("worker", "gateway"), group=_GROUP,
+        help="a worker announces itself this often; one silent for 3 intervals is taken as gone")
+    queue_notice: float = option(
+        2.0, flag="--queue-notice", unit="seconds", commands=("gateway",), group=_GROUP,
+        help="a command waiting this long for a worker gets a LogEvent saying it is queued; 0 = never")
+    queue_timeout: float = option(
+        0.0, flag="--queue-timeout", unit="seconds", commands=("gateway",), group=_GROUP,
+        help="a command no worker took by then is withdrawn and fails (EXECUTION_TIMEOUT); 0 = wait")
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -112,6 +128,10 @@ class NatsConfig:
             raise ValueError(f"storage must be 'file' or 'memory', not {self.storage!r}")
         if self.ack_wait <= 0 or self.publish_timeout <= 0 or self.submit_timeout <= 0:
             raise ValueError("ack_wait, publish_timeout and submit_timeout must be positive")
+        if self.presence_interval <= 0:
+            raise ValueError("presence_interval must be positive")
+        if self.queue_notice < 0 or self.queue_timeout < 0:
+            raise ValueError("queue_notice and queue_timeout must not be negative")
         if self.max_deliver < 1:
             raise ValueError("max_deliver must be at least 1")
         if not self.servers:
@@ -168,6 +188,14 @@ class NatsConfig:
         """Session control (pause, resume, shutdown, end) for every worker: ``<prefix>.ctl.<session>``."""
         return f"{self.prefix}.ctl.{session}"
 
+    def presence_subject(self) -> str:
+        """Where workers announce themselves: ``<prefix>.presence`` (a core NATS subject)."""
+        return f"{self.prefix}.presence"
+
+    def presence_query_subject(self) -> str:
+        """Where a gateway asks every worker to announce itself now: ``<prefix>.presence.query``."""
+        return f"{self.prefix}.presence.query"
+
     def gateway_consumer(self, gateway: str) -> str:
         """The durable consumer of one gateway's events: ``smith-gw-<gateway>``."""
         return f"smith-gw-{gateway}"
@@ -177,10 +205,10 @@ class NatsConfig:
         return f"{self.prefix}.evt.{gateway}.>"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``--nats`` options shared by ``smith-fast worker`` and ``smith-fast gateway``."""
+def add_arguments(parser: argparse.ArgumentParser, command: str = "worker") -> None:
+    """Add the ``--nats`` options of ``smith-fast worker`` or ``smith-fast gateway`` (``command``)."""
     d = NatsConfig()
-    g = parser.add_argument_group("NATS JetStream (gateway and workers must agree on these)")
+    g = parser.add_argument_group(_GROUP)
     g.add_argument("--nats", action="append", default=[], metavar="URL",
                    help="NATS server URL (repeatable, or comma-separated; default nats://127.0.0.1:4222); credentials "
                         "come from $SMITH_NATS_USER and $SMITH_NATS_PASSWORD, or $SMITH_NATS_TOKEN")
@@ -203,6 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nats-tls-ca", metavar="PEM", help="CA certificate(s) of the NATS servers; turns TLS on (default CAs: the system's)")
     g.add_argument("--nats-tls-cert", metavar="PEM", help="client certificate, for NATS servers that verify clients (with --nats-tls-key)")
     g.add_argument("--nats-tls-key", metavar="PEM", help="the client certificate's private key")
+    add_options(parser, NatsConfig, command, {_GROUP: g})
 
 
 def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> NatsConfig:
@@ -236,4 +265,5 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None =
         user=env.get("SMITH_NATS_USER") or None,
         password=env.get("SMITH_NATS_PASSWORD") or None,
         token=env.get("SMITH_NATS_TOKEN") or None,
+        **values(args, NatsConfig, getattr(args, "command", "worker"), env),
     )

@@ -20,10 +20,11 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from .. import events
 from ..errors import ProtocolError
@@ -31,8 +32,20 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
+from ..service.metrics import Figure
 from .config import NatsConfig, is_token
-from .jetstream import PayloadTooLarge, Publisher, PublishError, PullFeed, connect, ensure_gateway_consumer, ensure_streams
+from .jetstream import (
+    PayloadTooLarge,
+    Publisher,
+    PublishError,
+    PullFeed,
+    connect,
+    ensure_gateway_consumer,
+    ensure_streams,
+    round_trip,
+)
+from .metrics import NatsCounters, gateway_figures
+from .presence import Announcement, LiveSet
 from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
 
 if TYPE_CHECKING:
@@ -53,7 +66,7 @@ _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes 
 class _Remote:
     """One forwarded request: its number in the session, and what the frontend saw of it."""
 
-    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key")
+    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key", "attempt")
 
     def __init__(self, number: int, rid: str, kind: str, key: str | None) -> None:
         self.number = number
@@ -63,6 +76,7 @@ class _Remote:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.seq = 0  # the command's sequence number in the command stream, once stored
         self.key = key  # HookLoad: the hook's key in the hooks bucket
+        self.attempt = 0  # the delivery whose events came last; 0 while no worker took it
 
 
 class NatsRunner:
@@ -149,7 +163,12 @@ class NatsRunner:
                 )
                 return
             self.bridge.track(remote.seq, self, remote)
-            await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
+            timers = self._queue_timers(remote)
+            try:
+                await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
+            finally:
+                for timer in timers:
+                    timer.cancel()
         except asyncio.CancelledError:
             if not host.closing and not remote.stream.finished:
                 # Shutdown (somebody listens): the workers were told to stop this session's
@@ -167,6 +186,52 @@ class NatsRunner:
             self._remote.pop(remote.number, None)
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
+
+    def _queue_timers(self, remote: _Remote) -> list[asyncio.TimerHandle]:
+        """Tell the frontend when its command waits for a worker (``--queue-notice``), and give
+        up on it at ``--queue-timeout`` (issue 19: wait by default, but say so). Timers, not a
+        task per command: most commands are taken long before either fires."""
+        config = self.bridge.config
+        loop = asyncio.get_running_loop()
+        notice, timeout = config.queue_notice, config.queue_timeout
+        timers = []
+        if notice > 0 and (timeout == 0 or notice < timeout):
+            timers.append(loop.call_later(notice, self._due, self._notice, remote))
+        if timeout > 0:
+            timers.append(loop.call_later(timeout, self._due, self._withdraw, remote))
+        return timers
+
+    def _due(self, act: Callable[[_Remote], Coroutine[Any, Any, None]], remote: _Remote) -> None:
+        if self._queued(remote):
+            self.bridge.spawn(act(remote))
+
+    def _queued(self, remote: _Remote) -> bool:
+        """Still waiting for a worker: no event of it came back, nothing ended it."""
+        return remote.attempt == 0 and not remote.stream.finished and not self._host.closing
+
+    async def _notice(self, remote: _Remote) -> None:
+        depth = await self.bridge.poll_queue()
+        if not self._queued(remote):
+            return
+        workers = self.bridge.workers_alive()
+        notice = self.bridge.config.queue_notice
+        who = f"{workers} worker(s) alive, all busy" if workers else "no worker is alive"
+        self._host.sink.log(
+            pb.LOG_LEVEL_WARN,
+            f"request {remote.rid} is queued: no worker took it in {notice:g}s ({who}; {depth} command(s) waiting)",
+            remote.rid,
+            {"reason": "queued", "queue_depth": str(depth), "workers": str(workers), "waited_seconds": f"{notice:g}"},
+        )
+
+    async def _withdraw(self, remote: _Remote) -> None:
+        await self.bridge.withdraw(remote.seq)
+        if self._queued(remote):  # no worker's event came in meanwhile
+            self._fail(
+                remote, pb.ERROR_CODE_EXECUTION_TIMEOUT,
+                f"request {remote.rid} was withdrawn: no worker took it within --queue-timeout "
+                f"{self.bridge.config.queue_timeout:g}s ({self.bridge.workers_alive()} worker(s) alive)",
+                "queue_timeout",
+            )
 
     def _fail(self, remote: _Remote, code: int, message: str, reason: str, details: dict[str, str] | None = None) -> None:
         """End a request here (the workers could not): its error, then its terminal ERROR."""
@@ -198,6 +263,10 @@ class NatsRunner:
         else:
             return
         stream = remote.stream
+        if attempt > remote.attempt:
+            if remote.attempt or attempt > 1:
+                self.bridge.counters.redelivered += 1
+            remote.attempt = attempt
         sink = self._host.sink
         metrics = self.core.metrics
         for event in stream.push(attempt, index, carried):
@@ -206,6 +275,7 @@ class NatsRunner:
             sink.event(event)
         if stream.finished:
             if not remote.done.done():
+                self.bridge.counters.acked += 1
                 remote.done.set_result(None)
 
     # ---- flow control and teardown ----------------------------------------------------------------
@@ -258,6 +328,113 @@ class Bridge:
         self._ack_scheduled = False
         self._background: set[asyncio.Task[Any]] = set()
         self.events_received = 0
+        self.counters = NatsCounters()
+        self.ready = False  # connected once and set up (streams, consumer, subscriptions)
+        self.setup_error: str | None = None
+        self.live = LiveSet(config.presence_interval)
+        self.queue_depth = 0
+        self.in_flight = 0
+        self._said: str | None = ""  # the last health reason logged ("" = none logged yet)
+        self._poller: asyncio.Task[None] | None = None
+        core.metrics.add_source(self)
+
+    # ---- health and figures ------------------------------------------------------------------------
+
+    def unavailable(self) -> str | None:
+        """Why this gateway cannot serve now, or None (its core's and health's reason)."""
+        servers = ", ".join(self.config.servers)
+        if self.setup_error is not None:
+            return f"NATS at {servers} answered, but the gateway cannot use it: {self.setup_error}"
+        if not self.ready:
+            return f"NATS is unreachable at {servers}; the gateway keeps retrying (every {self.config.reconnect_wait:g}s)"
+        if not self.counters.connected:
+            return f"the connection to NATS at {servers} was lost; reconnecting every {self.config.reconnect_wait:g}s"
+        if not self.workers_alive():
+            return (f"no worker is alive (none announced itself in the last {self.live.expiry:g}s); "
+                    "commands wait in the queue until one starts")
+        return None
+
+    def workers_alive(self) -> int:
+        return len(self.live)
+
+    def figures(self) -> list[Figure]:
+        """This gateway's NATS figures (``smith_fast.nats.metrics``)."""
+        self.counters.events = self.events_received
+        return gateway_figures(self.counters, self.queue_depth, self.in_flight, self.live.alive())
+
+    def _health_may_have_changed(self) -> None:
+        reason = self.unavailable()
+        if reason == self._said:
+            return
+        self._said = reason
+        if reason is None:
+            log.info("serving", extra={"fields": {"gateway": self.gateway_id, "workers": self.workers_alive()}})
+        else:
+            log.warning("not serving", extra={"fields": {"gateway": self.gateway_id, "reason": reason}})
+        self.core.health_changed()
+
+    def _heard(self, msg: Msg) -> None:
+        try:
+            ann = Announcement.decode(msg.data)
+        except ValueError as exc:
+            log.info("presence message dropped", extra={"fields": {"error": str(exc)}})
+            return
+        if self.live.heard(ann):
+            joined = not ann.leaving
+            log.info("worker joined" if joined else "worker left", extra={"fields": {"worker": ann.worker, "version": ann.version,
+                                                                                  "capacity": ann.capacity}})
+            self._health_may_have_changed()
+
+    async def poll_queue(self) -> int:
+        """Ask the stream how many commands wait (and how many are handed out); the queue depth."""
+        if self.js is None or not self.counters.connected:
+            return self.queue_depth
+        config = self.config
+        try:
+            info = await self.js.consumer_info(config.command_stream, config.worker_consumer)
+            self.queue_depth = info.num_pending or 0
+            self.in_flight = info.num_ack_pending or 0
+        except NotFoundError:  # no worker ever ran: everything stored waits
+            with contextlib.suppress(Exception):
+                stream = await self.js.stream_info(config.command_stream)
+                self.queue_depth, self.in_flight = stream.state.messages, 0
+        except Exception as exc:
+            log.debug("queue figures not read", extra={"fields": {"error": repr(exc)}})
+        return self.queue_depth
+
+    async def _poll(self) -> None:
+        """Every presence interval: expire silent workers, read the queue, measure the round trip."""
+        interval = self.config.presence_interval
+        while True:
+            gone = self.live.expire()
+            for worker in gone:
+                log.warning("worker gone", extra={"fields": {"worker": worker, "silent_seconds": self.live.expiry}})
+            self._health_may_have_changed()
+            if self.nc is not None and self.counters.connected:
+                await self.poll_queue()
+                with contextlib.suppress(Exception):
+                    self.counters.rtt = await round_trip(self.nc)
+            await asyncio.sleep(interval)
+
+    async def withdraw(self, seq: int) -> None:
+        """Remove a command no worker took from the stream (``--queue-timeout``)."""
+        if self.js is not None and seq:
+            with contextlib.suppress(Exception):
+                await self.js.delete_msg(self.config.command_stream, seq)
+
+    async def run(self) -> None:
+        """:meth:`start`, retrying NATS for ever; what cannot be fixed by waiting is logged and
+        reported by health."""
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        self._health_may_have_changed()  # logs why it cannot serve yet
+        try:
+            await self.start()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.setup_error = str(exc) or type(exc).__name__
+            log.error("cannot use NATS", extra={"fields": {"gateway": self.gateway_id, "error": self.setup_error}})
+        self._health_may_have_changed()
 
     def event_subject(self, session_id: str) -> str:
         return self.config.event_subject(self.gateway_id, session_id)
@@ -266,6 +443,7 @@ class Bridge:
         """Connect, create what is missing, start consuming this gateway's events."""
         config = self.config
         self.nc = await connect(config, name=f"smith-fast gateway {self.gateway_id}", on_disconnect=self._disconnected, on_reconnect=self._reconnected)
+        self.counters.connected = True
         self.js = self.nc.jetstream(timeout=config.publish_timeout)
         await ensure_streams(self.js, config)
         await ensure_gateway_consumer(self.js, config, self.gateway_id)
@@ -278,11 +456,19 @@ class Bridge:
         await self.feed.start()
         advisory = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{config.command_stream}.{config.worker_consumer}"
         await self.nc.subscribe(advisory, cb=self._max_deliveries)
+        await self.nc.subscribe(config.presence_subject(), cb=self._presence)
+        await self.nc.publish(config.presence_query_subject(), b"")  # the workers running already answer now
+        self.ready = True
         self.core.capabilities = self.core.capabilities | ({pb.CAPABILITY_NATS} & self.core.permitted)
         log.info("nats connected", extra={"fields": {"gateway": self.gateway_id, "servers": list(config.servers)}})
 
+    async def _presence(self, msg: Msg) -> None:
+        self._heard(msg)
+
     async def close(self) -> None:
         """Stop consuming, remove this gateway's consumer, close the connection."""
+        if self._poller is not None:
+            self._poller.cancel()
         if self.feed is not None:
             await self.feed.close()
         self._ack_last()
@@ -301,17 +487,27 @@ class Bridge:
                 await self.nc.close()
 
     def _disconnected(self) -> None:
+        self.counters.connected = False
         self.core.capabilities = self.core.capabilities - {pb.CAPABILITY_NATS}
+        self._health_may_have_changed()
 
     def _reconnected(self) -> None:
+        self.counters.connected = True
         self.core.capabilities = self.core.capabilities | ({pb.CAPABILITY_NATS} & self.core.permitted)
         if self.feed is not None:
             self.feed.reset()
+        if self.nc is not None:
+            self._spawn(self.nc.publish(self.config.presence_query_subject(), b""))
+        self._health_may_have_changed()
 
     async def _recreate_consumer(self) -> None:
         assert self.js is not None
         with contextlib.suppress(Exception):
             await ensure_gateway_consumer(self.js, self.config, self.gateway_id)
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background; :meth:`close` waits for it briefly."""
+        self._spawn(coro)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -326,7 +522,13 @@ class Bridge:
         Raises:
             PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
         """
-        assert self.publisher is not None
+        if self.publisher is None:  # never reached NATS yet: say so now rather than hold the command
+            raise PublishError(
+                f"NATS is unreachable at {', '.join(self.config.servers)}; the gateway keeps retrying "
+                f"(every {self.config.reconnect_wait:g}s); the command was not queued, send it again later"
+                if self.setup_error is None else f"the gateway cannot use NATS: {self.setup_error}"
+            )
+        self.counters.dispatched += 1
         deadline = time.monotonic() + self.config.submit_timeout
         subject = self.config.command_subject(self.gateway_id, meta.session)
         return await self.publisher.publish(subject, payload, command_headers(meta), deadline=deadline)
@@ -422,10 +624,19 @@ class GatewayCore(ServiceCore):
     def _forwarding(self, host: RequestHost) -> NatsRunner:
         return NatsRunner(self, host)
 
+    def unavailable(self) -> str | None:
+        return self.bridge.unavailable()
+
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]:
         info = super().service_info(version, granted, accepted, interval_ms)
         info["smith_fast.gateway"] = self.bridge.gateway_id
+        # The handshake succeeds without workers or NATS; these say whether anything will run.
+        info["smith_fast.workers"] = str(self.bridge.workers_alive())
+        info["smith_fast.nats"] = "connected" if self.bridge.ready and self.bridge.counters.connected else "unreachable"
+        reason = self.bridge.unavailable()
+        if reason is not None:
+            info["smith_fast.not_serving_reason"] = reason
         return info
 

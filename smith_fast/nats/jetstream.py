@@ -33,8 +33,8 @@ from ..logs import get_logger
 from .config import NatsConfig
 
 __all__ = [
-    "connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size", "PullFeed",
-    "Publisher", "PublishError", "PayloadTooLarge",
+    "round_trip", "connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size",
+    "PullFeed", "Publisher", "PublishError", "PayloadTooLarge",
 ]
 
 log = get_logger("smith_fast.nats")
@@ -84,12 +84,15 @@ async def connect(
             on_reconnect()
 
     async def error(exc: Exception) -> None:
+        # Said once per outage and reason, never per attempt: the client retries on its own every
+        # reconnect_wait, and a line each time would bury everything else (a TLS refusal or a bad
+        # certificate must still reach an operator at the default log level).
         text = repr(exc)
-        if not nc.is_connected and text not in reported:
-            # The client retries on its own, every reconnect_wait; a TLS refusal or a bad
-            # certificate would otherwise never reach an operator at the default log level.
-            reported.add(text)
-            log.warning("nats connection failed, retrying", extra={"fields": {"name": name, "error": text}})
+        if text in reported:
+            return
+        reported.add(text)
+        if not nc.is_connected:
+            log.warning("nats connection failed, retrying", extra={"fields": {"name": name, "error": text, "retry_interval": config.reconnect_wait}})
         else:
             log.info("nats client error", extra={"fields": {"name": name, "error": text}})
 
@@ -114,13 +117,26 @@ async def connect(
                 tls=tls,
                 **config.credentials(),
             )
+            reported.clear()
             return nc
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             tried += 1
             if attempts and tried >= attempts:
                 raise OSError(f"cannot reach NATS at {', '.join(config.servers)}: {str(exc) or type(exc).__name__}") from None
-            log.warning("nats unreachable, retrying", extra={"fields": {"servers": list(config.servers), "error": repr(exc)}})
-            await asyncio.sleep(min(5.0, config.reconnect_wait * tried))
+            wait = min(5.0, config.reconnect_wait * tried)
+            if repr(exc) not in reported:  # once per reason, with when it is tried again
+                reported.add(repr(exc))
+                log.warning("nats unreachable, retrying",
+                            extra={"fields": {"name": name, "servers": list(config.servers), "error": repr(exc), "retry_interval": wait}})
+            await asyncio.sleep(wait)
+
+
+async def round_trip(nc: NATS, timeout: float = 2.0) -> float:
+    """Seconds for a PING/PONG with the server (``nc.rtt`` reads the loop's clock, which uvloop
+    keeps in whole milliseconds: a loopback round trip would read 0)."""
+    start = time.perf_counter()
+    await nc.flush(timeout=max(1, round(timeout)))
+    return time.perf_counter() - start
 
 
 async def _ensure_stream(js: JetStreamContext, name: str, cfg: api.StreamConfig) -> None:

@@ -37,17 +37,20 @@ from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from .. import tracing
+from .. import __version__, tracing
 from ..errors import ProtocolError
 from ..hooks import Hook, HookLoadError, load_hook
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.core import ServiceCore
+from ..service.metrics import Figure
 from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
-from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size
+from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
+from .metrics import NatsCounters, worker_figures
+from .presence import Announcement
 from .wire import CONTROL, MSG_ID, CommandMeta, hook_key, parse_command_headers
 
 if TYPE_CHECKING:
@@ -94,6 +97,11 @@ class _Publication:
     def _flush(self) -> None:
         self._scheduled = False
         self.sink.flush_batch()
+
+    @property
+    def published(self) -> int:
+        """Event messages published so far."""
+        return self._index
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
@@ -240,13 +248,22 @@ class Worker:
         self._backlogged = False
         self._handed_back: set[Session] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._announcer: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.counters = NatsCounters()
+        core.metrics.add_source(self)
+
+    def figures(self) -> list[Figure]:
+        """This worker's NATS figures (``smith_fast.nats.metrics``)."""
+        return worker_figures(self.counters, len(self.running), self.concurrency)
 
     # ---- life cycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect, create what is missing (streams, consumer, hooks bucket) and start taking commands."""
         config = self.config
-        self.nc = await connect(config, name=f"smith-fast worker {self.name}", on_reconnect=self._reconnected)
+        self.nc = await connect(config, name=f"smith-fast worker {self.name}", on_disconnect=self._disconnected, on_reconnect=self._reconnected)
+        self.counters.connected = True
         self.js = self.nc.jetstream(timeout=config.publish_timeout)
         await ensure_streams(self.js, config)
         await ensure_worker_consumer(self.js, config)
@@ -260,6 +277,8 @@ class Worker:
         )
         await self.feed.start()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        await self.nc.subscribe(config.presence_query_subject(), cb=self._queried)
+        self._announcer = asyncio.get_running_loop().create_task(self._announce_forever())
         log.info("ready", extra={"fields": {"worker": self.name, "servers": list(config.servers), "concurrency": self.concurrency,
                                             "stream": config.command_stream, "consumer": config.worker_consumer}})
 
@@ -270,6 +289,9 @@ class Worker:
             self.feed.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._announcer is not None:
+            self._announcer.cancel()
+        await self._announce(leaving=True)  # gateways stop counting on this worker now
         if self.running:
             _, pending = await asyncio.wait(list(self.running), timeout=self.drain_timeout)
             if pending:
@@ -309,9 +331,48 @@ class Worker:
                 )
             )
 
+    def _disconnected(self) -> None:
+        self.counters.connected = False
+
     def _reconnected(self) -> None:
+        self.counters.connected = True
         if self.feed is not None and not self.stopping:
             self.feed.reset()
+        self._spawn_announce()
+
+    # ---- presence (smith_fast.nats.presence) -----------------------------------------------------------
+
+    def announcement(self, leaving: bool = False) -> Announcement:
+        c = self.counters
+        return Announcement(
+            worker=self.name, version=__version__, capacity=self.concurrency, running=len(self.running),
+            dispatched=c.dispatched, redelivered=c.redelivered, acked=c.acked, events=c.events, rtt=c.rtt, leaving=leaving,
+        )
+
+    async def _announce(self, leaving: bool = False) -> None:
+        if self.nc is None or self.nc.is_closed or not self.nc.is_connected:
+            return
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.config.presence_subject(), self.announcement(leaving).encode())
+            if leaving:
+                await self.nc.flush(timeout=1)
+
+    def _spawn_announce(self) -> None:
+        if not self.stopping:
+            task = asyncio.get_running_loop().create_task(self._announce())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _queried(self, _msg: Msg) -> None:
+        self._spawn_announce()
+
+    async def _announce_forever(self) -> None:
+        while True:
+            await self._announce()
+            await asyncio.sleep(self.config.presence_interval)
+            if self.nc is not None and self.nc.is_connected:
+                with contextlib.suppress(Exception):
+                    self.counters.rtt = await round_trip(self.nc)
 
     async def _recreate_consumer(self) -> None:
         assert self.js is not None
@@ -469,6 +530,9 @@ class Worker:
     async def _run(self, msg: Msg, meta: CommandMeta, command: pb.Command) -> None:
         assert self.publisher is not None
         attempt = msg.metadata.num_delivered
+        self.counters.dispatched += 1
+        if attempt > 1:
+            self.counters.redelivered += 1
         kind = command.WhichOneof("command_type") or ""
         rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
         publication = _Publication(self.publisher, meta, attempt)
@@ -491,8 +555,10 @@ class Worker:
                 return
             await self._ack(msg)
             self.completed += 1
+            self.counters.acked += 1
         finally:
             keepalive.cancel()
+            self.counters.events += publication.published
 
     async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
         """Run the command in a session of its own; True when it was cut short by this worker's stop."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__, framing
@@ -139,6 +139,21 @@ class ServiceCore:
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
         self.make_runner: RunnerFactory = runner or local_runner(self)
+        self._health_watchers: list[Callable[[], None]] = []
+
+    def unavailable(self) -> str | None:
+        """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
+        ``smith-fast gateway``'s core says so without NATS or workers)."""
+        return None
+
+    def watch_health(self, watcher: Callable[[], None]) -> None:
+        """Call ``watcher`` whenever :meth:`unavailable` may have changed (the gRPC health service)."""
+        self._health_watchers.append(watcher)
+
+    def health_changed(self) -> None:
+        """Tell the watchers that :meth:`unavailable` may say something else now."""
+        for watcher in list(self._health_watchers):
+            watcher()
 
     def new_session(self, sink: EventSink, **kwargs: Any) -> Session:
         """The session of a new connection or gRPC stream, its requests run by this core's runner.

@@ -255,6 +255,7 @@ class GrpcFront:
         self.core = core
         self.tls = tls
         self.addresses: list[str] = []
+        self._health_tasks: set[asyncio.Task[None]] = set()
         limit = core.limits.max_frame_size
         self.server = aio.server(
             options=[
@@ -300,9 +301,21 @@ class GrpcFront:
         return address
 
     async def start(self) -> None:
-        for name in SERVICE_NAMES:
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health()
+        self.core.watch_health(self._health_changed)
         await self.server.start()
+
+    async def _set_health(self) -> None:
+        serving = self.core.unavailable() is None and not self.core.shutting_down
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in SERVICE_NAMES:
+            await self.health.set(name, status)
+
+    def _health_changed(self) -> None:
+        if not self.core.shutting_down:
+            task = asyncio.get_running_loop().create_task(self._set_health())
+            self._health_tasks.add(task)
+            task.add_done_callback(self._health_tasks.discard)
 
     async def begin_shutdown(self) -> None:
         """Health says NOT_SERVING from now on; new Stream calls are refused (UNAVAILABLE)."""

@@ -49,13 +49,18 @@ class HealthSource(Protocol):
 
     def network_connections(self) -> int: ...
 
+    def unavailable(self) -> str | None:
+        """Why the service cannot serve although it runs (a gateway with no worker, NATS
+        unreachable), or None."""
+        ...
+
 
 def serving_status(core: HealthSource, service_name: str = "") -> pb.HealthCheckResponse.ServingStatus:
-    """``SERVING`` while the core runs, ``NOT_SERVING`` once it shuts down, ``SERVICE_UNKNOWN``
-    for a name that is not in :data:`SERVICE_NAMES`."""
+    """``SERVING`` while the core runs, ``NOT_SERVING`` once it shuts down or while it says it is
+    :meth:`~HealthSource.unavailable`, ``SERVICE_UNKNOWN`` for a name not in :data:`SERVICE_NAMES`."""
     if service_name not in SERVICE_NAMES:
         return _Status.SERVING_STATUS_SERVICE_UNKNOWN
-    if core.shutting_down:
+    if core.shutting_down or core.unavailable() is not None:
         return _Status.SERVING_STATUS_NOT_SERVING
     return _Status.SERVING_STATUS_SERVING
 
@@ -64,7 +69,8 @@ def health_metrics(core: HealthSource, sampler: ResourceSampler) -> dict[str, st
     """The figures a HealthCheckResponse carries, as strings (the ``metrics`` map is string→string)."""
     m = core.metrics
     usage = sampler.sample(core.network_connections())
-    return {
+    reason = "shutting down" if core.shutting_down else core.unavailable()
+    figures = {
         "version": __version__,
         "service_id": core.service_id,
         "event_loop": core.loop_name,
@@ -80,6 +86,9 @@ def health_metrics(core: HealthSource, sampler: ResourceSampler) -> dict[str, st
         "file_descriptors": str(usage.file_descriptors),
         "network_connections": str(usage.network_connections),
     }
+    if reason is not None:
+        figures["not_serving_reason"] = reason
+    return figures
 
 
 def health_response(core: HealthSource, service_name: str = "") -> pb.HealthCheckResponse:

@@ -20,6 +20,10 @@ same thing wherever it is read.
 | ``smith_fast_network_connections`` | gauge | (live sessions over Unix, TCP, gRPC) |
 | ``smith_fast_request_duration_seconds`` | histogram | ``type`` (shell_exec, tool_call) |
 | ``smith_fast_uptime_seconds`` | gauge | |
+
+Other parts add figures of their own through :meth:`ServiceMetrics.add_source` (a
+:class:`FigureSource`): ``smith-fast gateway`` and ``worker`` add the ``smith_fast_nats_*`` ones
+(``smith_fast.nats.metrics``). They reach all three readers like the rest.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import os
 import resource
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..pb import smith_pb2 as pb
@@ -42,6 +46,8 @@ __all__ = [
     "ResourceUsage",
     "ResourceSampler",
     "Sample",
+    "Figure",
+    "FigureSource",
     "PROTOCOLS",
     "LATENCY_BUCKETS",
     "rss_bytes",
@@ -72,6 +78,31 @@ class Gauges(Protocol):
     def sessions_by_protocol(self) -> dict[str, int]: ...
 
     def network_connections(self) -> int: ...
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a :class:`FigureSource`.
+
+    Attributes:
+        name: the metric name; a counter's ends in ``_total``.
+        doc: its Prometheus help text.
+        value: the figure.
+        labels: its labels (every figure of one name has the same label names).
+        counter: a counter (only ever grows) rather than a gauge.
+    """
+
+    name: str
+    doc: str
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+    counter: bool = False
+
+
+class FigureSource(Protocol):
+    """Figures read at each report, from a part the core does not know (the NATS bridge)."""
+
+    def figures(self) -> Iterable[Figure]: ...
+
 
 class IOCounters:
     """Frames and bytes through one protocol's fronts; fronts add to these directly."""
@@ -131,6 +162,15 @@ class ServiceMetrics:
         self.hook_decisions = dict.fromkeys(HOOK_ACTIONS, 0)
         self.sessions_total = dict.fromkeys(PROTOCOLS, 0)
         self.latency = {t: Histogram() for t in timed}
+        self.sources: list[FigureSource] = []
+
+    def add_source(self, source: FigureSource) -> None:
+        """Report ``source``'s figures with the others, from now on."""
+        self.sources.append(source)
+
+    def figures(self) -> list[Figure]:
+        """The added sources' figures, now."""
+        return [f for source in self.sources for f in source.figures()]
 
     def error(self, code: int) -> None:
         """Count one ErrorEvent sent, by its code."""
@@ -182,6 +222,7 @@ class ServiceMetrics:
             out.append(("smith_fast_request_duration_seconds_count", {"type": kind}, float(hist.count)))
             out.append(("smith_fast_request_duration_seconds_sum", {"type": kind}, hist.sum))
         out.append(("smith_fast_uptime_seconds", {}, self.uptime()))
+        out += [(f.name, f.labels, f.value) for f in self.figures()]
         return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import (
 
 from .. import __version__, framing
 from ..logs import get_logger
-from .metrics import Gauges, ServiceMetrics
+from .metrics import Figure, Gauges, ServiceMetrics
 
 __all__ = ["MetricsSource", "SmithCollector", "make_registry", "MetricsServer"]
 
@@ -108,6 +108,19 @@ class SmithCollector:
         for kind, h in m.latency.items():
             hist.add_metric([kind], h.cumulative(), h.sum)
         yield hist
+        yield from _families(m.figures())
+
+
+def _families(figures: Iterable[Figure]) -> Iterator[Metric]:
+    """The added sources' figures as metric families, one per name."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    for f in figures:
+        fam = families.get(f.name)
+        if fam is None:
+            kind = CounterMetricFamily if f.counter else GaugeMetricFamily
+            fam = families[f.name] = kind(f.name, f.doc, labels=list(f.labels))
+        fam.add_metric(list(f.labels.values()), f.value)
+    yield from families.values()
 
 
 def make_registry(core: MetricsSource) -> CollectorRegistry:

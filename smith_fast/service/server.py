@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .grpc_front import GrpcFront
     from .prometheus import MetricsServer
 
-__all__ = ["ListenConfig", "serve", "parse_tcp", "ListenError", "listen_backlog"]
+__all__ = ["ListenConfig", "serve", "parse_tcp", "check_listen_address", "ListenError", "listen_backlog"]
 
 log = get_logger("smith_fast.server")
 
@@ -73,6 +73,16 @@ def _checked(addr: str, what: str, allow_remote: bool) -> tuple[str, int]:
     if not allow_remote and not _is_loopback(host):
         raise ListenError(f"refusing to listen ({what}) on non-loopback address {host}; pass --allow-remote to allow it")
     return host, port
+
+
+def check_listen_address(addr: str, what: str, allow_remote: bool) -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port), refusing a non-loopback host unless ``allow_remote`` (for
+    listeners opened outside :func:`serve`: a worker's ``--metrics``).
+
+    Raises:
+        ListenError: malformed, unresolvable, or remote without ``allow_remote``.
+    """
+    return _checked(addr, what, allow_remote)
 
 
 def _tls(listen: ListenConfig) -> tuple[bytes, bytes] | None:
