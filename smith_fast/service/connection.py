@@ -236,9 +236,9 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             if held:
-                transport.pause_reading()  # type: ignore[attr-defined]
+                transport.pause_reading()  # type: ignore[attr-defined]  # a ReadTransport here (socket, pipe); typed as the base
             else:
-                transport.resume_reading()  # type: ignore[attr-defined]
+                transport.resume_reading()  # type: ignore[attr-defined]  # likewise
         except (AttributeError, RuntimeError):  # not a reading transport, or one already closing
             pass
 
