@@ -658,3 +658,27 @@ def test_replaying_a_torn_log_replays_what_is_intact(recorded: pathlib.Path, ser
     assert f"note: the log ends in a torn record at byte {records[-1].position}" in result.stderr
     changes = [line for line in result.stdout.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert len(changes) == 1 and changes[0].startswith("+")  # the one event the torn record held
+
+
+def test_command_usage_figures_are_measurements_not_behaviour() -> None:
+    """The accounting LogEvent and shell.run's ``usage`` differ in every run: a replay compares what
+    they say happened (source, a limit hit), not the figures; v0 (message only) and v1 (fields too) agree."""
+    from smith_fast.replay.diff import render_event
+
+    def usage_log(cpu: int, *, limit: str | None = None, fields: bool = True) -> pb.Event:
+        figures = {"cpu_user_us": str(cpu), "max_rss_bytes": str(cpu * 7), "source": "cgroup"}
+        if limit:
+            figures["limit_hit"] = limit
+        text = "command usage: " + " ".join(f"{k}={v}" for k, v in figures.items())
+        return pb.Event(log=pb.LogEvent(level=pb.LOG_LEVEL_INFO, message=text, fields=figures if fields else {}))
+
+    assert render_event(usage_log(10)) == render_event(usage_log(99)) == render_event(usage_log(5, fields=False))
+    assert render_event(usage_log(10, limit="--max-cpu-per-command")) != render_event(usage_log(10))
+    assert "limit_hit=--max-cpu-per-command" in render_event(usage_log(3, limit="--max-cpu-per-command"))
+
+    def result(cpu: int) -> pb.Event:
+        body = {"exit_code": 0, "usage": {"cpu_user_us": cpu, "source": "cgroup", "limit_hit": None}}
+        return pb.Event(tool_result=pb.ToolResultEvent(request_id="r", success=True, result=json.dumps(body).encode()))
+
+    assert render_event(result(1)) == render_event(result(2))
+    assert '"source": "cgroup"' in render_event(result(1))

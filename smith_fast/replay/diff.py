@@ -21,6 +21,9 @@ Normalisation drops what differs between two runs of the same service on the sam
   event keeps ``exit_code``/``finished``;
 * ``ResourceUsageEvent`` entirely, and the ``value`` and ``timestamp`` of ``MetricsEvent``
   (measurements, not behaviour). ``BatchEvent`` is unpacked into its events.
+* what a command cost (PROTOCOL.md, "Accounting"): the figures of the ``command usage``
+  ``LogEvent`` (its message; its fields, which only v1 has, are dropped) and of ``shell.run``'s
+  ``usage`` result become ``<measured>``; their ``source`` and a ``limit_hit`` are kept.
 
 ``ToolResult.result`` and other JSON ``bytes`` are shown as JSON rather than base64.
 """
@@ -48,6 +51,16 @@ VARIABLE_LOG_FIELDS = frozenset({"trace_id", "span_id"})
 OUTPUT_WIDTH = 100  # longer output lines are shown in pieces, so a diff points at the change
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 _TIMESTAMPED = ("state_change", "log", "error")
+# The accounting LogEvent (smith_fast.service.shell_exec.report_usage) and shell.run's "usage":
+# measured figures, different in every run; these keys say what happened and are kept.
+USAGE_MESSAGE = "command usage:"
+KEPT_USAGE = frozenset({"source", "limit_hit"})
+MEASURED = "<measured>"
+_KEPT_PAIR = re.compile(r"\b(?:source|limit_hit)=\S+")
+
+
+def _measured(usage: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v if k in KEPT_USAGE or v is None else MEASURED) for k, v in usage.items()}
 
 
 
@@ -77,11 +90,19 @@ def render_event(event: pb.Event) -> str:
     elif kind == "log":
         for key in VARIABLE_LOG_FIELDS & set(inner.fields):
             del inner.fields[key]
+        if inner.message.startswith(USAGE_MESSAGE):
+            # v1 carries the figures as fields too, v0 only in the message: compare what both say.
+            kept = [m.group(0) for m in _KEPT_PAIR.finditer(inner.message)]
+            inner.message = " ".join([USAGE_MESSAGE, *kept, MEASURED])
+            inner.ClearField("fields")
     elif kind == "tool_result":
         inner.ClearField("duration_ms")
     body = MessageToDict(inner, preserving_proto_field_name=True)
     if kind == "tool_result" and inner.result:
         body["result"] = _json_or_b64(inner.result)
+        value = body["result"].get("json") if isinstance(body["result"], dict) else None
+        if isinstance(value, dict) and isinstance(value.get("usage"), dict):
+            value["usage"] = _measured(value["usage"])
     elif kind == "hook_result":
         for name in ("allowed_data", "transformed_data"):
             if inner.action.HasField(name):
