@@ -396,7 +396,7 @@ class Client:
             capabilities: capability names (``shell_exec`` ...) or numbers to ask for.
             client_info: ``HandshakeCommand.client_info`` (v1 only).
             version: the protocol version to ask for (default: the connection's).
-            accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``.
+            accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``, ``usage``.
                 What the service granted is in :attr:`accepted` afterwards.
             metrics_interval_ms: how often to send metrics reports, with ``metrics``.
             timeout: seconds to wait for the service's first answer on this connection; None

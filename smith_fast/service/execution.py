@@ -90,6 +90,11 @@ class Execution(Protocol):
         """The request this handler runs for is being cancelled: start nothing more."""
         ...
 
+    def wants(self, addition: str) -> bool:
+        """The peer asked for this Envelope addition in its handshake (``smith_fast.accept``;
+        PROTOCOL.md, "Asking for the additions"), e.g. ``usage``."""
+        ...
+
     @property
     def paused(self) -> bool:
         """The peer stopped reading: a process started now starts paused."""

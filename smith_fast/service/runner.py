@@ -78,6 +78,9 @@ class RequestHost(Protocol):
     def sink(self) -> EventSink: ...
 
     @property
+    def accepted(self) -> frozenset[str]: ...
+
+    @property
     def peer(self) -> str: ...
 
     @property
@@ -318,6 +321,9 @@ class LocalRunner:
             await asyncio.wait([task], timeout=grace)
         if not task.done():
             task.cancel()
+
+    def wants(self, addition: str) -> bool:
+        return addition in self._host.accepted
 
     def cancelling(self) -> bool:
         """Whether the request this runs for (a handler's context) is being cancelled."""

@@ -44,13 +44,16 @@ __all__ = ["limit_error", "report_usage", "run_shell_exec", "terminal_size", "wo
 _log = get_logger("smith_fast.accounting")
 
 
-def report_usage(session: Execution, rid: str, usage: Usage) -> None:
-    """What a command cost, right after its final ShellOutput: a LogEvent with the
-    :class:`~smith_fast.containment.Usage` fields (v0: the same ``key=value`` pairs in its message,
-    which carries no fields), and one structured line in the service's log (the audit trail)."""
+def report_usage(session: Execution, rid: str, usage: Usage, *, to_peer: bool) -> None:
+    """What a command cost: one structured line in the service's log (the audit trail) and, for a
+    peer that asked for ``usage`` in its handshake (``to_peer``), a LogEvent right after the final
+    ShellOutput with the :class:`~smith_fast.containment.Usage` fields (also as ``key=value`` pairs
+    in its message). Opt-in, as every Envelope addition is: a strict frontend that never asked sees
+    exactly the events it always did."""
     fields = usage.fields()
-    text = "command usage: " + " ".join(f"{k}={v}" for k, v in fields.items())
-    session.sink.log(pb.LOG_LEVEL_INFO, text, rid, fields)
+    if to_peer:
+        text = "command usage: " + " ".join(f"{k}={v}" for k, v in fields.items())
+        session.sink.log(pb.LOG_LEVEL_INFO, text, rid, fields)
     _log.info("command usage", extra={"fields": {"request_id": rid, **fields}})
 
 
@@ -334,7 +337,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         acks.ended = True
         session.sink.shell_output(rid, exit_code=code, finished=True)
         if proc is not None and proc.usage is not None:
-            report_usage(session, rid, proc.usage)
+            report_usage(session, rid, proc.usage, to_peer=session.wants("usage"))
 
     try:
         proc = await spawn(
