@@ -351,6 +351,17 @@ def test_both_wrappers_enforce_the_same_policy(tmp_path: pathlib.Path, wrapper: 
 
 
 @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_the_wrappers_leave_sigpipe_to_the_command(wrapper: str) -> None:
+    # An interpreter ignores SIGPIPE and an ignored signal survives exec: `yes | head` must end
+    # quietly, as it does unsandboxed (the Python wrapper once made yes print "Broken pipe").
+    done = subprocess.run(
+        [*WRAPPERS[wrapper], "--fs", "on", "--write", "/tmp", "--", "/bin/sh", "-c", "yes | head -c 5"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "y\ny\ny", "")
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
 def test_the_wrappers_fail_closed(wrapper: str) -> None:
     # Nothing runs when the wrapper cannot do what it was asked: a bad argument, a missing program.
     done = subprocess.run([*WRAPPERS[wrapper], "--network", "sideways", "--", "/bin/sh", "-c", "echo ran"], capture_output=True, text=True)

@@ -17,6 +17,7 @@ that keeps the cost of a sandboxed start to an interpreter start-up (see bench/b
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -111,6 +112,11 @@ def main(argv: list[str]) -> None:
         _die(f"cannot restrict the command: {exc.strerror or exc}")
     if probe:
         os._exit(0)
+    # The interpreter ignores SIGPIPE (and SIGXFSZ) at start-up, and an ignored signal stays ignored
+    # across exec: without this, `yes | head` in a command would print "Broken pipe" instead of
+    # ending quietly as it does outside the sandbox (and under the C wrapper).
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         os.execv(command[0], command)
     except OSError as exc:
