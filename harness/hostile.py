@@ -179,19 +179,64 @@ def redos_search(address: str, stop: threading.Event) -> None:
     peer.close()
 
 
+def large_batch(address: str, stop: threading.Event) -> None:
+    """One ``BatchCommand`` of 200,000 calls (5.7 MB), again and again, reading what comes back
+    (it is refused whole past ``--max-batch-commands``, each readable request id ended)."""
+    peer = Peer(address)
+    peer.handshake()
+    calls = [pb.Command(tool_call=pb.ToolCallCommand(request_id=f"x{i}", tool="tools.list", args=b"{}")) for i in range(200_000)]
+    data = frame(pb.Envelope(batch_command=pb.BatchCommand(commands=calls)))
+    while not stop.is_set():
+        peer.sock.settimeout(60)
+        peer.send(data)
+        peer.sock.settimeout(0.2)
+        quiet = 0
+        while not stop.is_set() and quiet < 3:  # drain until the answers stop coming
+            try:
+                chunk = peer.sock.recv(1 << 20)
+            except TimeoutError:
+                quiet += 1
+                continue
+            if not chunk:
+                return
+            quiet = 0
+    peer.close()
+
+
+def oversize_preauth_frames(address: str, stop: threading.Event) -> None:
+    """Connections that declare a 16 MiB frame and send zeros, no handshake (refused past
+    ``--max-handshake-frame-size``; the decoder holds what arrived, not what was declared)."""
+    prefix = _VarintBytes(16_777_215)
+    zeros = b"\0" * (256 << 10)
+    while not stop.is_set():
+        socks = []
+        for _ in range(20):
+            try:
+                sock = _connect(address)
+                sock.settimeout(1)
+                sock.sendall(prefix + zeros)
+            except OSError:  # the service closed it: what it must do
+                continue
+            socks.append(sock)
+        stop.wait(0.5)
+        for sock in socks:
+            sock.close()
+
+
 ATTACKS: dict[str, Attack] = {
     "non_reading_peer": non_reading_peer,
     "busy_js_hook": busy_js_hook,
     "redos_search": redos_search,
+    "large_batch": large_batch,
+    "oversize_preauth_frames": oversize_preauth_frames,
 }
-"""The attacks of issue 14 whose fixes are on this branch."""
+"""The attacks of issue 14 run at once by tests/test_hostile_load.py and bench/bench_hostile_load.py."""
 
 PENDING = {
-    "large_batch": "one BatchCommand of 200,000 calls (the batch count limit, helper K1)",
-    "oversize_preauth_frames": "150 connections declaring 16 MiB frames before a handshake (helper K1)",
-    "many_hooks": "30 JS hooks each holding 28 MiB (the hooks-per-session limit, helper K1)",
+    "many_hooks": "30 JS hooks each holding 28 MiB: bounded by --max-session-hook-memory (256M by default), "
+    "more than this load's RSS bound allows for; tests/test_hostile_limits.py runs it on its own with a smaller budget",
 }
-"""Attacks of issue 14 to add to :data:`ATTACKS` once their fixes are merged."""
+"""Attacks of issue 14 tested on their own rather than in this load (and why)."""
 
 
 def run_attacks(address: str, names: list[str], stop: threading.Event) -> list[threading.Thread]:
