@@ -164,3 +164,24 @@ def test_a_server_that_never_comes_up_fails_the_start(tmp_path: pathlib.Path) ->
     )
     assert out.returncode == 2
     assert b"--mcp-server gone=/nonexistent/mcp-server" in out.stderr and b"did not come up" in out.stderr
+
+
+async def test_a_mount_on_the_workers_serves_nats_peers(tmp_path: pathlib.Path, demo: pathlib.Path) -> None:
+    # Behind a gateway, tools.list and tool calls run on a worker: `worker --mcp-server` puts the
+    # mounted tools there, so a peer of the gateway lists and calls them like a peer of `serve`.
+    from harness.nats_cluster import Cluster
+
+    cluster = Cluster(
+        tmp_path, workers=1, nats_args=("--ack-wait", "2", "--duplicate-window", "60"),
+        worker_args=("--mcp-server", f"demo={sys.executable} {demo}"),
+    ).start()
+    try:
+        async with await Client.connect(cluster.unix) as client:
+            await client.handshake()
+            listed = await client.call_tool("tools.list", {})
+            assert "demo.add" in [t["name"] for t in json.loads(listed.result)["tools"]]
+            added = await client.call_tool("demo.add", {"a": 40, "b": 2})
+            assert added.success, added.error
+            assert json.loads(added.result)["structuredContent"] == {"result": 42}
+    finally:
+        cluster.stop()

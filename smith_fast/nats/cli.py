@@ -110,7 +110,7 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
     from ..service.core import ServiceCore
     from .worker import Worker
 
-    from ..service.server import ListenError, check_listen_address
+    from ..service.server import ListenError, check_listen_address, mount_servers
 
     core = ServiceCore(service, loop_name=loop_name)
     try:
@@ -125,6 +125,7 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
         metrics = MetricsServer(core)
     async with lifecycle.running(core, service.hook_files, runs_commands=True):
         stop = lifecycle.stop_on_signals()
+        mounted = await mount_servers(core, service)
         worker = Worker(core, config, concurrency=args.concurrency, drain_timeout=args.drain_timeout)
         try:
             if metrics is not None:
@@ -136,6 +137,8 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
             if metrics is not None:
                 metrics.close()
             await worker.stop()
+            for server in mounted:
+                await server.close()
     return 0
 
 

@@ -227,7 +227,7 @@ class ServiceConfig:
         None, repr=False, flag="--token", unit="text", metavar="TOKEN", env="SMITH_TOKEN", commands=_FRONTS, group=_SECURITY,
         help="shared secret socket and gRPC peers must present in their handshake; prefer the variable: arguments show in ps")
     mcp_servers: tuple[str, ...] = option(
-        (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve",), group=_POLICY,
+        (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve", "worker"), group=_POLICY,
         help="mount an MCP server's tools as NAME.TOOL: a command line (spawned, supervised, spoken to over stdio) "
              "or an http(s) URL (Streamable HTTP); needs smith-fast[mcp]")
     allow_env: frozenset[str] = option(

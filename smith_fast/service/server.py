@@ -235,7 +235,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     if core is None:
         core = ServiceCore(config, loop_name=loop_name)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
-        mounted = await _mount(core, config)
+        mounted = await mount_servers(core, config)
         try:
             return await _listen(core, config, listen, loop_name)
         finally:
@@ -243,8 +243,9 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
                 await server.close()
 
 
-async def _mount(core: ServiceCore, config: ServiceConfig) -> list[MountedServer]:
-    """The --mcp-server tools, in the registry before any listener opens."""
+async def mount_servers(core: ServiceCore, config: ServiceConfig) -> list[MountedServer]:
+    """The --mcp-server tools, in the registry before any listener opens (``serve``) or any
+    command is taken (``worker``: a NATS peer's ``tools.list`` and calls run on a worker)."""
     if not config.mcp_servers:
         return []
     from ..mcp.mount import mount_all
