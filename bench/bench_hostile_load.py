@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.hostile import ATTACKS, Honest, prepare_root, rss_kib, run_attacks
+from harness.hostile import ATTACKS, SERVER_ARGS, Honest, prepare_root, rss_kib, run_attacks
 from harness.server import ServerProcess
 
 HONEST = 10
@@ -59,7 +59,7 @@ SETS = {"all": list(ATTACKS), **{name: [name] for name in ATTACKS}}
 def test_hostile_load(benchmark: Any, tmp_path: pathlib.Path, attacks: str) -> None:
     benchmark.group = "hostile load: honest round trip"
     prepare_root(tmp_path)
-    server = ServerProcess(tmp_path, log_level="info", keep=2000).start()
+    server = ServerProcess(tmp_path, *SERVER_ARGS, log_level="info", keep=2000).start()
     try:
         result: dict[str, Any] = {}
 

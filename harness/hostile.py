@@ -27,7 +27,7 @@ from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-d
 
 from smith_fast.pb import smith_pb2 as pb
 
-__all__ = ["ATTACKS", "PENDING", "Honest", "Peer", "prepare_root", "rss_kib", "run_attacks"]
+__all__ = ["ATTACKS", "PENDING", "SERVER_ARGS", "Honest", "Peer", "prepare_root", "rss_kib", "run_attacks"]
 
 MB = 1 << 20
 BUSY_HOOK_MS = 400  # under the default 0.5 s hook time limit
@@ -223,20 +223,44 @@ def oversize_preauth_frames(address: str, stop: threading.Event) -> None:
             sock.close()
 
 
+HOOK_HOARD = "// %d\nconst held = new Uint8Array(28 << 20); held.fill(1);\nfunction beforeToolCall(p) { return {action: 'allow'}; }"
+"""A JS hook that holds 28 MiB for as long as it is loaded (the number keeps each script distinct)."""
+
+
+def many_hooks(address: str, stop: threading.Event) -> None:
+    """Sessions that load 30 hooks each holding 28 MiB (issue 14: 840 MB from one session); the
+    service loads what ``--max-session-hook-memory`` allows and refuses the rest. Each session
+    keeps its hooks for a few seconds, then a new one tries again."""
+    n = 0
+    while not stop.is_set():
+        peer = Peer(address)
+        peer.handshake(pb.CAPABILITY_HOOKS_JS)
+        for _ in range(30):
+            n += 1
+            peer.send(command(hook_load=pb.HookLoadCommand(request_id=f"m{n}", hook_type="js", script=HOOK_HOARD % n)))
+            peer.until_ended({f"m{n}"})
+            if stop.is_set():
+                break
+        stop.wait(3)
+        peer.close()
+
+
 ATTACKS: dict[str, Attack] = {
     "non_reading_peer": non_reading_peer,
     "busy_js_hook": busy_js_hook,
     "redos_search": redos_search,
     "large_batch": large_batch,
     "oversize_preauth_frames": oversize_preauth_frames,
+    "many_hooks": many_hooks,
 }
 """The attacks of issue 14 run at once by tests/test_hostile_load.py and bench/bench_hostile_load.py."""
 
-PENDING = {
-    "many_hooks": "30 JS hooks each holding 28 MiB: bounded by --max-session-hook-memory (256M by default), "
-    "more than this load's RSS bound allows for; tests/test_hostile_limits.py runs it on its own with a smaller budget",
-}
+PENDING: dict[str, str] = {}
 """Attacks of issue 14 tested on their own rather than in this load (and why)."""
+
+SERVER_ARGS = ("--max-session-hook-memory", "64M")
+"""The server's options under this load: the hook budget of a session at 64 MiB (two 28 MiB hooks
+of ``many_hooks``; the default, 256 MiB, is more than the load's RSS bound allows for)."""
 
 
 def run_attacks(address: str, names: list[str], stop: threading.Event) -> list[threading.Thread]:

@@ -420,3 +420,59 @@ async def test_grpc_long_request_id_and_big_batch(tmp_path: pathlib.Path) -> Non
         assert ended == sorted(f"g{i}" for i in range(11))
     finally:
         assert srv.stop() == 0
+
+
+async def test_grpc_unauthenticated_messages_cost_bounded_memory(tmp_path: pathlib.Path) -> None:
+    """The gRPC form of the unauthenticated-memory finding: 40 ``Stream`` calls without the token,
+    each sending one 15 MB message. Each is refused (``handshake_frame_too_large``), at most
+    ``--grpc-handshake-reads`` are taken at once, and what was taken is let go (before: the service
+    held every message, 40 x 15 MB); a call that presents the token is served meanwhile."""
+    import asyncio
+
+    from grpc import aio
+
+    from smith_fast.pb import smith_pb2_grpc
+
+    srv = ServerProcess(tmp_path, "--grpc", "127.0.0.1:0", "--grpc-handshake-reads", "2", env={"SMITH_TOKEN": TOKEN}).start()
+    target = srv.grpc.removeprefix("grpc:")
+    big = b"\0" * (15 * 1000 * 1000)
+    try:
+        before = rss(srv.pid)
+        channels = [aio.insecure_channel(target, options=[("grpc.max_send_message_length", -1)]) for _ in range(40)]
+
+        async def hostile(channel: aio.Channel) -> list[bytes]:
+            call = channel.stream_stream("/smith.v1.SmithService/Stream")()
+            answers: list[bytes] = []
+            try:
+                await call.write(big)
+                async for answer in call:
+                    answers.append(answer)
+            except Exception:  # the call may fail as a whole once refused: also a refusal
+                pass
+            return answers
+
+        attacks = asyncio.gather(*(hostile(ch) for ch in channels))
+        async with aio.insecure_channel(target) as channel:
+            call = smith_pb2_grpc.SmithServiceStub(channel).Stream(metadata=(("smith-token", TOKEN),))
+            hs = pb.Envelope()
+            hs.command.handshake.version = 1
+            await call.write(hs)
+            while (await call.read()).event.WhichOneof("event_type") != "ready":
+                pass
+            await call.write(pb.Envelope(command=pb.Command(tool_call=pb.ToolCallCommand(request_id="t", tool="tools.list", args=b"{}"))))
+            while not terminal("t")(await call.read()):
+                pass
+            await call.done_writing()
+        results = await attacks
+        for channel in channels:
+            await channel.close()
+        grown = rss(srv.pid) - before
+        refusals = [pb.Envelope.FromString(a) for answers in results for a in answers]
+        reasons = [e.event.error.details["reason"] for e in refusals if kind(e) == "error"]
+        assert reasons.count("handshake_frame_too_large") == len(results) == 40, reasons
+        assert grown < 200 * MiB, f"the service grew by {grown // MiB} MB"
+        peer = honest(srv.unix)
+        assert ping(peer)[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        peer.close()
+    finally:
+        assert srv.stop() == 0

@@ -64,6 +64,11 @@ class Limits:
             connection's first accepted handshake (authenticated, with a token), in bytes
             (``--max-handshake-frame-size``); over it, the connection is closed. So a peer that has
             not shown the token cannot make the service hold more than this (plus one read).
+        grpc_handshake_reads: gRPC ``Stream`` calls of the whole service whose first message is
+            read at once while they have not authenticated (``--grpc-handshake-reads``). gRPC takes a
+            message whole, up to ``--max-frame-size``, before the service sees it, so this, times
+            ``--max-frame-size``, bounds what unauthenticated calls can make the service hold; a call
+            that presents the token in its metadata does not wait.
         max_batch_commands: commands in one ``BatchCommand`` (``--max-batch-commands``); a larger
             batch is refused whole (``ERROR_CODE_RESOURCE_EXHAUSTED``; each readable request id in it
             gets its ``StateChange(ERROR)``).
@@ -137,6 +142,10 @@ class Limits:
     max_handshake_frame_size: int = option(
         64 * 1024, flag="--max-handshake-frame-size", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="largest v1 frame or v0 line before the first accepted (authenticated) handshake; larger: closed")
+    grpc_handshake_reads: int = option(
+        4, flag="--grpc-handshake-reads", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="gRPC Stream calls whose first message is read at once before an authenticated handshake "
+             "(the others wait); bounds the memory of unauthenticated calls")
     max_batch_commands: int = option(
         1024, flag="--max-batch-commands", unit="count", commands=_FRONTS, group=_LIMITS,
         help="commands in one BatchCommand; a larger batch is refused whole with RESOURCE_EXHAUSTED")
