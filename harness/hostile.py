@@ -22,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
 from smith_fast.pb import smith_pb2 as pb
+
+from harness.frames import read_envelope
 
 __all__ = ["ATTACKS", "PENDING", "SERVER_ARGS", "Honest", "Peer", "prepare_root", "rss_kib", "run_attacks"]
 
@@ -87,20 +88,8 @@ class Peer:
         self.sock.sendall(data)
 
     def recv(self) -> pb.Envelope:
-        while True:
-            if self.buf:
-                try:
-                    size, pos = _DecodeVarint(self.buf, 0)
-                except IndexError:
-                    size, pos = -1, 0
-                if size >= 0 and len(self.buf) >= pos + size:
-                    env = pb.Envelope.FromString(self.buf[pos : pos + size])
-                    self.buf = self.buf[pos + size :]
-                    return env
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise EOFError("the service closed the connection")
-            self.buf += data
+        env, self.buf = read_envelope(self.sock, self.buf)
+        return env
 
     def handshake(self, *caps: int) -> None:
         self.send(command(handshake=pb.HandshakeCommand(version=1, capabilities=list(caps))))  # type: ignore[arg-type]  # Capability values

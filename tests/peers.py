@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
 from smith_fast.pb import smith_pb2 as pb
+
+from harness.frames import read_envelope
 
 
 def open_socket(address: str, timeout: float = 10.0) -> socket.socket:
@@ -53,20 +54,8 @@ class V1Peer:
 
     def recv(self) -> pb.Envelope:
         """The next envelope; EOFError when the service closed the connection."""
-        while True:
-            if self.buf:
-                try:
-                    size, pos = _DecodeVarint(self.buf, 0)
-                except IndexError:
-                    size, pos = -1, 0
-                if size >= 0 and len(self.buf) >= pos + size:
-                    env = pb.Envelope.FromString(self.buf[pos : pos + size])
-                    self.buf = self.buf[pos + size :]
-                    return env
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise EOFError("closed")
-            self.buf += data
+        env, self.buf = read_envelope(self.sock, self.buf)
+        return env
 
     def until(self, pred: Callable[[pb.Envelope], bool]) -> list[pb.Envelope]:
         out = []

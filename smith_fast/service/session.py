@@ -301,12 +301,14 @@ class Session:
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
 
-    async def _dispatch(self, commands: list[pb.Command]) -> None:
-        """Handle an unordered batch ``_BATCH_SLICE`` commands at a time, then what arrived meanwhile."""
+    async def _dispatch(self, commands: list[pb.Command], each: Callable[[pb.Command], None] | None = None) -> None:
+        """Handle an unordered batch ``_BATCH_SLICE`` commands at a time (with ``each``, default
+        :meth:`handle`), then what arrived meanwhile."""
+        each = self.handle if each is None else each
         try:
             for start in range(0, len(commands), _BATCH_SLICE):
                 for command in commands[start : start + _BATCH_SLICE]:
-                    self.handle(command)
+                    each(command)
                 await asyncio.sleep(0)
         finally:
             backlog, self._backlog = self._backlog, None
@@ -332,11 +334,19 @@ class Session:
             )
         )
         ended: set[str] = set()
-        for command in commands:
+
+        def end(command: pb.Command) -> None:
             rid = self.request_id(command)
             if rid is not None and rid not in ended and rid not in self._tasks:
                 ended.add(rid)
                 self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+
+        if len(commands) <= _BATCH_SLICE:
+            for command in commands:
+                end(command)
+        else:  # 200,000 terminal states in one step stalled every other session for a second
+            self._backlog = collections.deque()
+            self._in_task(self._dispatch(list(commands), end))
 
     async def run_ordered(self, commands: list[pb.Command]) -> None:
         """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
