@@ -1,0 +1,226 @@
+"""'Waiting for input' end to end (issue 16 item 7): a command with open stdin or a pty that sleeps
+reading it gets one LogEvent (``fields.reason = waiting_for_input``) per wait, against a real
+``smith-fast serve`` and real programs (``input()``, ``read -p``, the Python REPL), over every front;
+a sleeping command, one reading some other pipe, and one without open stdin get none."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from smith_fast.client import Chunk, Client, InputWait
+from smith_fast.pb import smith_pb2 as pb
+from smith_fast.remote_process import RemoteProcess, terminal_state
+
+from harness.server import ServerProcess
+
+NOTICE = "300ms"
+SETTLE = 2.5  # a generous wait (8x the notice time) in which no notice may arrive
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    tmp = tmp_path_factory.mktemp("input_wait")
+    srv = ServerProcess(tmp, "--grpc", "127.0.0.1:0", "--input-wait-notice", NOTICE).start()
+    yield srv
+    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+async def connect(server: ServerProcess, via: str, protocol: str = "v1", *extra: str) -> Client:
+    if via == "stdio":
+        return await Client.spawn("--input-wait-notice", NOTICE, *extra, "--root", str(server.root), protocol=protocol)
+    if via == "grpc":
+        return await Client.connect(server.grpc)
+    return await Client.connect(server.address(via), protocol=protocol)
+
+
+async def notice(proc: RemoteProcess) -> InputWait:
+    wait = await asyncio.wait_for(proc.input_wanted(), 15)
+    assert wait is not None, "the command ended without a notice"
+    return wait
+
+
+async def output_until(chunks: AsyncIterator[Chunk], marker: bytes) -> bytes:
+    """Read ``chunks`` (one ``aiter(proc)`` for the whole test: leaving an ``async for`` cancels
+    the command) until ``marker`` came."""
+    seen = b""
+    while marker not in seen:
+        seen += (await asyncio.wait_for(anext(chunks), 15)).data
+    return seen
+
+
+@pytest.mark.parametrize("via", ["unix", "tcp", "stdio", "grpc"])
+def test_input_on_open_stdin_gets_one_notice_and_input_ends_it(run, server: ServerProcess, via: str) -> None:
+    async def main() -> None:
+        async with await connect(server, via) as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("python3 -c 'print(\"got\", input())'", stdin=True)
+            wait = await notice(proc)
+            assert (wait.tty, wait.fd, wait.call) == (False, 0, "read")
+            assert wait.pid > 0 and wait.idle_ms >= 250 and "waiting for input" in wait.message
+            await asyncio.sleep(SETTLE)  # still waiting: no second notice for the same wait
+            assert len(proc.input_waits) == 1
+            proc.write("bob\n")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert proc.output().stdout == b"got bob\n"
+            assert len(proc.input_waits) == 1 and proc.waiting_for_input is None
+
+    run(main())
+
+
+def test_the_notice_is_a_log_event_of_the_request(run, server: ServerProcess) -> None:
+    async def main() -> None:
+        async with await Client.connect(server.unix) as client:
+            await client.handshake(["shell_exec"])
+            rid = str(uuid.uuid4())
+            queue = client._route(rid)
+            client.send(pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="read x", open_stdin=True)))
+            events: list[pb.Event] = []
+            while not any(e.WhichOneof("event_type") == "log" for e in events):
+                events.append(await asyncio.wait_for(client._next(queue), 15))
+            log = events[-1].log
+            assert log.request_id == rid and log.level == pb.LOG_LEVEL_INFO
+            assert set(log.fields) == {"reason", "idle_ms", "pid", "fd", "call", "tty"}
+            assert log.fields["reason"] == "waiting_for_input" and log.fields["tty"] == "false"
+            client.send(pb.Command(stdin=pb.StdinCommand(request_id=rid, data=b"x\n")))
+            while terminal_state(events[-1]) is None:
+                events.append(await asyncio.wait_for(client._next(queue), 15))
+            assert terminal_state(events[-1]) == pb.SERVICE_STATE_READY
+            assert sum(e.WhichOneof("event_type") == "log" for e in events) == 1
+
+    run(main())
+
+
+@pytest.mark.parametrize("via", ["unix", "grpc"])
+def test_a_prompt_on_a_pty_gets_one_notice(run, server: ServerProcess, via: str) -> None:
+    async def main() -> None:
+        async with await connect(server, via) as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("read -p 'name? ' n; echo \"hi $n\"", pty=(24, 80))
+            wait = await notice(proc)
+            assert (wait.tty, wait.fd, wait.call) == (True, 0, "read")
+            assert b"name? " in proc.output().stdout
+            proc.write("bob\r")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert b"hi bob" in proc.output().stdout
+            assert len(proc.input_waits) == 1
+
+    run(main())
+
+
+def test_reading_twice_gets_two_notices(run, server: ServerProcess) -> None:
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start('read a; echo "got $a"; read b; echo "got $b"', stdin=True)
+            chunks = aiter(proc)
+            await notice(proc)
+            proc.write("1\n")
+            await output_until(chunks, b"got 1")
+            await notice(proc)
+            assert len(proc.input_waits) == 2
+            proc.write("2\n")
+            await output_until(chunks, b"got 2")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert len(proc.input_waits) == 2
+
+    run(main())
+
+
+def test_a_repl_waiting_in_select_on_its_terminal(run, server: ServerProcess) -> None:
+    """The Python REPL (as vi) waits in pselect6 on the terminal, not in read."""
+
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("python3 -q", pty=(24, 80), env={"PYTHON_BASIC_REPL": "1"})
+            chunks = aiter(proc)
+            first = await notice(proc)
+            assert first.tty
+            proc.write("print(6 * 7)\r")
+            await output_until(chunks, b"42")
+            await notice(proc)
+            proc.write("exit()\r")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert len(proc.input_waits) == 2
+
+    run(main())
+
+
+@pytest.mark.parametrize("mode", ["stdin", "pty"])
+def test_sleeping_with_open_input_gets_no_notice(run, server: ServerProcess, mode: str) -> None:
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("sleep 3", stdin=mode == "stdin", pty=(24, 80) if mode == "pty" else None)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert proc.input_waits == []
+
+    run(main())
+
+
+@pytest.mark.parametrize("stdin", [True, False])
+def test_reading_another_pipe_or_without_open_stdin_gets_no_notice(run, server: ServerProcess, stdin: bool) -> None:
+    """Blocked in read, but on a FIFO of its own (not the stdin the peer writes): no notice; nor for
+    a command whose stdin is /dev/null."""
+
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            fifo = f"fifo-{uuid.uuid4().hex[:8]}"
+            proc = await client.start(f"mkfifo {fifo}; (sleep 3; echo x > {fifo}) & cat {fifo}; rm {fifo}", stdin=stdin)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert proc.output().stdout == b"x\n"
+            assert proc.input_waits == []
+
+    run(main())
+
+
+def test_v0_gets_the_notice_as_a_log_line(run, server: ServerProcess) -> None:
+    async def main() -> None:
+        async with await Client.connect(server.unix, protocol="v0") as client:
+            await client.handshake(["shell_exec"])
+            rid = str(uuid.uuid4())
+            queue = client._route(rid)
+            client.send(pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="read x", open_stdin=True)))
+            event = await asyncio.wait_for(client._next(queue), 15)
+            while event.WhichOneof("event_type") != "log":
+                event = await asyncio.wait_for(client._next(queue), 15)
+            assert event.log.request_id == rid and "waiting for input" in event.log.message
+            assert not event.log.fields  # v0's Log has no fields: the message says it
+            client.send(pb.Command(stdin=pb.StdinCommand(request_id=rid, data=b"x\n")))
+            while terminal_state(event) is None:
+                event = await asyncio.wait_for(client._next(queue), 15)
+            assert terminal_state(event) == pb.SERVICE_STATE_READY
+
+    run(main())
+
+
+def test_zero_turns_it_off(run, server: ServerProcess) -> None:
+    async def main() -> None:
+        async with await Client.spawn("--input-wait-notice", "0", "--root", str(server.root)) as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("read x; echo \"got $x\"", stdin=True)
+            await asyncio.sleep(SETTLE)
+            proc.write("y\n")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert proc.output().stdout == b"got y\n" and proc.input_waits == []
+
+    run(main())
+
+
+def test_vi_waiting_for_keys(run, server: ServerProcess) -> None:
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            proc = await client.start("vi -u NONE -N -i NONE", pty=(24, 80), env={"TERM": "xterm"})
+            wait = await notice(proc)
+            assert wait.tty and wait.call in ("select", "poll", "read")
+            proc.write("\x1b:q!\r")
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            assert len(proc.input_waits) == 1
+
+    run(main())
