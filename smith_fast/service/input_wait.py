@@ -40,7 +40,7 @@ from ..pb import smith_pb2 as pb
 if TYPE_CHECKING:
     from .sinks import EventSink
 
-__all__ = ["Blocked", "InputWatch", "Target", "WAITING_FOR_INPUT", "Watched", "blocked_on_input", "notifier", "target_of"]
+__all__ = ["Blocked", "InputWatch", "Target", "WAITING_FOR_INPUT", "Interactive", "blocked_on_input", "notifier", "target_of"]
 
 _P = ParamSpec("_P")
 
@@ -98,7 +98,7 @@ class Blocked:
     call: str  # read, select, poll, epoll, or wchan
 
 
-class Watched(Protocol):
+class Interactive(Protocol):
     """What :class:`InputWatch` needs of a running command (:class:`~smith_fast.process.ShellProcess`)."""
 
     @property
@@ -113,7 +113,7 @@ class Watched(Protocol):
     def returncode(self) -> int | None: ...
 
 
-def target_of(proc: Watched) -> Target | None:
+def target_of(proc: Interactive) -> Target | None:
     """The command's input as it is now; None once its stdin is closed."""
     fd = proc.stdin_fd
     if fd < 0 or not proc.stdin_open:
@@ -284,14 +284,14 @@ class InputWatch:
     def __init__(self, after: float, notify: Callable[[Blocked, int, bool], None]) -> None:
         self._after = after
         self._notify = notify
-        self._proc: Watched | None = None
+        self._proc: Interactive | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._heard = False
         self._stopped = False
         self._loop = asyncio.get_running_loop()
         self._since = self._loop.time()
 
-    def watch(self, proc: Watched) -> None:
+    def watch(self, proc: Interactive) -> None:
         """Start watching ``proc`` (once it is spawned)."""
         self._proc = proc
         self._since = self._loop.time()
