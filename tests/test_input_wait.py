@@ -224,3 +224,45 @@ def test_vi_waiting_for_keys(run, server: ServerProcess) -> None:
             assert len(proc.input_waits) == 1
 
     run(main())
+
+
+# The detection itself, on real programs (what the notice rests on): which process, fd and call.
+PROGRAMS = [
+    ("cat", False, (0, "read")),
+    ("read -p 'name? ' x", True, (0, "read")),
+    ("python3 -c 'import select, sys; select.select([sys.stdin], [], [])'", False, (0, "select")),
+    ("python3 -c 'import select, sys; p = select.poll(); p.register(0, select.POLLIN); p.poll()'", True, (0, "poll")),
+    ("python3 -c 'import select, sys; e = select.epoll(); e.register(0, select.EPOLLIN); e.poll()'", False, (0, "epoll")),
+    ("less /etc/hostname /etc/passwd", True, (3, "read")),  # opens /dev/tty
+    ("python3 -c 'import getpass; getpass.getpass()'", True, (3, "read")),
+    ("sleep 5", False, None),
+    ("sleep 5", True, None),
+    ("mkfifo f$$; exec 3<>f$$; rm f$$; cat <&3", False, None),  # a pipe of its own
+    ("python3 -c 'import select, os; r, w = os.pipe(); select.select([r], [], [])'", True, None),
+    ("set -m; cat & sleep 5", True, None),  # a background job reading the terminal is stopped (SIGTTIN), not waiting
+]
+
+
+@pytest.mark.parametrize(("command", "tty", "expected"), PROGRAMS)
+def test_what_counts_as_reading_the_input(run, tmp_path, command: str, tty: bool, expected: tuple[int, str] | None) -> None:  # type: ignore[no-untyped-def]
+    from smith_fast.process import ShellProcess
+    from smith_fast.service.input_wait import blocked_on_input, target_of
+
+    async def main() -> None:
+        proc = await ShellProcess.start(command, cwd=str(tmp_path), on_output=lambda _s, _d: None, stdin=not tty,
+                                        pty=(24, 80) if tty else None, env={"PATH": "/usr/bin:/bin", "TERM": "xterm"})
+        try:
+            found = None
+            for _ in range(40):  # until it settles into its wait (or, for the negatives, a generous while)
+                await asyncio.sleep(0.05)
+                target = target_of(proc)
+                assert target is not None
+                found = blocked_on_input(proc.pid, target)
+                if found is not None:
+                    break
+            assert (None if found is None else (found.fd, found.call)) == expected
+        finally:
+            proc.kill()
+            await proc.wait()
+
+    run(main())

@@ -233,8 +233,8 @@ _FDS: dict[str, Callable[[int, list[int]], list[int]]] = {
 
 
 def _waiting(pid: int, target: Target) -> Blocked | None:
-    line = _read(f"/proc/{pid}/syscall")
-    if line is None:  # not ours to look at (not dumpable): where it sleeps, and its fd 0
+    line = _read(f"/proc/{pid}/syscall") if _CALLS else None
+    if line is None:  # not ours to look at (not dumpable), or no table for this CPU: where it sleeps, and its fd 0
         wchan = (_read(f"/proc/{pid}/wchan") or "").partition(".")[0]
         return Blocked(pid, -1, "wchan") if wchan in _WCHANS[target.pty] and _is_input(pid, 0, target) else None
     words = line.split()
