@@ -276,7 +276,8 @@ class InputWatch:
 
     Args:
         after: seconds of silence before looking (``--input-wait-notice``; > 0).
-        notify: called with the blocked process and the silence so far, in milliseconds.
+        notify: called with the blocked process, the silence so far in milliseconds, and whether
+            it reads a terminal.
     """
 
     __slots__ = ("_after", "_notify", "_proc", "_timer", "_heard", "_since", "_stopped", "_loop")

@@ -10,10 +10,11 @@ queue; the pipes are paused while the queue is long, so a slow hook cannot make 
 
 A ShellExec may ask for its stdin to stay open (``open_stdin``) or for a pseudo-terminal
 (``pty``): the process is registered with the runner (``process_started``), which writes the
-peer's StdinCommands and resizes to it. With ``binary_output`` its output goes out as raw bytes
-(``stdout_bytes``/``stderr_bytes``), cut at ``--chunk-size`` and never decoded; text (UTF-8,
-invalid bytes replaced) stays the default, and so it stays while an output hook watches (hooks
-see text).
+peer's StdinCommands and resizes to it, and watched for "waiting for input"
+(:mod:`~smith_fast.service.input_wait`: one LogEvent when it sleeps reading that input). With
+``binary_output`` its output goes out as raw bytes (``stdout_bytes``/``stderr_bytes``), cut at
+``--chunk-size`` and never decoded; text (UTF-8, invalid bytes replaced) stays the default, and so
+it stays while an output hook watches (hooks see text).
 
 What a hook's transform returns is chunked again to ``--chunk-size`` and counted against
 ``--max-output`` (a transform may make a 3-byte chunk 5 MB).
@@ -381,8 +382,6 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             ) from None
         except asyncio.CancelledError:
             # Cancelling wait() killed the group; still say how it ended if anyone listens.
-            if watch is not None:
-                watch.stop()
             output.finish()
             acks.ended = True
             session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
