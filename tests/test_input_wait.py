@@ -13,9 +13,11 @@ import pytest
 
 from smith_fast.client import Chunk, Client, InputWait
 from smith_fast.pb import smith_pb2 as pb
-from smith_fast.remote_process import RemoteProcess, terminal_state
+from smith_fast.remote_process import RemoteProcess
 
 from harness.server import ServerProcess
+
+from .test_process_control import Raw, shell, stdin
 
 NOTICE = "300ms"
 SETTLE = 2.5  # a generous wait (8x the notice time) in which no notice may arrive
@@ -71,25 +73,27 @@ def test_input_on_open_stdin_gets_one_notice_and_input_ends_it(run, server: Serv
     run(main())
 
 
-def test_the_notice_is_a_log_event_of_the_request(run, server: ServerProcess) -> None:
+@pytest.mark.parametrize("protocol", ["v1", "v0"])
+def test_the_notice_is_a_log_event_of_the_request(run, server: ServerProcess, protocol: str) -> None:
+    """v1: the fields; v0: the same Log line without them (v0's Log has none), its message says it."""
+
     async def main() -> None:
-        async with await Client.connect(server.unix) as client:
+        async with await Client.connect(server.unix, protocol=protocol) as client:
             await client.handshake(["shell_exec"])
-            rid = str(uuid.uuid4())
-            queue = client._route(rid)
-            client.send(pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="read x", open_stdin=True)))
-            events: list[pb.Event] = []
-            while not any(e.WhichOneof("event_type") == "log" for e in events):
-                events.append(await asyncio.wait_for(client._next(queue), 15))
-            log = events[-1].log
-            assert log.request_id == rid and log.level == pb.LOG_LEVEL_INFO
-            assert set(log.fields) == {"reason", "idle_ms", "pid", "fd", "call", "tty"}
-            assert log.fields["reason"] == "waiting_for_input" and log.fields["tty"] == "false"
-            client.send(pb.Command(stdin=pb.StdinCommand(request_id=rid, data=b"x\n")))
-            while terminal_state(events[-1]) is None:
-                events.append(await asyncio.wait_for(client._next(queue), 15))
-            assert terminal_state(events[-1]) == pb.SERVICE_STATE_READY
-            assert sum(e.WhichOneof("event_type") == "log" for e in events) == 1
+            raw = Raw(client, str(uuid.uuid4()))
+            client.send(shell(raw.rid, "read x", open_stdin=True))
+            event = await raw.until(lambda e: e.WhichOneof("event_type") == "log")
+            log = event.log
+            assert log.request_id == raw.rid and log.level == pb.LOG_LEVEL_INFO and "waiting for input" in log.message
+            if protocol == "v1":
+                assert set(log.fields) == {"reason", "idle_ms", "pid", "fd", "call", "tty"}
+                assert log.fields["reason"] == "waiting_for_input" and log.fields["tty"] == "false"
+            else:
+                assert not log.fields
+            client.send(stdin(raw.rid, b"x\n"))
+            await raw.end()
+            await raw.quiet()
+            assert raw.terminals() == [pb.SERVICE_STATE_READY] and len(raw.of("log")) == 1
 
     run(main())
 
@@ -162,8 +166,8 @@ def test_sleeping_with_open_input_gets_no_notice(run, server: ServerProcess, mod
     run(main())
 
 
-@pytest.mark.parametrize("stdin", [True, False])
-def test_reading_another_pipe_or_without_open_stdin_gets_no_notice(run, server: ServerProcess, stdin: bool) -> None:
+@pytest.mark.parametrize("open_stdin", [True, False])
+def test_reading_another_pipe_or_without_open_stdin_gets_no_notice(run, server: ServerProcess, open_stdin: bool) -> None:
     """Blocked in read, but on a FIFO of its own (not the stdin the peer writes): no notice; nor for
     a command whose stdin is /dev/null."""
 
@@ -171,30 +175,10 @@ def test_reading_another_pipe_or_without_open_stdin_gets_no_notice(run, server: 
         async with await connect(server, "unix") as client:
             await client.handshake(["shell_exec"])
             fifo = f"fifo-{uuid.uuid4().hex[:8]}"
-            proc = await client.start(f"mkfifo {fifo}; (sleep 3; echo x > {fifo}) & cat {fifo}; rm {fifo}", stdin=stdin)
+            proc = await client.start(f"mkfifo {fifo}; (sleep 3; echo x > {fifo}) & cat {fifo}; rm {fifo}", stdin=open_stdin)
             assert await asyncio.wait_for(proc.wait(), 15) == 0
             assert proc.output().stdout == b"x\n"
             assert proc.input_waits == []
-
-    run(main())
-
-
-def test_v0_gets_the_notice_as_a_log_line(run, server: ServerProcess) -> None:
-    async def main() -> None:
-        async with await Client.connect(server.unix, protocol="v0") as client:
-            await client.handshake(["shell_exec"])
-            rid = str(uuid.uuid4())
-            queue = client._route(rid)
-            client.send(pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="read x", open_stdin=True)))
-            event = await asyncio.wait_for(client._next(queue), 15)
-            while event.WhichOneof("event_type") != "log":
-                event = await asyncio.wait_for(client._next(queue), 15)
-            assert event.log.request_id == rid and "waiting for input" in event.log.message
-            assert not event.log.fields  # v0's Log has no fields: the message says it
-            client.send(pb.Command(stdin=pb.StdinCommand(request_id=rid, data=b"x\n")))
-            while terminal_state(event) is None:
-                event = await asyncio.wait_for(client._next(queue), 15)
-            assert terminal_state(event) == pb.SERVICE_STATE_READY
 
     run(main())
 
