@@ -46,7 +46,7 @@ from .framing import FrameDecoder, encode_frame
 from .jsonl import JsonlCodec, LineDecoder
 from .options import ADDRESS_FORMS
 from .pb import smith_pb2 as pb
-from .remote_process import STDIN_WINDOW, Chunk, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
+from .remote_process import STDIN_WINDOW, Chunk, InputWait, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
 from .sequencing import Sequencer
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ __all__ = [
     "NotASmithService",
     "AddressError",
     "Chunk",
+    "InputWait",
     "RemoteProcess",
     "RunResult",
     "ToolOutput",

@@ -771,6 +771,12 @@ class ShellProcess:
     def is_pty(self) -> bool:
         return self._pty >= 0
 
+    @property
+    def stdin_fd(self) -> int:
+        """Our end of the child's stdin (the pipe's write end, or a dup of the pty master); -1 when
+        closed. For looking at what it is (``fstat``, ``tcgetpgrp``), not for writing past :meth:`write_stdin`."""
+        return self._stdin
+
     def write_stdin(self, data: bytes) -> bool:
         """Write ``data`` to the child's stdin (or terminal) without blocking.
 

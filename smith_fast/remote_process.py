@@ -25,6 +25,7 @@ __all__ = [
     "CONTROL_REASONS",
     "STDIN_WINDOW",
     "Chunk",
+    "InputWait",
     "RemoteProcess",
     "RunResult",
     "ToolOutput",
@@ -109,6 +110,44 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
+class InputWait:
+    """The service's "waiting for input" notice (PROTOCOL.md): the command sleeps reading its stdin
+    or terminal and printed nothing for ``idle_ms``.
+
+    Attributes:
+        pid: the process (on the service's host) that is reading.
+        tty: it reads its terminal (a command started with ``pty``), else its stdin pipe.
+        idle_ms: at least this long without output or input.
+        fd: the file descriptor it reads.
+        call: how it waits: ``read``, ``select``, ``poll``, ``epoll`` (or ``wchan``: seen from the
+            kernel's wait channel, fd 0).
+        message: the notice's text.
+    """
+
+    pid: int
+    tty: bool
+    idle_ms: int
+    fd: int
+    call: str
+    message: str
+
+    @classmethod
+    def of(cls, event: pb.Event) -> InputWait | None:
+        """The notice an event is, or None."""
+        if event.WhichOneof("event_type") != "log" or event.log.fields.get("reason") != "waiting_for_input":
+            return None
+        f = event.log.fields
+
+        def number(key: str) -> int:
+            try:
+                return int(f.get(key, "0"))
+            except ValueError:
+                return 0
+
+        return cls(number("pid"), f.get("tty") == "true", number("idle_ms"), number("fd"), f.get("call", ""), event.log.message)
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
     """What :meth:`Client.run` collected (as :class:`subprocess.CompletedProcess`)."""
 
@@ -174,6 +213,11 @@ class RemoteProcess:
         exit_code: set once the command exited (negative: killed by that signal).
         control_errors: what the service refused of :meth:`write` / :meth:`resize` (``stdin_full``:
             the command has not read ``--max-stdin-buffer`` bytes yet; the request goes on).
+        waiting_for_input: the service's latest "waiting for input" notice while it holds: the
+            command is asleep reading its stdin or terminal (cleared by its next output and by
+            :meth:`write`); :meth:`input_wanted` waits for one. Sent for commands with ``stdin`` or
+            ``pty`` after the service's ``--input-wait-notice``.
+        input_waits: every notice so far, in order.
     """
 
     def __init__(
@@ -196,6 +240,8 @@ class RemoteProcess:
         self._window = window
         self.exit_code: int | None = None
         self.control_errors: list[pb.ErrorEvent] = []
+        self.waiting_for_input: InputWait | None = None
+        self.input_waits: list[InputWait] = []
         self._buffer: deque[Chunk] = deque()
         self._failure: pb.ErrorEvent | None = None
         self._state: int | None = None
@@ -231,8 +277,10 @@ class RemoteProcess:
             so = event.shell_output
             if (data := stdout_of(event)) is not None and data:
                 self._buffer.append(Chunk("stdout", data))
+                self.waiting_for_input = None
             if (data := stderr_of(event)) is not None and data:
                 self._buffer.append(Chunk("stderr", data))
+                self.waiting_for_input = None
             if (code := exit_code_of(event)) is not None:
                 self.exit_code = code
             if so.HasField("stdin_written"):
@@ -243,8 +291,12 @@ class RemoteProcess:
                 self._stdin_failed = self._stdin_failed or event.error.details.get("reason") in ("stdin_full", "stdin_closed")
             else:
                 self._failure = event.error
+        elif (wait := InputWait.of(event)) is not None:
+            self.waiting_for_input = wait
+            self.input_waits.append(wait)
         elif (state := terminal_state(event)) is not None:
             self._state = state
+            self.waiting_for_input = None
             self._done_cb()
 
     async def _until(self, ready: Callable[[], bool]) -> None:
@@ -261,8 +313,15 @@ class RemoteProcess:
         if isinstance(data, str):
             data = data.encode()
         if data and not self.done:
+            self.waiting_for_input = None
             self._stdin_sent += len(data)
             self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, data=data)))
+
+    async def input_wanted(self) -> InputWait | None:
+        """Wait until the command is waiting for input (the service's notice, :attr:`waiting_for_input`);
+        None if it ended first. Returns at once while a notice holds."""
+        await self._until(lambda: self.waiting_for_input is not None)
+        return self.waiting_for_input
 
     async def drain(self, room: int = 0) -> None:
         """Wait until ``room`` more bytes fit in the window of stdin not yet taken by the command
@@ -290,6 +349,7 @@ class RemoteProcess:
     def close_stdin(self) -> None:
         """End of input (on a terminal: ^D)."""
         if not self.done:
+            self.waiting_for_input = None
             self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, eof=True)))
 
     def resize(self, rows: int, cols: int) -> None:

@@ -162,9 +162,10 @@ def test_cancel_kills_what_ignores_sigterm_after_the_grace(run, server: ServerPr
     run(main())
 
 
-def test_cancel_unknown_and_finished_ids_get_a_clear_error_and_no_state(run, server: ServerProcess) -> None:
+@pytest.mark.parametrize("via", ["unix", "grpc"])
+def test_cancel_unknown_and_finished_ids_get_a_clear_error_and_no_state(run, server: ServerProcess, via: str) -> None:
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec"])
             unknown = rid()
             client.send(cancel(unknown))
@@ -185,10 +186,11 @@ def test_cancel_unknown_and_finished_ids_get_a_clear_error_and_no_state(run, ser
     run(main())
 
 
-@pytest.mark.parametrize("kind", ["tool_call", "plan", "hook_load", "before_start"])
-def test_cancel_any_request(run, server: ServerProcess, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "via"), [(kind, "unix") for kind in ("tool_call", "plan", "hook_load", "before_start")]
+                         + [("tool_call", "grpc"), ("plan", "grpc"), ("before_start", "grpc")])
+def test_cancel_any_request(run, server: ServerProcess, kind: str, via: str) -> None:
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec", "hooks_rust"])
             r = rid()
             raw = Raw(client, r)
@@ -259,9 +261,10 @@ def test_without_the_option_stdin_is_dev_null_and_stdin_is_refused(run, server: 
     run(main())
 
 
-def test_stdin_of_a_command_that_does_not_read_is_bounded_and_refused(run, server: ServerProcess) -> None:
+@pytest.mark.parametrize("via", ["unix", "grpc"])
+def test_stdin_of_a_command_that_does_not_read_is_bounded_and_refused(run, server: ServerProcess, via: str) -> None:
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec"])
             r = rid()
             raw = Raw(client, r)
@@ -344,9 +347,10 @@ def test_pty_size_term_resize_and_ctrl_c(run, server: ServerProcess, via: str, p
     run(main())
 
 
-def test_resize_of_a_command_without_a_terminal_is_refused(run, server: ServerProcess) -> None:
+@pytest.mark.parametrize("via", ["unix", "grpc"])
+def test_resize_of_a_command_without_a_terminal_is_refused(run, server: ServerProcess, via: str) -> None:
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec"])
             r = rid()
             raw = Raw(client, r)
@@ -428,12 +432,13 @@ def test_sdk_start_write_iterate_wait_and_run(run, server: ServerProcess, via: s
     run(main())
 
 
+@pytest.mark.parametrize("via", ["unix", "grpc"])
 @pytest.mark.parametrize("how", ["break", "aclose", "task_cancel", "cancel", "shell_exec_break"])
-def test_sdk_leaving_cancels_on_the_service(run, server: ServerProcess, how: str) -> None:
+def test_sdk_leaving_cancels_on_the_service(run, server: ServerProcess, how: str, via: str) -> None:
     marker = f"sleep 3{abs(hash(how)) % 1000:03d}"
 
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec"])
             command = f"echo up; {marker}"
             if how == "shell_exec_break":
@@ -498,10 +503,11 @@ def test_v0_lines_of_the_control_commands(run, server: ServerProcess) -> None:
     run(main())
 
 
-def test_binary_output_in_batches(run, server: ServerProcess) -> None:
+@pytest.mark.parametrize("via", ["unix", "grpc"])
+def test_binary_output_in_batches(run, server: ServerProcess, via: str) -> None:
     # A peer that asked for BatchEvents gets the raw chunks inside them, as any event.
     async def main() -> None:
-        async with await connect(server, "unix") as client:
+        async with await connect(server, via) as client:
             await client.handshake(["shell_exec"], accept=["batch_event"])
             result = await client.run("for i in 1 2 3 4 5 6 7 8; do printf '\\377\\000%s' $i; done; printf '\\376' >&2")
             assert result.stdout == b"".join(b"\xff\x00" + str(i).encode() for i in range(1, 9))

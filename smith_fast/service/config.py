@@ -53,6 +53,9 @@ class Limits:
         max_stdin_buffer: bytes written to a command's open stdin that it has not read yet; a
             ``StdinCommand`` that would pass it is refused whole with ``ERROR_CODE_RESOURCE_EXHAUSTED``
             (``--max-stdin-buffer``).
+        input_wait_notice: seconds a command with open stdin or a pty may be silent, asleep reading
+            that input, before the peer gets one ``LogEvent`` (``fields.reason = waiting_for_input``;
+            :mod:`smith_fast.service.input_wait`); 0 turns it off (``--input-wait-notice``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
         max_memory_per_command, max_pids_per_command, max_cpu_per_command: what one command
@@ -125,6 +128,9 @@ class Limits:
     max_stdin_buffer: int = option(
         1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="stdin a command has not read yet, per command; a StdinCommand past it is refused whole")
+    input_wait_notice: float = option(
+        2.0, flag="--input-wait-notice", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="a command with open stdin or a pty that sleeps reading it this long without output: one 'waiting for input' LogEvent; 0 = off")
     max_memory_per_command: int = option(
         0, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="memory one command and its children may hold (cgroup memory.max); past it: killed, RESOURCE_EXHAUSTED; 0 = none")

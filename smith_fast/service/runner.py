@@ -340,6 +340,8 @@ class LocalRunner:
         if rid not in self._running and self._host.is_running(rid):  # its task has not started yet
             early = self._early[rid] = _EarlyInput()
             return early
+        if rid in self._running and what == "resize":  # as for a command with open stdin only
+            raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
         if rid in self._running:
             raise ProtocolError(
                 f"request {rid} has no open stdin: {what} needs a ShellExec sent with open_stdin or pty",

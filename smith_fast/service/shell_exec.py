@@ -10,10 +10,11 @@ queue; the pipes are paused while the queue is long, so a slow hook cannot make 
 
 A ShellExec may ask for its stdin to stay open (``open_stdin``) or for a pseudo-terminal
 (``pty``): the process is registered with the runner (``process_started``), which writes the
-peer's StdinCommands and resizes to it. With ``binary_output`` its output goes out as raw bytes
-(``stdout_bytes``/``stderr_bytes``), cut at ``--chunk-size`` and never decoded; text (UTF-8,
-invalid bytes replaced) stays the default, and so it stays while an output hook watches (hooks
-see text).
+peer's StdinCommands and resizes to it, and watched for "waiting for input"
+(:mod:`~smith_fast.service.input_wait`: one LogEvent when it sleeps reading that input). With
+``binary_output`` its output goes out as raw bytes (``stdout_bytes``/``stderr_bytes``), cut at
+``--chunk-size`` and never decoded; text (UTF-8, invalid bytes replaced) stays the default, and so
+it stays while an output hook watches (hooks see text).
 
 What a hook's transform returns is chunked again to ``--chunk-size`` and counted against
 ``--max-output`` (a transform may make a 3-byte chunk 5 MB).
@@ -34,6 +35,7 @@ from ..logs import get_logger
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
+from .input_wait import InputWatch, notifier
 from .spawn import spawn
 
 if TYPE_CHECKING:
@@ -327,11 +329,19 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         )
     output = _Output(session, rid, cmd.binary_output)
     acks = _StdinAcks(session, rid)
+    on_output, on_stdin = output.on_output, acks.taken
+    # "Waiting for input" (service/input_wait.py): only a command the peer can type into is watched.
+    watch: InputWatch | None = None
+    if (cmd.open_stdin or pty is not None) and limits.input_wait_notice > 0:
+        watch = InputWatch(limits.input_wait_notice, notifier(session.sink, rid))
+        on_output, on_stdin = watch.hearing(on_output), watch.hearing(on_stdin)
     proc: ShellProcess | None = None
     sandbox = core.tool_context.sandbox
     confined = sandbox is not None and sandbox.confines_files
 
     async def final(code: int) -> None:
+        if watch is not None:
+            watch.stop()  # nothing of the request after its final event
         output.finish()
         await output.settle()
         acks.ended = True
@@ -345,16 +355,18 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             shell=cmd.shell if cmd.HasField("shell") else None,
             cwd=working_directory(core.tool_context.root, cmd.cwd if cmd.HasField("cwd") else None, confined=confined),
             env=env if env is not None else dict(cmd.env),
-            on_output=output.on_output,
+            on_output=on_output,
             sandbox=sandbox,
             stdin=cmd.open_stdin,
             pty=size,
             stdin_limit=limits.max_stdin_buffer,
-            on_stdin=acks.taken,
+            on_stdin=on_stdin,
             limits=limits.command_limits(),
         )
         output.proc = proc
         session.process_started(rid, proc)
+        if watch is not None:
+            watch.watch(proc)
         if session.paused:
             proc.pause_reading()
         timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else limits.default_timeout_ms
@@ -387,6 +399,8 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             )
         return code
     finally:
+        if watch is not None:
+            watch.stop()
         if proc is not None:
             session.process_ended(rid, proc)
             if proc.returncode is None:
