@@ -53,6 +53,12 @@ class Limits:
         max_stdin_buffer: bytes written to a command's open stdin that it has not read yet; a
             ``StdinCommand`` that would pass it is refused whole with ``ERROR_CODE_RESOURCE_EXHAUSTED``
             (``--max-stdin-buffer``).
+        max_background: background processes (ShellExec ``background``) the service keeps, running
+            or exited (``--max-background``); a new one makes room by dropping the oldest exited
+            one, and is refused with ``ERROR_CODE_RESOURCE_EXHAUSTED`` when all are running; 0 turns
+            them off (:mod:`smith_fast.service.background`).
+        background_buffer: bytes of output kept per background process, a ring that drops the
+            oldest (``--background-buffer``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
         max_memory_per_command, max_pids_per_command, max_cpu_per_command: what one command
@@ -120,6 +126,12 @@ class Limits:
     max_stdin_buffer: int = option(
         1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="stdin a command has not read yet, per command; a StdinCommand past it is refused whole")
+    max_background: int = option(
+        8, flag="--max-background", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="background processes kept (running or exited) in this process; one more running: RESOURCE_EXHAUSTED; 0 = off")
+    background_buffer: int = option(
+        1 << 20, flag="--background-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="output kept per background process for attach (a ring: the oldest is dropped)")
     max_memory_per_command: int = option(
         0, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="memory one command and its children may hold (cgroup memory.max); past it: killed, RESOURCE_EXHAUSTED; 0 = none")
