@@ -45,6 +45,7 @@ EXAMPLES = {
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
   smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
   tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
+  smith-fast exec -d --connect 127.0.0.1:7878 'make test' # in the background: prints its id (see ps, attach)
   smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)""",
     "call": """\
   smith-fast call tools.list
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-t", "--tty", action="store_true",
                     help="run COMMAND on a pseudo-terminal: this terminal in raw mode, its size and resizes forwarded "
                     "(as ssh -t, docker exec -it); for python3, vi, read -p ...")
+    ex.add_argument("-d", "--detach", "--background", dest="detach", action="store_true",
+                    help="run COMMAND as a background process of the service and print its id (as docker run -d); "
+                    "it outlives this command: smith-fast ps, attach ID, kill ID (needs --connect)")
     ex.add_argument("--cwd", help="working directory on the service side")
     ex.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     ex.add_argument("--shell", help="shell to run COMMAND with (default /bin/sh)")
@@ -158,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .nats import cli as nats_cli
 
     nats_cli.add_parsers(sub)
+    from . import background_cli
+
+    background_cli.add_parsers(sub, _client_options)
     return parser
 
 
@@ -207,9 +214,17 @@ async def _exec(args: argparse.Namespace) -> int:
             print(f"smith-fast exec: --env {item!r} is not KEY=VALUE", file=sys.stderr)
             return 2
         env[key] = value
+    if args.detach and not args.connect:
+        print("smith-fast exec: -d needs --connect ADDR: a background process lives in a running service "
+              "(without --connect, exec runs a service of its own that ends with it)", file=sys.stderr)
+        return 2
     client = await _client(args)
     try:
         await _handshake(client, args, ["shell_exec"])
+        if args.detach:
+            print(await client.background(" ".join(words), cwd=args.cwd, env=env,
+                                          shell=args.shell, timeout_ms=args.timeout_ms))
+            return 0
         return await _exec_command(client, " ".join(words), args, env)
     except SmithError as exc:
         print(f"smith-fast: {exc}", file=sys.stderr)
@@ -428,6 +443,16 @@ async def _stream_health(address: str, args: argparse.Namespace) -> tuple[str, d
 _CLIENTS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "exec": _exec, "call": _call, "ping": _ping, "health": _health,
 }
+
+
+def _background_command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
+    from . import background_cli
+
+    return background_cli.run(args, _client, _handshake, _feed_stdin)
+
+
+for _name in ("ps", "attach", "kill"):
+    _CLIENTS[_name] = _background_command
 
 
 def _dispatch(args: argparse.Namespace) -> int:

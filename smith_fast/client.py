@@ -552,10 +552,7 @@ class Client:
         )
         rid = cmd.shell_exec.request_id
         if background:
-            cmd.shell_exec.background = True
-            async for _event in self._request(rid, cmd):
-                pass  # READY once it runs in the background (an ErrorEvent raises SmithError)
-            return await self.attach(rid, binary=binary)
+            return await self.attach(await self._background(cmd), binary=binary)
         queue = self._route(rid)
         try:
             self.send(cmd)
@@ -604,6 +601,36 @@ class Client:
         """Ask the service to cancel a running request of this connection, or a background process
         of the service, by its id."""
         self.send(cancel_command(request_id))
+
+    async def background(
+        self,
+        command: str,
+        *,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        term: str | None = None,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Start ``command`` as a background process and return its id at once (as ``docker run -d``);
+        :meth:`attach` follows it, :meth:`cancel` stops it, :meth:`list_processes` lists it.
+
+        Raises:
+            SmithError: the service refused it (``--max-background``, a hook, no ``shell_exec`` ...).
+        """
+        return await self._background(self.shell_exec_command(
+            command, shell=shell, cwd=cwd, env=env, timeout_ms=timeout_ms, request_id=request_id, stdin=stdin, pty=pty, term=term,
+        ))
+
+    async def _background(self, cmd: pb.Command) -> str:
+        cmd.shell_exec.background = True
+        rid = cmd.shell_exec.request_id
+        async for _event in self._request(rid, cmd):
+            pass  # READY once it runs in the background (an ErrorEvent raises SmithError)
+        return rid
 
     async def list_processes(self) -> list[pb.BackgroundProcess]:
         """The service's background processes, oldest first (PROTOCOL.md, "Background processes").
