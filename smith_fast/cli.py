@@ -45,7 +45,6 @@ EXAMPLES = {
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
   smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
   tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
-  smith-fast exec -d --connect 127.0.0.1:7878 'make test' # in the background: prints its id (see ps, attach)
   smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)""",
     "call": """\
   smith-fast call tools.list
