@@ -1,4 +1,4 @@
-"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health`` (and ``replay``,
+"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health``, ``ps``, ``attach``, ``kill`` (and ``replay``,
 ``worker``, ``gateway`` from their packages).
 
 It behaves like the Unix tools it sits beside: ``exec`` takes the rest of the line as the command

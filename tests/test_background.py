@@ -326,3 +326,27 @@ def test_cli_exec_d_ps_attach_kill(server: ServerProcess) -> None:
     assert cli("exec", "-d", "true").returncode == 2
     helped = cli("attach", "--help")
     assert helped.returncode == 0 and b"examples:" in helped.stdout and b"--from" in helped.stdout
+
+
+def _framed(env: pb.Envelope) -> str:
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    data = env.SerializeToString()
+    return " ".join(f"{b:02x}" for b in _VarintBytes(len(data)) + data)
+
+
+def test_protocol_md_bytes_are_the_encodings() -> None:
+    # PROTOCOL.md, "Background processes": each example as protobuf encodes it, and written there
+    examples = [
+        pb.Envelope(command=pb.Command(shell_exec=pb.ShellExecCommand(request_id="r1", command="make", background=True))),
+        pb.Envelope(command=pb.Command(list_processes=pb.ListProcessesCommand(request_id="l1"))),
+        pb.Envelope(command=pb.Command(attach=pb.AttachCommand(request_id="a1", process_id="r1", from_offset=4096))),
+        pb.Envelope(event=pb.Event(shell_output=pb.ShellOutputEvent(request_id="a1", stdout="hi\n", offset=0))),
+        pb.Envelope(event=pb.Event(shell_output=pb.ShellOutputEvent(request_id="a1", exit_code=0, finished=True, offset=3))),
+        pb.Envelope(event=pb.Event(process_list=pb.ProcessListEvent(request_id="l1", processes=[pb.BackgroundProcess(
+            id="r1", command="make", state="running", pid=42, started_ms=1, next_offset=3, retained=3)]))),
+    ]
+    text = (ROOT / "PROTOCOL.md").read_text()
+    section = " ".join(text.split("## Background processes", 1)[1].split("\n## ", 1)[0].split())
+    for env in examples:
+        assert _framed(env) in section, _framed(env)
