@@ -222,6 +222,7 @@ class BackgroundTable:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._entries: OrderedDict[str, Background] = OrderedDict()
+        self._starting: set[str] = set()  # ids admitted whose process is being spawned: they hold their room
         self._waiters: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
@@ -252,12 +253,12 @@ class BackgroundTable:
                 "background processes are off on this service (--max-background 0); run it without background",
                 pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid, {"reason": "max_background", "limit": "0"},
             )
-        if rid in self._entries:
+        if rid in self._entries or rid in self._starting:
             raise ProtocolError(
                 f"a background process with id {rid} already exists; give this ShellExec another request_id",
                 pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_id"},
             )
-        while len(self._entries) >= limit:
+        while len(self._entries) + len(self._starting) >= limit:
             oldest = next((e for e in self._entries.values() if not e.running), None)
             if oldest is None:
                 raise ProtocolError(
@@ -285,6 +286,13 @@ class BackgroundTable:
         if ex.cancelling():
             raise ProtocolError("request cancelled: the command was not started", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
         self._make_room(rid)
+        self._starting.add(rid)
+        try:
+            return await self._start(ex, rid, cmd, env)
+        finally:
+            self._starting.discard(rid)
+
+    async def _start(self, ex: Execution, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str]) -> int:
         core = ex.core
         limits = core.limits
         pty = cmd.pty if cmd.HasField("pty") else None
@@ -318,7 +326,7 @@ class BackgroundTable:
         # here on it is not this session's process (a session's teardown must not reach it).
         ex.process_started(rid, proc)
         ex.process_ended(rid, proc)
-        self._entries[rid] = entry  # (room was made before the await: another start may have taken it; one over is fine)
+        self._entries[rid] = entry
         timeout = cmd.timeout_ms / 1000 if cmd.HasField("timeout_ms") and cmd.timeout_ms else None
         waiter = asyncio.get_running_loop().create_task(self._watch(entry, proc, timeout, core.release_process))
         self._waiters.add(waiter)
