@@ -29,7 +29,7 @@ from tests.test_process_control import Raw
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("background")
-    srv = ServerProcess(tmp, "--kill-grace", "1s", "--max-background", "16", "--background-buffer", "4k").start()
+    srv = ServerProcess(tmp, "--grpc", "127.0.0.1:0", "--kill-grace", "1s", "--max-background", "16", "--background-buffer", "4k").start()
     yield srv
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
     assert_clean_log(srv)
@@ -194,6 +194,24 @@ def test_unknown_ids_and_grants(run, server: ServerProcess) -> None:  # type: ig
         assert await (await owner.attach(pid_id, 1 << 40)).wait() < 0
         await bare.close()
         await owner.close()
+
+    run(main())
+
+
+def test_grpc_starts_one_a_socket_session_follows_it(run, server: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        grpc = await Client.connect(server.grpc)
+        await grpc.handshake()
+        pid_id = await grpc.background("echo over grpc")
+        await grpc.close()
+        sock = await connect(server)
+        proc = await sock.attach(pid_id)
+        assert await proc.wait() == 0 and proc.output().stdout == b"over grpc\n"
+        await sock.close()
+        grpc = await Client.connect(server.grpc)
+        await grpc.handshake()
+        assert pid_id in [p.id for p in await grpc.list_processes()]
+        await grpc.close()
 
     run(main())
 
