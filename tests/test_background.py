@@ -368,3 +368,26 @@ def test_protocol_md_bytes_are_the_encodings() -> None:
     section = " ".join(text.split("## Background processes", 1)[1].split("\n## ", 1)[0].split())
     for env in examples:
         assert _framed(env) in section, _framed(env)
+
+
+def test_a_terminal_resized_from_another_session(run, server: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        first = await connect(server)
+        pid_id = await first.background("stty size; read x; stty size", pty=(24, 80))
+        await first.close()
+        second = await connect(server)
+        assert next(p for p in await second.list_processes() if p.id == pid_id).pty
+        proc = await second.attach(pid_id)
+        seen = b""
+        async for chunk in proc:
+            seen += chunk.data
+            if b"24 80" in seen:
+                break  # detaches; the terminal is still the process's
+        again = await second.attach(pid_id, len(seen))
+        again.resize(40, 120)
+        again.write("\r")
+        assert await again.wait() == 0
+        assert b"40 120" in again.output().stdout
+        await second.close()
+
+    run(main())

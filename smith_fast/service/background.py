@@ -442,7 +442,7 @@ class BackgroundTable:
                     ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(
                         request_id=rid, exit_code=entry.exit_code, finished=True, offset=entry.ring.next)))
                     return
-                await entry.changed()
+                await asyncio.shield(entry.changed())  # shared by its attaches: one detaching must not cancel it for the others
         finally:
             entry.attached -= 1
 
