@@ -96,10 +96,12 @@ async def resolve(client: Client, given: str) -> pb.BackgroundProcess:
 Connect = Callable[[argparse.Namespace], Awaitable["Client"]]
 Handshake = Callable[["Client", argparse.Namespace, list[str]], Awaitable[None]]
 FeedStdin = Callable[[asyncio.AbstractEventLoop, "RemoteProcess"], None]
+Mirror = Callable[["RemoteProcess"], Awaitable[int]]
 
 
-async def run(args: argparse.Namespace, connect: Connect, handshake: Handshake, feed_stdin: FeedStdin) -> int:
-    """Run ``ps``, ``attach`` or ``kill``; the exit status."""
+async def run(args: argparse.Namespace, connect: Connect, handshake: Handshake, feed_stdin: FeedStdin, mirror: Mirror) -> int:
+    """Run ``ps``, ``attach`` or ``kill``; the exit status. The rest are ``exec``'s own pieces (cli.py):
+    connecting, the handshake, forwarding stdin, mirroring output."""
     from .client import SmithError
 
     if not args.connect:
@@ -113,7 +115,7 @@ async def run(args: argparse.Namespace, connect: Connect, handshake: Handshake, 
         target = await resolve(client, args.id)
         if args.command == "kill":
             return await _kill(client, target)
-        return await _attach(client, target, args, feed_stdin)
+        return await _attach(client, target, args, feed_stdin, mirror)
     except _Unknown as exc:
         print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -163,7 +165,7 @@ async def _kill(client: Client, target: pb.BackgroundProcess) -> int:
     return 0
 
 
-async def _attach(client: Client, target: pb.BackgroundProcess, args: argparse.Namespace, feed_stdin: FeedStdin) -> int:
+async def _attach(client: Client, target: pb.BackgroundProcess, args: argparse.Namespace, feed_stdin: FeedStdin, mirror: Mirror) -> int:
     from .client import SmithError
 
     loop = asyncio.get_running_loop()
@@ -180,12 +182,7 @@ async def _attach(client: Client, target: pb.BackgroundProcess, args: argparse.N
     if target.stdin_open and not os.isatty(0):
         threading.Thread(target=feed_stdin, args=(loop, proc), name="smith-fast-stdin", daemon=True).start()
     try:
-        out, err = sys.stdout.buffer, sys.stderr.buffer
-        async for chunk in proc:
-            stream = out if chunk.stream == "stdout" else err
-            stream.write(chunk.data)
-            stream.flush()
-        code = await proc.wait()
+        code = await mirror(proc)
     except SmithError:
         if not stopped:
             raise

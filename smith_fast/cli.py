@@ -264,12 +264,7 @@ async def _exec_command(client: Client, command: str, args: argparse.Namespace, 
             feeder = threading.Thread(target=_feed_stdin, args=(loop, proc), name="smith-fast-stdin", daemon=True)
             feeder.start()
         try:
-            out, err = sys.stdout.buffer, sys.stderr.buffer
-            async for chunk in proc:
-                stream = out if chunk.stream == "stdout" else err
-                stream.write(chunk.data)
-                stream.flush()
-            code = await proc.wait()
+            code = await _mirror(proc)
         except SmithError:
             if stopped:
                 code = -1
@@ -286,6 +281,16 @@ async def _exec_command(client: Client, command: str, args: argparse.Namespace, 
         print(f"smith-fast: {_STOP_SIGNALS[stopped[0]]}", file=sys.stderr)
         return 128 + stopped[0]
     return code if code >= 0 else 128 - code
+
+
+async def _mirror(proc: RemoteProcess) -> int:
+    """Its output to ours, byte for byte, as it comes; then its exit code."""
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    async for chunk in proc:
+        stream = out if chunk.stream == "stdout" else err
+        stream.write(chunk.data)
+        stream.flush()
+    return await proc.wait()
 
 
 def _typed(proc: RemoteProcess) -> None:
@@ -447,7 +452,7 @@ _CLIENTS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = 
 def _background_command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     from . import background_cli
 
-    return background_cli.run(args, _client, _handshake, _feed_stdin)
+    return background_cli.run(args, _client, _handshake, _feed_stdin, _mirror)
 
 
 for _name in ("ps", "attach", "kill"):

@@ -36,7 +36,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf.message import DecodeError
@@ -563,6 +563,10 @@ class Client:
         def done() -> None:
             self._routes.pop(rid, None)
 
+        return self._process(rid, queue, done)
+
+    def _process(self, rid: str, queue: asyncio.Queue[pb.Event | None], done: Callable[[], None], target: str | None = None) -> RemoteProcess:
+        """The handle of request ``rid`` whose events arrive on ``queue`` (:meth:`start`, :meth:`attach`)."""
         return RemoteProcess(
             rid,
             send=self.send,
@@ -571,6 +575,7 @@ class Client:
             error=SmithError,
             done=done,
             window=STDIN_WINDOW if self.protocol == "v1" else 0,
+            target=target,
         )
 
     async def run(self, command: str, *, input: bytes | str | None = None, **options: Any) -> RunResult:
@@ -675,16 +680,7 @@ class Client:
         except BaseException:
             done()
             raise
-        return RemoteProcess(
-            rid,
-            send=self.send,
-            events=queue,
-            closed=lambda: ConnectionClosed(f"connection closed: {self._close_reason}"),
-            error=SmithError,
-            done=done,
-            window=STDIN_WINDOW if self.protocol == "v1" else 0,
-            target=process_id,
-        )
+        return self._process(rid, queue, done, process_id)
 
     async def _request(self, rid: str, cmd: pb.Command) -> AsyncIterator[pb.Event]:
         """Send ``cmd``, yield its events until its terminal state change; raise its ErrorEvent.

@@ -204,6 +204,16 @@ class Background:
         return out
 
 
+_CHUNK_FIELDS = {(STDOUT, str): "stdout", (STDERR, str): "stderr", (STDOUT, bytes): "stdout_bytes", (STDERR, bytes): "stderr_bytes"}
+
+
+def _send_chunk(ex: Execution, rid: str, fd: int, data: str | bytes, offset: int) -> None:
+    """One attach chunk: text or raw bytes of stdout or stderr, with its offset."""
+    so = pb.ShellOutputEvent(request_id=rid, offset=offset)
+    setattr(so, _CHUNK_FIELDS[fd, type(data)], data)
+    ex.sink.event(pb.Event(shell_output=so))
+
+
 def _unknown(pid: str, rid: str | None) -> ProtocolError:
     return ProtocolError(
         f"no background process {pid} on this service (smith-fast ps lists them)", pb.ERROR_CODE_UNSPECIFIED, rid,
@@ -438,7 +448,7 @@ class BackgroundTable:
                     tail = {fd: d.decode(b"", final=True) for fd, d in decoders.items()} if not binary else {}
                     for fd, text in tail.items():
                         if text:
-                            self._send_text(ex, rid, fd, text, cursor)
+                            _send_chunk(ex, rid, fd, text, cursor)
                     ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(
                         request_id=rid, exit_code=entry.exit_code, finished=True, offset=entry.ring.next)))
                     return
@@ -449,27 +459,13 @@ class BackgroundTable:
     @staticmethod
     def _send(ex: Execution, rid: str, fd: int, data: bytes, offset: int, binary: bool, decoders: Mapping[int, codecs.IncrementalDecoder]) -> None:
         if binary:
-            so = pb.ShellOutputEvent(request_id=rid, offset=offset)
-            if fd == STDOUT:
-                so.stdout_bytes = data
-            else:
-                so.stderr_bytes = data
-            ex.sink.event(pb.Event(shell_output=so))
+            _send_chunk(ex, rid, fd, data, offset)
             return
         decoder = decoders[fd]
-        held = len(decoder.getstate()[0])
+        held = len(decoder.getstate()[0])  # bytes of a character cut by the previous piece: this text starts there
         text = decoder.decode(data)
         if text:
-            BackgroundTable._send_text(ex, rid, fd, text, offset - held)
-
-    @staticmethod
-    def _send_text(ex: Execution, rid: str, fd: int, text: str, offset: int) -> None:
-        so = pb.ShellOutputEvent(request_id=rid, offset=offset)
-        if fd == STDOUT:
-            so.stdout = text
-        else:
-            so.stderr = text
-        ex.sink.event(pb.Event(shell_output=so))
+            _send_chunk(ex, rid, fd, text, offset - held)
 
     async def list_processes(self, ex: Execution, rid: str, _cmd: pb.ListProcessesCommand) -> None:
         """ListProcessesCommand ``rid``: one ``ProcessListEvent``, then ``READY``."""
