@@ -35,6 +35,26 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     assert_clean_log(srv)
 
 
+def test_ring_keeps_the_last_bytes_with_their_offsets() -> None:
+    from smith_fast.service.background import Ring
+
+    ring = Ring(10, merge=4)
+    ring.feed(1, b"abc")
+    ring.feed(1, b"d")  # merged into the first segment (4 bytes)
+    ring.feed(2, b"EF")
+    assert (ring.first, ring.next, ring.retained) == (0, 6, 6)
+    assert ring.read(0, 100) == [(0, 1, b"abcd"), (4, 2, b"EF")]
+    assert ring.read(2, 3) == [(2, 1, b"cd"), (4, 2, b"E")]
+    ring.feed(1, b"ghijk")  # 11 bytes written: the first one falls out
+    assert (ring.first, ring.next, ring.retained) == (1, 11, 10)
+    assert ring.read(0, 100) == [(1, 1, b"bcd"), (4, 2, b"EF"), (6, 1, b"ghijk")]
+    assert ring.read(11, 100) == []  # nothing new yet
+    ring.feed(2, b"0123456789XY")  # larger than the ring: only its tail
+    assert (ring.first, ring.next, ring.retained) == (13, 23, 10)
+    assert ring.read(0, 100) == [(13, 2, b"23456789XY")]
+    assert ring.read(20, 100) == [(20, 2, b"9XY")]
+
+
 def rid() -> str:
     return str(uuid.uuid4())
 
