@@ -1,4 +1,4 @@
-"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health`` (and ``replay``,
+"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health``, ``ps``, ``attach``, ``kill`` (and ``replay``,
 ``worker``, ``gateway`` from their packages).
 
 It behaves like the Unix tools it sits beside: ``exec`` takes the rest of the line as the command
@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-t", "--tty", action="store_true",
                     help="run COMMAND on a pseudo-terminal: this terminal in raw mode, its size and resizes forwarded "
                     "(as ssh -t, docker exec -it); for python3, vi, read -p ...")
+    ex.add_argument("-d", "--detach", "--background", dest="detach", action="store_true",
+                    help="run COMMAND as a background process of the service and print its id (as docker run -d); "
+                    "it outlives this command: smith-fast ps, attach ID, kill ID (needs --connect)")
     ex.add_argument("--cwd", help="working directory on the service side")
     ex.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     ex.add_argument("--shell", help="shell to run COMMAND with (default /bin/sh)")
@@ -158,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .nats import cli as nats_cli
 
     nats_cli.add_parsers(sub)
+    from . import background_cli
+
+    background_cli.add_parsers(sub, _client_options)
     return parser
 
 
@@ -207,9 +213,17 @@ async def _exec(args: argparse.Namespace) -> int:
             print(f"smith-fast exec: --env {item!r} is not KEY=VALUE", file=sys.stderr)
             return 2
         env[key] = value
+    if args.detach and not args.connect:
+        print("smith-fast exec: -d needs --connect ADDR: a background process lives in a running service "
+              "(without --connect, exec runs a service of its own that ends with it)", file=sys.stderr)
+        return 2
     client = await _client(args)
     try:
         await _handshake(client, args, ["shell_exec"])
+        if args.detach:
+            print(await client.background(" ".join(words), cwd=args.cwd, env=env,
+                                          shell=args.shell, timeout_ms=args.timeout_ms))
+            return 0
         return await _exec_command(client, " ".join(words), args, env)
     except SmithError as exc:
         print(f"smith-fast: {exc}", file=sys.stderr)
@@ -250,12 +264,7 @@ async def _exec_command(client: Client, command: str, args: argparse.Namespace, 
             feeder = threading.Thread(target=_feed_stdin, args=(loop, proc), name="smith-fast-stdin", daemon=True)
             feeder.start()
         try:
-            out, err = sys.stdout.buffer, sys.stderr.buffer
-            async for chunk in proc:
-                stream = out if chunk.stream == "stdout" else err
-                stream.write(chunk.data)
-                stream.flush()
-            code = await proc.wait()
+            code = await _mirror(proc)
         except SmithError:
             if stopped:
                 code = -1
@@ -272,6 +281,16 @@ async def _exec_command(client: Client, command: str, args: argparse.Namespace, 
         print(f"smith-fast: {_STOP_SIGNALS[stopped[0]]}", file=sys.stderr)
         return 128 + stopped[0]
     return code if code >= 0 else 128 - code
+
+
+async def _mirror(proc: RemoteProcess) -> int:
+    """Its output to ours, byte for byte, as it comes; then its exit code."""
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    async for chunk in proc:
+        stream = out if chunk.stream == "stdout" else err
+        stream.write(chunk.data)
+        stream.flush()
+    return await proc.wait()
 
 
 def _typed(proc: RemoteProcess) -> None:
@@ -428,6 +447,16 @@ async def _stream_health(address: str, args: argparse.Namespace) -> tuple[str, d
 _CLIENTS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "exec": _exec, "call": _call, "ping": _ping, "health": _health,
 }
+
+
+def _background_command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
+    from . import background_cli
+
+    return background_cli.run(args, _client, _handshake, _feed_stdin, _mirror)
+
+
+for _name in ("ps", "attach", "kill"):
+    _CLIENTS[_name] = _background_command
 
 
 def _dispatch(args: argparse.Namespace) -> int:

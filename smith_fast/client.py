@@ -36,7 +36,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from google.protobuf.message import DecodeError
@@ -528,6 +528,7 @@ class Client:
         env: Mapping[str, str] | None = None,
         timeout_ms: int | None = None,
         request_id: str | None = None,
+        background: bool = False,
     ) -> RemoteProcess:
         """Start ``command`` and return it running: write its stdin, resize, cancel, read its output.
 
@@ -536,15 +537,23 @@ class Client:
             pty: ``(rows, cols)``: run it on a pseudo-terminal (stdin open, output on stdout).
             term: ``TERM`` on the terminal (default ``xterm-256color``).
             binary: output as exact bytes (v1 only: on v0 it is text).
+            background: run it as a background process (PROTOCOL.md, "Background processes"): it
+                outlives this request and this connection; the handle returned is attached to it
+                from offset 0 (:meth:`attach`), its id is ``proc.target``.
 
         Leaving ``async for chunk in proc`` early, ``proc.aclose()`` or cancelling a task awaiting
-        ``proc.wait()`` cancels it on the service.
+        ``proc.wait()`` cancels it on the service (detaches, with ``background``).
+
+        Raises:
+            SmithError: with ``background``, the service refused it (``--max-background``, hooks ...).
         """
         cmd = self.shell_exec_command(
             command, shell=shell, cwd=cwd, env=env, timeout_ms=timeout_ms, request_id=request_id,
             stdin=stdin, pty=pty, term=term, binary=binary and self.protocol == "v1",
         )
         rid = cmd.shell_exec.request_id
+        if background:
+            return await self.attach(await self._background(cmd), binary=binary)
         queue = self._route(rid)
         try:
             self.send(cmd)
@@ -555,6 +564,10 @@ class Client:
         def done() -> None:
             self._routes.pop(rid, None)
 
+        return self._process(rid, queue, done)
+
+    def _process(self, rid: str, queue: asyncio.Queue[pb.Event | None], done: Callable[[], None], target: str | None = None) -> RemoteProcess:
+        """The handle of request ``rid`` whose events arrive on ``queue`` (:meth:`start`, :meth:`attach`)."""
         return RemoteProcess(
             rid,
             send=self.send,
@@ -563,6 +576,7 @@ class Client:
             error=SmithError,
             done=done,
             window=STDIN_WINDOW if self.protocol == "v1" else 0,
+            target=target,
         )
 
     async def run(self, command: str, *, input: bytes | str | None = None, **options: Any) -> RunResult:
@@ -590,8 +604,84 @@ class Client:
         return ToolOutput.of(await self.call_tool(tool, args, timeout_ms=timeout_ms))
 
     def cancel(self, request_id: str) -> None:
-        """Ask the service to cancel a running request of this connection by its id."""
+        """Ask the service to cancel a running request of this connection, or a background process
+        of the service, by its id."""
         self.send(cancel_command(request_id))
+
+    async def background(
+        self,
+        command: str,
+        *,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        term: str | None = None,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_ms: int | None = None,
+        request_id: str | None = None,
+    ) -> str:
+        """Start ``command`` as a background process and return its id at once (as ``docker run -d``);
+        :meth:`attach` follows it, :meth:`cancel` stops it, :meth:`list_processes` lists it.
+
+        Raises:
+            SmithError: the service refused it (``--max-background``, a hook, no ``shell_exec`` ...).
+        """
+        return await self._background(self.shell_exec_command(
+            command, shell=shell, cwd=cwd, env=env, timeout_ms=timeout_ms, request_id=request_id, stdin=stdin, pty=pty, term=term,
+        ))
+
+    async def _background(self, cmd: pb.Command) -> str:
+        cmd.shell_exec.background = True
+        rid = cmd.shell_exec.request_id
+        async for _event in self._request(rid, cmd):
+            pass  # READY once it runs in the background (an ErrorEvent raises SmithError)
+        return rid
+
+    async def list_processes(self) -> list[pb.BackgroundProcess]:
+        """The service's background processes, oldest first (PROTOCOL.md, "Background processes").
+
+        Raises:
+            SmithError: refused (``shell_exec`` was not granted).
+        """
+        rid = str(uuid.uuid4())
+        found: list[pb.BackgroundProcess] = []
+        async for event in self._request(rid, pb.Command(list_processes=pb.ListProcessesCommand(request_id=rid))):
+            if event.WhichOneof("event_type") == "process_list":
+                found.extend(event.process_list.processes)
+        return found
+
+    async def attach(self, process_id: str, from_offset: int = 0, *, binary: bool = True) -> RemoteProcess:
+        """Follow background process ``process_id``: its output retained from ``from_offset`` (from
+        the oldest retained byte if that was dropped), then live, then its exit.
+
+        The handle is :meth:`start`'s: ``write``/``close_stdin``/``resize``/``cancel`` reach the
+        process (``cancel`` stops it); leaving ``async for`` early or ``aclose()`` only detaches.
+        ``await proc.wait()`` returns its exit code. ``proc.request_id`` is the attach request,
+        ``proc.target`` the process.
+
+        Raises:
+            SmithError: from :meth:`RemoteProcess.wait`, e.g. no such background process.
+        """
+        rid = str(uuid.uuid4())
+        queue = self._route(rid)
+        routed_target = process_id not in self._routes
+        if routed_target:  # refusals of stdin/resize name the process: they belong to this handle
+            self._routes[process_id] = queue
+        attach = pb.AttachCommand(request_id=rid, process_id=process_id, from_offset=from_offset)
+        attach.binary_output = binary and self.protocol == "v1"
+
+        def done() -> None:
+            self._routes.pop(rid, None)
+            if routed_target and self._routes.get(process_id) is queue:
+                del self._routes[process_id]
+
+        try:
+            self.send(pb.Command(attach=attach))
+        except BaseException:
+            done()
+            raise
+        return self._process(rid, queue, done, process_id)
 
     async def _request(self, rid: str, cmd: pb.Command) -> AsyncIterator[pb.Event]:
         """Send ``cmd``, yield its events until its terminal state change; raise its ErrorEvent.

@@ -208,6 +208,10 @@ class RemoteProcess:
         done: called once it ended (the client drops its route).
         window: see :data:`STDIN_WINDOW`; 0 turns :meth:`drain` off (a v0 service sends no
             ``stdin_written``).
+        target: the id its stdin, resizes and :meth:`cancel` address, when that is not ``rid``: an
+            attached background process (``Client.attach``; ``rid`` is the attach request). Then
+            leaving it early (``break``, :meth:`aclose`, a cancelled wait) detaches, and the process
+            runs on; :meth:`cancel` stops the process.
 
     Attributes:
         exit_code: set once the command exited (negative: killed by that signal).
@@ -230,8 +234,10 @@ class RemoteProcess:
         error: Callable[[pb.ErrorEvent], BaseException],
         done: Callable[[], None],
         window: int = STDIN_WINDOW,
+        target: str | None = None,
     ) -> None:
         self.request_id = rid
+        self.target = target or rid
         self._send = send
         self._events = events
         self._closed = closed
@@ -315,7 +321,7 @@ class RemoteProcess:
         if data and not self.done:
             self.waiting_for_input = None
             self._stdin_sent += len(data)
-            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, data=data)))
+            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.target, data=data)))
 
     async def input_wanted(self) -> InputWait | None:
         """Wait until the command is waiting for input (the service's notice, :attr:`waiting_for_input`);
@@ -350,12 +356,12 @@ class RemoteProcess:
         """End of input (on a terminal: ^D)."""
         if not self.done:
             self.waiting_for_input = None
-            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.request_id, eof=True)))
+            self._send(pb.Command(stdin=pb.StdinCommand(request_id=self.target, eof=True)))
 
     def resize(self, rows: int, cols: int) -> None:
         """New terminal size (a command started with ``pty``)."""
         if not self.done:
-            self._send(pb.Command(resize=pb.ResizeCommand(request_id=self.request_id, rows=rows, cols=cols)))
+            self._send(pb.Command(resize=pb.ResizeCommand(request_id=self.target, rows=rows, cols=cols)))
 
     def cancel(self) -> None:
         """Ask the service to cancel the command (SIGTERM, then SIGKILL after its grace); :meth:`wait`
@@ -364,8 +370,22 @@ class RemoteProcess:
             return
         self._cancel_sent = True
         try:
-            self._send(cancel_command(self.request_id))
+            self._send(cancel_command(self.target))
         except (SmithFastError, ConnectionError, RuntimeError):  # the connection is gone: so is the command
+            pass
+
+    def detach(self) -> None:
+        """Stop following an attached background process (``Client.attach``): its request ends,
+        the process runs on. For a plain ShellExec this is :meth:`cancel`."""
+        if self.target == self.request_id:
+            self.cancel()
+            return
+        if self.done or self._cancel_sent:
+            return
+        self._cancel_sent = True
+        try:
+            self._send(cancel_command(self.request_id))
+        except (SmithFastError, ConnectionError, RuntimeError):
             pass
 
     # -- output ------------------------------------------------------------------------------------
@@ -381,8 +401,8 @@ class RemoteProcess:
                     return
                 await self._until(lambda: bool(self._buffer))
         finally:
-            if not self.done:  # left early (break, aclose, a cancelled task): stop it on the service
-                self.cancel()
+            if not self.done:  # left early (break, aclose, a cancelled task): stop it (or detach) on the service
+                self.detach()
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
         return self._iterate()
@@ -400,7 +420,7 @@ class RemoteProcess:
         try:
             await self._until(lambda: False)
         except asyncio.CancelledError:
-            self.cancel()
+            self.detach()
             raise
         if self._lost:
             raise self._closed()
@@ -415,10 +435,11 @@ class RemoteProcess:
         return RunResult(self.exit_code if self.exit_code is not None else 0, out, err)
 
     async def aclose(self) -> None:
-        """Cancel the command unless it ended, and wait for its end (its error, if any, is not raised)."""
+        """Cancel the command unless it ended (detach from an attached one), and wait for its end
+        (its error, if any, is not raised)."""
         if self.done:
             return
-        self.cancel()
+        self.detach()
         try:
             await self.wait()
         except (SmithFastError, ConnectionError):

@@ -38,7 +38,7 @@ def test_v0_names_are_the_v0_codecs() -> None:
 def test_requests_have_handlers_and_request_ids() -> None:
     # Rows with a handler start requests, which carry a request id; the session answers the others.
     handled = {kind for kind, spec in COMMANDS.items() if spec.handler is not None}
-    assert handled == {"shell_exec", "tool_call", "hook_load", "plan"}
+    assert handled == {"shell_exec", "tool_call", "hook_load", "plan", "list_processes", "attach"}
     for kind in handled:
         assert "request_id" in getattr(pb, type(getattr(pb.Command(), kind)).__name__).DESCRIPTOR.fields_by_name
 

@@ -124,6 +124,23 @@ GOLDEN_COMMANDS: list[tuple[str, pb.Command, bytes]] = [
         cmd(resize=pb.ResizeCommand(request_id=RID, rows=40, cols=120)),
         b'{"type":"Resize","data":{"request_id":"' + RID.encode() + b'","rows":40,"cols":120}}\n',
     ),
+    # background processes (PROTOCOL.md, "Background processes")
+    (
+        "shell_exec_background",
+        cmd(shell_exec=pb.ShellExecCommand(request_id=RID, command="make", background=True)),
+        b'{"type":"ShellExec","data":{"request_id":"' + RID.encode() + b'","command":"make","shell":null,"cwd":null,'
+        b'"env":{},"timeout_ms":null,"background":true}}\n',
+    ),
+    (
+        "list_processes",
+        cmd(list_processes=pb.ListProcessesCommand(request_id=RID)),
+        b'{"type":"ListProcesses","data":{"request_id":"' + RID.encode() + b'"}}\n',
+    ),
+    (
+        "attach",
+        cmd(attach=pb.AttachCommand(request_id=RID, process_id=RID2, from_offset=4096)),
+        b'{"type":"Attach","data":{"request_id":"' + RID.encode() + b'","process_id":"' + RID2.encode() + b'","from_offset":4096}}\n',
+    ),
 ]
 
 R = RID.encode()
@@ -232,6 +249,21 @@ GOLDEN_EVENTS: list[tuple[str, pb.Event, bytes]] = [
         "error_unspecified",
         ev(error=pb.ErrorEvent(message="bad line", timestamp=1)),
         b'{"type":"Error","data":{"request_id":null,"error_code":"UNSPECIFIED","message":"bad line","timestamp":1}}\n',
+    ),
+    # background processes (PROTOCOL.md, "Background processes")
+    (
+        "shell_output_offset",
+        ev(shell_output=pb.ShellOutputEvent(request_id=RID, stdout="x", offset=4096)),
+        b'{"type":"ShellOutput","data":{"request_id":"' + R + b'","stdout":"x","stderr":null,"exit_code":null,'
+        b'"finished":false,"offset":4096}}\n',
+    ),
+    (
+        "process_list",
+        ev(process_list=pb.ProcessListEvent(request_id=RID, processes=[pb.BackgroundProcess(
+            id=RID2, command="make", state="exited", exit_code=0, pid=42, started_ms=1, ended_ms=2, next_offset=3, retained=3)])),
+        b'{"type":"ProcessList","data":{"request_id":"' + R + b'","processes":[{"id":"' + RID2.encode() + b'","command":"make",'
+        b'"state":"exited","exit_code":0,"pid":42,"started_ms":1,"ended_ms":2,"first_offset":0,"next_offset":3,'
+        b'"retained":3,"attached":0,"stdin_open":false,"pty":false}]}}\n',
     ),
 ]
 
@@ -546,12 +578,12 @@ BAD_LINES: list[tuple[str, str, bytes, str, str, str | None]] = [
      'the event object has a "type" that is the number 7; expected a variant name string', None),
     ("unknown-command", "decode_command", b'{"type":"Launch","data":{"request_id":"' + R + b'"}}',
      "unknown_command", "unknown command type 'Launch' (expected one of Handshake, Plan, ToolCall, HookLoad, "
-     "ShellExec, Shutdown, Cancel, Stdin, Resize)", RID),
+     "ShellExec, Shutdown, Cancel, Stdin, Resize, ListProcesses, Attach)", RID),
     ("event-as-command", "decode_command", b'{"type":"Ready","data":{}}', "unknown_command",
      "unknown command type 'Ready' (expected one of ...", None),
     ("unknown-event", "decode_event", b'{"type":"Plan","data":{}}', "unknown_event",
      "unknown event type 'Plan' (expected one of Ready, StateChange, Log, TokenUsage, ShellOutput, ToolResult, "
-     "HookResult, GraphDelta, Error)", None),
+     "HookResult, GraphDelta, Error, ProcessList)", None),
     ("data-missing", "decode_command", b'{"type":"Plan"}', "invalid_field", "missing required field Plan.data",
      None),
     ("data-not-object", "decode_command", b'{"type":"Plan","data":[]}', "invalid_field",

@@ -37,8 +37,15 @@ ADDED_FIELDS = {
     "smith.v1.ShellOutputEvent.stdout_bytes": 6,
     "smith.v1.ShellOutputEvent.stderr_bytes": 7,
     "smith.v1.ShellOutputEvent.stdin_written": 8,
+    # Background processes (PROTOCOL.md, "Background processes")
+    "smith.v1.Command.list_processes": 10,
+    "smith.v1.Command.attach": 11,
+    "smith.v1.ShellExecCommand.background": 10,
+    "smith.v1.ShellOutputEvent.offset": 9,
+    "smith.v1.Event.process_list": 10,
 }
-ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand")
+ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand",
+                  "ListProcessesCommand", "AttachCommand", "ProcessListEvent", "BackgroundProcess")
 
 
 def compile_descriptor(path: pathlib.Path) -> descriptor_pb2.FileDescriptorProto:

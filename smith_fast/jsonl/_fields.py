@@ -368,6 +368,21 @@ def _e_pty(msg: Any, name: str, be: Backend) -> Any:
     return {f: getattr(pty, f) for f, _ in _PTY_FIELDS}
 
 
+def _d_u64_or_zero(value: Any, path: str, be: Backend, extras: dict[str, Any]) -> Any:
+    if value is None or value is MISSING:
+        return 0
+    return _U64_KIND[0](value, path, be, extras)
+
+
+_U64_OR_ZERO = (_d_u64_or_zero, _e_plain)
+_PROCESSES = _struct_list(
+    (("id", _UUID), ("command", _STR), ("state", _STR), ("exit_code", _OPT_I32), ("pid", _U32_KIND),
+     ("started_ms", _U64_KIND), ("ended_ms", _U64_KIND), ("first_offset", _U64_KIND), ("next_offset", _U64_KIND),
+     ("retained", _U64_KIND), ("attached", _U32_KIND), ("stdin_open", _BOOL), ("pty", _BOOL)),
+    "background process",
+)
+
+
 # --- variants ----------------------------------------------------------------------------------
 
 # (v0 name, v1 oneof member, fields in serde order as (name, path, decode, encode); None: unit variant)
@@ -394,12 +409,17 @@ _COMMANDS: tuple[Variant, ...] = (
         ("timeout_ms", _OPT_U64),
         # smith-fast additions (PROTOCOL.md, "Process control"); binary_output is v1 only
         ("open_stdin", _omitted_unless_set((_d_flag, _e_plain))), ("pty", _omitted_unless_set((_d_pty, _e_pty))),
+        # PROTOCOL.md, "Background processes"
+        ("background", _omitted_unless_set((_d_flag, _e_plain))),
     ),
     ("Shutdown", "shutdown", None),
     # smith-fast additions (PROTOCOL.md, "Process control"): control commands on a running request
     _variant("Cancel", "cancel", ("request_id", _UUID)),
     _variant("Stdin", "stdin", ("request_id", _UUID), ("data", _TEXT_BYTES), ("eof", (_d_flag, _e_plain))),
     _variant("Resize", "resize", ("request_id", _UUID), ("rows", _U32_KIND), ("cols", _U32_KIND)),
+    # smith-fast additions (PROTOCOL.md, "Background processes"); Attach's binary_output is v1 only
+    _variant("ListProcesses", "list_processes", ("request_id", _UUID)),
+    _variant("Attach", "attach", ("request_id", _UUID), ("process_id", _UUID), ("from_offset", _U64_OR_ZERO)),
 )  # fmt: skip
 _EVENTS: tuple[Variant, ...] = (
     _variant(
@@ -420,6 +440,7 @@ _EVENTS: tuple[Variant, ...] = (
         "ShellOutput", "shell_output",
         ("request_id", _UUID), ("stdout", _OPT_STR), ("stderr", _OPT_STR), ("exit_code", _OPT_I32),
         ("finished", _BOOL),
+        ("offset", _omitted_unless_set(_OPT_U64)),  # an attached background process (PROTOCOL.md, "Background processes")
     ),
     _variant(
         "ToolResult", "tool_result",
@@ -436,6 +457,8 @@ _EVENTS: tuple[Variant, ...] = (
         ("request_id", _OPT_UUID), ("error_code", (_d_error_code, _e_error_code)), ("message", _STR),
         ("timestamp", _U64_KIND),
     ),
+    # smith-fast addition (PROTOCOL.md, "Background processes")
+    _variant("ProcessList", "process_list", ("request_id", _UUID), ("processes", _PROCESSES)),
 )  # fmt: skip
 COMMANDS_BY_NAME = {v[0]: v for v in _COMMANDS}
 COMMANDS_BY_ONEOF = {v[1]: v for v in _COMMANDS}

@@ -109,7 +109,7 @@ class Envelope(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., sequence: _Optional[int] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., batch_command: _Optional[_Union[BatchCommand, _Mapping]] = ..., batch_event: _Optional[_Union[BatchEvent, _Mapping]] = ..., health_check_request: _Optional[_Union[HealthCheckRequest, _Mapping]] = ..., health_check_response: _Optional[_Union[HealthCheckResponse, _Mapping]] = ..., metrics: _Optional[_Union[MetricsEvent, _Mapping]] = ..., resource_usage: _Optional[_Union[ResourceUsageEvent, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown", "cancel", "stdin", "resize")
+    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown", "cancel", "stdin", "resize", "list_processes", "attach")
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,8 @@ class Command(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     STDIN_FIELD_NUMBER: _ClassVar[int]
     RESIZE_FIELD_NUMBER: _ClassVar[int]
+    LIST_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
     handshake: HandshakeCommand
     plan: PlanCommand
     tool_call: ToolCallCommand
@@ -128,7 +130,9 @@ class Command(_message.Message):
     cancel: CancelCommand
     stdin: StdinCommand
     resize: ResizeCommand
-    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ...) -> None: ...
+    list_processes: ListProcessesCommand
+    attach: AttachCommand
+    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ..., list_processes: _Optional[_Union[ListProcessesCommand, _Mapping]] = ..., attach: _Optional[_Union[AttachCommand, _Mapping]] = ...) -> None: ...
 
 class HandshakeCommand(_message.Message):
     __slots__ = ("version", "capabilities", "client_info")
@@ -187,7 +191,7 @@ class HookLoadCommand(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., hook_type: _Optional[str] = ..., script: _Optional[str] = ...) -> None: ...
 
 class ShellExecCommand(_message.Message):
-    __slots__ = ("request_id", "command", "shell", "cwd", "env", "timeout_ms", "open_stdin", "pty", "binary_output")
+    __slots__ = ("request_id", "command", "shell", "cwd", "env", "timeout_ms", "open_stdin", "pty", "binary_output", "background")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +208,7 @@ class ShellExecCommand(_message.Message):
     OPEN_STDIN_FIELD_NUMBER: _ClassVar[int]
     PTY_FIELD_NUMBER: _ClassVar[int]
     BINARY_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    BACKGROUND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     command: str
     shell: str
@@ -213,7 +218,8 @@ class ShellExecCommand(_message.Message):
     open_stdin: bool
     pty: PtyRequest
     binary_output: bool
-    def __init__(self, request_id: _Optional[str] = ..., command: _Optional[str] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ..., open_stdin: _Optional[bool] = ..., pty: _Optional[_Union[PtyRequest, _Mapping]] = ..., binary_output: _Optional[bool] = ...) -> None: ...
+    background: bool
+    def __init__(self, request_id: _Optional[str] = ..., command: _Optional[str] = ..., shell: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_ms: _Optional[int] = ..., open_stdin: _Optional[bool] = ..., pty: _Optional[_Union[PtyRequest, _Mapping]] = ..., binary_output: _Optional[bool] = ..., background: _Optional[bool] = ...) -> None: ...
 
 class PtyRequest(_message.Message):
     __slots__ = ("rows", "cols", "term")
@@ -251,12 +257,30 @@ class ResizeCommand(_message.Message):
     cols: int
     def __init__(self, request_id: _Optional[str] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
 
+class ListProcessesCommand(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AttachCommand(_message.Message):
+    __slots__ = ("request_id", "process_id", "from_offset", "binary_output")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BINARY_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    process_id: str
+    from_offset: int
+    binary_output: bool
+    def __init__(self, request_id: _Optional[str] = ..., process_id: _Optional[str] = ..., from_offset: _Optional[int] = ..., binary_output: _Optional[bool] = ...) -> None: ...
+
 class ShutdownCommand(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("ready", "state_change", "log", "token_usage", "shell_output", "tool_result", "hook_result", "graph_delta", "error")
+    __slots__ = ("ready", "state_change", "log", "token_usage", "shell_output", "tool_result", "hook_result", "graph_delta", "error", "process_list")
     READY_FIELD_NUMBER: _ClassVar[int]
     STATE_CHANGE_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
@@ -266,6 +290,7 @@ class Event(_message.Message):
     HOOK_RESULT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_DELTA_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_LIST_FIELD_NUMBER: _ClassVar[int]
     ready: ReadyEvent
     state_change: StateChangeEvent
     log: LogEvent
@@ -275,7 +300,8 @@ class Event(_message.Message):
     hook_result: HookResultEvent
     graph_delta: GraphDeltaEvent
     error: ErrorEvent
-    def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ...) -> None: ...
+    process_list: ProcessListEvent
+    def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., process_list: _Optional[_Union[ProcessListEvent, _Mapping]] = ...) -> None: ...
 
 class ReadyEvent(_message.Message):
     __slots__ = ("version", "capabilities", "service_id", "service_info")
@@ -340,7 +366,7 @@ class TokenUsageEvent(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens_used: _Optional[int] = ..., tokens_remaining: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ShellOutputEvent(_message.Message):
-    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written")
+    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written", "offset")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
@@ -349,6 +375,7 @@ class ShellOutputEvent(_message.Message):
     STDOUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDIN_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     stdout: str
     stderr: str
@@ -357,7 +384,46 @@ class ShellOutputEvent(_message.Message):
     stdout_bytes: bytes
     stderr_bytes: bytes
     stdin_written: int
-    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ...) -> None: ...
+    offset: int
+    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ProcessListEvent(_message.Message):
+    __slots__ = ("request_id", "processes")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    processes: _containers.RepeatedCompositeFieldContainer[BackgroundProcess]
+    def __init__(self, request_id: _Optional[str] = ..., processes: _Optional[_Iterable[_Union[BackgroundProcess, _Mapping]]] = ...) -> None: ...
+
+class BackgroundProcess(_message.Message):
+    __slots__ = ("id", "command", "state", "exit_code", "pid", "started_ms", "ended_ms", "first_offset", "next_offset", "retained", "attached", "stdin_open", "pty")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_MS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    STDIN_OPEN_FIELD_NUMBER: _ClassVar[int]
+    PTY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    command: str
+    state: str
+    exit_code: int
+    pid: int
+    started_ms: int
+    ended_ms: int
+    first_offset: int
+    next_offset: int
+    retained: int
+    attached: int
+    stdin_open: bool
+    pty: bool
+    def __init__(self, id: _Optional[str] = ..., command: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., pid: _Optional[int] = ..., started_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., first_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., retained: _Optional[int] = ..., attached: _Optional[int] = ..., stdin_open: _Optional[bool] = ..., pty: _Optional[bool] = ...) -> None: ...
 
 class ToolResultEvent(_message.Message):
     __slots__ = ("request_id", "success", "result", "error", "duration_ms")

@@ -171,6 +171,18 @@ def _shell_capability(_cmd: pb.ShellExecCommand) -> int:
     return pb.CAPABILITY_SHELL_EXEC
 
 
+async def _list_processes(ex: Execution, rid: str, cmd: pb.ListProcessesCommand) -> None:
+    await ex.core.background.list_processes(ex, rid, cmd)
+
+
+async def _attach(ex: Execution, rid: str, cmd: pb.AttachCommand) -> None:
+    await ex.core.background.attach(ex, rid, cmd)
+
+
+def _background_capability(_cmd: object) -> int:
+    return pb.CAPABILITY_SHELL_EXEC  # what a background process runs is a shell's: so is seeing or steering it
+
+
 def _cancel(runner: RequestControl, cmd: pb.CancelCommand) -> None:
     runner.cancel(cmd.request_id)
 
@@ -207,5 +219,7 @@ COMMANDS: Mapping[str, CommandSpec] = {
         _spec("cancel", control=_cancel),
         _spec("stdin", size=_stdin_size, control=_stdin),
         _spec("resize", control=_resize),
+        _spec("list_processes", needs=_background_capability, handler=_list_processes),
+        _spec("attach", needs=_background_capability, handler=_attach),
     )
 }

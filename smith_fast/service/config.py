@@ -56,6 +56,12 @@ class Limits:
         input_wait_notice: seconds a command with open stdin or a pty may be silent, asleep reading
             that input, before the peer gets one ``LogEvent`` (``fields.reason = waiting_for_input``;
             :mod:`smith_fast.service.input_wait`); 0 turns it off (``--input-wait-notice``).
+        max_background: background processes (ShellExec ``background``) the service keeps, running
+            or exited (``--max-background``); a new one makes room by dropping the oldest exited
+            one, and is refused with ``ERROR_CODE_RESOURCE_EXHAUSTED`` when all are running; 0 turns
+            them off (:mod:`smith_fast.service.background`).
+        background_buffer: bytes of output kept per background process, a ring that drops the
+            oldest (``--background-buffer``).
         max_command_size: largest ShellExec command (its command string plus its env), tool
             arguments or plan goal, in bytes (``--max-command-size``).
         max_memory_per_command, max_pids_per_command, max_cpu_per_command: what one command
@@ -131,6 +137,12 @@ class Limits:
     input_wait_notice: float = option(
         2.0, flag="--input-wait-notice", unit="seconds", commands=_RUNNERS, group=_LIMITS,
         help="a command with open stdin or a pty that sleeps reading it this long without output: one 'waiting for input' LogEvent; 0 = off")
+    max_background: int = option(
+        8, flag="--max-background", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="background processes kept (running or exited) in this process; one more running: RESOURCE_EXHAUSTED; 0 = off")
+    background_buffer: int = option(
+        1 << 20, flag="--background-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="output kept per background process for attach (a ring: the oldest is dropped)")
     max_memory_per_command: int = option(
         0, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="memory one command and its children may hold (cgroup memory.max); past it: killed, RESOURCE_EXHAUSTED; 0 = none")

@@ -13,6 +13,7 @@ from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..sandbox import Sandbox
 from ..tools import ToolContext, ToolRegistry, default_registry
+from .background import BackgroundTable
 from .commands import COMMANDS
 from .config import ServiceConfig
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
@@ -133,6 +134,7 @@ class ServiceCore:
         self.connections = 0  # live network connections and gRPC Stream calls (--max-connections)
         self.refusing = 0  # connections over the limit, waiting to be told so (connection.py)
         self.running_processes = 0
+        self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False
         self.closed = asyncio.Event()
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
@@ -251,5 +253,7 @@ class ServiceCore:
     async def shutdown(self) -> None:
         """Shut every session down (SHUTTING, requests cancelled, final events flushed)."""
         self.shutting_down = True
-        await asyncio.gather(*(s.shutdown() for s in list(self.sessions)), return_exceptions=True)
+        await asyncio.gather(
+            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True
+        )
         self.closed.set()

@@ -15,11 +15,32 @@ if TYPE_CHECKING:
     from ..process import ShellProcess
     from ..tools import ToolContext, ToolRegistry
     from .audit import Audit
+    from ..pb import smith_pb2 as pb
     from .config import Limits, ServiceConfig
     from .session_hooks import SessionHooks
     from .sinks import EventSink
 
-__all__ = ["Execution", "ExecutionCore"]
+__all__ = ["BackgroundProcesses", "Execution", "ExecutionCore"]
+
+
+class BackgroundProcesses(Protocol):
+    """The service's background processes (:class:`~smith_fast.service.background.BackgroundTable`)."""
+
+    async def start(self, ex: Execution, rid: str, cmd: pb.ShellExecCommand, env: dict[str, str]) -> int:
+        """Run admitted ShellExec ``rid`` on in the background; its request then ends."""
+        ...
+
+    async def attach(self, ex: Execution, rid: str, cmd: pb.AttachCommand) -> None: ...
+
+    async def list_processes(self, ex: Execution, rid: str, cmd: pb.ListProcessesCommand) -> None: ...
+
+    def __contains__(self, pid: object) -> bool: ...
+
+    def process(self, pid: str) -> ShellProcess | None:
+        """Its process (for stdin and resizes), None when there is no background process ``pid``."""
+        ...
+
+    def cancel(self, pid: str) -> None: ...
 
 
 class ExecutionCore(Protocol):
@@ -43,6 +64,11 @@ class ExecutionCore(Protocol):
     @property
     def capabilities(self) -> frozenset[int]:
         """What the service offers (``--capabilities``): a process needs ``shell_exec`` whichever way it starts."""
+        ...
+
+    @property
+    def background(self) -> BackgroundProcesses:
+        """The service's background processes (ShellExec ``background``), shared by its sessions."""
         ...
 
     def acquire_process(self) -> bool: ...

@@ -76,6 +76,8 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
 async def stream(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: str = "shell_exec") -> int:
     """A ShellExec (or a plan's shell step): admitted, run, its output streamed as ShellOutput events."""
     cmd, env = await admit(ex, rid, cmd, origin=origin)
+    if cmd.background and origin == "shell_exec":  # the core's table runs it on (service/background.py)
+        return await ex.core.background.start(ex, rid, cmd, env)
     try:
         code = await run_shell_exec(ex, rid, cmd, env)
     except ProtocolError as exc:

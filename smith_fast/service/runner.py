@@ -303,6 +303,9 @@ class LocalRunner:
             if self._host.is_running(rid):  # admitted, its task not started yet: it ends at its start
                 self._cancelling[rid] = None
                 return
+            if self._background(rid):  # not this session's request: a background process
+                self.core.background.cancel(rid)
+                return
             if self._ended.get(rid):
                 return  # already cancelled and ended: cancelling twice is harmless
             raise _not_running(rid, "cancel", rid in self._ended)
@@ -340,6 +343,8 @@ class LocalRunner:
         if rid not in self._running and self._host.is_running(rid):  # its task has not started yet
             early = self._early[rid] = _EarlyInput()
             return early
+        if rid not in self._running and self._background(rid) and (proc := self.core.background.process(rid)) is not None:
+            return proc  # (one without stdin or a terminal: refused by the caller)
         if rid in self._running and what == "resize":  # as for a command with open stdin only
             raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
         if rid in self._running:
@@ -350,6 +355,17 @@ class LocalRunner:
                 {"reason": "stdin_closed"},
             )
         raise _not_running(rid, what, rid in self._ended)
+
+    def _background(self, rid: str) -> bool:
+        """Whether ``rid`` is a background process (any session's, service/background.py); steering
+        it takes what starting it took, ``shell_exec`` granted."""
+        found = rid in self.core.background
+        if found and pb.CAPABILITY_SHELL_EXEC not in self._host.granted:
+            raise ProtocolError(
+                f"background process {rid} can be steered only by a session granted shell_exec in its handshake",
+                pb.ERROR_CODE_INVALID_CAPABILITY, rid, {"reason": "capability_required", "capability": "shell_exec"},
+            )
+        return found
 
     def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
         target = self._input_target(rid, "write stdin to")
