@@ -6,13 +6,18 @@ plus whatever was passed in ``extra={"fields": {...}}``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
+import threading
 import time
-from typing import Any
+from typing import IO, Any
 
-__all__ = ["configure", "get_logger"]
+__all__ = ["TickStreamHandler", "configure", "get_logger"]
+
+# json.dumps(default=...) builds a new encoder per call; the same encoder, built once
+_ENCODER = json.JSONEncoder(default=str)
 
 
 class JsonFormatter(logging.Formatter):
@@ -28,13 +33,77 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return _ENCODER.encode(out)
+
+
+class TickStreamHandler(logging.Handler):
+    """Writes records to ``stream``, the lines of one event-loop tick in one write.
+
+    The service writes a line per request (the audit trail, service/audit.py): one ``write`` and
+    flush each cost the server more than the request itself. Records emitted while an event loop
+    runs in the emitting thread are kept until the end of that loop's tick (``call_soon``), then
+    written together; records from other threads, or with no loop running, are written at once
+    (after whatever was kept, so lines stay in order). ``logging.shutdown`` (at exit) flushes what
+    a stopped loop left.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__()
+        self.stream = stream
+        self._pending: list[str] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+        self._thread = threading.get_ident()  # only that loop's thread defers its lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:
+            self.handleError(record)
+            return
+        loop = asyncio._get_running_loop()
+        if loop is None or threading.get_ident() != self._thread:
+            self._pending.append(line)
+            self.flush()
+            return
+        if self._loop is not loop:
+            if self._pending:
+                self.flush()  # a former loop's lines, which it stopped before writing
+            self._loop = loop
+            loop.call_soon(self._tick)
+        self._pending.append(line)
+
+    def _tick(self) -> None:
+        with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            self._loop = None
+            self._write()
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            self._loop = None
+            self._write()
+
+    def _write(self) -> None:
+        if not self._pending:
+            return
+        text = "".join(self._pending)
+        self._pending.clear()
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # stderr closed or gone: nobody is left to tell
 
 
 def configure(level: str = "info") -> None:
     """Send every ``smith_fast`` log record to stderr as JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = TickStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    # The JSON lines name no source line, thread or process: skip finding them per record
+    # (the logging HOWTO's "Optimization").
+    logging._srcfile = None  # type: ignore[attr-defined]  # documented switch, not in typeshed
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger("smith_fast")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
