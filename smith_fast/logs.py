@@ -100,7 +100,7 @@ def configure(level: str = "info") -> None:
     handler.setFormatter(JsonFormatter())
     # The JSON lines name no source line, thread or process: skip finding them per record
     # (the logging HOWTO's "Optimization").
-    logging._srcfile = None  # type: ignore[attr-defined]  # documented switch, not in typeshed
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
