@@ -19,6 +19,20 @@ __all__ = ["TickStreamHandler", "configure", "get_logger"]
 # json.dumps(default=...) builds a new encoder per call; the same encoder, built once
 _ENCODER = json.JSONEncoder(default=str)
 
+try:  # several times faster than json for the audit line of every request (optional dependency)
+    import orjson
+except ImportError:  # pragma: no cover - the v0 and MCP extras install it
+    orjson = None  # type: ignore[assignment]  # the stdlib encoder serves alone
+
+
+def _encode(out: dict[str, Any]) -> str:
+    if orjson is not None:
+        try:
+            return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:
+            pass  # what orjson refuses (an int beyond 64 bits): the stdlib encoder takes it
+    return _ENCODER.encode(out)
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -33,7 +47,7 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return _ENCODER.encode(out)
+        return _encode(out)
 
 
 class TickStreamHandler(logging.Handler):
