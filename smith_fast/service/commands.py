@@ -72,6 +72,10 @@ class CommandSpec:
             does, which the session hands to its runner at once instead of starting a request.
             Such a command has no states of its own; what it cannot do is an ``ErrorEvent``
             naming the request it addressed.
+        eager: the session runs the request at once, up to its first suspension, and gives it a
+            Task only if it suspends (most tool calls end before: no Task, no loop iteration).
+            Its handler must not need ``asyncio.current_task()`` before suspending
+            (``asyncio.timeout`` does: ``await asyncio.sleep(0)`` first, see service/eager.py).
     """
 
     kind: str
@@ -81,6 +85,7 @@ class CommandSpec:
     handler: Handler | None = None
     timed: bool = False
     control: Control | None = None
+    eager: bool = False
 
 
 # ---- handlers ---------------------------------------------------------------------------------
@@ -200,7 +205,7 @@ COMMANDS: Mapping[str, CommandSpec] = {
     for spec in (
         _spec("handshake"),
         _spec("shell_exec", needs=_shell_capability, size=command_size, handler=shell_exec, timed=True),
-        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True),
+        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, eager=True),
         _spec("hook_load", needs=_hook_capability, handler=_hook_load),
         _spec("plan", size=plan_size, handler=_plan),
         _spec("shutdown"),

@@ -169,6 +169,8 @@ class ToolRegistry:
             return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
         if timeout is None:
             return await _run(entry.tool, value, ctx, start)
+        if asyncio.current_task() is None:
+            await asyncio.sleep(0)  # started eagerly (service/eager.py): asyncio.timeout needs a task
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
