@@ -122,9 +122,10 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     return ToolOutcome(success, result, error, outcome.duration_ms)
 
 
-async def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> None:
+def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> Coroutine[Any, Any, ToolOutcome]:
+    # run_tool's coroutine itself, not one awaiting it: a frame less per call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
-    await run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
+    return run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
 
 
 async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
