@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any
 
-__all__ = ["TickStreamHandler", "configure", "get_logger"]
+__all__ = ["TickStreamHandler", "configure", "get_logger", "log_fields"]
 
 # json.dumps(default=...) builds a new encoder per call; the same encoder, built once
 _ENCODER = json.JSONEncoder(default=str)
@@ -74,6 +74,14 @@ class TickStreamHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
+        self._add(line)
+
+    def add_line(self, line: str) -> None:
+        """Write ``line`` (one JSON line, ``\\n`` included) as :meth:`emit` writes a record's."""
+        with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            self._add(line)
+
+    def _add(self, line: str) -> None:
         loop = asyncio._get_running_loop()
         if loop is None or threading.get_ident() != self._thread:
             self._pending.append(line)
@@ -127,3 +135,48 @@ def configure(level: str = "info") -> None:
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name if name.startswith("smith_fast") else f"smith_fast.{name}")
+
+
+def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str, Any]) -> None:
+    """``logger.log(level, event, extra={"fields": fields})``, the same line, for hot paths (the
+    audit line of every request).
+
+    Where only :func:`configure`'s handler listens (no filters on the way), the line is built and
+    handed to it directly, without a ``LogRecord`` and the dispatch through the logger tree;
+    otherwise (tests capturing records, another handler) it goes through ``logging`` as usual.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    handlers = _direct_handlers(logger, level)
+    if handlers is None:
+        logger.log(level, event, extra={"fields": fields})
+        return
+    out: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "level": logging.getLevelName(level).lower(),
+        "logger": logger.name,
+        "event": event,
+    }
+    out.update(fields)
+    line = _encode(out) + "\n"
+    for handler in handlers:
+        handler.add_line(line)
+
+
+def _direct_handlers(logger: logging.Logger, level: int) -> list[TickStreamHandler] | None:
+    """The handlers a record of ``logger`` at ``level`` reaches, if all are plain JSON-line
+    :class:`TickStreamHandler` s and nothing filters on the way; None otherwise."""
+    out: list[TickStreamHandler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        for handler in current.handlers:
+            if type(handler) is not TickStreamHandler or handler.filters or type(handler.formatter) is not JsonFormatter:
+                return None
+            if level >= handler.level:
+                out.append(handler)
+        if not current.propagate:
+            break
+        current = current.parent
+    return out or None
