@@ -105,8 +105,10 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     if ex.cancelling():  # a plan's step after its plan was cancelled
         raise ProtocolError("request cancelled: the tool was not called", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
     ex.audit.note(rid, tool=tool)
-    tool, args = await ex.hooks.before_tool_call(rid, tool, args)
-    ex.audit.note(rid, tool=tool)
+    hooks = ex.hooks
+    if hooks.handles("before_tool_call"):  # no hook for it: not even the coroutine (most calls)
+        tool, args = await hooks.before_tool_call(rid, tool, args)
+        ex.audit.note(rid, tool=tool)
     limit = ex.core.limits.max_command_size
     if len(args) > limit:
         raise too_large(f"the arguments of {tool} (after hooks)", len(args), limit, rid)
@@ -116,7 +118,9 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     core = ex.core
     context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
     outcome = await core.tools.call(tool, args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
-    success, result, error = await ex.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
+    success, result, error = outcome.success, outcome.result, outcome.error
+    if hooks.handles("after_tool_result"):
+        success, result, error = await hooks.after_tool_result(rid, tool, success, result, error)
     ex.audit.note(rid, success=success)
     ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
     return ToolOutcome(success, result, error, outcome.duration_ms)
