@@ -82,6 +82,10 @@ class TickStreamHandler(logging.Handler):
             self._add(line)
 
     def _add(self, line: str) -> None:
+        scheduled = self._loop
+        if scheduled is not None and scheduled.is_running() and threading.get_ident() == self._thread:
+            self._pending.append(line)  # this tick's flush is scheduled (and no getpid() to find the loop)
+            return
         loop = asyncio._get_running_loop()
         if loop is None or threading.get_ident() != self._thread:
             self._pending.append(line)

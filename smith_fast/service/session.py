@@ -519,7 +519,7 @@ class Session:
             )
             return
         coro = self._request(spec, rid, command)
-        if spec.eager and asyncio.current_task() is None:
+        if spec.eager and asyncio.current_task(self._loop) is None:  # the loop given: no getpid() per call
             # Eager start (asyncio.eager_task_factory, 3.12+, done by hand for 3.11): run the
             # request at once up to its first suspension; most tool calls end there, without a
             # Task or a loop iteration. One that suspends goes on in a Task, in the same context.
