@@ -94,6 +94,8 @@ class SmithProcess:
             kept = self.keep is None or len(self.raw_stderr) < self.keep
             if kept:
                 self.raw_stderr.append(line)
+            elif self.ready:
+                continue  # past what it keeps, and ready: no address to learn (the bench's servers log a line per request)
             try:
                 record = json.loads(line)
             except ValueError:
