@@ -194,6 +194,7 @@ class LocalRunner:
         self.processes: set[ShellProcess] = set()
         self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
         self.audit = Audit(host.session_id, host.peer)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs requests on (known at the first)
         self._running: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task running it (None: eager)
         self._cancelling: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task stopping it (None: not started yet)
         self._ended: OrderedDict[str, bool] = OrderedDict()  # recently ended id -> it was cancelled
@@ -242,7 +243,10 @@ class LocalRunner:
             ))
         # None while the session runs it eagerly (Session._start): nothing can cancel it before it
         # suspends, and then its task is the session's (cancel asks for it).
-        self._running[rid] = asyncio.current_task()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._running[rid] = asyncio.current_task(loop)  # the loop given: no getpid() per call
         token = _REQUEST.set(rid)
         try:
             if rid in self._cancelling:  # cancelled before it started
