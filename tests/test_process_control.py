@@ -162,6 +162,27 @@ def test_cancel_kills_what_ignores_sigterm_after_the_grace(run, server: ServerPr
     run(main())
 
 
+def test_a_tool_call_that_needs_no_waiting_ends_before_a_cancel_in_the_same_read(run, server: ServerProcess) -> None:
+    """Tool calls start eagerly (service/eager.py): a small fs.read has ended when the Cancel behind it
+    in the same read is looked at, which then gets not_running and no state (PROTOCOL.md, Process control)."""
+    async def main() -> None:
+        async with await connect(server, "unix") as client:
+            await client.handshake(["shell_exec"])
+            (pathlib.Path(server.root) / "eager.txt").write_text("quick\n")
+            r = rid()
+            raw = Raw(client, r)
+            client.send(pb.Command(tool_call=pb.ToolCallCommand(request_id=r, tool="fs.read", args=b'{"path": "eager.txt"}')))
+            client.send(cancel(r))  # in the same write as its command
+            error = await raw.until(lambda e: e.WhichOneof("event_type") == "error")
+            assert error.error.details["reason"] == "not_running"
+            await raw.quiet()
+            assert raw.terminals() == [pb.SERVICE_STATE_READY]
+            result = next(e.tool_result for e in raw.events if e.WhichOneof("event_type") == "tool_result")
+            assert result.success and b"quick" in result.result
+
+    run(main())
+
+
 @pytest.mark.parametrize("via", ["unix", "grpc"])
 def test_cancel_unknown_and_finished_ids_get_a_clear_error_and_no_state(run, server: ServerProcess, via: str) -> None:
     async def main() -> None:

@@ -17,11 +17,12 @@ refused before it ran (a capability not granted, too large, too many in flight) 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from ..errors import ProtocolError
-from ..logs import get_logger
+from ..logs import get_logger, log_fields
 from ..pb import smith_pb2 as pb
 
 __all__ = ["Audit", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
@@ -134,7 +135,7 @@ class Audit:
         if record.omitted:
             fields["hooks_omitted"] = record.omitted
         fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
-        log.info("request", extra={"fields": fields})
+        log_fields(log, logging.INFO, "request", fields)
 
     def close(self) -> None:
         """The session is over: requests still open end as cancelled."""

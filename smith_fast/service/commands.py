@@ -72,6 +72,10 @@ class CommandSpec:
             does, which the session hands to its runner at once instead of starting a request.
             Such a command has no states of its own; what it cannot do is an ``ErrorEvent``
             naming the request it addressed.
+        eager: the session runs the request at once, up to its first suspension, and gives it a
+            Task only if it suspends (most tool calls end before: no Task, no loop iteration).
+            Its handler must not need ``asyncio.current_task()`` before suspending
+            (``asyncio.timeout`` does: ``await asyncio.sleep(0)`` first, see service/eager.py).
     """
 
     kind: str
@@ -81,6 +85,7 @@ class CommandSpec:
     handler: Handler | None = None
     timed: bool = False
     control: Control | None = None
+    eager: bool = False
 
 
 # ---- handlers ---------------------------------------------------------------------------------
@@ -100,8 +105,10 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     if ex.cancelling():  # a plan's step after its plan was cancelled
         raise ProtocolError("request cancelled: the tool was not called", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
     ex.audit.note(rid, tool=tool)
-    tool, args = await ex.hooks.before_tool_call(rid, tool, args)
-    ex.audit.note(rid, tool=tool)
+    hooks = ex.hooks
+    if hooks.handles("before_tool_call"):  # no hook for it: not even the coroutine (most calls)
+        tool, args = await hooks.before_tool_call(rid, tool, args)
+        ex.audit.note(rid, tool=tool)
     limit = ex.core.limits.max_command_size
     if len(args) > limit:
         raise too_large(f"the arguments of {tool} (after hooks)", len(args), limit, rid)
@@ -111,15 +118,18 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     core = ex.core
     context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
     outcome = await core.tools.call(tool, args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
-    success, result, error = await ex.hooks.after_tool_result(rid, tool, outcome.success, outcome.result, outcome.error)
+    success, result, error = outcome.success, outcome.result, outcome.error
+    if hooks.handles("after_tool_result"):
+        success, result, error = await hooks.after_tool_result(rid, tool, success, result, error)
     ex.audit.note(rid, success=success)
     ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
     return ToolOutcome(success, result, error, outcome.duration_ms)
 
 
-async def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> None:
+def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> Coroutine[Any, Any, ToolOutcome]:
+    # run_tool's coroutine itself, not one awaiting it: a frame less per call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
-    await run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
+    return run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
 
 
 async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
@@ -212,7 +222,7 @@ COMMANDS: Mapping[str, CommandSpec] = {
     for spec in (
         _spec("handshake"),
         _spec("shell_exec", needs=_shell_capability, size=command_size, handler=shell_exec, timed=True),
-        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True),
+        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, eager=True),
         _spec("hook_load", needs=_hook_capability, handler=_hook_load),
         _spec("plan", size=plan_size, handler=_plan),
         _spec("shutdown"),

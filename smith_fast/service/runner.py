@@ -112,6 +112,11 @@ class RequestHost(Protocol):
     def is_running(self, rid: str) -> bool:
         """Request ``rid`` was admitted and has not ended (its task may not have started yet: a
         Cancel or stdin in the same read as its command)."""
+        ...
+
+    def task(self, rid: str) -> asyncio.Task[None] | None:
+        """The task running request ``rid``; None when there is none (not running, or running
+        eagerly, before its first suspension: see ``CommandSpec.eager``)."""
 
     async def reading(self) -> None:
         """Return once the peer reads (at once unless the session is paused)."""
@@ -189,7 +194,8 @@ class LocalRunner:
         self.processes: set[ShellProcess] = set()
         self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
         self.audit = Audit(host.session_id, host.peer)
-        self._running: dict[str, asyncio.Task[None]] = {}  # request id -> the task running it
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs requests on (known at the first)
+        self._running: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task running it (None: eager)
         self._cancelling: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task stopping it (None: not started yet)
         self._ended: OrderedDict[str, bool] = OrderedDict()  # recently ended id -> it was cancelled
         self._owned: dict[str, set[ShellProcess]] = {}  # request id -> the processes started for it
@@ -235,9 +241,12 @@ class LocalRunner:
                 f"request {rid} has no open stdin: its ShellExec was sent without open_stdin or pty; the data was not written",
                 pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
             ))
-        task = asyncio.current_task()
-        assert task is not None
-        self._running[rid] = task
+        # None while the session runs it eagerly (Session._start): nothing can cancel it before it
+        # suspends, and then its task is the session's (cancel asks for it).
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        self._running[rid] = asyncio.current_task(loop)  # the loop given: no getpid() per call
         token = _REQUEST.set(rid)
         try:
             if rid in self._cancelling:  # cancelled before it started
@@ -254,6 +263,8 @@ class LocalRunner:
                 host.report_error(exc.code, str(exc), exc.request_id, exc.details)
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
         except asyncio.CancelledError as exc:
+            task = asyncio.current_task()  # a cancellation arrives only in a task
+            assert task is not None
             if rid in self._cancelling and not host.closing and not host.shutting and task.cancelling() <= 1:
                 task.uncancel()  # our own Cancel: the request ends here, the session goes on
                 self._cancelled(rid, span)
@@ -299,6 +310,8 @@ class LocalRunner:
         if rid in self._cancelling:
             return  # a second Cancel while the first is under way
         task = self._running.get(rid)
+        if task is None and rid in self._running:  # started eagerly, now suspended in the session's task
+            task = self._host.task(rid)
         if task is None:
             if self._host.is_running(rid):  # admitted, its task not started yet: it ends at its start
                 self._cancelling[rid] = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import functools
 import pathlib
 import time
@@ -25,7 +26,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
-from . import audit
+from . import audit, eager
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .commands import COMMANDS, CommandSpec, Control
 from .flow import OutputBudget, reservation
@@ -506,6 +507,10 @@ class Session:
         """Whether request ``rid`` was admitted and has not ended (its runner may not have started it yet)."""
         return rid in self._tasks
 
+    def task(self, rid: str) -> asyncio.Task[None] | None:
+        """The task running request ``rid`` (None: not running, or running eagerly, before its first suspension)."""
+        return self._tasks.get(rid)
+
     @property
     def busy(self) -> bool:
         """Whether a request (or an ordered batch) is running."""
@@ -523,7 +528,19 @@ class Session:
                 ProtocolError(f"too many requests in flight (max {self.core.limits.max_requests})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
             )
             return
-        task = self._loop.create_task(self._request(spec, rid, command))
+        coro = self._request(spec, rid, command)
+        if spec.eager and asyncio.current_task(self._loop) is None:  # the loop given: no getpid() per call
+            # Eager start (asyncio.eager_task_factory, 3.12+, done by hand for 3.11): run the
+            # request at once up to its first suspension; most tool calls end there, without a
+            # Task or a loop iteration. One that suspends goes on in a Task, in the same context.
+            context = contextvars.copy_context()
+            try:
+                waiting = context.run(coro.send, None)
+            except StopIteration:
+                return
+            task = self._loop.create_task(eager.resume(coro, waiting), context=context)
+        else:
+            task = self._loop.create_task(coro)
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._forget, rid))
 

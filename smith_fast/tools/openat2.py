@@ -23,6 +23,7 @@ import platform
 import stat
 import sys
 from collections import deque
+from typing import Any
 
 __all__ = [
     "RESOLVE_BENEATH",
@@ -57,6 +58,11 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
 _syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_OpenHow), ctypes.c_size_t]
+
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+# (flags, mode, resolve) -> a reference to its open_how: a handful of combinations ever occur,
+# and building the struct per call cost about as much as the system call
+_HOWS: dict[tuple[int, int, int], Any] = {}
 
 _use_openat2 = _SYS_OPENAT2 is not None and os.environ.get("SMITH_FAST_NO_OPENAT2") != "1"
 
@@ -97,10 +103,13 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666, *, follow
     if _use_openat2:
         # The kernel refuses a mode without O_CREAT or O_TMPFILE (which includes O_DIRECTORY's bit).
         creates = flags & os.O_CREAT or flags & _O_TMPFILE == _O_TMPFILE
-        how = _OpenHow(flags, mode if creates else 0, resolve)
+        key = (flags, mode if creates else 0, resolve)
+        how = _HOWS.get(key)
+        if how is None:
+            how = _HOWS[key] = ctypes.byref(_OpenHow(*key))
         raw = os.fsencode(path)
         for _ in range(_RETRIES):
-            fd: int = _syscall(_SYS_OPENAT2, dirfd, raw, ctypes.byref(how), ctypes.sizeof(how))
+            fd: int = _syscall(_SYS_OPENAT2, dirfd, raw, how, _HOW_SIZE)
             if fd >= 0:
                 return fd
             err = ctypes.get_errno()

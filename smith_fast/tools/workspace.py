@@ -32,7 +32,6 @@ then used by a child process: ``fs.search`` confines its rg with Landlock
 
 from __future__ import annotations
 
-import copy
 import errno
 import os
 import pathlib
@@ -133,8 +132,12 @@ class ToolContext:
 
     def with_process_runner(self, run: RunProcess) -> ToolContext:
         """This context with :attr:`run_process` set (per tool call; the root is not resolved again)."""
-        new = copy.copy(self)
-        object.__setattr__(new, "run_process", run)
+        # Slot by slot: copy.copy of a slotted frozen dataclass goes through its pickle state,
+        # several times the cost of the fs.read it serves.
+        new = object.__new__(ToolContext)
+        for name in _CONTEXT_SLOTS:
+            _set(new, name, getattr(self, name))
+        _set(new, "run_process", run)
         return new
 
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
@@ -431,8 +434,14 @@ class _DirFd:
         os.close(self.fd)
 
 
+_CONTEXT_SLOTS: tuple[str, ...] = ToolContext.__slots__  # slots=True made it
+_set = object.__setattr__
+
+
 def _normal(rel: str) -> str:
     """A symlink-free relative path, normalised as :meth:`ToolContext.relative` shows it."""
+    if rel and "/" not in rel and rel != "." and rel != "..":
+        return display_name(rel)  # one plain name: normpath would return it as is
     return display_name(os.path.normpath(rel)) if rel else "."
 
 

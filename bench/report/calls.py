@@ -1,0 +1,140 @@
+"""``python -m bench.report.calls [REPS]``: small tool calls side by side with the floor (issue 18).
+
+Pipelined ``fs.read`` of the 72 B file at 64 and 256 in flight, and sequential round trips, for
+``v1`` over a Unix socket, ``v1`` over stdio (``serve --stdio``, protobuf frames on its pipes) and
+the bare-loop ``floor``, interleaved (the order rotates per repetition), medians of REPS after one
+warm-up. Prints calls/s, the server's CPU per call, the ratio to the floor and the driver process's
+CPU per call. The report (``python -m bench.report``) measures 256 in flight on a socket only.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from smith_fast.pb import smith_pb2 as pb
+
+from .contenders import CONTENDERS, Client, Endpoint
+from .drivers import READ_SIZE, ProtocolFailure, Tracker, cpu_seconds_of, pipeline, round_trips
+from .wire import STATE, WIRES, View
+from .workloads import SCALES, SMALL, Rep, _latency, _pipelined, _read, make_workspace
+
+WINDOWS = (64, 256)
+CALLS = 4000
+
+
+class StdioV1:
+    """``smith-fast serve --stdio`` as a child, spoken to with v1 frames on its pipes (the
+    :class:`~bench.report.drivers.Session` face :func:`pipeline` and :func:`round_trips` use).
+    Its stderr is drained in big reads, as a log collector would."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "smith_fast", "serve", "--stdio", "--root", str(root), "--log-level", "info",
+             "--max-output", "2G"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr
+        self._in, self._out, err = self.proc.stdin.fileno(), self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        threading.Thread(target=lambda: all(iter(lambda: os.read(err, 1 << 20), b"")), daemon=True).start()
+        self.wire = WIRES["v1"]()
+        self.send([self.wire.handshake((pb.CAPABILITY_SHELL_EXEC,))])
+        while not any(v[0] == STATE and v[2] == pb.SERVICE_STATE_READY for v in self.recv()):
+            pass
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, units: Sequence[bytes]) -> None:
+        data = memoryview(b"".join(units))
+        while data:
+            data = data[os.write(self._in, data):]
+
+    def recv(self) -> list[View]:
+        data = os.read(self._out, READ_SIZE)
+        if not data:
+            raise ProtocolFailure("serve --stdio closed its stdout")
+        return self.wire.decode(data)
+
+    def encode(self, commands: Sequence[pb.Command]) -> list[bytes]:
+        return [self.wire.encode(c) for c in commands]
+
+    def pipeline(self, units: Sequence[bytes], tracker: Tracker, window: int) -> float:
+        return pipeline(self, units, tracker, window)  # type: ignore[arg-type]  # the Session face
+
+    def round_trips(self, unit: bytes, rid: str, count: int) -> list[float]:
+        return round_trips(self, unit, rid, count)  # type: ignore[arg-type]  # the Session face
+
+    def stop(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def main(argv: list[str]) -> int:
+    reps = int(argv[0]) if argv else 5
+    root = pathlib.Path(tempfile.mkdtemp()) / "root"
+    make_workspace(root, SCALES["quick"])
+    servers: dict[str, Endpoint] = {}
+    for name in ("v1", "floor"):
+        contender = next(c for c in CONTENDERS if c.name == name)
+        servers[name] = contender.server(root.parent / "w", root)
+        servers[name].launch()
+    clients: dict[str, Any] = {}
+    for name, server in servers.items():
+        server.wait_ready(30)
+        clients[name] = next(c for c in CONTENDERS if c.name == name).client(server)
+    stdio = StdioV1(root)
+    clients["v1-stdio"] = stdio
+    pids = {name: server.pid for name, server in servers.items()}
+    pids["v1-stdio"] = stdio.pid
+    work: dict[tuple[str, object], Rep] = {}
+    for name, client in clients.items():
+        for window in WINDOWS:
+            work[name, window] = _pipelined([("fs.read", _read(SMALL))], CALLS, window)(client, root)
+        work[name, "rt"] = _latency(1000)(client, root)
+    figures: dict[tuple[str, object], list[dict[str, float]]] = {key: [] for key in work}
+    names = list(clients)
+    for rep in range(reps + 1):  # the first is the warm-up
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for key in (*WINDOWS, "rt"):
+            for name in order:
+                driver, spent = time.process_time(), cpu_seconds_of(pids[name])
+                f = work[name, key]()
+                f["cpu"] = (cpu_seconds_of(pids[name]) - spent) / f["_work"] * 1e6
+                f["driver"] = (time.process_time() - driver) / f["_work"] * 1e6
+                if rep:
+                    figures[name, key].append(f)
+
+    def med(name: str, key: object, figure: str) -> float:
+        return statistics.median(f[figure] for f in figures[name, key])
+
+    print(f"medians of {reps}, {CALLS:,} calls each; load average {os.getloadavg()[0]:.1f}")
+    for window in WINDOWS:
+        floor = med("floor", window, "calls/s")
+        for name in names:
+            rate = med(name, window, "calls/s")
+            print(f"pipelined, {window:>3} in flight  {name:9s} {rate:9,.0f} calls/s  {med(name, window, 'cpu'):5.1f} µs server CPU/call"
+                  f"  ×{rate / floor:.2f} the floor  (driver {med(name, window, 'driver'):.1f} µs/call)")
+    floor = med("floor", "rt", "p50 µs")
+    for name in names:
+        p50 = med(name, "rt", "p50 µs")
+        print(f"round trip p50            {name:9s} {p50:7.1f} µs  {med(name, 'rt', 'cpu'):5.1f} µs server CPU/call  ×{floor / p50:.2f} the floor")
+    for client in clients.values():
+        if isinstance(client, Client):
+            client.close()
+    for server in servers.values():
+        server.stop()
+    stdio.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
