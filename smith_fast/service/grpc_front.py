@@ -50,6 +50,7 @@ from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
 from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
+from .resume import RESUME
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .negotiation import wire_capabilities
@@ -133,9 +134,10 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
     version = common[0]
     granted, refused = core.grant(list(request.capabilities))
     accepted, interval_ms, _ = accept_additions(request.client_metadata) if version == 1 else ([], 0, [])
+    accepted = [a for a in accepted if a != RESUME]  # a gRPC stream cannot be resumed (PROTOCOL.md, "Resume")
     meta = core.service_info(version, granted, accepted, interval_ms)
     meta["available_capabilities"] = ",".join(sorted(capability_name(c) for c in core.capabilities))
-    meta["smith_fast.acceptable"] = ",".join(ACCEPTABLE)
+    meta["smith_fast.acceptable"] = ",".join(a for a in ACCEPTABLE if a != RESUME)
     if refused:
         meta["rejected_capabilities"] = ",".join(capability_name(c) for c, _ in refused)
     fallback = version == 0

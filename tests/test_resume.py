@@ -1,0 +1,300 @@
+"""Session resume end to end (issue 16 item 6; PROTOCOL.md, "Resume"), against real ``smith-fast serve``
+processes: the connection is cut mid-stream again and again through a TCP proxy and the peer resumes
+each time with the last sequence it received; nothing is lost or duplicated. Then the refusals: the
+window passed, a wrong or foreign token, a gap in what the service retained; and the bound on what a
+parked session holds."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import random
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+
+from smith_fast.pb import smith_pb2 as pb
+
+from harness.cutting_proxy import CuttingProxy
+from harness.server import ServerProcess, pid_alive, wait_until
+
+from .peers import V1Peer, errors, kind
+
+CUTS = 100
+RESUME = {"smith_fast.accept": "resume"}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """One service per event loop (the service's transports are the loop's), started when first used."""
+    started: dict[str, ServerProcess] = {}
+
+    def get(loop: str) -> ServerProcess:
+        if loop not in started:
+            started[loop] = ServerProcess(tmp_path_factory.mktemp(f"resume-{loop}"), "--kill-grace", "1s", loop=loop).start()
+        return started[loop]
+
+    yield get  # type: ignore[misc]  # a getter, typed loosely for the fixture
+    for srv in started.values():
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+@pytest.fixture(scope="module")
+def short(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A service with a short window and a small session buffer."""
+    srv = ServerProcess(tmp_path_factory.mktemp("resume-short"), "--resume-window", "1.5s", "--max-session-buffer", "256k",
+                        "--kill-grace", "0.5s").start()
+    yield srv
+    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+def rid() -> str:
+    return str(uuid.uuid4())
+
+
+def shell(request_id: str, command: str) -> pb.Command:
+    return pb.Command(shell_exec=pb.ShellExecCommand(request_id=request_id, command=command))
+
+
+class Link:
+    """One connection of an asyncio peer: varint-delimited Envelopes with protobuf's own codec."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, address: str) -> Link:
+        host, _, port = address.removeprefix("tcp:").rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        return cls(reader, writer)
+
+    def send(self, command: pb.Command) -> None:
+        data = pb.Envelope(timestamp=int(time.time() * 1000), command=command).SerializeToString()
+        self.writer.write(_VarintBytes(len(data)) + data)
+
+    async def recv(self) -> pb.Envelope:
+        """The next envelope; ConnectionError once the connection is gone (a partial frame is lost with it)."""
+        head = b""
+        while True:
+            byte = await self.reader.read(1)
+            if not byte:
+                raise ConnectionError("closed")
+            head += byte
+            if byte[0] < 0x80:
+                break
+        size, _ = _DecodeVarint(head, 0)
+        try:
+            return pb.Envelope.FromString(await self.reader.readexactly(size))
+        except asyncio.IncompleteReadError as exc:
+            raise ConnectionError("closed mid-frame") from exc
+
+    def close(self) -> None:
+        self.writer.transport.abort()
+
+
+def handshake(**client_info: str) -> pb.Command:
+    return pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC], client_info=client_info))
+
+
+def resume(token: str, after: int) -> pb.Command:
+    return pb.Command(handshake=pb.HandshakeCommand(version=1, resume_token=token, resume_after=after))
+
+
+async def open_session(address: str, **client_info: str) -> tuple[Link, str, int]:
+    """A fresh session that asked for resume: its link, token and the last sequence received."""
+    link = await Link.open(address)
+    link.send(handshake(**RESUME, **client_info))
+    last = 0
+    while True:
+        env = await link.recv()
+        last = env.sequence or last
+        if kind(env) == "ready":
+            token = env.event.ready.resume_token
+        if kind(env) == "state_change" and env.event.state_change.state == pb.SERVICE_STATE_READY and not env.event.state_change.request_id:
+            assert token, "no resume token in Ready"
+            return link, token, last
+
+
+class Request:
+    """What a request's events said."""
+
+    def __init__(self, command: str, lines: int) -> None:
+        self.command = command
+        self.expected = "".join(f"{i}\n" for i in range(1, lines + 1))
+        self.stdout: list[str] = []
+        self.processing = 0
+        self.terminal: list[int] = []
+        self.exit_code: int | None = None
+        self.finished = 0
+
+
+class ResumingPeer:
+    """A peer that resumes its session whenever its connection drops, and checks what it gets:
+    every sequence once, in order; every request's output and terminal state."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.requests: dict[str, Request] = {}
+        self.last = 0
+        self.token = ""
+        self.link: Link | None = None
+        self.resumes = 0
+        self.replayed = 0  # envelopes the service sent again (lost in flight at a cut)
+        self.duplicates = 0  # commands sent again after a resume that the service had read after all
+        self.received = asyncio.Event()  # something arrived since the last cut
+        self.unexpected: list[str] = []
+
+    async def start(self) -> None:
+        self.link, self.token, self.last = await open_session(self.address)
+
+    def run(self, request_id: str, request: Request) -> None:
+        self.requests[request_id] = request
+        assert self.link is not None
+        self.link.send(shell(request_id, request.command))
+
+    def open(self) -> list[str]:
+        return [r for r, req in self.requests.items() if not req.terminal]
+
+    async def _reconnect(self) -> int:
+        """Resume until it works (a cut may land during the resume too); how many envelopes are replayed."""
+        while True:
+            try:
+                link = await Link.open(self.address)
+                link.send(resume(self.token, self.last))
+                env = await link.recv()
+            except ConnectionError:
+                continue
+            assert kind(env) == "ready" and env.event.ready.resumed, env
+            assert env.sequence == 0 and env.event.ready.resume_token == self.token
+            self.link = link
+            self.resumes += 1
+            replayed = int(env.event.ready.service_info["smith_fast.replayed"])
+            self.replayed += replayed
+            return replayed
+
+    def _resend(self) -> None:
+        """Commands the service never read (no PROCESSING, no terminal state after the replay) are
+        sent again; one it had read is refused as a duplicate and changes nothing."""
+        assert self.link is not None
+        for request_id, req in self.requests.items():
+            if not req.processing and not req.terminal:
+                self.link.send(shell(request_id, req.command))
+
+    async def pump(self, done: Any) -> None:
+        """Read (and resume) until ``done()`` says so."""
+        replay = -1  # envelopes of the replay still to come
+        while not done():
+            assert self.link is not None
+            try:
+                env = await self.link.recv()
+            except ConnectionError:
+                replay = await self._reconnect()
+                if replay == 0:
+                    self._resend()
+                continue
+            self.received.set()
+            if env.sequence:
+                if env.sequence != self.last + 1:
+                    self.unexpected.append(f"sequence {env.sequence} after {self.last}")
+                self.last = env.sequence
+                if replay > 0:
+                    replay -= 1
+                    if replay == 0:
+                        self._resend()
+            self._event(env)
+
+    def _event(self, env: pb.Envelope) -> None:
+        event_kind = kind(env)
+        if event_kind == "shell_output":
+            out = env.event.shell_output
+            req = self.requests[out.request_id]
+            req.stdout.append(out.stdout)
+            if out.finished:
+                req.finished += 1
+                req.exit_code = out.exit_code
+        elif event_kind == "state_change":
+            sc = env.event.state_change
+            if sc.request_id:
+                req = self.requests[sc.request_id]
+                if sc.state == pb.SERVICE_STATE_PROCESSING:
+                    req.processing += 1
+                elif sc.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                    req.terminal.append(sc.state)
+        elif event_kind == "error" and env.event.error.details.get("reason") == "duplicate_request":
+            self.duplicates += 1
+        else:
+            self.unexpected.append(str(env.event).strip())
+
+
+PACED = "python3 -u -c 'import time\nfor i in range(1, {n} + 1):\n print(i)\n time.sleep(0.002)'"
+
+
+def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, request: pytest.FixtureRequest) -> None:  # type: ignore[no-untyped-def]
+    """The Done-when test: commands stream (paced and in bursts, several at once, new ones started
+    while it goes on) while the proxy cuts the connection >= 100 times; the peer resumes each time.
+    The service runs on the loop the peer does (``run``'s parameter)."""
+    server = servers(request.node.callspec.params["run"])
+
+    async def main() -> ResumingPeer:
+        proxy = await CuttingProxy(server.tcp).start()
+        peer = ResumingPeer(proxy.address)
+        await peer.start()
+        rng = random.Random(16)
+        started = 0
+
+        def launch() -> None:
+            nonlocal started
+            started += 1
+            if started % 3 == 0:
+                peer.run(rid(), Request(f"seq 1 {20000}", 20000))  # a burst: much in flight at a cut
+            else:
+                peer.run(rid(), Request(PACED.format(n=300), 300))
+
+        for _ in range(3):
+            launch()
+
+        async def cutter() -> None:
+            while proxy.cuts < CUTS:
+                await peer.received.wait()
+                await asyncio.sleep(rng.uniform(0.0, 0.03))
+                peer.received.clear()
+                proxy.cut()
+
+        async def keep_busy() -> None:
+            while proxy.cuts < CUTS:
+                await asyncio.sleep(0.05)
+                while len(peer.open()) < 3 and proxy.cuts < CUTS:
+                    try:
+                        launch()
+                    except (ConnectionError, RuntimeError, AssertionError):
+                        break
+
+        cutting = asyncio.ensure_future(cutter())
+        busy = asyncio.ensure_future(keep_busy())
+        try:
+            await asyncio.wait_for(peer.pump(lambda: proxy.cuts >= CUTS and not peer.open()), 120)
+        finally:
+            cutting.cancel()
+            busy.cancel()
+            await asyncio.gather(cutting, busy, return_exceptions=True)
+            await proxy.close()
+        return peer
+
+    peer = run(main())
+    took_over = sum(1 for r in server.logs if r.get("event") == "session resumed" and r.get("took_over"))
+    print(f"{took_over} resumes took the session from a connection the service still had")
+    print(f"{peer.resumes} resumes, {len(peer.requests)} requests, {peer.duplicates} duplicates refused, {peer.replayed} replayed, last sequence {peer.last}")
+    assert peer.unexpected == []
+    assert peer.resumes >= CUTS
+    assert len(peer.requests) >= 3
+    for request_id, req in peer.requests.items():
+        assert req.terminal == [pb.SERVICE_STATE_READY], request_id
+        assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
+        assert "".join(req.stdout) == req.expected, request_id
