@@ -298,3 +298,157 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
         assert req.terminal == [pb.SERVICE_STATE_READY], request_id
         assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
         assert "".join(req.stdout) == req.expected, request_id
+
+
+async def until_error(link: Link) -> pb.ErrorEvent:
+    while True:
+        env = await link.recv()
+        if kind(env) == "error":
+            return env.event.error
+
+
+async def fresh_handshake_works(link: Link) -> None:
+    """After a refused resume the connection is an unhandshaken one: a fresh handshake is answered."""
+    link.send(handshake())
+    while kind(env := await link.recv()) != "ready":
+        pass
+    assert not env.event.ready.resumed and not env.event.ready.resume_token  # it did not ask for resume
+
+
+def test_after_the_window_the_requests_end_and_the_token_is_refused(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        link, token, last = await open_session(short.tcp)
+        link.send(shell(rid(), "echo $$; exec sleep 60"))
+        pid = 0
+        while not pid:
+            env = await link.recv()
+            last = env.sequence or last
+            if kind(env) == "shell_output" and env.event.shell_output.stdout:
+                pid = int(env.event.shell_output.stdout)
+        link.close()
+        await asyncio.sleep(0.5)
+        assert pid_alive(pid), "the parked session's command was stopped within its window"
+        assert await asyncio.to_thread(wait_until, lambda: not pid_alive(pid), 10), "the command outlived the window"
+        again = await Link.open(short.tcp)
+        again.send(resume(token, last))
+        error = await until_error(again)
+        assert error.error_code == pb.ERROR_CODE_PERMISSION_DENIED and error.details["reason"] == "resume_unknown", error
+        assert "--resume-window" in error.message
+        await fresh_handshake_works(again)
+        again.close()
+
+    run(main())
+
+
+def test_a_wrong_token_another_services_token_or_an_ended_sessions_token_is_refused(run, short: ServerProcess, servers) -> None:  # type: ignore[no-untyped-def]
+    other = servers("uvloop")
+
+    async def main() -> None:
+        link, token, last = await open_session(short.tcp)
+        for address, presented in ((short.tcp, token[:-2] + "xx"), (other.tcp, token), (short.tcp, "")):
+            attempt = await Link.open(address)
+            attempt.send(resume(presented, last) if presented else handshake())
+            if presented:
+                error = await until_error(attempt)
+                assert error.error_code == pb.ERROR_CODE_PERMISSION_DENIED and error.details["reason"] == "resume_unknown", (address, error)
+            await fresh_handshake_works(attempt)
+            attempt.close()
+        # past what was sent: refused, and the session is still there to resume properly
+        link.close()
+        attempt = await Link.open(short.tcp)
+        attempt.send(resume(token, last + 5))
+        error = await until_error(attempt)
+        assert error.details["reason"] == "resume_invalid", error
+        attempt.send(resume(token, last))
+        env = await attempt.recv()
+        assert env.event.ready.resumed
+        # a session that ended (Shutdown) cannot be resumed
+        attempt.send(pb.Command(shutdown=pb.ShutdownCommand()))
+        with pytest.raises(ConnectionError):
+            while True:
+                await attempt.recv()
+        attempt = await Link.open(short.tcp)
+        attempt.send(resume(token, last))
+        error = await until_error(attempt)
+        assert error.details["reason"] == "resume_unknown", error
+        attempt.close()
+
+    run(main())
+
+
+def test_a_resume_that_needs_what_is_no_longer_retained_is_refused_not_answered_with_a_hole(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    """The ring keeps --max-session-buffer (256k here) of what was sent; a peer that lost more than
+    that (it says so with an early resume_after) is told, and the session is left as it was."""
+
+    async def main() -> None:
+        link, token, early = await open_session(short.tcp)
+        request = rid()
+        link.send(shell(request, "seq 1 200000"))  # 1.3 MB
+        last = early
+        while not (kind(env := await link.recv()) == "state_change" and env.event.state_change.request_id == request
+                   and env.event.state_change.state == pb.SERVICE_STATE_READY):
+            last = env.sequence or last
+        last = env.sequence
+        link.close()
+        again = await Link.open(short.tcp)
+        again.send(resume(token, early))
+        error = await until_error(again)
+        assert error.error_code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and error.details["reason"] == "resume_gap", error
+        assert "--max-session-buffer" in error.message
+        again.send(resume(token, last))  # what it did receive: resumed, nothing to replay
+        env = await again.recv()
+        assert env.event.ready.resumed and env.event.ready.service_info["smith_fast.replayed"] == "0"
+        again.close()
+
+    run(main())
+
+
+def _rss(pid: int) -> int:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_parked_session_holds_at_most_its_buffer_while_its_command_floods(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    """A command that writes as fast as it can while its peer is away: the service pauses it once
+    the ring holds --max-session-buffer of unseen output, and the peer gets all of it after the resume."""
+
+    async def main() -> None:
+        link, token, last = await open_session(short.tcp)
+        request = rid()
+        link.send(shell(request, "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 2000000000"))
+        seen = 0
+        while seen < 5:
+            env = await link.recv()
+            last = env.sequence or last
+            seen += kind(env) == "shell_output"
+        before = _rss(short.pid)
+        link.close()
+        peak = before
+        for _ in range(10):  # the window is 1.5 s
+            await asyncio.sleep(0.1)
+            peak = max(peak, _rss(short.pid))
+        again = await Link.open(short.tcp)
+        again.send(resume(token, last))
+        env = await again.recv()
+        assert env.event.ready.resumed, env
+        replayed = int(env.event.ready.service_info["smith_fast.replayed"])
+        assert replayed > 0
+        text = ""
+        for _ in range(replayed + 20):  # the replay, then live output again
+            env = await again.recv()
+            assert env.sequence == last + 1, (env.sequence, last)
+            last = env.sequence
+            if kind(env) == "shell_output":
+                text += env.event.shell_output.stdout
+        assert set(text) <= set("0123456789abcdefghijklmnopqrstuvwxyz\n")
+        again.send(pb.Command(cancel=pb.CancelCommand(request_id=request)))
+        while not (kind(env := await again.recv()) == "state_change" and env.event.state_change.request_id == request
+                   and env.event.state_change.state == pb.SERVICE_STATE_ERROR):
+            pass
+        again.close()
+        # 256k of ring, a chunk or two in flight: far below what the command wrote meanwhile
+        assert peak - before < 48 << 20, f"the service grew by {(peak - before) >> 20} MiB while the session was parked"
+
+    run(main())

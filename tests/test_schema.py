@@ -37,6 +37,11 @@ ADDED_FIELDS = {
     "smith.v1.ShellOutputEvent.stdout_bytes": 6,
     "smith.v1.ShellOutputEvent.stderr_bytes": 7,
     "smith.v1.ShellOutputEvent.stdin_written": 8,
+    # Resume (PROTOCOL.md, "Resume")
+    "smith.v1.HandshakeCommand.resume_token": 4,
+    "smith.v1.HandshakeCommand.resume_after": 5,
+    "smith.v1.ReadyEvent.resume_token": 5,
+    "smith.v1.ReadyEvent.resumed": 6,
 }
 ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand")
 
