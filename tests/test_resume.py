@@ -452,3 +452,43 @@ def test_a_parked_session_holds_at_most_its_buffer_while_its_command_floods(run,
         assert peak - before < 48 << 20, f"the service grew by {(peak - before) >> 20} MiB while the session was parked"
 
     run(main())
+
+
+def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:  # type: ignore[no-untyped-def]
+    """``Client.connect(..., resume=True)``: cuts under ``async for chunk in proc`` and ``client.run``
+    go unnoticed by the caller; the output is whole."""
+    from smith_fast.client import Client
+
+    server = servers("uvloop")
+
+    async def main() -> tuple[bytes, bytes, int, int]:
+        proxy = await CuttingProxy(server.tcp).start()
+        client = await Client.connect(proxy.address, resume=True)
+        await client.handshake()
+        assert "resume" in client.accepted and client.resume_token
+
+        async def cutter() -> None:
+            while True:
+                await asyncio.sleep(0.05)
+                proxy.cut()
+
+        cutting = asyncio.ensure_future(cutter())
+        try:
+            proc = await client.start(PACED.format(n=400))
+            streamed = b"".join([chunk.data async for chunk in proc])
+            assert await proc.wait() == 0
+            burst = await client.run("seq 1 30000")
+            assert burst.exit_code == 0
+        finally:
+            cutting.cancel()
+            await asyncio.gather(cutting, return_exceptions=True)
+        resumes = client.resumes
+        await client.close()
+        await proxy.close()
+        return streamed, burst.stdout, resumes, proxy.cuts
+
+    streamed, burst, resumes, cuts = run(main())
+    print(f"{resumes} resumes over {cuts} cuts")
+    assert streamed.decode() == Request("", 400).expected
+    assert burst.decode() == Request("", 30000).expected
+    assert resumes >= 5 and resumes <= cuts
