@@ -3,7 +3,9 @@
 Each connection to the proxy gets its own connection to the target; bytes are passed both ways
 as they come. :meth:`CuttingProxy.cut` aborts every connection it carries on both sides at once
 (the peer and the service each see the connection die, whatever was in flight is lost), as a
-broken network or a NAT timeout would; new connections are served as before.
+broken network would; new connections are served as before. ``cut(silent=True)`` drops only the
+peer's side: the service's connection stays open and what it sends there is read and thrown away,
+as when a NAT forgot the connection and the service has not noticed yet.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class CuttingProxy:
         self._handlers: set[asyncio.Task[Any]] = set()  # one per connection (asyncio.start_server's)
         self.address = ""
         self.cuts = 0  # cuts that dropped at least one connection
+        self._silenced: list[asyncio.StreamWriter] = []  # service sides left open by silent cuts
 
     async def start(self) -> Self:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -81,17 +84,24 @@ class CuttingProxy:
             for writer in pair:
                 writer.transport.abort()
 
-    def cut(self) -> int:
-        """Drop every connection now; how many were dropped."""
+    def cut(self, silent: bool = False) -> int:
+        """Drop every connection now (``silent``: only on the peer's side); how many were dropped."""
         pairs = list(self._pairs)
         for pair in pairs:
-            self._drop(pair)
+            if silent:
+                self._silenced.append(pair[1])
+                self._pairs.discard(pair)  # its pump from the service goes on, into a closed peer
+                pair[0].transport.abort()
+            else:
+                self._drop(pair)
         if pairs:
             self.cuts += 1
         return len(pairs)
 
     async def close(self) -> None:
         self.cut()
+        for writer in self._silenced:
+            writer.transport.abort()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

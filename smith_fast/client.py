@@ -265,6 +265,7 @@ class Client:
         self._unread: dict[str, pb.Command] = {}
         self._replay_left = -1
         self._closing = False
+        self._resume_refusal: ConnectionClosed | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -836,14 +837,15 @@ class Client:
             while True:
                 try:
                     data = await self._reader.read(1 << 20)
-                except (ConnectionError, OSError):
+                except (ConnectionError, OSError) as exc:
                     if await self._resumed():
                         continue
-                    raise
+                    self._close_reason = self._resume_refusal or exc
+                    break
                 if not data:
                     if await self._resumed():
                         continue
-                    self._close_reason = EOFError("the service closed the connection")
+                    self._close_reason = self._resume_refusal or EOFError("the service closed the connection")
                     break
                 for unit in self._decoder.feed(data):
                     self._receive(unit)
@@ -902,7 +904,8 @@ class Client:
                 delay = min(delay * 2, 1.0)
                 continue
             if not answer.resumed:  # refused: the session is gone
-                self._close_reason = ConnectionClosed(f"the connection dropped and the session could not be resumed: {answer.service_info.get('error', '')}")
+                self._resume_refusal = ConnectionClosed(
+                    f"the connection dropped and the session could not be resumed: {answer.service_info.get('error', '')}")
                 writer.close()
                 return False
             self._reader, self._writer = reader, writer

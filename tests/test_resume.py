@@ -110,7 +110,7 @@ def resume(token: str, after: int) -> pb.Command:
 async def open_session(address: str, **client_info: str) -> tuple[Link, str, int]:
     """A fresh session that asked for resume: its link, token and the last sequence received."""
     link = await Link.open(address)
-    link.send(handshake(**RESUME, **client_info))
+    link.send(handshake(**{**RESUME, **client_info}))
     last = 0
     while True:
         env = await link.recv()
@@ -139,8 +139,10 @@ class ResumingPeer:
     """A peer that resumes its session whenever its connection drops, and checks what it gets:
     every sequence once, in order; every request's output and terminal state."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, **client_info: str) -> None:
         self.address = address
+        self.client_info = client_info
+        self.batches = 0
         self.requests: dict[str, Request] = {}
         self.last = 0
         self.token = ""
@@ -152,7 +154,7 @@ class ResumingPeer:
         self.unexpected: list[str] = []
 
     async def start(self) -> None:
-        self.link, self.token, self.last = await open_session(self.address)
+        self.link, self.token, self.last = await open_session(self.address, **self.client_info)
 
     def run(self, request_id: str, request: Request) -> None:
         self.requests[request_id] = request
@@ -208,43 +210,51 @@ class ResumingPeer:
                     replay -= 1
                     if replay == 0:
                         self._resend()
-            self._event(env)
+            if env.HasField("batch_event"):
+                self.batches += 1
+                for event in env.batch_event.events:
+                    self._event(event)
+            else:
+                self._event(env.event)
 
-    def _event(self, env: pb.Envelope) -> None:
-        event_kind = kind(env)
+    def _event(self, event: pb.Event) -> None:
+        event_kind = event.WhichOneof("event_type")
         if event_kind == "shell_output":
-            out = env.event.shell_output
+            out = event.shell_output
             req = self.requests[out.request_id]
             req.stdout.append(out.stdout)
             if out.finished:
                 req.finished += 1
                 req.exit_code = out.exit_code
         elif event_kind == "state_change":
-            sc = env.event.state_change
+            sc = event.state_change
             if sc.request_id:
                 req = self.requests[sc.request_id]
                 if sc.state == pb.SERVICE_STATE_PROCESSING:
                     req.processing += 1
                 elif sc.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
                     req.terminal.append(sc.state)
-        elif event_kind == "error" and env.event.error.details.get("reason") == "duplicate_request":
+        elif event_kind == "error" and event.error.details.get("reason") == "duplicate_request":
             self.duplicates += 1
         else:
-            self.unexpected.append(str(env.event).strip())
+            self.unexpected.append(str(event).strip())
 
 
 PACED = "python3 -u -c 'import time\nfor i in range(1, {n} + 1):\n print(i)\n time.sleep(0.002)'"
 
 
-def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, request: pytest.FixtureRequest) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("accept", ["resume", "resume,batch_event"])
+def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, request: pytest.FixtureRequest, accept: str) -> None:  # type: ignore[no-untyped-def]
     """The Done-when test: commands stream (paced and in bursts, several at once, new ones started
     while it goes on) while the proxy cuts the connection >= 100 times; the peer resumes each time.
-    The service runs on the loop the peer does (``run``'s parameter)."""
+    The service runs on the loop the peer does (``run``'s parameter); events one per envelope, or
+    in BatchEvents (replayed as the batches they were)."""
     server = servers(request.node.callspec.params["run"])
+    logged = len(server.logs)
 
-    async def main() -> ResumingPeer:
+    async def main() -> tuple[ResumingPeer, int]:
         proxy = await CuttingProxy(server.tcp).start()
-        peer = ResumingPeer(proxy.address)
+        peer = ResumingPeer(proxy.address, **{"smith_fast.accept": accept})
         await peer.start()
         rng = random.Random(16)
         started = 0
@@ -261,16 +271,16 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
             launch()
 
         async def cutter() -> None:
-            while proxy.cuts < CUTS:
+            while peer.resumes < CUTS:
                 await peer.received.wait()
                 await asyncio.sleep(rng.uniform(0.0, 0.03))
                 peer.received.clear()
-                proxy.cut()
+                proxy.cut(silent=rng.random() < 0.3)  # the service may not notice: the resume takes over
 
         async def keep_busy() -> None:
-            while proxy.cuts < CUTS:
+            while peer.resumes < CUTS:
                 await asyncio.sleep(0.05)
-                while len(peer.open()) < 3 and proxy.cuts < CUTS:
+                while len(peer.open()) < 3 and peer.resumes < CUTS:
                     try:
                         launch()
                     except (ConnectionError, RuntimeError, AssertionError):
@@ -279,20 +289,22 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
         cutting = asyncio.ensure_future(cutter())
         busy = asyncio.ensure_future(keep_busy())
         try:
-            await asyncio.wait_for(peer.pump(lambda: proxy.cuts >= CUTS and not peer.open()), 120)
+            await asyncio.wait_for(peer.pump(lambda: peer.resumes >= CUTS and not peer.open()), 120)
         finally:
             cutting.cancel()
             busy.cancel()
             await asyncio.gather(cutting, busy, return_exceptions=True)
             await proxy.close()
-        return peer
+        return peer, proxy.cuts
 
-    peer = run(main())
-    took_over = sum(1 for r in server.logs if r.get("event") == "session resumed" and r.get("took_over"))
+    peer, cuts = run(main())
+    took_over = sum(1 for r in server.logs[logged:] if r.get("event") == "session resumed" and r.get("took_over"))
     print(f"{took_over} resumes took the session from a connection the service still had")
+    assert took_over > 0
     print(f"{peer.resumes} resumes, {len(peer.requests)} requests, {peer.duplicates} duplicates refused, {peer.replayed} replayed, last sequence {peer.last}")
     assert peer.unexpected == []
-    assert peer.resumes >= CUTS
+    assert peer.resumes >= CUTS and cuts >= CUTS
+    assert (peer.batches > 0) == ("batch_event" in accept)
     assert len(peer.requests) >= 3
     for request_id, req in peer.requests.items():
         assert req.terminal == [pb.SERVICE_STATE_READY], request_id

@@ -774,6 +774,8 @@ class Session:
         resumable.origin.forward(None)
         self._front = None
         self._close, self._unsent, self._hold_input = _nothing, _none_unsent, None
+        if self.paused:  # by the dropped connection's flow control: its requests go on, into the ring
+            self.resume()
         log.info("session parked", extra={"fields": {"peer": self.peer, "window": self.core.parked.window, "requests": len(self._tasks)}})
         return True
 
@@ -790,6 +792,12 @@ class Session:
                 raise ResumeRefused(
                     "this connection cannot resume a session: only v1 over Unix and TCP can (PROTOCOL.md, \"Resume\")",
                     "resume_unsupported",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                )
+            if self.handshaken:
+                raise ResumeRefused(
+                    "a resume must be the first handshake of its connection; this one already carries a session",
+                    "resume_invalid",
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
             other = self.core.parked.find(hs.resume_token)
@@ -817,6 +825,9 @@ class Session:
         """
         resumable = self.resumable
         assert resumable is not None
+        # What waits in a pending batch goes into the ring first: the replay must hold everything
+        # written so far, or a peer would send again a request whose PROCESSING is still batched.
+        self.sink.flush_batch()
         units = resumable.retention.replay(after)
         old, self._front = self._front, front
         if old is not None:
