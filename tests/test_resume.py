@@ -429,12 +429,11 @@ def test_a_parked_session_holds_at_most_its_buffer_while_its_command_floods(run,
     async def main() -> None:
         link, token, last = await open_session(short.tcp)
         request = rid()
-        link.send(shell(request, "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 2000000000"))
-        seen = 0
-        while seen < 5:
-            env = await link.recv()
+        # the peer has all of it when it drops; the flood starts while it is away
+        link.send(shell(request, "echo away; sleep 0.3; yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 2000000000"))
+        while not (kind(env := await link.recv()) == "shell_output" and env.event.shell_output.stdout == "away\n"):
             last = env.sequence or last
-            seen += kind(env) == "shell_output"
+        last = env.sequence
         before = _rss(short.pid)
         link.close()
         peak = before
@@ -454,6 +453,7 @@ def test_a_parked_session_holds_at_most_its_buffer_while_its_command_floods(run,
             last = env.sequence
             if kind(env) == "shell_output":
                 text += env.event.shell_output.stdout
+        assert text.startswith("0123456789abcdefghijklmnopqrstuvwxyz\n")
         assert set(text) <= set("0123456789abcdefghijklmnopqrstuvwxyz\n")
         again.send(pb.Command(cancel=pb.CancelCommand(request_id=request)))
         while not (kind(env := await again.recv()) == "state_change" and env.event.state_change.request_id == request
@@ -504,3 +504,49 @@ def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:
     assert streamed.decode() == Request("", 400).expected
     assert burst.decode() == Request("", 30000).expected
     assert resumes >= 5 and resumes <= cuts
+
+
+def test_a_unix_session_resumes_over_tcp_and_stdio_cannot_resume(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
+    """The token names the session, not the listener; a front without resume does not grant it."""
+    from smith_fast.client import Client
+
+    async def main() -> None:
+        reader, writer = await asyncio.open_unix_connection(short.sock_path)
+        link = Link(reader, writer)
+        link.send(handshake(**RESUME))
+        token, last = "", 0
+        while not token:
+            env = await link.recv()
+            last = env.sequence or last
+            token = env.event.ready.resume_token if kind(env) == "ready" else ""
+        request = rid()
+        link.send(shell(request, "sleep 0.3; echo done"))
+        while not (kind(env := await link.recv()) == "state_change" and env.event.state_change.request_id == request):
+            last = env.sequence or last
+        last = env.sequence  # PROCESSING
+        link.close()
+        again = await Link.open(short.tcp)
+        again.send(resume(token, last))
+        env = await again.recv()
+        assert env.event.ready.resumed
+        out = ""
+        while not (kind(env := await again.recv()) == "state_change" and env.event.state_change.request_id == request):
+            assert env.sequence == last + 1
+            last = env.sequence
+            out += env.event.shell_output.stdout
+        assert out == "done\n" and env.event.state_change.state == pb.SERVICE_STATE_READY
+        again.close()
+
+        stdio = await Client.spawn("--root", str(short.root))
+        ready = await stdio.handshake(accept=["resume"])
+        assert not ready.resume_token and "resume" not in stdio.accepted
+        while (warning := await stdio.events.get()) is not None and not warning.HasField("log"):
+            pass
+        assert warning is not None and "resume is not available" in warning.log.message
+        stdio.send(resume("anything", 0))
+        while (refused := await stdio.events.get()) is not None and not refused.HasField("error"):
+            pass
+        assert refused is not None and refused.error.details["reason"] == "resume_unsupported"
+        await stdio.close()
+
+    run(main())

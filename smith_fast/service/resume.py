@@ -11,9 +11,10 @@ ends the session as a dropped connection always did (its processes killed).
 
 Bounds (``--max-session-buffer``): while connected, the ring drops its oldest envelopes past the
 limit (the peer most likely has them; a resume that needs one is refused, ``resume_gap``, never
-answered with a hole). While parked, nothing written since the drop is ever dropped: past the limit
-the session is paused as for a peer that does not read (its child pipes are not read, no request
-starts), and those bytes count as unsent in its output budget (:mod:`~smith_fast.service.flow`).
+answered with a hole). While parked, nothing is dropped (which of the last envelopes the peer got is
+not known until it resumes): past the limit the session is paused as for a peer that does not read
+(its child pipes are not read, no request starts), and what was written since the drop counts as
+unsent in its output budget (:mod:`~smith_fast.service.flow`).
 
 The session moves between connections through a :class:`Front`, which the socket front
 (:class:`~smith_fast.service.connection.Connection`) implements; stdio and gRPC have none, so they
@@ -89,8 +90,8 @@ def sequence_of(unit: bytes, framed: bool = True) -> int:
 
 
 class Retention:
-    """The envelopes a resumable session wrote, the newest ``limit`` bytes of them (and, while it is
-    parked, everything written since it was parked).
+    """The envelopes a resumable session wrote: the newest ``limit`` bytes of them while it is
+    connected; while it is parked, all it had then and all written since.
 
     Args:
         limit: ``--max-session-buffer``.
@@ -99,7 +100,7 @@ class Retention:
         framed: the units carry a length prefix (socket fronts).
     """
 
-    __slots__ = ("limit", "units", "next", "size", "parked", "parked_units", "parked_bytes", "full", "_on_full", "_framed")
+    __slots__ = ("limit", "units", "next", "size", "parked", "parked_bytes", "full", "_on_full", "_framed")
 
     def __init__(self, limit: int, on_full: Callable[[], None], framed: bool = True) -> None:
         self.limit = limit
@@ -107,8 +108,7 @@ class Retention:
         self.next = 0  # the sequence of the next unit; 0 until the first one is seen
         self.size = 0
         self.parked = False
-        self.parked_units = 0  # written since the park: never dropped
-        self.parked_bytes = 0
+        self.parked_bytes = 0  # written since the park
         self.full = False
         self._on_full = on_full
         self._framed = framed
@@ -126,29 +126,31 @@ class Retention:
         self.units.append(unit)
         self.size += len(unit)
         if self.parked:
-            self.parked_units += 1
             self.parked_bytes += len(unit)
         if self.size > self.limit:
             self._trim()
 
     def _trim(self) -> None:
-        units = self.units
-        while self.size > self.limit and len(units) > self.parked_units:
-            self.size -= len(units.popleft())
-        if self.size > self.limit and not self.full:
+        if not self.parked:
+            units = self.units
+            while self.size > self.limit and units:
+                self.size -= len(units.popleft())
+        elif not self.full:
             self.full = True
             self._on_full()
 
     def park(self) -> None:
         self.parked = True
-        self.parked_units = 0
         self.parked_bytes = 0
+        if self.size > self.limit:
+            self._trim()
 
     def attach(self) -> None:
         self.parked = False
-        self.parked_units = 0
         self.parked_bytes = 0
         self.full = False
+        if self.size > self.limit:
+            self._trim()
 
     def replay(self, after: int) -> list[bytes]:
         """The units after sequence ``after`` (what the peer has not received); those up to it
