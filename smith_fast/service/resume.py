@@ -95,8 +95,8 @@ class Retention:
 
     Args:
         limit: ``--max-session-buffer``.
-        on_full: called once a parked session's ring is full of what its peer has never seen (the
-            session then pauses); again after each :meth:`attach` when it fills again.
+        on_full: called once a parked session's ring goes past ``limit`` (the session then
+            pauses, so that it produces no more); again after each :meth:`attach`.
         framed: the units carry a length prefix (socket fronts).
     """
 
