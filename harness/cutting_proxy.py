@@ -41,6 +41,12 @@ class CuttingProxy:
         self.address = f"tcp:127.0.0.1:{port}"
         return self
 
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     @property
     def connections(self) -> int:
         """Connections carried now."""

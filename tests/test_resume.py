@@ -253,7 +253,10 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
     logged = len(server.logs)
 
     async def main() -> tuple[ResumingPeer, int]:
-        proxy = await CuttingProxy(server.tcp).start()
+        async with CuttingProxy(server.tcp) as proxy:
+            return await cut_often(proxy), proxy.cuts
+
+    async def cut_often(proxy: CuttingProxy) -> ResumingPeer:
         peer = ResumingPeer(proxy.address, **{"smith_fast.accept": accept})
         await peer.start()
         rng = random.Random(16)
@@ -294,8 +297,7 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
             cutting.cancel()
             busy.cancel()
             await asyncio.gather(cutting, busy, return_exceptions=True)
-            await proxy.close()
-        return peer, proxy.cuts
+        return peer
 
     peer, cuts = run(main())
     took_over = sum(1 for r in server.logs[logged:] if r.get("event") == "session resumed" and r.get("took_over"))
@@ -474,7 +476,11 @@ def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:
     server = servers("uvloop")
 
     async def main() -> tuple[bytes, bytes, int, int]:
-        proxy = await CuttingProxy(server.tcp).start()
+        async with CuttingProxy(server.tcp) as proxy:
+            streamed, burst, resumes = await under_cuts(proxy)
+            return streamed, burst, resumes, proxy.cuts
+
+    async def under_cuts(proxy: CuttingProxy) -> tuple[bytes, bytes, int]:
         client = await Client.connect(proxy.address, resume=True)
         await client.handshake()
         assert "resume" in client.accepted and client.resume_token
@@ -494,10 +500,8 @@ def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:
         finally:
             cutting.cancel()
             await asyncio.gather(cutting, return_exceptions=True)
-        resumes = client.resumes
-        await client.close()
-        await proxy.close()
-        return streamed, burst.stdout, resumes, proxy.cuts
+            await client.close()
+        return streamed, burst.stdout, client.resumes
 
     streamed, burst, resumes, cuts = run(main())
     print(f"{resumes} resumes over {cuts} cuts")
