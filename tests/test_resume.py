@@ -15,7 +15,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import pytest
+from grpc import aio
 from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
@@ -37,7 +39,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
 
     def get(loop: str) -> ServerProcess:
         if loop not in started:
-            started[loop] = ServerProcess(tmp_path_factory.mktemp(f"resume-{loop}"), "--kill-grace", "1s", loop=loop).start()
+            started[loop] = ServerProcess(tmp_path_factory.mktemp(f"resume-{loop}"), "--kill-grace", "1s", "--grpc", "127.0.0.1:0",
+                                          loop=loop).start()
         return started[loop]
 
     yield get  # type: ignore[misc]  # a getter, typed loosely for the fixture
@@ -98,6 +101,43 @@ class Link:
     def close(self) -> None:
         self.writer.transport.abort()
 
+    async def aclose(self) -> None:
+        self.close()
+
+
+class GrpcLink:
+    """One ``Stream`` call, on a channel of its own (a new channel reconnects at once, without the
+    backoff an old one would wait out)."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = aio.insecure_channel(target)
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.call = self.channel.stream_stream("/smith.v1.SmithService/Stream")(self._requests())
+
+    @classmethod
+    async def open(cls, address: str) -> GrpcLink:
+        return cls(address.removeprefix("tcp:"))
+
+    async def _requests(self) -> Any:
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+    def send(self, command: pb.Command) -> None:
+        self.queue.put_nowait(pb.Envelope(timestamp=int(time.time() * 1000), command=command).SerializeToString())
+
+    async def recv(self) -> pb.Envelope:
+        try:
+            data = await self.call.read()
+        except grpc.RpcError as exc:
+            raise ConnectionError(str(exc)) from exc
+        if data is aio.EOF:
+            raise ConnectionError("the call ended")
+        return pb.Envelope.FromString(data)
+
+    async def aclose(self) -> None:
+        self.call.cancel()
+        await self.channel.close()
+
 
 def handshake(**client_info: str) -> pb.Command:
     return pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC], client_info=client_info))
@@ -107,9 +147,9 @@ def resume(token: str, after: int) -> pb.Command:
     return pb.Command(handshake=pb.HandshakeCommand(version=1, resume_token=token, resume_after=after))
 
 
-async def open_session(address: str, **client_info: str) -> tuple[Link, str, int]:
+async def open_session(address: str, opener: Any = Link.open, **client_info: str) -> tuple[Any, str, int]:
     """A fresh session that asked for resume: its link, token and the last sequence received."""
-    link = await Link.open(address)
+    link = await opener(address)
     link.send(handshake(**{**RESUME, **client_info}))
     last = 0
     while True:
@@ -139,14 +179,15 @@ class ResumingPeer:
     """A peer that resumes its session whenever its connection drops, and checks what it gets:
     every sequence once, in order; every request's output and terminal state."""
 
-    def __init__(self, address: str, **client_info: str) -> None:
+    def __init__(self, address: str, opener: Any = Link.open, **client_info: str) -> None:
         self.address = address
+        self.opener = opener
         self.client_info = client_info
         self.batches = 0
         self.requests: dict[str, Request] = {}
         self.last = 0
         self.token = ""
-        self.link: Link | None = None
+        self.link: Any = None
         self.resumes = 0
         self.replayed = 0  # envelopes the service sent again (lost in flight at a cut)
         self.duplicates = 0  # commands sent again after a resume that the service had read after all
@@ -154,7 +195,7 @@ class ResumingPeer:
         self.unexpected: list[str] = []
 
     async def start(self) -> None:
-        self.link, self.token, self.last = await open_session(self.address, **self.client_info)
+        self.link, self.token, self.last = await open_session(self.address, self.opener, **self.client_info)
 
     def run(self, request_id: str, request: Request) -> None:
         self.requests[request_id] = request
@@ -167,15 +208,15 @@ class ResumingPeer:
     async def _reconnect(self) -> int:
         """Resume until it works (a cut may land during the resume too); how many envelopes are replayed."""
         while True:
+            await self.link.aclose()
             try:
-                link = await Link.open(self.address)
-                link.send(resume(self.token, self.last))
-                env = await link.recv()
+                self.link = await self.opener(self.address)
+                self.link.send(resume(self.token, self.last))
+                env = await self.link.recv()
             except ConnectionError:
                 continue
             assert kind(env) == "ready" and env.event.ready.resumed, env
             assert env.sequence == 0 and env.event.ready.resume_token == self.token
-            self.link = link
             self.resumes += 1
             replayed = int(env.event.ready.service_info["smith_fast.replayed"])
             self.replayed += replayed
@@ -554,3 +595,37 @@ def test_a_unix_session_resumes_over_tcp_and_stdio_cannot_resume(run, short: Ser
         await stdio.close()
 
     run(main())
+
+
+async def test_a_grpc_stream_resumes_on_a_new_call(servers) -> None:  # type: ignore[no-untyped-def]
+    """The same over gRPC: the resume handshake is the first message of a new ``Stream`` call."""
+    server = servers("uvloop")
+    async with CuttingProxy("tcp:" + server.grpc.removeprefix("grpc:")) as proxy:
+        peer = ResumingPeer(proxy.address, GrpcLink.open)
+        await peer.start()
+        for _ in range(2):
+            peer.run(rid(), Request(PACED.format(n=300), 300))
+        peer.run(rid(), Request("seq 1 20000", 20000))
+        rng = random.Random(6)
+
+        async def cutter() -> None:
+            while peer.resumes < 20:
+                await peer.received.wait()
+                await asyncio.sleep(rng.uniform(0.0, 0.05))
+                peer.received.clear()
+                proxy.cut(silent=rng.random() < 0.3)
+
+        cutting = asyncio.ensure_future(cutter())
+        try:
+            await asyncio.wait_for(peer.pump(lambda: peer.resumes >= 20 and not peer.open()), 120)
+        finally:
+            cutting.cancel()
+            await asyncio.gather(cutting, return_exceptions=True)
+            await peer.link.aclose()
+    print(f"gRPC: {peer.resumes} resumes, {peer.replayed} replayed, last sequence {peer.last}")
+    assert peer.unexpected == []
+    assert peer.resumes >= 20
+    for request_id, req in peer.requests.items():
+        assert req.terminal == [pb.SERVICE_STATE_READY], request_id
+        assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
+        assert "".join(req.stdout) == req.expected, request_id

@@ -498,6 +498,8 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- resume (a resume.Front) -----------------------------------------------------------------
 
+    framed = True  # length-prefixed envelopes
+
     def forward(self, to: Front | None) -> None:
         assert to is None or isinstance(to, Connection)  # a socket session resumes on a socket
         self._onward = to

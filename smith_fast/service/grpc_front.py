@@ -50,7 +50,7 @@ from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
 from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
-from .resume import RESUME
+from .resume import Front
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .negotiation import wire_capabilities
@@ -134,10 +134,9 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
     version = common[0]
     granted, refused = core.grant(list(request.capabilities))
     accepted, interval_ms, _ = accept_additions(request.client_metadata) if version == 1 else ([], 0, [])
-    accepted = [a for a in accepted if a != RESUME]  # a gRPC stream cannot be resumed (PROTOCOL.md, "Resume")
     meta = core.service_info(version, granted, accepted, interval_ms)
     meta["available_capabilities"] = ",".join(sorted(capability_name(c) for c in core.capabilities))
-    meta["smith_fast.acceptable"] = ",".join(a for a in ACCEPTABLE if a != RESUME)
+    meta["smith_fast.acceptable"] = ",".join(ACCEPTABLE)
     if refused:
         meta["rejected_capabilities"] = ",".join(capability_name(c) for c, _ in refused)
     fallback = version == 0
@@ -151,7 +150,9 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
 class _Stream:
     """One ``Stream`` call: a session, its outgoing queue and the reader of its requests."""
 
-    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused", "_reading")
+    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused", "_reading", "_onward", "_released")
+
+    framed = False  # bare envelopes (a resume.Front: a session resumes on a front that frames alike)
 
     def __init__(self, core: ServiceCore, peer: str) -> None:
         self.out: collections.deque[bytes] = collections.deque()
@@ -162,9 +163,11 @@ class _Stream:
         self._paused = False
         self._reading = asyncio.Event()  # clear while the session holds the peer's input
         self._reading.set()
+        self._onward: _Stream | None = None  # its session resumed on another call: its writes go there
+        self._released = False  # another call took its session over
         self.sink = V1Sink(self.push, framed=False, notify=self.notify)
         self.session: Session = core.new_session(
-            self.sink, close=self.close, peer=peer, protocol="grpc", unsent=self._unsent, hold_input=self._hold_input
+            self.sink, close=self.close, peer=peer, protocol="grpc", unsent=self._unsent, hold_input=self._hold_input, front=self
         )
 
     def _unsent(self) -> int:
@@ -178,6 +181,8 @@ class _Stream:
 
     def push(self, data: bytes) -> None:
         if self.closed:
+            if self._onward is not None:
+                self._onward.push(data)
             return
         self.out.append(data)
         self.pending += len(data)
@@ -187,6 +192,9 @@ class _Stream:
         self.notify()
 
     def notify(self) -> None:
+        if self._onward is not None:
+            self._onward.notify()
+            return
         wake = self.wake
         if not wake.is_set():
             wake.set()
@@ -195,13 +203,40 @@ class _Stream:
         self.closed = True
         self.wake.set()
 
+    # ---- resume (a resume.Front) ---------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.push(data)
+
+    def unsent(self) -> int:
+        return self.pending
+
+    def hold_input(self, held: bool) -> None:
+        self._hold_input(held)
+
+    def forward(self, to: Front | None) -> None:
+        assert to is None or isinstance(to, _Stream)  # a gRPC session resumes on a gRPC call
+        self._onward = to
+
+    def carry(self, session: object) -> None:
+        assert isinstance(session, Session)
+        self.session = session
+        self.sink = session.sink  # type: ignore[assignment]  # a gRPC session's sink is a V1Sink
+
+    def release(self) -> None:
+        """Another call took the session over: end this one (as done, not as a lost peer)."""
+        self._released = True
+        self.close()
+
     async def read(self, requests: AsyncIterator[bytes]) -> None:
-        session = self.session
         io = self.io
         reading = self._reading
         async for raw in requests:
+            if self._released:
+                return
             if not reading.is_set():  # the peer does not read, or its requests wait: take no more
                 await reading.wait()
+            session = self.session  # another one once a resume handshake took it over
             io.frames_in += 1
             io.bytes_in += len(raw)
             try:
@@ -212,13 +247,14 @@ class _Stream:
                 session.protocol_error(invalid_envelope(len(raw), exc))
                 continue
             session.handle_envelope(env)
-        await session.finish()  # half-close: the client still listens
+        if not self._released:
+            await self.session.finish()  # half-close: the client still listens
 
     async def responses(self) -> AsyncIterator[bytes]:
-        out, sink, io, wake = self.out, self.sink, self.io, self.wake
+        out, io, wake = self.out, self.io, self.wake
         while True:
             if not out:
-                sink.flush_batch()  # everything batched while the previous message was sent
+                self.sink.flush_batch()  # everything batched while the previous message was sent
                 if not out:
                     if self.closed:
                         return
@@ -385,7 +421,7 @@ class GrpcFront:
             raise
         if presented is not None:
             stream.session.authenticated = True
-        deadlines = Deadlines(core.limits, lambda: stream.session, stream.session.expire)
+        deadlines = Deadlines(core.limits, lambda: stream.session, lambda reason, message: stream.session.expire(reason, message))
         log.debug("stream", extra={"fields": {"peer": stream.session.peer}})
         reader = asyncio.get_running_loop().create_task(stream.read(requests))
         reader.add_done_callback(lambda task: self._reader_done(task, stream))

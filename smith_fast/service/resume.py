@@ -17,8 +17,8 @@ not known until it resumes): past the limit the session is paused as for a peer 
 unsent in its output budget (:mod:`~smith_fast.service.flow`).
 
 The session moves between connections through a :class:`Front`, which the socket front
-(:class:`~smith_fast.service.connection.Connection`) implements; stdio and gRPC have none, so they
-cannot resume.
+(:class:`~smith_fast.service.connection.Connection`) and a gRPC ``Stream`` call implement; stdio has
+none (nobody reconnects to a pipe), so it cannot resume.
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ class ResumeRefused(ProtocolError):
 
 class Front(Protocol):
     """What a resumable session needs of the connection that carries it."""
+
+    @property
+    def framed(self) -> bool:
+        """Its envelopes carry a length prefix (sockets; a gRPC call's messages do not): a session
+        resumes only on a front that frames as the one it started on, whose bytes it retained."""
+        ...
 
     def write(self, data: bytes) -> None:
         """Queue one framed envelope for the peer."""

@@ -108,7 +108,7 @@ class Session:
             does not read, or the commands waiting for the budget hold over a quarter of it),
             with False when they may be again.
         front: the connection as a :class:`~smith_fast.service.resume.Front`, when the session
-            can be resumed over another one after it dropped (Unix and TCP; not stdio or gRPC).
+            can be resumed over another one after it dropped (Unix, TCP, gRPC; not stdio).
     """
 
     def __init__(
@@ -429,7 +429,7 @@ class Session:
         token = self._offer_resume() if RESUME in accepted else None
         if RESUME in accepted and token is None:
             accepted.remove(RESUME)
-            warnings.append((f"{ACCEPT_KEY}: resume is not available here (stdio and gRPC cannot resume; --resume-window 0 turns it off)",
+            warnings.append((f"{ACCEPT_KEY}: resume is not available here (stdio cannot resume; --resume-window 0 turns it off)",
                              {"key": ACCEPT_KEY, "ignored": RESUME}))
         self.granted = frozenset(granted)
         self.handshaken = True
@@ -790,7 +790,7 @@ class Session:
         try:
             if self._front is None or self.version != 1:
                 raise ResumeRefused(
-                    "this connection cannot resume a session: only v1 over Unix and TCP can (PROTOCOL.md, \"Resume\")",
+                    "this connection cannot resume a session: only v1 over Unix, TCP and gRPC can (PROTOCOL.md, \"Resume\")",
                     "resume_unsupported",
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
@@ -806,6 +806,12 @@ class Session:
                     "the resume token names no session that can be resumed here (a wrong token, an ended session, "
                     "or its --resume-window passed); send a fresh handshake",
                     "resume_unknown",
+                )
+            if other.sink.framed != self._front.framed:
+                raise ResumeRefused(
+                    "that session was started over gRPC (or a socket) and resumes only over the same kind of front",
+                    "resume_unsupported",
+                    pb.ERROR_CODE_UNSPECIFIED,
                 )
             other.reattach(self._front, hs.resume_after)
         except ResumeRefused as exc:
