@@ -503,6 +503,10 @@ class Connection(asyncio.BufferedProtocol):
     def forward(self, to: Front | None) -> None:
         assert to is None or isinstance(to, Connection)  # a socket session resumes on a socket
         self._onward = to
+        if self._shut:  # its socket is gone: its read buffer and unsent bytes are of no use any more
+            self._out.flush()
+            self._buffer = bytearray()
+            self._view = memoryview(self._buffer)
 
     def carry(self, session: object) -> None:
         assert isinstance(session, Session)
