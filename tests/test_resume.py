@@ -9,10 +9,9 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import random
-import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -26,14 +25,14 @@ from smith_fast.pb import smith_pb2 as pb
 from harness.cutting_proxy import CuttingProxy
 from harness.server import ServerProcess, pid_alive, wait_until
 
-from .peers import V1Peer, errors, kind
+from .peers import kind
 
 CUTS = 100
 RESUME = {"smith_fast.accept": "resume"}
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], ServerProcess]]:
     """One service per event loop (the service's transports are the loop's), started when first used."""
     started: dict[str, ServerProcess] = {}
 
@@ -43,7 +42,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
                                           loop=loop).start()
         return started[loop]
 
-    yield get  # type: ignore[misc]  # a getter, typed loosely for the fixture
+    yield get
     for srv in started.values():
         assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
@@ -112,7 +111,7 @@ class GrpcLink:
     def __init__(self, target: str) -> None:
         self.channel = aio.insecure_channel(target)
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.call = self.channel.stream_stream("/smith.v1.SmithService/Stream")(self._requests())
+        self.call: Any = self.channel.stream_stream("/smith.v1.SmithService/Stream")(self._requests())
 
     @classmethod
     async def open(cls, address: str) -> GrpcLink:
