@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["MAX_LENGTH", "ONE_BYTE", "encode", "encode_int32", "size", "skip"]
+__all__ = ["MAX_LENGTH", "ONE_BYTE", "decode", "encode", "encode_int32", "size", "skip"]
 
 MAX_LENGTH: Final = 10  # a uint64 needs at most ten 7-bit groups
 """The longest varint: ten bytes (a ``uint64``, or a negative ``int32`` sign-extended to 64 bits)."""
@@ -93,3 +93,19 @@ def skip(data: bytes | bytearray | memoryview, pos: int = 0) -> int:
     while data[pos] & 0x80:
         pos += 1
     return pos + 1
+
+
+def decode(data: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int]:
+    """The varint that starts at ``data[pos]`` and the index just past it.
+
+    Like :func:`skip`, for varints this process wrote itself (a written envelope's fields): it does
+    not check them, and one that runs off the end raises ``IndexError``.
+    """
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7

@@ -24,6 +24,12 @@ connection has ended. A client can ask for the Envelope
 additions in its handshake (``accept=["batch_event", "health", "metrics"]``): BatchEvents are
 unpacked transparently, :meth:`Client.health_check` asks in-stream, and metrics reports land in
 :attr:`Client.metrics` and :attr:`Client.resource_usage`.
+
+A client connected with ``resume=True`` (v1 over Unix or TCP) survives a dropped connection: it
+reconnects, resumes its session (PROTOCOL.md, "Resume") and sends again the requests the service
+never read, so an ``async for`` over a request's events goes on as if nothing happened::
+
+    client = await Client.connect("tcp:host:7878", resume=True)
 """
 
 from __future__ import annotations
@@ -219,10 +225,12 @@ class Client:
         max_frame_size: int = 64 * 1024 * 1024,
         token: str | None = None,
         address: str | None = None,
+        resume: bool = False,
     ) -> None:
         self._init_state(protocol, process)
         self.token = token
         self.address = address
+        self.resume = resume and protocol == "v1" and address is not None
         self._reader = reader
         self._writer = writer
         self._decoder: FrameDecoder | LineDecoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
@@ -249,12 +257,22 @@ class Client:
         self._close_reason: BaseException | None = None
         self._seq = Sequencer()
         self._codec = JsonlCodec()
+        # resume (PROTOCOL.md, "Resume"): the session's token, the last sequence received, the
+        # requests sent that the service has not said it read, and the replay still to come
+        self.resume = False
+        self.resume_token = ""
+        self.last_sequence = 0
+        self.resumes = 0
+        self._unread: dict[str, pb.Command] = {}
+        self._replay_left = -1
+        self._closing = False
+        self._resume_refusal: ConnectionClosed | None = None
 
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
     async def connect(
-        cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None
+        cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None, resume: bool = False
     ) -> Client:
         """Connect to ``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or ``grpc:HOST:PORT``.
 
@@ -266,6 +284,8 @@ class Client:
             token: the service's shared secret (``serve --token``): sent in the handshake's
                 ``client_info["token"]`` (v0: the Handshake's ``"token"`` member) and, over gRPC,
                 as ``authorization: Bearer`` call metadata.
+            resume: ask for ``resume`` in the handshake and, when the connection drops, reconnect
+                and resume the session (v1 over Unix or TCP; PROTOCOL.md, "Resume").
 
         Returns:
             The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
@@ -292,7 +312,7 @@ class Client:
                 reader, writer = await asyncio.open_connection(*target, limit=limit)
         except OSError as exc:
             raise ConnectError(f"cannot connect to {name}: {_reason(exc)}") from exc
-        return cls(reader, writer, protocol=protocol, token=token, address=name)
+        return cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume)
 
     @classmethod
     async def spawn(
@@ -356,6 +376,8 @@ class Client:
         self._send_bytes(self._seq.stamp(env).SerializeToString())
 
     def _send_bytes(self, envelope: bytes) -> None:
+        if self.resume_token and self._routes:
+            self._note_unread(envelope)
         self._writer.write(encode_frame(envelope))
 
     def _send_v0_handshake(self, command: pb.Command, token: str) -> None:
@@ -415,6 +437,8 @@ class Client:
         hs.capabilities.extend(_capability(c) for c in capabilities)
         hs.client_info.update(client_info or {"client": "smith-fast-sdk"})
         accept = list(accept)
+        if self.resume and "resume" not in accept:
+            accept.append("resume")
         if accept:
             hs.client_info[ACCEPT_KEY] = ",".join(accept)
         if metrics_interval_ms is not None:
@@ -453,6 +477,7 @@ class Client:
             kind = event.WhichOneof("event_type")
             if kind == "ready":
                 self.ready = event.ready
+                self.resume_token = event.ready.resume_token if self.resume else ""
                 granted = event.ready.service_info.get(ACCEPTED_KEY, "")
                 self.accepted = frozenset(item for item in granted.split(",") if item)
                 return event.ready
@@ -818,11 +843,13 @@ class Client:
         cmd = pb.Command()
         cmd.shutdown.SetInParent()
         self.send(cmd)
+        self._closing = True  # the close that follows is no drop to resume from
         await self._writer.drain()
         await self._closed.wait()
 
     async def close(self) -> None:
         """Close the connection (and stop a spawned service)."""
+        self._closing = True
         if not self._writer.is_closing():
             self._writer.close()
         with contextlib.suppress(Exception):
@@ -863,6 +890,8 @@ class Client:
         if kind is None and not self.answered:
             raise self._not_smith()
         self.answered = True
+        if env.sequence and self.resume_token:
+            self._sequenced(env.sequence)
         if kind == "event":
             self._dispatch(env.event)
         elif kind == "batch_event":
@@ -886,6 +915,8 @@ class Client:
 
     def _dispatch(self, event: pb.Event) -> None:
         rid = event_request_id(event)
+        if self._unread and rid in self._unread and event.WhichOneof("event_type") == "state_change":
+            del self._unread[rid]  # the service read it
         queue = self._routes.get(rid) if rid else None
         if queue is not None:
             queue.put_nowait(event)
@@ -895,9 +926,17 @@ class Client:
     async def _read_loop(self) -> None:
         try:
             while True:
-                data = await self._reader.read(1 << 20)
+                try:
+                    data = await self._reader.read(1 << 20)
+                except (ConnectionError, OSError) as exc:
+                    if await self._resumed():
+                        continue
+                    self._close_reason = self._resume_refusal or exc
+                    break
                 if not data:
-                    self._close_reason = EOFError("the service closed the connection")
+                    if await self._resumed():
+                        continue
+                    self._close_reason = self._resume_refusal or EOFError("the service closed the connection")
                     break
                 for unit in self._decoder.feed(data):
                     self._receive(unit)
@@ -907,6 +946,91 @@ class Client:
             self._close_reason = ConnectionClosed("client closed")
         finally:
             self._connection_ended()
+
+    # ---- resume (PROTOCOL.md, "Resume") --------------------------------------------------------
+
+    def _note_unread(self, envelope: bytes) -> None:
+        """Keep a request command until the service says it read it (its first state change), to
+        send it again after a resume if the drop lost it."""
+        command = pb.Envelope.FromString(envelope).command
+        kind = command.WhichOneof("command_type")
+        rid = getattr(getattr(command, kind), "request_id", "") if kind not in (None, "cancel", "stdin", "resize", "handshake") else ""
+        if rid and rid in self._routes:
+            self._unread[rid] = command
+
+    def _sequenced(self, sequence: int) -> None:
+        self.last_sequence = sequence
+        if self._replay_left > 0:
+            self._replay_left -= 1
+            if self._replay_left == 0:
+                self._resend()
+
+    def _resend(self) -> None:
+        """After the replay: what the service never read goes again (a copy of one it did read is
+        refused as a duplicate, which changes nothing)."""
+        self._replay_left = -1
+        for command in list(self._unread.values()):
+            env = pb.Envelope()
+            env.command.CopyFrom(command)
+            self._writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))
+
+    async def _resumed(self, patience: float = 30.0) -> bool:
+        """The connection dropped: reconnect and resume the session, retrying for ``patience``
+        seconds (the service's ``--resume-window`` is 30 s by default). False when this client does
+        not resume, is closing, or the service refused (the session is gone)."""
+        if not (self.resume and self.resume_token) or self._closing or self.address is None:
+            return False
+        kind, target = parse_address(self.address)
+        deadline = time.monotonic() + patience
+        delay = 0.01
+        while not self._closing and time.monotonic() < deadline:
+            try:
+                if isinstance(target, str):
+                    reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
+                else:
+                    reader, writer = await asyncio.open_connection(*target, limit=1 << 20)
+                answer, rest = await self._resume_on(reader, writer)
+            except (ConnectionError, OSError, EOFError):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if not answer.resumed:  # refused: the session is gone
+                self._resume_refusal = ConnectionClosed(
+                    f"the connection dropped and the session could not be resumed: {answer.service_info.get('error', '')}")
+                writer.close()
+                return False
+            self._reader, self._writer = reader, writer
+            self.resumes += 1
+            self._replay_left = int(answer.service_info.get("smith_fast.replayed", "0"))
+            if self._replay_left == 0:
+                self._resend()
+            for unit in rest:
+                self._receive(unit)
+            return True
+        return False
+
+    async def _resume_on(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[pb.ReadyEvent, list[bytes]]:
+        """Send the resume handshake on a new connection; the answer (a Ready, ``resumed`` false
+        when refused, the error in ``service_info["error"]``) and the envelopes read behind it."""
+        hs = pb.HandshakeCommand(version=1, resume_token=self.resume_token, resume_after=self.last_sequence)
+        if self.token is not None:
+            hs.client_info[TOKEN_KEY] = self.token
+        env = pb.Envelope()
+        env.command.handshake.CopyFrom(hs)
+        writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))
+        self._decoder = FrameDecoder(self._decoder.max_frame_size)  # type: ignore[union-attr]  # v1: a FrameDecoder
+        units: list[bytes] = []
+        while not units:
+            data = await reader.read(1 << 20)
+            if not data:
+                raise EOFError("closed during the resume")
+            units = self._decoder.feed(data)
+        first = pb.Envelope.FromString(units[0])
+        if first.event.WhichOneof("event_type") == "ready" and first.event.ready.resumed:
+            return first.event.ready, units[1:]
+        refused = pb.ReadyEvent()
+        refused.service_info["error"] = first.event.error.message or str(first)
+        return refused, []
 
     def _connection_ended(self) -> None:
         self._closed.set()

@@ -43,6 +43,11 @@ ADDED_FIELDS = {
     "smith.v1.ShellExecCommand.background": 10,
     "smith.v1.ShellOutputEvent.offset": 9,
     "smith.v1.Event.process_list": 10,
+    # Resume (PROTOCOL.md, "Resume")
+    "smith.v1.HandshakeCommand.resume_token": 4,
+    "smith.v1.HandshakeCommand.resume_after": 5,
+    "smith.v1.ReadyEvent.resume_token": 5,
+    "smith.v1.ReadyEvent.resumed": 6,
 }
 ADDED_MESSAGES = ("PtyRequest", "CancelCommand", "StdinCommand", "ResizeCommand",
                   "ListProcessesCommand", "AttachCommand", "ProcessListEvent", "BackgroundProcess")

@@ -135,7 +135,7 @@ class Command(_message.Message):
     def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ..., list_processes: _Optional[_Union[ListProcessesCommand, _Mapping]] = ..., attach: _Optional[_Union[AttachCommand, _Mapping]] = ...) -> None: ...
 
 class HandshakeCommand(_message.Message):
-    __slots__ = ("version", "capabilities", "client_info")
+    __slots__ = ("version", "capabilities", "client_info", "resume_token", "resume_after")
     class ClientInfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -146,10 +146,14 @@ class HandshakeCommand(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     CLIENT_INFO_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_FIELD_NUMBER: _ClassVar[int]
     version: int
     capabilities: _containers.RepeatedScalarFieldContainer[Capability]
     client_info: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., client_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    resume_token: str
+    resume_after: int
+    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., client_info: _Optional[_Mapping[str, str]] = ..., resume_token: _Optional[str] = ..., resume_after: _Optional[int] = ...) -> None: ...
 
 class PlanCommand(_message.Message):
     __slots__ = ("request_id", "goal", "context")
@@ -304,7 +308,7 @@ class Event(_message.Message):
     def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., process_list: _Optional[_Union[ProcessListEvent, _Mapping]] = ...) -> None: ...
 
 class ReadyEvent(_message.Message):
-    __slots__ = ("version", "capabilities", "service_id", "service_info")
+    __slots__ = ("version", "capabilities", "service_id", "service_info", "resume_token", "resumed")
     class ServiceInfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -316,11 +320,15 @@ class ReadyEvent(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SERVICE_INFO_FIELD_NUMBER: _ClassVar[int]
+    RESUME_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     version: int
     capabilities: _containers.RepeatedScalarFieldContainer[Capability]
     service_id: str
     service_info: _containers.ScalarMap[str, str]
-    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., service_id: _Optional[str] = ..., service_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    resume_token: str
+    resumed: bool
+    def __init__(self, version: _Optional[int] = ..., capabilities: _Optional[_Iterable[_Union[Capability, str]]] = ..., service_id: _Optional[str] = ..., service_info: _Optional[_Mapping[str, str]] = ..., resume_token: _Optional[str] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class StateChangeEvent(_message.Message):
     __slots__ = ("request_id", "state", "timestamp")

@@ -92,6 +92,10 @@ class Limits:
             what the front still holds for it plus what its running requests may still produce
             (``--max-session-buffer``; :mod:`smith_fast.service.flow`). Further requests wait,
             and its commands are not read, until the peer reads again.
+        resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
+            its events retained within ``max_session_buffer``) after its connection dropped, for
+            the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
+            :mod:`smith_fast.service.resume`).
     """
 
     max_frame_size: int = option(
@@ -182,6 +186,9 @@ class Limits:
     max_session_buffer: int = option(
         16 << 20, flag="--max-session-buffer", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="output held per session for a peer that does not read; beyond it requests wait and its commands are not read")
+    resume_window: float = option(
+        30.0, flag="--resume-window", unit="seconds", commands=_FRONTS, group=_LIMITS,
+        help="a dropped v1 session that asked for resume keeps running this long for its peer to reconnect; 0 = off")
 
 
 @dataclasses.dataclass(frozen=True)

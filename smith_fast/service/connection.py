@@ -52,6 +52,7 @@ from .auth import TOKEN_KEY
 from .core import ServiceCore
 from .deadlines import Deadlines
 from .redact import redacted_bytes, redacted_line
+from .resume import Front
 from .session import Session
 from .sinks import EventSink, V0Sink, V1Sink, now_ms
 
@@ -142,6 +143,8 @@ class Connection(asyncio.BufferedProtocol):
         self._fed = 0  # v1 bytes fed to the decoder before the current feed
         self._tail = b""  # while recording: the last bytes of the previous v1 feed (a split prefix)
         self._guarded = True  # no accepted handshake yet: --max-handshake-frame-size applies
+        # Its session resumed on another connection: what its sink writes here goes there (resume.py).
+        self._onward: Connection | None = None
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
 
@@ -229,6 +232,12 @@ class Connection(asyncio.BufferedProtocol):
         buffered = writer.get_write_buffer_size() if writer is not None and not self._shut else 0
         return buffered + self._out.pending_bytes
 
+    def unsent(self) -> int:
+        return self._unsent()
+
+    def hold_input(self, held: bool) -> None:
+        self._hold_input(held)
+
     def _hold_input(self, held: bool) -> None:
         """Stop (or resume) reading the peer's commands: the socket's buffers fill, and so the peer's."""
         transport = self._transport
@@ -264,7 +273,9 @@ class Connection(asyncio.BufferedProtocol):
             self._codec = codec
             self._lines = LineDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v0
-        self.session = self.core.new_session(sink, close=self.close, peer=self.peer, unsent=self._unsent, hold_input=self._hold_input)
+        self.session = self.core.new_session(
+            sink, close=self.close, peer=self.peer, unsent=self._unsent, hold_input=self._hold_input, front=None if self.trusted else self
+        )
         if self.trusted:
             self.session.authenticated = True
 
@@ -324,6 +335,10 @@ class Connection(asyncio.BufferedProtocol):
                 session.protocol_error(invalid_envelope(len(frame), exc))
                 continue
             session.handle_envelope(env)
+            if self.session is not session:  # it resumed another session (resume.py), or was taken over
+                if self.session is None:
+                    return
+                session = self.session
         if fatal is None and guard and not session.closing and not self._admitted(session):
             pending = self._decoder.pending_size
             if pending > self.core.limits.max_handshake_frame_size:
@@ -426,6 +441,8 @@ class Connection(asyncio.BufferedProtocol):
     def write(self, data: bytes) -> None:
         """Queue ``data``; it goes out with everything else written in this loop tick."""
         if self._shut:
+            if self._onward is not None:
+                self._onward.write(data)
             return
         self._io.frames_out += 1
         full = self._out.add(data)
@@ -437,7 +454,9 @@ class Connection(asyncio.BufferedProtocol):
             self._loop.call_soon(self._flush)
 
     def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
+        if self._onward is not None:
+            self._onward._schedule_flush()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
@@ -476,6 +495,33 @@ class Connection(asyncio.BufferedProtocol):
             self._loop.call_later(LINGER, writer.close)
             return
         transport.close()
+
+    # ---- resume (a resume.Front) -----------------------------------------------------------------
+
+    framed = True  # length-prefixed envelopes
+
+    def forward(self, to: Front | None) -> None:
+        assert to is None or isinstance(to, Connection)  # a socket session resumes on a socket
+        self._onward = to
+        if self._shut:  # its socket is gone: its read buffer and unsent bytes are of no use any more
+            self._out.flush()
+            self._buffer = bytearray()
+            self._view = memoryview(self._buffer)
+
+    def carry(self, session: object) -> None:
+        assert isinstance(session, Session)
+        self.session = session
+
+    def release(self) -> None:
+        """Its session was taken over by a newer connection: close this one at once, without
+        parking the session again (what was unsent here is retained and was sent there)."""
+        self.session = None
+        self._shut = True
+        self._feed = self._discard
+        if self._deadlines is not None:
+            self._deadlines.cancel()
+        if self._transport is not None:
+            self._transport.abort()  # type: ignore[attr-defined]  # a socket transport here; typed as the base
 
     # ---- refusing ----------------------------------------------------------------------------
 

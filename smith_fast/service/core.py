@@ -30,6 +30,7 @@ from .negotiation import (
     capability_name,
     endpoint_list,
 )
+from .resume import ParkedSessions
 from .runner import RunnerFactory, local_runner
 from .session import Session
 
@@ -131,6 +132,8 @@ class ServiceCore:
             tools={t.name: t.description for t in self.tools.tools()},
         )
         self.sessions: set[Session] = set()
+        # dropped sessions kept for a resume; as many as connections may be open
+        self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections)
         self.connections = 0  # live network connections and gRPC Stream calls (--max-connections)
         self.refusing = 0  # connections over the limit, waiting to be told so (connection.py)
         self.running_processes = 0

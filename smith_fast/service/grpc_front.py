@@ -51,6 +51,7 @@ from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
 from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
+from .resume import Front
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .negotiation import wire_capabilities
@@ -150,7 +151,9 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
 class _Stream:
     """One ``Stream`` call: a session, its outgoing queue and the reader of its requests."""
 
-    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused", "_reading")
+    __slots__ = ("session", "sink", "out", "pending", "closed", "wake", "io", "_paused", "_reading", "_onward", "_released")
+
+    framed = False  # bare envelopes (a resume.Front: a session resumes on a front that frames alike)
 
     def __init__(self, core: ServiceCore, peer: str) -> None:
         self.out: collections.deque[bytes] = collections.deque()
@@ -161,9 +164,11 @@ class _Stream:
         self._paused = False
         self._reading = asyncio.Event()  # clear while the session holds the peer's input
         self._reading.set()
+        self._onward: _Stream | None = None  # its session resumed on another call: its writes go there
+        self._released = False  # another call took its session over
         self.sink = V1Sink(self.push, framed=False, notify=self.notify)
         self.session: Session = core.new_session(
-            self.sink, close=self.close, peer=peer, protocol="grpc", unsent=self._unsent, hold_input=self._hold_input
+            self.sink, close=self.close, peer=peer, protocol="grpc", unsent=self._unsent, hold_input=self._hold_input, front=self
         )
 
     def _unsent(self) -> int:
@@ -177,6 +182,8 @@ class _Stream:
 
     def push(self, data: bytes) -> None:
         if self.closed:
+            if self._onward is not None:
+                self._onward.push(data)
             return
         self.out.append(data)
         self.pending += len(data)
@@ -186,6 +193,9 @@ class _Stream:
         self.notify()
 
     def notify(self) -> None:
+        if self._onward is not None:
+            self._onward.notify()
+            return
         wake = self.wake
         if not wake.is_set():
             wake.set()
@@ -193,6 +203,31 @@ class _Stream:
     def close(self) -> None:
         self.closed = True
         self.wake.set()
+
+    # ---- resume (a resume.Front) ---------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self.push(data)
+
+    def unsent(self) -> int:
+        return self.pending
+
+    def hold_input(self, held: bool) -> None:
+        self._hold_input(held)
+
+    def forward(self, to: Front | None) -> None:
+        assert to is None or isinstance(to, _Stream)  # a gRPC session resumes on a gRPC call
+        self._onward = to
+
+    def carry(self, session: object) -> None:
+        assert isinstance(session, Session)
+        self.session = session
+        self.sink = session.sink  # type: ignore[assignment]  # a gRPC session's sink is a V1Sink
+
+    def release(self) -> None:
+        """Another call took the session over: end this one (as done, not as a lost peer)."""
+        self._released = True
+        self.close()
 
     async def read(self, requests: AsyncIterator[bytes], gate: asyncio.Semaphore) -> None:
         session = self.session
@@ -204,8 +239,11 @@ class _Stream:
                 return
             requests = rest
         async for raw in requests:
+            if self._released:
+                return
             if not reading.is_set():  # the peer does not read, or its requests wait: take no more
                 await reading.wait()
+            session = self.session  # another one once a resume handshake took it over
             io.frames_in += 1
             io.bytes_in += len(raw)
             try:
@@ -216,7 +254,8 @@ class _Stream:
                 session.protocol_error(invalid_envelope(len(raw), exc))
                 continue
             session.handle_envelope(env)
-        await session.finish()  # half-close: the client still listens
+        if not self._released:
+            await self.session.finish()  # half-close: the client still listens
 
     async def _read_guarded(self, requests: AsyncIterator[bytes], gate: asyncio.Semaphore) -> AsyncIterator[bytes] | None:
         """Read and handle messages until the session has an accepted handshake, each read under the
@@ -228,10 +267,12 @@ class _Stream:
         Returns the rest of the call's messages, to be read without the gate, or None when the call
         was closed for a message over the limit.
         """
-        session = self.session
-        limit = session.core.limits.max_handshake_frame_size
+        limit = self.session.core.limits.max_handshake_frame_size
         it = aiter(requests)
-        while not (session.handshaken and session.authenticated) and not session.closing:
+        while True:
+            session = self.session  # another one once a resume handshake took it over
+            if (session.handshaken and session.authenticated) or session.closing or self._released:
+                break
             async with gate:
                 try:
                     raw = await anext(it)
@@ -266,10 +307,10 @@ class _Stream:
         return it
 
     async def responses(self) -> AsyncIterator[bytes]:
-        out, sink, io, wake = self.out, self.sink, self.io, self.wake
+        out, io, wake = self.out, self.io, self.wake
         while True:
             if not out:
-                sink.flush_batch()  # everything batched while the previous message was sent
+                self.sink.flush_batch()  # everything batched while the previous message was sent
                 if not out:
                     if self.closed:
                         return
@@ -441,7 +482,7 @@ class GrpcFront:
             raise
         if presented is not None:
             stream.session.authenticated = True
-        deadlines = Deadlines(core.limits, lambda: stream.session, stream.session.expire)
+        deadlines = Deadlines(core.limits, lambda: stream.session, lambda reason, message: stream.session.expire(reason, message))
         log.debug("stream", extra={"fields": {"peer": stream.session.peer}})
         reader = asyncio.get_running_loop().create_task(stream.read(requests, self._handshake_reads))
         reader.add_done_callback(lambda task: self._reader_done(task, stream))

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import tracing
+from .. import events, tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
@@ -34,12 +34,14 @@ from .health import HealthSource, health_response
 from .metrics import Gauges, ResourceSampler
 from .negotiation import (
     ACCEPT_KEY,
+    ACCEPTABLE,
     DEFAULT_METRICS_INTERVAL_MS,
     SUPPORTED_VERSIONS,
     accept_additions,
     capability_name,
     wire_capabilities,
 )
+from .resume import RESUME, Front, ParkedSessions, Resumable, ResumeRefused, Retention
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -54,6 +56,7 @@ log = get_logger("smith_fast.session")
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
+_EVENT = pb.Envelope.DESCRIPTOR.fields_by_name["event"].number
 # Commands of a batch handled per loop iteration: a large batch must not stall other sessions.
 _BATCH_SLICE = 128
 
@@ -74,6 +77,11 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     @property
     def sessions(self) -> MutableSet[Session]: ...
+
+    @property
+    def parked(self) -> ParkedSessions:
+        """The resumable sessions (:mod:`~smith_fast.service.resume`)."""
+        ...
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
@@ -100,6 +108,8 @@ class Session:
         hold_input: called with True when the peer's commands should no longer be read (the peer
             does not read, or the commands waiting for the budget hold over a quarter of it),
             with False when they may be again.
+        front: the connection as a :class:`~smith_fast.service.resume.Front`, when the session
+            can be resumed over another one after it dropped (Unix, TCP, gRPC; not stdio).
     """
 
     def __init__(
@@ -115,6 +125,7 @@ class Session:
         span: tracing.SpanHandle = tracing.NOOP,
         unsent: Callable[[], int] = lambda: 0,
         hold_input: Callable[[bool], None] | None = None,
+        front: Front | None = None,
     ) -> None:
         self.core = core
         self.sink = sink
@@ -126,7 +137,10 @@ class Session:
         self.handshaken = granted is not None
         self.paused = False
         self.shutting = False
-        self.budget = OutputBudget(core.limits.max_session_buffer, unsent)
+        self._unsent = unsent
+        self.budget = OutputBudget(core.limits.max_session_buffer, self._pending)
+        self._front = front  # the connection carrying it, when it can be resumed elsewhere (resume.py)
+        self.resumable: Resumable | None = None  # once a handshake asked for resume
         self._peer_reading = asyncio.Event()  # clear while the front says the peer does not read
         self._peer_reading.set()
         self._hold_input = hold_input
@@ -397,6 +411,9 @@ class Session:
                 self._deny("the handshake " + ("presents no token" if presented is None else "presents a wrong token"))
                 return
             self.authenticated = True
+        if hs.resume_token:
+            self._resume_from(hs)
+            return
         if hs.version not in SUPPORTED_VERSIONS:
             self.protocol_error(
                 ProtocolError(
@@ -420,6 +437,11 @@ class Session:
         for cap, why in refused:
             self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
         accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
+        token = self._offer_resume() if RESUME in accepted else None
+        if RESUME in accepted and token is None:
+            accepted.remove(RESUME)
+            warnings.append((f"{ACCEPT_KEY}: resume is not available here (stdio cannot resume; --resume-window 0 turns it off)",
+                             {"key": ACCEPT_KEY, "ignored": RESUME}))
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
@@ -441,6 +463,8 @@ class Session:
         if self.recorder is not None:
             info["smith_fast.recording"] = str(self.recorder.path)
         ready.service_info.update(info)
+        if token is not None:
+            ready.resume_token = token
         self.sink.event(event)
         self.sink.state_change(pb.SERVICE_STATE_READY)
         for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them
@@ -639,6 +663,8 @@ class Session:
             return
         self._closing = True
         self.core.sessions.discard(self)
+        if self.resumable is not None:
+            self.core.parked.forget(self.resumable.token)
         self.runner.end()
         self.span.end()
 
@@ -734,12 +760,146 @@ class Session:
         self._stop_recording()
 
     def connection_lost(self) -> None:
-        """The peer went away: nobody to report to, so kill children at once."""
+        """The peer went away: nobody to report to, so kill children at once (a resumable session
+        is parked instead, :meth:`_park`)."""
+        if self._park():
+            return
+        self._lost()
+
+    def _lost(self) -> None:
         self._end()
         self.runner.kill()
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._stop_recording()
+
+    # ---- resume (service/resume.py) ---------------------------------------------------------------
+
+    def _pending(self) -> int:
+        """What the output budget counts as unsent: the front's, and while parked what was retained since."""
+        resumable = self.resumable
+        return self._unsent() + (resumable.retention.parked_bytes if resumable is not None else 0)
+
+    def _offer_resume(self) -> str | None:
+        """Make this session resumable (from now on what it writes is retained); its token, or
+        None where it cannot be (no front, v0, ``--resume-window 0``)."""
+        if self.resumable is not None:
+            return self.resumable.token
+        if self._front is None or self.version != 1 or self.core.parked.window <= 0:
+            return None
+        retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
+        self.resumable = Resumable(self.core.parked.issue(self), retention, self._front)
+        self.sink.tap(retention.record)
+        return self.resumable.token
+
+    def _park(self) -> bool:
+        """The connection dropped: keep a resumable session running for ``--resume-window``."""
+        resumable = self.resumable
+        if resumable is None or self.shutting or self._closing or not self.core.parked.park(resumable.token):
+            return False
+        resumable.retention.park()
+        resumable.origin.forward(None)
+        self._front = None
+        self._close, self._unsent, self._hold_input = _nothing, _none_unsent, None
+        if self.paused:  # by the dropped connection's flow control: its requests go on, into the ring
+            self.resume()
+        log.info("session parked", extra={"fields": {"peer": self.peer, "window": self.core.parked.window, "requests": len(self._tasks)}})
+        return True
+
+    def expire_parked(self) -> None:
+        """``--resume-window`` passed without a resume: end as a dropped connection always did."""
+        self._lost()
+
+    def _resume_from(self, hs: pb.HandshakeCommand) -> None:
+        """A resume handshake: this connection carries the session its token names from now on,
+        and this one, which never served, ends without a word. A refusal is an ``ErrorEvent``;
+        the connection stays, for a fresh handshake."""
+        try:
+            if self._front is None or self.version != 1:
+                raise ResumeRefused(
+                    "this connection cannot resume a session: only v1 over Unix, TCP and gRPC can (PROTOCOL.md, \"Resume\")",
+                    "resume_unsupported",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                )
+            if self.handshaken:
+                raise ResumeRefused(
+                    "a resume must be the first handshake of its connection; this one already carries a session",
+                    "resume_invalid",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                )
+            other = self.core.parked.find(hs.resume_token)
+            if not isinstance(other, Session) or other is self or other.closing:
+                raise ResumeRefused(
+                    "the resume token names no session that can be resumed here (a wrong token, an ended session, "
+                    "or its --resume-window passed); send a fresh handshake",
+                    "resume_unknown",
+                )
+            if other.sink.framed != self._front.framed:
+                raise ResumeRefused(
+                    "that session was started over gRPC (or a socket) and resumes only over the same kind of front",
+                    "resume_unsupported",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                )
+            other.reattach(self._front, hs.resume_after)
+        except ResumeRefused as exc:
+            log.warning("resume refused", extra={"fields": {"peer": self.peer, "error": str(exc)}})
+            self.protocol_error(exc)
+            return
+        self._end()
+        self._stop_recording()
+
+    def reattach(self, front: Front, after: int) -> None:
+        """Carry on over ``front``: answer ``Ready(resumed)``, send what was retained after
+        sequence ``after``, then go on live. A session still carried by another connection (one
+        that has not noticed its peer is gone) is taken from it.
+
+        Raises:
+            ResumeRefused: what follows ``after`` cannot be sent exactly once; nothing changed.
+        """
+        resumable = self.resumable
+        assert resumable is not None
+        # What waits in a pending batch goes into the ring first: the replay must hold everything
+        # written so far, or a peer would send again a request whose PROCESSING is still batched.
+        self.sink.flush_batch()
+        units = resumable.retention.replay(after)
+        old, self._front = self._front, front
+        if old is not None:
+            old.release()
+        self.core.parked.unpark(resumable.token)
+        self._close, self._unsent, self._hold_input = front.close, front.unsent, front.hold_input
+        self._input_held = False
+        front.carry(self)
+        resumable.retention.attach()
+        front.write(self._resumed(resumable.token, len(units)))
+        for unit in units:
+            front.write(unit)
+        resumable.origin.forward(front)
+        self.last_active = self._loop.time()
+        if self.paused:
+            self.resume()
+        log.info("session resumed", extra={"fields": {"peer": self.peer, "after": after, "replayed": len(units), "took_over": old is not None}})
+
+    def _resumed(self, token: str, replayed: int) -> bytes:
+        """The answer to a resume handshake: outside the session's sequence (0), never retained."""
+        event = pb.Event()
+        ready = event.ready
+        ready.version = self.version
+        granted = sorted(self.granted)
+        ready.capabilities.extend(wire_capabilities(granted))
+        ready.service_id = self.core.service_id
+        ready.service_info.update(self.core.service_info(self.version, granted, [a for a in ACCEPTABLE if a in self.accepted]))
+        ready.service_info["smith_fast.replayed"] = str(replayed)
+        ready.resume_token = token
+        ready.resumed = True
+        return events.encode_envelope(now_ms(), 0, _EVENT, event.SerializeToString(), framed=self.sink.framed)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _none_unsent() -> int:
+    return 0
 
 
 def _id_size(rid: str) -> int:
