@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from . import childguard, containment
 from .errors import ProtocolError
 from .pb import smith_pb2
-from .sandbox import Sandbox, make_scratch, remove_scratch
+from .sandbox import Sandbox, make_scratch, remove_scratch, spawner
 
 __all__ = [
     "DEFAULT_PATH",
@@ -195,6 +195,30 @@ def _spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErr
     return ProtocolError(message, code, details=details)
 
 
+def _spawn_confined(
+    argv: list[str],
+    environ: dict[str, str],
+    cwd: str | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    sandbox: Sandbox,
+    writable: list[str],
+    cell: containment.Cell,
+) -> int:
+    """Start ``argv`` through :mod:`smith_fast.sandbox.spawner` (Landlock and joining ``cell``
+    in the child); ``stdin`` -1: ``/dev/null``. The pid."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if stdin < 0 else -1
+    try:
+        pid, joined = spawner.spawn(argv, env=environ, cwd=cwd, fds=(stdin if stdin >= 0 else null, stdout, stderr),
+                                    sandbox=sandbox, writable=writable, cgroup_procs=cell.procs_files)
+    finally:
+        if null >= 0:
+            os.close(null)
+    cell.joined_itself(joined)
+    return pid
+
+
 def _close_quietly(*fds: int) -> None:
     for fd in fds:
         try:
@@ -247,16 +271,17 @@ class ShellProcess:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        popen: subprocess.Popen[bytes],
+        popen: subprocess.Popen[bytes] | int,
         pipes: dict[int, int],
         on_output: Callable[[int, bytes], None],
         read_size: int,
     ) -> None:
-        self.pid: int = popen.pid
+        self.pid: int = popen if isinstance(popen, int) else popen.pid
         self.returncode: int | None = None
         self._loop = loop
         # Kept until the shell is reaped: a Popen collected earlier would waitpid() it itself.
-        self._popen: subprocess.Popen[bytes] | None = popen
+        # (A pid: started by the sandbox's spawner, no Popen.)
+        self._popen: subprocess.Popen[bytes] | None = None if isinstance(popen, int) else popen
         self._on_output = on_output
         self._read_size = read_size
         self._pipes = pipes  # STDOUT/STDERR -> read end, until EOF or close()
@@ -377,24 +402,30 @@ class ShellProcess:
         except OSError as exc:
             _close_quietly(out_r, out_w, err_r, err_w)
             raise _spawn_error(exc, shell, cwd) from None
+        child: subprocess.Popen[bytes] | int | None = None
         try:
             if sandbox is not None and sandbox.active:
                 scratch = make_scratch()
                 environ.setdefault("TMPDIR", scratch)
-                argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
-            # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
-            # bench_process's spawn group); an executor hop would cost more than it saves.
-            with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=in_r if stdin else subprocess.DEVNULL,
-                    stdout=out_w,
-                    stderr=err_w,
-                    cwd=cwd,
-                    env=environ,
-                    close_fds=True,
-                    start_new_session=True,
-                )
+                if spawner.usable(sandbox):  # Landlock in the child: one exec, not two
+                    child = _spawn_confined(argv, environ, cwd, in_r if stdin else -1, out_w, err_w, sandbox,
+                                            sandbox.request_writable(scratch), cell)
+                else:
+                    argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
+            if child is None:
+                # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
+                # bench_process's spawn group); an executor hop would cost more than it saves.
+                with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+                    child = subprocess.Popen(
+                        argv,
+                        stdin=in_r if stdin else subprocess.DEVNULL,
+                        stdout=out_w,
+                        stderr=err_w,
+                        cwd=cwd,
+                        env=environ,
+                        close_fds=True,
+                        start_new_session=True,
+                    )
         except (OSError, ValueError, TypeError) as exc:
             _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
@@ -405,11 +436,12 @@ class ShellProcess:
             remove_scratch(scratch)
             cell.release()
             raise
-        cell.attach(popen.pid)  # its limits, now that the service is out of the cell
+        pid = child if isinstance(child, int) else child.pid
+        cell.attach(pid)  # its limits, now that the service is out of the cell
         cell.watch(loop)
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
-        self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
+        self = cls(loop, child, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         self._scratch = scratch
         self._cell = cell
         if stdin:

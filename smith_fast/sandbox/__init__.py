@@ -204,11 +204,14 @@ class Sandbox:
         out += argv
         return out
 
+    def readable(self) -> list[str]:
+        """What commands may read and execute (:func:`read_grants` of ``deny_read``); empty: all."""
+        return read_grants(self.deny_read) if self.deny_read else []
+
     def _policy(self) -> list[str]:
         out = ["--fs", "on" if self.confines_files else "off", "--network", self.network]
-        if self.deny_read:
-            for path in read_grants(self.deny_read):
-                out += ["--read", path]
+        for path in self.readable():
+            out += ["--read", path]
         return out
 
     def info(self) -> dict[str, str]:
