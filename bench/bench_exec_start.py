@@ -1,6 +1,6 @@
 """ShellExec start to first output and to the final event, service vs no server, side by side.
 
-Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--network on|off] [--sandbox MODE]``
+Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--network on|off] [--sandbox MODE] [--base PYTHON]``
 
 Issue 18 target 3: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
 (v1 over its Unix socket, uvloop, Cython wire core, sandbox on: by default ``--sandbox
@@ -88,50 +88,68 @@ def _reference(command: str) -> tuple[float, float]:
     return first or final, final
 
 
+def _server(tmp: pathlib.Path, name: str, args: argparse.Namespace, python: str | None) -> ServerProcess:
+    home = tmp / name
+    home.mkdir()
+    env = {"SMITH_FAST_NO_EXTENSIONS": ""}
+    if python:
+        env["PYTHONSAFEPATH"] = "1"  # import that checkout's smith_fast, not this one (the cwd)
+    server = ServerProcess(home, "--sandbox", args.sandbox, "--network", args.network, "--max-output", "2G",
+                           loop="uvloop", root=tmp / "root", env=env, tcp=False, log_level="info", keep=200)
+    if python:
+        server.argv[0] = python
+    return server
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_exec_start", description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=200, help="requests per command and side (default 200)")
     p.add_argument("--network", default="on", choices=("on", "off", "loopback"))
     p.add_argument("--sandbox", default="workspace-write", choices=("workspace-write", "read-only", "off"))
+    p.add_argument("--base", metavar="PYTHON", help="also run a server on this interpreter (another checkout's venv, "
+                   "e.g. main's: the before), interleaved with the others")
     p.add_argument("--pid-file", help="write the server's pid here once it is ready (for profilers)")
     p.add_argument("--pause", type=float, default=0.0, help="seconds to wait after start (attach a profiler)")
     args = p.parse_args(argv)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-exec-start-"))
-    root = tmp / "root"
-    root.mkdir()
-    server = ServerProcess(tmp, "--sandbox", args.sandbox, "--network", args.network, "--max-output", "2G",
-                           loop="uvloop", root=root, env={"SMITH_FAST_NO_EXTENSIONS": ""}, tcp=False,
-                           log_level="info", keep=200)
-    server.start()
+    (tmp / "root").mkdir()
+    servers = {"service": _server(tmp, "service", args, None)}
+    if args.base:
+        servers["base"] = _server(tmp, "base", args, args.base)
+    for server in servers.values():
+        server.start()
     try:
         if args.pid_file:
-            pathlib.Path(args.pid_file).write_text(str(server.pid))
+            pathlib.Path(args.pid_file).write_text(str(servers["service"].pid))
         if args.pause:
             time.sleep(args.pause)
-        session = Session(server.sock_path, "v1")
+        sessions = {name: Session(server.sock_path, "v1") for name, server in servers.items()}
         encode = WIRES["v1"]().encode
         print(f"sandbox {args.sandbox}, network {args.network}, {args.count} requests each, interleaved; "
               f"load {os.getloadavg()[0]:.2f}")
-        print(f"{'command':10} {'figure':6} {'service p50':>12} {'no-server p50':>14} {'ratio':>6}   "
-              f"{'service p90':>12} {'no-server p90':>14}")
+        names = [*sessions, "no-server"]
+        print(f"{'command':10} {'figure':6} " + " ".join(f"{n + ' p50':>15}" for n in names) + "   ratios to no-server"
+              + "   " + " ".join(f"{n + ' p90':>15}" for n in names))
         for command in COMMANDS:
-            units = [encode(shell_exec_command(rid, command)) for rid in request_ids(args.count + 10)]
-            svc: list[tuple[float, float]] = []
-            ref: list[tuple[float, float]] = []
-            for i, unit in enumerate(units):
-                s, r = _service(session, unit), _reference(command)
+            figures: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+            for i in range(args.count + 10):
+                units = {n: encode(shell_exec_command(request_ids(1)[0], command)) for n in sessions}
+                got = {n: _service(session, units[n]) for n, session in sessions.items()}
+                got["no-server"] = _reference(command)
                 if i >= 10:  # warm-up
-                    svc.append(s)
-                    ref.append(r)
-            for j, name in enumerate(("first", "final")):
-                a = sorted(x[j] for x in svc)
-                b = sorted(x[j] for x in ref)
-                print(f"{command:10} {name:6} {percentile(a, .5) * 1e3:9.3f} ms {percentile(b, .5) * 1e3:11.3f} ms "
-                      f"{percentile(a, .5) / percentile(b, .5):5.2f}x   {percentile(a, .9) * 1e3:9.3f} ms "
-                      f"{percentile(b, .9) * 1e3:11.3f} ms")
-        session.close()
+                    for n, f in got.items():
+                        figures[n].append(f)
+            for j, figure in enumerate(("first", "final")):
+                p50 = {n: percentile(sorted(x[j] for x in v), .5) for n, v in figures.items()}
+                p90 = {n: percentile(sorted(x[j] for x in v), .9) for n, v in figures.items()}
+                ratios = " ".join(f"{n} {p50[n] / p50['no-server']:.2f}x" for n in sessions)
+                print(f"{command:10} {figure:6} " + " ".join(f"{p50[n] * 1e3:12.3f} ms" for n in names)
+                      + f"   {ratios}   " + " ".join(f"{p90[n] * 1e3:12.3f} ms" for n in names))
+        for session in sessions.values():
+            session.close()
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     return 0
 
 

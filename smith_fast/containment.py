@@ -454,11 +454,13 @@ class Cell:
         for path in self.dirs[:1]:
             _kill_members(path)
 
-    def finish(self, rusage: resource.struct_rusage | None, returncode: int | None) -> Usage:
+    def finish(self, rusage: resource.struct_rusage | None, returncode: int | None, *, release: bool = True) -> Usage:
         """After the shell was reaped: what the command cost and which limit it hit; then the
-        cell's directories are removed (later, if members are still exiting)."""
+        cell's directories are removed (later, if members are still exiting; without ``release``
+        when the caller calls :meth:`release`)."""
         usage = self._usage(rusage, returncode)
-        self.release()
+        if release:
+            self.release()
         return usage
 
     def _usage(self, ru: resource.struct_rusage | None, returncode: int | None) -> Usage:
@@ -558,10 +560,28 @@ def set_enabled(enabled: bool) -> None:
 
 
 def new_cell(limits: CommandLimits | None = None) -> Cell:
-    """A new cell for one command, with ``limits`` applied (in the cgroups it has)."""
+    """A new cell for one command, with ``limits`` applied (in the cgroups it has): the spare
+    one :func:`prepare_spare` made, if there is one."""
     if _pending:
         _retry_pending()
+    if _enabled and _spares:
+        cell = _spares.pop()
+        cell.limits = limits or CommandLimits()
+        cell._fallback = cell.limits.memory > 0 and cell._memory is None
+        return cell
     return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
+
+
+_spares: list[Cell] = []
+
+
+def prepare_spare() -> None:
+    """Make the next command's cell now (its directories, empty, no limits yet), while nothing
+    waits for it: :func:`new_cell` takes it. One at most; :func:`release_all` removes it."""
+    if _enabled and not _spares:
+        trees = _hierarchies()
+        if trees:
+            _spares.append(Cell(CommandLimits(), trees))
 
 
 def release_all(timeout: float = 1.0) -> None:

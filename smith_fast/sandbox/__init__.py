@@ -22,6 +22,7 @@ refusal can be tested on a kernel that has them (it can only make the service re
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import shutil
@@ -44,6 +45,7 @@ __all__ = [
     "default_wrapper",
     "kernel_features",
     "make_scratch",
+    "prepare_scratch",
     "read_grants",
 ]
 
@@ -87,15 +89,39 @@ def kernel_features() -> KernelFeatures:
     return KernelFeatures(abi, userns)
 
 
+_spare_scratch: list[str] = []
+
+
 def make_scratch() -> str:
-    """A fresh private (0700) temporary directory for one request: its ``TMPDIR``."""
+    """A fresh private (0700) temporary directory for one request: its ``TMPDIR`` (the empty one
+    :func:`prepare_scratch` made, if there is one)."""
+    while _spare_scratch:
+        path = _spare_scratch.pop()
+        if os.path.isdir(path) and not os.path.islink(path):  # (a /tmp cleaner may have taken it)
+            return path
     return tempfile.mkdtemp(prefix="smith-fast-req-")
+
+
+def prepare_scratch() -> None:
+    """Make the next request's temporary directory now, while nothing waits for it (one at
+    most; removed at exit)."""
+    if not _spare_scratch:
+        _spare_scratch.append(tempfile.mkdtemp(prefix="smith-fast-req-"))
+
+
+@atexit.register
+def _remove_spare_scratch() -> None:
+    while _spare_scratch:
+        remove_scratch(_spare_scratch.pop())
 
 
 def remove_scratch(path: str | None) -> None:
     """Remove a request's temporary directory and everything in it (errors ignored)."""
     if path:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(path)  # most commands leave it empty: one system call instead of rmtree's walk
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 PYTHON_WRAPPER: tuple[str, ...] = (sys.executable, "-I", "-S", WRAPPER)

@@ -353,6 +353,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             on_stdin=acks.taken,
             limits=limits.command_limits(),
         )
+        proc.hold_cleanup()  # its directories go after the final event (release_soon below)
         output.proc = proc
         session.process_started(rid, proc)
         if session.paused:
@@ -391,4 +392,5 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             session.process_ended(rid, proc)
             if proc.returncode is None:
                 proc.kill()
+            proc.release_soon()
         core.release_process()
