@@ -15,8 +15,9 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   cannot make the service hold more.
 * **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
   past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
-  one read per wakeup, into a buffer of ``read_size`` bytes kept for the process (then copied out
-  at the size read: a fresh 1 MiB allocation per read costs more than the read). No transport,
+  one read per wakeup, into a buffer of ``read_size`` bytes kept for the thread and shared by its
+  processes (then copied out at the size read: a fresh 1 MiB allocation per read, or per
+  process, costs more than the read). No transport,
   protocol or stream buffer sits between the pipe and ``on_output``: every wakeup costs one
   system call and one callback
   (``bench/bench_process.py`` measures this against a blocking ``os.read`` loop).
@@ -61,6 +62,7 @@ import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -217,6 +219,17 @@ def _spawn_confined(
             os.close(null)
     cell.joined_itself(joined)
     return pid
+
+
+_buffers = threading.local()
+
+
+def _thread_buffer(size: int) -> memoryview:
+    """``size`` bytes of this thread's read buffer (grown when a process reads more at once)."""
+    buffer: memoryview | None = getattr(_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _buffers.buffer = memoryview(bytearray(size))
+    return buffer[:size]
 
 
 def _tidy(leftovers: list[Callable[[], None]]) -> None:
@@ -569,9 +582,11 @@ class ShellProcess:
         # Into a buffer kept for the process, then copied out at the size read: os.read would
         # allocate read_size bytes (1 MiB, past malloc's mmap threshold) for every read, and the
         # page faults on that fresh memory cost about 3x the read itself (bench_process.py).
+        # The buffer is this thread's, shared by its processes (each read is copied out before
+        # the next): a fresh 1 MiB bytearray per command costs a 1 MiB zero fill even for `true`.
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = memoryview(bytearray(self._read_size))
+            buffer = self._buffer = _thread_buffer(self._read_size)
         n = os.readv(fd, (buffer,))
         return bytes(buffer[:n])
 
