@@ -3,7 +3,9 @@
 This is what ``ShellExec`` and the ``shell.run`` tool run on. The same code runs on uvloop and on
 stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
 
-* **Spawn**: ``subprocess.Popen`` (vfork + exec) with ``start_new_session=True``, so the shell leads
+* **Spawn**: ``subprocess.Popen`` (vfork + exec), or for a sandboxed command with ``--network on``
+  :func:`smith_fast.sandbox.spawner.spawn` (the same, with Landlock applied in the child instead of
+  an exec wrapper), with ``start_new_session=True``, so the shell leads
   a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
   stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
 * **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,

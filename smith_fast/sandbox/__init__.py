@@ -4,7 +4,8 @@ A :class:`Sandbox` is a value: the mode (``workspace-write``, ``read-only``, ``o
 (``on``, ``off``, ``loopback``) and the workspace root. :meth:`Sandbox.wrap` turns a command's argv
 into one that starts with the exec wrapper (:mod:`smith_fast.sandbox.exec`), which restricts
 itself with Landlock (and, for the network, a private user + network namespace) and then execs
-the command; :meth:`Sandbox.check` is the service's start-up check, which fails closed with
+the command; :mod:`smith_fast.sandbox.spawner` applies the same policy in the child itself, with no wrapper
+in between, where it can (``--network on``, the C build); :meth:`Sandbox.check` is the service's start-up check, which fails closed with
 :class:`SandboxUnavailable` when the kernel lacks what the mode needs.
 
 Kernel features each setting needs:
