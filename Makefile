@@ -18,7 +18,7 @@ $(VENV)/.deps: requirements-dev.txt pyproject.toml
 	touch $@
 
 # --no-build-isolation: build with the Cython pinned in requirements-dev.txt, already in the venv.
-$(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/sandbox_exec.c csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
+$(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/sandbox_exec.c csrc/sandbox_spawn.c csrc/landlock_policy.h csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
 	$(PIP) install --no-build-isolation -e .
 	touch $@
 
@@ -55,7 +55,7 @@ proto: $(VENV)/.deps
 	$(PY) proto/generate.py
 
 clean:
-	rm -rf build $(VENV) csrc/*.c smith_fast/*.so *.egg-info tests/interop/node_modules
+	rm -rf build $(VENV) $(patsubst %.pyx,%.c,$(wildcard csrc/*.pyx)) $(patsubst %.py,%.c,$(wildcard csrc/*_c.py)) smith_fast/*.so *.egg-info tests/interop/node_modules
 
 # Coverage-guided fuzzing (fuzz/README.md): every harness for FUZZ_TIME seconds, one after another,
 # from the committed corpus; what they find is written to build/fuzz/ (reproducers: *-crash-*).

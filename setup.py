@@ -74,7 +74,13 @@ def extensions() -> list:
         )
         for src in sources
     ]
-    return cythonize(
+    # Plain C (no Cython): the sandboxed spawn that applies Landlock between clone and exec
+    # (csrc/sandbox_spawn.c; smith_fast/sandbox/spawner.py falls back to the exec wrapper without it).
+    plain = [] if only and "_spawn_c" not in only else [
+        Extension("smith_fast._spawn_c", ["csrc/sandbox_spawn.c"], include_dirs=["csrc"],
+                  extra_compile_args=["-O2"] if sys.platform != "win32" else [])
+    ]
+    return plain + cythonize(
         exts,
         include_path=["csrc"],
         compiler_directives={

@@ -16,7 +16,10 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). The limits are set
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
-  event loop, and other spawners in threads hold :func:`spawn_guard`. :attr:`Cell.procs_files` is the seam for an exec wrapper that joins by itself.
+  event loop, and other spawners in threads hold :func:`spawn_guard`. :attr:`Cell.procs_files` is the seam for a child that joins by itself:
+  the sandbox's in-process spawner (:mod:`smith_fast.sandbox.spawner`) has the child write ``0``
+  there between clone and exec, before anything of the command runs, so the service never steps
+  in (:meth:`Cell.joined_itself`).
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -108,9 +111,9 @@ class Usage:
             ``memory.max_usage_in_bytes``; includes page cache and kernel memory), or
             ``max_rss_bytes`` without a memory cgroup.
         io_read_bytes, io_write_bytes: bytes read from / written to storage (not the page cache).
-        pids_peak: the most processes and threads alive at once (``pids.peak``; the service's
-            spawning thread is in the cell for the instant of the spawn, so at least 2); 0 when
-            unknown.
+        pids_peak: the most processes and threads alive at once (``pids.peak``; after a spawn
+            through :meth:`Cell.joined` at least 2, the service's thread having been in the cell
+            for its instant; 1 for a command that joined by itself); 0 when unknown.
         source: ``cgroup`` when the command had a cgroup, else ``rusage``.
         limit_hit: the option of the limit the command hit (:data:`LIMIT_FLAGS`), else None.
     """
@@ -151,8 +154,16 @@ class _Tree:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as f:
-        return f.read()
+    # os-level: open() would add fstat, ioctl, two lseeks and another fstat to each of the four
+    # usage files read between a command's exit and its final event
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", "replace")
 
 
 def _write(path: str, text: str) -> None:
@@ -395,6 +406,12 @@ class Cell:
         """The ``cgroup.procs`` file of each directory: writing ``0`` there joins the cell."""
         return tuple(d + "/cgroup.procs" for d in self.dirs)
 
+    def joined_itself(self, mask: int) -> None:
+        """The command joined the cell by itself before its exec (:attr:`procs_files`, as
+        :mod:`smith_fast.sandbox.spawner` does): bit ``i`` of ``mask`` set for each
+        ``procs_files[i]`` it could write. :meth:`attach` moves it into the others."""
+        self._born = {d for i, d in enumerate(self.dirs) if mask >> i & 1}
+
     def attach(self, pid: int) -> None:
         """The shell ``pid`` was spawned (best inside :meth:`joined`): make sure it is in, set the
         cell's limits and its rlimits (what it starts inherits both)."""
@@ -445,11 +462,13 @@ class Cell:
         for path in self.dirs[:1]:
             _kill_members(path)
 
-    def finish(self, rusage: resource.struct_rusage | None, returncode: int | None) -> Usage:
+    def finish(self, rusage: resource.struct_rusage | None, returncode: int | None, *, release: bool = True) -> Usage:
         """After the shell was reaped: what the command cost and which limit it hit; then the
-        cell's directories are removed (later, if members are still exiting)."""
+        cell's directories are removed (later, if members are still exiting; without ``release``
+        when the caller calls :meth:`release`)."""
         usage = self._usage(rusage, returncode)
-        self.release()
+        if release:
+            self.release()
         return usage
 
     def _usage(self, ru: resource.struct_rusage | None, returncode: int | None) -> Usage:
@@ -549,10 +568,28 @@ def set_enabled(enabled: bool) -> None:
 
 
 def new_cell(limits: CommandLimits | None = None) -> Cell:
-    """A new cell for one command, with ``limits`` applied (in the cgroups it has)."""
+    """A new cell for one command, with ``limits`` applied (in the cgroups it has): the spare
+    one :func:`prepare_spare` made, if there is one."""
     if _pending:
         _retry_pending()
+    if _enabled and _spares:
+        cell = _spares.pop()
+        cell.limits = limits or CommandLimits()
+        cell._fallback = cell.limits.memory > 0 and cell._memory is None
+        return cell
     return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
+
+
+_spares: list[Cell] = []
+
+
+def prepare_spare() -> None:
+    """Make the next command's cell now (its directories, empty, no limits yet), while nothing
+    waits for it: :func:`new_cell` takes it. One at most; :func:`release_all` removes it."""
+    if _enabled and not _spares:
+        trees = _hierarchies()
+        if trees:
+            _spares.append(Cell(CommandLimits(), trees))
 
 
 def release_all(timeout: float = 1.0) -> None:

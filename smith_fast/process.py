@@ -3,7 +3,9 @@
 This is what ``ShellExec`` and the ``shell.run`` tool run on. The same code runs on uvloop and on
 stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
 
-* **Spawn**: ``subprocess.Popen`` (vfork + exec) with ``start_new_session=True``, so the shell leads
+* **Spawn**: ``subprocess.Popen`` (vfork + exec), or for a sandboxed command with ``--network on``
+  :func:`smith_fast.sandbox.spawner.spawn` (the same, with Landlock applied in the child instead of
+  an exec wrapper), with ``start_new_session=True``, so the shell leads
   a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
   stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
 * **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,
@@ -15,8 +17,9 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   cannot make the service hold more.
 * **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
   past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
-  one read per wakeup, into a buffer of ``read_size`` bytes kept for the process (then copied out
-  at the size read: a fresh 1 MiB allocation per read costs more than the read). No transport,
+  one read per wakeup, into a buffer of ``read_size`` bytes kept for the thread and shared by its
+  processes (then copied out at the size read: a fresh 1 MiB allocation per read, or per
+  process, costs more than the read). No transport,
   protocol or stream buffer sits between the pipe and ``on_output``: every wakeup costs one
   system call and one callback
   (``bench/bench_process.py`` measures this against a blocking ``os.read`` loop).
@@ -61,6 +64,7 @@ import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -68,7 +72,7 @@ from dataclasses import dataclass, field
 from . import childguard, containment
 from .errors import ProtocolError
 from .pb import smith_pb2
-from .sandbox import Sandbox, make_scratch, remove_scratch
+from .sandbox import Sandbox, make_scratch, prepare_scratch, remove_scratch, spawner
 
 __all__ = [
     "DEFAULT_PATH",
@@ -195,6 +199,49 @@ def _spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErr
     return ProtocolError(message, code, details=details)
 
 
+def _spawn_confined(
+    argv: list[str],
+    environ: dict[str, str],
+    cwd: str | None,
+    stdin: int,
+    stdout: int,
+    stderr: int,
+    sandbox: Sandbox,
+    writable: list[str],
+    cell: containment.Cell,
+) -> int:
+    """Start ``argv`` through :mod:`smith_fast.sandbox.spawner` (Landlock and joining ``cell``
+    in the child); ``stdin`` -1: ``/dev/null``. The pid."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if stdin < 0 else -1
+    try:
+        pid, joined = spawner.spawn(argv, env=environ, cwd=cwd, fds=(stdin if stdin >= 0 else null, stdout, stderr),
+                                    sandbox=sandbox, writable=writable, cgroup_procs=cell.procs_files)
+    finally:
+        if null >= 0:
+            os.close(null)
+    cell.joined_itself(joined)
+    return pid
+
+
+_buffers = threading.local()
+
+
+def _thread_buffer(size: int) -> memoryview:
+    """``size`` bytes of this thread's read buffer (grown when a process reads more at once)."""
+    buffer: memoryview | None = getattr(_buffers, "buffer", None)
+    if buffer is None or len(buffer) < size:
+        buffer = _buffers.buffer = memoryview(bytearray(size))
+    return buffer[:size]
+
+
+def _tidy(leftovers: list[Callable[[], None]]) -> None:
+    for remove in leftovers:
+        remove()
+    # and the next command's directories, made now rather than while it starts
+    containment.prepare_spare()
+    prepare_scratch()
+
+
 def _close_quietly(*fds: int) -> None:
     for fd in fds:
         try:
@@ -241,22 +288,25 @@ class ShellProcess:
         "_stdin_taken",
         "_on_stdin",
         "_cell",
+        "_held",
+        "_leftovers",
         "usage",
     )
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
-        popen: subprocess.Popen[bytes],
+        popen: subprocess.Popen[bytes] | int,
         pipes: dict[int, int],
         on_output: Callable[[int, bytes], None],
         read_size: int,
     ) -> None:
-        self.pid: int = popen.pid
+        self.pid: int = popen if isinstance(popen, int) else popen.pid
         self.returncode: int | None = None
         self._loop = loop
         # Kept until the shell is reaped: a Popen collected earlier would waitpid() it itself.
-        self._popen: subprocess.Popen[bytes] | None = popen
+        # (A pid: started by the sandbox's spawner, no Popen.)
+        self._popen: subprocess.Popen[bytes] | None = None if isinstance(popen, int) else popen
         self._on_output = on_output
         self._read_size = read_size
         self._pipes = pipes  # STDOUT/STDERR -> read end, until EOF or close()
@@ -277,6 +327,8 @@ class ShellProcess:
         self._stdin_taken = 0  # bytes of stdin the kernel took
         self._on_stdin: Callable[[int], None] | None = None
         self._cell: containment.Cell | None = None
+        self._held = False  # hold_cleanup(): the reap leaves the removals to release_soon()
+        self._leftovers: list[Callable[[], None]] = []  # what the reap left to remove
         # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
         self.usage: containment.Usage | None = None
 
@@ -377,24 +429,30 @@ class ShellProcess:
         except OSError as exc:
             _close_quietly(out_r, out_w, err_r, err_w)
             raise _spawn_error(exc, shell, cwd) from None
+        child: subprocess.Popen[bytes] | int | None = None
         try:
             if sandbox is not None and sandbox.active:
                 scratch = make_scratch()
                 environ.setdefault("TMPDIR", scratch)
-                argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
-            # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
-            # bench_process's spawn group); an executor hop would cost more than it saves.
-            with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
-                popen = subprocess.Popen(
-                    argv,
-                    stdin=in_r if stdin else subprocess.DEVNULL,
-                    stdout=out_w,
-                    stderr=err_w,
-                    cwd=cwd,
-                    env=environ,
-                    close_fds=True,
-                    start_new_session=True,
-                )
+                if spawner.usable(sandbox):  # Landlock in the child: one exec, not two
+                    child = _spawn_confined(argv, environ, cwd, in_r if stdin else -1, out_w, err_w, sandbox,
+                                            sandbox.request_writable(scratch), cell)
+                else:
+                    argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
+            if child is None:
+                # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
+                # bench_process's spawn group); an executor hop would cost more than it saves.
+                with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+                    child = subprocess.Popen(
+                        argv,
+                        stdin=in_r if stdin else subprocess.DEVNULL,
+                        stdout=out_w,
+                        stderr=err_w,
+                        cwd=cwd,
+                        env=environ,
+                        close_fds=True,
+                        start_new_session=True,
+                    )
         except (OSError, ValueError, TypeError) as exc:
             _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
             remove_scratch(scratch)
@@ -405,11 +463,12 @@ class ShellProcess:
             remove_scratch(scratch)
             cell.release()
             raise
-        cell.attach(popen.pid)  # its limits, now that the service is out of the cell
+        pid = child if isinstance(child, int) else child.pid
+        cell.attach(pid)  # its limits, now that the service is out of the cell
         cell.watch(loop)
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
-        self = cls(loop, popen, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
+        self = cls(loop, child, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
         self._scratch = scratch
         self._cell = cell
         if stdin:
@@ -525,9 +584,11 @@ class ShellProcess:
         # Into a buffer kept for the process, then copied out at the size read: os.read would
         # allocate read_size bytes (1 MiB, past malloc's mmap threshold) for every read, and the
         # page faults on that fresh memory cost about 3x the read itself (bench_process.py).
+        # The buffer is this thread's, shared by its processes (each read is copied out before
+        # the next): a fresh 1 MiB bytearray per command costs a 1 MiB zero fill even for `true`.
         buffer = self._buffer
         if buffer is None:
-            buffer = self._buffer = memoryview(bytearray(self._read_size))
+            buffer = self._buffer = _thread_buffer(self._read_size)
         n = os.readv(fd, (buffer,))
         return bytes(buffer[:n])
 
@@ -627,8 +688,24 @@ class ShellProcess:
 
     def _finish_cell(self, rusage: resource.struct_rusage | None, code: int) -> None:
         if self._cell is not None:
-            self.usage = self._cell.finish(rusage, code)
-            self._cell = None
+            cell, self._cell = self._cell, None
+            self.usage = cell.finish(rusage, code, release=not self._held)
+            if self._held:
+                self._leftovers.append(cell.release)
+
+    def hold_cleanup(self) -> None:
+        """Leave the removal of the cell's directories (the cell is killed and measured at the
+        reap all the same) until :meth:`release_soon`: the caller's final event then goes out
+        first (the ShellExec path; three cgroup rmdirs cost ~100 us, a tenth of a short command)."""
+        self._held = True
+
+    def release_soon(self) -> None:
+        """End :meth:`hold_cleanup`: what the reap left is removed in a later loop step (after
+        the writes this step scheduled), and from now on at the reap."""
+        self._held = False
+        if self._leftovers:
+            leftovers, self._leftovers = self._leftovers, []
+            self._loop.call_soon(_tidy, leftovers)
 
     def _reaped(self, code: int) -> None:
         self.returncode = code
@@ -636,7 +713,7 @@ class ShellProcess:
             self._popen.returncode = code  # tells Popen.__del__ the child is reaped
             self._popen = None
         _LIVE.pop(self.pid, None)
-        remove_scratch(self._scratch)
+        remove_scratch(self._scratch)  # before the final event: a peer may look for it
         self._scratch = None
         if self._pidfd >= 0:
             if not self._loop.is_closed():

@@ -76,7 +76,9 @@ def _server(tmp_path: pathlib.Path, *extra: str) -> ServerProcess:
 
 
 def _end_normal(srv: ServerProcess, peer: V1Peer) -> None:
-    _shell(peer, "r", DAEMONS)
+    # The shell lingers so the daemons are seen alive first: ending at once raced the cell's kill
+    # (at the shell's exit) against the last daemon printing its pid and the check that they live.
+    _shell(peer, "r", DAEMONS + "\nsleep 2")
     pids = _daemon_pids(peer, "r")
     peer.until(terminal("r"))
     _assert_gone(pids)

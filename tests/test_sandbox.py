@@ -375,3 +375,69 @@ def test_the_c_helper_is_what_the_service_uses() -> None:
     expected = list(PYTHON_WRAPPER) if NO_EXTENSIONS else [HELPER]
     assert NO_EXTENSIONS or os.access(HELPER, os.X_OK)
     assert Sandbox("read-only", "on", "/").wrap(["/bin/true"], [])[: len(expected)] == expected
+
+
+# -- the in-process spawner (csrc/sandbox_spawn.c): Landlock between clone and exec ----------------
+
+
+async def _collect(command: str, sandbox: Sandbox, cwd: pathlib.Path) -> tuple[int, str]:
+    from smith_fast.process import ShellProcess
+
+    out: list[bytes] = []
+    proc = await ShellProcess.start(command, cwd=str(cwd), on_output=lambda fd, data: out.append(data), sandbox=sandbox)
+    return await proc.wait(), b"".join(out).decode()
+
+
+def test_the_service_spawns_sandboxed_commands_without_the_wrapper_where_it_can() -> None:
+    # One exec instead of two (bench/bench_exec_start.py); a network namespace still needs the wrapper.
+    from smith_fast.sandbox import spawner
+
+    assert spawner.usable(Sandbox("workspace-write", "on", "/")) == (not NO_EXTENSIONS)
+    assert spawner.usable(Sandbox("read-only", "on", "/", deny_read=("/root",))) == (not NO_EXTENSIONS)
+    assert not spawner.usable(Sandbox("workspace-write", "off", "/"))
+    assert not spawner.usable(Sandbox("workspace-write", "loopback", "/"))
+    assert not spawner.usable(Sandbox("workspace-write", "on", "/", wrapper=PYTHON_WRAPPER))
+
+
+@pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
+async def test_the_spawner_enforces_the_wrappers_policy(tmp_path: pathlib.Path, mode: str) -> None:
+    # What test_both_wrappers_enforce_the_same_policy checks of the wrappers, through ShellProcess
+    # with the default wrapper (so the spawner where it is built), plus TMPDIR, signals, deny-read.
+    root, secret = tmp_path / "root", tmp_path / "secret"
+    root.mkdir()
+    secret.mkdir()
+    (secret / "key").write_text("PRIVATE\n")
+    sandbox = Sandbox(mode, "on", str(root), deny_read=(str(secret),))
+    script = (f"touch {outside('spawner')}; echo in > inside && cat inside; echo > /dev/null && echo dev; "
+              f"touch \"$TMPDIR/t\" && echo tmp; cat {secret}/key; kill -0 {os.getpid()} || echo nosignal; "
+              "exit 3")
+    code, out = await _collect(script + " 2>&1", sandbox, root)
+    assert code == 3 and not os.path.exists(outside("spawner"))
+    assert out.count(EACCES) >= 2 and "PRIVATE" not in out and "nosignal" in out and "tmp\n" in out
+    assert ("in\n" in out) == (mode == "workspace-write") and "dev\n" in out
+
+
+async def test_the_spawner_leaves_signals_and_fds_as_popen_does(tmp_path: pathlib.Path) -> None:
+    # Default handlers (SIGPIPE too: `yes | head` ends quietly), an empty mask, no inherited fd
+    # beyond 0-2, a session of its own, no new privileges.
+    sandbox = Sandbox("workspace-write", "on", str(tmp_path))
+    # (the status of the shell itself by exec: dash blocks every signal while it waits for a child)
+    code, out = await _collect("yes | head -c 3; echo; ls /proc/$$/fd; ps -o sid= -p $$; echo $$; "
+                               "exec grep -E '^(SigBlk|SigIgn|NoNewPrivs)' /proc/self/status", sandbox, tmp_path)
+    lines = out.split("\n")
+    assert code == 0 and out.startswith("y\ny\n0\n1\n2\n"), out
+    assert lines[5].strip() == lines[6]  # its own session
+    assert "SigBlk:\t0000000000000000" in out and "SigIgn:\t0000000000000000" in out and "NoNewPrivs:\t1" in out
+
+
+async def test_the_spawner_reports_what_popen_reports(tmp_path: pathlib.Path) -> None:
+    from smith_fast.errors import ProtocolError
+    from smith_fast.process import ShellProcess
+
+    sandbox = Sandbox("workspace-write", "on", str(tmp_path))
+    cases = {"working directory": dict(cwd=str(tmp_path / "missing")), "illegal environment": dict(env={"A=B": "1"}),
+             "embedded null": dict(env={"A": "x\0y"})}
+    for message, kwargs in cases.items():
+        with pytest.raises(ProtocolError, match=message):
+            await ShellProcess.start("true", on_output=lambda fd, data: None, sandbox=sandbox,
+                                     **{"cwd": str(tmp_path), **kwargs})  # type: ignore[arg-type]

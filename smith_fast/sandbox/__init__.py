@@ -4,7 +4,8 @@ A :class:`Sandbox` is a value: the mode (``workspace-write``, ``read-only``, ``o
 (``on``, ``off``, ``loopback``) and the workspace root. :meth:`Sandbox.wrap` turns a command's argv
 into one that starts with the exec wrapper (:mod:`smith_fast.sandbox.exec`), which restricts
 itself with Landlock (and, for the network, a private user + network namespace) and then execs
-the command; :meth:`Sandbox.check` is the service's start-up check, which fails closed with
+the command; :mod:`smith_fast.sandbox.spawner` applies the same policy in the child itself, with no wrapper
+in between, where it can (``--network on``, the C build); :meth:`Sandbox.check` is the service's start-up check, which fails closed with
 :class:`SandboxUnavailable` when the kernel lacks what the mode needs.
 
 Kernel features each setting needs:
@@ -22,6 +23,7 @@ refusal can be tested on a kernel that has them (it can only make the service re
 
 from __future__ import annotations
 
+import atexit
 import os
 import pathlib
 import shutil
@@ -44,6 +46,7 @@ __all__ = [
     "default_wrapper",
     "kernel_features",
     "make_scratch",
+    "prepare_scratch",
     "read_grants",
 ]
 
@@ -87,15 +90,39 @@ def kernel_features() -> KernelFeatures:
     return KernelFeatures(abi, userns)
 
 
+_spare_scratch: list[str] = []
+
+
 def make_scratch() -> str:
-    """A fresh private (0700) temporary directory for one request: its ``TMPDIR``."""
+    """A fresh private (0700) temporary directory for one request: its ``TMPDIR`` (the empty one
+    :func:`prepare_scratch` made, if there is one)."""
+    while _spare_scratch:
+        path = _spare_scratch.pop()
+        if os.path.isdir(path) and not os.path.islink(path):  # (a /tmp cleaner may have taken it)
+            return path
     return tempfile.mkdtemp(prefix="smith-fast-req-")
+
+
+def prepare_scratch() -> None:
+    """Make the next request's temporary directory now, while nothing waits for it (one at
+    most; removed at exit)."""
+    if not _spare_scratch:
+        _spare_scratch.append(tempfile.mkdtemp(prefix="smith-fast-req-"))
+
+
+@atexit.register
+def _remove_spare_scratch() -> None:
+    while _spare_scratch:
+        remove_scratch(_spare_scratch.pop())
 
 
 def remove_scratch(path: str | None) -> None:
     """Remove a request's temporary directory and everything in it (errors ignored)."""
     if path:
-        shutil.rmtree(path, ignore_errors=True)
+        try:
+            os.rmdir(path)  # most commands leave it empty: one system call instead of rmtree's walk
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 PYTHON_WRAPPER: tuple[str, ...] = (sys.executable, "-I", "-S", WRAPPER)
@@ -204,11 +231,14 @@ class Sandbox:
         out += argv
         return out
 
+    def readable(self) -> list[str]:
+        """What commands may read and execute (:func:`read_grants` of ``deny_read``); empty: all."""
+        return read_grants(self.deny_read) if self.deny_read else []
+
     def _policy(self) -> list[str]:
         out = ["--fs", "on" if self.confines_files else "off", "--network", self.network]
-        if self.deny_read:
-            for path in read_grants(self.deny_read):
-                out += ["--read", path]
+        for path in self.readable():
+            out += ["--read", path]
         return out
 
     def info(self) -> dict[str, str]:

@@ -56,7 +56,10 @@ def report_usage(session: Execution, rid: str, usage: Usage, *, to_peer: bool) -
     if to_peer:
         text = "command usage: " + " ".join(f"{k}={v}" for k, v in fields.items())
         session.sink.log(pb.LOG_LEVEL_INFO, text, rid, fields)
-    _log.info("command usage", extra={"fields": {"request_id": rid, **fields}})
+    # after the final events go out (the loop step that writes them runs first): formatting and
+    # writing this line took ~6% of a short command's request-to-final time
+    line = {"request_id": rid, **fields}
+    asyncio.get_running_loop().call_soon(lambda: _log.info("command usage", extra={"fields": line}))
 
 
 def limit_error(usage: Usage | None, rid: str | None) -> None:
@@ -363,6 +366,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             on_stdin=on_stdin,
             limits=limits.command_limits(),
         )
+        proc.hold_cleanup()  # its directories go after the final event (release_soon below)
         output.proc = proc
         session.process_started(rid, proc)
         if watch is not None:
@@ -405,4 +409,5 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             session.process_ended(rid, proc)
             if proc.returncode is None:
                 proc.kill()
+            proc.release_soon()
         core.release_process()
