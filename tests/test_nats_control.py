@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from harness.nats_cluster import Cluster
 from harness.server import SmithProcess, descendants, wait_until
 from smith_fast.client import Client
 from smith_fast.pb import smith_pb2 as pb
+from smith_fast.remote_process import terminal_state
 
 from .test_process_control import Raw, cancel, shell, started, stdin
 
@@ -249,3 +251,52 @@ async def test_stdin_of_a_command_that_does_not_read_is_bounded(cluster: Cluster
         acks = [e.shell_output.stdin_written for e in raw.of("shell_output") if e.shell_output.HasField("stdin_written")]
         assert acks and acks == sorted(acks) and acks[-1] == taken
         assert raw.terminals() == [pb.SERVICE_STATE_READY]
+
+
+async def test_v0_stdin_through_the_gateway(cluster: Cluster) -> None:
+    """v0 carries Stdin and Cancel; it gets no stdin_written (v0 has no such field)."""
+    async with await Client.connect(cluster.unix, protocol="v0") as client:
+        await client.handshake(["shell_exec"])
+        result = await client.run("cat", input="über\n")
+        assert result.stdout == "über\n".encode() and result.exit_code == 0
+        r = rid()
+        raw = Raw(client, r)
+        client.send(shell(r, "echo up; sleep 30"))
+        await started(raw, b"up")
+        client.send(cancel(r))
+        await raw.end()
+        assert raw.terminals() == [pb.SERVICE_STATE_ERROR] and "cancelled" in raw.errors()[-1].message
+
+
+# ---- a worker that cannot confirm ---------------------------------------------------------------
+
+
+async def test_a_cancel_its_worker_cannot_confirm_ends_at_the_gateway_and_is_never_redelivered(cluster: Cluster) -> None:
+    """The worker running the command is stopped (SIGSTOP): after --kill-grace + 5 s the gateway
+    ends the request cancelled itself, and the command, deleted from the stream, is not handed to
+    the other worker after the ack wait (2 s here); once the worker goes on it stops the process."""
+    async with await Client.connect(cluster.unix) as client:
+        await client.handshake(["shell_exec"])
+        r = rid()
+        raw = Raw(client, r)
+        needle = f"sleep 30.{int(r[:6], 16)}"
+        runs = cluster.root / f"runs-{r}"
+        client.send(shell(r, f"echo run >> {runs}; echo up; {needle}"))
+        await started(raw, b"up")
+        assert wait_until(lambda: _running(cluster, needle), 20)
+        holder = next(w for w in cluster.workers if any(needle in line for line in _cmdlines(w).values()))
+        assert holder.proc is not None
+        holder.proc.send_signal(signal.SIGSTOP)
+        try:
+            client.send(cancel(r))
+            await raw.until(lambda e: terminal_state(e) is not None, 30)
+            cancelled = raw.errors()[-1]
+            assert cancelled.details["reason"] == "cancelled" and cancelled.details["confirmed"] == "false", raw.errors()
+            await asyncio.sleep(3)  # past the ack wait: a command still in the stream would be redelivered now
+            assert runs.read_text() == "run\n"
+        finally:
+            holder.proc.send_signal(signal.SIGCONT)
+        assert wait_until(lambda: not _running(cluster, needle), 20), "the stopped worker did not stop the process"
+        await raw.quiet()
+        assert raw.terminals() == [pb.SERVICE_STATE_ERROR] and _reasons(raw).count("cancelled") == 1
+        assert runs.read_text() == "run\n"

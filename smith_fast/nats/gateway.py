@@ -136,8 +136,10 @@ class NatsRunner:
             if self._ended.get(rid):
                 return  # already cancelled and ended: cancelling twice is harmless
             raise not_running(rid, "cancel", rid in self._ended)
-        if remote.cancelled or remote.stream.finished:
-            return
+        if remote.cancelled:
+            return  # a second Cancel while the first is under way
+        if remote.stream.finished:  # its terminal state was sent; the forwarding task ends next
+            raise not_running(rid, "cancel", True)
         remote.cancelled = remote.watch = True
         self.bridge.cancel_request(self.session_id, remote.number)
         if remote.seq:
@@ -156,6 +158,8 @@ class NatsRunner:
     def _input(self, rid: str, what: str) -> InputChannel:
         remote = self._by_rid.get(rid)
         if remote is not None:
+            if remote.stream.finished:
+                raise not_running(rid, what, True)
             if remote.ctl is None:
                 raise ProtocolError(
                     f"request {rid} has no open stdin: {what} needs a ShellExec sent with open_stdin or pty",
