@@ -118,6 +118,26 @@ async def test_cancel_a_running_command_stops_its_process_and_ends_it_once(clust
         assert f"no request {unknown} is running" in stray.errors()[0].message
 
 
+@pytest.mark.parametrize("kind", ["tool_call", "plan"])
+async def test_cancel_any_request_on_a_worker(cluster: Cluster, kind: str) -> None:
+    async with await Client.connect(cluster.unix) as client:
+        await client.handshake(["shell_exec"])
+        r = rid()
+        raw = Raw(client, r)
+        needle = f"sleep 300.{int(r[:6], 16)}"
+        if kind == "tool_call":
+            client.send(pb.Command(tool_call=pb.ToolCallCommand(request_id=r, tool="shell.run", args=b'{"command": "%s"}' % needle.encode())))
+        else:
+            client.send(pb.Command(plan=pb.PlanCommand(request_id=r, goal=needle, context={"execute": "true"})))
+        assert wait_until(lambda: _running(cluster, needle), 20), "its process is not running on a worker"
+        client.send(cancel(r))
+        await raw.end()
+        await raw.quiet()
+        assert raw.terminals() == [pb.SERVICE_STATE_ERROR] and raw.errors()[-1].details["reason"] == "cancelled", raw.events
+        assert "confirmed" not in raw.errors()[-1].details
+        assert wait_until(lambda: not _running(cluster, needle), 20), "the cancelled request's process outlived it"
+
+
 async def test_cancel_in_the_same_read_as_its_command_never_runs_it(cluster: Cluster) -> None:
     async with await Client.connect(cluster.unix) as client:
         await client.handshake(["shell_exec"])

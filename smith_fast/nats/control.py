@@ -286,20 +286,24 @@ class WorkerControls:
 
     # ---- the request route: stdin, resize ---------------------------------------------------------
 
-    async def hold(self, nc: NATS, meta: CommandMeta, attempt: int, rid: str, command: pb.Command, session: Session) -> _Held:
-        """Before ``session`` runs ``command``: be found by a cancel, and listen for its stdin and
-        resizes (an interactive ShellExec). The subscription is made before the command's first
-        event is published, so the gateway, which sends only after that event, is heard."""
+    def hold(self, meta: CommandMeta, rid: str, session: Session) -> _Held:
+        """Before ``session`` runs the command: a cancel finds it from now on."""
         held = _Held(rid, session)
         self._held[(meta.session, meta.number)] = held
-        if interactive(command):
-            subject = request_subject(self.config, meta.session, meta.number, attempt)
-
-            async def on_message(msg: Msg) -> None:
-                self._input(held, msg)
-
-            held.subscription = await nc.subscribe(subject, cb=on_message)
         return held
+
+    async def listen(self, nc: NATS, meta: CommandMeta, attempt: int, command: pb.Command, held: _Held) -> None:
+        """An interactive ShellExec: listen for its stdin and resizes. The subscription is made
+        before the command's first event is published, so the gateway, which sends only after
+        that event came back, is heard."""
+        if not interactive(command):
+            return
+        subject = request_subject(self.config, meta.session, meta.number, attempt)
+
+        async def on_message(msg: Msg) -> None:
+            self._input(held, msg)
+
+        held.subscription = await nc.subscribe(subject, cb=on_message)
 
     async def release(self, meta: CommandMeta, held: _Held) -> None:
         if self._held.get((meta.session, meta.number)) is held:

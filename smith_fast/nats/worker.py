@@ -598,8 +598,9 @@ class Worker:
         if state.paused or self._backlogged:
             session.pause()
         assert self.nc is not None
-        held = await self.controls.hold(self.nc, meta, attempt, rid, command, session)
+        held = self.controls.hold(meta, rid, session)
         try:
+            await self.controls.listen(self.nc, meta, attempt, command, held)
             if self.controls.start(meta, held):
                 session.handle(command)
             else:  # cancelled before it ran: its gateway ended it, nothing of it is published
