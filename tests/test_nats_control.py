@@ -9,6 +9,7 @@ Processes are looked for among the workers' descendants in /proc. No timing is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import signal
 import uuid
@@ -320,3 +321,65 @@ async def test_a_cancel_its_worker_cannot_confirm_ends_at_the_gateway_and_is_nev
         await raw.quiet()
         assert raw.terminals() == [pb.SERVICE_STATE_ERROR] and _reasons(raw).count("cancelled") == 1
         assert runs.read_text() == "run\n"
+
+
+# ---- a gateway that dies (issue 19 item 5: the NATS side of resuming through a gateway) ----------
+
+
+async def test_a_dead_gateways_running_request_goes_on_and_its_events_stay_replayable(tmp_path: pathlib.Path) -> None:
+    """What resuming a session through a restarted gateway builds on: when the gateway is killed,
+    the worker runs the request to its end, and every event the gateway had not acknowledged stays
+    in the event stream, on the session's subject, replayable by stream sequence in the order the
+    worker published it (ids ``<session>.<n>.<attempt>.<index>`` with no gap), up to its terminal state."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=("--gateway-id", "gw-natsctl")).start()
+    try:
+        async with await Client.connect(cluster.unix) as client:
+            await client.handshake(["shell_exec"])
+            r = rid()
+            raw = Raw(client, r)
+            client.send(shell(r, "for i in $(seq 1 30); do echo line-$i; sleep 0.05; done"))
+            await started(raw, b"line-3\n")
+            assert cluster.gateway.proc is not None
+            cluster.gateway.proc.send_signal(signal.SIGKILL)
+            cluster.gateway.proc.wait()
+            await asyncio.sleep(0.5)  # what the gateway wrote before it died is read
+            while not raw.queue.empty():
+                if (event := raw.queue.get_nowait()) is not None:
+                    raw.events.append(event)
+        import nats
+        from nats.js import api
+
+        nc = await nats.connect(cluster.nats.url)
+        try:
+            js = nc.jetstream()
+            subject = "smith.evt.gw-natsctl.>"
+            replayed: list[tuple[int, str, pb.Envelope]] = []
+            for _ in range(200):  # until the worker published the request's terminal state
+                replayed.clear()
+                sub = await js.subscribe(subject, ordered_consumer=True, config=api.ConsumerConfig(deliver_policy=api.DeliverPolicy.ALL))
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    while True:
+                        msg = await sub.next_msg(timeout=0.5)
+                        replayed.append((msg.metadata.sequence.stream, msg.headers["Nats-Msg-Id"], pb.Envelope.FromString(msg.data)))
+                await sub.unsubscribe()
+                events = [e for _, _, env in replayed for e in (env.batch_event.events if env.HasField("batch_event") else [env.event])]
+                if any(terminal_state(e) is not None for e in events):
+                    break
+                await asyncio.sleep(0.1)
+            assert replayed, "nothing of the request stayed in the event stream"
+            seqs = [s for s, _, _ in replayed]
+            assert seqs == sorted(seqs)
+            indices = [int(i.rsplit(".", 1)[1]) for _, i, _ in replayed]
+            assert indices == list(range(indices[0], indices[0] + len(indices)))  # from the gateway's ack floor on, no gap
+            out = "".join(e.shell_output.stdout for e in events if e.WhichOneof("event_type") == "shell_output")
+            assert out.endswith("line-30\n") and [terminal_state(e) for e in events if terminal_state(e) is not None] == [pb.SERVICE_STATE_READY]
+            first = int(out.split("\n", 1)[0].removeprefix("line-"))
+            seen = raw.stdout().decode().splitlines()
+            assert first <= len(seen) + 1  # what the frontend had not received is all there
+            # the durable consumer of the dead gateway keeps them: a restart with its id gets them
+            info = await js.consumer_info("SMITH_EVT", "smith-gw-gw-natsctl")
+            assert info.num_pending == len(replayed)
+        finally:
+            await nc.close()
+    finally:
+        cluster.stop()
