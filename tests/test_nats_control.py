@@ -280,6 +280,14 @@ async def test_v0_stdin_through_the_gateway(cluster: Cluster) -> None:
         await client.handshake(["shell_exec"])
         result = await client.run("cat", input="über\n")
         assert result.stdout == "über\n".encode() and result.exit_code == 0
+        piped = rid()
+        praw = Raw(client, piped)
+        client.send(shell(piped, "cat", open_stdin=True))
+        client.send(stdin(piped, b"a" * 100_000, eof=True))
+        await praw.end()
+        assert praw.stdout() == b"a" * 100_000
+        # the workers' stdin_written acknowledgements were not turned into empty v0 ShellOutputs
+        assert all(e.shell_output.stdout or e.shell_output.finished for e in praw.of("shell_output")), praw.of("shell_output")
         r = rid()
         raw = Raw(client, r)
         client.send(shell(r, "echo up; sleep 30"))
