@@ -147,17 +147,13 @@ class InputChannel:
                 self._held = [h for h in self._held if not h[0].HasField("resize")]
                 return [_no_terminal(self.rid)]
             return []
-        errors = []
-        held = [c for c, _, _ in self._held]
-        if any(c.HasField("stdin") for c in held):
-            errors.append(ProtocolError(
-                f"request {self.rid} has no open stdin: its ShellExec was sent without open_stdin or pty; the data was not written",
-                pb.ERROR_CODE_UNSPECIFIED, self.rid, {"reason": "stdin_closed"},
-            ))
-        if any(c.HasField("resize") for c in held):
-            errors.append(_no_terminal(self.rid))
+        if not self._held:
+            return []
         self._held.clear()
-        return errors
+        return [ProtocolError(  # one for all of it, as serve says
+            f"request {self.rid} has no open stdin: its ShellExec was sent without open_stdin or pty; the data was not written",
+            pb.ERROR_CODE_UNSPECIFIED, self.rid, {"reason": "stdin_closed"},
+        )]
 
     def write(self, data: bytes, eof: bool) -> None:
         """Forward one StdinCommand, or refuse it whole.
