@@ -16,7 +16,9 @@ as JSON lines (v0).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -34,6 +36,7 @@ from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig, is_token
+from .control import InputChannel, interactive, not_running, only_stdin_written, request_subject
 from .jetstream import (
     PayloadTooLarge,
     Publisher,
@@ -46,7 +49,7 @@ from .jetstream import (
 )
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
-from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
+from .wire import CONTROL, MSG_ID, REQUEST, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -61,12 +64,14 @@ log = get_logger("smith_fast.gateway")
 
 _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
+_ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
+_CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
 
 
 class _Remote:
     """One forwarded request: its number in the session, and what the frontend saw of it."""
 
-    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key", "attempt")
+    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key", "attempt", "watch", "ctl", "cancelled", "cancel_seen", "overdue")
 
     def __init__(self, number: int, rid: str, kind: str, key: str | None) -> None:
         self.number = number
@@ -77,6 +82,12 @@ class _Remote:
         self.seq = 0  # the command's sequence number in the command stream, once stored
         self.key = key  # HookLoad: the hook's key in the hooks bucket
         self.attempt = 0  # the delivery whose events came last; 0 while no worker took it
+        # Process control (smith_fast.nats.control): only requests it concerns pay for it.
+        self.watch = False  # its events are looked at on the way (ctl or cancelled)
+        self.ctl: InputChannel | None = None  # an interactive ShellExec's stdin and terminal
+        self.cancelled = False  # the peer cancelled it
+        self.cancel_seen = False  # its worker reported it cancelled
+        self.overdue: asyncio.TimerHandle | None = None  # ends it here if its worker never confirms the cancel
 
 
 class NatsRunner:
@@ -99,6 +110,10 @@ class NatsRunner:
         self.session_id = host.session_id
         self.hook_keys: list[str] = []  # hooks loaded by this session, in load order
         self._remote: dict[int, _Remote] = {}
+        self._by_rid: dict[str, _Remote] = {}
+        self._ended: collections.OrderedDict[str, bool] = collections.OrderedDict()  # recently ended id -> cancelled
+        self._early: dict[str, InputChannel] = {}  # stdin / resize sent before its request was forwarded
+        self._early_cancel: set[str] = set()  # cancelled before its request was forwarded
         self._numbers = 0
         self._paused = False
         self._released = False
@@ -107,30 +122,105 @@ class NatsRunner:
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         await self._forward(rid, spec.kind, command)
 
-    # Control commands (issue 16): not forwarded to the worker running the request yet.
-    def _no_control(self, rid: str, what: str) -> ProtocolError:
-        return ProtocolError(
-            f"{what} is not supported through the NATS gateway yet; connect to a service (serve) to {what} request {rid}",
-            pb.ERROR_CODE_UNSPECIFIED,
-            rid,
-            {"reason": "unsupported_command"},
-        )
+    # ---- control (issue 16): cancel, stdin and resize reach the worker running the request -------------
 
     def cancel(self, rid: str) -> None:
-        raise self._no_control(rid, "cancel")
+        """Every worker hears the cancel (smith_fast.nats.control): the one running it stops it and
+        reports it cancelled; one handed it later drops it. The command is also deleted from the
+        stream, so it is never redelivered. A request no worker took ends here, at once."""
+        remote = self._by_rid.get(rid)
+        if remote is None:
+            if self._host.is_running(rid):  # admitted, not forwarded yet: it ends at its start
+                self._early_cancel.add(rid)
+                return
+            if self._ended.get(rid):
+                return  # already cancelled and ended: cancelling twice is harmless
+            raise not_running(rid, "cancel", rid in self._ended)
+        if remote.cancelled:
+            return  # a second Cancel while the first is under way
+        if remote.stream.finished:  # its terminal state was sent; the forwarding task ends next
+            raise not_running(rid, "cancel", True)
+        remote.cancelled = remote.watch = True
+        self.bridge.cancel_request(self.session_id, remote.number)
+        if remote.seq:
+            self.bridge.spawn(self.bridge.withdraw(remote.seq))  # else once stored (_forward)
+        if remote.attempt == 0:  # no worker's event came back: it never ran, as far as the peer saw
+            self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, f"request {rid} cancelled by the peer", "cancelled")
+            return
+        wait = self.core.limits.kill_grace + _CONFIRM_SLACK
+        remote.overdue = asyncio.get_running_loop().call_later(wait, self._cancel_overdue, remote, wait)
+
+    def _cancel_overdue(self, remote: _Remote, waited: float) -> None:
+        """The worker running a cancelled request did not end it (it died, or NATS lost the cancel)."""
+        self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, f"request {remote.rid} cancelled by the peer", "cancelled",
+                   {"confirmed": "false", "waited_seconds": f"{waited:g}"})
+
+    def _input(self, rid: str, what: str) -> InputChannel:
+        remote = self._by_rid.get(rid)
+        if remote is not None:
+            if remote.stream.finished:
+                raise not_running(rid, what, True)
+            if remote.ctl is None:
+                raise ProtocolError(
+                    f"request {rid} has no open stdin: {what} needs a ShellExec sent with open_stdin or pty",
+                    pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
+                )
+            return remote.ctl
+        if self._host.is_running(rid):  # in the same read as its ShellExec: held until it is forwarded
+            channel = self._early.get(rid)
+            if channel is None:
+                channel = self._early[rid] = InputChannel(rid, self.core.limits.max_stdin_buffer)
+            return channel
+        raise not_running(rid, what, rid in self._ended)
 
     def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
-        raise self._no_control(rid, "stdin")
+        self._input(rid, "write stdin to").write(data, eof)
 
     def resize(self, rid: str, rows: int, cols: int) -> None:
-        raise self._no_control(rid, "resize")
+        self._input(rid, "resize").resize(rows, cols)
+
+    def _adopt_control(self, remote: _Remote, command: pb.Command) -> bool:
+        """What control commands came before the request was forwarded; False: it was cancelled."""
+        rid = remote.rid
+        channel = self._early.pop(rid, None)
+        if interactive(command):
+            remote.ctl = channel or InputChannel(rid, self.core.limits.max_stdin_buffer)
+            remote.watch = True
+        if channel is not None:
+            for error in channel.adopt(command):
+                self._host.protocol_error(error)
+        if rid in self._early_cancel:
+            self._early_cancel.discard(rid)
+            remote.cancelled = True
+            self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, f"request {rid} cancelled by the peer", "cancelled")
+            return False
+        return True
+
+    def _watched(self, remote: _Remote, event: pb.Event) -> bool:
+        """An event of a controlled request on its way to the peer; False: not for the peer."""
+        kind = event.WhichOneof("event_type")
+        if remote.ctl is not None:
+            remote.ctl.observe(event, kind)
+            if kind == "shell_output" and self._host.sink.version != 1 and only_stdin_written(event):
+                return False  # v0 has no stdin_written (PROTOCOL.md, "v0")
+        if kind == "error" and event.error.details.get("reason") == "cancelled":
+            remote.cancel_seen = True
+        return True
+
+    def _send_input(self, remote: _Remote, attempt: int, payload: bytes, headers: dict[str, str]) -> None:
+        self.bridge.request_control(self.session_id, remote.number, attempt, payload, headers)
 
     async def _forward(self, rid: str, kind: str, command: pb.Command) -> None:
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None
         remote = _Remote(self._numbers, rid, kind, key)
         self._remote[remote.number] = remote
+        self._by_rid[rid] = remote
         host = self._host
+        if (self._early or self._early_cancel or kind == "shell_exec") and not self._adopt_control(remote, command):
+            self._remote.pop(remote.number, None)
+            self._request_ended(remote)
+            return
         meta = CommandMeta(
             session=self.session_id,
             number=remote.number,
@@ -162,6 +252,8 @@ class NatsRunner:
                     "queue_full" if full else "nats_unavailable",
                 )
                 return
+            if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
+                self.bridge.spawn(self.bridge.withdraw(remote.seq))
             self.bridge.track(remote.seq, self, remote)
             timers = self._queue_timers(remote)
             try:
@@ -184,8 +276,18 @@ class NatsRunner:
         finally:
             self.bridge.untrack(remote.seq)
             self._remote.pop(remote.number, None)
+            self._request_ended(remote)
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
+
+    def _request_ended(self, remote: _Remote) -> None:
+        if self._by_rid.get(remote.rid) is remote:
+            del self._by_rid[remote.rid]
+        if remote.overdue is not None:
+            remote.overdue.cancel()
+        self._ended[remote.rid] = remote.cancelled
+        if len(self._ended) > _ENDED_KEPT:
+            self._ended.popitem(last=False)
 
     def _queue_timers(self, remote: _Remote) -> list[asyncio.TimerHandle]:
         """Tell the frontend when its command waits for a worker (``--queue-notice``), and give
@@ -267,13 +369,20 @@ class NatsRunner:
             if remote.attempt or attempt > 1:
                 self.bridge.counters.redelivered += 1
             remote.attempt = attempt
+            if remote.ctl is not None:  # its worker listens now: what the peer typed goes there
+                remote.ctl.bind(attempt, functools.partial(self._send_input, remote))
         sink = self._host.sink
         metrics = self.core.metrics
         for event in stream.push(attempt, index, carried):
+            if remote.watch and not self._watched(remote, event):
+                continue
             if event.WhichOneof("event_type") == "error":
                 metrics.error(event.error.error_code)
             sink.event(event)
         if stream.finished:
+            if remote.cancelled and not remote.cancel_seen and not remote.done.done():
+                # It ended on its worker before the cancel got there: as serve says of a late cancel.
+                self._host.protocol_error(not_running(remote.rid, "cancel", True))
             if not remote.done.done():
                 self.bridge.counters.acked += 1
                 remote.done.set_result(None)
@@ -567,6 +676,21 @@ class Bridge:
         if self.nc is None or self.nc.is_closed:
             return
         self._spawn(self.nc.publish(self.config.control_subject(session_id), b"", headers={CONTROL: action}))
+
+    def cancel_request(self, session_id: str, number: int) -> None:
+        """Tell every worker that request ``number`` of the session is cancelled (smith_fast.nats.control)."""
+        if self.nc is None or self.nc.is_closed:
+            return
+        headers = {CONTROL: "cancel", REQUEST: str(number)}
+        self._spawn(self.nc.publish(self.config.control_subject(session_id), b"", headers=headers))
+
+    def request_control(self, session_id: str, number: int, attempt: int, payload: bytes, headers: dict[str, str]) -> None:
+        """A Stdin or Resize to the worker running delivery ``attempt`` of request ``number``.
+        Published in the order called: each task's publish queues its message before it yields."""
+        if self.nc is None or self.nc.is_closed:
+            return
+        subject = request_subject(self.config, session_id, number, attempt)
+        self._spawn(self.nc.publish(subject, payload, headers=headers))
 
     def end_session(self, session: NatsRunner) -> None:
         """The session is over: workers kill its commands and forget it; queued commands are purged."""

@@ -15,7 +15,12 @@ Commands and events are v1 ``Envelope`` bytes (no length prefix); everything els
   produced it (JetStream's delivery count) and its 1-based position among that delivery's event
   messages;
 * a **control** message (subject ``<prefix>.ctl.<session>``, empty body) carries
-  ``Smith-Control: pause | resume | shutdown | end``.
+  ``Smith-Control: pause | resume | shutdown | end | cancel`` (``cancel`` with
+  ``Smith-Request: <n>``, the request it cancels);
+* a **request control** message (subject ``<prefix>.ctl.<session>.<n>.<attempt>``, heard by the
+  worker running that delivery) is an ``Envelope.command`` with the peer's ``StdinCommand`` (and
+  ``Smith-Stdin-Offset``: the stdin bytes sent to that delivery before it) or ``ResizeCommand``
+  (``smith_fast.nats.control``).
 
 The message ids double as JetStream's publish deduplication keys, so a message republished after
 a lost acknowledgement is stored once.
@@ -41,6 +46,8 @@ __all__ = [
     "TRACEPARENT",
     "CONTROL",
     "CONTROLS",
+    "REQUEST",
+    "STDIN_OFFSET",
     "CommandMeta",
     "RequestStream",
     "command_headers",
@@ -56,7 +63,9 @@ CAPABILITIES = "Smith-Capabilities"
 HOOKS = "Smith-Hooks"
 TRACEPARENT = "traceparent"  # W3C Trace Context, as OpenTelemetry's NATS instrumentations carry it
 CONTROL = "Smith-Control"
-CONTROLS = frozenset({"pause", "resume", "shutdown", "end"})
+CONTROLS = frozenset({"pause", "resume", "shutdown", "end", "cancel"})
+REQUEST = "Smith-Request"  # a cancel's request number in its session
+STDIN_OFFSET = "Smith-Stdin-Offset"  # a forwarded Stdin's first byte among those sent to its delivery
 
 _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 DEFAULT_WINDOW = 1 << 16

@@ -48,10 +48,11 @@ from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
+from .control import WorkerControls
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
-from .wire import CONTROL, MSG_ID, CommandMeta, hook_key, parse_command_headers
+from .wire import CONTROL, MSG_ID, REQUEST, CommandMeta, hook_key, parse_command_headers
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -251,6 +252,7 @@ class Worker:
         self._announcer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.counters = NatsCounters()
+        self.controls = WorkerControls(config)  # cancel, stdin, resize from the gateways
         core.metrics.add_source(self)
 
     def figures(self) -> list[Figure]:
@@ -442,6 +444,9 @@ class Worker:
     async def _control(self, msg: Msg) -> None:
         session_id = msg.subject.rpartition(".")[2]
         action = (msg.headers or {}).get(CONTROL, "")
+        if action == "cancel":
+            self._cancel(session_id, (msg.headers or {}).get(REQUEST, ""))
+            return
         if action in ("pause", "resume"):
             # Kept even before a command of the session ran here: it starts paused.
             kept = self._state(session_id)
@@ -466,6 +471,10 @@ class Worker:
             session.connection_lost()
         self.states.pop(session_id, None)
         await state.close()
+
+    def _cancel(self, session_id: str, number: str) -> None:
+        if number.isdigit():
+            self.controls.cancel(session_id, int(number))
 
     def _backlog_high(self) -> None:
         # Events are produced faster than the stream stores them: stop reading the pipes, as a
@@ -588,10 +597,17 @@ class Worker:
         state.running.add(session)
         if state.paused or self._backlogged:
             session.pause()
+        assert self.nc is not None
+        held = self.controls.hold(meta, rid, session)
         try:
-            session.handle(command)
+            await self.controls.listen(self.nc, meta, attempt, command, held)
+            if self.controls.start(meta, held):
+                session.handle(command)
+            else:  # cancelled before it ran: its gateway ended it, nothing of it is published
+                log.info("cancelled command dropped", extra={"fields": {"session": meta.session, "request": meta.number}})
             await session.finish()
         finally:
+            await self.controls.release(meta, held)
             state.running.discard(session)
             state.last_used = time.monotonic()
         if attempt > 1:

@@ -136,7 +136,7 @@ class Limits:
         1 << 20, flag="--max-command-size", unit="bytes", commands=_ALL, group=_LIMITS,
         help="largest shell command (+ its env), tool arguments or plan goal; larger: RESOURCE_EXHAUSTED")
     max_stdin_buffer: int = option(
-        1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        1 << 20, flag="--max-stdin-buffer", unit="bytes", commands=_ALL, group=_LIMITS,
         help="stdin a command has not read yet, per command; a StdinCommand past it is refused whole")
     input_wait_notice: float = option(
         2.0, flag="--input-wait-notice", unit="seconds", commands=_RUNNERS, group=_LIMITS,
