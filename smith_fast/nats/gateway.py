@@ -34,6 +34,7 @@ from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig, is_token
+from .batching import CommandBatcher, batch_limit, split_events
 from .jetstream import (
     PayloadTooLarge,
     Publisher,
@@ -46,7 +47,7 @@ from .jetstream import (
 )
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
-from .wire import CONTROL, MSG_ID, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
+from .wire import CONTROL, CommandMeta, RequestStream, hook_key
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -182,7 +183,7 @@ class NatsRunner:
             log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         finally:
-            self.bridge.untrack(remote.seq)
+            self.bridge.untrack(remote.seq, remote)
             self._remote.pop(remote.number, None)
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
@@ -323,7 +324,9 @@ class Bridge:
         self.js: JetStreamContext | None = None
         self.publisher: Publisher | None = None
         self.feed: PullFeed | None = None
-        self._by_seq: dict[int, tuple[NatsRunner, _Remote]] = {}
+        self.batcher: CommandBatcher | None = None
+        # a command message's stream sequence -> its requests (several when it carried a batch)
+        self._by_seq: dict[int, list[tuple[NatsRunner, _Remote]]] = {}
         self._last: Msg | None = None
         self._ack_scheduled = False
         self._background: set[asyncio.Task[Any]] = set()
@@ -379,11 +382,18 @@ class Bridge:
         except ValueError as exc:
             log.info("presence message dropped", extra={"fields": {"error": str(exc)}})
             return
-        if self.live.heard(ann):
+        joined_or_left = self.live.heard(ann)
+        self._limit_batches()
+        if joined_or_left:
             joined = not ann.leaving
             log.info("worker joined" if joined else "worker left", extra={"fields": {"worker": ann.worker, "version": ann.version,
                                                                                   "capacity": ann.capacity}})
             self._health_may_have_changed()
+
+    def _limit_batches(self) -> None:
+        """Batches follow the live workers' capacities (batching.batch_limit)."""
+        if self.batcher is not None:
+            self.batcher.max_commands = batch_limit([a.capacity for a in self.live.alive()])
 
     async def poll_queue(self) -> int:
         """Ask the stream how many commands wait (and how many are handed out); the queue depth."""
@@ -407,6 +417,7 @@ class Bridge:
         interval = self.config.presence_interval
         while True:
             gone = self.live.expire()
+            self._limit_batches()
             for worker in gone:
                 log.warning("worker gone", extra={"fields": {"worker": worker, "silent_seconds": self.live.expiry}})
             self._health_may_have_changed()
@@ -449,6 +460,7 @@ class Bridge:
         await ensure_gateway_consumer(self.js, config, self.gateway_id)
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout)
         await self.publisher.start()
+        self.batcher = CommandBatcher(self.publisher, self._command_subject)
         self.feed = PullFeed(
             self.nc, config.event_stream, config.gateway_consumer(self.gateway_id),
             capacity=4096, on_message=self._event, auto_release=True, on_gone=self._recreate_consumer,
@@ -522,7 +534,7 @@ class Bridge:
         Raises:
             PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
         """
-        if self.publisher is None:  # never reached NATS yet: say so now rather than hold the command
+        if self.publisher is None or self.batcher is None:  # never reached NATS yet: say so now rather than hold the command
             raise PublishError(
                 f"NATS is unreachable at {', '.join(self.config.servers)}; the gateway keeps retrying "
                 f"(every {self.config.reconnect_wait:g}s); the command was not queued, send it again later"
@@ -530,14 +542,22 @@ class Bridge:
             )
         self.counters.dispatched += 1
         deadline = time.monotonic() + self.config.submit_timeout
-        subject = self.config.command_subject(self.gateway_id, meta.session)
-        return await self.publisher.publish(subject, payload, command_headers(meta), deadline=deadline)
+        # with the session's other commands of this loop iteration, as one message (batching.py)
+        return await self.batcher.add(meta, payload, deadline)
+
+    def _command_subject(self, session_id: str) -> str:
+        return self.config.command_subject(self.gateway_id, session_id)
 
     def track(self, seq: int, session: NatsRunner, remote: _Remote) -> None:
-        self._by_seq[seq] = (session, remote)
+        self._by_seq.setdefault(seq, []).append((session, remote))
 
-    def untrack(self, seq: int) -> None:
-        self._by_seq.pop(seq, None)
+    def untrack(self, seq: int, remote: _Remote) -> None:
+        entries = self._by_seq.get(seq)
+        if entries is None:
+            return
+        entries[:] = [e for e in entries if e[1] is not remote]
+        if not entries:
+            del self._by_seq[seq]
 
     async def _max_deliveries(self, msg: Msg) -> None:
         try:
@@ -545,19 +565,19 @@ class Bridge:
             seq = int(advisory["stream_seq"])
         except (ValueError, KeyError, TypeError):
             return
-        entry = self._by_seq.pop(seq, None)
-        if entry is None:
+        entries = self._by_seq.pop(seq, None)
+        if entries is None:
             return
-        session, remote = entry
         deliveries = advisory.get("deliveries", self.config.max_deliver)
-        log.warning("command given up", extra={"fields": {"session": session.session_id, "request_id": remote.rid, "deliveries": deliveries}})
-        session.fail_request(
-            remote,
-            pb.ERROR_CODE_INTERNAL_ERROR,
-            f"request {remote.rid} was handed to a worker {deliveries} times and never finished (each worker stopped or held it "
-            "past the ack wait); giving up",
-            "max_deliveries",
-        )
+        for session, remote in entries:  # every request the command message carried
+            log.warning("command given up", extra={"fields": {"session": session.session_id, "request_id": remote.rid, "deliveries": deliveries}})
+            session.fail_request(
+                remote,
+                pb.ERROR_CODE_INTERNAL_ERROR,
+                f"request {remote.rid} was handed to a worker {deliveries} times and never finished (each worker stopped or held it "
+                "past the ack wait); giving up",
+                "max_deliveries",
+            )
         if self.js is not None:
             with contextlib.suppress(Exception):
                 await self.js.delete_msg(self.config.command_stream, seq)
@@ -588,12 +608,15 @@ class Bridge:
         session = self.sessions.get(msg.subject.rpartition(".")[2])
         if session is not None:
             try:
-                number, attempt, index = parse_event_msg_id((msg.headers or {})[MSG_ID])
-                env = pb.Envelope.FromString(msg.data)
+                # one event message, or those of several requests (Smith-Parts, batching.py)
+                parts = [(n, attempt, index, pb.Envelope.FromString(data))
+                         for n, attempt, index, data in split_events(msg.headers or {}, msg.data, max(len(msg.data), 1))]
             except Exception as exc:  # not from a worker of ours: drop it, keep going
                 log.warning("malformed event message dropped", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
             else:
-                session.deliver(number, attempt, index, env)
+                self.events_received += len(parts) - 1  # event messages, batched or not
+                for number, attempt, index, env in parts:
+                    session.deliver(number, attempt, index, env)
         # Ack-all: one acknowledgement covers everything delivered before it.
         self._last = msg
         if not self._ack_scheduled:

@@ -17,6 +17,13 @@ Commands and events are v1 ``Envelope`` bytes (no length prefix); everything els
 * a **control** message (subject ``<prefix>.ctl.<session>``, empty body) carries
   ``Smith-Control: pause | resume | shutdown | end``.
 
+Batches (issue 19, throughput): a command message may carry several consecutive requests of one
+session (``Smith-Commands: <k>``, the payload their ``Envelope`` s, each varint length-prefixed
+as on the v1 wire, numbered ``n`` .. ``n+k-1``), and an event message the event messages of
+several requests of one session (``Smith-Parts: <n>.<attempt>.<index>,...``, one per framed
+``Envelope`` of the payload). One message then costs one publish, one store and one delivery for
+all of them.
+
 The message ids double as JetStream's publish deduplication keys, so a message republished after
 a lost acknowledgement is stored once.
 """
@@ -41,6 +48,8 @@ __all__ = [
     "TRACEPARENT",
     "CONTROL",
     "CONTROLS",
+    "COMMANDS",
+    "PARTS",
     "CommandMeta",
     "RequestStream",
     "command_headers",
@@ -57,6 +66,8 @@ HOOKS = "Smith-Hooks"
 TRACEPARENT = "traceparent"  # W3C Trace Context, as OpenTelemetry's NATS instrumentations carry it
 CONTROL = "Smith-Control"
 CONTROLS = frozenset({"pause", "resume", "shutdown", "end"})
+COMMANDS = "Smith-Commands"  # a batch of consecutive commands: how many (framed Envelopes)
+PARTS = "Smith-Parts"  # a batch of event messages: the <n>.<attempt>.<index> of each framed Envelope
 
 _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 DEFAULT_WINDOW = 1 << 16

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import socket
@@ -48,6 +49,7 @@ from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
+from .batching import EventOutbox, split_commands
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
@@ -73,15 +75,19 @@ class _Publication:
 
     The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
     message (its sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
-    so a burst of output costs one NATS message, not one per event.
+    so a burst of output costs one NATS message, not one per event; and the outbox sends the event
+    messages of all the session's commands of that iteration as one NATS message (``Smith-Parts``).
     """
 
-    __slots__ = ("sink", "stored", "_publisher", "_subject", "_id", "_index", "_scheduled", "_loop")
+    __slots__ = ("sink", "stored", "meta", "_outbox", "_publisher", "_subject", "_session", "_part", "_index", "_scheduled", "_loop")
 
-    def __init__(self, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
+    def __init__(self, outbox: EventOutbox, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
+        self.meta = meta
+        self._outbox = outbox
         self._publisher = publisher
         self._subject = meta.reply
-        self._id = f"{meta.session}.{meta.number}.{attempt}."
+        self._session = meta.session
+        self._part = f"{meta.number}.{attempt}."
         self._index = 0
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -105,11 +111,11 @@ class _Publication:
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
-        headers = {MSG_ID: f"{self._id}{self._index}"}
-        size, limit = message_size(data, headers), self._publisher.max_payload
+        part = f"{self._part}{self._index}"
+        size, limit = message_size(data, {MSG_ID: f"{self._session}.{part}"}), self._publisher.max_payload
         if size > limit:  # it could never be published: say so in its place, for its request
             data = _unpublishable(data, size, limit)
-        self.stored.append(self._publisher.publish(self._subject, data, headers))
+        self.stored.append(self._outbox.put(self._subject, self._session, part, data))
 
 
 def _unpublishable(data: bytes, size: int, limit: int) -> bytes:
@@ -239,6 +245,7 @@ class Worker:
         self.js: JetStreamContext | None = None
         self.kv: KeyValue | None = None
         self.publisher: Publisher | None = None
+        self.outbox: EventOutbox | None = None
         self.feed: PullFeed | None = None
         self.states: dict[str, _SessionState] = {}
         self.ended: collections.OrderedDict[str, tuple[float, bool]] = collections.OrderedDict()
@@ -270,6 +277,7 @@ class Worker:
         self.kv = await self._bucket()
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout, on_high=self._backlog_high, on_low=self._backlog_low)
         await self.publisher.start()
+        self.outbox = EventOutbox(self.publisher)
         await self.nc.subscribe(config.control_subject("*"), cb=self._control)
         self.feed = PullFeed(
             self.nc, config.command_stream, config.worker_consumer,
@@ -512,53 +520,75 @@ class Worker:
 
     async def _execute(self, msg: Msg) -> None:
         assert self.publisher is not None and self.feed is not None
+        held = 1
         try:
             try:
                 meta = parse_command_headers(msg.headers)
-                env = pb.Envelope.FromString(msg.data)
-                if env.WhichOneof("payload") != "command":
-                    raise DecodeError(f"payload is {env.WhichOneof('payload')!r}, not a command")
-            except (ProtocolError, DecodeError) as exc:
+                commands = []
+                for data in split_commands(msg.headers or {}, msg.data, max(len(msg.data), 1)):
+                    env = pb.Envelope.FromString(data)
+                    if env.WhichOneof("payload") != "command":
+                        raise DecodeError(f"payload is {env.WhichOneof('payload')!r}, not a command")
+                    commands.append(env.command)
+            except (ProtocolError, DecodeError, ValueError) as exc:
                 log.error("not a command message; dropped", extra={"fields": {"subject": msg.subject, "error": str(exc)}})
                 with contextlib.suppress(Exception):
                     await msg.term()
                 return
-            await self._run(msg, meta, env.command)
+            if len(commands) > 1:  # --concurrency counts commands: a batch holds room for each
+                self.feed.hold(len(commands) - 1)
+                held = len(commands)
+            await self._run(msg, meta, commands)
         finally:
-            self.feed.release()
+            self.feed.release(held)
 
-    async def _run(self, msg: Msg, meta: CommandMeta, command: pb.Command) -> None:
-        assert self.publisher is not None
+    async def _run(self, msg: Msg, meta: CommandMeta, commands: list[pb.Command]) -> None:
+        """Run a command message's commands (one, or a batch: numbers ``meta.number`` on, at once);
+        acknowledge it when all ended and all their events were stored."""
+        assert self.publisher is not None and self.outbox is not None
         attempt = msg.metadata.num_delivered
-        self.counters.dispatched += 1
+        self.counters.dispatched += len(commands)
         if attempt > 1:
-            self.counters.redelivered += 1
-        kind = command.WhichOneof("command_type") or ""
-        rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
-        publication = _Publication(self.publisher, meta, attempt)
-        sink = publication.sink
+            self.counters.redelivered += len(commands)
+        publications = [
+            _Publication(self.outbox, self.publisher, dataclasses.replace(meta, number=meta.number + i) if i else meta, attempt)
+            for i in range(len(commands))
+        ]
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
-        handed_back = False
         try:
-            ended = self._ended(meta.session)
-            if ended is not None:
-                if ended[1]:  # shutting down: the request is cancelled before it started
-                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            if len(commands) == 1:
+                handed_back = await self._run_one(meta, commands[0], publications[0], attempt)
             else:
-                handed_back = await self._session_run(meta, command, sink, rid, attempt)
-            if publication.stored:
-                await asyncio.gather(*publication.stored, return_exceptions=True)
+                outcome = await asyncio.gather(*(
+                    self._run_one(p.meta, c, p, attempt) for c, p in zip(commands, publications)
+                ))
+                handed_back = any(outcome)
+            stored = [f for p in publications for f in p.stored]
+            if stored:
+                await asyncio.gather(*stored, return_exceptions=True)
             if handed_back:
                 with contextlib.suppress(Exception):
                     await msg.nak()
                 return
             await self._ack(msg)
-            self.completed += 1
-            self.counters.acked += 1
+            self.completed += len(commands)
+            self.counters.acked += len(commands)
         finally:
             keepalive.cancel()
-            self.counters.events += publication.published
+            self.counters.events += sum(p.published for p in publications)
+
+    async def _run_one(self, meta: CommandMeta, command: pb.Command, publication: _Publication, attempt: int) -> bool:
+        """One command of a message; True when this worker's stop cut it short."""
+        kind = command.WhichOneof("command_type") or ""
+        rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
+        sink = publication.sink
+        ended = self._ended(meta.session)
+        if ended is not None:
+            if ended[1]:  # shutting down: the request is cancelled before it started
+                sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return False
+        return await self._session_run(meta, command, sink, rid, attempt)
 
     async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
         """Run the command in a session of its own; True when it was cut short by this worker's stop."""
