@@ -556,13 +556,13 @@ class Worker:
         ]
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
         try:
-            if len(commands) == 1:
-                handed_back = await self._run_one(meta, commands[0], publications[0], attempt)
-            else:
-                outcome = await asyncio.gather(*(
-                    self._run_one(p.meta, c, p, attempt) for c, p in zip(commands, publications)
-                ))
-                handed_back = any(outcome)
+            # All started first (each session runs its request in a task of its own), then waited
+            # for in turn: no extra task per command of a batch.
+            started = [await self._begin_one(p.meta, c, p) for c, p in zip(commands, publications)]
+            handed_back = False
+            for begun, publication in zip(started, publications):
+                if begun is not None and await self._conclude(*begun, publication.meta, attempt):
+                    handed_back = True
             stored = [f for p in publications for f in p.stored]
             if stored:
                 await asyncio.gather(*stored, return_exceptions=True)
@@ -577,8 +577,9 @@ class Worker:
             keepalive.cancel()
             self.counters.events += sum(p.published for p in publications)
 
-    async def _run_one(self, meta: CommandMeta, command: pb.Command, publication: _Publication, attempt: int) -> bool:
-        """One command of a message; True when this worker's stop cut it short."""
+    async def _begin_one(self, meta: CommandMeta, command: pb.Command, publication: _Publication) -> tuple[Session, _SessionState] | None:
+        """Start one command of a message: its session, running it; None when it ended at once
+        (its session is gone or shutting down, its hooks are unavailable)."""
         kind = command.WhichOneof("command_type") or ""
         rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
         sink = publication.sink
@@ -587,11 +588,12 @@ class Worker:
             if ended[1]:  # shutting down: the request is cancelled before it started
                 sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-            return False
-        return await self._session_run(meta, command, sink, rid, attempt)
+            return None
+        return await self._session_start(meta, command, sink, rid)
 
-    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
-        """Run the command in a session of its own; True when it was cut short by this worker's stop."""
+    async def _session_start(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str) -> tuple[Session, _SessionState] | None:
+        """The command's own session, running it, and its gateway session's state (None: the
+        session's hooks cannot be had here)."""
         state = self._state(meta.session)
         try:
             hooks = await state.hooks_for(meta.hooks)
@@ -599,7 +601,7 @@ class Worker:
             log.warning("session hook unavailable", extra={"fields": {"session": meta.session, "error": str(exc)}})
             sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid, {"reason": "hook_load_failed"})
             sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-            return False
+            return None
         core, shelf = self.core, _Shelf(state)
 
         def runner(host: RequestHost) -> LocalRunner:
@@ -620,6 +622,14 @@ class Worker:
             session.pause()
         try:
             session.handle(command)
+        except BaseException:
+            state.running.discard(session)
+            raise
+        return session, state
+
+    async def _conclude(self, session: Session, state: _SessionState, meta: CommandMeta, attempt: int) -> bool:
+        """Wait for a started command's session to end; True when this worker's stop cut it short."""
+        try:
             await session.finish()
         finally:
             state.running.discard(session)
@@ -636,19 +646,14 @@ class Worker:
                 await msg.in_progress()
 
     async def _ack(self, msg: Msg) -> None:
-        """Acknowledge, waiting for the server's confirmation; retried until the ack wait would
-        have passed (after that the command is redelivered anyway, and the gateway drops the
-        second run's events)."""
-        deadline = time.monotonic() + self.config.ack_wait
-        while True:
-            try:
-                await msg.ack_sync(timeout=1.0)
-                return
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    log.warning("ack not confirmed", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
-                    return
-                await asyncio.sleep(0.2)
+        """Acknowledge, without waiting for the server's confirmation (a round trip per command
+        message, issue 19): the ack travels on the connection, buffered across a reconnect; one
+        that is lost anyway only means the command is redelivered after the ack wait, its run
+        repeated and its events dropped by the gateway (the request already ended there)."""
+        try:
+            await msg.ack()
+        except Exception as exc:
+            log.warning("ack not sent", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
 
 
 def _nothing() -> None:
