@@ -15,7 +15,7 @@ Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a pl
 * ``events``: one ``seq 1 100000`` at ``--chunk-size 32`` (~18,400 ShellOutput events): events/s.
 
 Where the time goes: each entry also records the CPU seconds every process of the topology
-(client excluded) spent per command or per event during the measured rounds, from /proc, and the
+(and the driver, this process) spent per command or per event during the measured rounds, from /proc, and the
 NATS messages per command or event (nats-server's ``/varz`` ``in_msgs`` and ``out_msgs``: messages
 clients published to the server and messages it delivered to clients, JetStream acknowledgements
 and pull requests included). The summary gives each topology's best and median round and its
@@ -31,6 +31,7 @@ import json
 import os
 import pathlib
 import statistics
+import time
 import urllib.request
 import socket
 import uuid
@@ -122,7 +123,7 @@ def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     lines = []
     if _RESULTS:
-        lines = ["\n\nbest round; CPU per unit by process (client excluded); NATS messages per unit (in/out of nats-server):",
+        lines = ["\n\nbest round; CPU per unit by process (the driver in brackets); NATS messages per unit (in/out of nats-server):",
                  *_RESULTS, "", "median of rounds, and its ratio to serve's median (best in brackets):"]
         for (workload, name), (best, median, unit) in _RATES.items():
             direct = _RATES.get((workload, "serve"))
@@ -143,15 +144,20 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class _Cpu:
-    """CPU seconds of a topology's processes between two points."""
+    """CPU seconds of a topology's processes (and of this client) between two points."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        self.client = time.process_time()
 
     def per_unit(self, units: int) -> dict[str, float]:
         """Microseconds of CPU per unit, by process."""
         return {name: (_cpu_seconds(pid) - self.start[name]) / units * 1e6 for name, pid in self.pids.items()}
+
+    def client_per_unit(self, units: int) -> float:
+        """Microseconds of this process's CPU per unit (the driver: encoding, parsing every event)."""
+        return (time.process_time() - self.client) / units * 1e6
 
 
 class _Client:
@@ -277,12 +283,14 @@ def test_nats_scale_out(benchmark, topology: Topology, workload: str) -> None:  
     rate = units / best
     total = sum(counted) if workload == "events" else units * len(counted)
     per = cpu.per_unit(total)
+    client_cpu = cpu.client_per_unit(total)
     msgs_in, msgs_out = ((msgs_after[0] - msgs_before[0]) / total, (msgs_after[1] - msgs_before[1]) / total)
     benchmark.extra_info.update({f"{unit}s_per_s": round(rate), f"median_{unit}s_per_s": round(units / median),
                                  "events_per_round": counted[-1],
+                                 f"cpu_us_per_{unit}_client": round(client_cpu, 1),
                                  f"nats_msgs_in_per_{unit}": round(msgs_in, 2), f"nats_msgs_out_per_{unit}": round(msgs_out, 2),
                                  **{f"cpu_us_per_{unit}_{k}": round(v, 1) for k, v in per.items()}})
     _RATES[(workload, topology.name)] = (rate, units / median, unit)
-    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items())
+    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items()) + f" (client {client_cpu:.1f})"
     nats = f"   NATS msgs/{unit}: {msgs_in:.2f} in {msgs_out:.2f} out" if topology.monitor else ""
     _RESULTS.append(f"  {workload:7s} {topology.name:10s} {rate:>10,.0f} {unit}s/s  {counted[-1] / best:>9,.0f} events/s   CPU µs/{unit}: {where}{nats}")
