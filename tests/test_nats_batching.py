@@ -18,12 +18,14 @@ import uuid
 import nats
 import pytest
 
-from harness.nats_cluster import Cluster
+from harness.nats_cluster import Cluster, NatsServer
 from smith_fast.client import Client
 from smith_fast.framing import encode_frames
-from smith_fast.nats.batching import MAX_BATCH_COMMANDS, batch_limit, split_commands, split_events
+from smith_fast.nats.batching import MAX_BATCH_COMMANDS, CommandBatcher, batch_limit, split_commands, split_events
+from smith_fast.nats.config import NatsConfig
+from smith_fast.nats.jetstream import Publisher, ensure_streams, message_size
 from smith_fast.nats.presence import Announcement
-from smith_fast.nats.wire import COMMANDS, MSG_ID, PARTS
+from smith_fast.nats.wire import COMMANDS, MSG_ID, PARTS, CommandMeta
 from smith_fast.pb import smith_pb2 as pb
 
 from .test_nats import NATS_FAST, _collect, _output, _restarted, _shell, _terminals, _tool
@@ -165,3 +167,39 @@ async def test_batch_redelivered_after_its_worker_died_ends_each_request_once(si
         assert _output(events) == ("start\ndone\n", "", 0)
         restarted += any(_restarted(e) for e in events)
     assert restarted >= 1  # a batch was taken back from the dead worker and ran again
+
+
+async def test_command_batches_keep_to_max_payload_with_long_headers(tmp_path: pathlib.Path) -> None:
+    """A session with many hooks has long headers: batches are cut so that each message, headers
+    included, fits the server's max_payload; every command is stored, none refused."""
+    conf = tmp_path / "nats.conf"
+    conf.write_text("max_payload: 4096\n")
+    server = NatsServer(tmp_path / "store", extra=("-c", str(conf))).start()
+    try:
+        config = NatsConfig(servers=(server.url,))
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, config)
+            publisher = Publisher(nc)
+            await publisher.start()
+            batcher = CommandBatcher(publisher, lambda session: config.command_subject("gw", session), max_commands=MAX_BATCH_COMMANDS)
+            hooks = tuple(f"{i:064x}" for i in range(30))  # ~2 KiB of Smith-Hooks
+            payload = b"\x52" + b"x" * 400
+            futures = [batcher.add(CommandMeta("sess", n, "smith.evt.gw.sess", frozenset({1}), hooks), payload, None)
+                       for n in range(1, 21)]
+            seqs = await asyncio.gather(*futures)
+            info = await js.stream_info(config.command_stream)
+            assert info.state.messages == len(set(seqs)) > 1  # several messages, each stored
+            total = 0
+            for seq in sorted(set(seqs)):
+                stored = await js.get_msg(config.command_stream, seq)
+                headers = dict(stored.headers or {})
+                assert message_size(stored.data or b"", headers) <= 4096
+                total += len(split_commands(headers, stored.data or b"", 1 << 20))
+            assert total == 20
+            await publisher.close()
+        finally:
+            await nc.close()
+    finally:
+        server.stop()

@@ -48,13 +48,16 @@ def _framed(size: int) -> int:
 
 
 class _CommandBatch:
-    __slots__ = ("meta", "payloads", "futures", "size")
+    __slots__ = ("meta", "payloads", "futures", "size", "room")
 
-    def __init__(self, meta: CommandMeta) -> None:
+    def __init__(self, meta: CommandMeta, max_payload: int) -> None:
         self.meta = meta
         self.payloads: list[bytes] = []
         self.futures: list[asyncio.Future[int]] = []
         self.size = 0
+        # what the payloads may take: the server's max_payload less the headers (a session's hook
+        # keys make them long) and the count header; a lone command over it fails alone
+        self.room = max_payload - message_size(b"", command_headers(meta)) - len(f"{COMMANDS}: {MAX_BATCH_COMMANDS}\r\n")
 
 
 class CommandBatcher:
@@ -84,16 +87,15 @@ class CommandBatcher:
     def add(self, meta: CommandMeta, payload: bytes, deadline: float | None) -> asyncio.Future[int]:
         loop = asyncio.get_running_loop()
         batch = self._open.get(meta.session)
-        limit = self._publisher.max_payload - _HEADROOM
         if batch is not None:
             first = batch.meta
             if (len(batch.payloads) >= self.max_commands or meta.number != first.number + len(batch.payloads) or meta.hooks != first.hooks
                     or meta.traceparent != first.traceparent or meta.capabilities != first.capabilities
-                    or batch.size + _framed(len(payload)) > limit):
+                    or batch.size + _framed(len(payload)) > batch.room):
                 self._close(meta.session, deadline)
                 batch = None
         if batch is None:
-            batch = self._open[meta.session] = _CommandBatch(meta)
+            batch = self._open[meta.session] = _CommandBatch(meta, self._publisher.max_payload)
         future: asyncio.Future[int] = loop.create_future()
         batch.payloads.append(payload)
         batch.futures.append(future)
