@@ -21,7 +21,7 @@ import pytest
 from harness.nats_cluster import Cluster, NatsServer
 from smith_fast.client import Client
 from smith_fast.framing import encode_frames
-from smith_fast.nats.batching import MAX_BATCH_COMMANDS, CommandBatcher, batch_limit, split_commands, split_events
+from smith_fast.nats.batching import MAX_BATCH_COMMANDS, CommandBatcher, SharedStream, batch_limit, split_commands, split_events
 from smith_fast.nats.config import NatsConfig
 from smith_fast.nats.jetstream import Publisher, ensure_streams, message_size
 from smith_fast.nats.presence import Announcement
@@ -45,9 +45,14 @@ def test_split_commands() -> None:
 
 
 def test_split_events() -> None:
-    assert split_events({MSG_ID: "sess.4.2.7"}, b"x", 1 << 20) == [(4, 2, 7, b"x")]
+    assert split_events({MSG_ID: "sess.4.2.7"}, b"x", 1 << 20) == [(4, 2, 7, b"x", 0)]
     parts = {MSG_ID: "sess.4.1.1+2", PARTS: "4.1.1,5.1.3"}
-    assert split_events(parts, encode_frames([b"x", b"yz"]), 1 << 20) == [(4, 1, 1, b"x"), (5, 1, 3, b"yz")]
+    assert split_events(parts, encode_frames([b"x", b"yz"]), 1 << 20) == [(4, 1, 1, b"x", 0), (5, 1, 3, b"yz", 0)]
+    # the stream of a batch run in one session: its first number and its count
+    shared = {MSG_ID: "sess.b6-3.2.1+2", PARTS: "b6-3.2.1,7.1.4"}
+    assert split_events(shared, encode_frames([b"x", b"y"]), 1 << 20) == [(6, 2, 1, b"x", 3), (7, 1, 4, b"y", 0)]
+    with pytest.raises(ValueError, match="how many"):
+        split_events({PARTS: "b6-0.1.1"}, encode_frames([b"x"]), 1 << 20)
     with pytest.raises(ValueError, match="names 2 parts"):
         split_events(parts, encode_frames([b"x"]), 1 << 20)
     with pytest.raises(ValueError):
@@ -203,3 +208,37 @@ async def test_command_batches_keep_to_max_payload_with_long_headers(tmp_path: p
             await nc.close()
     finally:
         server.stop()
+
+
+def _state(rid: str, state: int) -> pb.Event:
+    event = pb.Event()
+    event.state_change.request_id = rid
+    event.state_change.state = state
+    return event
+
+
+def _out(rid: str, text: str) -> pb.Event:
+    event = pb.Event()
+    event.shell_output.request_id = rid
+    event.shell_output.stdout = text
+    return event
+
+
+def test_shared_stream_splits_a_batch_session_by_request() -> None:
+    """The events of a batch run in one worker session come back per request, in order, each run
+    numbered as the request's own event messages would be; duplicates and early arrivals are
+    handled once for the stream; a newer attempt starts every request's numbering again."""
+    stream = SharedStream({"a": 1, "b": 2})
+    processing, ready = pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY
+    second = [_out("b", "b1\n"), _out("a", "a1\n"), _state("a", ready)]
+    assert stream.push(1, 2, second) == []  # early: held until part 1 came
+    first = [_state("a", processing), _state("b", processing)]
+    runs = stream.push(1, 1, first)
+    assert [(n, at, len(evs)) for n, at, evs in runs] == [(1, 1, 1), (2, 1, 2), (1, 2, 2)]  # runs span parts
+    assert stream.push(1, 1, first) == []  # a duplicate
+    session_wide = pb.Event()
+    session_wide.state_change.state = pb.SERVICE_STATE_SHUTTING
+    assert [(n, at) for n, at, _ in stream.push(1, 3, [session_wide, _state("b", ready)])] == [(None, 0), (2, 2)]
+    again = stream.push(2, 1, first)  # redelivered: numbering starts over for the new attempt
+    assert [(n, at) for n, at, _ in again] == [(1, 1), (2, 1)]
+    assert stream.push(1, 4, [_out("a", "late")]) == []  # the older attempt is over

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from typing import cast
 from collections.abc import Callable, Mapping
 
-from ..framing import FrameDecoder, encode_frames, varint_size
-from .jetstream import Publisher, message_size
-from .wire import COMMANDS, MSG_ID, PARTS, CommandMeta, command_headers, parse_event_msg_id
+from collections.abc import Sequence
 
-__all__ = ["CommandBatcher", "EventOutbox", "MAX_BATCH_COMMANDS", "batch_limit", "split_commands", "split_events"]
+from ..framing import FrameDecoder, encode_frames, varint_size
+from ..pb import smith_pb2 as pb
+from ..sequencing import Resequencer
+from .jetstream import Publisher, message_size
+from .wire import COMMANDS, DEFAULT_WINDOW, MSG_ID, PARTS, CommandMeta, command_headers, parse_event_msg_id
+
+__all__ = ["CommandBatcher", "EventOutbox", "MAX_BATCH_COMMANDS", "SharedStream", "batch_limit", "split_commands", "split_events"]
 
 MAX_BATCH_COMMANDS = 64  # commands in one command message, at most
 MAX_BATCH_PARTS = 1024  # event messages in one NATS message, at most
@@ -152,16 +157,20 @@ def split_commands(headers: Mapping[str, str], data: bytes, max_frame: int) -> l
     return frames
 
 
-def split_events(headers: Mapping[str, str], data: bytes, max_frame: int) -> list[tuple[int, int, int, bytes]]:
-    """``(n, attempt, index, envelope)`` of each event message an event message carries.
+def split_events(headers: Mapping[str, str], data: bytes, max_frame: int) -> list[tuple[int, int, int, bytes, int]]:
+    """``(n, attempt, index, envelope, shared)`` of each event message an event message carries.
+
+    ``shared`` is 0 for an event message of request ``n``; for one of the session that ran the
+    ``shared`` commands of a batch from number ``n`` on (part ``b<n>-<shared>.<attempt>.<index>``)
+    it is their count, and the events belong to those requests by their ``request_id``.
 
     Raises:
         ValueError: malformed (not from a worker of ours).
     """
     parts = headers.get(PARTS)
     if parts is None:
-        n, attempt, index = parse_event_msg_id(headers[MSG_ID])
-        return [(n, attempt, index, data)]
+        n, tried, at = parse_event_msg_id(headers[MSG_ID])
+        return [(n, tried, at, data, 0)]
     decoder = FrameDecoder(max_frame)
     frames = decoder.feed(data)
     ids = parts.split(",")
@@ -169,8 +178,14 @@ def split_events(headers: Mapping[str, str], data: bytes, max_frame: int) -> lis
         raise ValueError(f"{PARTS} names {len(ids)} parts, the payload holds {len(frames)}")
     out = []
     for part, frame in zip(ids, frames):
-        n, attempt, index = (int(x) for x in part.split("."))
-        out.append((n, attempt, index, frame))
+        head, attempt, index = part.split(".")
+        shared = 0
+        if head.startswith("b"):
+            head, _, count = head[1:].partition("-")
+            shared = int(count)
+            if shared < 1:
+                raise ValueError(f"part {part!r}: a shared part names how many commands it stands for")
+        out.append((int(head), int(attempt), int(index), frame, shared))
     return out
 
 
@@ -232,7 +247,7 @@ class EventOutbox:
 
     def _close(self, subject: str) -> None:
         batch = self._open.pop(subject)
-        if len(batch.frames) == 1:
+        if len(batch.frames) == 1 and not batch.parts[0].startswith("b"):  # a batch's stream always says so
             headers = {MSG_ID: f"{batch.session}.{batch.parts[0]}"}
             payload = batch.frames[0]
         else:
@@ -242,7 +257,7 @@ class EventOutbox:
         if message_size(payload, headers) > self._publisher.max_payload and len(batch.frames) > 1:
             # the estimate missed (long ids): send them one by one rather than lose them
             for part, frame, future in zip(batch.parts, batch.frames, batch.futures):
-                one = self._publisher.publish(subject, frame, {MSG_ID: f"{batch.session}.{part}"})
+                one = self._publisher.publish(subject, encode_frames([frame]), {MSG_ID: f"{batch.session}.{part}", PARTS: part})
                 one.add_done_callback(functools.partial(_settle, futures=[future]))
                 self.messages += 1
             return
@@ -250,3 +265,49 @@ class EventOutbox:
         stored = self._publisher.publish(subject, payload, headers)
         futures = batch.futures
         stored.add_done_callback(functools.partial(_settle, futures=futures))
+
+
+class SharedStream:
+    """The events of a batch whose commands a worker ran in one session (gateway side): one stream
+    of ``(attempt, index)`` parts, resequenced as a request's own are (duplicates dropped, early
+    arrivals held, an older attempt's dropped once a newer one is heard from), then split by
+    ``request_id`` into each request's runs of events, numbered 1, 2, ... per attempt as its own
+    event messages would have been, for its :class:`~.wire.RequestStream`.
+
+    Args:
+        numbers: request id -> request number, for the batch's requests.
+    """
+
+    __slots__ = ("numbers", "attempt", "_reseq", "_next")
+
+    def __init__(self, numbers: dict[str, int]) -> None:
+        self.numbers = numbers
+        self.attempt = 0
+        self._reseq = Resequencer(DEFAULT_WINDOW)
+        self._next: dict[int, int] = {}
+
+    def push(self, attempt: int, index: int, events: Sequence[pb.Event]) -> list[tuple[int | None, int, list[pb.Event]]]:
+        """``(number, index, events)`` runs now deliverable, in order; number None for events of
+        no request of the batch (the worker session's own), index 0 for those."""
+        if attempt < self.attempt:
+            return []
+        if attempt > self.attempt:
+            self.attempt = attempt
+            self._reseq = Resequencer(DEFAULT_WINDOW)
+            self._next = {}
+        out: list[tuple[int | None, int, list[pb.Event]]] = []
+        numbers, following = self.numbers, self._next
+        # Resequencer is not generic (the compiled twin is a cdef class): what comes out is what
+        # went in, event sequences
+        for carried in cast("list[Sequence[pb.Event]]", self._reseq.push(index, events)):
+            for event in carried:
+                kind = event.WhichOneof("event_type")
+                number = numbers.get(getattr(getattr(event, kind), "request_id", "")) if kind else None
+                if out and out[-1][0] == number:
+                    out[-1][2].append(event)
+                    continue
+                at = 0
+                if number is not None:
+                    at = following[number] = following.get(number, 0) + 1
+                out.append((number, at, [event]))
+        return out

@@ -34,7 +34,7 @@ from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig, is_token
-from .batching import CommandBatcher, batch_limit, split_events
+from .batching import CommandBatcher, SharedStream, batch_limit, split_events
 from .jetstream import (
     PayloadTooLarge,
     Publisher,
@@ -100,6 +100,7 @@ class NatsRunner:
         self.session_id = host.session_id
         self.hook_keys: list[str] = []  # hooks loaded by this session, in load order
         self._remote: dict[int, _Remote] = {}
+        self._shared: dict[int, SharedStream] = {}  # a batch run in one worker session, by its first number
         self._numbers = 0
         self._paused = False
         self._released = False
@@ -256,13 +257,32 @@ class NatsRunner:
         remote = self._remote.get(number)
         if remote is None or self._host.closing:
             return
-        kind = env.WhichOneof("payload")
-        if kind == "batch_event":
-            carried: Sequence[pb.Event] = env.batch_event.events
-        elif kind == "event":
-            carried = (env.event,)
-        else:
+        self._take(remote, attempt, index, _carried(env))
+
+    def deliver_shared(self, first: int, count: int, attempt: int, index: int, env: pb.Envelope) -> None:
+        """One event message of the session a worker ran requests ``first`` .. ``first+count-1``
+        in (a batch): each request's events to its own stream."""
+        if self._host.closing:
             return
+        shared = self._shared.get(first)
+        if shared is None:
+            numbers = {r.rid: n for n in range(first, first + count) if (r := self._remote.get(n)) is not None}
+            if not numbers:
+                return
+            shared = self._shared[first] = SharedStream(numbers)
+        for number, at, events in shared.push(attempt, index, _carried(env)):
+            if number is None:  # the worker session's own: the gateway says SHUTTING itself
+                for event in events:
+                    if not (event.WhichOneof("event_type") == "state_change" and event.state_change.state == pb.SERVICE_STATE_SHUTTING):
+                        self._host.sink.event(event)
+                continue
+            remote = self._remote.get(number)
+            if remote is not None:
+                self._take(remote, attempt, at, events)
+        if all((r := self._remote.get(n)) is None or r.stream.finished for n in shared.numbers.values()):
+            del self._shared[first]
+
+    def _take(self, remote: _Remote, attempt: int, index: int, carried: Sequence[pb.Event]) -> None:
         stream = remote.stream
         if attempt > remote.attempt:
             if remote.attempt or attempt > 1:
@@ -302,6 +322,16 @@ class NatsRunner:
         if not self._released:
             self._released = True
             self.bridge.end_session(self)  # workers kill its commands and forget it; queued ones go
+
+
+def _carried(env: pb.Envelope) -> Sequence[pb.Event]:
+    """The events an event message's envelope carries (one, or a BatchEvent's)."""
+    kind = env.WhichOneof("payload")
+    if kind == "batch_event":
+        return env.batch_event.events
+    if kind == "event":
+        return (env.event,)
+    return ()
 
 
 class Bridge:
@@ -609,14 +639,17 @@ class Bridge:
         if session is not None:
             try:
                 # one event message, or those of several requests (Smith-Parts, batching.py)
-                parts = [(n, attempt, index, pb.Envelope.FromString(data))
-                         for n, attempt, index, data in split_events(msg.headers or {}, msg.data, max(len(msg.data), 1))]
+                parts = [(n, attempt, index, pb.Envelope.FromString(data), shared)
+                         for n, attempt, index, data, shared in split_events(msg.headers or {}, msg.data, max(len(msg.data), 1))]
             except Exception as exc:  # not from a worker of ours: drop it, keep going
                 log.warning("malformed event message dropped", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
             else:
                 self.events_received += len(parts) - 1  # event messages, batched or not
-                for number, attempt, index, env in parts:
-                    session.deliver(number, attempt, index, env)
+                for number, attempt, index, env, shared in parts:
+                    if shared:
+                        session.deliver_shared(number, shared, attempt, index, env)
+                    else:
+                        session.deliver(number, attempt, index, env)
         # Ack-all: one acknowledgement covers everything delivered before it.
         self._last = msg
         if not self._ack_scheduled:

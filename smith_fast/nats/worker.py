@@ -81,13 +81,15 @@ class _Publication:
 
     __slots__ = ("sink", "stored", "meta", "_outbox", "_publisher", "_subject", "_session", "_part", "_index", "_scheduled", "_loop")
 
-    def __init__(self, outbox: EventOutbox, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
+    def __init__(self, outbox: EventOutbox, publisher: Publisher, meta: CommandMeta, attempt: int, shared: int = 0) -> None:
+        """``shared``: the number of commands of a batch run in one session whose events all go
+        out here, as one stream (parts ``b<n>-<count>.<attempt>.<index>``); 0 for one command."""
         self.meta = meta
         self._outbox = outbox
         self._publisher = publisher
         self._subject = meta.reply
         self._session = meta.session
-        self._part = f"{meta.number}.{attempt}."
+        self._part = f"b{meta.number}-{shared}.{attempt}." if shared else f"{meta.number}.{attempt}."
         self._index = 0
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -550,15 +552,22 @@ class Worker:
         self.counters.dispatched += len(commands)
         if attempt > 1:
             self.counters.redelivered += len(commands)
-        publications = [
+        # A batch runs in one session, as serve runs a connection's pipelined requests (a session
+        # per command cost the worker a fifth of its time); a HookLoad changes what the session's
+        # later commands see, so a batch holding one runs a session per command.
+        shared = len(commands) > 1 and not any(c.HasField("hook_load") for c in commands)
+        publications = [_Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
             _Publication(self.outbox, self.publisher, dataclasses.replace(meta, number=meta.number + i) if i else meta, attempt)
             for i in range(len(commands))
         ]
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
         try:
-            # All started first (each session runs its request in a task of its own), then waited
+            # All started first (each session runs its requests in tasks of its own), then waited
             # for in turn: no extra task per command of a batch.
-            started = [await self._begin_one(p.meta, c, p) for c, p in zip(commands, publications)]
+            if shared:
+                started = [await self._begin(meta, commands, publications[0])]
+            else:
+                started = [await self._begin(p.meta, [c], p) for c, p in zip(commands, publications)]
             handed_back = False
             for begun, publication in zip(started, publications):
                 if begun is not None and await self._conclude(*begun, publication.meta, attempt):
@@ -577,30 +586,35 @@ class Worker:
             keepalive.cancel()
             self.counters.events += sum(p.published for p in publications)
 
-    async def _begin_one(self, meta: CommandMeta, command: pb.Command, publication: _Publication) -> tuple[Session, _SessionState] | None:
-        """Start one command of a message: its session, running it; None when it ended at once
-        (its session is gone or shutting down, its hooks are unavailable)."""
-        kind = command.WhichOneof("command_type") or ""
-        rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
+    async def _begin(self, meta: CommandMeta, commands: list[pb.Command], publication: _Publication) -> tuple[Session, _SessionState] | None:
+        """Start commands of a message in one session of their own, emitting to ``publication``;
+        None when they ended at once (their session is gone or shutting down, its hooks are
+        unavailable here)."""
         sink = publication.sink
+        rids = [getattr(getattr(c, k), "request_id", "") if (k := c.WhichOneof("command_type")) else "" for c in commands]
         ended = self._ended(meta.session)
         if ended is not None:
-            if ended[1]:  # shutting down: the request is cancelled before it started
-                sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            if ended[1]:  # shutting down: the requests are cancelled before they started
+                for rid in rids:
+                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             return None
-        return await self._session_start(meta, command, sink, rid)
+        return await self._session_start(meta, commands, sink, rids)
 
-    async def _session_start(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str) -> tuple[Session, _SessionState] | None:
-        """The command's own session, running it, and its gateway session's state (None: the
+    async def _session_start(
+        self, meta: CommandMeta, commands: list[pb.Command], sink: V1Sink, rids: list[str],
+    ) -> tuple[Session, _SessionState] | None:
+        """The commands' own session, running them, and their gateway session's state (None: the
         session's hooks cannot be had here)."""
         state = self._state(meta.session)
         try:
             hooks = await state.hooks_for(meta.hooks)
         except HookLoadError as exc:
             log.warning("session hook unavailable", extra={"fields": {"session": meta.session, "error": str(exc)}})
-            sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid, {"reason": "hook_load_failed"})
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            for rid in rids:
+                sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid,
+                           {"reason": "hook_load_failed"})
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
             return None
         core, shelf = self.core, _Shelf(state)
 
@@ -621,7 +635,8 @@ class Worker:
         if state.paused or self._backlogged:
             session.pause()
         try:
-            session.handle(command)
+            for command in commands:
+                session.handle(command)
         except BaseException:
             state.running.discard(session)
             raise
