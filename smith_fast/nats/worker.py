@@ -68,6 +68,7 @@ _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _ENDED_TTL = 600.0  # seconds a session that ended is remembered, so its queued commands are dropped
 _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
+_ACK_DELAY = 0.05  # seconds command acks wait to leave together (Worker._ack)
 
 
 class _Publication:
@@ -259,6 +260,7 @@ class Worker:
         self._sweeper: asyncio.Task[None] | None = None
         self._announcer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._acks: list[Msg] = []  # acknowledgements waiting to leave together
         self.counters = NatsCounters()
         core.metrics.add_source(self)
 
@@ -313,6 +315,8 @@ class Worker:
                 await asyncio.wait(pending, timeout=5)
         for state in list(self.states.values()):
             await state.close()
+        acks, self._acks = self._acks, []
+        await self._ack_all(acks)  # what finished is not run again elsewhere
         if self.feed is not None:
             await self.feed.close()
         if self.publisher is not None:
@@ -661,14 +665,29 @@ class Worker:
                 await msg.in_progress()
 
     async def _ack(self, msg: Msg) -> None:
-        """Acknowledge, without waiting for the server's confirmation (a round trip per command
-        message, issue 19): the ack travels on the connection, buffered across a reconnect; one
-        that is lost anyway only means the command is redelivered after the ack wait, its run
-        repeated and its events dropped by the gateway (the request already ended there)."""
-        try:
-            await msg.ack()
-        except Exception as exc:
-            log.warning("ack not sent", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
+        """Acknowledge, a moment later and without waiting for the server's confirmation (issue
+        19: a round trip per command message; and each ack that empties the command stream costs
+        nats-server, on file storage, the removal and re-creation of a block file, so acks leave
+        together every ``_ACK_DELAY``). The acks travel on the connection, buffered across a
+        reconnect; one lost anyway (or not sent: the worker was killed meanwhile) only means the
+        command is redelivered after the ack wait, its run repeated and its events dropped by
+        the gateway (the request already ended there)."""
+        self._acks.append(msg)
+        if len(self._acks) == 1:
+            asyncio.get_running_loop().call_later(_ACK_DELAY, self._send_acks)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        task = asyncio.get_running_loop().create_task(self._ack_all(acks))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _ack_all(self, acks: list[Msg]) -> None:
+        for msg in acks:
+            try:
+                await msg.ack()
+            except Exception as exc:
+                log.warning("ack not sent", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
 
 
 def _nothing() -> None:
