@@ -242,3 +242,26 @@ def test_shared_stream_splits_a_batch_session_by_request() -> None:
     again = stream.push(2, 1, first)  # redelivered: numbering starts over for the new attempt
     assert [(n, at) for n, at, _ in again] == [(1, 1), (2, 1)]
     assert stream.push(1, 4, [_out("a", "late")]) == []  # the older attempt is over
+
+
+async def test_acks_sent_together_are_not_lost_when_the_worker_stops(tmp_path: pathlib.Path) -> None:
+    """Acknowledgements leave together a moment after their commands ended; a worker stopped
+    (SIGTERM) right after its last answer still sends them: nothing it finished stays in the
+    command stream to run again."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=NATS_FAST, worker_args=("--concurrency", "32")).start()
+    try:
+        (cluster.root / "small.txt").write_text("a small file\n")
+        async with await Client.connect(cluster.unix) as client:
+            await client.handshake(["shell_exec"])
+            cmds = [_tool("fs.read", {"path": "small.txt"}) for _ in range(50)]
+            results = await asyncio.gather(*(_collect(client, c) for c in cmds))
+            assert all(_terminals(ev, c.tool_call.request_id) == [pb.SERVICE_STATE_READY] for c, ev in zip(cmds, results))
+            assert cluster.workers[0].stop() == 0  # at once, within the acks' delay
+        nc = await nats.connect(cluster.nats.url)
+        try:
+            info = await nc.jetstream().stream_info("SMITH_CMD")
+        finally:
+            await nc.close()
+        assert info.state.messages == 0 and info.state.last_seq >= 1, info.state  # all acknowledged, so removed
+    finally:
+        cluster.stop()
