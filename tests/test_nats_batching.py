@@ -28,7 +28,7 @@ from smith_fast.nats.presence import Announcement
 from smith_fast.nats.wire import COMMANDS, MSG_ID, PARTS, CommandMeta
 from smith_fast.pb import smith_pb2 as pb
 
-from .test_nats import NATS_FAST, _collect, _output, _restarted, _shell, _terminals, _tool
+from .test_nats import HOOK, NATS_FAST, _collect, _output, _restarted, _shell, _terminals, _tool
 
 # ---- the wire forms ---------------------------------------------------------------------------------
 
@@ -265,3 +265,25 @@ async def test_acks_sent_together_are_not_lost_when_the_worker_stops(tmp_path: p
         assert info.state.messages == 0 and info.state.last_seq >= 1, info.state  # all acknowledged, so removed
     finally:
         cluster.stop()
+
+
+async def test_a_batch_with_a_hook_load_and_later_commands(wide: Cluster) -> None:
+    """A HookLoad pipelined with other commands travels in their batch, which then runs a session
+    per command (the hook must not change what the batch's other commands see); every request
+    ends once, and the session's commands after the load carry the hook."""
+    async with await Client.connect(wide.unix) as client:
+        await client.handshake(["shell_exec", "hooks_js"])
+        load = pb.Command()
+        load.hook_load.request_id = str(uuid.uuid4())
+        load.hook_load.hook_type = "js"
+        load.hook_load.script = HOOK
+        cmds = [load] + [_shell(f"echo plain {i}") for i in range(6)]
+        results = await asyncio.gather(*(_collect(client, c) for c in cmds))
+        later = await _collect(client, _shell("echo my secret"))
+    for cmd, events in zip(cmds, results):
+        kind = cmd.WhichOneof("command_type")
+        assert _terminals(events, getattr(cmd, kind).request_id) == [pb.SERVICE_STATE_READY]
+    for i, events in enumerate(results[1:]):
+        assert _output(events) == (f"plain {i}\n", "", 0)
+    assert _output(later) == ("my [redacted]\n", "", 0)
+    assert await _stored_commands(wide) < len(cmds) + 1  # the load travelled with others

@@ -559,7 +559,10 @@ class Worker:
         # A batch runs in one session, as serve runs a connection's pipelined requests (a session
         # per command cost the worker a fifth of its time); a HookLoad changes what the session's
         # later commands see, so a batch holding one runs a session per command.
-        shared = len(commands) > 1 and not any(c.HasField("hook_load") for c in commands)
+        # (and one larger than a session may run, --max-requests: sent before the gateway heard of
+        # this worker, sized for bigger ones, it runs a session per command rather than refuse any)
+        shared = (1 < len(commands) <= self.core.limits.max_requests
+                  and not any(c.HasField("hook_load") for c in commands))
         publications = [_Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
             _Publication(self.outbox, self.publisher, dataclasses.replace(meta, number=meta.number + i) if i else meta, attempt)
             for i in range(len(commands))
