@@ -242,6 +242,8 @@ def test_shared_stream_splits_a_batch_session_by_request() -> None:
     again = stream.push(2, 1, first)  # redelivered: numbering starts over for the new attempt
     assert [(n, at) for n, at, _ in again] == [(1, 1), (2, 1)]
     assert stream.push(1, 4, [_out("a", "late")]) == []  # the older attempt is over
+    # a request the gateway ended before the stream began (it is not among the numbers): dropped
+    assert [(n, at) for n, at, _ in stream.push(2, 2, [_out("gone", "x"), _out("a", "a2\n")])] == [(1, 2)]
 
 
 async def test_acks_sent_together_are_not_lost_when_the_worker_stops(tmp_path: pathlib.Path) -> None:

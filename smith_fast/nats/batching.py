@@ -287,8 +287,9 @@ class SharedStream:
         self._next: dict[int, int] = {}
 
     def push(self, attempt: int, index: int, events: Sequence[pb.Event]) -> list[tuple[int | None, int, list[pb.Event]]]:
-        """``(number, index, events)`` runs now deliverable, in order; number None for events of
-        no request of the batch (the worker session's own), index 0 for those."""
+        """``(number, index, events)`` runs now deliverable, in order; number None (index 0) for
+        events of no request (the worker session's own); events of requests not in ``numbers``
+        (ended at the gateway before the first event came) are dropped."""
         if attempt < self.attempt:
             return []
         if attempt > self.attempt:
@@ -302,7 +303,10 @@ class SharedStream:
         for carried in cast("list[Sequence[pb.Event]]", self._reseq.push(index, events)):
             for event in carried:
                 kind = event.WhichOneof("event_type")
-                number = numbers.get(getattr(getattr(event, kind), "request_id", "")) if kind else None
+                rid = getattr(getattr(event, kind), "request_id", "") if kind else ""
+                number = numbers.get(rid)
+                if number is None and rid:  # a request the gateway no longer follows (it ended it): nothing more of it
+                    continue
                 if out and out[-1][0] == number:
                     out[-1][2].append(event)
                     continue
