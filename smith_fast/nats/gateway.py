@@ -33,8 +33,8 @@ from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
-from .config import NatsConfig, is_token
 from .batching import CommandBatcher, SharedStream, batch_limit, split_events
+from .config import NatsConfig, is_token
 from .jetstream import (
     PayloadTooLarge,
     Publisher,
@@ -62,7 +62,7 @@ log = get_logger("smith_fast.gateway")
 
 _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
-_ACK_DELAY = 0.05  # seconds between acknowledgements of the event consumer, at most one per
+_ACK_DELAY = 0.05  # seconds an acknowledgement of the event consumer waits for the next ones (Bridge._event)
 
 
 class _Remote:
