@@ -1,12 +1,11 @@
-"""End to end: commands/s and events/s through ``smith-fast gateway`` + 1 and + 2 ``smith-fast
+"""End to end: commands/s and events/s through ``smith-fast gateway`` + 1, + 2 and + 3 ``smith-fast
 worker``s over a real nats-server (JetStream, file storage), next to a direct ``smith-fast serve``,
-all on this machine.
+all on this machine, in one run.
 
-Three topologies, the same client and the same bytes on the frontend's wire:
+Four topologies, the same client and the same bytes on the frontend's wire:
 
 * ``serve``: one ``smith-fast serve``;
-* ``gateway+1``: nats-server, one gateway, one worker;
-* ``gateway+2``: nats-server, one gateway, two workers.
+* ``gateway+N``: nats-server, one gateway, N workers (N = 1, 2, 3).
 
 Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a plain blocking socket
 (the driver below parses every envelope, as a client must):
@@ -16,22 +15,31 @@ Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a pl
 * ``events``: one ``seq 1 100000`` at ``--chunk-size 32`` (~18,400 ShellOutput events): events/s.
 
 Where the time goes: each entry also records the CPU seconds every process of the topology
-(client excluded) spent per command or per event during the measured rounds, from /proc.
+(and the driver, this process) spent per command or per event during the measured rounds, from /proc, and the
+NATS messages per command or event (nats-server's ``/varz`` ``in_msgs`` and ``out_msgs``: messages
+clients published to the server and messages it delivered to clients, JetStream acknowledgements
+and pull requests included). The summary gives each topology's best and median round and its
+ratio to ``serve`` (medians): the machine is shared, so compare within one run.
 
 Run: ``.venv/bin/pytest bench/bench_nats.py --benchmark-only -p no:cacheprovider``
+(``-k tools`` for the tool calls alone).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import statistics
+import time
+import urllib.request
 import socket
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from harness.nats_cluster import Cluster
+from harness.nats_cluster import Cluster, free_port
 from harness.server import ServerProcess
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
@@ -44,10 +52,11 @@ SHELLS = 300
 SHELL_WINDOW = 32
 EVENTS_COMMAND = "seq 1 100000"
 CHUNK_SIZE = "32"
-ROUNDS = 3
 _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
+ROUNDS = 5
 _RESULTS: list[str] = []
-TOPOLOGIES = ["serve", "gateway+1", "gateway+2"]
+_RATES: dict[tuple[str, str], tuple[float, float, str]] = {}  # (workload, topology): best, median rate, unit
+TOPOLOGIES = ["serve", "gateway+1", "gateway+2", "gateway+3"]
 
 
 class Topology:
@@ -57,6 +66,7 @@ class Topology:
         self.name = name
         self.serve: ServerProcess | None = None
         self.cluster: Cluster | None = None
+        self.monitor: str | None = None  # nats-server's monitoring endpoint
         if name == "serve":
             self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, log_level="info").start()
             self.path = self.serve.sock_path
@@ -69,6 +79,9 @@ class Topology:
             # the processes log at debug for the tests; here that would be measured too (info: "ready" only)
             self.cluster.worker_args = tuple(a if a != "debug" else "info" for a in self.cluster.worker_args)
             self.cluster.gateway.argv = [a if a != "debug" else "info" for a in self.cluster.gateway.argv]
+            port = free_port()
+            self.cluster.nats.extra = ("-m", str(port))
+            self.monitor = f"http://127.0.0.1:{port}/varz"
             self.cluster.start()
             self.path = str(tmp / "gw" / "smith.sock")
             self.root = self.cluster.root
@@ -82,6 +95,14 @@ class Topology:
         for i, worker in enumerate(self.cluster.workers):
             pids[f"worker{i + 1}"] = worker.pid
         return pids
+
+    def messages(self) -> tuple[int, int]:
+        """(in_msgs, out_msgs) of nats-server so far; (0, 0) without one."""
+        if self.monitor is None:
+            return 0, 0
+        with urllib.request.urlopen(self.monitor, timeout=10) as answer:
+            varz = json.load(answer)
+        return int(varz["in_msgs"]), int(varz["out_msgs"])
 
     def stop(self) -> None:
         if self.serve is not None:
@@ -100,8 +121,17 @@ def topology(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture(scope="module", autouse=True)
 def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    print_summary(request, ["\n\nbest round; CPU per unit by process (client excluded):", *_RESULTS] if _RESULTS else [])
+    lines = []
+    if _RESULTS:
+        lines = ["\n\nbest round; CPU per unit by process (the driver in brackets); NATS messages per unit (in/out of nats-server):",
+                 *_RESULTS, "", "median of rounds, and its ratio to serve's median (best in brackets):"]
+        for (workload, name), (best, median, unit) in _RATES.items():
+            direct = _RATES.get((workload, "serve"))
+            ratio = f"{median / direct[1]:6.2f}x  ({best / direct[0]:.2f}x)" if direct else ""
+            lines.append(f"  {workload:7s} {name:10s} {median:>10,.0f} {unit}s/s  {ratio}")
+    print_summary(request, lines)
     _RESULTS.clear()
+    _RATES.clear()
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -114,15 +144,20 @@ def _cpu_seconds(pid: int) -> float:
 
 
 class _Cpu:
-    """CPU seconds of a topology's processes between two points."""
+    """CPU seconds of a topology's processes (and of this client) between two points."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        self.client = time.process_time()
 
     def per_unit(self, units: int) -> dict[str, float]:
         """Microseconds of CPU per unit, by process."""
         return {name: (_cpu_seconds(pid) - self.start[name]) / units * 1e6 for name, pid in self.pids.items()}
+
+    def client_per_unit(self, units: int) -> float:
+        """Microseconds of this process's CPU per unit (the driver: encoding, parsing every event)."""
+        return (time.process_time() - self.client) / units * 1e6
 
 
 class _Client:
@@ -233,16 +268,29 @@ def test_nats_scale_out(benchmark, topology: Topology, workload: str) -> None:  
             assert size == _SEQ_BYTES
         counted.append(events)
 
+    once()  # warm up (outside the CPU and message accounting)
+    counted.clear()
     cpu = _Cpu(topology.pids())
+    msgs_before = topology.messages()
     try:
-        benchmark.pedantic(once, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+        benchmark.pedantic(once, rounds=ROUNDS, iterations=1)
     finally:
         client.close()
-    best = min(benchmark.stats.stats.data)
+    msgs_after = topology.messages()
+    data = benchmark.stats.stats.data
+    best, median = min(data), statistics.median(data)
     unit, units = ("event", counted[-1]) if workload == "events" else ("command", TOOL_CALLS if workload == "tools" else SHELLS)
     rate = units / best
-    per = cpu.per_unit(sum(counted) if workload == "events" else units * len(counted))
-    benchmark.extra_info.update({f"{unit}s_per_s": round(rate), "events_per_round": counted[-1],
+    total = sum(counted) if workload == "events" else units * len(counted)
+    per = cpu.per_unit(total)
+    client_cpu = cpu.client_per_unit(total)
+    msgs_in, msgs_out = ((msgs_after[0] - msgs_before[0]) / total, (msgs_after[1] - msgs_before[1]) / total)
+    benchmark.extra_info.update({f"{unit}s_per_s": round(rate), f"median_{unit}s_per_s": round(units / median),
+                                 "events_per_round": counted[-1],
+                                 f"cpu_us_per_{unit}_client": round(client_cpu, 1),
+                                 f"nats_msgs_in_per_{unit}": round(msgs_in, 2), f"nats_msgs_out_per_{unit}": round(msgs_out, 2),
                                  **{f"cpu_us_per_{unit}_{k}": round(v, 1) for k, v in per.items()}})
-    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items())
-    _RESULTS.append(f"  {workload:7s} {topology.name:10s} {rate:>10,.0f} {unit}s/s  {counted[-1] / best:>9,.0f} events/s   CPU µs/{unit}: {where}")
+    _RATES[(workload, topology.name)] = (rate, units / median, unit)
+    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items()) + f" (client {client_cpu:.1f})"
+    nats = f"   NATS msgs/{unit}: {msgs_in:.2f} in {msgs_out:.2f} out" if topology.monitor else ""
+    _RESULTS.append(f"  {workload:7s} {topology.name:10s} {rate:>10,.0f} {unit}s/s  {counted[-1] / best:>9,.0f} events/s   CPU µs/{unit}: {where}{nats}")

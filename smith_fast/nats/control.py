@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from ..service.session import Session
     from .config import NatsConfig
 
-__all__ = ["FORWARDED", "InputChannel", "WorkerControls", "interactive", "not_running", "request_subject"]
+__all__ = ["FORWARDED", "ControlHold", "InputChannel", "WorkerControls", "interactive", "not_running", "request_subject"]
 
 log = get_logger("smith_fast.nats.control")
 
@@ -236,7 +236,7 @@ def only_stdin_written(event: pb.Event) -> bool:
     return so.HasField("stdin_written") and not (so.stdout or so.stderr or so.finished or so.HasField("stdout_bytes") or so.HasField("stderr_bytes"))
 
 
-class _Held:
+class ControlHold:
     """A command this worker holds, from its session's creation to its end."""
 
     __slots__ = ("rid", "session", "started", "offset", "subscription")
@@ -258,7 +258,7 @@ class WorkerControls:
 
     def __init__(self, config: NatsConfig) -> None:
         self.config = config
-        self._held: dict[tuple[str, int], _Held] = {}
+        self._held: dict[tuple[str, int], ControlHold] = {}
         self._cancelled: collections.OrderedDict[tuple[str, int], float] = collections.OrderedDict()
 
     # ---- the session route: cancel --------------------------------------------------------------
@@ -282,13 +282,13 @@ class WorkerControls:
 
     # ---- the request route: stdin, resize ---------------------------------------------------------
 
-    def hold(self, meta: CommandMeta, rid: str, session: Session) -> _Held:
+    def hold(self, meta: CommandMeta, rid: str, session: Session) -> ControlHold:
         """Before ``session`` runs the command: a cancel finds it from now on."""
-        held = _Held(rid, session)
+        held = ControlHold(rid, session)
         self._held[(meta.session, meta.number)] = held
         return held
 
-    async def listen(self, nc: NATS, meta: CommandMeta, attempt: int, command: pb.Command, held: _Held) -> None:
+    async def listen(self, nc: NATS, meta: CommandMeta, attempt: int, command: pb.Command, held: ControlHold) -> None:
         """An interactive ShellExec: listen for its stdin and resizes. The subscription is made
         before the command's first event is published, so the gateway, which sends only after
         that event came back, is heard."""
@@ -301,14 +301,14 @@ class WorkerControls:
 
         held.subscription = await nc.subscribe(subject, cb=on_message)
 
-    async def release(self, meta: CommandMeta, held: _Held) -> None:
+    async def release(self, meta: CommandMeta, held: ControlHold) -> None:
         if self._held.get((meta.session, meta.number)) is held:
             del self._held[(meta.session, meta.number)]
         if held.subscription is not None:
             with contextlib.suppress(Exception):
                 await held.subscription.unsubscribe()
 
-    def _input(self, held: _Held, msg: Msg) -> None:
+    def _input(self, held: ControlHold, msg: Msg) -> None:
         session = held.session
         try:
             command = pb.Envelope.FromString(msg.data).command
@@ -338,7 +338,7 @@ class WorkerControls:
                 exc.details = {**exc.details, REFUSED_BYTES: str(len(request.data))}  # the gateway's in-flight count
             session.protocol_error(exc)
 
-    def start(self, meta: CommandMeta, held: _Held) -> bool:
+    def start(self, meta: CommandMeta, held: ControlHold) -> bool:
         """Just before the command runs: False (and it must not run) when it was cancelled."""
         if self.cancelled(meta):
             return False

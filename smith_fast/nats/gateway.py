@@ -35,6 +35,7 @@ from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
+from .batching import CommandBatcher, SharedStream, batch_limit, split_events
 from .config import NatsConfig, is_token
 from .control import InputChannel, interactive, not_running, only_stdin_written, request_subject
 from .jetstream import (
@@ -66,6 +67,7 @@ _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
 _ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
 _CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
+_ACK_DELAY = 0.05  # seconds an acknowledgement of the event consumer waits for the next ones (Bridge._event)
 
 
 class _Remote:
@@ -114,6 +116,7 @@ class NatsRunner:
         self._ended: collections.OrderedDict[str, bool] = collections.OrderedDict()  # recently ended id -> cancelled
         self._early: dict[str, InputChannel] = {}  # stdin / resize sent before its request was forwarded
         self._early_cancel: set[str] = set()  # cancelled before its request was forwarded
+        self._shared: dict[int, SharedStream] = {}  # a batch run in one worker session, by its first number
         self._numbers = 0
         self._paused = False
         self._released = False
@@ -143,7 +146,7 @@ class NatsRunner:
         remote.cancelled = remote.watch = True
         self.bridge.cancel_request(self.session_id, remote.number)
         if remote.seq:
-            self.bridge.spawn(self.bridge.withdraw(remote.seq))  # else once stored (_forward)
+            self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))  # else once stored (_forward)
         if remote.attempt == 0:  # no worker's event came back: it never ran, as far as the peer saw
             self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, f"request {rid} cancelled by the peer", "cancelled")
             return
@@ -232,7 +235,9 @@ class NatsRunner:
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
             try:
-                remote.seq = await self.bridge.submit(meta, payload)
+                # An interactive ShellExec travels alone: its stdin and resizes go to the worker
+                # session of that one delivery (smith_fast.nats.control), not to a shared batch.
+                remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
             except PayloadTooLarge as exc:
                 self._fail(
                     remote,
@@ -252,9 +257,9 @@ class NatsRunner:
                     "queue_full" if full else "nats_unavailable",
                 )
                 return
-            if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
-                self.bridge.spawn(self.bridge.withdraw(remote.seq))
             self.bridge.track(remote.seq, self, remote)
+            if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
+                self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))
             timers = self._queue_timers(remote)
             try:
                 await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
@@ -274,7 +279,7 @@ class NatsRunner:
             log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         finally:
-            self.bridge.untrack(remote.seq)
+            self.bridge.untrack(remote.seq, remote)
             self._remote.pop(remote.number, None)
             self._request_ended(remote)
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
@@ -357,13 +362,32 @@ class NatsRunner:
         remote = self._remote.get(number)
         if remote is None or self._host.closing:
             return
-        kind = env.WhichOneof("payload")
-        if kind == "batch_event":
-            carried: Sequence[pb.Event] = env.batch_event.events
-        elif kind == "event":
-            carried = (env.event,)
-        else:
+        self._take(remote, attempt, index, _carried(env))
+
+    def deliver_shared(self, first: int, count: int, attempt: int, index: int, env: pb.Envelope) -> None:
+        """One event message of the session a worker ran requests ``first`` .. ``first+count-1``
+        in (a batch): each request's events to its own stream."""
+        if self._host.closing:
             return
+        shared = self._shared.get(first)
+        if shared is None:
+            numbers = {r.rid: n for n in range(first, first + count) if (r := self._remote.get(n)) is not None}
+            if not numbers:
+                return
+            shared = self._shared[first] = SharedStream(numbers)
+        for number, at, events in shared.push(attempt, index, _carried(env)):
+            if number is None:  # the worker session's own: the gateway says SHUTTING itself
+                for event in events:
+                    if not (event.WhichOneof("event_type") == "state_change" and event.state_change.state == pb.SERVICE_STATE_SHUTTING):
+                        self._host.sink.event(event)
+                continue
+            remote = self._remote.get(number)
+            if remote is not None:
+                self._take(remote, attempt, at, events)
+        if all((r := self._remote.get(n)) is None or r.stream.finished for n in shared.numbers.values()):
+            del self._shared[first]
+
+    def _take(self, remote: _Remote, attempt: int, index: int, carried: Sequence[pb.Event]) -> None:
         stream = remote.stream
         if attempt > remote.attempt:
             if remote.attempt or attempt > 1:
@@ -412,6 +436,16 @@ class NatsRunner:
             self.bridge.end_session(self)  # workers kill its commands and forget it; queued ones go
 
 
+def _carried(env: pb.Envelope) -> Sequence[pb.Event]:
+    """The events an event message's envelope carries (one, or a BatchEvent's)."""
+    kind = env.WhichOneof("payload")
+    if kind == "batch_event":
+        return env.batch_event.events
+    if kind == "event":
+        return (env.event,)
+    return ()
+
+
 class Bridge:
     """A gateway's NATS side: publishes commands, routes events to sessions, tells workers.
 
@@ -432,7 +466,9 @@ class Bridge:
         self.js: JetStreamContext | None = None
         self.publisher: Publisher | None = None
         self.feed: PullFeed | None = None
-        self._by_seq: dict[int, tuple[NatsRunner, _Remote]] = {}
+        self.batcher: CommandBatcher | None = None
+        # a command message's stream sequence -> its requests (several when it carried a batch)
+        self._by_seq: dict[int, list[tuple[NatsRunner, _Remote]]] = {}
         self._last: Msg | None = None
         self._ack_scheduled = False
         self._background: set[asyncio.Task[Any]] = set()
@@ -488,11 +524,18 @@ class Bridge:
         except ValueError as exc:
             log.info("presence message dropped", extra={"fields": {"error": str(exc)}})
             return
-        if self.live.heard(ann):
+        joined_or_left = self.live.heard(ann)
+        self._limit_batches()
+        if joined_or_left:
             joined = not ann.leaving
             log.info("worker joined" if joined else "worker left", extra={"fields": {"worker": ann.worker, "version": ann.version,
                                                                                   "capacity": ann.capacity}})
             self._health_may_have_changed()
+
+    def _limit_batches(self) -> None:
+        """Batches follow the live workers' capacities (batching.batch_limit)."""
+        if self.batcher is not None:
+            self.batcher.max_commands = batch_limit([a.capacity for a in self.live.alive()])
 
     async def poll_queue(self) -> int:
         """Ask the stream how many commands wait (and how many are handed out); the queue depth."""
@@ -516,6 +559,7 @@ class Bridge:
         interval = self.config.presence_interval
         while True:
             gone = self.live.expire()
+            self._limit_batches()
             for worker in gone:
                 log.warning("worker gone", extra={"fields": {"worker": worker, "silent_seconds": self.live.expiry}})
             self._health_may_have_changed()
@@ -524,6 +568,16 @@ class Bridge:
                 with contextlib.suppress(Exception):
                     self.counters.rtt = await round_trip(self.nc)
             await asyncio.sleep(interval)
+
+    async def withdraw_cancelled(self, seq: int) -> None:
+        """Remove the command message ``seq`` from the stream once every request it carries was
+        cancelled or has ended: a batch (smith_fast.nats.batching) may carry other requests, which
+        must stay redeliverable. (The workers remember a cancel, so one handed the batch later
+        drops the cancelled request in any case.)"""
+        await asyncio.sleep(0)  # the batch's other requests, stored by the same publish, are tracked by now
+        entries = self._by_seq.get(seq, [])
+        if all(remote.cancelled or remote.stream.finished for _, remote in entries):
+            await self.withdraw(seq)
 
     async def withdraw(self, seq: int) -> None:
         """Remove a command no worker took from the stream (``--queue-timeout``)."""
@@ -558,6 +612,7 @@ class Bridge:
         await ensure_gateway_consumer(self.js, config, self.gateway_id)
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout)
         await self.publisher.start()
+        self.batcher = CommandBatcher(self.publisher, self._command_subject)
         self.feed = PullFeed(
             self.nc, config.event_stream, config.gateway_consumer(self.gateway_id),
             capacity=4096, on_message=self._event, auto_release=True, on_gone=self._recreate_consumer,
@@ -625,13 +680,13 @@ class Bridge:
 
     # ---- commands --------------------------------------------------------------------------------
 
-    async def submit(self, meta: CommandMeta, payload: bytes) -> int:
+    async def submit(self, meta: CommandMeta, payload: bytes, *, alone: bool = False) -> int:
         """Store one command in the command stream; returns its stream sequence number.
 
         Raises:
             PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
         """
-        if self.publisher is None:  # never reached NATS yet: say so now rather than hold the command
+        if self.publisher is None or self.batcher is None:  # never reached NATS yet: say so now rather than hold the command
             raise PublishError(
                 f"NATS is unreachable at {', '.join(self.config.servers)}; the gateway keeps retrying "
                 f"(every {self.config.reconnect_wait:g}s); the command was not queued, send it again later"
@@ -639,14 +694,22 @@ class Bridge:
             )
         self.counters.dispatched += 1
         deadline = time.monotonic() + self.config.submit_timeout
-        subject = self.config.command_subject(self.gateway_id, meta.session)
-        return await self.publisher.publish(subject, payload, command_headers(meta), deadline=deadline)
+        # with the session's other commands of this loop iteration, as one message (batching.py)
+        return await self.batcher.add(meta, payload, deadline, alone=alone)
+
+    def _command_subject(self, session_id: str) -> str:
+        return self.config.command_subject(self.gateway_id, session_id)
 
     def track(self, seq: int, session: NatsRunner, remote: _Remote) -> None:
-        self._by_seq[seq] = (session, remote)
+        self._by_seq.setdefault(seq, []).append((session, remote))
 
-    def untrack(self, seq: int) -> None:
-        self._by_seq.pop(seq, None)
+    def untrack(self, seq: int, remote: _Remote) -> None:
+        entries = self._by_seq.get(seq)
+        if entries is None:
+            return
+        entries[:] = [e for e in entries if e[1] is not remote]
+        if not entries:
+            del self._by_seq[seq]
 
     async def _max_deliveries(self, msg: Msg) -> None:
         try:
@@ -654,19 +717,19 @@ class Bridge:
             seq = int(advisory["stream_seq"])
         except (ValueError, KeyError, TypeError):
             return
-        entry = self._by_seq.pop(seq, None)
-        if entry is None:
+        entries = self._by_seq.pop(seq, None)
+        if entries is None:
             return
-        session, remote = entry
         deliveries = advisory.get("deliveries", self.config.max_deliver)
-        log.warning("command given up", extra={"fields": {"session": session.session_id, "request_id": remote.rid, "deliveries": deliveries}})
-        session.fail_request(
-            remote,
-            pb.ERROR_CODE_INTERNAL_ERROR,
-            f"request {remote.rid} was handed to a worker {deliveries} times and never finished (each worker stopped or held it "
-            "past the ack wait); giving up",
-            "max_deliveries",
-        )
+        for session, remote in entries:  # every request the command message carried
+            log.warning("command given up", extra={"fields": {"session": session.session_id, "request_id": remote.rid, "deliveries": deliveries}})
+            session.fail_request(
+                remote,
+                pb.ERROR_CODE_INTERNAL_ERROR,
+                f"request {remote.rid} was handed to a worker {deliveries} times and never finished (each worker stopped or held it "
+                "past the ack wait); giving up",
+                "max_deliveries",
+            )
         if self.js is not None:
             with contextlib.suppress(Exception):
                 await self.js.delete_msg(self.config.command_stream, seq)
@@ -712,17 +775,26 @@ class Bridge:
         session = self.sessions.get(msg.subject.rpartition(".")[2])
         if session is not None:
             try:
-                number, attempt, index = parse_event_msg_id((msg.headers or {})[MSG_ID])
-                env = pb.Envelope.FromString(msg.data)
+                # one event message, or those of several requests (Smith-Parts, batching.py)
+                parts = [(n, attempt, index, pb.Envelope.FromString(data), shared)
+                         for n, attempt, index, data, shared in split_events(msg.headers or {}, msg.data, max(len(msg.data), 1))]
             except Exception as exc:  # not from a worker of ours: drop it, keep going
                 log.warning("malformed event message dropped", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
             else:
-                session.deliver(number, attempt, index, env)
-        # Ack-all: one acknowledgement covers everything delivered before it.
+                self.events_received += len(parts) - 1  # event messages, batched or not
+                for number, attempt, index, env, shared in parts:
+                    if shared:
+                        session.deliver_shared(number, shared, attempt, index, env)
+                    else:
+                        session.deliver(number, attempt, index, env)
+        # Ack-all: one acknowledgement covers everything delivered before it. Sent a moment later
+        # rather than every loop tick: each ack that empties the event stream costs nats-server
+        # (file storage) the removal and re-creation of a block file, nearly half its CPU per
+        # tool call when acked per tick (issue 19); the ack wait (30 s) is far off.
         self._last = msg
         if not self._ack_scheduled:
             self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self._ack_last)
+            asyncio.get_running_loop().call_later(_ACK_DELAY, self._ack_last)
 
     def _ack_last(self) -> None:
         self._ack_scheduled = False

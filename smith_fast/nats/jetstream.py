@@ -282,8 +282,9 @@ class PullFeed:
         self._heartbeat = heartbeat
         self._auto_release = auto_release
         self._on_gone = on_gone
-        self.in_hand = 0
+        self.in_hand = 0  # units of work in hand: messages, or the commands they carry (hold())
         self._asked = 0  # messages the outstanding requests may still bring
+        self._per_message = 1.0  # units a message brought lately (the largest, slowly forgotten)
         self._heard = 0.0
         self._inbox = nc.new_inbox()
         self._sub: Subscription | None = None
@@ -311,6 +312,12 @@ class PullFeed:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
+    def hold(self, count: int) -> None:
+        """The message just handed over holds ``count`` more units of work (a batch of commands):
+        less room, and later requests ask for fewer messages, so that ``capacity`` counts units."""
+        self.in_hand += count
+        self._per_message = max(self._per_message, float(count + 1))
+
     def release(self, count: int = 1) -> None:
         """The owner is done with ``count`` messages: room for as many more."""
         self.in_hand -= count
@@ -322,8 +329,10 @@ class PullFeed:
         self._ask()
 
     def _ask(self) -> None:
-        want = self.capacity - self.in_hand - self._asked
-        if self._paused or want <= 0 or (want < self._step and self._asked > 0) or self._nc.is_closed:
+        per = self._per_message
+        want = int((self.capacity - self.in_hand) / per) - self._asked if per > 1.0 else self.capacity - self.in_hand - self._asked
+        step = max(1, int(self._step / per))
+        if self._paused or want <= 0 or (want < step and self._asked > 0) or self._nc.is_closed:
             return
         if self._asked == 0:
             self._heard = time.monotonic()
@@ -360,6 +369,8 @@ class PullFeed:
             return
         self.received += 1
         self.in_hand += 1
+        if self._per_message > 1.0:  # batches shrank? ask for more messages again, slowly
+            self._per_message = max(1.0, self._per_message * 0.97)
         if self._asked > 0:
             self._asked -= 1
         try:

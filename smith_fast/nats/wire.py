@@ -22,6 +22,13 @@ Commands and events are v1 ``Envelope`` bytes (no length prefix); everything els
   ``Smith-Stdin-Offset``: the stdin bytes sent to that delivery before it) or ``ResizeCommand``
   (``smith_fast.nats.control``).
 
+Batches (issue 19, throughput): a command message may carry several consecutive requests of one
+session (``Smith-Commands: <k>``, the payload their ``Envelope`` s, each varint length-prefixed
+as on the v1 wire, numbered ``n`` .. ``n+k-1``), and an event message the event messages of
+several requests of one session (``Smith-Parts: <n>.<attempt>.<index>,...``, one per framed
+``Envelope`` of the payload). One message then costs one publish, one store and one delivery for
+all of them.
+
 The message ids double as JetStream's publish deduplication keys, so a message republished after
 a lost acknowledgement is stored once.
 """
@@ -48,6 +55,8 @@ __all__ = [
     "CONTROLS",
     "REQUEST",
     "STDIN_OFFSET",
+    "COMMANDS",
+    "PARTS",
     "CommandMeta",
     "RequestStream",
     "command_headers",
@@ -66,6 +75,8 @@ CONTROL = "Smith-Control"
 CONTROLS = frozenset({"pause", "resume", "shutdown", "end", "cancel"})
 REQUEST = "Smith-Request"  # a cancel's request number in its session
 STDIN_OFFSET = "Smith-Stdin-Offset"  # a forwarded Stdin's first byte among those sent to its delivery
+COMMANDS = "Smith-Commands"  # a batch of consecutive commands: how many (framed Envelopes)
+PARTS = "Smith-Parts"  # a batch of event messages: the <n>.<attempt>.<index> of each framed Envelope
 
 _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 DEFAULT_WINDOW = 1 << 16

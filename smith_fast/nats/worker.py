@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import socket
@@ -48,7 +49,8 @@ from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
-from .control import WorkerControls
+from .batching import EventOutbox, split_commands
+from .control import WorkerControls, ControlHold
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
@@ -67,6 +69,12 @@ _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _ENDED_TTL = 600.0  # seconds a session that ended is remembered, so its queued commands are dropped
 _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
+_ACK_DELAY = 0.05  # seconds command acks wait to leave together (Worker._ack)
+
+
+_Started = tuple[Session, "_SessionState", list[tuple[CommandMeta, ControlHold]]]
+"""A message's commands started in their session: it, their gateway session's state, and the
+control holds of each command (smith_fast.nats.control)."""
 
 
 class _Publication:
@@ -74,15 +82,21 @@ class _Publication:
 
     The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
     message (its sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
-    so a burst of output costs one NATS message, not one per event.
+    so a burst of output costs one NATS message, not one per event; and the outbox sends the event
+    messages of all the session's commands of that iteration as one NATS message (``Smith-Parts``).
     """
 
-    __slots__ = ("sink", "stored", "_publisher", "_subject", "_id", "_index", "_scheduled", "_loop")
+    __slots__ = ("sink", "stored", "meta", "_outbox", "_publisher", "_subject", "_session", "_part", "_index", "_scheduled", "_loop")
 
-    def __init__(self, publisher: Publisher, meta: CommandMeta, attempt: int) -> None:
+    def __init__(self, outbox: EventOutbox, publisher: Publisher, meta: CommandMeta, attempt: int, shared: int = 0) -> None:
+        """``shared``: the number of commands of a batch run in one session whose events all go
+        out here, as one stream (parts ``b<n>-<count>.<attempt>.<index>``); 0 for one command."""
+        self.meta = meta
+        self._outbox = outbox
         self._publisher = publisher
         self._subject = meta.reply
-        self._id = f"{meta.session}.{meta.number}.{attempt}."
+        self._session = meta.session
+        self._part = f"b{meta.number}-{shared}.{attempt}." if shared else f"{meta.number}.{attempt}."
         self._index = 0
         self._scheduled = False
         self._loop = asyncio.get_running_loop()
@@ -106,11 +120,11 @@ class _Publication:
 
     def _publish(self, data: bytes) -> None:
         self._index += 1
-        headers = {MSG_ID: f"{self._id}{self._index}"}
-        size, limit = message_size(data, headers), self._publisher.max_payload
+        part = f"{self._part}{self._index}"
+        size, limit = message_size(data, {MSG_ID: f"{self._session}.{part}"}), self._publisher.max_payload
         if size > limit:  # it could never be published: say so in its place, for its request
             data = _unpublishable(data, size, limit)
-        self.stored.append(self._publisher.publish(self._subject, data, headers))
+        self.stored.append(self._outbox.put(self._subject, self._session, part, data))
 
 
 def _unpublishable(data: bytes, size: int, limit: int) -> bytes:
@@ -240,6 +254,7 @@ class Worker:
         self.js: JetStreamContext | None = None
         self.kv: KeyValue | None = None
         self.publisher: Publisher | None = None
+        self.outbox: EventOutbox | None = None
         self.feed: PullFeed | None = None
         self.states: dict[str, _SessionState] = {}
         self.ended: collections.OrderedDict[str, tuple[float, bool]] = collections.OrderedDict()
@@ -251,6 +266,7 @@ class Worker:
         self._sweeper: asyncio.Task[None] | None = None
         self._announcer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._acks: list[Msg] = []  # acknowledgements waiting to leave together
         self.counters = NatsCounters()
         self.controls = WorkerControls(config)  # cancel, stdin, resize from the gateways
         core.metrics.add_source(self)
@@ -272,6 +288,7 @@ class Worker:
         self.kv = await self._bucket()
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout, on_high=self._backlog_high, on_low=self._backlog_low)
         await self.publisher.start()
+        self.outbox = EventOutbox(self.publisher)
         await self.nc.subscribe(config.control_subject("*"), cb=self._control)
         self.feed = PullFeed(
             self.nc, config.command_stream, config.worker_consumer,
@@ -305,6 +322,8 @@ class Worker:
                 await asyncio.wait(pending, timeout=5)
         for state in list(self.states.values()):
             await state.close()
+        acks, self._acks = self._acks, []
+        await self._ack_all(acks)  # what finished is not run again elsewhere
         if self.feed is not None:
             await self.feed.close()
         if self.publisher is not None:
@@ -521,64 +540,103 @@ class Worker:
 
     async def _execute(self, msg: Msg) -> None:
         assert self.publisher is not None and self.feed is not None
+        held = 1
         try:
             try:
                 meta = parse_command_headers(msg.headers)
-                env = pb.Envelope.FromString(msg.data)
-                if env.WhichOneof("payload") != "command":
-                    raise DecodeError(f"payload is {env.WhichOneof('payload')!r}, not a command")
-            except (ProtocolError, DecodeError) as exc:
+                commands = []
+                for data in split_commands(msg.headers or {}, msg.data, max(len(msg.data), 1)):
+                    env = pb.Envelope.FromString(data)
+                    if env.WhichOneof("payload") != "command":
+                        raise DecodeError(f"payload is {env.WhichOneof('payload')!r}, not a command")
+                    commands.append(env.command)
+            except (ProtocolError, DecodeError, ValueError) as exc:
                 log.error("not a command message; dropped", extra={"fields": {"subject": msg.subject, "error": str(exc)}})
                 with contextlib.suppress(Exception):
                     await msg.term()
                 return
-            await self._run(msg, meta, env.command)
+            if len(commands) > 1:  # --concurrency counts commands: a batch holds room for each
+                self.feed.hold(len(commands) - 1)
+                held = len(commands)
+            await self._run(msg, meta, commands)
         finally:
-            self.feed.release()
+            self.feed.release(held)
 
-    async def _run(self, msg: Msg, meta: CommandMeta, command: pb.Command) -> None:
-        assert self.publisher is not None
+    async def _run(self, msg: Msg, meta: CommandMeta, commands: list[pb.Command]) -> None:
+        """Run a command message's commands (one, or a batch: numbers ``meta.number`` on, at once);
+        acknowledge it when all ended and all their events were stored."""
+        assert self.publisher is not None and self.outbox is not None
         attempt = msg.metadata.num_delivered
-        self.counters.dispatched += 1
+        self.counters.dispatched += len(commands)
         if attempt > 1:
-            self.counters.redelivered += 1
-        kind = command.WhichOneof("command_type") or ""
-        rid = getattr(getattr(command, kind), "request_id", "") if kind else ""
-        publication = _Publication(self.publisher, meta, attempt)
-        sink = publication.sink
+            self.counters.redelivered += len(commands)
+        # A batch runs in one session, as serve runs a connection's pipelined requests (a session
+        # per command cost the worker a fifth of its time); a HookLoad changes what the session's
+        # later commands see, so a batch holding one runs a session per command.
+        # (and one larger than a session may run, --max-requests: sent before the gateway heard of
+        # this worker, sized for bigger ones, it runs a session per command rather than refuse any)
+        shared = (1 < len(commands) <= self.core.limits.max_requests
+                  and not any(c.HasField("hook_load") for c in commands))
+        publications = [_Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
+            _Publication(self.outbox, self.publisher, dataclasses.replace(meta, number=meta.number + i) if i else meta, attempt)
+            for i in range(len(commands))
+        ]
         keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
-        handed_back = False
         try:
-            ended = self._ended(meta.session)
-            if ended is not None:
-                if ended[1]:  # shutting down: the request is cancelled before it started
-                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            # All started first (each session runs its requests in tasks of its own), then waited
+            # for in turn: no extra task per command of a batch.
+            if shared:
+                started = [await self._begin(meta, commands, publications[0], attempt)]
             else:
-                handed_back = await self._session_run(meta, command, sink, rid, attempt)
-            if publication.stored:
-                await asyncio.gather(*publication.stored, return_exceptions=True)
+                started = [await self._begin(p.meta, [c], p, attempt) for c, p in zip(commands, publications)]
+            handed_back = False
+            for begun, publication in zip(started, publications):
+                if begun is not None and await self._conclude(*begun, publication.meta, attempt):
+                    handed_back = True
+            stored = [f for p in publications for f in p.stored]
+            if stored:
+                await asyncio.gather(*stored, return_exceptions=True)
             if handed_back:
                 with contextlib.suppress(Exception):
                     await msg.nak()
                 return
             await self._ack(msg)
-            self.completed += 1
-            self.counters.acked += 1
+            self.completed += len(commands)
+            self.counters.acked += len(commands)
         finally:
             keepalive.cancel()
-            self.counters.events += publication.published
+            self.counters.events += sum(p.published for p in publications)
 
-    async def _session_run(self, meta: CommandMeta, command: pb.Command, sink: V1Sink, rid: str, attempt: int) -> bool:
-        """Run the command in a session of its own; True when it was cut short by this worker's stop."""
+    async def _begin(self, meta: CommandMeta, commands: list[pb.Command], publication: _Publication, attempt: int) -> _Started | None:
+        """Start commands of a message in one session of their own, emitting to ``publication``;
+        None when they ended at once (their session is gone or shutting down, its hooks are
+        unavailable here)."""
+        sink = publication.sink
+        rids = [getattr(getattr(c, k), "request_id", "") if (k := c.WhichOneof("command_type")) else "" for c in commands]
+        ended = self._ended(meta.session)
+        if ended is not None:
+            if ended[1]:  # shutting down: the requests are cancelled before they started
+                for rid in rids:
+                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
+                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return None
+        return await self._session_start(meta, commands, sink, rids, attempt)
+
+    async def _session_start(
+        self, meta: CommandMeta, commands: list[pb.Command], sink: V1Sink, rids: list[str], attempt: int,
+    ) -> _Started | None:
+        """The commands' own session, running them, and their gateway session's state (None: the
+        session's hooks cannot be had here)."""
         state = self._state(meta.session)
         try:
             hooks = await state.hooks_for(meta.hooks)
         except HookLoadError as exc:
             log.warning("session hook unavailable", extra={"fields": {"session": meta.session, "error": str(exc)}})
-            sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid, {"reason": "hook_load_failed"})
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-            return False
+            for rid in rids:
+                sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid,
+                           {"reason": "hook_load_failed"})
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return None
         core, shelf = self.core, _Shelf(state)
 
         def runner(host: RequestHost) -> LocalRunner:
@@ -598,16 +656,34 @@ class Worker:
         if state.paused or self._backlogged:
             session.pause()
         assert self.nc is not None
-        held = self.controls.hold(meta, rid, session)
+        helds: list[tuple[CommandMeta, ControlHold]] = []
         try:
-            await self.controls.listen(self.nc, meta, attempt, command, held)
-            if self.controls.start(meta, held):
-                session.handle(command)
-            else:  # cancelled before it ran: its gateway ended it, nothing of it is published
-                log.info("cancelled command dropped", extra={"fields": {"session": meta.session, "request": meta.number}})
+            for i, (command, rid) in enumerate(zip(commands, rids)):
+                # A cancel, stdin or resize finds each command of a batch by its own number.
+                own = dataclasses.replace(meta, number=meta.number + i) if i else meta
+                held = self.controls.hold(own, rid, session)
+                helds.append((own, held))
+                await self.controls.listen(self.nc, own, attempt, command, held)
+                if self.controls.start(own, held):
+                    session.handle(command)
+                else:  # cancelled before it ran: its gateway ended it, nothing of it is published
+                    log.info("cancelled command dropped", extra={"fields": {"session": meta.session, "request": own.number}})
+        except BaseException:
+            for own, held in helds:
+                await self.controls.release(own, held)
+            state.running.discard(session)
+            raise
+        return session, state, helds
+
+    async def _conclude(
+        self, session: Session, state: _SessionState, helds: list[tuple[CommandMeta, ControlHold]], meta: CommandMeta, attempt: int,
+    ) -> bool:
+        """Wait for a started command's session to end; True when this worker's stop cut it short."""
+        try:
             await session.finish()
         finally:
-            await self.controls.release(meta, held)
+            for own, held in helds:
+                await self.controls.release(own, held)
             state.running.discard(session)
             state.last_used = time.monotonic()
         if attempt > 1:
@@ -622,19 +698,29 @@ class Worker:
                 await msg.in_progress()
 
     async def _ack(self, msg: Msg) -> None:
-        """Acknowledge, waiting for the server's confirmation; retried until the ack wait would
-        have passed (after that the command is redelivered anyway, and the gateway drops the
-        second run's events)."""
-        deadline = time.monotonic() + self.config.ack_wait
-        while True:
+        """Acknowledge, a moment later and without waiting for the server's confirmation (issue
+        19: a round trip per command message; and each ack that empties the command stream costs
+        nats-server, on file storage, the removal and re-creation of a block file, so acks leave
+        together every ``_ACK_DELAY``). The acks travel on the connection, buffered across a
+        reconnect; one lost anyway (or not sent: the worker was killed meanwhile) only means the
+        command is redelivered after the ack wait, its run repeated and its events dropped by
+        the gateway (the request already ended there)."""
+        self._acks.append(msg)
+        if len(self._acks) == 1:
+            asyncio.get_running_loop().call_later(_ACK_DELAY, self._send_acks)
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        task = asyncio.get_running_loop().create_task(self._ack_all(acks))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _ack_all(self, acks: list[Msg]) -> None:
+        for msg in acks:
             try:
-                await msg.ack_sync(timeout=1.0)
-                return
+                await msg.ack()
             except Exception as exc:
-                if time.monotonic() > deadline:
-                    log.warning("ack not confirmed", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
-                    return
-                await asyncio.sleep(0.2)
+                log.warning("ack not sent", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
 
 
 def _nothing() -> None:
