@@ -51,6 +51,7 @@ def tools_list_tool(registry: ToolRegistry) -> Tool:
         ),
         schema=LIST_SCHEMA,
         handler=_list,
+        eager=True,
     )
 
 

@@ -157,6 +157,7 @@ FS_READ = Tool(
     ),
     schema=READ_SCHEMA,
     handler=_read,
+    eager=True,
 )
 
 
@@ -273,6 +274,7 @@ FS_WRITE = Tool(
     ),
     schema=WRITE_SCHEMA,
     handler=_write,
+    eager=True,
 )
 
 
@@ -378,4 +380,5 @@ FS_LIST = Tool(
     ),
     schema=LIST_SCHEMA,
     handler=_list,
+    eager=True,
 )

@@ -53,6 +53,10 @@ class Tool:
     description: str
     schema: Mapping[str, Any]
     handler: Handler
+    eager: bool = False
+    """The handler may start before its request has a task (service/eager.py): it needs none
+    (no anyio, no ``asyncio.timeout``, no task groups) until it first waits. Off for a tool
+    that does not say so: it then starts in a task of its own, as any request that waits."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +176,12 @@ class ToolRegistry:
             validate(entry.validator, value)
         except ArgumentError as exc:
             return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
+        if asyncio.current_task() is None and (timeout is not None or not entry.tool.eager):
+            # Started eagerly (service/eager.py): asyncio.timeout needs a task, and so may what a
+            # tool that did not say otherwise awaits (a mounted MCP server's anyio client).
+            await asyncio.sleep(0)
         if timeout is None:
             return await _run(entry.tool, value, ctx, start)
-        if asyncio.current_task() is None:
-            await asyncio.sleep(0)  # started eagerly (service/eager.py): asyncio.timeout needs a task
         deadline = asyncio.timeout(timeout)
         try:
             async with deadline:
