@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import selectors
-import signal
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from harness.server import ServerProcess
 
 from .report.drivers import Session, request_ids
 from .report.stats import percentile
+from .report.stdio import spawn_sh
 from .report.wire import OUTPUT, STATE, shell_exec_command, WIRES
 from smith_fast.pb import smith_pb2 as pb
 
@@ -58,30 +57,15 @@ def _service(session: Session, unit: bytes) -> tuple[float, float]:
 
 
 def _reference(command: str) -> tuple[float, float]:
-    # what bench.report.stdio.SpawnClient does, with the first read timed
+    """The report's no-server reference (bench.report.stdio.spawn_sh), with the first read timed."""
     start = time.perf_counter()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
-               (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
-    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=actions,
-                         setsigdef=(signal.SIGPIPE,))
-    os.close(out_w)
-    os.close(err_w)
     first = 0.0
-    with selectors.DefaultSelector() as sel:
-        sel.register(out_r, selectors.EVENT_READ)
-        sel.register(err_r, selectors.EVENT_READ)
-        left = 2
-        while left:
-            for key, _ in sel.select():
-                if os.read(key.fd, 1 << 16):
-                    first = first or time.perf_counter() - start
-                else:
-                    sel.unregister(key.fd)
-                    os.close(key.fd)
-                    left -= 1
-    _, status = os.waitpid(pid, 0)
+
+    def seen(_size: int) -> None:
+        nonlocal first
+        first = first or time.perf_counter() - start
+
+    status = spawn_sh(command, seen)
     if status:
         raise AssertionError(f"status {status}")
     final = time.perf_counter() - start

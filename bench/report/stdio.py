@@ -19,7 +19,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 import orjson
@@ -259,6 +259,36 @@ def _views(answer: dict[str, Any], shell: bool) -> list[View]:
     return [*views, (STATE, rid, _READY, None)]
 
 
+def spawn_sh(command: str, on_output: Callable[[int], None]) -> int:
+    """The no-server reference's whole job: ``/bin/sh -c command`` by ``posix_spawn`` with its
+    stdout and stderr on pipes, read until both close (``on_output(size)`` for each read), reaped;
+    returns the wait status."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+               (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
+    # SIGPIPE back to its default, as a server's child gets it (Python ignores it, and children
+    # inherit that: `yes | head` would then end with a "Broken pipe" message instead of quietly)
+    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=actions,
+                         setsigdef=(signal.SIGPIPE,))
+    os.close(out_w)
+    os.close(err_w)
+    with selectors.DefaultSelector() as sel:
+        sel.register(out_r, selectors.EVENT_READ)
+        sel.register(err_r, selectors.EVENT_READ)
+        open_fds = 2
+        while open_fds:
+            for key, _ in sel.select():
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    on_output(len(data))
+                else:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+                    open_fds -= 1
+    return os.waitpid(pid, 0)[1]
+
+
 class SpawnClient:
     """The "no server" reference: runs each ``ShellExec`` here with ``posix_spawn`` and two pipes."""
 
@@ -282,30 +312,7 @@ class SpawnClient:
 
     def _run(self, rid: str, command: str) -> list[View]:
         views: list[View] = [(STATE, rid, _PROCESSING, None)]
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
-                   (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
-        # SIGPIPE back to its default, as a server's child gets it (Python ignores it, and children
-        # inherit that: `yes | head` would then end with a "Broken pipe" message instead of quietly)
-        pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], os.environ, file_actions=actions,
-                             setsigdef=(signal.SIGPIPE,))
-        os.close(out_w)
-        os.close(err_w)
-        with selectors.DefaultSelector() as sel:
-            sel.register(out_r, selectors.EVENT_READ)
-            sel.register(err_r, selectors.EVENT_READ)
-            open_fds = 2
-            while open_fds:
-                for key, _ in sel.select():
-                    data = os.read(key.fd, 1 << 16)
-                    if data:
-                        views.append((OUTPUT, rid, len(data), None))
-                    else:
-                        sel.unregister(key.fd)
-                        os.close(key.fd)
-                        open_fds -= 1
-        _, status = os.waitpid(pid, 0)
+        status = spawn_sh(command, lambda size: views.append((OUTPUT, rid, size, None)))
         views.append((OUTPUT, rid, 0, os.waitstatus_to_exitcode(status)))
         return [*views, (STATE, rid, _READY, None)]
 
