@@ -79,6 +79,17 @@ class Audit:
             fields["parent"] = parent
         self._open[rid] = _Record(fields)
 
+    def ended(self, rid: str, kind: str, duration_ms: int, **fields: Any) -> None:
+        """The line of a request that began and ended well in one step, ``duration_ms`` long: what
+        :meth:`begin`, then :meth:`note` with ``fields``, then :meth:`end` write, without a record."""
+        out: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
+        for key, value in fields.items():
+            out[key] = _clip(value, MAX_SUBJECT) if isinstance(value, str) and key in ("command", "tool", "origin") else value
+        out["outcome"] = "ok"
+        out["hooks"] = []
+        out["duration_ms"] = duration_ms
+        log_fields(log, logging.INFO, "request", out)
+
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
         record = self._open.get(rid)

@@ -101,6 +101,12 @@ class EventSink:
     ) -> None:
         raise NotImplementedError
 
+    def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
+        """A tool call that ran in one step: its ``PROCESSING``, its ``ToolResult`` and its ``READY``."""
+        self.state_change(smith_pb2.SERVICE_STATE_PROCESSING, request_id)
+        self.tool_result(request_id, success, result, error, duration_ms)
+        self.state_change(smith_pb2.SERVICE_STATE_READY, request_id)
+
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None
     ) -> None:

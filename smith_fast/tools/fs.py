@@ -157,6 +157,7 @@ FS_READ = Tool(
     ),
     schema=READ_SCHEMA,
     handler=_read,
+    inline=True,  # starts no process, sends no event; a small read ends in its first step
 )
 
 
