@@ -161,3 +161,25 @@ def _renamed(env: pb.Envelope, old: str, new: str) -> pb.Envelope:
         if member.request_id == old:
             member.request_id = new
     return out
+
+
+def test_the_sink_writes_one_step_as_one_write_of_three_frames() -> None:
+    from smith_fast.framing import FrameDecoder
+    from smith_fast.service.sinks import V1Sink
+
+    units: list[bytes] = []
+    counted: list[tuple[bytes, int]] = []
+    sink = V1Sink(units.append, write_frames=lambda data, n: counted.append((data, n)))
+    sink.tool_done("r1", True, b'{"a":1}', None, 4)
+    assert not units and len(counted) == 1 and counted[0][1] == 3
+    envs = [pb.Envelope.FromString(f) for f in FrameDecoder().feed(counted[0][0])]
+    assert [e.sequence for e in envs] == [1, 2, 3]
+    assert [e.event.WhichOneof("event_type") for e in envs] == ["state_change", "tool_result", "state_change"]
+    assert [envs[0].event.state_change.state, envs[2].event.state_change.state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY]
+    assert envs[1].event.tool_result.result == b'{"a":1}' and envs[1].event.tool_result.duration_ms == 4
+    # recorded (tapped) or batching: one envelope per write, as any event
+    seen: list[bytes] = []
+    sink.tap(seen.append)
+    sink.tool_done("r2", False, b"", "no", 0)
+    assert len(counted) == 1 and len(units) == 3 and seen == units
+    assert [pb.Envelope.FromString(next(iter(FrameDecoder().feed(u)))).sequence for u in units] == [4, 5, 6]
