@@ -79,16 +79,13 @@ class Audit:
             fields["parent"] = parent
         self._open[rid] = _Record(fields)
 
-    def ended(self, rid: str, kind: str, duration_ms: int, **fields: Any) -> None:
-        """The line of a request that began and ended well in one step, ``duration_ms`` long: what
-        :meth:`begin`, then :meth:`note` with ``fields``, then :meth:`end` write, without a record."""
-        out: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
-        for key, value in fields.items():
-            out[key] = _clip(value, MAX_SUBJECT) if isinstance(value, str) and key in ("command", "tool", "origin") else value
-        out["outcome"] = "ok"
-        out["hooks"] = []
-        out["duration_ms"] = duration_ms
-        log_fields(log, logging.INFO, "request", out)
+    def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
+        """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
+        :meth:`begin`, :meth:`note` of ``tool`` and ``success`` and :meth:`end` write, in one go."""
+        log_fields(log, logging.INFO, "request", {
+            "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
+            "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
+        })
 
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""

@@ -166,7 +166,7 @@ def _tool_call_now(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> bool | H
 
         return finish
     assert type(outcome) is ToolOutcome
-    ex.audit.ended(rid, "tool_call", outcome.duration_ms, tool=tool, success=outcome.success)
+    ex.audit.tool_ended(rid, tool, outcome.success, outcome.duration_ms)
     ex.sink.tool_done(rid, outcome.success, outcome.result, outcome.error, outcome.duration_ms)
     return True
 
