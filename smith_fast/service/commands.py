@@ -166,8 +166,10 @@ def _tool_call_now(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> bool | H
 
         return finish
     assert type(outcome) is ToolOutcome
-    ex.audit.tool_ended(rid, tool, outcome.success, outcome.duration_ms)
+    # The events first: the front's flush is then scheduled before the log's, so the answer goes
+    # out before the audit line is written (as on the normal path, where PROCESSING comes first).
     ex.sink.tool_done(rid, outcome.success, outcome.result, outcome.error, outcome.duration_ms)
+    ex.audit.tool_ended(rid, tool, outcome.success, outcome.duration_ms)
     return True
 
 
