@@ -4,6 +4,7 @@ outcome and in the audit line; what it cannot finish in one step goes on as any 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 from typing import Any
@@ -85,6 +86,51 @@ def test_call_now_leaves_other_tools_to_call(root: pathlib.Path) -> None:
     ctx = ToolContext(root)
     for name in ("fs.write", "fs.list", "shell.run", "tools.list", "no.such.tool"):
         assert registry.call_now(name, b"{}", ctx) is None
+
+
+def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib.Path) -> None:
+    """An inline tool that raises before it is awaited, one that is not a coroutine, one that
+    suspends, one that raises a protocol error: the outcome (or error) of call, each."""
+    from smith_fast.tools import Tool, ToolRegistry
+
+    def raises_at_once(args: Any, ctx: ToolContext) -> Any:
+        raise RuntimeError("broken before awaiting")
+
+    def plain_awaitable(args: Any, ctx: ToolContext) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result({"plain": True})
+        return future
+
+    async def suspends(args: Any, ctx: ToolContext) -> Any:
+        await asyncio.sleep(0)
+        return {"slept": True}
+
+    async def refuses(args: Any, ctx: ToolContext) -> Any:
+        raise ProtocolError("no", pb.ERROR_CODE_PERMISSION_DENIED)
+
+    registry = ToolRegistry()
+    for name, handler in [("t.raises", raises_at_once), ("t.plain", plain_awaitable), ("t.suspends", suspends), ("t.refuses", refuses)]:
+        registry.register(Tool(name=name, description="a test tool", schema={"type": "object"}, handler=handler, inline=True))
+    ctx = ToolContext(root)
+
+    async def outcome(name: str, now: bool) -> Any:
+        try:
+            if not now:
+                got = await registry.call(name, b"{}", ctx)
+            else:
+                step = registry.call_now(name, b"{}", ctx)
+                assert step is not None
+                got = await step.finish() if type(step) is Pending else step
+            return (got.success, got.result, got.error)
+        except ProtocolError as exc:
+            return (exc.code, str(exc))
+
+    async def main() -> None:
+        for name in ("t.raises", "t.plain", "t.suspends", "t.refuses"):
+            assert await outcome(name, True) == await outcome(name, False), name
+        assert (await outcome("t.raises", True))[2] == "RuntimeError: broken before awaiting"
+
+    run(main())
 
 
 def _exchange(peer: V1Peer, rid: str, args: bytes, timeout_ms: int | None) -> list[pb.Envelope]:

@@ -249,7 +249,12 @@ class ToolRegistry:
             validate(entry.validator, value)
         except ArgumentError as exc:
             return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
-        call = entry.tool.handler(value, ctx)
+        try:
+            call = entry.tool.handler(value, ctx)
+        except ProtocolError as exc:
+            return Pending(None, None, start, exc)
+        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
+            return _failed(exc, start)
         if type(call) is not CoroutineType:  # a handler returning another awaitable: awaited in finish
             return Pending(call, _AWAIT, start)
         coro: Coroutine[Any, Any, Any] = call
