@@ -39,6 +39,7 @@ __all__ = [
     "encode_shell_output",
     "encode_shell_output_bytes",
     "encode_state_change",
+    "encode_tool_done",
     "encode_tool_result",
 ]
 
@@ -628,6 +629,55 @@ def encode_tool_result(timestamp, sequence, request_id, success, result=b"", err
         return _tool_result(timestamp, sequence, request_id, success, result, error, duration_ms, framed)
     except Exception as exc:
         raise _invalid(exc, _TOOL_RESULT_ARGS, (timestamp, sequence, request_id, result, error, duration_ms)) from None
+
+
+def encode_tool_done(timestamp, sequence, request_id, success, result=b"", error=None, duration_ms=0):
+    """Encode the three framed ``Envelope`` s of a tool call that ran in one step, as one ``bytes``:
+    ``StateChange PROCESSING`` (``sequence``), its ``ToolResult`` (``sequence + 1``) and
+    ``StateChange READY`` (``sequence + 2``), all at ``timestamp``, which is also the state changes'
+    own timestamp.
+
+    The same bytes as :func:`encode_state_change`, :func:`encode_tool_result` and
+    :func:`encode_state_change` again with those arguments (``framed=True``), and the same errors:
+    theirs, in that order.
+
+    Args:
+        timestamp: every ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: the first ``Envelope.sequence`` (uint64, as is ``sequence + 2``).
+        request_id: the request.
+        success: whether the tool succeeded.
+        result: the JSON-encoded result, any C-contiguous bytes-like object (empty is omitted).
+        error: the error message; written whenever not None, even when empty.
+        duration_ms: execution time in milliseconds (uint64; 0 is omitted).
+
+    Returns:
+        The three frames, one after the other.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    try:
+        first = _state_change(timestamp, sequence, 3, request_id, timestamp, True)
+    except Exception as exc:
+        raise _invalid(exc, _STATE_CHANGE_ARGS, (timestamp, sequence, 3, request_id, timestamp)) from None
+    following = sequence + 1
+    try:
+        second = _tool_result(timestamp, following, request_id, success, result, error, duration_ms, True)
+    except Exception as exc:
+        raise _invalid(exc, _TOOL_RESULT_ARGS, (timestamp, following, request_id, result, error, duration_ms)) from None
+    following = sequence + 2
+    try:
+        third = _state_change(timestamp, following, 2, request_id, timestamp, True)
+    except Exception as exc:
+        raise _invalid(exc, _STATE_CHANGE_ARGS, (timestamp, following, 2, request_id, timestamp)) from None
+    cdef Py_ssize_t n1 = PyBytes_GET_SIZE(first), n2 = PyBytes_GET_SIZE(second), n3 = PyBytes_GET_SIZE(third)
+    out = PyBytes_FromStringAndSize(NULL, n1 + n2 + n3)
+    cdef char* p = PyBytes_AS_STRING(out)
+    memcpy(p, PyBytes_AS_STRING(first), n1)
+    memcpy(p + n1, PyBytes_AS_STRING(second), n2)
+    memcpy(p + n1 + n2, PyBytes_AS_STRING(third), n3)
+    return out
 
 
 def encode_error(timestamp, sequence, error_code, message, request_id=None, error_timestamp=0, details=None,

@@ -44,6 +44,7 @@ __all__ = [
     "encode_shell_output",
     "encode_shell_output_bytes",
     "encode_state_change",
+    "encode_tool_done",
     "encode_tool_result",
 ]
 
@@ -461,6 +462,49 @@ def encode_tool_result(
         return _event(timestamp, sequence, b"\x32", b"".join(parts), framed)
     except Exception as exc:
         raise _invalid(exc, _TOOL_RESULT_ARGS, (timestamp, sequence, request_id, result, error, duration_ms)) from None
+
+
+_PROCESSING = 3  # ServiceState.SERVICE_STATE_PROCESSING
+_READY = 2  # ServiceState.SERVICE_STATE_READY
+
+
+def encode_tool_done(
+    timestamp: int,
+    sequence: int,
+    request_id: str,
+    success: bool,
+    result: bytes = b"",
+    error: str | None = None,
+    duration_ms: int = 0,
+) -> bytes:
+    """Encode the three framed ``Envelope`` s of a tool call that ran in one step, as one ``bytes``:
+    ``StateChange PROCESSING`` (``sequence``), its ``ToolResult`` (``sequence + 1``) and
+    ``StateChange READY`` (``sequence + 2``), all at ``timestamp``, which is also the state changes'
+    own timestamp.
+
+    The same bytes as :func:`encode_state_change`, :func:`encode_tool_result` and
+    :func:`encode_state_change` again with those arguments (``framed=True``), and the same errors:
+    theirs, in that order.
+
+    Args:
+        timestamp: every ``Envelope.timestamp``, Unix milliseconds (uint64; 0 is omitted).
+        sequence: the first ``Envelope.sequence`` (uint64, as is ``sequence + 2``).
+        request_id: the request.
+        success: whether the tool succeeded.
+        result: the JSON-encoded result, any C-contiguous bytes-like object (empty is omitted).
+        error: the error message; written whenever not None, even when empty.
+        duration_ms: execution time in milliseconds (uint64; 0 is omitted).
+
+    Returns:
+        The three frames, one after the other.
+
+    Raises:
+        TypeError: an argument has the wrong type.
+        EncodeError: an integer is out of its field's range or a string has lone surrogates.
+    """
+    processing = encode_state_change(timestamp, sequence, _PROCESSING, request_id, timestamp)
+    tool_result = encode_tool_result(timestamp, sequence + 1, request_id, success, result, error, duration_ms)
+    return b"".join((processing, tool_result, encode_state_change(timestamp, sequence + 2, _READY, request_id, timestamp)))
 
 
 def encode_error(

@@ -23,6 +23,7 @@ if not TYPE_CHECKING and not NO_EXTENSIONS:
             encode_shell_output,
             encode_shell_output_bytes,
             encode_state_change,
+            encode_tool_done,
             encode_tool_result,
         )
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING or NO_EXTENSIONS:
         encode_shell_output,
         encode_shell_output_bytes,
         encode_state_change,
+        encode_tool_done,
         encode_tool_result,
     )
 
@@ -51,5 +53,6 @@ __all__ = [
     "encode_shell_output",
     "encode_shell_output_bytes",
     "encode_state_change",
+    "encode_tool_done",
     "encode_tool_result",
 ]

@@ -227,6 +227,62 @@ class TestToolResult:
         assert_matches_runtime(events.encode_tool_result, expected, 5, 6, "r", True, wrap(result))
 
 
+class TestToolDone:
+    """The one-step tool call's three frames (service/sinks.py ``V1Sink.tool_done``)."""
+
+    @settings(max_examples=200)
+    @given(uint64s, st.integers(0, U64_MAX - 2), texts, st.booleans(), st.binary(max_size=300), opt_texts, uint64s)
+    def test_is_the_three_frames(
+        self, events: ModuleType, ts: int, seq: int, rid: str, ok: bool, result: bytes, err: str | None,
+        duration: int,
+    ) -> None:
+        done = events.encode_tool_done(ts, seq, rid, ok, result, err, duration)
+        parts = (
+            events.encode_state_change(ts, seq, smith_pb2.SERVICE_STATE_PROCESSING, rid, ts),
+            events.encode_tool_result(ts, seq + 1, rid, ok, result, err, duration),
+            events.encode_state_change(ts, seq + 2, smith_pb2.SERVICE_STATE_READY, rid, ts),
+        )
+        assert done == b"".join(parts)
+        values = present(request_id=rid, success=ok, result=result, error=err, duration_ms=duration)
+        state = {"request_id": rid, **present(timestamp=ts)}
+        assert done == b"".join((
+            framed(envelope(ts, seq, state_change=smith_pb2.StateChangeEvent(state=smith_pb2.SERVICE_STATE_PROCESSING, **state))),
+            framed(envelope(ts, seq + 1, tool_result=smith_pb2.ToolResultEvent(**values))),
+            framed(envelope(ts, seq + 2, state_change=smith_pb2.StateChangeEvent(state=smith_pb2.SERVICE_STATE_READY, **state))),
+        ))
+
+    @pytest.mark.parametrize(
+        "args",
+        [
+            (-1, 1, "r", True, b"{}", None, 0),
+            ("1", 1, "r", True, b"{}", None, 0),
+            (1, U64_MAX, "r", True, b"{}", None, 0),
+            (1, U64_MAX - 1, "r", True, b"{}", None, 0),  # the ToolResult's sequence is out of range
+            (1, 1, None, True, b"{}", None, 0),  # a state change takes None, the ToolResult does not
+            (1, 1, "r\ud800", True, b"{}", None, 0),
+            (1, 1, "r", True, "text", None, 0),
+            (1, 1, "r", True, b"{}", 5, 0),
+            (1, 1, "r", True, b"{}", None, -1),
+        ],
+    )
+    def test_errors_are_the_parts_errors(self, events: ModuleType, args: tuple[Any, ...]) -> None:
+        ts, seq, rid, ok, result, err, duration = args
+        with pytest.raises((TypeError, EncodeError)) as expected:
+            events.encode_state_change(ts, seq, smith_pb2.SERVICE_STATE_PROCESSING, rid, ts)
+            events.encode_tool_result(ts, seq + 1, rid, ok, result, err, duration)
+            events.encode_state_change(ts, seq + 2, smith_pb2.SERVICE_STATE_READY, rid, ts)
+        with pytest.raises((TypeError, EncodeError)) as info:
+            events.encode_tool_done(*args)
+        assert (type(info.value), str(info.value)) == (type(expected.value), str(expected.value))
+        for other in IMPLEMENTATIONS:
+            assert outcome(twin("events", other), "encode_tool_done", dict(zip(TOOL_DONE_ARGS, args))) == outcome(
+                events, "encode_tool_done", dict(zip(TOOL_DONE_ARGS, args))
+            )
+
+
+TOOL_DONE_ARGS = ("timestamp", "sequence", "request_id", "success", "result", "error", "duration_ms")
+
+
 class TestError:
     @settings(max_examples=200)
     @given(uint64s, uint64s, enums(smith_pb2.ErrorCode), texts, opt_texts, uint64s, opt_maps)

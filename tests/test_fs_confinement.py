@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -341,3 +342,38 @@ def test_open_beneath_refuses_what_the_kernel_refuses(tmp_path: pathlib.Path, mo
         assert info.value.errno == errno.ELOOP
     finally:
         os.close(fd)
+
+
+def test_the_compiled_openat2_is_the_ctypes_call(tmp_path: pathlib.Path) -> None:
+    """csrc/_openat2_c.pyx and the ctypes fallback: the same file opened, or the same errno."""
+    from smith_fast import _openat2_c
+
+    root, _ = layout(tmp_path)
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    beneath = openat2.RESOLVE_BENEATH | openat2.RESOLVE_NO_MAGICLINKS
+    try:
+        cases = [(p, os.O_RDONLY | os.O_CLOEXEC, 0, r) for p in ("d/../rel-in", "rel-in", "../outside/f", "out/f", "abs-in",
+                 "/etc/hostname", "proc-root/etc", "d/f/x", "nope", "d", ".")
+                 for r in (beneath, beneath | openat2.RESOLVE_NO_SYMLINKS)]
+        cases.append(("made", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640, beneath))
+        cases.append(("made", os.O_RDONLY, 0o640, beneath))  # a mode without O_CREAT: EINVAL from both
+        for path, flags, mode, resolve in cases:
+            got = [call(fd, path.encode(), flags, mode, resolve) for call in (_openat2_c.openat2, openat2._ctypes_openat2)]
+            if got[0] >= 0:
+                assert got[1] >= 0, (path, got)
+                assert os.path.samestat(os.fstat(got[0]), os.fstat(got[1])), path
+                for opened in got:
+                    os.close(opened)
+            else:
+                assert got[0] == got[1], (path, got)
+        assert stat.S_IMODE(os.stat(root / "made").st_mode) == 0o640 & ~_umask()
+        with pytest.raises(ValueError, match="embedded null byte"):
+            _openat2_c.openat2(fd, b"rel\0in", os.O_RDONLY, 0, beneath)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -79,6 +79,14 @@ class Audit:
             fields["parent"] = parent
         self._open[rid] = _Record(fields)
 
+    def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
+        """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
+        :meth:`begin`, :meth:`note` of ``tool`` and ``success`` and :meth:`end` write, in one go."""
+        log_fields(log, logging.INFO, "request", {
+            "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
+            "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
+        })
+
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
         record = self._open.get(rid)

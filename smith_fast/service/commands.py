@@ -18,7 +18,7 @@ from ..errors import ProtocolError
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
-from ..tools import ToolOutcome
+from ..tools import Pending, ToolOutcome
 from . import launch
 from .execution import Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
@@ -51,6 +51,12 @@ class RequestControl(Protocol):
         ...
 
 
+Now = Callable[[Execution, str, Any], "bool | Callable[[Execution, str, Any], Coroutine[Any, Any, Any]] | None"]
+"""Runs one request at once where it can: ``now(execution, request_id, request)`` returns True when
+it sent everything (``PROCESSING``, its events, ``READY``) and wrote its audit line; a handler to
+go on with when it started but did not end (the runner then runs it as any request: ``PROCESSING``
+first, so nothing may have been sent yet); None when it cannot run it so (the row's handler runs)."""
+
 Control = Callable[[RequestControl, Any], None]
 """What a control command does: ``control(runner, request)`` (the request names its target's id)."""
 
@@ -76,6 +82,8 @@ class CommandSpec:
             Task only if it suspends (most tool calls end before: no Task, no loop iteration).
             Its handler must not need ``asyncio.current_task()`` before suspending
             (``asyncio.timeout`` does: ``await asyncio.sleep(0)`` first, see service/eager.py).
+        now: a shortcut the local runner tries first, for a request it can run and answer in
+            one step with nothing configured that would watch it (no tracing; see :data:`Now`).
     """
 
     kind: str
@@ -86,6 +94,7 @@ class CommandSpec:
     timed: bool = False
     control: Control | None = None
     eager: bool = False
+    now: Now | None = None
 
 
 # ---- handlers ---------------------------------------------------------------------------------
@@ -130,6 +139,38 @@ def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> Coroutine[An
     # run_tool's coroutine itself, not one awaiting it: a frame less per call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
     return run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
+
+
+def _tool_call_now(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> bool | Handler | None:
+    """A call of an inline tool (``fs.read``) with no timeout and no tool hooks: the tool runs at
+    once, and when it ends in that step its three events go out in one write. What it sends and
+    logs is what :func:`run_tool` and the runner would (the same events in the same order, the
+    same audit line)."""
+    if cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms:
+        return None  # asyncio.timeout needs a task
+    hooks = ex.hooks
+    if hooks.handles("before_tool_call") or hooks.handles("after_tool_result"):
+        return None
+    tool = cmd.tool
+    outcome = ex.core.tools.call_now(tool, cmd.args, ex.core.tool_context)
+    if outcome is None:
+        return None
+    if type(outcome) is Pending:
+        pending = outcome
+
+        async def finish(ex: Execution, rid: str, _cmd: pb.ToolCallCommand) -> None:
+            ex.audit.note(rid, tool=tool)
+            done = await pending.finish()
+            ex.audit.note(rid, success=done.success)
+            ex.sink.tool_result(rid, done.success, done.result, done.error, done.duration_ms)
+
+        return finish
+    assert type(outcome) is ToolOutcome
+    # The events first: the front's flush is then scheduled before the log's, so the answer goes
+    # out before the audit line is written (as on the normal path, where PROCESSING comes first).
+    ex.sink.tool_done(rid, outcome.success, outcome.result, outcome.error, outcome.duration_ms)
+    ex.audit.tool_ended(rid, tool, outcome.success, outcome.duration_ms)
+    return True
 
 
 async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
@@ -222,7 +263,7 @@ COMMANDS: Mapping[str, CommandSpec] = {
     for spec in (
         _spec("handshake"),
         _spec("shell_exec", needs=_shell_capability, size=command_size, handler=shell_exec, timed=True),
-        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, eager=True),
+        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, eager=True, now=_tool_call_now),
         _spec("hook_load", needs=_hook_capability, handler=_hook_load),
         _spec("plan", size=plan_size, handler=_plan),
         _spec("shutdown"),

@@ -264,7 +264,7 @@ class Connection(asyncio.BufferedProtocol):
         self._io = self.core.metrics.io[f"v{version}"]
         sink: EventSink
         if version == 1:
-            sink = V1Sink(self.write, notify=self._schedule_flush)
+            sink = V1Sink(self.write, notify=self._schedule_flush, write_frames=self.write)
             self._decoder = FrameDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v1
         else:
@@ -438,13 +438,13 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- writing -----------------------------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
-        """Queue ``data``; it goes out with everything else written in this loop tick."""
+    def write(self, data: bytes, frames: int = 1) -> None:
+        """Queue ``data`` (``frames`` frames); it goes out with everything else written in this loop tick."""
         if self._shut:
             if self._onward is not None:
-                self._onward.write(data)
+                self._onward.write(data, frames)
             return
-        self._io.frames_out += 1
+        self._io.frames_out += frames
         full = self._out.add(data)
         if full is not None:
             self._io.bytes_out += len(full)

@@ -23,15 +23,15 @@ import contextvars
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .audit import Audit
-from .commands import RequestControl
-from .execution import ExecutionCore
+from .commands import Handler, RequestControl
+from .execution import Execution, ExecutionCore
 from .shell_exec import terminal_size
 from .session_hooks import SessionHooks
 
@@ -52,6 +52,13 @@ log = get_logger("smith_fast.session")
 _REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("smith_fast_request", default=None)
 _STOPPING: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
 _ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
+
+
+def _raising(exc: Exception) -> Handler:
+    async def handler(_ex: Execution, _rid: str, _request: object) -> None:
+        raise exc
+
+    return handler
 
 
 def _not_running(rid: str, what: str, ended: bool) -> ProtocolError:
@@ -133,7 +140,12 @@ class RequestHost(Protocol):
 
 class RequestRunner(RequestControl, Protocol):
     """Runs the admitted requests of one session, and steers the running ones (cancel, stdin,
-    resize: :class:`~smith_fast.service.commands.RequestControl`)."""
+    resize: :class:`~smith_fast.service.commands.RequestControl`).
+
+    A runner may also offer ``run_now(spec, rid, command) -> bool`` (:meth:`LocalRunner.run_now`):
+    for a row with a ``now`` shortcut the session tries it first, without a coroutine, and calls
+    :meth:`run` only when it returns False.
+    """
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         """Run one request until its terminal state was sent.
@@ -201,6 +213,7 @@ class LocalRunner:
         self._owned: dict[str, set[ShellProcess]] = {}  # request id -> the processes started for it
         self._interactive: dict[str, ShellProcess] = {}  # ShellExec id -> its process with open stdin
         self._early: dict[str, _EarlyInput] = {}  # ShellExec id with open stdin -> input before its process
+        self._going_on: dict[str, Handler] = {}  # request id -> how run goes on with what run_now started
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,
@@ -227,8 +240,17 @@ class LocalRunner:
         sink = self.sink
         handler = spec.handler
         assert handler is not None  # the session starts only rows with a handler
-        sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
         session_span = host.span
+        going_on = self._going_on.pop(rid, None) if self._going_on else None
+        if going_on is not None:
+            handler = going_on  # run_now started it
+        elif spec.now is not None:
+            step = self._now(spec, rid, command)
+            if step is True:
+                return
+            if step is not None:
+                handler = step  # started, not ended: it goes on as any request
+        sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
         span = session_span.command_span(spec.kind, rid) if session_span is not tracing.NOOP else tracing.NOOP
         if span is not tracing.NOOP:
             self.spans[rid] = span
@@ -295,6 +317,36 @@ class LocalRunner:
             if span is not tracing.NOOP:
                 self.spans.pop(rid, None)
                 span.end()
+
+    def run_now(self, spec: CommandSpec, rid: str, command: pb.Command) -> bool:
+        """Run a request of a row with a ``now`` shortcut in this step, without a coroutine, when
+        it can (what ``run`` does first); the session calls it when nothing else holds the output
+        budget. True: it ended, its terminal state sent. False: :meth:`run` it, which goes on
+        with what this started, if anything."""
+        step = self._now(spec, rid, command)
+        if step is True:
+            return True
+        if step is not None:
+            self._going_on[rid] = step
+        return False
+
+    def _now(self, spec: CommandSpec, rid: str, command: pb.Command) -> Literal[True] | Handler | None:
+        """The row's shortcut (a small fs.read), where nothing watches the request (tracing, a
+        Cancel or stdin sent before it): True when it ended, its handler's replacement when it
+        started and goes on, None when it did not run."""
+        now = spec.now
+        if now is None or self._host.span is not tracing.NOOP or rid in self._cancelling or rid in self._early:
+            return None
+        try:
+            step = now(self, rid, getattr(command, spec.kind))
+        except Exception as exc:  # a bug of ours: reported by run, as a handler's
+            return _raising(exc)
+        if step is True:
+            self._ended[rid] = False
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
+            return True
+        return None if step is None or step is False else step
 
     def _cancelled(self, rid: str, span: tracing.SpanHandle) -> None:
         """The one terminal state of a request ended by a Cancel."""
@@ -466,6 +518,7 @@ class LocalRunner:
             proc.close()
 
     def end(self) -> None:
+        self._going_on.clear()  # started by run_now, never run (cancelled waiting for the budget)
         self.audit.close()
         if self.hooks.owns_hooks:
             asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session

@@ -552,6 +552,8 @@ class Session:
                 ProtocolError(f"too many requests in flight (max {self.core.limits.max_requests})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
             )
             return
+        if spec.now is not None and self._ran_now(spec, rid, command):
+            return
         coro = self._request(spec, rid, command)
         if spec.eager and asyncio.current_task(self._loop) is None:  # the loop given: no getpid() per call
             # Eager start (asyncio.eager_task_factory, 3.12+, done by hand for 3.11): run the
@@ -567,6 +569,24 @@ class Session:
             task = self._loop.create_task(coro)
         self._tasks[rid] = task
         task.add_done_callback(functools.partial(self._forget, rid))
+
+    def _ran_now(self, spec: CommandSpec, rid: str, command: pb.Command) -> bool:
+        """The request run and ended in this step by the runner's ``run_now`` (RequestRunner), with
+        what ``_request`` does around it: only while nothing holds or waits for the output budget
+        (then reserving and releasing it is nothing) and the peer reads."""
+        budget = self.budget
+        if budget.waiting or budget.reserved or self.paused or self.shutting:
+            return False
+        run_now = getattr(self.runner, "run_now", None)
+        if run_now is None:
+            return False
+        start = time.perf_counter()
+        if not run_now(spec, rid, command):
+            return False  # not run, or it goes on in _request (run knows how)
+        self._update_input()
+        self.last_active = self._loop.time()
+        self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
+        return True
 
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)

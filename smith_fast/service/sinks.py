@@ -101,6 +101,12 @@ class EventSink:
     ) -> None:
         raise NotImplementedError
 
+    def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
+        """A tool call that ran in one step: its ``PROCESSING``, its ``ToolResult`` and its ``READY``."""
+        self.state_change(smith_pb2.SERVICE_STATE_PROCESSING, request_id)
+        self.tool_result(request_id, success, result, error, duration_ms)
+        self.state_change(smith_pb2.SERVICE_STATE_READY, request_id)
+
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None
     ) -> None:
@@ -137,14 +143,24 @@ class V1Sink(EventSink):
         framed: prefix each envelope with its length (sockets); gRPC messages carry bare envelopes.
         notify: called whenever an event went into a pending batch, so the front can schedule
             :meth:`flush_batch`.
+        write_frames: ``write_frames(data, n)`` writes ``n`` framed envelopes at once (the socket
+            front's write, which counts frames); with it, a tool call that ran in one step leaves
+            as one write (:meth:`tool_done`) while nothing batches or records.
     """
 
     version = 1
 
     def __init__(
-        self, write: Callable[[bytes], None], *, framed: bool = True, notify: Callable[[], None] | None = None
+        self,
+        write: Callable[[bytes], None],
+        *,
+        framed: bool = True,
+        notify: Callable[[], None] | None = None,
+        write_frames: Callable[[bytes, int], None] | None = None,
     ) -> None:
         super().__init__(write)
+        self._write_frames = write_frames if framed else None
+        self._frames = self._write_frames  # None while batching or recording: one event at a time
         self._next = Sequencer().next
         self._framed = framed
         self.framed = framed
@@ -160,11 +176,14 @@ class V1Sink(EventSink):
     def _route(self) -> None:
         if self._batcher is None:
             self._stamp, self._out, self._frame = self._next, self._write, self._framed
+            self._frames = self._write_frames
         else:
             self._stamp, self._out, self._frame = _unstamped, self._batched, False
+            self._frames = None
 
     def tap(self, observer: Callable[[bytes], None]) -> None:
         super().tap(observer)
+        self._write_frames = None  # the observer sees (records) each envelope by itself
         self._route()
 
     def record_to(self, recording: Recording) -> None:
@@ -248,6 +267,16 @@ class V1Sink(EventSink):
     ) -> None:
         ts, seq = self._stamp()
         self._out(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms, framed=self._frame))
+
+    def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
+        write = self._frames
+        if write is None:
+            super().tool_done(request_id, success, result, error, duration_ms)
+            return
+        ts, seq = self._next()
+        self._next()  # the three stamps the three events would take, one after the other
+        self._next()
+        write(events.encode_tool_done(ts, seq, request_id, success, result, error, duration_ms), 3)
 
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None

@@ -70,15 +70,15 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     length: int | None = args.get("length")
     encoding: str = args.get("encoding", "utf-8")
     cap = ctx.max_output
-    n = cap if length is None else min(length, cap)
-    # O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
-    fd, name = ctx.open(args["path"], os.O_RDONLY | os.O_NONBLOCK)
+    n = cap if length is None or length > cap else length
+    fd, name = ctx.open(args["path"], _READ_FLAGS)
     try:
         size = _regular_size(fd, name)
     except BaseException:
         os.close(fd)
         raise
-    if min(n, max(0, size - offset)) <= INLINE_READ:
+    rest = size - offset if size > offset else 0
+    if (n if n < rest else rest) <= INLINE_READ:
         try:
             data = _pread(fd, n, offset, size)
         finally:
@@ -87,13 +87,19 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         # The thread owns the fd from here and closes it: a cancelled call returns at once, and
         # the fd stays open until the thread's read is done.
         data = await asyncio.to_thread(_pread_and_close, fd, n, offset, size)
-    wanted = max(0, size - offset) if length is None else min(length, max(0, size - offset))
-    truncated = len(data) < wanted
+    wanted = rest if length is None or length > rest else length
+    got = len(data)
+    truncated = got < wanted
     if encoding == "base64":
         content = base64.b64encode(data).decode("ascii")
-        covered = len(data)
+        covered = got
+    elif offset + got >= size:  # at the end of the file: nothing held back (see _decode_utf8)
+        try:
+            content, covered = data.decode("utf-8"), got
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(offset, exc) from None
     else:
-        content, covered = _decode_utf8(data, at_eof=offset + len(data) >= size, offset=offset)
+        content, covered = _decode_utf8(data, at_eof=False, offset=offset)
     return {
         "path": name,
         "content": content,
@@ -104,12 +110,16 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     }
 
 
+# O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK
+
+
 def _regular_size(fd: int, name: str) -> int:
     """The size of the regular file ``fd`` is open on; refuses all but regular files."""
     st = os.fstat(fd)
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(f"is a directory: {os.path.basename(name)!r}")
     if not stat.S_ISREG(st.st_mode):
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(f"is a directory: {os.path.basename(name)!r}")
         raise OSError(f"not a regular file: {os.path.basename(name)!r}")
     return st.st_size
 
@@ -142,11 +152,13 @@ def _decode_utf8(data: bytes, *, at_eof: bool, offset: int) -> tuple[str, int]:
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
         text = decoder.decode(data, final=False)
     except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"the file is not UTF-8 text (byte {offset + exc.start}); read it with encoding base64"
-        ) from None
+        raise _not_utf8(offset, exc) from None
     pending = len(decoder.getstate()[0])
     return text, len(data) - pending
+
+
+def _not_utf8(offset: int, exc: UnicodeDecodeError) -> ValueError:
+    return ValueError(f"the file is not UTF-8 text (byte {offset + exc.start}); read it with encoding base64")
 
 
 FS_READ = Tool(
@@ -158,6 +170,7 @@ FS_READ = Tool(
     schema=READ_SCHEMA,
     handler=_read,
     eager=True,
+    inline=True,  # starts no process, sends no event; a small read ends in its first step
 )
 
 

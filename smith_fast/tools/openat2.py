@@ -23,7 +23,10 @@ import platform
 import stat
 import sys
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+from smith_fast._compat import NO_EXTENSIONS
 
 __all__ = [
     "RESOLVE_BENEATH",
@@ -67,6 +70,28 @@ _HOWS: dict[tuple[int, int, int], Any] = {}
 _use_openat2 = _SYS_OPENAT2 is not None and os.environ.get("SMITH_FAST_NO_OPENAT2") != "1"
 
 
+def _ctypes_openat2(dirfd: int, raw: bytes, flags: int, mode: int, resolve: int) -> int:
+    """``openat2`` through ``ctypes``: the new fd, or minus the ``errno`` (as the compiled one)."""
+    key = (flags, mode, resolve)
+    how = _HOWS.get(key)
+    if how is None:
+        how = _HOWS[key] = ctypes.byref(_OpenHow(*key))
+    fd: int = _syscall(_SYS_OPENAT2, dirfd, raw, how, _HOW_SIZE)
+    return fd if fd >= 0 else -ctypes.get_errno()
+
+
+# The compiled call (csrc/_openat2_c.pyx) where built: the ctypes one costs about as much again as
+# the kernel's work for a short path.
+_openat2: Callable[[int, bytes, int, int, int], int] = _ctypes_openat2
+if not NO_EXTENSIONS:
+    try:
+        from smith_fast import _openat2_c
+    except ImportError:  # a source checkout without a build; tests/test_extensions.py catches this
+        pass
+    else:
+        _openat2 = _openat2_c.openat2
+
+
 def set_openat2(enabled: bool) -> None:
     """Use ``openat2`` (when the kernel has it) or always the component walk; for tests."""
     global _use_openat2
@@ -103,16 +128,12 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666, *, follow
     if _use_openat2:
         # The kernel refuses a mode without O_CREAT or O_TMPFILE (which includes O_DIRECTORY's bit).
         creates = flags & os.O_CREAT or flags & _O_TMPFILE == _O_TMPFILE
-        key = (flags, mode if creates else 0, resolve)
-        how = _HOWS.get(key)
-        if how is None:
-            how = _HOWS[key] = ctypes.byref(_OpenHow(*key))
         raw = os.fsencode(path)
         for _ in range(_RETRIES):
-            fd: int = _syscall(_SYS_OPENAT2, dirfd, raw, how, _HOW_SIZE)
+            fd: int = _openat2(dirfd, raw, flags, mode if creates else 0, resolve)
             if fd >= 0:
                 return fd
-            err = ctypes.get_errno()
+            err = -fd
             if err == errno.EINTR or err == errno.EAGAIN:
                 continue
             if err == errno.ENOSYS:

@@ -10,12 +10,14 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from types import CoroutineType
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.service.eager import resume
 
 try:
     import orjson
@@ -24,7 +26,7 @@ except ImportError:  # pragma: no cover - optional dependency: json serves alone
 from smith_fast.tools.schema import ArgumentError, Validator, compile_validator, decode_args, validate
 from smith_fast.tools.workspace import ToolContext
 
-__all__ = ["Handler", "Tool", "ToolOutcome", "ToolRegistry"]
+__all__ = ["Handler", "Pending", "Tool", "ToolOutcome", "ToolRegistry"]
 
 Handler = Callable[[Any, ToolContext], Awaitable[Any]]
 
@@ -47,6 +49,11 @@ class Tool:
             JSON-serializable value. Raising :class:`~smith_fast.tools.schema.ArgumentError` or any
             other exception fails the call with that message; raising
             :class:`~smith_fast.errors.ProtocolError` turns the call into a protocol error.
+        eager: the handler may start before its request has a task (service/eager.py): it needs
+            none (no anyio, no ``asyncio.timeout``, no task groups) until it first waits. Off for a
+            tool that does not say so: it then starts in a task of its own, as a request that waits.
+        inline: the handler starts no process (needs no ``ctx.run_process``) and sends no event,
+            so the service may run it at once with its shared context (:meth:`ToolRegistry.call_now`).
     """
 
     name: str
@@ -54,9 +61,7 @@ class Tool:
     schema: Mapping[str, Any]
     handler: Handler
     eager: bool = False
-    """The handler may start before its request has a task (service/eager.py): it needs none
-    (no anyio, no ``asyncio.timeout``, no task groups) until it first waits. Off for a tool
-    that does not say so: it then starts in a task of its own, as any request that waits."""
+    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,40 @@ class ToolOutcome:
     result: bytes
     error: str | None
     duration_ms: int
+
+
+_AWAIT = object()  # Pending's "not started: await it" (a coroutine's first yield may be None)
+
+
+class Pending:
+    """An inline call that did not end in its first step (:meth:`ToolRegistry.call_now`):
+    :meth:`finish` goes on from where it suspended, or raises the protocol error it raised."""
+
+    __slots__ = ("_coro", "_waiting", "_start", "_error")
+
+    def __init__(self, coro: Awaitable[Any] | None, waiting: Any, start: float, error: ProtocolError | None = None) -> None:
+        self._coro = coro
+        self._waiting = waiting
+        self._start = start
+        self._error = error
+
+    async def finish(self) -> ToolOutcome:
+        """The outcome, as :meth:`ToolRegistry.call` would have given it."""
+        if self._error is not None:
+            raise self._error
+        coro = self._coro
+        assert coro is not None
+        try:
+            if self._waiting is _AWAIT:
+                result = await coro
+            else:
+                assert isinstance(coro, Coroutine)
+                result = await resume(coro, self._waiting)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
+            return _failed(exc, self._start)
+        return _succeeded(result, self._start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +235,45 @@ class ToolRegistry:
                 details={"tool": name, "timeout_ms": str(round(timeout * 1000)), "duration_ms": str(elapsed)},
             ) from None
 
+    def call_now(self, name: str, args: bytes, ctx: ToolContext) -> ToolOutcome | Pending | None:
+        """Run an :attr:`~Tool.inline` tool with no timeout at once, up to its first suspension.
+
+        What :meth:`call` does, without a coroutine of its own, for the caller that can finish
+        a request in one step when the tool does (``fs.read`` of a small file).
+
+        Returns:
+            The outcome when the call ended in its first step; a :class:`Pending` when it
+            suspended or raised a protocol error (its ``finish`` goes on, or raises it); None
+            when ``name`` is not an inline tool (unknown included): :meth:`call` it.
+        """
+        start = time.perf_counter()
+        entry = self._entries.get(name)
+        if entry is None or not entry.tool.inline:
+            return None
+        try:
+            value = decode_args(args)
+            validate(entry.validator, value)
+        except ArgumentError as exc:
+            return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
+        try:
+            call = entry.tool.handler(value, ctx)
+        except ProtocolError as exc:
+            return Pending(None, None, start, exc)
+        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
+            return _failed(exc, start)
+        if type(call) is not CoroutineType:  # a handler returning another awaitable: awaited in finish
+            return Pending(call, _AWAIT, start)
+        coro: Coroutine[Any, Any, Any] = call
+        try:
+            waiting = coro.send(None)
+        except StopIteration as stop:
+            return _succeeded(stop.value, start)
+        except ProtocolError as exc:
+            return Pending(None, None, start, exc)
+        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
+            return _failed(exc, start)
+        return Pending(coro, waiting, start)
+
     def _entry(self, name: str) -> _Entry:
         try:
             return self._entries[name]
@@ -203,6 +281,21 @@ class ToolRegistry:
             raise ProtocolError(
                 f"unknown tool {name!r}", smith_pb2.ERROR_CODE_INVALID_TOOL, details={"tool": str(name)}
             ) from None
+
+
+def _succeeded(result: Any, start: float) -> ToolOutcome:
+    """The outcome of a handler that returned ``result`` (what :func:`_run` makes of it)."""
+    try:
+        encoded = result.encoded if type(result) is _Encoded else encode_result(result)
+    except Exception as exc:  # noqa: BLE001 - an unencodable result fails its call
+        return _failed(exc, start)
+    return ToolOutcome(True, encoded, None, _elapsed_ms(start))
+
+
+def _failed(exc: Exception, start: float) -> ToolOutcome:
+    """The outcome of a handler that raised ``exc`` (not a protocol error)."""
+    message = str(exc) if isinstance(exc, ArgumentError) else _describe(exc)
+    return ToolOutcome(False, b"", message, _elapsed_ms(start))
 
 
 async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOutcome:

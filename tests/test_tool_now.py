@@ -1,0 +1,231 @@
+"""The one-step tool call (``CommandSpec.now``, ``ToolRegistry.call_now``): an inline tool run at
+once gives what the normal path gives, on the wire (the same events in the same order), in the
+outcome and in the audit line; what it cannot finish in one step goes on as any request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from typing import Any
+
+import pytest
+
+from harness.server import ServerProcess, wait_until
+from smith_fast.errors import ProtocolError
+from smith_fast.pb import smith_pb2 as pb
+from smith_fast.tools import Pending, ToolContext, ToolOutcome, default_registry
+from smith_fast.tools.fs import INLINE_READ
+from tests.peers import V1Peer, kind, terminal
+
+pytestmark = pytest.mark.timeout(60)
+
+BIG = INLINE_READ * 2  # read in a worker thread: the inline call suspends
+
+# (args, what the call gives): every way an fs.read can end
+CASES: list[tuple[bytes, str]] = [
+    (b'{"path":"hello.txt"}', "ok"),
+    (b'{"path":"big.txt"}', "ok"),  # suspends: the rest in a task
+    (b'{"path":"hello.txt","encoding":"base64","offset":2}', "ok"),
+    (b"{not json", "failed"),
+    (b'{"nope":1}', "failed"),
+    (b'{"path":"missing.txt"}', "failed"),
+    (b'{"path":"sub"}', "failed"),  # a directory
+    (b'{"path":"../outside.txt"}', "denied"),
+]
+
+
+@pytest.fixture
+def root(tmp_path: pathlib.Path) -> pathlib.Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    (path / "hello.txt").write_text("hello world\n")
+    (path / "big.txt").write_bytes(b"x" * BIG)
+    (path / "sub").mkdir()
+    (tmp_path / "outside.txt").write_text("secret\n")
+    return path
+
+
+def _same(a: ToolOutcome, b: ToolOutcome) -> tuple[bool, bytes, str | None]:
+    assert (a.success, a.result, a.error) == (b.success, b.result, b.error)
+    return a.success, a.result, a.error
+
+
+@pytest.mark.parametrize(("args", "expect"), CASES)
+def test_call_now_gives_what_call_gives(run, root: pathlib.Path, args: bytes, expect: str) -> None:
+    registry = default_registry(entry_points=False)
+    ctx = ToolContext(root)
+
+    async def main() -> None:
+        try:
+            normal: ToolOutcome | ProtocolError = await registry.call("fs.read", args, ctx)
+        except ProtocolError as exc:
+            normal = exc
+        now = registry.call_now("fs.read", args, ctx)
+        assert now is not None
+        if isinstance(normal, ProtocolError):
+            assert expect == "denied" and type(now) is Pending
+            with pytest.raises(ProtocolError) as info:
+                await now.finish()
+            assert (info.value.code, str(info.value)) == (normal.code, str(normal))
+            return
+        if args == b'{"path":"big.txt"}':
+            assert type(now) is Pending  # a large read goes to a thread
+            now = await now.finish()
+        assert type(now) is ToolOutcome
+        success, result, _ = _same(now, normal)
+        assert success == (expect == "ok")
+        if success:
+            assert json.loads(result)["path"] in ("hello.txt", "big.txt")
+
+    run(main())
+
+
+def test_call_now_leaves_other_tools_to_call(root: pathlib.Path) -> None:
+    registry = default_registry(entry_points=False)
+    ctx = ToolContext(root)
+    for name in ("fs.write", "fs.list", "shell.run", "tools.list", "no.such.tool"):
+        assert registry.call_now(name, b"{}", ctx) is None
+
+
+def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib.Path) -> None:
+    """An inline tool that raises before it is awaited, one that is not a coroutine, one that
+    suspends, one that raises a protocol error: the outcome (or error) of call, each."""
+    from smith_fast.tools import Tool, ToolRegistry
+
+    def raises_at_once(args: Any, ctx: ToolContext) -> Any:
+        raise RuntimeError("broken before awaiting")
+
+    def plain_awaitable(args: Any, ctx: ToolContext) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result({"plain": True})
+        return future
+
+    async def suspends(args: Any, ctx: ToolContext) -> Any:
+        await asyncio.sleep(0)
+        return {"slept": True}
+
+    async def refuses(args: Any, ctx: ToolContext) -> Any:
+        raise ProtocolError("no", pb.ERROR_CODE_PERMISSION_DENIED)
+
+    registry = ToolRegistry()
+    for name, handler in [("t.raises", raises_at_once), ("t.plain", plain_awaitable), ("t.suspends", suspends), ("t.refuses", refuses)]:
+        registry.register(Tool(name=name, description="a test tool", schema={"type": "object"}, handler=handler, inline=True))
+    ctx = ToolContext(root)
+
+    async def outcome(name: str, now: bool) -> Any:
+        try:
+            if not now:
+                got = await registry.call(name, b"{}", ctx)
+            else:
+                step = registry.call_now(name, b"{}", ctx)
+                assert step is not None
+                got = await step.finish() if type(step) is Pending else step
+            return (got.success, got.result, got.error)
+        except ProtocolError as exc:
+            return (exc.code, str(exc))
+
+    async def main() -> None:
+        for name in ("t.raises", "t.plain", "t.suspends", "t.refuses"):
+            assert await outcome(name, True) == await outcome(name, False), name
+        assert (await outcome("t.raises", True))[2] == "RuntimeError: broken before awaiting"
+
+    run(main())
+
+
+def _exchange(peer: V1Peer, rid: str, args: bytes, timeout_ms: int | None) -> list[pb.Envelope]:
+    call = pb.ToolCallCommand(request_id=rid, tool="fs.read", args=args)
+    if timeout_ms is not None:
+        call.timeout_ms = timeout_ms
+    peer.command(tool_call=call)
+    return [e for e in peer.until(terminal(rid)) if _rid(e) == rid]  # not the handshake's READY before
+
+
+def _rid(env: pb.Envelope) -> str:
+    member = env.event.WhichOneof("event_type")
+    return getattr(env.event, member).request_id if member in ("state_change", "tool_result", "error") else ""
+
+
+def _shape(envs: list[pb.Envelope]) -> list[Any]:
+    """What the peer is told, without the stamps and durations (they differ between any two calls)."""
+    out: list[Any] = []
+    for env in envs:
+        assert env.HasField("event")
+        event = pb.Event()
+        event.CopyFrom(env.event)
+        if kind(env) == "state_change":
+            event.state_change.timestamp = 0
+        elif kind(env) == "tool_result":
+            event.tool_result.duration_ms = 0
+        elif kind(env) == "error":
+            event.error.timestamp = 0
+        out.append(event.SerializeToString(deterministic=True))
+    return out
+
+
+def _audit(server: ServerProcess, rid: str) -> dict[str, Any]:
+    assert wait_until(lambda: any(r.get("event") == "request" and r.get("request_id") == rid for r in server.logs), 10)
+    line = next(r for r in server.logs if r.get("event") == "request" and r.get("request_id") == rid)
+    return {k: v for k, v in line.items() if k not in ("ts", "duration_ms", "request_id")}
+
+
+def test_the_wire_and_the_audit_line_are_the_normal_paths(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
+    """Each case once through the one-step path (no timeout) and once through the normal one (a
+    timeout takes it): the same events, in the same order, and the same audit line."""
+    server = ServerProcess(tmp_path, root=root, log_level="info").start()
+    try:
+        peer = V1Peer(server.unix)
+        peer.handshake(())
+        for i, (args, expect) in enumerate(CASES):
+            fast = _exchange(peer, f"f{i}", args, None)
+            normal = _exchange(peer, f"n{i}", args, 60_000)
+            assert _shape(fast) == _shape([_renamed(e, f"n{i}", f"f{i}") for e in normal]), args
+            states = [e.event.state_change.state for e in fast if kind(e) == "state_change"]
+            assert states == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_ERROR if expect == "denied" else pb.SERVICE_STATE_READY]
+            seqs = [e.sequence for e in fast]
+            assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # nothing in between, none skipped
+            assert _audit(server, f"f{i}") == _audit(server, f"n{i}")
+        # pipelined: every call its three events, in order per request
+        rids = [f"p{i}" for i in range(50)]
+        for rid in rids:
+            peer.command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=b'{"path":"hello.txt"}'))
+        seen: dict[str, list[str]] = {rid: [] for rid in rids}
+        while any(len(v) < 3 for v in seen.values()):
+            env = peer.recv()
+            if _rid(env) in seen:
+                seen[_rid(env)].append(kind(env) or "")
+        assert all(v == ["state_change", "tool_result", "state_change"] for v in seen.values())
+        peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+def _renamed(env: pb.Envelope, old: str, new: str) -> pb.Envelope:
+    out = pb.Envelope()
+    out.CopyFrom(env)
+    for member in (out.event.state_change, out.event.tool_result, out.event.error):
+        if member.request_id == old:
+            member.request_id = new
+    return out
+
+
+def test_the_sink_writes_one_step_as_one_write_of_three_frames() -> None:
+    from smith_fast.framing import FrameDecoder
+    from smith_fast.service.sinks import V1Sink
+
+    units: list[bytes] = []
+    counted: list[tuple[bytes, int]] = []
+    sink = V1Sink(units.append, write_frames=lambda data, n: counted.append((data, n)))
+    sink.tool_done("r1", True, b'{"a":1}', None, 4)
+    assert not units and len(counted) == 1 and counted[0][1] == 3
+    envs = [pb.Envelope.FromString(f) for f in FrameDecoder().feed(counted[0][0])]
+    assert [e.sequence for e in envs] == [1, 2, 3]
+    assert [e.event.WhichOneof("event_type") for e in envs] == ["state_change", "tool_result", "state_change"]
+    assert [envs[0].event.state_change.state, envs[2].event.state_change.state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY]
+    assert envs[1].event.tool_result.result == b'{"a":1}' and envs[1].event.tool_result.duration_ms == 4
+    # recorded (tapped) or batching: one envelope per write, as any event
+    seen: list[bytes] = []
+    sink.tap(seen.append)
+    sink.tool_done("r2", False, b"", "no", 0)
+    assert len(counted) == 1 and len(units) == 3 and seen == units
+    assert [pb.Envelope.FromString(next(iter(FrameDecoder().feed(u)))).sequence for u in units] == [4, 5, 6]
