@@ -1,0 +1,215 @@
+"""Background processes through the NATS gateway (issue 16 item 8, issue 19 item 5): a background
+ShellExec runs on a worker and stays there; ListProcesses asks every live worker; Attach, Cancel,
+Stdin and Resize of a background id go to the worker holding it; a process whose worker is gone
+gets ``worker_gone``.
+
+Real parts only: nats-server on a loopback port, ``smith-fast gateway`` and ``worker`` processes
+(``harness/nats_cluster.py``), the SDK and raw commands over the gateway's Unix socket. Processes
+are looked for among the workers' descendants in /proc. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import signal
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from harness.nats_cluster import Cluster, logged
+from harness.server import SmithProcess, wait_until
+from smith_fast.client import Client, SmithError
+from smith_fast.pb import smith_pb2 as pb
+from smith_fast.remote_process import terminal_state
+
+from .test_background import attach_raw, background_exec
+from .test_nats_control import FAST, LIMITS, _cmdlines
+from .test_process_control import Raw, cancel, stdin
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("natsbg"), workers=2, nats_args=FAST, worker_args=LIMITS, gateway_args=LIMITS).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def rid() -> str:
+    return str(uuid.uuid4())
+
+
+def holders(cluster: Cluster, needle: str) -> list[SmithProcess]:
+    """The workers with a descendant whose command line holds ``needle``."""
+    return [w for w in cluster.workers if w.proc is not None and w.proc.poll() is None and any(needle in line for line in _cmdlines(w).values())]
+
+
+def alive(pid: int) -> bool:
+    return pathlib.Path(f"/proc/{pid}").exists()
+
+
+async def connect(cluster: Cluster) -> Client:
+    client = await Client.connect(cluster.unix)
+    await client.handshake(["shell_exec"])
+    return client
+
+
+async def start_background(client: Client, command: str, pid_id: str, **fields: object) -> Raw:
+    start = Raw(client, pid_id)
+    client.send(background_exec(command, pid_id, **fields))
+    assert terminal_state(await start.end()) == pb.SERVICE_STATE_READY, start.events
+    notice = start.of("log")
+    assert notice and notice[0].log.fields["reason"] == "background" and notice[0].log.fields["process_id"] == pid_id, start.events
+    return start
+
+
+async def test_started_closed_listed_attached_written_cancelled_by_a_new_session(cluster: Cluster) -> None:
+    pid_id = rid()
+    needle = f"bg-{pid_id[:8]}"
+    first = await connect(cluster)
+    await start_background(first, f"sh -c 'echo start; cat; echo end' {needle}", pid_id, open_stdin=True)
+    await first.close()  # its session ends: the process stays on its worker
+    assert wait_until(lambda: len(holders(cluster, needle)) == 1, 20), "the process is not on exactly one worker"
+
+    second = await connect(cluster)
+    listed = {p.id: p for p in await second.list_processes()}
+    assert pid_id in listed, listed
+    assert listed[pid_id].state == "running" and listed[pid_id].stdin_open and alive(listed[pid_id].pid)
+    shell_pid = listed[pid_id].pid
+
+    raw = await attach_raw(second, pid_id, 0)
+    early = await raw.until(lambda e: b"start\n" in raw.stdout())
+    assert early.shell_output.offset == 0  # retained output from offset 0
+    second.send(stdin(pid_id, b"hello through nats\n"))
+    await raw.until(lambda e: b"hello through nats\n" in raw.stdout())
+    assert raw.stdout() == b"start\nhello through nats\n"
+    assert not raw.errors(), raw.errors()
+
+    second.send(cancel(pid_id))
+    final = await raw.until(lambda e: e.WhichOneof("event_type") == "shell_output" and e.shell_output.finished)
+    assert final.shell_output.exit_code in (-15, -9), final
+    assert terminal_state(await raw.end()) == pb.SERVICE_STATE_READY
+    await raw.quiet()
+    assert raw.terminals() == [pb.SERVICE_STATE_READY]
+    assert wait_until(lambda: not alive(shell_pid), 10), "the background process survived its cancel"
+    assert next(p for p in await second.list_processes() if p.id == pid_id).state == "exited"
+    await second.close()
+
+
+async def test_list_shows_the_processes_of_every_worker(cluster: Cluster) -> None:
+    client = await connect(cluster)
+    started: dict[str, str] = {}  # process id -> its needle
+    try:
+        for _ in range(12):  # until both workers hold one (which worker takes a command is JetStream's choice)
+            pid_id = rid()
+            needle = f"sleep 300.{int(pid_id[:6], 16)}"
+            await start_background(client, needle, pid_id)
+            started[pid_id] = needle
+            assert wait_until(lambda: holders(cluster, needle), 20), "the sleep is not running on a worker"
+            if len({id(w) for n in started.values() for w in holders(cluster, n)}) == 2:
+                break
+        on = {id(w) for n in started.values() for w in holders(cluster, n)}
+        assert len(on) == 2, "the background processes all went to one worker"
+        listed = {p.id: p for p in await client.list_processes()}
+        assert set(started) <= set(listed), (set(started) - set(listed))
+        assert all(listed[p].state == "running" for p in started)
+        shells = [p.pid for p in await client.list_processes() if p.id in started]
+        assert sorted(shells) == sorted({listed[p].pid for p in started})
+    finally:
+        for pid_id in started:
+            client.cancel(pid_id)
+        assert wait_until(lambda: not any(holders(cluster, n) for n in started.values()), 20)
+        await client.close()
+
+
+async def test_unknown_ids_and_grants_through_the_gateway(cluster: Cluster) -> None:
+    client = await connect(cluster)
+    missing = rid()
+    with pytest.raises(SmithError, match=f"no background process {missing}") as info:
+        await (await client.attach(missing)).wait()
+    assert info.value.error.details["reason"] == "unknown_process"
+    pid_id = rid()
+    await start_background(client, "sleep 30", pid_id)
+    bare = await Client.connect(cluster.unix)
+    await bare.handshake([])  # no shell_exec: it can neither list nor steer
+    with pytest.raises(SmithError, match="shell_exec"):
+        await bare.list_processes()
+    raw = Raw(bare, pid_id)
+    bare.cancel(pid_id)
+    refused = await raw.until(lambda e: e.WhichOneof("event_type") == "error")
+    assert refused.error.error_code == pb.ERROR_CODE_INVALID_CAPABILITY and refused.error.request_id == pid_id
+    assert next(p for p in await client.list_processes() if p.id == pid_id).state == "running"
+    client.cancel(pid_id)
+    assert await (await client.attach(pid_id, 1 << 40)).wait() < 0
+    await bare.close()
+    await client.close()
+
+
+async def test_a_gateway_restart_leaves_them_running_and_a_new_session_finds_them(cluster: Cluster) -> None:
+    pid_id = rid()
+    needle = f"bg-{pid_id[:8]}"
+    client = await connect(cluster)
+    await start_background(client, f"sh -c 'echo before; cat; echo after' {needle}", pid_id, open_stdin=True)
+    await client.close()
+    cluster.gateway.stop()
+    assert holders(cluster, needle), "the process died with the gateway"
+    joined = logged(cluster.gateway, "worker joined")  # (its log goes on across the restart)
+    cluster.gateway.start()
+    assert wait_until(lambda: logged(cluster.gateway, "worker joined") >= joined + len(cluster.workers), 20)
+    client = await connect(cluster)
+    assert pid_id in {p.id for p in await client.list_processes()}
+    follower = await client.attach(pid_id)
+    client.send(stdin(pid_id, b"again\n", eof=True))
+    assert await follower.wait() == 0
+    assert follower.output().stdout == b"before\nagain\nafter\n"
+    await client.close()
+
+
+async def test_a_killed_workers_processes_are_gone_and_naming_one_says_so(tmp_path: pathlib.Path) -> None:
+    cluster = Cluster(tmp_path, workers=2, nats_args=FAST, worker_args=LIMITS, gateway_args=LIMITS).start()
+    try:
+        client = await connect(cluster)
+        started: dict[str, str] = {}
+        raws: dict[str, Raw] = {}  # the start's: later events naming the process id arrive there
+        for _ in range(12):
+            pid_id = rid()
+            needle = f"sleep 300.{int(pid_id[:6], 16)}"
+            raws[pid_id] = await start_background(client, needle, pid_id)
+            started[pid_id] = needle
+            assert wait_until(lambda: holders(cluster, needle), 20)
+            if len({id(w) for n in started.values() for w in holders(cluster, n)}) == 2:
+                break
+        victim_id, victim_needle = next(iter(started.items()))
+        victim = holders(cluster, victim_needle)[0]
+        kept = {p for p, n in started.items() if holders(cluster, n)[0] is not victim}
+        assert kept, "the background processes all went to one worker"
+        gone = {p for p in started if p not in kept}
+        shells = [p.pid for p in await client.list_processes() if p.id in gone]
+        assert len(shells) == len(gone) and all(alive(pid) for pid in shells)
+        assert victim.proc is not None
+        os.kill(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait()
+        assert wait_until(lambda: not any(alive(pid) for pid in shells), 20), "a background process outlived its worker (child guard)"
+
+        for _ in range(2):  # at once (no responder on its subject), and once the gateway took it as gone
+            listed = {p.id for p in await client.list_processes()}
+            assert not (gone & listed), listed
+            assert kept <= listed, (kept - listed)
+            with pytest.raises(SmithError) as info:
+                await (await client.attach(victim_id)).wait()
+            assert info.value.error.details["reason"] == "worker_gone", info.value.error
+            assert victim_id in info.value.error.message and "gone" in info.value.error.message
+            raw = raws[victim_id]
+            client.cancel(victim_id)
+            refused = await raw.until(lambda e: e.WhichOneof("event_type") == "error")
+            assert refused.error.details["reason"] == "worker_gone" and raw.terminals() == [pb.SERVICE_STATE_READY]  # the start's only
+            await asyncio.sleep(1.5)  # the gateway's presence set drops the silent worker (3 x 0.3 s)
+        for pid_id in kept:
+            client.cancel(pid_id)
+        await client.close()
+    finally:
+        cluster.stop()
