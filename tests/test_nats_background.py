@@ -22,6 +22,7 @@ import pytest
 from harness.nats_cluster import Cluster, logged
 from harness.server import SmithProcess, wait_until
 from smith_fast.client import Client, SmithError
+from smith_fast.nats.presence import Announcement
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.remote_process import terminal_state
 
@@ -190,10 +191,16 @@ async def test_a_killed_workers_processes_are_gone_and_naming_one_says_so(tmp_pa
         gone = {p for p in started if p not in kept}
         shells = [p.pid for p in await client.list_processes() if p.id in gone]
         assert len(shells) == len(gone) and all(alive(pid) for pid in shells)
+        following = await attach_raw(client, victim_id, 1 << 40)  # an attach running when its worker dies
+        await following.until(lambda e: e.WhichOneof("event_type") == "state_change")  # PROCESSING: it runs on the worker
         assert victim.proc is not None
         os.kill(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
         assert wait_until(lambda: not any(alive(pid) for pid in shells), 20), "a background process outlived its worker (child guard)"
+
+        ended = await following.end()  # once the gateway takes the worker as gone (3 silent presence intervals)
+        assert terminal_state(ended) == pb.SERVICE_STATE_ERROR
+        assert [e.details["reason"] for e in following.errors()] == ["worker_gone"], following.errors()
 
         for _ in range(2):  # at once (no responder on its subject), and once the gateway took it as gone
             listed = {p.id for p in await client.list_processes()}
@@ -213,3 +220,13 @@ async def test_a_killed_workers_processes_are_gone_and_naming_one_says_so(tmp_pa
         await client.close()
     finally:
         cluster.stop()
+
+
+def test_an_announcement_lists_the_workers_background_processes() -> None:
+    ann = Announcement("host:1", "1.0", 4, background=("r1", "r2"))
+    assert Announcement.decode(ann.encode()) == ann
+    assert Announcement.decode(b'{"worker": "w", "version": "1", "capacity": 1}').background == ()  # an older worker's
+    for bad in (b'{"worker": "w", "version": "1", "capacity": 1, "background": "r1"}',
+                b'{"worker": "w", "version": "1", "capacity": 1, "background": [1]}'):
+        with pytest.raises(ValueError, match="background"):
+            Announcement.decode(bad)

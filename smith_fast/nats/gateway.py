@@ -130,8 +130,8 @@ class NatsRunner:
         route = FORWARDED.get(spec.kind)
         if route == "workers":
             await self._list_processes(rid)
-        elif route == "worker":
-            await self._attach(rid, command)
+        elif route == "worker":  # Attach: to the worker holding the process, which runs it as this session's request
+            await self._forward(rid, spec.kind, command, direct=True)
         else:
             await self._forward(rid, spec.kind, command)
             if spec.kind == "shell_exec" and command.shell_exec.background:
@@ -155,14 +155,6 @@ class NatsRunner:
         sink.event(pb.Event(process_list=pb.ProcessListEvent(request_id=rid, processes=processes)))
         sink.state_change(pb.SERVICE_STATE_READY, rid)
 
-    async def _attach(self, rid: str, command: pb.Command) -> None:
-        """Attach: to the worker holding the process, which runs it as this session's request."""
-        try:
-            worker = await self.bridge.processes.locate(command.attach.process_id, rid)
-        except ProtocolError as exc:
-            self._host.reject(exc)
-            return
-        await self._forward(rid, "attach", command, to=worker)
 
     def _background(self, rid: str) -> bool:
         """Whether ``rid`` (not a request of this session) names a background process on a worker;
@@ -303,8 +295,8 @@ class NatsRunner:
     def _send_input(self, remote: _Remote, attempt: int, payload: bytes, headers: dict[str, str]) -> None:
         self.bridge.request_control(self.session_id, remote.number, attempt, payload, headers)
 
-    async def _forward(self, rid: str, kind: str, command: pb.Command, *, to: str | None = None) -> None:
-        """Forward one request: into the command stream, or (``to``: an Attach) to that worker directly."""
+    async def _forward(self, rid: str, kind: str, command: pb.Command, *, direct: bool = False) -> None:
+        """Forward one request: into the command stream, or (``direct``: an Attach) to the worker holding its process."""
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None
         remote = _Remote(self._numbers, rid, kind, key)
@@ -326,8 +318,8 @@ class NatsRunner:
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
             try:
-                if to is not None:
-                    await self._direct(remote, to, meta, command, payload)
+                if direct:
+                    await self._direct(remote, meta, command)
                     return
                 # An interactive ShellExec travels alone: its stdin and resizes go to the worker
                 # session of that one delivery (smith_fast.nats.control), not to a shared batch.
@@ -379,12 +371,12 @@ class NatsRunner:
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
 
-    async def _direct(self, remote: _Remote, worker: str, meta: CommandMeta, command: pb.Command, payload: bytes) -> None:
+    async def _direct(self, remote: _Remote, meta: CommandMeta, command: pb.Command) -> None:
         """An Attach, handed to the worker holding its process; its events come back as any
         request's. Ended here with ``worker_gone`` if that worker goes before it ends."""
         directory = self.bridge.processes
         try:
-            await directory.attach(meta, command, payload)
+            worker = await directory.attach(meta, command)
         except ProtocolError as exc:
             self._fail(remote, exc.code, str(exc), exc.details.get("reason", ""), dict(exc.details))
             return

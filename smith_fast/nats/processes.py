@@ -171,6 +171,14 @@ class ProcessDirectory:
         while len(self._gone) > _GONE_KEPT:
             self._gone.popitem(last=False)
 
+    def _unreachable(self, worker: str) -> None:
+        """Nobody listens on ``worker``'s subject: its processes are taken as gone (until it
+        announces them again, after a reconnect). Its attaches are left to the presence set,
+        which tells a worker cut off for a moment from one that died."""
+        for pid in [p for p, w in self._where.items() if w == worker]:
+            del self._where[pid]
+            self._lost(pid, worker)
+
     def _worker_gone(self, worker: str) -> None:
         for tell in list(self._watchers.pop(worker, {}).values()):
             tell()
@@ -219,7 +227,7 @@ class ProcessDirectory:
         out: list[pb.BackgroundProcess] = []
         for worker, answer in zip(workers, answers):
             if isinstance(answer, _NoOne):
-                self.prune(w for w in workers if w != worker)  # not mine to drop from the live set; its processes are gone
+                self._unreachable(worker)
                 continue
             if isinstance(answer, BaseException):
                 log.warning("worker did not list its processes", extra={"fields": {"worker": worker, "error": repr(answer)}})
@@ -255,52 +263,37 @@ class ProcessDirectory:
         """Cancel, Stdin or Resize of background process ``pid``, to its worker.
 
         Raises:
-            ProtocolError: what its worker refused, ``worker_gone``, ``unknown_process``.
+            ProtocolError: what its worker refused, ``worker_gone``, ``unknown_process``,
+                ``worker_unresponsive``.
         """
-        worker = await self.locate(pid, pid)
-        try:
-            answer = await self._ask(worker, command)
-        except _NoOne:
-            self._lost(pid, worker)
-            self._where.pop(pid, None)
-            raise worker_gone(pid, pid, worker) from None
-        except TimeoutError:
-            raise ProtocolError(
-                f"worker {worker} holding background process {pid} did not answer in {ASK_TIMEOUT:g}s; it may not have been done",
-                pb.ERROR_CODE_INTERNAL_ERROR, pid, {"reason": "worker_unresponsive", "process_id": pid, "worker": worker},
-            ) from None
-        refusal = _refusal(answer)
-        if refusal is not None:
-            raise refusal
+        await self._tell(await self.locate(pid, pid), pid, pid, command)
 
-    async def attach(self, meta: CommandMeta, command: pb.Command, payload: bytes) -> str:
-        """Hand an Attach to the worker holding its process; the worker it runs on.
+    async def attach(self, meta: CommandMeta, command: pb.Command) -> str:
+        """Hand an Attach (request ``meta.number`` of its session) to the worker holding its
+        process, which runs it; that worker.
 
         Raises:
             ProtocolError: ``unknown_process``, ``worker_gone``, ``worker_unresponsive``.
         """
-        rid = command.attach.request_id
-        pid = command.attach.process_id
+        rid, pid = command.attach.request_id, command.attach.process_id
         worker = await self.locate(pid, rid)
-        if self.nc is None or self.nc.is_closed:
-            raise worker_gone(pid, rid, worker)
-        from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+        await self._tell(worker, pid, rid, command, command_headers(meta))
+        return worker
 
+    async def _tell(self, worker: str, pid: str, rid: str, command: pb.Command, headers: dict[str, str] | None = None) -> None:
         try:
-            msg = await self.nc.request(worker_subject(self.config, worker), payload, timeout=ASK_TIMEOUT, headers=command_headers(meta))
-        except NoRespondersError:
-            self._lost(pid, worker)
-            self._where.pop(pid, None)
+            answer = await self._ask(worker, command, headers)
+        except _NoOne:
+            self._unreachable(worker)
             raise worker_gone(pid, rid, worker) from None
-        except NatsTimeout:
+        except TimeoutError:
             raise ProtocolError(
-                f"worker {worker} holding background process {pid} did not answer in {ASK_TIMEOUT:g}s; not attached",
+                f"worker {worker} holding background process {pid} did not answer in {ASK_TIMEOUT:g}s; it may not have been done",
                 pb.ERROR_CODE_INTERNAL_ERROR, rid, {"reason": "worker_unresponsive", "process_id": pid, "worker": worker},
             ) from None
-        refusal = _refusal(pb.Envelope.FromString(msg.data))
+        refusal = _refusal(answer)
         if refusal is not None:
             raise refusal
-        return worker
 
 
 def _drop(_data: bytes) -> None:
