@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import random
 import signal
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from harness.cutting_proxy import CuttingProxy
 from harness.nats_cluster import Cluster, logged
 from harness.server import SmithProcess, wait_until
 from smith_fast.client import Client, SmithError
@@ -29,6 +31,7 @@ from smith_fast.remote_process import terminal_state
 from .test_background import attach_raw, background_exec
 from .test_nats_control import FAST, LIMITS, _cmdlines
 from .test_process_control import Raw, cancel, stdin
+from .test_resume import PACED, Request, ResumingPeer
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +233,66 @@ def test_an_announcement_lists_the_workers_background_processes() -> None:
                 b'{"worker": "w", "version": "1", "capacity": 1, "background": [1]}'):
         with pytest.raises(ValueError, match="background"):
             Announcement.decode(bad)
+
+
+# ---- resume through the gateway (issue 19 item 5) -------------------------------------------------------
+
+RESUME_CUTS = 20
+
+
+async def test_resume_through_the_gateway_after_20_cuts_loses_and_duplicates_nothing(tmp_path: pathlib.Path) -> None:
+    """The frontend's connection to a gateway is a session like serve's: cut it again and again
+    while commands stream output from a worker; the peer resumes each time with its token and last
+    sequence, and every event arrives once, in order."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, worker_args=LIMITS, gateway_args=LIMITS).start()
+    try:
+        async with CuttingProxy(cluster.tcp) as proxy:
+            peer = ResumingPeer(proxy.address, **{"smith_fast.accept": "resume"})
+            await peer.start()
+            rng = random.Random(19)
+            started = 0
+
+            def launch() -> None:
+                nonlocal started
+                started += 1
+                lines = 5000 if started % 3 == 0 else 200  # a burst now and then: much in flight at a cut
+                peer.run(rid(), Request(f"seq 1 {lines}" if lines == 5000 else PACED.format(n=lines), lines))
+
+            for _ in range(2):
+                launch()
+
+            async def cutter() -> None:
+                while peer.resumes < RESUME_CUTS:
+                    await peer.received.wait()
+                    await asyncio.sleep(rng.uniform(0.02, 0.12))  # cuts spread over several requests
+                    peer.received.clear()
+                    proxy.cut(silent=rng.random() < 0.3)
+
+            async def keep_busy() -> None:
+                while peer.resumes < RESUME_CUTS:
+                    await asyncio.sleep(0.05)
+                    while len(peer.open()) < 2 and peer.resumes < RESUME_CUTS:
+                        try:
+                            launch()
+                        except (ConnectionError, RuntimeError, AssertionError):
+                            break
+
+            cutting = asyncio.ensure_future(cutter())
+            busy = asyncio.ensure_future(keep_busy())
+            try:
+                await asyncio.wait_for(peer.pump(lambda: peer.resumes >= RESUME_CUTS and not peer.open()), 180)
+            finally:
+                cutting.cancel()
+                busy.cancel()
+                await asyncio.gather(cutting, busy, return_exceptions=True)
+            cuts = proxy.cuts
+        print(f"{peer.resumes} resumes, {len(peer.requests)} requests, {peer.duplicates} duplicates refused, {peer.replayed} replayed")
+        assert peer.unexpected == []
+        assert peer.resumes >= RESUME_CUTS and cuts >= RESUME_CUTS
+        assert len(peer.requests) >= 2
+        for request_id, req in peer.requests.items():
+            assert req.terminal == [pb.SERVICE_STATE_READY], request_id
+            assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
+            assert "".join(req.stdout) == req.expected, request_id
+    finally:
+        cluster.stop()
