@@ -15,45 +15,26 @@ import os
 import pathlib
 import random
 import signal
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from harness.cutting_proxy import CuttingProxy
 from harness.nats_cluster import Cluster, logged
-from harness.server import SmithProcess, wait_until
+from harness.server import SmithProcess, pid_alive, wait_until
 from smith_fast.client import Client, SmithError
 from smith_fast.nats.presence import Announcement
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.remote_process import terminal_state
 
 from .test_background import attach_raw, background_exec
-from .test_nats_control import FAST, LIMITS, _cmdlines
+from .test_nats_control import FAST, LIMITS, _cmdlines, cluster, rid  # noqa: F401  (cluster: the fixture, a cluster of this module's own)
 from .test_process_control import Raw, cancel, stdin
-from .test_resume import PACED, Request, ResumingPeer
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("natsbg"), workers=2, nats_args=FAST, worker_args=LIMITS, gateway_args=LIMITS).start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-def rid() -> str:
-    return str(uuid.uuid4())
+from .test_resume import ResumingPeer, cut_often
 
 
 def holders(cluster: Cluster, needle: str) -> list[SmithProcess]:
     """The workers with a descendant whose command line holds ``needle``."""
     return [w for w in cluster.workers if w.proc is not None and w.proc.poll() is None and any(needle in line for line in _cmdlines(w).values())]
-
-
-def alive(pid: int) -> bool:
-    return pathlib.Path(f"/proc/{pid}").exists()
 
 
 async def connect(cluster: Cluster) -> Client:
@@ -82,7 +63,7 @@ async def test_started_closed_listed_attached_written_cancelled_by_a_new_session
     second = await connect(cluster)
     listed = {p.id: p for p in await second.list_processes()}
     assert pid_id in listed, listed
-    assert listed[pid_id].state == "running" and listed[pid_id].stdin_open and alive(listed[pid_id].pid)
+    assert listed[pid_id].state == "running" and listed[pid_id].stdin_open and pid_alive(listed[pid_id].pid)
     shell_pid = listed[pid_id].pid
 
     raw = await attach_raw(second, pid_id, 0)
@@ -99,7 +80,7 @@ async def test_started_closed_listed_attached_written_cancelled_by_a_new_session
     assert terminal_state(await raw.end()) == pb.SERVICE_STATE_READY
     await raw.quiet()
     assert raw.terminals() == [pb.SERVICE_STATE_READY]
-    assert wait_until(lambda: not alive(shell_pid), 10), "the background process survived its cancel"
+    assert wait_until(lambda: not pid_alive(shell_pid), 10), "the background process survived its cancel"
     assert next(p for p in await second.list_processes() if p.id == pid_id).state == "exited"
     await second.close()
 
@@ -137,7 +118,7 @@ async def test_unknown_ids_and_grants_through_the_gateway(cluster: Cluster) -> N
         await (await client.attach(missing)).wait()
     assert info.value.error.details["reason"] == "unknown_process"
     pid_id = rid()
-    await start_background(client, "sleep 30", pid_id)
+    start = await start_background(client, "sleep 30", pid_id)
     bare = await Client.connect(cluster.unix)
     await bare.handshake([])  # no shell_exec: it can neither list nor steer
     with pytest.raises(SmithError, match="shell_exec"):
@@ -147,6 +128,9 @@ async def test_unknown_ids_and_grants_through_the_gateway(cluster: Cluster) -> N
     refused = await raw.until(lambda e: e.WhichOneof("event_type") == "error")
     assert refused.error.error_code == pb.ERROR_CODE_INVALID_CAPABILITY and refused.error.request_id == pid_id
     assert next(p for p in await client.list_processes() if p.id == pid_id).state == "running"
+    client.send(background_exec("sleep 1", pid_id))  # the same id again, whichever worker would take it
+    assert terminal_state(await start.end()) == pb.SERVICE_STATE_ERROR
+    assert [e.details["reason"] for e in start.errors()] == ["duplicate_id"], start.errors()
     client.cancel(pid_id)
     assert await (await client.attach(pid_id, 1 << 40)).wait() < 0
     await bare.close()
@@ -193,13 +177,13 @@ async def test_a_killed_workers_processes_are_gone_and_naming_one_says_so(tmp_pa
         assert kept, "the background processes all went to one worker"
         gone = {p for p in started if p not in kept}
         shells = [p.pid for p in await client.list_processes() if p.id in gone]
-        assert len(shells) == len(gone) and all(alive(pid) for pid in shells)
+        assert len(shells) == len(gone) and all(pid_alive(pid) for pid in shells)
         following = await attach_raw(client, victim_id, 1 << 40)  # an attach running when its worker dies
         await following.until(lambda e: e.WhichOneof("event_type") == "state_change")  # PROCESSING: it runs on the worker
         assert victim.proc is not None
         os.kill(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait()
-        assert wait_until(lambda: not any(alive(pid) for pid in shells), 20), "a background process outlived its worker (child guard)"
+        assert wait_until(lambda: not any(pid_alive(pid) for pid in shells), 20), "a background process outlived its worker (child guard)"
 
         ended = await following.end()  # once the gateway takes the worker as gone (3 silent presence intervals)
         assert terminal_state(ended) == pb.SERVICE_STATE_ERROR
@@ -249,42 +233,9 @@ async def test_resume_through_the_gateway_after_20_cuts_loses_and_duplicates_not
         async with CuttingProxy(cluster.tcp) as proxy:
             peer = ResumingPeer(proxy.address, **{"smith_fast.accept": "resume"})
             await peer.start()
-            rng = random.Random(19)
-            started = 0
-
-            def launch() -> None:
-                nonlocal started
-                started += 1
-                lines = 5000 if started % 3 == 0 else 200  # a burst now and then: much in flight at a cut
-                peer.run(rid(), Request(f"seq 1 {lines}" if lines == 5000 else PACED.format(n=lines), lines))
-
-            for _ in range(2):
-                launch()
-
-            async def cutter() -> None:
-                while peer.resumes < RESUME_CUTS:
-                    await peer.received.wait()
-                    await asyncio.sleep(rng.uniform(0.02, 0.12))  # cuts spread over several requests
-                    peer.received.clear()
-                    proxy.cut(silent=rng.random() < 0.3)
-
-            async def keep_busy() -> None:
-                while peer.resumes < RESUME_CUTS:
-                    await asyncio.sleep(0.05)
-                    while len(peer.open()) < 2 and peer.resumes < RESUME_CUTS:
-                        try:
-                            launch()
-                        except (ConnectionError, RuntimeError, AssertionError):
-                            break
-
-            cutting = asyncio.ensure_future(cutter())
-            busy = asyncio.ensure_future(keep_busy())
-            try:
-                await asyncio.wait_for(peer.pump(lambda: peer.resumes >= RESUME_CUTS and not peer.open()), 180)
-            finally:
-                cutting.cancel()
-                busy.cancel()
-                await asyncio.gather(cutting, busy, return_exceptions=True)
+            # cuts spread over several requests, each streaming from the worker through the gateway
+            await cut_often(proxy, peer, cuts=RESUME_CUTS, rng=random.Random(19), burst=5000, paced=200, pause=(0.02, 0.12), in_flight=2,
+                            timeout=180)
             cuts = proxy.cuts
         print(f"{peer.resumes} resumes, {len(peer.requests)} requests, {peer.duplicates} duplicates refused, {peer.replayed} replayed")
         assert peer.unexpected == []

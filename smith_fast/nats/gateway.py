@@ -132,10 +132,18 @@ class NatsRunner:
             await self._list_processes(rid)
         elif route == "worker":  # Attach: to the worker holding the process, which runs it as this session's request
             await self._forward(rid, spec.kind, command, direct=True)
+        elif spec.kind == "shell_exec" and command.shell_exec.background:
+            holder = self.bridge.processes.held(rid)
+            if holder is not None:  # ids are unique per worker; the gateway keeps them unique across its workers it knows of
+                self._host.reject(ProtocolError(
+                    f"a background process with id {rid} already exists (on worker {holder}); give this ShellExec another request_id",
+                    pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_id"},
+                ))
+                return
+            await self._forward(rid, spec.kind, command)
+            self.bridge.processes.expect(rid)  # its worker announces it; until then it is looked for
         else:
             await self._forward(rid, spec.kind, command)
-            if spec.kind == "shell_exec" and command.shell_exec.background:
-                self.bridge.processes.expect(rid)  # its worker announces it; until then it is looked for
 
     # ---- background processes (smith_fast.nats.processes): on the worker that started them ------------
 
