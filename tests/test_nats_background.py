@@ -15,6 +15,7 @@ import os
 import pathlib
 import random
 import signal
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,6 +31,39 @@ from .test_background import attach_raw, background_exec
 from .test_nats_control import FAST, LIMITS, _cmdlines, cluster, rid  # noqa: F401  (cluster: the fixture, a cluster of this module's own)
 from .test_process_control import Raw, cancel, stdin
 from .test_resume import ResumingPeer, cut_often
+
+
+# ---- serve's background tests, run against a gateway and two workers ------------------------------------
+# (collected here as this module's own tests: the `server` fixture below is what they are given)
+
+from .test_background import (  # noqa: E402,F401
+    test_a_terminal_resized_from_another_session,
+    test_cli_exec_d_ps_attach_kill,
+    test_detach_leaves_it_running_and_cancel_from_another_session_kills_the_tree,
+    test_grpc_starts_one_a_socket_session_follows_it,
+    test_outlives_its_session_then_another_session_attaches_from_0_and_follows,
+    test_ring_drops_the_oldest_and_attach_says_where_it_starts,
+    test_stdin_from_another_session_and_sdk_start_background,
+    test_unknown_ids_and_grants,
+    test_v0_starts_lists_and_attaches,
+)
+
+
+class _Gateway:
+    """What those tests use of a service: its addresses and the workspace its commands run in."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.unix, self.grpc, self.root = cluster.unix, cluster.grpc, cluster.root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Gateway]:
+    c = Cluster(tmp_path_factory.mktemp("natsbg-serve"), workers=2, nats_args=FAST,
+                worker_args=(*LIMITS, "--max-background", "16", "--background-buffer", "4k"), gateway_args=LIMITS).start()
+    try:
+        yield _Gateway(c)
+    finally:
+        c.stop()
 
 
 def holders(cluster: Cluster, needle: str) -> list[SmithProcess]:
