@@ -253,6 +253,31 @@ def test_an_announcement_lists_the_workers_background_processes() -> None:
             Announcement.decode(bad)
 
 
+async def test_a_stopped_worker_ends_its_processes_and_their_attaches(tmp_path: pathlib.Path) -> None:
+    """SIGTERM: the worker terminates its background processes first (as serve does on shutdown),
+    so an attach following one gets its exit; then it leaves and its processes are not listed."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, worker_args=LIMITS, gateway_args=LIMITS).start()
+    try:
+        client = await connect(cluster)
+        pid_id = rid()
+        await start_background(client, "sleep 300", pid_id)
+        shell = next(p.pid for p in await client.list_processes() if p.id == pid_id)
+        following = await attach_raw(client, pid_id, 1 << 40)
+        await following.until(lambda e: e.WhichOneof("event_type") == "state_change")  # PROCESSING: it runs on the worker
+        worker = cluster.workers[0]
+        assert worker.stop() == 0
+        assert terminal_state(await following.end()) in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
+        finals = [e.shell_output for e in following.of("shell_output") if e.shell_output.finished]
+        reasons = [e.details["reason"] for e in following.errors()]
+        assert (len(finals) == 1 and finals[0].exit_code in (-15, -9)) or reasons == ["worker_gone"], following.events
+        print("attach ended by", "its exit" if finals else "worker_gone")
+        assert not pid_alive(shell)
+        assert pid_id not in {p.id for p in await client.list_processes()}
+        await client.close()
+    finally:
+        cluster.stop()
+
+
 # ---- resume through the gateway (issue 19 item 5) -------------------------------------------------------
 
 RESUME_CUTS = 20

@@ -132,8 +132,8 @@ class ProcessDirectory:
             self._where[pid] = ann.worker
             self._gone.pop(pid, None)
             self._expected.pop(pid, None)
-        if ann.leaving:
-            self._worker_gone(ann.worker)
+        # (a leaving worker's attaches are ended by :meth:`prune`, at the gateway's next look at
+        # its live set: by then the final events of those it ended itself have mostly come)
 
     def prune(self, alive: Iterable[str]) -> None:
         """The live workers now: the processes of the others are gone with them."""

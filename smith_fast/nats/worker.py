@@ -314,6 +314,9 @@ class Worker:
             self._sweeper.cancel()
         if self._announcer is not None:
             self._announcer.cancel()
+        # Its background processes end with it (as serve's on shutdown): first, so that attaches
+        # following them get their exit and end before the gateways hear this worker leave.
+        await self.core.background.shutdown(self.core.limits.kill_grace)
         await self._announce(leaving=True)  # gateways stop counting on this worker now
         if self.running:
             _, pending = await asyncio.wait(list(self.running), timeout=self.drain_timeout)
