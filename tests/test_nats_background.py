@@ -23,7 +23,9 @@ from harness.cutting_proxy import CuttingProxy
 from harness.nats_cluster import Cluster, logged
 from harness.server import SmithProcess, pid_alive, wait_until
 from smith_fast.client import Client, SmithError
-from smith_fast.nats.presence import Announcement
+from smith_fast.nats.config import NatsConfig
+from smith_fast.nats.presence import Announcement, LiveSet
+from smith_fast.nats.processes import ProcessDirectory, worker_subject
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.remote_process import terminal_state
 
@@ -306,3 +308,27 @@ async def test_resume_through_the_gateway_after_20_cuts_loses_and_duplicates_not
             assert "".join(req.stdout) == req.expected, request_id
     finally:
         cluster.stop()
+
+
+def test_the_gateways_directory_follows_the_workers_announcements() -> None:
+    now = [0.0]
+    live = LiveSet(1.0, clock=lambda: now[0])
+    directory = ProcessDirectory(NatsConfig(), live)
+    gone: list[str] = []
+    for ann in (Announcement("a:1", "1", 4, background=("p1", "p2")), Announcement("b:2", "1", 4, background=("p3",))):
+        live.heard(ann)
+        directory.heard(ann)
+    assert [directory.held(p) for p in ("p1", "p2", "p3", "p4")] == ["a:1", "a:1", "b:2", None]
+    directory.expect("p4")  # seen started through this gateway, not announced yet: looked for
+    assert directory.knows("p4") and directory.held("p4") is None
+    directory.watch("a:1", lambda: gone.append("a:1"))
+    exited = Announcement("a:1", "1", 4, background=("p2",))  # p1 made room for a newer one
+    live.heard(exited)
+    directory.heard(exited)
+    assert directory.held("p1") is None and not directory.knows("p1") and directory.held("p2") == "a:1"
+    now[0] = 10.0  # a:1 and b:2 fell silent
+    live.heard(Announcement("b:2", "1", 4, background=("p3",)))
+    directory.prune(a.worker for a in live.alive())
+    assert gone == ["a:1"] and directory.held("p2") is None and directory.knows("p2")  # worker_gone from now on
+    assert directory.held("p3") == "b:2"
+    assert worker_subject(NatsConfig(), "host.example:42") == "smith.wrk.host_example_42"

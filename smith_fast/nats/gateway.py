@@ -141,7 +141,6 @@ class NatsRunner:
                 ))
                 return
             await self._forward(rid, spec.kind, command)
-            self.bridge.processes.expect(rid)  # its worker announces it; until then it is looked for
         else:
             await self._forward(rid, spec.kind, command)
 
@@ -298,6 +297,9 @@ class NatsRunner:
                 return False  # v0 has no stdin_written (PROTOCOL.md, "v0")
         if kind == "error" and event.error.details.get("reason") == "cancelled":
             remote.cancel_seen = True
+        elif kind == "log" and event.log.fields.get("reason") == "background":
+            # started on a worker, whose announcement of it may come later: looked for until then
+            self.bridge.processes.expect(event.log.fields.get("process_id", remote.rid))
         return True
 
     def _send_input(self, remote: _Remote, attempt: int, payload: bytes, headers: dict[str, str]) -> None:
@@ -311,6 +313,8 @@ class NatsRunner:
         self._remote[remote.number] = remote
         self._by_rid[rid] = remote
         host = self._host
+        if kind == "shell_exec" and command.shell_exec.background:
+            remote.watch = True  # its start notice tells the process directory (_watched)
         if (self._early or self._early_cancel or kind == "shell_exec") and not self._adopt_control(remote, command):
             self._remote.pop(remote.number, None)
             self._request_ended(remote)
