@@ -162,7 +162,6 @@ class NatsRunner:
         sink.event(pb.Event(process_list=pb.ProcessListEvent(request_id=rid, processes=processes)))
         sink.state_change(pb.SERVICE_STATE_READY, rid)
 
-
     def _background(self, rid: str) -> bool:
         """Whether ``rid`` (not a request of this session) names a background process on a worker;
         steering one takes ``shell_exec``, as on serve."""
