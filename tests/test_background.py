@@ -243,7 +243,8 @@ def test_v0_starts_lists_and_attaches(server: ServerProcess) -> None:
     pid_id = rid()
     peer.send({"type": "ShellExec", "data": {"request_id": pid_id, "command": "echo v0", "shell": None, "cwd": None, "env": {},
                                              "timeout_ms": None, "background": True}})
-    started = peer.until(lambda m: m["type"] == "StateChange" and m["data"]["state"] in ("Ready", "Error"))
+    # its own terminal state (not the session's Ready after the handshake): then it runs, wherever it runs
+    started = peer.until(lambda m: m["type"] == "StateChange" and m["data"]["request_id"] == pid_id and m["data"]["state"] in ("Ready", "Error"))
     assert started[-1]["data"]["state"] == "Ready", started
     list_id = rid()
     peer.send({"type": "ListProcesses", "data": {"request_id": list_id}})

@@ -283,6 +283,52 @@ class ResumingPeer:
 PACED = "python3 -u -c 'import time\nfor i in range(1, {n} + 1):\n print(i)\n time.sleep(0.002)'"
 
 
+async def cut_often(
+    proxy: CuttingProxy, peer: ResumingPeer, *, cuts: int, rng: random.Random, burst: int = 20000, paced: int = 300,
+    pause: tuple[float, float] = (0.0, 0.03), in_flight: int = 3, timeout: float = 120,
+) -> None:
+    """Keep ``in_flight`` requests running (every third a burst of ``burst`` lines, the others
+    ``paced`` lines) and cut the proxy a random ``pause`` after something arrived, until the peer
+    resumed ``cuts`` times and its requests ended."""
+    started = 0
+
+    def launch() -> None:
+        nonlocal started
+        started += 1
+        if started % 3 == 0:
+            peer.run(rid(), Request(f"seq 1 {burst}", burst))  # a burst: much in flight at a cut
+        else:
+            peer.run(rid(), Request(PACED.format(n=paced), paced))
+
+    for _ in range(in_flight):
+        launch()
+
+    async def cutter() -> None:
+        while peer.resumes < cuts:
+            await peer.received.wait()
+            await asyncio.sleep(rng.uniform(*pause))
+            peer.received.clear()
+            proxy.cut(silent=rng.random() < 0.3)  # the service may not notice: the resume takes over
+
+    async def keep_busy() -> None:
+        while peer.resumes < cuts:
+            await asyncio.sleep(0.05)
+            while len(peer.open()) < in_flight and peer.resumes < cuts:
+                try:
+                    launch()
+                except (ConnectionError, RuntimeError, AssertionError):
+                    break
+
+    cutting = asyncio.ensure_future(cutter())
+    busy = asyncio.ensure_future(keep_busy())
+    try:
+        await asyncio.wait_for(peer.pump(lambda: peer.resumes >= cuts and not peer.open()), timeout)
+    finally:
+        cutting.cancel()
+        busy.cancel()
+        await asyncio.gather(cutting, busy, return_exceptions=True)
+
+
 @pytest.mark.parametrize("accept", ["resume", "resume,batch_event"])
 def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, request: pytest.FixtureRequest, accept: str) -> None:  # type: ignore[no-untyped-def]
     """The Done-when test: commands stream (paced and in bursts, several at once, new ones started
@@ -294,50 +340,10 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
 
     async def main() -> tuple[ResumingPeer, int]:
         async with CuttingProxy(server.tcp) as proxy:
-            return await cut_often(proxy), proxy.cuts
-
-    async def cut_often(proxy: CuttingProxy) -> ResumingPeer:
-        peer = ResumingPeer(proxy.address, **{"smith_fast.accept": accept})
-        await peer.start()
-        rng = random.Random(16)
-        started = 0
-
-        def launch() -> None:
-            nonlocal started
-            started += 1
-            if started % 3 == 0:
-                peer.run(rid(), Request(f"seq 1 {20000}", 20000))  # a burst: much in flight at a cut
-            else:
-                peer.run(rid(), Request(PACED.format(n=300), 300))
-
-        for _ in range(3):
-            launch()
-
-        async def cutter() -> None:
-            while peer.resumes < CUTS:
-                await peer.received.wait()
-                await asyncio.sleep(rng.uniform(0.0, 0.03))
-                peer.received.clear()
-                proxy.cut(silent=rng.random() < 0.3)  # the service may not notice: the resume takes over
-
-        async def keep_busy() -> None:
-            while peer.resumes < CUTS:
-                await asyncio.sleep(0.05)
-                while len(peer.open()) < 3 and peer.resumes < CUTS:
-                    try:
-                        launch()
-                    except (ConnectionError, RuntimeError, AssertionError):
-                        break
-
-        cutting = asyncio.ensure_future(cutter())
-        busy = asyncio.ensure_future(keep_busy())
-        try:
-            await asyncio.wait_for(peer.pump(lambda: peer.resumes >= CUTS and not peer.open()), 120)
-        finally:
-            cutting.cancel()
-            busy.cancel()
-            await asyncio.gather(cutting, busy, return_exceptions=True)
-        return peer
+            peer = ResumingPeer(proxy.address, **{"smith_fast.accept": accept})
+            await peer.start()
+            await cut_often(proxy, peer, cuts=CUTS, rng=random.Random(16))
+            return peer, proxy.cuts
 
     peer, cuts = run(main())
     took_over = sum(1 for r in server.logs[logged:] if r.get("event") == "session resumed" and r.get("took_over"))

@@ -1,13 +1,16 @@
 """Process control through the NATS gateway (issue 16 item 8): Cancel, Stdin and Resize reach the
-worker that runs the request they name.
+worker that runs the request they name, Attach the worker holding the background process.
 
-Two routes (PROTOCOL.md, "Scale-out over NATS", "Process control"), one row per forwardable
+The routes (PROTOCOL.md, "Scale-out over NATS", "Process control"), one row per forwardable
 command kind in :data:`FORWARDED`:
 
 * ``session``: the session's control subject ``<prefix>.ctl.<session>``, which every worker
   hears (``Smith-Control: cancel``, ``Smith-Request: <n>``). A Cancel goes there because the
   gateway may not know yet which worker holds the command (it may be on its way to one), and
   because every worker must remember it: the one that is handed the command later drops it.
+* ``worker`` / ``workers``: background processes stay on the worker that started them; their
+  Attach, and Cancel/Stdin/Resize naming one, go to that worker's own subject, ListProcesses to
+  every live worker's (smith_fast/nats/processes.py).
 * ``request``: the request's own subject ``<prefix>.ctl.<session>.<n>.<attempt>``, which only
   the worker running that delivery of the command subscribes to, and only for a ShellExec with
   ``open_stdin`` or ``pty``: stdin and terminal sizes travel to one worker, in order, and cost
@@ -56,9 +59,13 @@ FORWARDED: Mapping[str, str] = {
     "cancel": "session",  # every worker: the one running it stops it, the others remember it
     "stdin": "request",  # the worker running this delivery, in order
     "resize": "request",
-    # attach (background processes) will be one row here
+    "attach": "worker",  # the worker holding the background process (smith_fast.nats.processes)
+    "list_processes": "workers",  # every live worker, their answers as one ProcessList
 }
-"""Control commands the gateway forwards, and their route (``session`` or ``request``)."""
+"""Control commands the gateway forwards, and their route: ``session``, ``request``, or for
+background processes ``worker`` / ``workers`` (``<prefix>.wrk.<worker>``, core NATS request/reply:
+smith_fast/nats/processes.py). A Cancel, Stdin or Resize naming a background process rather than a
+request of the session takes the ``worker`` route too."""
 
 _CANCELLED_TTL = 600.0  # seconds a worker remembers a cancelled command it was not running
 _CANCELLED_MAX = 100_000

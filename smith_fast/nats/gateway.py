@@ -35,9 +35,10 @@ from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
+from ..service.shell_exec import terminal_size
 from .batching import CommandBatcher, SharedStream, batch_limit, split_events
 from .config import NatsConfig, is_token
-from .control import InputChannel, interactive, not_running, only_stdin_written, request_subject
+from .control import FORWARDED, InputChannel, interactive, not_running, only_stdin_written, request_subject
 from .jetstream import (
     PayloadTooLarge,
     Publisher,
@@ -50,6 +51,7 @@ from .jetstream import (
 )
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
+from .processes import ProcessDirectory
 from .wire import CONTROL, MSG_ID, REQUEST, CommandMeta, RequestStream, command_headers, hook_key, parse_event_msg_id
 
 if TYPE_CHECKING:
@@ -120,10 +122,82 @@ class NatsRunner:
         self._numbers = 0
         self._paused = False
         self._released = False
+        self._steering: asyncio.Task[None] | None = None  # the last control sent to a background process
+        self._steer_bytes = 0  # stdin on its way to background processes
         self.bridge.sessions[self.session_id] = self
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
-        await self._forward(rid, spec.kind, command)
+        route = FORWARDED.get(spec.kind)
+        if route == "workers":
+            await self._list_processes(rid)
+        elif route == "worker":  # Attach: to the worker holding the process, which runs it as this session's request
+            await self._forward(rid, spec.kind, command, direct=True)
+        elif spec.kind == "shell_exec" and command.shell_exec.background:
+            holder = self.bridge.processes.held(rid)
+            if holder is not None:  # ids are unique per worker; the gateway keeps them unique across its workers it knows of
+                self._host.reject(ProtocolError(
+                    f"a background process with id {rid} already exists (on worker {holder}); give this ShellExec another request_id",
+                    pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_id"},
+                ))
+                return
+            await self._forward(rid, spec.kind, command)
+        else:
+            await self._forward(rid, spec.kind, command)
+
+    # ---- background processes (smith_fast.nats.processes): on the worker that started them ------------
+
+    async def _list_processes(self, rid: str) -> None:
+        """ListProcesses: every live worker's, as one ProcessList, then READY."""
+        sink = self._host.sink
+        if self.bridge.nc is None:
+            self._host.reject(ProtocolError("the gateway has not reached NATS yet: no worker can be asked for its processes",
+                                            pb.ERROR_CODE_INTERNAL_ERROR, rid, {"reason": "nats_unavailable"}))
+            return
+        sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
+        processes = await self.bridge.processes.listing()
+        if rid in self._early_cancel:
+            self._early_cancel.discard(rid)
+            self._host.reject(ProtocolError(f"request {rid} cancelled by the peer", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"}))
+            return
+        sink.event(pb.Event(process_list=pb.ProcessListEvent(request_id=rid, processes=processes)))
+        sink.state_change(pb.SERVICE_STATE_READY, rid)
+
+    def _background(self, rid: str) -> bool:
+        """Whether ``rid`` (not a request of this session) names a background process on a worker;
+        steering one takes ``shell_exec``, as on serve."""
+        if not self.bridge.processes.knows(rid):
+            return False
+        if pb.CAPABILITY_SHELL_EXEC not in self._host.granted:
+            raise ProtocolError(
+                f"background process {rid} can be steered only by a session granted shell_exec in its handshake",
+                pb.ERROR_CODE_INVALID_CAPABILITY, rid, {"reason": "capability_required", "capability": "shell_exec"},
+            )
+        return True
+
+    def _steer(self, rid: str, command: pb.Command, size: int = 0) -> None:
+        """Cancel, Stdin or Resize of a background process, to its worker: one at a time, in the
+        order the peer sent them; what the worker refuses comes back as the ErrorEvent serve sends."""
+        limit = self.core.limits.max_stdin_buffer
+        if size and self._steer_bytes + size > limit:
+            raise ProtocolError(
+                f"the stdin of background process {rid} is full: {self._steer_bytes} bytes are on their way to its worker "
+                f"(max --max-stdin-buffer {limit}); this StdinCommand was refused whole, send it again later",
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid, {"reason": "stdin_full"},
+            )
+        self._steer_bytes += size
+        previous = self._steering
+        self._steering = asyncio.get_running_loop().create_task(self._steer_after(previous, rid, command, size))
+
+    async def _steer_after(self, previous: asyncio.Task[None] | None, rid: str, command: pb.Command, size: int) -> None:
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await self.bridge.processes.steer(rid, command)
+        except ProtocolError as exc:
+            if not self._host.closing:
+                self._host.protocol_error(exc)
+        finally:
+            self._steer_bytes -= size
 
     # ---- control (issue 16): cancel, stdin and resize reach the worker running the request -------------
 
@@ -135,6 +209,9 @@ class NatsRunner:
         if remote is None:
             if self._host.is_running(rid):  # admitted, not forwarded yet: it ends at its start
                 self._early_cancel.add(rid)
+                return
+            if self._background(rid):  # not this session's request: a background process on a worker
+                self._steer(rid, pb.Command(cancel=pb.CancelCommand(request_id=rid)))
                 return
             if self._ended.get(rid):
                 return  # already cancelled and ended: cancelling twice is harmless
@@ -177,10 +254,21 @@ class NatsRunner:
         raise not_running(rid, what, rid in self._ended)
 
     def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
+        if self._steerable(rid):
+            self._steer(rid, pb.Command(stdin=pb.StdinCommand(request_id=rid, data=data, eof=eof)), len(data))
+            return
         self._input(rid, "write stdin to").write(data, eof)
 
     def resize(self, rid: str, rows: int, cols: int) -> None:
+        if self._steerable(rid):
+            terminal_size(rows, cols, rid)  # a bad size is refused here
+            self._steer(rid, pb.Command(resize=pb.ResizeCommand(request_id=rid, rows=rows, cols=cols)))
+            return
         self._input(rid, "resize").resize(rows, cols)
+
+    def _steerable(self, rid: str) -> bool:
+        """Stdin or Resize for a background process rather than one of this session's requests."""
+        return rid not in self._by_rid and not self._host.is_running(rid) and self._background(rid)
 
     def _adopt_control(self, remote: _Remote, command: pb.Command) -> bool:
         """What control commands came before the request was forwarded; False: it was cancelled."""
@@ -208,18 +296,24 @@ class NatsRunner:
                 return False  # v0 has no stdin_written (PROTOCOL.md, "v0")
         if kind == "error" and event.error.details.get("reason") == "cancelled":
             remote.cancel_seen = True
+        elif kind == "log" and event.log.fields.get("reason") == "background":
+            # started on a worker, whose announcement of it may come later: looked for until then
+            self.bridge.processes.expect(event.log.fields.get("process_id", remote.rid))
         return True
 
     def _send_input(self, remote: _Remote, attempt: int, payload: bytes, headers: dict[str, str]) -> None:
         self.bridge.request_control(self.session_id, remote.number, attempt, payload, headers)
 
-    async def _forward(self, rid: str, kind: str, command: pb.Command) -> None:
+    async def _forward(self, rid: str, kind: str, command: pb.Command, *, direct: bool = False) -> None:
+        """Forward one request: into the command stream, or (``direct``: an Attach) to the worker holding its process."""
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None
         remote = _Remote(self._numbers, rid, kind, key)
         self._remote[remote.number] = remote
         self._by_rid[rid] = remote
         host = self._host
+        if kind == "shell_exec" and command.shell_exec.background:
+            remote.watch = True  # its start notice tells the process directory (_watched)
         if (self._early or self._early_cancel or kind == "shell_exec") and not self._adopt_control(remote, command):
             self._remote.pop(remote.number, None)
             self._request_ended(remote)
@@ -235,6 +329,9 @@ class NatsRunner:
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
             try:
+                if direct:
+                    await self._direct(remote, meta, command)
+                    return
                 # An interactive ShellExec travels alone: its stdin and resizes go to the worker
                 # session of that one delivery (smith_fast.nats.control), not to a shared batch.
                 remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
@@ -284,6 +381,28 @@ class NatsRunner:
             self._request_ended(remote)
             if remote.key is not None and remote.stream.state == pb.SERVICE_STATE_READY:
                 self.hook_keys.append(remote.key)  # later commands carry it
+
+    async def _direct(self, remote: _Remote, meta: CommandMeta, command: pb.Command) -> None:
+        """An Attach, handed to the worker holding its process; its events come back as any
+        request's. Ended here with ``worker_gone`` if that worker goes before it ends."""
+        directory = self.bridge.processes
+        try:
+            worker = await directory.attach(meta, command)
+        except ProtocolError as exc:
+            self._fail(remote, exc.code, str(exc), exc.details.get("reason", ""), dict(exc.details))
+            return
+        pid = command.attach.process_id
+
+        def gone() -> None:
+            self._fail(remote, pb.ERROR_CODE_UNSPECIFIED,
+                       f"worker {worker} running the attach of background process {pid} is gone: the process ended with it",
+                       "worker_gone", {"process_id": pid, "worker": worker})
+
+        handle = directory.watch(worker, gone)
+        try:
+            await asyncio.shield(remote.done)
+        finally:
+            directory.unwatch(worker, handle)
 
     def _request_ended(self, remote: _Remote) -> None:
         if self._by_rid.get(remote.rid) is remote:
@@ -477,6 +596,7 @@ class Bridge:
         self.ready = False  # connected once and set up (streams, consumer, subscriptions)
         self.setup_error: str | None = None
         self.live = LiveSet(config.presence_interval)
+        self.processes = ProcessDirectory(config, self.live)  # the workers' background processes
         self.queue_depth = 0
         self.in_flight = 0
         self._said: str | None = ""  # the last health reason logged ("" = none logged yet)
@@ -525,6 +645,7 @@ class Bridge:
             log.info("presence message dropped", extra={"fields": {"error": str(exc)}})
             return
         joined_or_left = self.live.heard(ann)
+        self.processes.heard(ann)
         self._limit_batches()
         if joined_or_left:
             joined = not ann.leaving
@@ -559,6 +680,7 @@ class Bridge:
         interval = self.config.presence_interval
         while True:
             gone = self.live.expire()
+            self.processes.prune(a.worker for a in self.live.alive())  # their background processes went with them
             self._limit_batches()
             for worker in gone:
                 log.warning("worker gone", extra={"fields": {"worker": worker, "silent_seconds": self.live.expiry}})
@@ -607,6 +729,7 @@ class Bridge:
         config = self.config
         self.nc = await connect(config, name=f"smith-fast gateway {self.gateway_id}", on_disconnect=self._disconnected, on_reconnect=self._reconnected)
         self.counters.connected = True
+        self.processes.nc = self.nc
         self.js = self.nc.jetstream(timeout=config.publish_timeout)
         await ensure_streams(self.js, config)
         await ensure_gateway_consumer(self.js, config, self.gateway_id)

@@ -40,6 +40,8 @@ class Announcement:
         events: event messages it published.
         rtt: its last measured NATS round trip, in seconds (0 before the first).
         leaving: its last announcement: it stops now.
+        background: the ids of its background processes, running or exited
+            (smith_fast/nats/processes.py: the gateways route to it what names one).
     """
 
     worker: str
@@ -52,6 +54,7 @@ class Announcement:
     events: int = 0
     rtt: float = 0.0
     leaving: bool = False
+    background: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
@@ -69,7 +72,10 @@ class Announcement:
                 raise TypeError("not an object")
             known = {f.name: f.type for f in dataclasses.fields(cls)}
             kept = {k: v for k, v in raw.items() if k in known}
-            ann = cls(**kept)
+            background = kept.pop("background", [])
+            if not isinstance(background, list) or not all(isinstance(p, str) for p in background):
+                raise TypeError("background is not a list of process ids")
+            ann = cls(**kept, background=tuple(background))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a worker announcement: {exc}") from None
         if not isinstance(ann.worker, str) or not ann.worker or not isinstance(ann.capacity, int) or not isinstance(ann.running, int):

@@ -54,6 +54,7 @@ from .control import WorkerControls, ControlHold
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
+from .processes import ProcessDesk
 from .wire import CONTROL, MSG_ID, REQUEST, CommandMeta, hook_key, parse_command_headers
 
 if TYPE_CHECKING:
@@ -269,6 +270,8 @@ class Worker:
         self._acks: list[Msg] = []  # acknowledgements waiting to leave together
         self.counters = NatsCounters()
         self.controls = WorkerControls(config)  # cancel, stdin, resize from the gateways
+        self.processes = ProcessDesk(core, config, self.name, self._attach)  # its background processes, for the gateways
+        self._announced: tuple[str, ...] = ()  # the background ids the last announcement listed
         core.metrics.add_source(self)
 
     def figures(self) -> list[Figure]:
@@ -297,6 +300,7 @@ class Worker:
         await self.feed.start()
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         await self.nc.subscribe(config.presence_query_subject(), cb=self._queried)
+        await self.processes.listen(self.nc)
         self._announcer = asyncio.get_running_loop().create_task(self._announce_forever())
         log.info("ready", extra={"fields": {"worker": self.name, "servers": list(config.servers), "concurrency": self.concurrency,
                                             "stream": config.command_stream, "consumer": config.worker_consumer}})
@@ -310,6 +314,9 @@ class Worker:
             self._sweeper.cancel()
         if self._announcer is not None:
             self._announcer.cancel()
+        # Its background processes end with it (as serve's on shutdown): first, so that attaches
+        # following them get their exit and end before the gateways hear this worker leave.
+        await self.core.background.shutdown(self.core.limits.kill_grace)
         await self._announce(leaving=True)  # gateways stop counting on this worker now
         if self.running:
             _, pending = await asyncio.wait(list(self.running), timeout=self.drain_timeout)
@@ -368,13 +375,16 @@ class Worker:
         return Announcement(
             worker=self.name, version=__version__, capacity=self.concurrency, running=len(self.running),
             dispatched=c.dispatched, redelivered=c.redelivered, acked=c.acked, events=c.events, rtt=c.rtt, leaving=leaving,
+            background=self.processes.ids(),
         )
 
     async def _announce(self, leaving: bool = False) -> None:
         if self.nc is None or self.nc.is_closed or not self.nc.is_connected:
             return
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.config.presence_subject(), self.announcement(leaving).encode())
+            ann = self.announcement(leaving)
+            self._announced = ann.background
+            await self.nc.publish(self.config.presence_subject(), ann.encode())
             if leaving:
                 await self.nc.flush(timeout=1)
 
@@ -593,6 +603,7 @@ class Worker:
             for begun, publication in zip(started, publications):
                 if begun is not None and await self._conclude(*begun, publication.meta, attempt):
                     handed_back = True
+            self._background_moved()
             stored = [f for p in publications for f in p.stored]
             if stored:
                 await asyncio.gather(*stored, return_exceptions=True)
@@ -689,6 +700,33 @@ class Worker:
         if attempt > 1:
             log.info("redelivered command done", extra={"fields": {"session": meta.session, "request": meta.number, "attempt": attempt}})
         return session in self._handed_back
+
+    # ---- background processes (smith_fast.nats.processes) -------------------------------------------
+
+    def _background_moved(self) -> None:
+        """A command may have started a background process: the gateways hear of it now, not at
+        the next presence interval (they route its attach and control here by it)."""
+        if self.processes.ids() != self._announced:
+            self._spawn_announce()
+
+    def _attach(self, meta: CommandMeta, command: pb.Command) -> None:
+        """An Attach a gateway handed to this worker directly (its process is here): run it as a
+        command of the gateway session, its events through the event stream like any command's."""
+        task = asyncio.get_running_loop().create_task(self._run_direct(meta, command))
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+    async def _run_direct(self, meta: CommandMeta, command: pb.Command) -> None:
+        assert self.publisher is not None and self.outbox is not None
+        publication = _Publication(self.outbox, self.publisher, meta, 1)
+        try:
+            begun = await self._begin(meta, [command], publication, 1)
+            if begun is not None:
+                await self._conclude(*begun, meta, 1)
+            if publication.stored:
+                await asyncio.gather(*publication.stored, return_exceptions=True)
+        finally:
+            self.counters.events += publication.published
 
     async def _keep(self, msg: Msg) -> None:
         period = self.config.ack_wait / 3
