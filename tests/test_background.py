@@ -55,6 +55,26 @@ def test_ring_keeps_the_last_bytes_with_their_offsets() -> None:
     assert ring.read(20, 100) == [(20, 2, b"9XY")]
 
 
+def test_ring_does_not_merge_across_the_gap_of_a_chunk_larger_than_itself() -> None:
+    """A chunk larger than the ring keeps only its tail, after a gap: merged onto the segment
+    before, its bytes were read at the wrong offsets and an attach following the ring stopped
+    short of the end and waited for ever (seen under load, where pipe reads come in large chunks)."""
+    from smith_fast.service.background import Ring
+
+    ring = Ring(8, merge=64)
+    ring.feed(1, b"abc")
+    ring.feed(1, b"0123456789")  # 13 bytes written; the ring keeps 6..13 only
+    assert (ring.first, ring.next, ring.retained) == (5, 13, 8)
+    assert ring.read(0, 100) == [(5, 1, b"23456789")]
+    assert ring.read(9, 100) == [(9, 1, b"6789")]
+    cursor, got = ring.first, b""
+    while pieces := ring.read(cursor, 3):  # as an attach follows it, a few bytes at a time
+        for offset, _, data in pieces:
+            assert offset == cursor
+            got, cursor = got + data, offset + len(data)
+    assert (got, cursor) == (b"23456789", ring.next)
+
+
 def rid() -> str:
     return str(uuid.uuid4())
 

@@ -94,7 +94,8 @@ class Ring:
             data = data[len(data) - self.limit :]
         segments = self._segments
         last = segments[-1] if segments else None
-        if last is not None and last.fd == fd and len(last.data) + len(data) <= self.merge:
+        # (only onto bytes it follows: a chunk larger than the ring keeps just its tail, after a gap)
+        if last is not None and last.fd == fd and last.offset + len(last.data) == start and len(last.data) + len(data) <= self.merge:
             last.data += data
         else:
             segments.append(_Segment(start, fd, data))
