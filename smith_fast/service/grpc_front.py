@@ -230,10 +230,8 @@ class _Stream:
         self.close()
 
     async def read(self, requests: AsyncIterator[bytes], gate: asyncio.Semaphore) -> None:
-        session = self.session
-        io = self.io
         reading = self._reading
-        if not session.authenticated:  # a token is set and the metadata did not present it
+        if not self.session.authenticated:  # a token is set and the metadata did not present it
             rest = await self._read_guarded(requests, gate)
             if rest is None:
                 return
@@ -243,17 +241,7 @@ class _Stream:
                 return
             if not reading.is_set():  # the peer does not read, or its requests wait: take no more
                 await reading.wait()
-            session = self.session  # another one once a resume handshake took it over
-            io.frames_in += 1
-            io.bytes_in += len(raw)
-            try:
-                env = pb.Envelope.FromString(raw)
-            except DecodeError as exc:
-                if session.recorder is not None:  # kept as it arrived, so a replay sends it again
-                    session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
-                session.protocol_error(invalid_envelope(len(raw), exc))
-                continue
-            session.handle_envelope(env)
+            self._take(raw)
         if not self._released:
             await self.session.finish()  # half-close: the client still listens
 
@@ -278,9 +266,9 @@ class _Stream:
                     raw = await anext(it)
                 except StopAsyncIteration:
                     break
-            self.io.frames_in += 1
-            self.io.bytes_in += len(raw)
             if len(raw) > limit:
+                self.io.frames_in += 1
+                self.io.bytes_in += len(raw)
                 session.protocol_error(
                     ProtocolError(
                         f"the message is {len(raw)} bytes, above the {limit} allowed before an accepted "
@@ -296,15 +284,23 @@ class _Stream:
                     # that only a full collection frees: 60 refused calls kept 900 MB without this.
                     await it.aclose()
                 return None
-            try:
-                env = pb.Envelope.FromString(raw)
-            except DecodeError as exc:
-                if session.recorder is not None:
-                    session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
-                session.protocol_error(invalid_envelope(len(raw), exc))
-                continue
-            session.handle_envelope(env)
+            self._take(raw)
         return it
+
+    def _take(self, raw: bytes) -> None:
+        """Count one message of the call and hand it to the session that now carries the call
+        (another one once a resume handshake took it over)."""
+        session = self.session
+        self.io.frames_in += 1
+        self.io.bytes_in += len(raw)
+        try:
+            env = pb.Envelope.FromString(raw)
+        except DecodeError as exc:
+            if session.recorder is not None:  # kept as it arrived, so a replay sends it again
+                session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
+            session.protocol_error(invalid_envelope(len(raw), exc))
+            return
+        session.handle_envelope(env)
 
     async def responses(self) -> AsyncIterator[bytes]:
         out, io, wake = self.out, self.io, self.wake
