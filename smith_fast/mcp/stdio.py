@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from ..logs import get_logger
+from ..service.connection import StdoutProtocol
 from . import protocol
 from .endpoint import McpEndpoint
 
@@ -158,22 +159,6 @@ class McpStdio(asyncio.Protocol):
         self._on_closed.set()
 
 
-class _StdoutProtocol(asyncio.Protocol):
-    """Forwards the stdout pipe's flow control to the front."""
-
-    def __init__(self, front: McpStdio) -> None:
-        self.front = front
-
-    def pause_writing(self) -> None:
-        self.front.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.front.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.front.endpoint.connection_lost()
-
-
 async def open_mcp_stdio(core: ServiceCore, closed: asyncio.Event) -> McpStdio:
     """Serve MCP on the process's stdin/stdout; ``closed`` is set when the client is done."""
     loop = asyncio.get_running_loop()
@@ -186,7 +171,7 @@ async def open_mcp_stdio(core: ServiceCore, closed: asyncio.Event) -> McpStdio:
     os.close(devnull)
     os.dup2(2, 1)
     front = McpStdio(core, closed)
-    writer, _ = await loop.connect_write_pipe(lambda: _StdoutProtocol(front), proto_out)
+    writer, _ = await loop.connect_write_pipe(lambda: StdoutProtocol(front.pause_writing, front.resume_writing, lambda _exc: front.endpoint.connection_lost()), proto_out)
     front._writer = writer  # noqa: SLF001 (set before any byte is read)
     await loop.connect_read_pipe(lambda: front, proto_in)
     return front

@@ -56,7 +56,7 @@ from .resume import Front
 from .session import Session
 from .sinks import EventSink, V0Sink, V1Sink, now_ms
 
-__all__ = ["Connection", "invalid_envelope", "sniff_version"]
+__all__ = ["Connection", "StdoutProtocol", "invalid_envelope", "sniff_version"]
 
 log = get_logger("smith_fast.connection")
 
@@ -590,3 +590,20 @@ def _v0_token(line: bytes) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return value if isinstance(value, str) else None
+
+
+class StdoutProtocol(asyncio.Protocol):
+    """Forwards a stdout pipe's flow control and its end to the stdio front that writes to it
+    (the v0/v1 :class:`Connection`, the MCP front)."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None], lost: Callable[[Exception | None], None]) -> None:
+        self._pause, self._resume, self._lost = pause, resume, lost
+
+    def pause_writing(self) -> None:
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self._resume()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(exc)

@@ -16,7 +16,7 @@ from ..errors import ListenError
 from ..logs import get_logger
 from . import lifecycle
 from .config import ServiceConfig
-from .connection import Connection, tcp_address
+from .connection import Connection, StdoutProtocol, tcp_address
 from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 
 if TYPE_CHECKING:
@@ -181,22 +181,6 @@ def _unix_socket(path: str, backlog: int) -> socket.socket:
     return sock
 
 
-class _StdoutProtocol(asyncio.Protocol):
-    """Forwards the stdout pipe's flow control to the stdio connection."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    def pause_writing(self) -> None:
-        self.conn.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.conn.resume_writing()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.connection_lost(exc)
-
-
 async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.Event) -> Connection:
     loop = asyncio.get_running_loop()
     # The protocol owns the original stdin/stdout; fds 0 and 1 are pointed elsewhere so that a stray
@@ -209,7 +193,7 @@ async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.
     os.dup2(2, 1)
     # trusted: whoever holds the pipes started the service (no token, limit or deadlines)
     conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True)
-    writer, _ = await loop.connect_write_pipe(lambda: _StdoutProtocol(conn), proto_out)
+    writer, _ = await loop.connect_write_pipe(lambda: StdoutProtocol(conn.pause_writing, conn.resume_writing, conn.connection_lost), proto_out)
     conn._writer = writer  # noqa: SLF001 (set before any byte is read)
     await loop.connect_read_pipe(lambda: conn, proto_in)
     return conn
