@@ -89,6 +89,7 @@ __all__ = [
     "base_environment",
     "kill_all",
     "run_collect",
+    "CappedOutput",
 ]
 
 STDOUT = 1
@@ -979,6 +980,37 @@ class Collected:
     usage: containment.Usage | None = field(default=None, compare=False)  # varies run to run
 
 
+class CappedOutput:
+    """A command's stdout and stderr kept up to ``max_output`` bytes each; the rest is read (so the
+    child never blocks) and dropped, and :attr:`truncated` says so. ``on_output`` is the
+    :class:`ShellProcess` callback."""
+
+    __slots__ = ("max_output", "truncated", "_buffers")
+
+    def __init__(self, max_output: int) -> None:
+        self.max_output = max_output
+        self.truncated = False
+        self._buffers = {STDOUT: bytearray(), STDERR: bytearray()}
+
+    def on_output(self, stream: int, data: bytes) -> None:
+        buf = self._buffers[stream]
+        room = self.max_output - len(buf)
+        if len(data) <= room:
+            buf += data
+        else:
+            if room > 0:
+                buf += data[:room]
+            self.truncated = True
+
+    @property
+    def stdout(self) -> bytes:
+        return bytes(self._buffers[STDOUT])
+
+    @property
+    def stderr(self) -> bytes:
+        return bytes(self._buffers[STDERR])
+
+
 async def run_collect(
     command: str,
     *,
@@ -1012,22 +1044,9 @@ async def run_collect(
         ProtocolError: the command could not be started (see :meth:`ShellProcess.start`).
         asyncio.CancelledError: the caller was cancelled; the group was killed first.
     """
-    buffers = {STDOUT: bytearray(), STDERR: bytearray()}
-    truncated = False
-
-    def on_output(stream: int, data: bytes) -> None:
-        nonlocal truncated
-        buf = buffers[stream]
-        room = max_output - len(buf)
-        if len(data) <= room:
-            buf += data
-        else:
-            if room > 0:
-                buf += data[:room]
-            truncated = True
-
+    output = CappedOutput(max_output)
     started = time.monotonic()
-    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox, limits=limits)
+    proc = await ShellProcess.start(command, shell=shell, cwd=cwd, env=env, on_output=output.on_output, sandbox=sandbox, limits=limits)
     timed_out = False
     try:
         try:
@@ -1040,9 +1059,9 @@ async def run_collect(
         raise
     return Collected(
         exit_code=code,
-        stdout=bytes(buffers[STDOUT]),
-        stderr=bytes(buffers[STDERR]),
-        truncated=truncated,
+        stdout=output.stdout,
+        stderr=output.stderr,
+        truncated=output.truncated,
         timed_out=timed_out,
         duration_ms=int((time.monotonic() - started) * 1000),
         usage=proc.usage,

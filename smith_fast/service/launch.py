@@ -25,7 +25,7 @@ from .. import tracing
 from ..chunking import OutputChunker
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
-from ..process import STDERR, STDOUT, Collected, ShellProcess
+from ..process import CappedOutput, Collected, ShellProcess
 from ..refused_env import check_env
 from .shell_exec import run_shell_exec
 from .sizes import command_size, too_large
@@ -120,19 +120,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
     cwd = core.tool_context.resolve(cmd.cwd or ".")  # a tool's process stays in the workspace, after the hooks too
     if not cwd.is_dir():
         raise NotADirectoryError(f"cwd is not a directory: {cmd.cwd!r}")
-    cap = core.tool_context.max_output
-    buffers = {STDOUT: bytearray(), STDERR: bytearray()}
-    truncated = False
-
-    def on_output(fd: int, data: bytes) -> None:
-        nonlocal truncated
-        buf = buffers[fd]
-        room = cap - len(buf)
-        if len(data) > room:
-            data = data[: max(room, 0)]
-            truncated = True
-        buf += data
-
+    output = CappedOutput(core.tool_context.max_output)
     if not core.acquire_process():
         raise ProtocolError(
             f"too many commands running (max {core.limits.max_processes}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid
@@ -146,7 +134,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
             shell=cmd.shell if cmd.HasField("shell") else None,
             cwd=str(cwd),
             env=env,
-            on_output=on_output,
+            on_output=output.on_output,
             sandbox=core.tool_context.sandbox,
             limits=core.limits.command_limits(),
         )
@@ -169,12 +157,12 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
                 proc.kill()
         core.release_process()
     ex.audit.process(rid, code, killed="timeout" if timed_out else None)
-    out, err = bytes(buffers[STDOUT]), bytes(buffers[STDERR])
+    out, err = output.stdout, output.stderr
     if ex.hooks.handles("on_shell_output"):
         out = await _filtered(ex, rid, "stdout", out)
         err = await _filtered(ex, rid, "stderr", err)
     usage = proc.usage if proc is not None else None
-    return Collected(code, out, err, truncated, timed_out, int((time.monotonic() - started) * 1000), usage)
+    return Collected(code, out, err, output.truncated, timed_out, int((time.monotonic() - started) * 1000), usage)
 
 
 async def _filtered(ex: Execution, rid: str, stream: str, data: bytes) -> bytes:
