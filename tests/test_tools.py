@@ -953,3 +953,37 @@ async def test_entry_point_tools(
 
 def test_entry_points_can_be_left_out(plugin_path: Path) -> None:
     assert default_registry(entry_points=False).names() == BUILTINS
+
+
+def test_fs_list_cancelled_before_its_thread_ran_closes_its_directory_fd(tmp_path: Path) -> None:
+    """A cancel that comes while the executor is busy cancels fs.list's work item before any thread
+    took the directory fd it opened: the call closes it (it leaked before; a busy service then
+    kept one fd per cancelled listing)."""
+    import asyncio
+    import concurrent.futures
+    import os
+    import threading
+
+    from smith_fast.tools.fs import FS_LIST
+
+    ctx = ToolContext(tmp_path)
+    release = threading.Event()
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        loop.set_default_executor(pool)
+        blocker = loop.run_in_executor(None, release.wait)  # the one thread is busy
+        before = len(os.listdir("/proc/self/fd"))
+        task = asyncio.ensure_future(FS_LIST.handler({}, ctx))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = len(os.listdir("/proc/self/fd"))
+        release.set()
+        await blocker
+        pool.shutdown()
+        return after - before
+
+    assert asyncio.run(main()) == 0

@@ -323,12 +323,28 @@ async def _list(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     recursive = args.get("recursive", False)
     limit = args.get("max_entries", DEFAULT_MAX_ENTRIES)
     stop = threading.Event()
+    # Who closes ``fd``: this call, until the thread takes it. A cancel that comes while the
+    # executor is busy cancels the work item before any thread ran it, and the fd leaked.
+    handoff = threading.Lock()
+    owner = ["call"]
+
+    def walk() -> tuple[list[dict[str, Any]], bool]:
+        with handoff:
+            if owner[0] != "call":
+                return [], False  # the call was cancelled meanwhile and closed it
+            owner[0] = "thread"
+        return _walk_entries(fd, name, recursive, limit, stop)
+
     try:
-        entries, truncated = await asyncio.to_thread(_walk_entries, fd, name, recursive, limit, stop)
+        entries, truncated = await asyncio.to_thread(walk)
     finally:
         # On cancellation the thread cannot be interrupted, but it checks this between entries
         # (and closes the fds it holds).
         stop.set()
+        with handoff:
+            if owner[0] == "call":
+                owner[0] = "closed"
+                os.close(fd)
     return {"entries": entries, "truncated": truncated}
 
 
