@@ -994,6 +994,12 @@ class Client:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            if not answer.resumed and answer.service_info.get("reason") == "resume_not_ready":
+                # a restarting gateway still taking its sessions over: ask again
+                writer.close()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
             if not answer.resumed:  # refused: the session is gone
                 self._resume_refusal = ConnectionClosed(
                     f"the connection dropped and the session could not be resumed: {answer.service_info.get('error', '')}")
@@ -1030,6 +1036,7 @@ class Client:
             return first.event.ready, units[1:]
         refused = pb.ReadyEvent()
         refused.service_info["error"] = first.event.error.message or str(first)
+        refused.service_info["reason"] = first.event.error.details.get("reason", "")
         return refused, []
 
     def _connection_ended(self) -> None:

@@ -294,6 +294,23 @@ class SharedStream:
         self._reseq = Resequencer(DEFAULT_WINDOW)
         self._next: dict[int, int] = {}
 
+    def position(self) -> dict[str, object]:
+        """How far it came (smith_fast.nats.journal), to go on from in another process."""
+        return {"numbers": self.numbers, "attempt": self.attempt, "expected": self._reseq.expected,
+                "next": {str(n): i for n, i in self._next.items()}}
+
+    @classmethod
+    def restored(cls, position: Mapping[str, object]) -> SharedStream:
+        """A stream that goes on from :meth:`position`."""
+        numbers = position["numbers"]
+        following = position["next"]
+        assert isinstance(numbers, dict) and isinstance(following, dict)
+        stream = cls({str(rid): int(n) for rid, n in numbers.items()})
+        stream.attempt = int(str(position["attempt"]))
+        stream._reseq = Resequencer(DEFAULT_WINDOW, max(1, int(str(position["expected"]))))
+        stream._next = {int(n): int(i) for n, i in following.items()}
+        return stream
+
     def push(self, attempt: int, index: int, events: Sequence[pb.Event]) -> list[tuple[int | None, int, list[pb.Event]]]:
         """``(number, index, events)`` runs now deliverable, in order; number None (index 0) for
         events of no request (the worker session's own); events of requests not in ``numbers``

@@ -47,6 +47,8 @@ class NatsConfig:
             ``<prefix>.ctl.…``.
         command_stream: the work-queue stream of commands (``<prefix>.cmd.>``).
         event_stream: the interest-retention stream of events (``<prefix>.evt.>``).
+        journal_stream: the stream a gateway with a fixed ``--gateway-id`` journals its
+            resumable sessions' envelopes in (``<prefix>.out.>``; smith_fast.nats.journal).
         worker_consumer: the durable pull consumer every worker shares.
         hooks_bucket: the key-value bucket holding the sources of session hooks.
         ack_wait: seconds a worker may hold a command without a progress report before it is
@@ -59,6 +61,8 @@ class NatsConfig:
         command_max_bytes: bytes the command stream may hold, likewise.
         event_max_bytes: bytes the event stream may hold; the oldest events are dropped beyond it.
         event_max_age: seconds an undelivered event is kept.
+        journal_max_bytes, journal_max_age: bounds of the journal stream (the oldest messages go
+            first); a session whose journal aged out cannot be taken over by a restarted gateway.
         storage: ``file`` (survives a server restart) or ``memory``.
         replicas: stream replicas (1 on a single server; 3 on a cluster).
         max_ack_pending: commands handed out and not yet acknowledged, across all workers.
@@ -87,6 +91,7 @@ class NatsConfig:
     prefix: str = "smith"
     command_stream: str = "SMITH_CMD"
     event_stream: str = "SMITH_EVT"
+    journal_stream: str = "SMITH_OUT"
     worker_consumer: str = "smith-workers"
     hooks_bucket: str = "smith-hooks"
     ack_wait: float = 30.0
@@ -96,6 +101,8 @@ class NatsConfig:
     command_max_bytes: int = 1 << 30
     event_max_bytes: int = 1 << 30
     event_max_age: float = 3600.0
+    journal_max_bytes: int = 1 << 30
+    journal_max_age: float = 86400.0
     storage: str = "file"
     replicas: int = 1
     max_ack_pending: int = 10_000
@@ -119,7 +126,7 @@ class NatsConfig:
     token: str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("command_stream", "event_stream", "worker_consumer", "hooks_bucket"):
+        for name in ("command_stream", "event_stream", "journal_stream", "worker_consumer", "hooks_bucket"):
             if not _NAME.match(getattr(self, name)):
                 raise ValueError(f"{name} {getattr(self, name)!r} may hold only letters, digits, '-' and '_'")
         if not _PREFIX.match(self.prefix):
@@ -184,6 +191,15 @@ class NatsConfig:
         """Where the events of a gateway session's commands go: ``<prefix>.evt.<gateway>.<session>``."""
         return f"{self.prefix}.evt.{gateway}.{session}"
 
+    def journal_subject(self, gateway: str, session: str) -> str:
+        """Where a gateway with a fixed id journals a resumable session's envelopes
+        (smith_fast.nats.journal): ``<prefix>.out.<gateway>.<session>``."""
+        return f"{self.prefix}.out.{gateway}.{session}"
+
+    def journal_filter(self, gateway: str) -> str:
+        """The journal subjects of one gateway: ``<prefix>.out.<gateway>.*``."""
+        return f"{self.prefix}.out.{gateway}.*"
+
     def control_subject(self, session: str) -> str:
         """Session control (pause, resume, shutdown, end) for every worker: ``<prefix>.ctl.<session>``."""
         return f"{self.prefix}.ctl.{session}"
@@ -215,6 +231,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str = "worker") -> N
     g.add_argument("--nats-prefix", default=d.prefix, metavar="PREFIX", help=f"subject prefix (default {d.prefix})")
     g.add_argument("--nats-command-stream", default=d.command_stream, metavar="NAME", help=f"work-queue stream of commands (default {d.command_stream})")
     g.add_argument("--nats-event-stream", default=d.event_stream, metavar="NAME", help=f"stream of events (default {d.event_stream})")
+    g.add_argument("--nats-journal-stream", default=d.journal_stream, metavar="NAME",
+                   help=f"stream of the gateway's session journals, kept for its restart (default {d.journal_stream})")
     g.add_argument("--nats-consumer", default=d.worker_consumer, metavar="NAME", help=f"durable consumer shared by the workers (default {d.worker_consumer})")
     g.add_argument("--nats-hooks-bucket", default=d.hooks_bucket, metavar="NAME", help=f"key-value bucket of session hooks (default {d.hooks_bucket})")
     g.add_argument("--ack-wait", type=parse_duration, default=d.ack_wait, metavar="DURATION",
@@ -250,6 +268,7 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None =
         prefix=args.nats_prefix,
         command_stream=args.nats_command_stream,
         event_stream=args.nats_event_stream,
+        journal_stream=args.nats_journal_stream,
         worker_consumer=args.nats_consumer,
         hooks_bucket=args.nats_hooks_bucket,
         ack_wait=args.ack_wait,

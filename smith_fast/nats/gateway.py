@@ -35,9 +35,12 @@ from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.core import DEFAULT_METRICS_INTERVAL_MS, ServiceCore
 from ..service.metrics import Figure
+from ..service.resume import DetachedFront
 from ..service.shell_exec import terminal_size
+from ..service.sinks import V1Sink
 from .batching import CommandBatcher, SharedStream, batch_limit, split_events
 from .config import NatsConfig, is_token
+from .journal import Journal, Saved, SessionJournal
 from .control import FORWARDED, InputChannel, interactive, not_running, only_stdin_written, request_subject
 from .jetstream import (
     PayloadTooLarge,
@@ -46,6 +49,7 @@ from .jetstream import (
     PullFeed,
     connect,
     ensure_gateway_consumer,
+    ensure_journal_stream,
     ensure_streams,
     round_trip,
 )
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
 
     from ..service.commands import CommandSpec
     from ..service.runner import RequestHost
+    from ..service.session import Session
 
 __all__ = ["GatewayCore", "NatsRunner", "Bridge"]
 
@@ -124,6 +129,7 @@ class NatsRunner:
         self._released = False
         self._steering: asyncio.Task[None] | None = None  # the last control sent to a background process
         self._steer_bytes = 0  # stdin on its way to background processes
+        self.journal: SessionJournal | None = None  # a resumable session of a gateway with a fixed id (journal.py)
         self.bridge.sessions[self.session_id] = self
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
@@ -326,37 +332,50 @@ class NatsRunner:
             hooks=tuple(self.hook_keys),
             traceparent=host.span.traceparent,  # None unless tracing was granted
         )
+        await self._follow(remote, self._submit(remote, meta, command, direct))
+
+    async def _submit(self, remote: _Remote, meta: CommandMeta, command: pb.Command, direct: bool) -> bool:
+        """Hand the request on; False: it ended meanwhile (refused, or an Attach, which waits itself)."""
+        kind = remote.kind
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
-            try:
-                if direct:
-                    await self._direct(remote, meta, command)
-                    return
-                # An interactive ShellExec travels alone: its stdin and resizes go to the worker
-                # session of that one delivery (smith_fast.nats.control), not to a shared batch.
-                remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
-            except PayloadTooLarge as exc:
-                self._fail(
-                    remote,
-                    pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-                    f"this {kind} command does not fit in a NATS message: {exc} (the nats-server's max_payload; "
-                    "raise it there, or send less); nothing was run",
-                    "too_large_for_nats",
-                    {"size": str(exc.size), "limit": str(exc.limit)},
-                )
+            if direct:
+                await self._direct(remote, meta, command)
+                return False
+            # An interactive ShellExec travels alone: its stdin and resizes go to the worker
+            # session of that one delivery (smith_fast.nats.control), not to a shared batch.
+            remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
+        except PayloadTooLarge as exc:
+            self._fail(
+                remote,
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
+                f"this {kind} command does not fit in a NATS message: {exc} (the nats-server's max_payload; "
+                "raise it there, or send less); nothing was run",
+                "too_large_for_nats",
+                {"size": str(exc.size), "limit": str(exc.limit)},
+            )
+            return False
+        except PublishError as exc:
+            full = exc.code in _STREAM_FULL
+            self._fail(
+                remote,
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED if full else pb.ERROR_CODE_INTERNAL_ERROR,
+                f"the command could not be queued for a worker: {exc}",
+                "queue_full" if full else "nats_unavailable",
+            )
+            return False
+        self.bridge.track(remote.seq, self, remote)
+        if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
+            self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))
+        return True
+
+    async def _follow(self, remote: _Remote, start: Coroutine[Any, Any, bool] | None = None) -> None:
+        """Pass a request's events on until its terminal state: once ``start`` handed it on, or at
+        once (a request a restored session follows, handed on by the process before)."""
+        host = self._host
+        try:
+            if start is not None and not await start:
                 return
-            except PublishError as exc:
-                full = exc.code in _STREAM_FULL
-                self._fail(
-                    remote,
-                    pb.ERROR_CODE_RESOURCE_EXHAUSTED if full else pb.ERROR_CODE_INTERNAL_ERROR,
-                    f"the command could not be queued for a worker: {exc}",
-                    "queue_full" if full else "nats_unavailable",
-                )
-                return
-            self.bridge.track(remote.seq, self, remote)
-            if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
-                self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))
             timers = self._queue_timers(remote)
             try:
                 await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
@@ -373,9 +392,11 @@ class NatsRunner:
                 self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", "cancelled")
             raise
         except Exception as exc:  # a bug of ours: report it, keep the session
-            log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
+            log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": remote.rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         finally:
+            if start is not None:
+                start.close()  # not awaited when cancelled before it ran
             self.bridge.untrack(remote.seq, remote)
             self._remote.pop(remote.number, None)
             self._request_ended(remote)
@@ -553,6 +574,60 @@ class NatsRunner:
         if not self._released:
             self._released = True
             self.bridge.end_session(self)  # workers kill its commands and forget it; queued ones go
+            if self.journal is not None:
+                self.journal.end()
+
+    # ---- taken over by the next gateway process (smith_fast.nats.journal) --------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the next process needs to follow this session's requests on (JSON-able)."""
+        open_requests = []
+        for remote in self._remote.values():
+            if remote.stream.finished:
+                continue
+            ctl = remote.ctl
+            open_requests.append({
+                "n": remote.number, "rid": remote.rid, "kind": remote.kind, "key": remote.key, "seq": remote.seq,
+                "at": remote.stream.position(), "cancelled": remote.cancelled, "cancel_seen": remote.cancel_seen,
+                "watch": remote.watch,
+                "ctl": None if ctl is None else [int(ctl.pty), ctl.sent, ctl.taken, ctl.refused, int(ctl.closed), ctl.attempt],
+            })
+        return {
+            "numbers": self._numbers,
+            "hooks": self.hook_keys,
+            "open": open_requests,
+            "shared": [[first, shared.position()] for first, shared in self._shared.items()],
+        }
+
+    def adopt(self, snapshot: dict[str, Any]) -> None:
+        """Follow on the requests of a :meth:`snapshot` the process before this one took."""
+        self._numbers = int(snapshot.get("numbers", 0))
+        self.hook_keys = [str(k) for k in snapshot.get("hooks", [])]
+        for first, position in snapshot.get("shared", []):
+            self._shared[int(first)] = SharedStream.restored(position)
+        limit = self.core.limits.max_stdin_buffer
+        for entry in snapshot.get("open", []):
+            remote = _Remote(int(entry["n"]), str(entry["rid"]), str(entry["kind"]), entry.get("key"))
+            remote.stream = RequestStream.restored(remote.rid, entry["at"])
+            remote.seq = int(entry.get("seq", 0))
+            remote.attempt = remote.stream.attempt
+            remote.cancelled, remote.cancel_seen = bool(entry.get("cancelled")), bool(entry.get("cancel_seen"))
+            remote.watch = bool(entry.get("watch"))
+            if entry.get("ctl") is not None:
+                pty, sent, taken, refused, closed, attempt = (int(v) for v in entry["ctl"])
+                ctl = remote.ctl = InputChannel(remote.rid, limit)
+                ctl.known, ctl.pty, ctl.sent, ctl.taken, ctl.refused, ctl.closed = True, bool(pty), sent, taken, refused, bool(closed)
+                if attempt:
+                    ctl.bind(attempt, functools.partial(self._send_input, remote))
+            self._remote[remote.number] = remote
+            self._by_rid[remote.rid] = remote
+            if remote.seq:
+                self.bridge.track(remote.seq, self, remote)
+            self._host.adopt_request(remote.rid, self._follow(remote))
+            if not remote.seq:  # the process before stopped before the command was stored: it may never run
+                self._fail(remote, pb.ERROR_CODE_UNSPECIFIED,
+                           f"request {remote.rid} was lost: the gateway stopped before it was queued for a worker; send it again",
+                           "gateway_restarted")
 
 
 def _carried(env: pb.Envelope) -> Sequence[pb.Event]:
@@ -572,9 +647,12 @@ class Bridge:
         core: the gateway's core; ``nats`` is added to its capabilities while connected.
         config: NATS names and limits.
         gateway_id: names this gateway's event subjects and consumer (default: a fresh id).
+        durable: the id is fixed (``--gateway-id``): the resumable sessions are journaled and
+            handed over to the next process with that id (smith_fast.nats.journal), which takes
+            them over at its start; the event consumer outlives the process.
     """
 
-    def __init__(self, core: GatewayCore, config: NatsConfig, gateway_id: str | None = None) -> None:
+    def __init__(self, core: GatewayCore, config: NatsConfig, gateway_id: str | None = None, *, durable: bool = False) -> None:
         self.core = core
         self.config = config
         self.gateway_id = gateway_id or uuid.uuid4().hex
@@ -601,6 +679,13 @@ class Bridge:
         self.in_flight = 0
         self._said: str | None = ""  # the last health reason logged ("" = none logged yet)
         self._poller: asyncio.Task[None] | None = None
+        self.durable = durable
+        self.journal = Journal(config, self.gateway_id, self._spawn) if durable else None
+        self.handing_over = False  # stopping, sessions handed over: events are left for the next process
+        self._newest: Msg | None = None  # the last event message taken
+        self._unknown: collections.OrderedDict[str, None] = collections.OrderedDict()  # sessions told to end
+        if durable:
+            core.parked.restoring = True  # until the sessions of the process before are taken over (start)
         core.metrics.add_source(self)
 
     # ---- health and figures ------------------------------------------------------------------------
@@ -736,6 +821,10 @@ class Bridge:
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout)
         await self.publisher.start()
         self.batcher = CommandBatcher(self.publisher, self._command_subject)
+        if self.journal is not None:
+            await ensure_journal_stream(self.js, config)
+            self.journal.attach(self.publisher, self.js)
+            await self._take_over()
         self.feed = PullFeed(
             self.nc, config.event_stream, config.gateway_consumer(self.gateway_id),
             capacity=4096, on_message=self._event, auto_release=True, on_gone=self._recreate_consumer,
@@ -752,6 +841,72 @@ class Bridge:
     async def _presence(self, msg: Msg) -> None:
         self._heard(msg)
 
+    # ---- taking over from the process before (smith_fast.nats.journal) -----------------------------
+
+    async def _take_over(self) -> None:
+        """The sessions the process before this one (same ``--gateway-id``) left are restored, and
+        the events it was handed but had not acknowledged are given to them, before the feed
+        brings newer ones."""
+        assert self.journal is not None
+        try:
+            for saved in await self.journal.read():
+                try:
+                    self.core.restore(saved)
+                except Exception:  # a bug of ours, or a journal from another version: the others still come back
+                    log.exception("session not taken over", extra={"fields": {"session": saved.session_id}})
+            await self._replay_unacknowledged()
+        finally:
+            self.core.parked.restoring = False
+
+    async def _replay_unacknowledged(self) -> None:
+        """Events delivered to the process before and not acknowledged (it was killed): read from
+        the stream directly. The consumer redelivers them only after its ack wait, and this
+        process's first acknowledgement (ack-all) would take them as done."""
+        assert self.js is not None
+        config = self.config
+        try:
+            info = await self.js.consumer_info(config.event_stream, config.gateway_consumer(self.gateway_id))
+        except Exception as exc:
+            log.info("no unacknowledged events read", extra={"fields": {"error": repr(exc)}})
+            return
+        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+        delivered = info.delivered.stream_seq if info.delivered is not None else 0
+        subject = config.gateway_filter(self.gateway_id)
+        seq, replayed = (floor or 0) + 1, 0
+        while seq <= (delivered or 0):
+            try:
+                raw = await self.js.get_msg(config.event_stream, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            except Exception as exc:
+                log.warning("unacknowledged events not all read", extra={"fields": {"error": repr(exc), "at": seq}})
+                break
+            if not raw.seq or raw.seq > (delivered or 0):
+                break
+            self._route(raw.subject or "", raw.headers or {}, raw.data or b"")
+            replayed += 1
+            seq = raw.seq + 1
+        if replayed:
+            log.info("unacknowledged events replayed", extra={"fields": {"events": replayed, "from": (floor or 0) + 1, "to": delivered}})
+
+    async def hand_over(self, sessions: Sequence[Session]) -> None:
+        """Stop: ``sessions`` are left running for the next process with this id, everything they
+        wrote is journaled, and the events are acknowledged exactly up to what was."""
+        self.handing_over = True
+        if self.feed is not None:
+            self.feed.stop()
+        for session in sessions:
+            session.hand_over()
+        last, self._last = self._newest, None
+        if self.journal is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.journal.settled(), self.config.publish_timeout * 2)
+        if last is not None and last.reply and self.nc is not None and not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(last.reply, b"+ACK")
+                await self.nc.flush(timeout=2)
+        log.info("sessions handed over", extra={"fields": {"gateway": self.gateway_id, "sessions": len(sessions)}})
+
     async def close(self) -> None:
         """Stop consuming, remove this gateway's consumer, close the connection."""
         if self._poller is not None:
@@ -762,7 +917,7 @@ class Bridge:
         for task in list(self._background):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 2)
-        if self.js is not None:
+        if self.js is not None and not self.durable:  # a fixed id's consumer waits for the next process
             with contextlib.suppress(Exception):
                 await self.js.delete_consumer(self.config.event_stream, self.config.gateway_consumer(self.gateway_id))
         if self.publisher is not None:
@@ -894,22 +1049,11 @@ class Bridge:
     # ---- events ------------------------------------------------------------------------------------
 
     def _event(self, msg: Msg) -> None:
+        if self.handing_over:
+            return  # not acknowledged: the next process with this id reads it (_replay_unacknowledged)
         self.events_received += 1
-        session = self.sessions.get(msg.subject.rpartition(".")[2])
-        if session is not None:
-            try:
-                # one event message, or those of several requests (Smith-Parts, batching.py)
-                parts = [(n, attempt, index, pb.Envelope.FromString(data), shared)
-                         for n, attempt, index, data, shared in split_events(msg.headers or {}, msg.data, max(len(msg.data), 1))]
-            except Exception as exc:  # not from a worker of ours: drop it, keep going
-                log.warning("malformed event message dropped", extra={"fields": {"subject": msg.subject, "error": repr(exc)}})
-            else:
-                self.events_received += len(parts) - 1  # event messages, batched or not
-                for number, attempt, index, env, shared in parts:
-                    if shared:
-                        session.deliver_shared(number, shared, attempt, index, env)
-                    else:
-                        session.deliver(number, attempt, index, env)
+        self._route(msg.subject, msg.headers or {}, msg.data)
+        self._newest = msg
         # Ack-all: one acknowledgement covers everything delivered before it. Sent a moment later
         # rather than every loop tick: each ack that empties the event stream costs nats-server
         # (file storage) the removal and re-creation of a block file, nearly half its CPU per
@@ -919,11 +1063,55 @@ class Bridge:
             self._ack_scheduled = True
             asyncio.get_running_loop().call_later(_ACK_DELAY, self._ack_last)
 
+    def _route(self, subject: str, headers: dict[str, str], data: bytes) -> None:
+        """One event message to the session it is for."""
+        session_id = subject.rpartition(".")[2]
+        session = self.sessions.get(session_id)
+        if session is None:
+            self._unknown_session(session_id)
+            return
+        try:
+            # one event message, or those of several requests (Smith-Parts, batching.py)
+            parts = [(n, attempt, index, pb.Envelope.FromString(part), shared)
+                     for n, attempt, index, part, shared in split_events(headers, data, max(len(data), 1))]
+        except Exception as exc:  # not from a worker of ours: drop it, keep going
+            log.warning("malformed event message dropped", extra={"fields": {"subject": subject, "error": repr(exc)}})
+            return
+        self.events_received += len(parts) - 1  # event messages, batched or not
+        for number, attempt, index, env, shared in parts:
+            if shared:
+                session.deliver_shared(number, shared, attempt, index, env)
+            else:
+                session.deliver(number, attempt, index, env)
+
+    def _unknown_session(self, session_id: str) -> None:
+        """Events of a session this process does not follow: one that ended, or one of the process
+        before that was not handed over (it did not ask for resume, or that process was killed):
+        its commands are stopped, once (the workers remember ended sessions)."""
+        if session_id in self._unknown or not session_id:
+            return
+        self._unknown[session_id] = None
+        if len(self._unknown) > _ENDED_KEPT:
+            self._unknown.popitem(last=False)
+        self.control(session_id, "end")
+
     def _ack_last(self) -> None:
         self._ack_scheduled = False
         last, self._last = self._last, None
-        if last is not None and last.reply and self.nc is not None and not self.nc.is_closed:
+        if last is None or not last.reply or self.nc is None or self.nc.is_closed:
+            return
+        if self.journal is not None and self.journal.busy:
+            # acknowledged once what they made is journaled: else a process killed meanwhile
+            # would leave events neither in the stream nor in a journal
+            self._spawn(self._ack_journaled(last))
+        else:
             self._spawn(self.nc.publish(last.reply, b"+ACK"))
+
+    async def _ack_journaled(self, msg: Msg) -> None:
+        assert self.journal is not None
+        await self.journal.settled()
+        if self.nc is not None and not self.nc.is_closed and not self.handing_over:
+            await self.nc.publish(msg.reply, b"+ACK")
 
 
 class GatewayCore(ServiceCore):
@@ -938,10 +1126,73 @@ class GatewayCore(ServiceCore):
 
     def __init__(self, config: ServiceConfig, nats_config: NatsConfig, *, loop_name: str = "asyncio", gateway_id: str | None = None) -> None:
         super().__init__(config, loop_name=loop_name, runner=self._forwarding)
-        self.bridge = Bridge(self, nats_config, gateway_id)
+        self.bridge = Bridge(self, nats_config, gateway_id, durable=gateway_id is not None)
+        self._journal_index: dict[str, int] = {}  # a restored session's last journal message index
 
     def _forwarding(self, host: RequestHost) -> NatsRunner:
         return NatsRunner(self, host)
+
+    # ---- resumable sessions outlive the process (smith_fast.nats.journal) ---------------------------
+
+    def made_resumable(self, session: Session) -> None:
+        """With a fixed ``--gateway-id``, what a resumable session writes is journaled in NATS
+        before its peer gets it, so that the next process with that id can take it over."""
+        journal, runner, resumable, sink = self.bridge.journal, session.runner, session.resumable, session.sink
+        if journal is None or not isinstance(runner, NatsRunner) or resumable is None or not isinstance(sink, V1Sink):
+            return
+        retention = resumable.retention
+        runner.journal = journal.open(
+            session.session_id, functools.partial(self._snapshot, session, runner, sink),
+            lambda: retention.first, sink.framed, sink.flush_batch, self._journal_index.pop(session.session_id, 0),
+        )
+        sink.interpose(runner.journal.stage)
+
+    def _snapshot(self, session: Session, runner: NatsRunner, sink: V1Sink) -> dict[str, Any]:
+        resumable = session.resumable
+        assert resumable is not None
+        return {
+            "v": 1, "key": resumable.key, "granted": sorted(session.granted), "accepted": sorted(session.accepted),
+            "framed": sink.framed, "protocol": session.protocol, "peer": session.peer, "next": sink.last_sequence + 1,
+            **runner.snapshot(),
+        }
+
+    def restore(self, saved: Saved) -> None:
+        """Take over one session the process before left (it handed it over, or was killed)."""
+        snap = saved.snapshot
+        try:
+            framed, key, first = bool(snap["framed"]), str(snap["key"]), int(snap["next"])
+            granted = frozenset(int(c) for c in snap["granted"])
+            accepted = frozenset(str(a) for a in snap["accepted"])
+            self._journal_index[saved.session_id] = int(snap["journal_index"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("journal snapshot unusable", extra={"fields": {"session": saved.session_id, "error": repr(exc)}})
+            return
+        front = DetachedFront(framed)
+        sink = V1Sink(front.write, framed=framed, notify=front.notify, first_sequence=max(1, first))
+        front.flush_batch = sink.flush_batch
+        session = self.new_session(sink, close=front.close, front=front, peer=str(snap.get("peer", "?")),
+                                   protocol=str(snap.get("protocol", "v1")), session_id=saved.session_id)
+        runner = session.runner
+        assert isinstance(runner, NatsRunner)
+        if session.restore(key, granted, accepted, saved.units, DEFAULT_METRICS_INTERVAL_MS):
+            runner.adopt(snap)
+            log.info("session taken over", extra={"fields": {"session": saved.session_id, "requests": len(snap.get("open", [])),
+                                                             "retained": len(saved.units), "window": self.parked.window}})
+
+    async def shutdown(self) -> None:
+        """As ``serve`` does, except that with a fixed ``--gateway-id`` the resumable sessions are
+        handed over to the next process instead (their requests go on on the workers)."""
+        if self.bridge.journal is None or not self.bridge.ready:
+            await super().shutdown()
+            return
+        handed = [s for s in self.sessions if isinstance(s.runner, NatsRunner) and s.runner.journal is not None]
+        self.shutting_down = True
+        await asyncio.gather(
+            *(s.shutdown() for s in list(self.sessions) if s not in handed), self.background.shutdown(self.limits.kill_grace),
+            return_exceptions=True,
+        )
+        await self.bridge.hand_over(handed)
+        self.closed.set()
 
     def unavailable(self) -> str | None:
         return self.bridge.unavailable()

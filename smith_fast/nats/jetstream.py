@@ -33,7 +33,7 @@ from ..logs import get_logger
 from .config import NatsConfig
 
 __all__ = [
-    "round_trip", "connect", "ensure_streams", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size",
+    "round_trip", "connect", "ensure_streams", "ensure_journal_stream", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size",
     "PullFeed", "Publisher", "PublishError", "PayloadTooLarge",
 ]
 
@@ -183,6 +183,26 @@ async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
             discard=api.DiscardPolicy.OLD,
             duplicate_window=config.duplicate_window,
             storage=storage,
+            num_replicas=config.replicas,
+        ),
+    )
+
+
+async def ensure_journal_stream(js: JetStreamContext, config: NatsConfig) -> None:
+    """The stream of a gateway's session journals (smith_fast.nats.journal): limits retention,
+    the oldest messages dropped past its bounds."""
+    await _ensure_stream(
+        js,
+        config.journal_stream,
+        api.StreamConfig(
+            description="smith-fast gateway session journals",
+            subjects=[f"{config.prefix}.out.>"],
+            retention=api.RetentionPolicy.LIMITS,
+            max_bytes=config.journal_max_bytes,
+            max_age=config.journal_max_age,
+            discard=api.DiscardPolicy.OLD,
+            duplicate_window=config.duplicate_window,
+            storage=api.StorageType(config.storage),
             num_replicas=config.replicas,
         ),
     )

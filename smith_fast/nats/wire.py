@@ -265,6 +265,22 @@ class RequestStream:
             out.append(ev)
         return out
 
+    def position(self) -> list[int]:
+        """How far its events came: ``[attempt, next index, PROCESSING sent, output shown,
+        restarts announced]``, to go on from in another process (smith_fast.nats.journal).
+        Events held for an earlier index are not part of it."""
+        return [self.attempt, self._reseq.expected, int(self._processing), int(self._shown), self.restarts]
+
+    @classmethod
+    def restored(cls, request_id: str, position: Sequence[int]) -> RequestStream:
+        """A stream that goes on from :meth:`position`."""
+        stream = cls(request_id)
+        attempt, expected, processing, shown, restarts = (int(v) for v in position)
+        stream.attempt = attempt
+        stream._reseq = stream._new(stream._window, max(1, expected))
+        stream._processing, stream._shown, stream.restarts = bool(processing), bool(shown), restarts
+        return stream
+
     def _restart_notice(self, attempt: int) -> pb.Event:
         event = pb.Event()
         log = event.log

@@ -172,6 +172,10 @@ class ServiceCore:
         """
         return Session(self, sink, runner=self.make_runner, **kwargs)
 
+    def made_resumable(self, session: Session) -> None:
+        """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
+        fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
+
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
 

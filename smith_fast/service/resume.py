@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import secrets
 from collections.abc import Callable
 from typing import Protocol
@@ -34,7 +35,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
-__all__ = ["RESUME", "Front", "ParkedSessions", "Parkable", "Resumable", "ResumeRefused", "Retention", "sequence_of"]
+__all__ = ["RESUME", "DetachedFront", "Front", "ParkedSessions", "Parkable", "Resumable", "ResumeRefused", "Retention", "sequence_of", "token_key"]
 
 log = get_logger("smith_fast.resume")
 
@@ -79,6 +80,67 @@ class Front(Protocol):
 
     def release(self) -> None:
         """Another connection took the session over: drop this one without parking it again."""
+
+
+class DetachedFront:
+    """The front a session restored in another process is made on (smith_fast.nats.journal): no
+    connection of its own; what its sink writes goes to whichever front carries it, or nowhere
+    while it is parked (its ring has it).
+
+    Args:
+        framed: the units carry a length prefix (the session was on a socket, not gRPC).
+    """
+
+    def __init__(self, framed: bool) -> None:
+        self.framed = framed
+        self.flush_batch: Callable[[], None] = _nothing  # the sink's, set once it is made
+        self._onward: Front | None = None
+        self._flush_scheduled = False
+
+    def write(self, data: bytes) -> None:
+        if self._onward is not None:
+            self._onward.write(data)
+
+    def notify(self) -> None:
+        """The sink batched an event: send the batch at the end of this loop iteration."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush_batch()
+
+    def close(self) -> None:
+        if self._onward is not None:
+            self._onward.close()
+
+    def unsent(self) -> int:
+        return self._onward.unsent() if self._onward is not None else 0
+
+    def hold_input(self, held: bool) -> None:
+        if self._onward is not None:
+            self._onward.hold_input(held)
+
+    def forward(self, to: Front | None) -> None:
+        self._onward = to
+
+    def carry(self, session: object) -> None:
+        """It never reads: whoever resumes the session carries it."""
+
+    def release(self) -> None:
+        self._onward = None
+
+
+def _nothing() -> None:
+    pass
+
+
+def token_key(token: str) -> str:
+    """What a resume token is kept under: its SHA-256 (hex). A token is never stored, in memory or
+    in a gateway's journal in NATS (smith_fast.nats.journal), so reading those does not let
+    anybody take a session over."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def sequence_of(unit: bytes, framed: bool = True) -> int:
@@ -194,7 +256,8 @@ class Parkable(Protocol):
 
 
 class ParkedSessions:
-    """The service's resumable sessions by token, and the window timers of the parked ones.
+    """The service's resumable sessions by token (kept by :func:`token_key`), and the window
+    timers of the parked ones.
 
     Args:
         window: ``--resume-window`` seconds (0: nothing is resumable).
@@ -206,60 +269,72 @@ class ParkedSessions:
         self.limit = limit
         self._sessions: dict[str, Parkable] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        # True while the sessions of the process before this one are being taken over: a resume
+        # naming none of those known yet is told to try again, not that its session is gone.
+        self.restoring = False
 
     def __len__(self) -> int:
         """Sessions parked now."""
         return len(self._timers)
 
-    def issue(self, session: Parkable) -> str:
-        """A new unguessable token for ``session``."""
+    def issue(self, session: Parkable) -> tuple[str, str]:
+        """A new unguessable token for ``session``, and the key it is kept under."""
         token = secrets.token_urlsafe(24)
-        self._sessions[token] = session
-        return token
+        key = token_key(token)
+        self._sessions[key] = session
+        return token, key
 
-    def park(self, token: str) -> bool:
-        """Start the window of the session ``token`` names; False when too many are parked."""
-        if token not in self._sessions or len(self._timers) >= self.limit:
+    def adopt(self, key: str, session: Parkable) -> None:
+        """Keep ``session`` under the key of a token issued elsewhere (by a gateway process that
+        handed its sessions over: smith_fast.nats.journal)."""
+        self._sessions[key] = session
+
+    def park(self, key: str) -> bool:
+        """Start the window of the session kept under ``key``; False when too many are parked."""
+        if key not in self._sessions or len(self._timers) >= self.limit:
             return False
-        session = self._sessions[token]
-        self._timers[token] = asyncio.get_running_loop().call_later(self.window, self._expire, token, session)
+        session = self._sessions[key]
+        self._timers[key] = asyncio.get_running_loop().call_later(self.window, self._expire, key, session)
         return True
 
-    def _expire(self, token: str, session: Parkable) -> None:
-        self._timers.pop(token, None)
-        self._sessions.pop(token, None)
+    def _expire(self, key: str, session: Parkable) -> None:
+        self._timers.pop(key, None)
+        self._sessions.pop(key, None)
         log.info("resume window passed", extra={"fields": {"window": self.window}})
         session.expire_parked()
 
     def find(self, token: str) -> Parkable | None:
         """The resumable session (parked or not) ``token`` names."""
-        return self._sessions.get(token) if token else None
+        return self._sessions.get(token_key(token)) if token else None
 
-    def unpark(self, token: str) -> None:
+    def unpark(self, key: str) -> None:
         """The session resumed: stop its window."""
-        timer = self._timers.pop(token, None)
+        timer = self._timers.pop(key, None)
         if timer is not None:
             timer.cancel()
 
-    def forget(self, token: str) -> None:
+    def forget(self, key: str) -> None:
         """The session ended: its token names nothing any more."""
-        self.unpark(token)
-        self._sessions.pop(token, None)
+        self.unpark(key)
+        self._sessions.pop(key, None)
 
 
 class Resumable:
     """A resumable session's resume state: its token, ring, and the fronts it is written through.
 
     Attributes:
-        token: ``Ready.resume_token``.
+        token: ``Ready.resume_token`` ("" for a session restored from a journal until its peer
+            presents the token again).
+        key: what :class:`ParkedSessions` keeps it under (:func:`token_key` of the token).
         retention: its ring.
         origin: the front its sink was made on (whose ``write`` the sink calls, and which passes
             the writes on to whichever front carries the session now).
     """
 
-    __slots__ = ("token", "retention", "origin")
+    __slots__ = ("token", "key", "retention", "origin")
 
-    def __init__(self, token: str, retention: Retention, origin: Front) -> None:
+    def __init__(self, token: str, key: str, retention: Retention, origin: Front) -> None:
         self.token = token
+        self.key = key
         self.retention = retention
         self.origin = origin

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
@@ -135,6 +135,10 @@ class RequestHost(Protocol):
 
     def reject(self, exc: ProtocolError) -> None:
         """Report an error, then its request's terminal ``ERROR`` state."""
+        ...
+
+    def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
+        """Count request ``rid``, which runs already (elsewhere), as running until ``work`` ends."""
         ...
 
 

@@ -18,7 +18,7 @@ import functools
 import pathlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, MutableSet, Sequence
+from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import events, tracing
@@ -85,6 +85,9 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
 
+    def made_resumable(self, session: Session) -> None:
+        """``session`` retains what it writes from now on (a gateway also journals it in NATS)."""
+
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]: ...
@@ -110,6 +113,8 @@ class Session:
             with False when they may be again.
         front: the connection as a :class:`~smith_fast.service.resume.Front`, when the session
             can be resumed over another one after it dropped (Unix, TCP, gRPC; not stdio).
+        session_id: its id (default: a new UUID; a session restored from a gateway's journal
+            keeps the one it had).
     """
 
     def __init__(
@@ -126,6 +131,7 @@ class Session:
         unsent: Callable[[], int] = lambda: 0,
         hold_input: Callable[[bool], None] | None = None,
         front: Front | None = None,
+        session_id: str | None = None,
     ) -> None:
         self.core = core
         self.sink = sink
@@ -154,7 +160,7 @@ class Session:
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
-        self.session_id = str(uuid.uuid4())
+        self.session_id = session_id or str(uuid.uuid4())
         # With a token configured, nothing but a handshake presenting it is served (auth.py); the
         # front sets this for peers it trusts otherwise (stdio, a gRPC call's metadata).
         self.authenticated = core.config.token is None
@@ -684,7 +690,7 @@ class Session:
         self._closing = True
         self.core.sessions.discard(self)
         if self.resumable is not None:
-            self.core.parked.forget(self.resumable.token)
+            self.core.parked.forget(self.resumable.key)
         self.runner.end()
         self.span.end()
 
@@ -808,14 +814,16 @@ class Session:
         if self._front is None or self.version != 1 or self.core.parked.window <= 0:
             return None
         retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
-        self.resumable = Resumable(self.core.parked.issue(self), retention, self._front)
+        token, key = self.core.parked.issue(self)
+        self.resumable = Resumable(token, key, retention, self._front)
         self.sink.tap(retention.record)
-        return self.resumable.token
+        self.core.made_resumable(self)
+        return token
 
     def _park(self) -> bool:
         """The connection dropped: keep a resumable session running for ``--resume-window``."""
         resumable = self.resumable
-        if resumable is None or self.shutting or self._closing or not self.core.parked.park(resumable.token):
+        if resumable is None or self.shutting or self._closing or not self.core.parked.park(resumable.key):
             return False
         resumable.retention.park()
         resumable.origin.forward(None)
@@ -848,6 +856,13 @@ class Session:
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
             other = self.core.parked.find(hs.resume_token)
+            if other is None and self.core.parked.restoring:
+                raise ResumeRefused(
+                    "this service is still taking over the sessions of the process before it (a gateway restarting "
+                    "with the same --gateway-id); send the resume handshake again in a moment",
+                    "resume_not_ready",
+                    pb.ERROR_CODE_UNSPECIFIED,
+                )
             if not isinstance(other, Session) or other is self or other.closing:
                 raise ResumeRefused(
                     "the resume token names no session that can be resumed here (a wrong token, an ended session, "
@@ -860,7 +875,7 @@ class Session:
                     "resume_unsupported",
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
-            other.reattach(self._front, hs.resume_after)
+            other.reattach(self._front, hs.resume_after, hs.resume_token)
         except ResumeRefused as exc:
             log.warning("resume refused", extra={"fields": {"peer": self.peer, "error": str(exc)}})
             self.protocol_error(exc)
@@ -868,7 +883,7 @@ class Session:
         self._end()
         self._stop_recording()
 
-    def reattach(self, front: Front, after: int) -> None:
+    def reattach(self, front: Front, after: int, token: str = "") -> None:
         """Carry on over ``front``: answer ``Ready(resumed)``, send what was retained after
         sequence ``after``, then go on live. A session still carried by another connection (one
         that has not noticed its peer is gone) is taken from it.
@@ -885,7 +900,9 @@ class Session:
         old, self._front = self._front, front
         if old is not None:
             old.release()
-        self.core.parked.unpark(resumable.token)
+        self.core.parked.unpark(resumable.key)
+        if token:  # a restored session learns its token back from its peer (only its key was kept)
+            resumable.token = token
         self._close, self._unsent, self._hold_input = front.close, front.unsent, front.hold_input
         self._input_held = False
         front.carry(self)
@@ -898,6 +915,53 @@ class Session:
         if self.paused:
             self.resume()
         log.info("session resumed", extra={"fields": {"peer": self.peer, "after": after, "replayed": len(units), "took_over": old is not None}})
+
+    def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
+        """Take over a session the process before this one handed over (a gateway restarting with
+        the same ``--gateway-id``: smith_fast.nats.journal): handshaken as it was, what it sent
+        retained, parked for ``--resume-window`` until its peer resumes it here. False: it could
+        not be parked (too many are) and ended at once."""
+        front = self._front
+        assert front is not None and self.resumable is None
+        self.granted, self.handshaken, self.authenticated = granted, True, True
+        retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
+        for unit in units:
+            retention.record(unit)
+        self.resumable = Resumable("", key, retention, front)
+        self.core.parked.adopt(key, self)
+        self.sink.tap(retention.record)
+        self.core.made_resumable(self)
+        self._apply_accepted(accepted, interval_ms)
+        if self._park():
+            return True
+        self._lost()
+        return False
+
+    def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
+        """A request that runs already (a restored session's, on a worker): it counts as admitted
+        here until ``work`` ends, as one this session started would."""
+        task = self._loop.create_task(work)
+        self._tasks[rid] = task
+        task.add_done_callback(functools.partial(self._forget, rid))
+
+    def hand_over(self) -> None:
+        """The service stops and the next process takes this session over (a gateway with a fixed
+        ``--gateway-id``: smith_fast.nats.journal): its requests go on where they run, the peer is
+        told nothing, its connection is dropped so that it resumes on the next process. What it
+        wrote so far is in the journal already (or on its way: the gateway waits for it)."""
+        if self._closing:
+            return
+        self._closing = True
+        self.core.sessions.discard(self)
+        if self.resumable is not None:
+            self.core.parked.forget(self.resumable.key)
+        self.sink.flush_batch()
+        for task in [*self._batches, *self._tasks.values()]:
+            task.cancel()
+        self._close()
+        self._stop_recording()
+        self.span.end()
+        log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self._tasks)}})
 
     def _resumed(self, token: str, replayed: int) -> bytes:
         """The answer to a resume handshake: outside the session's sequence (0), never retained."""

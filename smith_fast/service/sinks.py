@@ -72,6 +72,11 @@ class EventSink:
 
         self._write = tapped
 
+    def interpose(self, stage: Callable[[Callable[[bytes], None]], Callable[[bytes], None]]) -> None:
+        """Pass every written unit through ``stage(write)`` instead of ``write`` (what was written
+        so far, taps included): a gateway's journal holds units until NATS stored them."""
+        self._write = stage(self._write)
+
     def record_to(self, recording: Recording) -> None:
         """Record every written unit as the v1 ``Envelope`` it is or carries."""
         raise NotImplementedError
@@ -146,6 +151,8 @@ class V1Sink(EventSink):
         write_frames: ``write_frames(data, n)`` writes ``n`` framed envelopes at once (the socket
             front's write, which counts frames); with it, a tool call that ran in one step leaves
             as one write (:meth:`tool_done`) while nothing batches or records.
+        first_sequence: the sequence number of the first envelope (a session restored from a
+            gateway's journal goes on where it was).
     """
 
     version = 1
@@ -157,11 +164,13 @@ class V1Sink(EventSink):
         framed: bool = True,
         notify: Callable[[], None] | None = None,
         write_frames: Callable[[bytes, int], None] | None = None,
+        first_sequence: int = 1,
     ) -> None:
         super().__init__(write)
         self._write_frames = write_frames if framed else None
         self._frames = self._write_frames  # None while batching or recording: one event at a time
-        self._next = Sequencer().next
+        self._sequencer = Sequencer(first_sequence)
+        self._next = self._sequencer.next
         self._framed = framed
         self.framed = framed
         self._notify: Callable[[], None] = notify or _nothing
@@ -185,6 +194,16 @@ class V1Sink(EventSink):
         super().tap(observer)
         self._write_frames = None  # the observer sees (records) each envelope by itself
         self._route()
+
+    def interpose(self, stage: Callable[[Callable[[bytes], None]], Callable[[bytes], None]]) -> None:
+        super().interpose(stage)
+        self._write_frames = None  # the stage takes each envelope by itself
+        self._route()
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence number of the last envelope written (0 before the first)."""
+        return self._sequencer.last
 
     def record_to(self, recording: Recording) -> None:
         self.tap(recording.record_out_frame if self._framed else recording.record_out)

@@ -1,0 +1,91 @@
+"""A gateway restart loses no running request's events (issue 19, item 5): a gateway started with
+``--gateway-id`` journals what its resumable sessions send (smith_fast.nats.journal); when it stops
+(SIGTERM: it hands them over) or is killed (SIGKILL), the next gateway process with that id takes
+those sessions over, the workers' requests running on meanwhile, and the peer resumes there with
+its token and last sequence: every envelope once, in order, each request one terminal state.
+
+Real parts only: nats-server on a loopback port, ``smith-fast gateway`` and ``worker`` processes,
+the SDK client (``resume=True``) and raw v1 peers over the gateway's Unix socket. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import signal
+
+import pytest
+
+from harness.nats_cluster import Cluster, logged, wait_gateway
+from harness.server import SmithProcess
+from smith_fast.client import Client
+from smith_fast.pb import smith_pb2 as pb
+
+FAST = ("--ack-wait", "3", "--duplicate-window", "60", "--presence-interval", "0.3")
+GATEWAY = ("--gateway-id", "gw-takeover", "--kill-grace", "1s", "--resume-window", "60s")
+
+LINES = 400  # a command printing a line every 10 ms: it runs for ~4 s, across the restart
+STREAM = f"for i in $(seq 1 {LINES}); do echo line-$i; sleep 0.01; done"
+EXPECTED = "".join(f"line-{i}\n" for i in range(1, LINES + 1))
+
+
+def restart(cluster: Cluster, sig: int) -> SmithProcess:
+    """Stop the gateway with ``sig`` and start the same command line again (same id, same socket)."""
+    old = cluster.gateway
+    assert old.proc is not None
+    if sig == signal.SIGKILL:
+        old.proc.kill()
+        old.proc.wait(10)
+    else:
+        assert old.stop(sig) == 0, old.raw_stderr[-30:]
+    new = SmithProcess(cluster.tmp / "gw", *old.argv[3:]).start()
+    cluster.gateway = new
+    wait_gateway(new, len(cluster.workers))
+    return new
+
+
+async def _collect(client: Client, command: str, out: list[str], states: list[int], finals: list[int]) -> None:
+    async for event in client.shell_exec(command):
+        kind = event.WhichOneof("event_type")
+        if kind == "shell_output":
+            out.append(event.shell_output.stdout)
+            if event.shell_output.finished:
+                finals.append(event.shell_output.exit_code)
+        elif kind == "state_change" and event.state_change.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+            states.append(event.state_change.state)
+            return
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_a_gateway_restart_loses_no_running_requests_events(tmp_path: pathlib.Path, sig: int) -> None:
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=GATEWAY).start()
+    try:
+        client = await Client.connect(cluster.unix, resume=True)
+        await client.handshake(["shell_exec"])
+        out: list[str] = []
+        states: list[int] = []
+        finals: list[int] = []
+        quiet_out: list[str] = []
+        quiet_states: list[int] = []
+        quiet_finals: list[int] = []
+        collecting = asyncio.gather(_collect(client, STREAM, out, states, finals),
+                                    _collect(client, "sleep 2; echo quiet-done", quiet_out, quiet_states, quiet_finals))
+        for _ in range(3000):
+            if len("".join(out)) > 200:
+                break
+            await asyncio.sleep(0.01)
+        assert len("".join(out)) > 200, "no output before the restart"
+        new = await asyncio.to_thread(restart, cluster, sig)
+        await asyncio.wait_for(collecting, 90)
+        assert client.resumes >= 1
+        assert "".join(out) == EXPECTED
+        assert states == [pb.SERVICE_STATE_READY] and finals == [0]
+        assert "".join(quiet_out) == "quiet-done\n" and quiet_states == [pb.SERVICE_STATE_READY] and quiet_finals == [0]
+        assert logged(new, "session taken over") == 1
+        print("replayed:", [r for r in new.logs if r.get("event") in ("unacknowledged events replayed", "journal read", "session taken over")])
+        # the session goes on on the new process: a new request runs
+        result = await client.run("echo after")
+        assert result.exit_code == 0 and result.stdout == b"after\n"
+        await client.close()
+    finally:
+        cluster.stop()
