@@ -510,10 +510,9 @@ class Worker:
             for session in list(state.running) if state is not None else ():
                 asyncio.get_running_loop().create_task(session.shutdown())
 
-    async def _end(self, session_id: str, why: str = "") -> None:
-        """The session is gone: kill its commands (their final events are still published), drop
-        its later ones, close its hooks."""
-        self._mark_ended(session_id, why)
+    async def _end(self, session_id: str) -> None:
+        """Its gateway ended the session: kill its commands silently, drop its later ones, close its hooks."""
+        self._mark_ended(session_id)
         self.leases.forget(session_id)
         state = self.states.pop(session_id, None)
         if state is None:
@@ -522,14 +521,31 @@ class Worker:
             session.connection_lost()
         await state.close()
 
-    async def _end_lapsed(self, lapses: list[Lapse]) -> None:
-        """End the sessions of gateways silent for longer than --gateway-lease (smith_fast/nats/leases.py)."""
+    def _end_lapsed(self, lapses: list[Lapse]) -> None:
+        """End the sessions of gateways silent for longer than --gateway-lease (smith_fast/nats/leases.py).
+
+        As a shutdown rather than silently as an ``end``: their commands are stopped (SIGTERM, then
+        SIGKILL after --kill-grace) and each request's final events are published, so that should
+        its gateway come back after all (restarted with its id), every request ends there once;
+        their later commands get ``gateway_gone``."""
         for lapse in lapses:
             log.warning("gateway gone: ending its sessions", extra={"fields": {
                 "gateway": lapse.gateway, "sessions": list(lapse.sessions), "silent_seconds": round(lapse.silence, 3),
                 "heard": lapse.heard, "gateway_lease": self.leases.lease}})
             for session_id in lapse.sessions:
-                await self._end(session_id, "gateway_gone")
+                self._mark_ended(session_id, "gateway_gone")
+                state = self.states.get(session_id)
+                if state is not None:
+                    task = asyncio.get_running_loop().create_task(self._wind_up(session_id, state))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+
+    async def _wind_up(self, session_id: str, state: _SessionState) -> None:
+        """Stop a lapsed session's commands, reporting their ends; then close its hooks."""
+        await asyncio.gather(*(session.shutdown() for session in list(state.running)), return_exceptions=True)
+        if self.states.get(session_id) is state:
+            del self.states[session_id]
+            await state.close()
 
     def _cancel(self, session_id: str, number: str) -> None:
         if number.isdigit():
@@ -556,7 +572,7 @@ class Worker:
         housekept = time.monotonic()
         while True:
             await asyncio.sleep(min(self.leases.period, _HOUSEKEEPING))
-            await self._end_lapsed(self.leases.expired())
+            self._end_lapsed(self.leases.expired())
             now = time.monotonic()
             if now - housekept < _HOUSEKEEPING:
                 continue
