@@ -121,7 +121,7 @@ class NatsConfig:
     token: str | None = dataclasses.field(default=None, repr=False)
     gateway_lease: float = option(
         120.0, flag="--gateway-lease", unit="seconds", commands=("worker",), group=_GROUP,
-        help="a gateway silent this long is taken as gone: its sessions' commands here are killed (nats/leases.py); 0 = never")
+        help="a gateway not heard from this long is taken as gone: its sessions' commands here are stopped; 0 = never")
 
     def __post_init__(self) -> None:
         for name in ("command_stream", "event_stream", "worker_consumer", "hooks_bucket"):

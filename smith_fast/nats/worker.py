@@ -678,17 +678,24 @@ class Worker:
         unavailable here)."""
         sink = publication.sink
         rids = [getattr(getattr(c, k), "request_id", "") if (k := c.WhichOneof("command_type")) else "" for c in commands]
-        ended = self._ended(meta.session)
-        if ended is not None:
-            answer = _ENDED_ANSWERS.get(ended[1])
-            if answer is not None:  # shutting down, its gateway gone: the requests end before they started
-                message, reason = answer
-                for rid in rids:
-                    sink.error(pb.ERROR_CODE_UNSPECIFIED, message, rid, {"reason": reason})
-                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        if self._refused(meta.session, sink, rids):
             return None
         self.leases.serving(meta.reply, meta.session)
         return await self._session_start(meta, commands, sink, rids, attempt)
+
+    def _refused(self, session_id: str, sink: V1Sink, rids: list[str]) -> bool:
+        """Whether the session ended here (its requests then end before they started, reported
+        when it is shutting down or its gateway is gone)."""
+        ended = self._ended(session_id)
+        if ended is None:
+            return False
+        answer = _ENDED_ANSWERS.get(ended[1])
+        if answer is not None:
+            message, reason = answer
+            for rid in rids:
+                sink.error(pb.ERROR_CODE_UNSPECIFIED, message, rid, {"reason": reason})
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        return True
 
     async def _session_start(
         self, meta: CommandMeta, commands: list[pb.Command], sink: V1Sink, rids: list[str], attempt: int,
@@ -704,6 +711,10 @@ class Worker:
                 sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid,
                            {"reason": "hook_load_failed"})
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return None
+        if self._refused(meta.session, sink, rids):  # it ended while its hooks were fetched
+            if self.states.get(meta.session) is not state:
+                await state.close()  # what it loaded meanwhile: nobody else will close it
             return None
         core, shelf = self.core, _Shelf(state)
 
