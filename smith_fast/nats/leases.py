@@ -6,8 +6,9 @@ empty message on the core NATS subject ``<prefix>.gateway.<gateway id>`` every
 ``--presence-interval``. Each worker hears every gateway's (``<prefix>.gateway.*``) and keeps, in
 :class:`Leases`, when it last heard each one and which of its sessions it serves (a command's
 reply subject ``<prefix>.evt.<gateway>.<session>`` names both). A gateway silent for longer than
-the worker's ``--gateway-lease`` (120 s) is taken as gone: the worker ends its sessions as an
-``end`` would (smith_fast/nats/worker.py).
+the worker's ``--gateway-lease`` (120 s) is taken as gone: the worker stops its sessions there as a
+``shutdown`` does, their requests' final events published, and answers their later commands
+``gateway_gone`` (smith_fast/nats/worker.py).
 
 Only silence counts. A gateway that stops cleanly says nothing either: it may hand its sessions
 to its successor (the same ``--gateway-id``), whose heartbeats then carry on; and the lease is
@@ -60,7 +61,7 @@ class Heartbeat:
         self._nc = nc
         self._subject = heartbeat_subject(config, gateway)
         self._interval = config.presence_interval
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # held here: the loop keeps only a weak reference
 
     @classmethod
     def started(cls, nc: NATS, config: NatsConfig, gateway: str) -> Heartbeat:
@@ -68,10 +69,6 @@ class Heartbeat:
         beat = cls(nc, config, gateway)
         beat.task = asyncio.get_running_loop().create_task(beat._beat())
         return beat
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
 
     async def _beat(self) -> None:
         while not self._nc.is_closed:
