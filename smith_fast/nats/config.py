@@ -85,6 +85,8 @@ class NatsConfig:
         token: a NATS authentication token (``$SMITH_NATS_TOKEN``). The three come from the
             environment, not flags, so that they never show in a process listing; none of them
             is part of the ``repr``.
+        gateway_lease: seconds a worker waits on a silent gateway (no heartbeat) before it ends
+            that gateway's sessions here (smith_fast/nats/leases.py); 0 = never.
     """
 
     servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
@@ -124,6 +126,9 @@ class NatsConfig:
     user: str | None = dataclasses.field(default=None, repr=False)
     password: str | None = dataclasses.field(default=None, repr=False)
     token: str | None = dataclasses.field(default=None, repr=False)
+    gateway_lease: float = option(
+        120.0, flag="--gateway-lease", unit="seconds", commands=("worker",), group=_GROUP,
+        help="a gateway not heard from this long is taken as gone: its sessions' commands here are stopped; 0 = never")
 
     def __post_init__(self) -> None:
         for name in ("command_stream", "event_stream", "journal_stream", "worker_consumer", "hooks_bucket"):

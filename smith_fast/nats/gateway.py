@@ -53,6 +53,7 @@ from .jetstream import (
     ensure_streams,
     round_trip,
 )
+from .leases import Heartbeat
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
 from .processes import ProcessDirectory
@@ -834,6 +835,7 @@ class Bridge:
         await self.nc.subscribe(advisory, cb=self._max_deliveries)
         await self.nc.subscribe(config.presence_subject(), cb=self._presence)
         await self.nc.publish(config.presence_query_subject(), b"")  # the workers running already answer now
+        self.heartbeat = Heartbeat.started(self.nc, config, self.gateway_id)  # silent for --gateway-lease: its sessions end
         self.ready = True
         self.core.capabilities = self.core.capabilities | ({pb.CAPABILITY_NATS} & self.core.permitted)
         log.info("nats connected", extra={"fields": {"gateway": self.gateway_id, "servers": list(config.servers)}})

@@ -52,6 +52,7 @@ from .config import NatsConfig
 from .batching import EventOutbox, split_commands
 from .control import WorkerControls, ControlHold
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
+from .leases import Lapse, Leases
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
 from .processes import ProcessDesk
@@ -71,6 +72,16 @@ _ENDED_TTL = 600.0  # seconds a session that ended is remembered, so its queued 
 _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
 _ACK_DELAY = 0.05  # seconds command acks wait to leave together (Worker._ack)
+_HOUSEKEEPING = 30.0  # seconds between two looks for ended and idle sessions to forget
+
+# What a command of a session that ended here gets, by why it ended ("": nothing, it is dropped:
+# its gateway ended the session and purged its commands). A session whose gateway went silent
+# answers, so that the gateway, should it come back after all, sees each request end once.
+_ENDED_ANSWERS: dict[str, tuple[str, str]] = {
+    "shutdown": ("request cancelled: the session is shutting down", "cancelled"),
+    "gateway_gone": ("request not run: this session's gateway was silent for longer than the workers' --gateway-lease, "
+                     "and its session was ended", "gateway_gone"),
+}
 
 
 _Started = tuple[Session, "_SessionState", list[tuple[CommandMeta, ControlHold]]]
@@ -258,7 +269,8 @@ class Worker:
         self.outbox: EventOutbox | None = None
         self.feed: PullFeed | None = None
         self.states: dict[str, _SessionState] = {}
-        self.ended: collections.OrderedDict[str, tuple[float, bool]] = collections.OrderedDict()
+        # session -> (when it ended here, why: "", or a key of _ENDED_ANSWERS)
+        self.ended: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
         self.running: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.completed = 0
@@ -270,6 +282,7 @@ class Worker:
         self._acks: list[Msg] = []  # acknowledgements waiting to leave together
         self.counters = NatsCounters()
         self.controls = WorkerControls(config)  # cancel, stdin, resize from the gateways
+        self.leases = Leases(config)  # the gateways' heartbeats: a silent one's sessions end here
         self.processes = ProcessDesk(core, config, self.name, self._attach)  # its background processes, for the gateways
         self._announced: tuple[str, ...] = ()  # the background ids the last announcement listed
         core.metrics.add_source(self)
@@ -293,6 +306,7 @@ class Worker:
         await self.publisher.start()
         self.outbox = EventOutbox(self.publisher)
         await self.nc.subscribe(config.control_subject("*"), cb=self._control)
+        await self.leases.listen(self.nc)
         self.feed = PullFeed(
             self.nc, config.command_stream, config.worker_consumer,
             capacity=self.concurrency, on_message=self._dispatch, on_gone=self._recreate_consumer,
@@ -361,9 +375,11 @@ class Worker:
 
     def _disconnected(self) -> None:
         self.counters.connected = False
+        self.leases.disconnected()
 
     def _reconnected(self) -> None:
         self.counters.connected = True
+        self.leases.reconnected()
         if self.feed is not None and not self.stopping:
             self.feed.reset()
         self._spawn_announce()
@@ -461,11 +477,11 @@ class Worker:
         state.last_used = time.monotonic()
         return state
 
-    def _ended(self, session_id: str) -> tuple[float, bool] | None:
+    def _ended(self, session_id: str) -> tuple[float, str] | None:
         return self.ended.get(session_id)
 
-    def _mark_ended(self, session_id: str, shutting: bool) -> None:
-        self.ended[session_id] = (time.monotonic(), shutting)
+    def _mark_ended(self, session_id: str, why: str = "") -> None:
+        self.ended[session_id] = (time.monotonic(), why)
         self.ended.move_to_end(session_id)
         while len(self.ended) > _ENDED_MAX:
             self.ended.popitem(last=False)
@@ -486,20 +502,50 @@ class Worker:
                 elif not self._backlogged:
                     session.resume()
             return
-        state = self.states.get(session_id)
-        if action not in ("shutdown", "end"):
-            return
-        self._mark_ended(session_id, action == "shutdown")
-        if state is None:
-            return
-        if action == "shutdown":
-            for session in list(state.running):
+        if action == "end":
+            await self._end(session_id)
+        elif action == "shutdown":
+            self._mark_ended(session_id, "shutdown")
+            state = self.states.get(session_id)
+            for session in list(state.running) if state is not None else ():
                 asyncio.get_running_loop().create_task(session.shutdown())
+
+    async def _end(self, session_id: str) -> None:
+        """Its gateway ended the session: kill its commands silently, drop its later ones, close its hooks."""
+        self._mark_ended(session_id)
+        self.leases.forget(session_id)
+        state = self.states.pop(session_id, None)
+        if state is None:
             return
         for session in list(state.running):
             session.connection_lost()
-        self.states.pop(session_id, None)
         await state.close()
+
+    def _end_lapsed(self, lapses: list[Lapse]) -> None:
+        """End the sessions of gateways silent for longer than --gateway-lease (smith_fast/nats/leases.py).
+
+        As a shutdown rather than silently as an ``end``: their commands are stopped (SIGTERM, then
+        SIGKILL after --kill-grace) and each request's final events are published, so that should
+        its gateway come back after all (restarted with its id), every request ends there once;
+        their later commands get ``gateway_gone``."""
+        for lapse in lapses:
+            log.warning("gateway gone: ending its sessions", extra={"fields": {
+                "gateway": lapse.gateway, "sessions": list(lapse.sessions), "silent_seconds": round(lapse.silence, 3),
+                "heard": lapse.heard, "gateway_lease": self.leases.lease}})
+            for session_id in lapse.sessions:
+                self._mark_ended(session_id, "gateway_gone")
+                state = self.states.get(session_id)
+                if state is not None:
+                    task = asyncio.get_running_loop().create_task(self._wind_up(session_id, state))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+
+    async def _wind_up(self, session_id: str, state: _SessionState) -> None:
+        """Stop a lapsed session's commands, reporting their ends; then close its hooks."""
+        await asyncio.gather(*(session.shutdown() for session in list(state.running)), return_exceptions=True)
+        if self.states.get(session_id) is state:
+            del self.states[session_id]
+            await state.close()
 
     def _cancel(self, session_id: str, number: str) -> None:
         if number.isdigit():
@@ -521,14 +567,22 @@ class Worker:
                     session.resume()
 
     async def _sweep(self) -> None:
+        """The worker's one timer: the gateways' leases every ``leases.period``, and what ended
+        or went idle every ``_HOUSEKEEPING`` seconds."""
+        housekept = time.monotonic()
         while True:
-            await asyncio.sleep(30)
+            await asyncio.sleep(min(self.leases.period, _HOUSEKEEPING))
+            self._end_lapsed(self.leases.expired())
             now = time.monotonic()
+            if now - housekept < _HOUSEKEEPING:
+                continue
+            housekept = now
             while self.ended and now - next(iter(self.ended.values()))[0] > _ENDED_TTL:
                 self.ended.popitem(last=False)
             for session_id, state in list(self.states.items()):
                 if not state.running and not state.loading and now - state.last_used > _IDLE_TTL:
                     self.states.pop(session_id, None)
+                    self.leases.forget(session_id)
                     await state.close()
 
     # ---- commands ------------------------------------------------------------------------------------
@@ -624,14 +678,24 @@ class Worker:
         unavailable here)."""
         sink = publication.sink
         rids = [getattr(getattr(c, k), "request_id", "") if (k := c.WhichOneof("command_type")) else "" for c in commands]
-        ended = self._ended(meta.session)
-        if ended is not None:
-            if ended[1]:  # shutting down: the requests are cancelled before they started
-                for rid in rids:
-                    sink.error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                    sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        if self._refused(meta.session, sink, rids):
             return None
+        self.leases.serving(meta.reply, meta.session)
         return await self._session_start(meta, commands, sink, rids, attempt)
+
+    def _refused(self, session_id: str, sink: V1Sink, rids: list[str]) -> bool:
+        """Whether the session ended here (its requests then end before they started, reported
+        when it is shutting down or its gateway is gone)."""
+        ended = self._ended(session_id)
+        if ended is None:
+            return False
+        answer = _ENDED_ANSWERS.get(ended[1])
+        if answer is not None:
+            message, reason = answer
+            for rid in rids:
+                sink.error(pb.ERROR_CODE_UNSPECIFIED, message, rid, {"reason": reason})
+                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+        return True
 
     async def _session_start(
         self, meta: CommandMeta, commands: list[pb.Command], sink: V1Sink, rids: list[str], attempt: int,
@@ -647,6 +711,10 @@ class Worker:
                 sink.error(pb.ERROR_CODE_UNSPECIFIED, f"this session's hooks could not be loaded on worker {self.name}: {exc}", rid,
                            {"reason": "hook_load_failed"})
                 sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            return None
+        if self._refused(meta.session, sink, rids):  # it ended while its hooks were fetched
+            if self.states.get(meta.session) is not state:
+                await state.close()  # what it loaded meanwhile: nobody else will close it
             return None
         core, shelf = self.core, _Shelf(state)
 
