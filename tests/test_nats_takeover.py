@@ -11,13 +11,14 @@ the SDK client (``resume=True``) and raw v1 peers over the gateway's Unix socket
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import signal
 
 import pytest
 
 from harness.nats_cluster import Cluster, logged, wait_gateway
-from harness.server import SmithProcess
+from harness.server import SmithProcess, pid_alive, wait_until
 from smith_fast.client import Client
 from smith_fast.pb import smith_pb2 as pb
 
@@ -82,10 +83,86 @@ async def test_a_gateway_restart_loses_no_running_requests_events(tmp_path: path
         assert states == [pb.SERVICE_STATE_READY] and finals == [0]
         assert "".join(quiet_out) == "quiet-done\n" and quiet_states == [pb.SERVICE_STATE_READY] and quiet_finals == [0]
         assert logged(new, "session taken over") == 1
-        print("replayed:", [r for r in new.logs if r.get("event") in ("unacknowledged events replayed", "journal read", "session taken over")])
         # the session goes on on the new process: a new request runs
         result = await client.run("echo after")
         assert result.exit_code == 0 and result.stdout == b"after\n"
         await client.close()
+    finally:
+        cluster.stop()
+
+
+async def test_batched_commands_survive_two_restarts(tmp_path: pathlib.Path) -> None:
+    """Commands sent in one loop iteration travel as one NATS message and run in one worker
+    session (a batch, whose events the gateway splits: SharedStream); their progress is journaled
+    too. Killed, then stopped: each command's output arrives whole and once."""
+    cluster = Cluster(tmp_path, workers=2, nats_args=FAST, gateway_args=GATEWAY).start()
+    try:
+        client = await Client.connect(cluster.unix, resume=True)
+        await client.handshake(["shell_exec"])
+        count = 3
+        outs: list[list[str]] = [[] for _ in range(count)]
+        states: list[list[int]] = [[] for _ in range(count)]
+        finals: list[list[int]] = [[] for _ in range(count)]
+        collecting = asyncio.gather(*(_collect(client, STREAM, outs[i], states[i], finals[i]) for i in range(count)))
+        seen = 0
+        for sig in (signal.SIGKILL, signal.SIGTERM):
+            for _ in range(3000):
+                if min(len("".join(o)) for o in outs) > seen + 100:
+                    break
+                await asyncio.sleep(0.01)
+            seen = min(len("".join(o)) for o in outs)
+            await asyncio.to_thread(restart, cluster, sig)
+        await asyncio.wait_for(collecting, 120)
+        assert client.resumes >= 2
+        for i in range(count):
+            assert "".join(outs[i]) == EXPECTED, i
+            assert states[i] == [pb.SERVICE_STATE_READY] and finals[i] == [0], i
+        await client.close()
+    finally:
+        cluster.stop()
+
+
+async def test_sessions_not_taken_over_end_on_the_workers(tmp_path: pathlib.Path) -> None:
+    """A session that did not ask for resume dies with a killed gateway; the next process with
+    its id tells the workers which sessions it took over, and they end the others' commands at
+    once (a `sleep` sends no event that could make the new gateway notice it)."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=GATEWAY).start()
+    try:
+        plain = await Client.connect(cluster.unix)
+        await plain.handshake(["shell_exec"])
+        kept = await Client.connect(cluster.unix, resume=True)
+        await kept.handshake(["shell_exec"])
+        pid: list[int] = []
+
+        async def sleeper() -> None:  # follows it to its end (a generator closed early cancels its request)
+            with contextlib.suppress(Exception):
+                async for event in plain.shell_exec("echo pid=$$; exec sleep 1000"):
+                    if event.WhichOneof("event_type") == "shell_output" and event.shell_output.stdout.startswith("pid="):
+                        pid.append(int(event.shell_output.stdout.strip().removeprefix("pid=")))
+
+        sleeping = asyncio.ensure_future(sleeper())
+        for _ in range(3000):
+            if pid:
+                break
+            await asyncio.sleep(0.01)
+        assert pid, "the sleep did not start"
+        kept_out: list[str] = []
+        kept_states: list[int] = []
+        kept_finals: list[int] = []
+        following = asyncio.ensure_future(_collect(kept, "sleep 2; echo kept", kept_out, kept_states, kept_finals))
+        await asyncio.sleep(0.5)
+        assert pid_alive(pid[0])
+        await asyncio.to_thread(restart, cluster, signal.SIGKILL)
+        worker = cluster.workers[0]
+        assert await asyncio.to_thread(wait_until, lambda: not pid_alive(pid[0]), 30), "the sleep of the session nobody took over still runs"
+        assert logged(worker, "gateway restarted: ending the sessions it did not take over") == 1
+        await asyncio.wait_for(following, 60)
+        assert "".join(kept_out) == "kept\n" and kept_states == [pb.SERVICE_STATE_READY] and kept_finals == [0]
+        await kept.close()
+        sleeping.cancel()
+        with contextlib.suppress(BaseException):
+            await sleeping
+        with contextlib.suppress(Exception):
+            await plain.close()
     finally:
         cluster.stop()

@@ -53,7 +53,7 @@ from .jetstream import (
     ensure_streams,
     round_trip,
 )
-from .leases import Heartbeat
+from .leases import Heartbeat, takeover_subject
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
 from .processes import ProcessDirectory
@@ -683,6 +683,9 @@ class Bridge:
         self.durable = durable
         self.journal = Journal(config, self.gateway_id, self._spawn) if durable else None
         self.handing_over = False  # stopping, sessions handed over: events are left for the next process
+        self._taken_over = asyncio.Event()  # the sessions of the process before are taken over
+        if not durable:
+            self._taken_over.set()
         self._newest: Msg | None = None  # the last event message taken
         self._unknown: collections.OrderedDict[str, None] = collections.OrderedDict()  # sessions told to end
         if durable:
@@ -805,6 +808,7 @@ class Bridge:
         except Exception as exc:
             self.setup_error = str(exc) or type(exc).__name__
             log.error("cannot use NATS", extra={"fields": {"gateway": self.gateway_id, "error": self.setup_error}})
+            self._taken_over.set()  # nothing will be taken over: commands fail at once (setup_error), not wait
         self._health_may_have_changed()
 
     def event_subject(self, session_id: str) -> str:
@@ -849,16 +853,24 @@ class Bridge:
         """The sessions the process before this one (same ``--gateway-id``) left are restored, and
         the events it was handed but had not acknowledged are given to them, before the feed
         brings newer ones."""
-        assert self.journal is not None
+        assert self.journal is not None and self.nc is not None
         try:
             for saved in await self.journal.read():
                 try:
                     self.core.restore(saved)
                 except Exception:  # a bug of ours, or a journal from another version: the others still come back
                     log.exception("session not taken over", extra={"fields": {"session": saved.session_id}})
+            # The workers end this id's other sessions (not resumable, or not restorable): said
+            # before any command of this process is submitted (submit waits), so none of its own
+            # sessions can be among them.
+            kept = json.dumps(sorted(self.sessions)).encode()
+            with contextlib.suppress(Exception):
+                await self.nc.publish(takeover_subject(self.config, self.gateway_id), kept)
+                await self.nc.flush(timeout=2)
             await self._replay_unacknowledged()
         finally:
             self.core.parked.restoring = False
+            self._taken_over.set()
 
     async def _replay_unacknowledged(self) -> None:
         """Events delivered to the process before and not acknowledged (it was killed): read from
@@ -972,6 +984,8 @@ class Bridge:
                 f"(every {self.config.reconnect_wait:g}s); the command was not queued, send it again later"
                 if self.setup_error is None else f"the gateway cannot use NATS: {self.setup_error}"
             )
+        if not self._taken_over.is_set():
+            await self._taken_over.wait()
         self.counters.dispatched += 1
         deadline = time.monotonic() + self.config.submit_timeout
         # with the session's other commands of this loop iteration, as one message (batching.py)
@@ -1096,6 +1110,8 @@ class Bridge:
         if len(self._unknown) > _ENDED_KEPT:
             self._unknown.popitem(last=False)
         self.control(session_id, "end")
+        if self.js is not None:
+            self._spawn(self._purge(self.config.command_subject(self.gateway_id, session_id)))
 
     def _ack_last(self) -> None:
         self._ack_scheduled = False

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
 
-__all__ = ["Heartbeat", "Lapse", "Leases", "heartbeat_subject"]
+__all__ = ["Heartbeat", "Lapse", "Leases", "heartbeat_subject", "takeover_subject"]
 
 _MAX_PERIOD = 5.0  # seconds between two looks at most: a gone gateway's sessions end by lease + this
 
@@ -50,6 +50,14 @@ def heartbeat_subject(config: NatsConfig, gateway: str) -> str:
     """Where gateway ``gateway`` says it is alive: ``<prefix>.gateway.<gateway>`` (core NATS);
     ``"*"`` for every gateway's."""
     return f"{config.prefix}.gateway.{gateway}"
+
+
+def takeover_subject(config: NatsConfig, gateway: str) -> str:
+    """Where a gateway process that started with a fixed id says which of the sessions of the
+    process before it took over (smith_fast.nats.journal): ``<prefix>.gateway.<gateway>.takeover``,
+    the body a JSON list of session ids; ``"*"`` for every gateway's. The workers end that
+    gateway's other sessions: nobody follows them any more."""
+    return f"{config.prefix}.gateway.{gateway}.takeover"
 
 
 class Heartbeat:
@@ -153,6 +161,15 @@ class Leases:
         del sessions[session]
         if not sessions:
             del self._sessions[gateway]
+
+    def replaced(self, gateway: str, kept: set[str]) -> Lapse | None:
+        """A new process of ``gateway`` took over ``kept``: its other sessions served here are
+        nobody's any more (forgotten here: the caller ends them)."""
+        self.heard(gateway)
+        sessions = [s for s in self._sessions.get(gateway, {}) if s not in kept]
+        for session in sessions:
+            self.forget(session)
+        return Lapse(gateway, tuple(sessions), 0.0, True) if sessions else None
 
     def disconnected(self) -> None:
         """The worker's NATS connection dropped: it hears nobody until it is back."""

@@ -29,6 +29,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import socket
 import time
@@ -52,7 +53,7 @@ from .config import NatsConfig
 from .batching import EventOutbox, split_commands
 from .control import WorkerControls, ControlHold
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
-from .leases import Lapse, Leases
+from .leases import Lapse, Leases, takeover_subject
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
 from .processes import ProcessDesk
@@ -307,6 +308,7 @@ class Worker:
         self.outbox = EventOutbox(self.publisher)
         await self.nc.subscribe(config.control_subject("*"), cb=self._control)
         await self.leases.listen(self.nc)
+        await self.nc.subscribe(takeover_subject(config, "*"), cb=self._taken_over)
         self.feed = PullFeed(
             self.nc, config.command_stream, config.worker_consumer,
             capacity=self.concurrency, on_message=self._dispatch, on_gone=self._recreate_consumer,
@@ -521,7 +523,19 @@ class Worker:
             session.connection_lost()
         await state.close()
 
-    def _end_lapsed(self, lapses: list[Lapse]) -> None:
+    async def _taken_over(self, msg: Msg) -> None:
+        """A gateway restarted with its id and took over some of its sessions: the others end here
+        as a gone gateway's do (smith_fast.nats.journal)."""
+        gateway = msg.subject.split(".")[-2]
+        try:
+            kept = {str(s) for s in json.loads(msg.data or b"[]")}
+        except (ValueError, TypeError):
+            return
+        lapse = self.leases.replaced(gateway, kept)
+        if lapse is not None:
+            self._end_lapsed([lapse], "gateway restarted: ending the sessions it did not take over")
+
+    def _end_lapsed(self, lapses: list[Lapse], why: str = "gateway gone: ending its sessions") -> None:
         """End the sessions of gateways silent for longer than --gateway-lease (smith_fast/nats/leases.py).
 
         As a shutdown rather than silently as an ``end``: their commands are stopped (SIGTERM, then
@@ -529,7 +543,7 @@ class Worker:
         its gateway come back after all (restarted with its id), every request ends there once;
         their later commands get ``gateway_gone``."""
         for lapse in lapses:
-            log.warning("gateway gone: ending its sessions", extra={"fields": {
+            log.warning(why, extra={"fields": {
                 "gateway": lapse.gateway, "sessions": list(lapse.sessions), "silent_seconds": round(lapse.silence, 3),
                 "heard": lapse.heard, "gateway_lease": self.leases.lease}})
             for session_id in lapse.sessions:
