@@ -5,7 +5,10 @@ all on this machine, in one run.
 Four topologies, the same client and the same bytes on the frontend's wire:
 
 * ``serve``: one ``smith-fast serve``;
-* ``gateway+N``: nats-server, one gateway, N workers (N = 1, 2, 3).
+* ``gateway+N``: nats-server, one gateway, N workers (N = 1, 2, 3);
+* ``gateway+1r``: as ``gateway+1``, the gateway with a fixed ``--gateway-id`` and the client's
+  session resumable (``accept: resume``): every envelope is journaled in NATS before the client
+  gets it (smith_fast/nats/journal.py), what a gateway restart costs while nothing restarts.
 
 Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a plain blocking socket
 (the driver below parses every envelope, as a client must):
@@ -56,7 +59,7 @@ _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 ROUNDS = 5
 _RESULTS: list[str] = []
 _RATES: dict[tuple[str, str], tuple[float, float, str]] = {}  # (workload, topology): best, median rate, unit
-TOPOLOGIES = ["serve", "gateway+1", "gateway+2", "gateway+3"]
+TOPOLOGIES = ["serve", "gateway+1", "gateway+1r", "gateway+2", "gateway+3"]
 
 
 class Topology:
@@ -67,14 +70,16 @@ class Topology:
         self.serve: ServerProcess | None = None
         self.cluster: Cluster | None = None
         self.monitor: str | None = None  # nats-server's monitoring endpoint
+        self.resume = name.endswith("r")  # the session is journaled (gateway with --gateway-id)
         if name == "serve":
             self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, log_level="info").start()
             self.path = self.serve.sock_path
             self.root = self.serve.root
         else:
-            workers = int(name.rpartition("+")[2])
+            workers = int(name.rpartition("+")[2].rstrip("r"))
             self.cluster = Cluster(
                 tmp, workers=workers, worker_args=("--chunk-size", CHUNK_SIZE, "--concurrency", "64"),
+                gateway_args=("--gateway-id", "bench") if self.resume else (),
             )
             # the processes log at debug for the tests; here that would be measured too (info: "ready" only)
             self.cluster.worker_args = tuple(a if a != "debug" else "info" for a in self.cluster.worker_args)
@@ -163,7 +168,7 @@ class _Cpu:
 class _Client:
     """A handshaken v1 session over a blocking Unix socket."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, resume: bool = False) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(120)
         self.sock.connect(path)
@@ -171,6 +176,8 @@ class _Client:
         hs = pb.Envelope()
         hs.command.handshake.version = 1
         hs.command.handshake.capabilities.append(pb.CAPABILITY_SHELL_EXEC)
+        if resume:
+            hs.command.handshake.client_info["smith_fast.accept"] = "resume"
         self.sock.sendall(encode_frame(hs.SerializeToString()))
         while not any(e.WhichOneof("event_type") == "state_change" and e.state_change.state == pb.SERVICE_STATE_READY
                       and not e.state_change.HasField("request_id") for e in self.recv()):
@@ -255,7 +262,7 @@ _SEQ_BYTES = len("".join(f"{i}\n" for i in range(1, 100001)))
 def test_nats_scale_out(benchmark, topology: Topology, workload: str) -> None:  # type: ignore[no-untyped-def]
     benchmark.group = workload
     benchmark.name = topology.name
-    client = _Client(topology.path)
+    client = _Client(topology.path, topology.resume)
     counted: list[int] = []
 
     def once() -> None:

@@ -155,6 +155,7 @@ class SessionJournal:
         self._stored: dict[int, int] = {}  # index -> stream sequence, of messages stored and not yet released
         self._released = next_index  # every message up to this index is stored, its envelopes sent on
         self._kept: list[_Flush] = []  # released flushes whose messages are still in the stream
+        self._trim_at = _TRIM_EVERY
         self._outstanding: set[asyncio.Future[int]] = set()
         self.failed = False  # a message could not be stored: a successor cannot take this session over exactly
         self.ended = False
@@ -220,8 +221,9 @@ class SessionJournal:
                 self._deliver(unit)
             flush.units = []
             self._kept.append(flush)
-        if len(self._kept) >= _TRIM_EVERY:
+        if len(self._kept) >= self._trim_at:
             self._trim()
+            self._trim_at = len(self._kept) + _TRIM_EVERY  # one purge request per so many flushes at most
 
     def _fail(self, why: str) -> None:
         if not self.failed and not self.ended:
