@@ -14,13 +14,18 @@ import asyncio
 import contextlib
 import pathlib
 import signal
+import uuid
 
+import nats as nats_py
 import pytest
 
 from harness.nats_cluster import Cluster, logged, wait_gateway
 from harness.server import SmithProcess, pid_alive, wait_until
 from smith_fast.client import Client
 from smith_fast.pb import smith_pb2 as pb
+
+from .peers import kind
+from .test_resume import Link, open_session, resume, shell
 
 FAST = ("--ack-wait", "3", "--duplicate-window", "60", "--presence-interval", "0.3")
 GATEWAY = ("--gateway-id", "gw-takeover", "--kill-grace", "1s", "--resume-window", "60s")
@@ -164,5 +169,41 @@ async def test_sessions_not_taken_over_end_on_the_workers(tmp_path: pathlib.Path
             await sleeping
         with contextlib.suppress(Exception):
             await plain.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_session_nobody_resumes_ends_after_the_window(tmp_path: pathlib.Path) -> None:
+    """Taken over by the next process and parked, a session whose peer never comes back ends when
+    the new process's --resume-window passes: its command is killed on the worker, its journal
+    purged, and a late resume is told the session is gone."""
+    window = ("--resume-window", "2s")
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=(*GATEWAY, *window)).start()
+    try:
+        link, token, _ = await open_session(cluster.tcp)
+        link.send(shell(str(uuid.uuid4()), "echo pid=$$; exec sleep 1000"))
+        pid = 0
+        last = 0
+        while not pid:
+            env = await asyncio.wait_for(link.recv(), 30)
+            last = env.sequence or last
+            if kind(env) == "shell_output" and env.event.shell_output.stdout.startswith("pid="):
+                pid = int(env.event.shell_output.stdout.strip().removeprefix("pid="))
+        new = await asyncio.to_thread(restart, cluster, signal.SIGKILL)
+        await link.aclose()  # the peer is gone too
+        assert logged(new, "session taken over") == 1 and pid_alive(pid)
+        assert await asyncio.to_thread(wait_until, lambda: not pid_alive(pid), 30), "the abandoned session's command still runs"
+        assert logged(new, "resume window passed") == 1
+        late = await Link.open(new.tcp)
+        late.send(resume(token, last))
+        env = await asyncio.wait_for(late.recv(), 30)
+        assert kind(env) == "error" and env.event.error.details["reason"] == "resume_unknown"
+        await late.aclose()
+        nats = await nats_py.connect(cluster.nats.url)
+        try:
+            info = await nats.jetstream().stream_info("SMITH_OUT", subjects_filter="smith.out.gw-takeover.*")
+            assert not (info.state.subjects or {}), info.state.subjects
+        finally:
+            await nats.close()
     finally:
         cluster.stop()

@@ -683,15 +683,17 @@ class Session:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _end(self) -> None:
-        """Mark the session over and leave the core; nothing is sent after this."""
+    def _end(self, *, handed_over: bool = False) -> None:
+        """Mark the session over and leave the core; nothing is sent after this. Its runner is
+        told it ended, unless the next process takes the session over (:meth:`hand_over`)."""
         if self._closing:
             return
         self._closing = True
         self.core.sessions.discard(self)
         if self.resumable is not None:
             self.core.parked.forget(self.resumable.key)
-        self.runner.end()
+        if not handed_over:
+            self.runner.end()
         self.span.end()
 
     def _stop_recording(self) -> None:
@@ -951,16 +953,12 @@ class Session:
         wrote so far is in the journal already (or on its way: the gateway waits for it)."""
         if self._closing:
             return
-        self._closing = True
-        self.core.sessions.discard(self)
-        if self.resumable is not None:
-            self.core.parked.forget(self.resumable.key)
+        self._end(handed_over=True)
         self.sink.flush_batch()
         for task in [*self._batches, *self._tasks.values()]:
             task.cancel()
         self._close()
         self._stop_recording()
-        self.span.end()
         log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self._tasks)}})
 
     def _resumed(self, token: str, replayed: int) -> bytes:
