@@ -207,3 +207,32 @@ async def test_a_session_nobody_resumes_ends_after_the_window(tmp_path: pathlib.
             await nats.close()
     finally:
         cluster.stop()
+
+
+def test_a_second_process_with_the_same_gateway_id_refuses_to_serve(tmp_path: pathlib.Path) -> None:
+    """Two gateway processes with one id would split its events: the second says so and does
+    not serve (its health names the first); the first goes on."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=GATEWAY).start()
+    try:
+        (tmp_path / "gw2").mkdir()
+        argv = [a if a != str(tmp_path / "gw" / "smith.sock") else str(tmp_path / "gw2" / "smith.sock") for a in cluster.gateway.argv[3:]]
+        second = SmithProcess(tmp_path / "gw2", *argv).start()
+        try:
+            assert wait_until(lambda: logged(second, "cannot use NATS") == 1, 20), second.raw_stderr[-20:]
+            error = next(r["error"] for r in second.logs if r.get("event") == "cannot use NATS")
+            assert "another gateway process" in error and "--gateway-id gw-takeover" in error, error
+            assert f":{cluster.gateway.pid}" in error, error  # it names the one running
+            assert logged(second, "nats connected") == 0
+        finally:
+            second.stop()
+
+        async def still_serves() -> None:
+            client = await Client.connect(cluster.unix)
+            await client.handshake(["shell_exec"])
+            result = await client.run("echo first")
+            assert result.exit_code == 0 and result.stdout == b"first\n"
+            await client.close()
+
+        asyncio.run(still_serves())
+    finally:
+        cluster.stop()

@@ -20,16 +20,20 @@ import collections
 import contextlib
 import functools
 import json
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError
 
 from .. import events
-from ..errors import ProtocolError
+from ..errors import ProtocolError, SmithFastError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
@@ -53,7 +57,7 @@ from .jetstream import (
     ensure_streams,
     round_trip,
 )
-from .leases import Heartbeat, takeover_subject
+from .leases import Heartbeat, identity_subject, takeover_subject
 from .metrics import NatsCounters, gateway_figures
 from .presence import Announcement, LiveSet
 from .processes import ProcessDirectory
@@ -67,7 +71,7 @@ if TYPE_CHECKING:
     from ..service.runner import RequestHost
     from ..service.session import Session
 
-__all__ = ["GatewayCore", "NatsRunner", "Bridge"]
+__all__ = ["GatewayCore", "GatewayIdInUse", "NatsRunner", "Bridge"]
 
 log = get_logger("smith_fast.gateway")
 
@@ -76,6 +80,10 @@ _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes 
 _ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
 _CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
 _ACK_DELAY = 0.05  # seconds an acknowledgement of the event consumer waits for the next ones (Bridge._event)
+
+
+class GatewayIdInUse(SmithFastError):
+    """Another gateway process runs with this ``--gateway-id`` on the same NATS."""
 
 
 class _Remote:
@@ -820,6 +828,8 @@ class Bridge:
         self.nc = await connect(config, name=f"smith-fast gateway {self.gateway_id}", on_disconnect=self._disconnected, on_reconnect=self._reconnected)
         self.counters.connected = True
         self.processes.nc = self.nc
+        if self.durable:
+            await self._claim_id()
         self.js = self.nc.jetstream(timeout=config.publish_timeout)
         await ensure_streams(self.js, config)
         await ensure_gateway_consumer(self.js, config, self.gateway_id)
@@ -848,6 +858,32 @@ class Bridge:
         self._heard(msg)
 
     # ---- taking over from the process before (smith_fast.nats.journal) -----------------------------
+
+    async def _claim_id(self) -> None:
+        """A fixed ``--gateway-id`` is this process's alone: ask whether another process answers to
+        it (no responders comes back at once), then answer to it from now on.
+
+        Raises:
+            GatewayIdInUse: another gateway process runs with this id on this NATS.
+        """
+        assert self.nc is not None
+        subject = identity_subject(self.config, self.gateway_id)
+        try:
+            answer = await self.nc.request(subject, b"", timeout=1.0)
+        except (NoRespondersError, asyncio.TimeoutError, NatsTimeoutError):
+            pass
+        else:
+            raise GatewayIdInUse(
+                f"another gateway process ({answer.data.decode(errors='replace')}) runs with --gateway-id {self.gateway_id} "
+                "on this NATS; two would split its sessions' events between them: give each gateway its own id"
+            )
+        me = f"{socket.gethostname()}:{os.getpid()}".encode()
+
+        async def who(msg: Msg) -> None:
+            if msg.reply:
+                await self.nc.publish(msg.reply, me)  # type: ignore[union-attr]  # set above, never unset
+
+        await self.nc.subscribe(subject, cb=who)
 
     async def _take_over(self) -> None:
         """The sessions the process before this one (same ``--gateway-id``) left are restored, and

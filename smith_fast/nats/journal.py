@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -192,7 +193,9 @@ class SessionJournal:
         gateway = self._journal.gateway_id
         for chunk, skip in chunks:
             self.index += 1
-            headers = {MSG_ID: f"{gateway}.{self.session_id}.j{self.index}", JOURNAL: f"{self.index} {skip}"}
+            # the process's own id in the message id: a republish is stored once, but a successor
+            # reusing an index whose message arrived late is not taken for that one
+            headers = {MSG_ID: f"{gateway}.{self.session_id}.{self._journal.incarnation}.j{self.index}", JOURNAL: f"{self.index} {skip}"}
             future = publisher.publish(self.subject, head + chunk, headers)
             self._outstanding.add(future)
             self._journal.outstanding.add(future)
@@ -283,6 +286,7 @@ class Journal:
         self.sessions: dict[str, SessionJournal] = {}
         self.outstanding: set[asyncio.Future[int]] = set()
         self._dirty: list[SessionJournal] = []
+        self.incarnation = uuid.uuid4().hex[:12]  # this process
 
     def attach(self, publisher: Publisher, js: JetStreamContext) -> None:
         self.publisher, self.js = publisher, js

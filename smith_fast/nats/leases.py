@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.aio.msg import Msg
 
-__all__ = ["Heartbeat", "Lapse", "Leases", "heartbeat_subject", "takeover_subject"]
+__all__ = ["Heartbeat", "Lapse", "Leases", "heartbeat_subject", "identity_subject", "takeover_subject"]
 
 _MAX_PERIOD = 5.0  # seconds between two looks at most: a gone gateway's sessions end by lease + this
 
@@ -58,6 +58,13 @@ def takeover_subject(config: NatsConfig, gateway: str) -> str:
     the body a JSON list of session ids; ``"*"`` for every gateway's. The workers end that
     gateway's other sessions: nobody follows them any more."""
     return f"{config.prefix}.gateway.{gateway}.takeover"
+
+
+def identity_subject(config: NatsConfig, gateway: str) -> str:
+    """Where a gateway process with a fixed id answers who it is (``host:pid``), so that a second
+    process started with the same id finds it at once and refuses to run: two processes sharing
+    one id would split its events between them. ``<prefix>.gateway.<gateway>.who``."""
+    return f"{config.prefix}.gateway.{gateway}.who"
 
 
 class Heartbeat:
