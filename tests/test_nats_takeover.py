@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import pathlib
 import signal
+import urllib.request
 import uuid
 
 import nats as nats_py
@@ -28,11 +29,19 @@ from .peers import kind
 from .test_resume import Link, open_session, resume, shell
 
 FAST = ("--ack-wait", "3", "--duplicate-window", "60", "--presence-interval", "0.3")
-GATEWAY = ("--gateway-id", "gw-takeover", "--kill-grace", "1s", "--resume-window", "60s")
+GATEWAY = ("--gateway-id", "gw-takeover", "--kill-grace", "1s", "--resume-window", "60s", "--metrics", "127.0.0.1:0")
 
 LINES = 400  # a command printing a line every 10 ms: it runs for ~4 s, across the restart
 STREAM = f"for i in $(seq 1 {LINES}); do echo line-$i; sleep 0.01; done"
 EXPECTED = "".join(f"line-{i}\n" for i in range(1, LINES + 1))
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """The unlabelled figures of a Prometheus endpoint."""
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        text = answer.read().decode()
+    return {name: float(value) for name, _, value in (line.partition(" ") for line in text.splitlines())
+            if name and not name.startswith("#") and "{" not in name}
 
 
 def restart(cluster: Cluster, sig: int) -> SmithProcess:
@@ -88,6 +97,9 @@ async def test_a_gateway_restart_loses_no_running_requests_events(tmp_path: path
         assert states == [pb.SERVICE_STATE_READY] and finals == [0]
         assert "".join(quiet_out) == "quiet-done\n" and quiet_states == [pb.SERVICE_STATE_READY] and quiet_finals == [0]
         assert logged(new, "session taken over") == 1
+        figures = await asyncio.to_thread(_metrics, new.metrics_url)
+        assert figures["smith_fast_nats_sessions_taken_over_total"] == 1 and figures["smith_fast_nats_journal_sessions"] == 1, figures
+        assert figures["smith_fast_nats_journal_messages_total"] > 0
         # the session goes on on the new process: a new request runs
         result = await client.run("echo after")
         assert result.exit_code == 0 and result.stdout == b"after\n"

@@ -722,7 +722,10 @@ class Bridge:
     def figures(self) -> list[Figure]:
         """This gateway's NATS figures (``smith_fast.nats.metrics``)."""
         self.counters.events = self.events_received
-        return gateway_figures(self.counters, self.queue_depth, self.in_flight, self.live.alive())
+        journaled = len(self.journal.sessions) if self.journal is not None else 0
+        if self.journal is not None:
+            self.counters.journal_messages = self.journal.published
+        return gateway_figures(self.counters, self.queue_depth, self.in_flight, self.live.alive(), journaled)
 
     def _health_may_have_changed(self) -> None:
         reason = self.unavailable()
@@ -1230,6 +1233,7 @@ class GatewayCore(ServiceCore):
         assert isinstance(runner, NatsRunner)
         if session.restore(key, granted, accepted, saved.units, DEFAULT_METRICS_INTERVAL_MS):
             runner.adopt(snap)
+            self.bridge.counters.taken_over += 1
             log.info("session taken over", extra={"fields": {"session": saved.session_id, "requests": len(snap.get("open", [])),
                                                              "retained": len(saved.units), "window": self.parked.window}})
 

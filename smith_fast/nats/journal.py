@@ -197,6 +197,7 @@ class SessionJournal:
             # reusing an index whose message arrived late is not taken for that one
             headers = {MSG_ID: f"{gateway}.{self.session_id}.{self._journal.incarnation}.j{self.index}", JOURNAL: f"{self.index} {skip}"}
             future = publisher.publish(self.subject, head + chunk, headers)
+            self._journal.published += 1
             self._outstanding.add(future)
             self._journal.outstanding.add(future)
             future.add_done_callback(functools.partial(self._done, self.index))
@@ -287,6 +288,7 @@ class Journal:
         self.outstanding: set[asyncio.Future[int]] = set()
         self._dirty: list[SessionJournal] = []
         self.incarnation = uuid.uuid4().hex[:12]  # this process
+        self.published = 0  # journal messages
 
     def attach(self, publisher: Publisher, js: JetStreamContext) -> None:
         self.publisher, self.js = publisher, js

@@ -16,6 +16,9 @@ Both are added to their core's metrics (``core.metrics.add_source``), so they sh
 | ``smith_fast_nats_commands_acked_total`` | counter | both | gateway: requests whose final event came back; worker: commands acknowledged |
 | ``smith_fast_nats_events_relayed_total`` | counter | both | gateway: event messages received; worker: published |
 | ``smith_fast_nats_worker_running`` | gauge | worker | commands it runs now (no label) |
+| ``smith_fast_nats_journal_sessions`` | gauge | gateway | sessions journaled now (``--gateway-id``: smith_fast.nats.journal) |
+| ``smith_fast_nats_journal_messages_total`` | counter | gateway | journal messages published |
+| ``smith_fast_nats_sessions_taken_over_total`` | counter | gateway | sessions of the process before this one taken over at its start |
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class NatsCounters:
     events: int = 0
     connected: bool = False
     rtt: float = 0.0
+    journal_messages: int = 0  # gateway with --gateway-id: journal messages published
+    taken_over: int = 0  # gateway: sessions of the process before taken over
 
 
 def _common(c: NatsCounters) -> list[Figure]:
@@ -56,10 +61,17 @@ def _common(c: NatsCounters) -> list[Figure]:
     ]
 
 
-def gateway_figures(c: NatsCounters, queue_depth: int, in_flight: int, workers: Iterable[Announcement]) -> list[Figure]:
-    """A gateway's figures: its counters, the queue as last polled, and its live workers."""
+def gateway_figures(c: NatsCounters, queue_depth: int, in_flight: int, workers: Iterable[Announcement], journaled: int = 0) -> list[Figure]:
+    """A gateway's figures: its counters, the queue as last polled, its live workers and the
+    sessions it journals."""
     live = list(workers)
     out = _common(c)
+    out += [
+        Figure("smith_fast_nats_journal_sessions", "Resumable sessions journaled in NATS for a restart (--gateway-id)", float(journaled)),
+        Figure("smith_fast_nats_journal_messages_total", "Journal messages published", float(c.journal_messages), counter=True),
+        Figure("smith_fast_nats_sessions_taken_over_total", "Sessions of the process before taken over at this one's start",
+               float(c.taken_over), counter=True),
+    ]
     out += [
         Figure("smith_fast_nats_queue_depth", "Commands in the work-queue stream that no worker took yet", float(queue_depth)),
         Figure("smith_fast_nats_commands_in_flight", "Commands handed to a worker and not yet acknowledged", float(in_flight)),
