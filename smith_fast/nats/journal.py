@@ -180,10 +180,14 @@ class SessionJournal:
         publisher = self._journal.publisher
         if publisher is None or self.ended:  # NATS never reached (or ended): nothing to keep it in; the peer gets it now
             self._fail("NATS is not reached yet")
-            for unit in units:
-                self._deliver(unit)
+            self._unjournaled(units)
             return
-        snapshot = orjson.dumps(self._snapshot())
+        try:
+            snapshot = orjson.dumps(self._snapshot())
+        except (TypeError, ValueError) as exc:  # a bug of ours: the peer must still get what it was sent
+            self._fail(f"the session's state could not be written down: {exc}")
+            self._unjournaled(units)
+            return
         head = encode_varint(len(snapshot)) + snapshot
         room = max(4096, publisher.max_payload - len(head) - _ROOM)
         chunks = split_chunks(units, room)
@@ -202,6 +206,13 @@ class SessionJournal:
             self._journal.outstanding.add(future)
             future.add_done_callback(functools.partial(self._done, self.index))
 
+    def _unjournaled(self, units: list[bytes]) -> None:
+        """Units that cannot be journaled: to the peer after those journaled before them."""
+        self.index += 1
+        self._flushes[self.index] = _Flush(units, self.index, self.index, 0)
+        self._stored[self.index] = 0
+        self._release()
+
     def _done(self, index: int, future: asyncio.Future[int]) -> None:
         self._outstanding.discard(future)
         self._journal.outstanding.discard(future)
@@ -214,6 +225,10 @@ class SessionJournal:
         else:
             seq = future.result()
         self._stored[index] = seq
+        self._release()
+
+    def _release(self) -> None:
+        """Send on, in index order, the units of every flush whose messages are all stored."""
         while self._released + 1 in self._stored:  # in index order: a republished message may be stored late
             self._released += 1
             flush = self._flushes.pop(self._released, None)
