@@ -190,7 +190,8 @@ async def _client(args: argparse.Namespace) -> Client:
 
     token = client_token(args)
     if args.connect:
-        return await Client.connect(args.connect, protocol=args.protocol, token=token)
+        # resume: a dropped connection (a restarting gateway) is reconnected and carried on
+        return await Client.connect(args.connect, protocol=args.protocol, token=token, resume=True)
     return await Client.spawn("--log-level", "warning", protocol=args.protocol, token=token)
 
 

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import pathlib
 import signal
+import subprocess
+import sys
 import urllib.request
 import uuid
 
@@ -246,5 +248,25 @@ def test_a_second_process_with_the_same_gateway_id_refuses_to_serve(tmp_path: pa
             await client.close()
 
         asyncio.run(still_serves())
+    finally:
+        cluster.stop()
+
+
+def test_cli_exec_carries_on_across_a_gateway_restart(tmp_path: pathlib.Path) -> None:
+    """`smith-fast exec --connect` resumes its session: the gateway restarts under it, the
+    command's output arrives whole and once, and exec exits with the command's code."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=GATEWAY).start()
+    try:
+        command = f"{STREAM}; exit 3"
+        proc = subprocess.Popen([sys.executable, "-m", "smith_fast", "exec", "--connect", cluster.unix, command],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # it runs
+        assert first == b"line-1\n", first
+        restart(cluster, signal.SIGTERM)
+        rest, err = proc.communicate(timeout=90)
+        assert proc.returncode == 3, err.decode()
+        assert (first + rest).decode() == EXPECTED, err.decode()
+        assert b"Traceback" not in err
     finally:
         cluster.stop()
