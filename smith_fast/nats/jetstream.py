@@ -20,6 +20,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
@@ -139,8 +140,13 @@ async def round_trip(nc: NATS, timeout: float = 2.0) -> float:
     return time.perf_counter() - start
 
 
-async def _ensure_stream(js: JetStreamContext, name: str, cfg: api.StreamConfig) -> None:
-    cfg = dataclasses.replace(cfg, name=name)
+async def _ensure_stream(js: JetStreamContext, config: NatsConfig, name: str, tokens: str, description: str, **limits: Any) -> None:
+    """Create stream ``name`` on ``<prefix>.<tokens>.>`` when missing, with the settings every
+    stream shares (duplicate window, storage, replicas) and its own ``limits``."""
+    cfg = api.StreamConfig(
+        name=name, description=description, subjects=[f"{config.prefix}.{tokens}.>"],
+        duplicate_window=config.duplicate_window, storage=api.StorageType(config.storage), num_replicas=config.replicas, **limits,
+    )
     try:
         await js.stream_info(name)
         return
@@ -155,36 +161,15 @@ async def _ensure_stream(js: JetStreamContext, name: str, cfg: api.StreamConfig)
 
 async def ensure_streams(js: JetStreamContext, config: NatsConfig) -> None:
     """Create the command stream (work queue) and the event stream (interest) when missing."""
-    storage = api.StorageType(config.storage)
     await _ensure_stream(
-        js,
-        config.command_stream,
-        api.StreamConfig(
-            description="smith-fast commands: gateway -> workers",
-            subjects=[f"{config.prefix}.cmd.>"],
-            retention=api.RetentionPolicy.WORK_QUEUE,
-            max_msgs=config.max_commands,
-            max_bytes=config.command_max_bytes,
-            discard=api.DiscardPolicy.NEW,
-            duplicate_window=config.duplicate_window,
-            storage=storage,
-            num_replicas=config.replicas,
-        ),
+        js, config, config.command_stream, "cmd", "smith-fast commands: gateway -> workers",
+        retention=api.RetentionPolicy.WORK_QUEUE, max_msgs=config.max_commands, max_bytes=config.command_max_bytes,
+        discard=api.DiscardPolicy.NEW,
     )
     await _ensure_stream(
-        js,
-        config.event_stream,
-        api.StreamConfig(
-            description="smith-fast events: workers -> gateways",
-            subjects=[f"{config.prefix}.evt.>"],
-            retention=api.RetentionPolicy.INTEREST,
-            max_bytes=config.event_max_bytes,
-            max_age=config.event_max_age,
-            discard=api.DiscardPolicy.OLD,
-            duplicate_window=config.duplicate_window,
-            storage=storage,
-            num_replicas=config.replicas,
-        ),
+        js, config, config.event_stream, "evt", "smith-fast events: workers -> gateways",
+        retention=api.RetentionPolicy.INTEREST, max_bytes=config.event_max_bytes, max_age=config.event_max_age,
+        discard=api.DiscardPolicy.OLD,
     )
 
 
@@ -192,19 +177,9 @@ async def ensure_journal_stream(js: JetStreamContext, config: NatsConfig) -> Non
     """The stream of a gateway's session journals (smith_fast.nats.journal): limits retention,
     the oldest messages dropped past its bounds."""
     await _ensure_stream(
-        js,
-        config.journal_stream,
-        api.StreamConfig(
-            description="smith-fast gateway session journals",
-            subjects=[f"{config.prefix}.out.>"],
-            retention=api.RetentionPolicy.LIMITS,
-            max_bytes=config.journal_max_bytes,
-            max_age=config.journal_max_age,
-            discard=api.DiscardPolicy.OLD,
-            duplicate_window=config.duplicate_window,
-            storage=api.StorageType(config.storage),
-            num_replicas=config.replicas,
-        ),
+        js, config, config.journal_stream, "out", "smith-fast gateway session journals",
+        retention=api.RetentionPolicy.LIMITS, max_bytes=config.journal_max_bytes, max_age=config.journal_max_age,
+        discard=api.DiscardPolicy.OLD,
     )
 
 
