@@ -386,7 +386,7 @@ class NatsRunner:
         elif isinstance(exc, asyncio.CancelledError):  # the publisher closed: the gateway is stopping
             self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", "cancelled")
         else:  # a bug of ours: report it, keep the session
-            log.error("forwarding failed", extra={"fields": {"peer": self._host.peer, "request_id": remote.rid, "error": repr(exc)}})
+            log.error("forwarding failed", exc_info=exc, extra={"fields": {"peer": self._host.peer, "request_id": remote.rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         if not remote.done.done():  # (a closing session sends nothing, but its request is over)
             remote.done.set_result(None)
