@@ -289,3 +289,18 @@ async def test_a_batch_with_a_hook_load_and_later_commands(wide: Cluster) -> Non
         assert _output(events) == (f"plain {i}\n", "", 0)
     assert _output(later) == ("my [redacted]\n", "", 0)
     assert await _stored_commands(wide) < len(cmds) + 1  # the load travelled with others
+
+
+async def test_a_batch_that_outlasts_the_ack_wait_runs_once(single: Cluster) -> None:
+    """Commands of one batch that run for several ack waits (2 s here) are kept by their worker's
+    progress reports: each runs once and ends READY, with no redelivery (its notice would say
+    so), and the worker saw no redelivery either."""
+    async with await Client.connect(single.unix) as client:
+        await client.handshake(["shell_exec"])
+        cmds = [_shell(f"sleep 5; echo slow {i}") for i in range(3)]
+        results = await asyncio.gather(*(_collect(client, c) for c in cmds))
+    for i, (cmd, events) in enumerate(zip(cmds, results)):
+        assert _terminals(events, cmd.shell_exec.request_id) == [pb.SERVICE_STATE_READY]
+        assert not any(_restarted(e) for e in events)
+        assert _output(events) == (f"slow {i}\n", "", 0)
+    assert not [r for r in single.workers[0].logs if r.get("event") == "redelivered command done"]

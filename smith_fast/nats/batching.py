@@ -32,7 +32,7 @@ from ..sequencing import Resequencer
 from .jetstream import Publisher, message_size
 from .wire import COMMANDS, DEFAULT_WINDOW, MSG_ID, PARTS, CommandMeta, command_headers, parse_event_msg_id
 
-__all__ = ["CommandBatcher", "EventOutbox", "MAX_BATCH_COMMANDS", "SharedStream", "batch_limit", "split_commands", "split_events"]
+__all__ = ["CommandBatcher", "EventOutbox", "MAX_BATCH_COMMANDS", "SharedStream", "Stored", "batch_limit", "split_commands", "split_events"]
 
 MAX_BATCH_COMMANDS = 64  # commands in one command message, at most
 MAX_BATCH_PARTS = 1024  # event messages in one NATS message, at most
@@ -52,13 +52,17 @@ def _framed(size: int) -> int:
     return size + varint_size(size)
 
 
+Stored = Callable[[int, BaseException | None], None]
+"""Told how a command's storing ended: ``(sequence, None)``, or ``(0, the error)``."""
+
+
 class _CommandBatch:
-    __slots__ = ("meta", "payloads", "futures", "size", "room")
+    __slots__ = ("meta", "payloads", "told", "size", "room")
 
     def __init__(self, meta: CommandMeta, max_payload: int) -> None:
         self.meta = meta
         self.payloads: list[bytes] = []
-        self.futures: list[asyncio.Future[int]] = []
+        self.told: list[Stored] = []
         self.size = 0
         # what the payloads may take: the server's max_payload less the headers (a session's hook
         # keys make them long) and the count header; a lone command over it fails alone
@@ -92,7 +96,13 @@ class CommandBatcher:
     def add(self, meta: CommandMeta, payload: bytes, deadline: float | None, *, alone: bool = False) -> asyncio.Future[int]:
         """Queue a command for its session's next message; ``alone``: in a message of its own
         (after the session's open batch, which is sent first, so the order holds)."""
-        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.add_told(meta, payload, deadline, functools.partial(_told_future, future), alone=alone)
+        return future
+
+    def add_told(self, meta: CommandMeta, payload: bytes, deadline: float | None, told: Stored, *, alone: bool = False) -> None:
+        """:meth:`add`, with ``told`` called once the command is stored (or could not be) instead
+        of a future: no future, no loop callback per command (the gateway's forwarding path)."""
         batch = self._open.get(meta.session)
         if batch is not None and alone:
             self._close(meta.session, deadline)
@@ -106,18 +116,16 @@ class CommandBatcher:
                 batch = None
         if batch is None:
             batch = self._open[meta.session] = _CommandBatch(meta, self._publisher.max_payload)
-        future: asyncio.Future[int] = loop.create_future()
         batch.payloads.append(payload)
-        batch.futures.append(future)
+        batch.told.append(told)
         batch.size += _framed(len(payload))
         self.commands += 1
         if alone:
             self._close(meta.session, deadline)
-            return future
+            return
         if not self._scheduled:
             self._scheduled = True
-            loop.call_soon(self._flush, deadline)
-        return future
+            asyncio.get_running_loop().call_soon(self._flush, deadline)
 
     def _flush(self, deadline: float | None) -> None:
         self._scheduled = False
@@ -134,8 +142,23 @@ class CommandBatcher:
             payload = encode_frames(batch.payloads)
         self.messages += 1
         stored = self._publisher.publish(self._subject(session), payload, headers, deadline=deadline)
-        futures = batch.futures
-        stored.add_done_callback(functools.partial(_settle, futures=futures))
+        stored.add_done_callback(functools.partial(_tell, told=batch.told))
+
+
+def _tell(done: asyncio.Future[int], told: list[Stored]) -> None:
+    exc = done.exception() if not done.cancelled() else asyncio.CancelledError()
+    seq = done.result() if exc is None else 0
+    for tell in told:
+        tell(seq, exc)
+
+
+def _told_future(future: asyncio.Future[int], seq: int, exc: BaseException | None) -> None:
+    if future.done():
+        return  # its waiter was cancelled
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(seq)
 
 
 def _settle(done: asyncio.Future[int], futures: list[asyncio.Future[int]]) -> None:

@@ -42,7 +42,7 @@ from ..service.metrics import Figure
 from ..service.resume import DetachedFront
 from ..service.shell_exec import terminal_size
 from ..service.sinks import V1Sink
-from .batching import CommandBatcher, SharedStream, batch_limit, split_events
+from .batching import CommandBatcher, SharedStream, Stored, batch_limit, split_events
 from .config import NatsConfig, is_token
 from .journal import Journal, Saved, SessionJournal
 from .control import FORWARDED, InputChannel, interactive, not_running, only_stdin_written, request_subject
@@ -89,7 +89,8 @@ class GatewayIdInUse(SmithFastError):
 class _Remote:
     """One forwarded request: its number in the session, and what the frontend saw of it."""
 
-    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key", "attempt", "watch", "ctl", "cancelled", "cancel_seen", "overdue")
+    __slots__ = ("number", "rid", "kind", "stream", "done", "seq", "key", "attempt", "watch", "ctl", "cancelled", "cancel_seen", "overdue",
+                 "timers", "over")
 
     def __init__(self, number: int, rid: str, kind: str, key: str | None) -> None:
         self.number = number
@@ -106,6 +107,8 @@ class _Remote:
         self.cancelled = False  # the peer cancelled it
         self.cancel_seen = False  # its worker reported it cancelled
         self.overdue: asyncio.TimerHandle | None = None  # ends it here if its worker never confirms the cancel
+        self.timers: list[asyncio.TimerHandle] = []  # its queue notice and timeout (NatsRunner._queue_timers)
+        self.over = False  # its forwarding ended here (NatsRunner._follow): a late storing confirmation changes nothing
 
 
 class NatsRunner:
@@ -341,30 +344,46 @@ class NatsRunner:
             hooks=tuple(self.hook_keys),
             traceparent=host.span.traceparent,  # None unless tracing was granted
         )
-        await self._follow(remote, self._submit(remote, meta, command, direct))
-
-    async def _submit(self, remote: _Remote, meta: CommandMeta, command: pb.Command, direct: bool) -> bool:
-        """Hand the request on; False: it ended meanwhile (refused, or an Attach, which waits itself)."""
-        kind = remote.kind
+        if direct or not self.bridge.accepting:  # an Attach; or commands held until the take-over is done
+            await self._follow(remote, self._submit(remote, meta, command, direct))
+            return
+        # The common path: the command joins its session's batch at once and this request waits
+        # for one future, its end; the storing is reported by a callback (_stored), not awaited
+        # (no coroutine, future and wake-up per request for it: issue 19, CPU per relayed call).
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
-            if direct:
-                await self._direct(remote, meta, command)
-                return False
             # An interactive ShellExec travels alone: its stdin and resizes go to the worker
             # session of that one delivery (smith_fast.nats.control), not to a shared batch.
-            remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
-        except PayloadTooLarge as exc:
+            self.bridge.submit_told(meta, payload, functools.partial(self._stored, remote), alone=remote.ctl is not None)
+        except Exception as exc:
+            self._refused(remote, exc)
+        await self._follow(remote, timed=False)
+
+    def _stored(self, remote: _Remote, seq: int, exc: BaseException | None) -> None:
+        """The command of a forwarded request is in the command stream (or could not be put there)."""
+        if exc is not None:
+            self._refused(remote, exc)
+            return
+        remote.seq = seq
+        if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
+            self.bridge.spawn(self.bridge.withdraw_cancelled(seq))
+        if remote.over or remote.done.done():
+            return  # it ended meanwhile (refused, cancelled, its session closed): nothing to follow
+        self.bridge.track(seq, self, remote)
+        remote.timers = self._queue_timers(remote)
+
+    def _refused(self, remote: _Remote, exc: BaseException) -> None:
+        """The command could not be stored: the request ends here, with why."""
+        if isinstance(exc, PayloadTooLarge):
             self._fail(
                 remote,
                 pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-                f"this {kind} command does not fit in a NATS message: {exc} (the nats-server's max_payload; "
+                f"this {remote.kind} command does not fit in a NATS message: {exc} (the nats-server's max_payload; "
                 "raise it there, or send less); nothing was run",
                 "too_large_for_nats",
                 {"size": str(exc.size), "limit": str(exc.limit)},
             )
-            return False
-        except PublishError as exc:
+        elif isinstance(exc, PublishError):
             full = exc.code in _STREAM_FULL
             self._fail(
                 remote,
@@ -372,26 +391,47 @@ class NatsRunner:
                 f"the command could not be queued for a worker: {exc}",
                 "queue_full" if full else "nats_unavailable",
             )
+        elif isinstance(exc, asyncio.CancelledError):  # the publisher closed: the gateway is stopping
+            self._fail(remote, pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", "cancelled")
+        else:  # a bug of ours: report it, keep the session
+            log.error("forwarding failed", exc_info=exc, extra={"fields": {"peer": self._host.peer, "request_id": remote.rid}})
+            self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
+        if not remote.done.done():  # (a closing session sends nothing, but its request is over)
+            remote.done.set_result(None)
+
+    async def _submit(self, remote: _Remote, meta: CommandMeta, command: pb.Command, direct: bool) -> bool:
+        """Hand the request on and wait until it is stored; False: it ended meanwhile (refused, or
+        an Attach, which waits itself)."""
+        payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
+        try:
+            if direct:
+                await self._direct(remote, meta, command)
+                return False
+            remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
+        except (PayloadTooLarge, PublishError) as exc:
+            self._refused(remote, exc)
             return False
         self.bridge.track(remote.seq, self, remote)
         if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
             self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))
         return True
 
-    async def _follow(self, remote: _Remote, start: Coroutine[Any, Any, bool] | None = None) -> None:
+    async def _follow(self, remote: _Remote, start: Coroutine[Any, Any, bool] | None = None, *, timed: bool = True) -> None:
         """Pass a request's events on until its terminal state: once ``start`` handed it on, or at
-        once (a request a restored session follows, handed on by the process before)."""
+        once (a request a restored session follows, handed on by the process before; or one whose
+        storing its callback reports, which starts the queue timers then: ``timed`` False)."""
         host = self._host
         try:
             if start is not None and not await start:
                 return
-            timers = self._queue_timers(remote)
-            try:
-                await asyncio.shield(remote.done)  # a cancellation must not cancel the future itself
-            finally:
-                for timer in timers:
-                    timer.cancel()
+            if timed:
+                remote.timers = self._queue_timers(remote)
+            await remote.done
         except asyncio.CancelledError:
+            if remote.done.cancelled():  # cancelling this wait cancelled the future: the events set a new one
+                remote.done = asyncio.get_running_loop().create_future()
+                if remote.stream.finished:
+                    remote.done.set_result(None)
             if not host.closing and not remote.stream.finished:
                 # Shutdown (somebody listens): the workers were told to stop this session's
                 # commands; their final events are on the way, unless the command never started.
@@ -404,6 +444,9 @@ class NatsRunner:
             log.exception("forwarding failed", extra={"fields": {"peer": host.peer, "request_id": remote.rid}})
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         finally:
+            remote.over = True
+            for timer in remote.timers:
+                timer.cancel()
             if start is not None:
                 start.close()  # not awaited when cancelled before it ran
             self.bridge.untrack(remote.seq, remote)
@@ -1011,24 +1054,44 @@ class Bridge:
 
     # ---- commands --------------------------------------------------------------------------------
 
-    async def submit(self, meta: CommandMeta, payload: bytes, *, alone: bool = False) -> int:
-        """Store one command in the command stream; returns its stream sequence number.
+    @property
+    def accepting(self) -> bool:
+        """Commands are taken at once (:meth:`submit_told`): not held for the take-over of the
+        process before's sessions."""
+        return self._taken_over.is_set()
 
-        Raises:
-            PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
-        """
+    def _batcher(self) -> CommandBatcher:
         if self.publisher is None or self.batcher is None:  # never reached NATS yet: say so now rather than hold the command
             raise PublishError(
                 f"NATS is unreachable at {', '.join(self.config.servers)}; the gateway keeps retrying "
                 f"(every {self.config.reconnect_wait:g}s); the command was not queued, send it again later"
                 if self.setup_error is None else f"the gateway cannot use NATS: {self.setup_error}"
             )
+        return self.batcher
+
+    async def submit(self, meta: CommandMeta, payload: bytes, *, alone: bool = False) -> int:
+        """Store one command in the command stream; returns its stream sequence number.
+
+        Raises:
+            PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
+        """
+        batcher = self._batcher()
         if not self._taken_over.is_set():
             await self._taken_over.wait()
         self.counters.dispatched += 1
         deadline = time.monotonic() + self.config.submit_timeout
         # with the session's other commands of this loop iteration, as one message (batching.py)
-        return await self.batcher.add(meta, payload, deadline, alone=alone)
+        return await batcher.add(meta, payload, deadline, alone=alone)
+
+    def submit_told(self, meta: CommandMeta, payload: bytes, told: Stored, *, alone: bool = False) -> None:
+        """:meth:`submit` while :attr:`accepting`, ``told`` called with the outcome.
+
+        Raises:
+            PublishError: NATS was never reached (nothing was queued).
+        """
+        batcher = self._batcher()
+        self.counters.dispatched += 1
+        batcher.add_told(meta, payload, time.monotonic() + self.config.submit_timeout, told, alone=alone)
 
     def _command_subject(self, session_id: str) -> str:
         return self.config.command_subject(self.gateway_id, session_id)

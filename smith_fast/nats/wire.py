@@ -244,25 +244,26 @@ class RequestStream:
         ready = cast("list[Sequence[pb.Event]]", self._reseq.push(index, events))
         self.dropped += self._reseq.duplicates - before
         rid = self.request_id
-        for ev in (ev for batch in ready for ev in batch):
-            if ev.WhichOneof("event_type") == "state_change":
-                sc = ev.state_change
-                if not sc.HasField("request_id"):
-                    if sc.state == pb.SERVICE_STATE_SHUTTING:
-                        continue
-                elif sc.request_id == rid:
-                    if sc.state == pb.SERVICE_STATE_PROCESSING:
-                        if not self._processing:
-                            self._processing = True
+        for batch in ready:  # (two loops, not a generator: a generator step per relayed event)
+            for ev in batch:
+                if ev.WhichOneof("event_type") == "state_change":
+                    sc = ev.state_change
+                    if not sc.HasField("request_id"):
+                        if sc.state == pb.SERVICE_STATE_SHUTTING:
+                            continue
+                    elif sc.request_id == rid:
+                        if sc.state == pb.SERVICE_STATE_PROCESSING:
+                            if not self._processing:
+                                self._processing = True
+                                out.append(ev)
+                            continue
+                        if sc.state in _TERMINAL:
                             out.append(ev)
-                        continue
-                    if sc.state in _TERMINAL:
-                        out.append(ev)
-                        self.finished = True
-                        self.state = sc.state
-                        break
-            self._shown = True
-            out.append(ev)
+                            self.finished = True
+                            self.state = sc.state
+                            return out  # nothing of it after its terminal state
+                self._shown = True
+                out.append(ev)
         return out
 
     def position(self) -> list[int]:

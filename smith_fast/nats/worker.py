@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
 import json
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -51,7 +51,7 @@ from ..service.session import Session
 from ..service.sinks import V1Sink
 from .config import NatsConfig
 from .batching import EventOutbox, split_commands
-from .control import WorkerControls, ControlHold
+from .control import ControlHold, WorkerControls, interactive
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
 from .leases import Lapse, Leases, takeover_subject
 from .metrics import NatsCounters, worker_figures
@@ -408,9 +408,7 @@ class Worker:
 
     def _spawn_announce(self) -> None:
         if not self.stopping:
-            task = asyncio.get_running_loop().create_task(self._announce())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._spawn_background(self._announce())
 
     async def _queried(self, _msg: Msg) -> None:
         self._spawn_announce()
@@ -550,9 +548,7 @@ class Worker:
                 self._mark_ended(session_id, "gateway_gone")
                 state = self.states.get(session_id)
                 if state is not None:
-                    task = asyncio.get_running_loop().create_task(self._wind_up(session_id, state))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
+                    self._spawn_background(self._wind_up(session_id, state))
 
     async def _wind_up(self, session_id: str, state: _SessionState) -> None:
         """Stop a lapsed session's commands, reporting their ends; then close its hooks."""
@@ -656,10 +652,10 @@ class Worker:
         shared = (1 < len(commands) <= self.core.limits.max_requests
                   and not any(c.HasField("hook_load") for c in commands))
         publications = [_Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
-            _Publication(self.outbox, self.publisher, dataclasses.replace(meta, number=meta.number + i) if i else meta, attempt)
+            _Publication(self.outbox, self.publisher, _numbered(meta, meta.number + i) if i else meta, attempt)
             for i in range(len(commands))
         ]
-        keepalive = asyncio.get_running_loop().create_task(self._keep(msg))
+        keepalive = _Progress(msg, self.config.ack_wait / 3, self._spawn_background)
         try:
             # All started first (each session runs its requests in tasks of its own), then waited
             # for in turn: no extra task per command of a batch.
@@ -753,10 +749,11 @@ class Worker:
         try:
             for i, (command, rid) in enumerate(zip(commands, rids)):
                 # A cancel, stdin or resize finds each command of a batch by its own number.
-                own = dataclasses.replace(meta, number=meta.number + i) if i else meta
+                own = _numbered(meta, meta.number + i) if i else meta
                 held = self.controls.hold(own, rid, session)
                 helds.append((own, held))
-                await self.controls.listen(self.nc, own, attempt, command, held)
+                if interactive(command):  # (the others have nothing to listen for)
+                    await self.controls.listen(self.nc, own, attempt, command, held)
                 if self.controls.start(own, held):
                     session.handle(command)
                 else:  # cancelled before it ran: its gateway ended it, nothing of it is published
@@ -810,12 +807,10 @@ class Worker:
         finally:
             self.counters.events += publication.published
 
-    async def _keep(self, msg: Msg) -> None:
-        period = self.config.ack_wait / 3
-        while True:
-            await asyncio.sleep(period)
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+    def _spawn_background(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _ack(self, msg: Msg) -> None:
         """Acknowledge, a moment later and without waiting for the server's confirmation (issue
@@ -831,9 +826,7 @@ class Worker:
 
     def _send_acks(self) -> None:
         acks, self._acks = self._acks, []
-        task = asyncio.get_running_loop().create_task(self._ack_all(acks))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn_background(self._ack_all(acks))
 
     async def _ack_all(self, acks: list[Msg]) -> None:
         for msg in acks:
@@ -845,3 +838,34 @@ class Worker:
 
 def _nothing() -> None:
     pass
+
+
+def _numbered(meta: CommandMeta, number: int) -> CommandMeta:
+    """``meta`` of another command of its batch (dataclasses.replace costs twice as much)."""
+    return CommandMeta(meta.session, number, meta.reply, meta.capabilities, meta.hooks, meta.traceparent)
+
+
+class _Progress:
+    """Tells the command stream every ``period`` seconds that a command message is still being
+    worked on, so a live worker keeps it however long it runs: a timer per message rather than a
+    task (most messages end long before the first tick)."""
+
+    __slots__ = ("_msg", "_period", "_spawn", "_loop", "_handle")
+
+    def __init__(self, msg: Msg, period: float, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self._msg = msg
+        self._period = period
+        self._spawn = spawn
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(period, self._tick)
+
+    def _tick(self) -> None:
+        self._spawn(self._say())
+        self._handle = self._loop.call_later(self._period, self._tick)
+
+    async def _say(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._msg.in_progress()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
