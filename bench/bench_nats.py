@@ -8,7 +8,11 @@ Four topologies, the same client and the same bytes on the frontend's wire:
 * ``gateway+N``: nats-server, one gateway, N workers (N = 1, 2, 3);
 * ``gateway+1r``: as ``gateway+1``, the gateway with a fixed ``--gateway-id`` and the client's
   session resumable (``accept: resume``): every envelope is journaled in NATS before the client
-  gets it (smith_fast/nats/journal.py), what a gateway restart costs while nothing restarts.
+  gets it (smith_fast/nats/journal.py), what a gateway restart costs while nothing restarts;
+* ``gateway+2b``: as ``gateway+2``, the gateway with ``--max-session-buffer 256M``: each forwarded
+  tool call reserves ``--tool-max-output`` (1 MiB) of its session's output budget while it is in
+  flight (what bounds a gateway's memory for a peer that does not read), so with the default 16 MiB
+  a session has ~15 calls in flight and the gateway's batches stay small.
 
 Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a plain blocking socket
 (the driver below parses every envelope, as a client must):
@@ -59,7 +63,7 @@ _TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
 ROUNDS = 5
 _RESULTS: list[str] = []
 _RATES: dict[tuple[str, str], tuple[float, float, str]] = {}  # (workload, topology): best, median rate, unit
-TOPOLOGIES = ["serve", "gateway+1", "gateway+1r", "gateway+2", "gateway+3"]
+TOPOLOGIES = ["serve", "gateway+1", "gateway+1r", "gateway+2", "gateway+2b", "gateway+3"]
 
 
 class Topology:
@@ -76,10 +80,13 @@ class Topology:
             self.path = self.serve.sock_path
             self.root = self.serve.root
         else:
-            workers = int(name.rpartition("+")[2].rstrip("r"))
+            workers = int(name.rpartition("+")[2].rstrip("rb"))
+            gateway_args = ("--gateway-id", "bench") if self.resume else ()
+            if name.endswith("b"):
+                gateway_args += ("--max-session-buffer", "256M")
             self.cluster = Cluster(
                 tmp, workers=workers, worker_args=("--chunk-size", CHUNK_SIZE, "--concurrency", "64"),
-                gateway_args=("--gateway-id", "bench") if self.resume else (),
+                gateway_args=gateway_args,
             )
             # the processes log at debug for the tests; here that would be measured too (info: "ready" only)
             self.cluster.worker_args = tuple(a if a != "debug" else "info" for a in self.cluster.worker_args)
