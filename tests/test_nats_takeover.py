@@ -270,3 +270,33 @@ def test_cli_exec_carries_on_across_a_gateway_restart(tmp_path: pathlib.Path) ->
         assert b"Traceback" not in err
     finally:
         cluster.stop()
+
+
+async def test_the_journal_of_a_flooding_session_stays_bounded(tmp_path: pathlib.Path) -> None:
+    """A session that sends 24 MB keeps about twice --max-session-buffer in the journal stream,
+    not all of it (NATS's disk is the gateway's memory here), and is still taken over after it."""
+    limit = 2 << 20
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST, gateway_args=(*GATEWAY, "--max-session-buffer", str(limit))).start()
+    try:
+        client = await Client.connect(cluster.unix, resume=True)
+        await client.handshake(["shell_exec"])
+        result = await client.run("head -c 24000000 /dev/zero | tr '\\\\0' a")
+        assert result.exit_code == 0 and len(result.stdout) == 24_000_000
+        nats = await nats_py.connect(cluster.nats.url)
+        try:
+            js = nats.jetstream()
+            for _ in range(200):  # purges are sent in the background
+                kept = (await js.stream_info("SMITH_OUT")).state.bytes
+                if kept <= 3 * limit:
+                    break
+                await asyncio.sleep(0.05)
+            print(f"journal holds {kept:,} bytes after 24,000,000 sent (--max-session-buffer {limit:,})")
+            assert kept <= 3 * limit
+        finally:
+            await nats.close()
+        await asyncio.to_thread(restart, cluster, signal.SIGTERM)
+        again = await client.run("echo still")
+        assert again.exit_code == 0 and again.stdout == b"still\n" and client.resumes >= 1
+        await client.close()
+    finally:
+        cluster.stop()

@@ -1264,6 +1264,7 @@ class GatewayCore(ServiceCore):
         runner.journal = journal.open(
             session.session_id, functools.partial(self._snapshot, session, runner, sink),
             lambda: retention.first, sink.framed, sink.flush_batch, self._journal_index.pop(session.session_id, 0),
+            self.limits.max_session_buffer,
         )
         sink.interpose(runner.journal.stage)
 

@@ -115,10 +115,11 @@ class Saved:
 class _Flush:
     """The envelopes of one flush, waiting until every message carrying them is stored."""
 
-    __slots__ = ("units", "first", "last", "last_sequence", "stream_seq")
+    __slots__ = ("units", "first", "last", "last_sequence", "stream_seq", "size")
 
     def __init__(self, units: list[bytes], first: int, last: int, last_sequence: int) -> None:
         self.units = units
+        self.size = sum(len(u) for u in units)
         self.first = first  # its first and last message index
         self.last = last
         self.last_sequence = last_sequence  # the Envelope.sequence of its last unit
@@ -138,10 +139,13 @@ class SessionJournal:
         prepare: called before each flush (the sink's ``flush_batch``: what its snapshot counts
             as sent must be in the flush).
         next_index: the last message index the process before used (a restored session).
+        limit: ``--max-session-buffer``: old messages are purged at least each time this many
+            bytes more are kept, so the journal holds about twice what the ring does at most.
     """
 
     def __init__(self, journal: Journal, session_id: str, snapshot: Callable[[], dict[str, Any]],
-                 oldest: Callable[[], int], framed: bool, prepare: Callable[[], None], next_index: int = 0) -> None:
+                 oldest: Callable[[], int], framed: bool, prepare: Callable[[], None], next_index: int = 0,
+                 limit: int = 1 << 24) -> None:
         self._journal = journal
         self.session_id = session_id
         self.subject = journal.config.journal_subject(journal.gateway_id, session_id)
@@ -157,6 +161,9 @@ class SessionJournal:
         self._released = next_index  # every message up to this index is stored, its envelopes sent on
         self._kept: list[_Flush] = []  # released flushes whose messages are still in the stream
         self._trim_at = _TRIM_EVERY
+        self._limit = limit
+        self._kept_bytes = 0
+        self._trim_bytes = limit
         self._outstanding: set[asyncio.Future[int]] = set()
         self.failed = False  # a message could not be stored: a successor cannot take this session over exactly
         self.ended = False
@@ -240,9 +247,12 @@ class SessionJournal:
                 self._deliver(unit)
             flush.units = []
             self._kept.append(flush)
-        if len(self._kept) >= self._trim_at:
+            self._kept_bytes += flush.size
+        if len(self._kept) >= self._trim_at or self._kept_bytes >= self._trim_bytes:
             self._trim()
-            self._trim_at = len(self._kept) + _TRIM_EVERY  # one purge request per so many flushes at most
+            # one purge request per so many flushes or bytes at most
+            self._trim_at = len(self._kept) + _TRIM_EVERY
+            self._trim_bytes = self._kept_bytes + self._limit
 
     def _fail(self, why: str) -> None:
         if not self.failed and not self.ended:
@@ -261,6 +271,7 @@ class SessionJournal:
         if not drop:
             return
         keep_from = kept[drop].stream_seq
+        self._kept_bytes -= sum(f.size for f in kept[:drop])
         del kept[:drop]
         if keep_from:
             self._journal.purge(self.subject, keep_from)
@@ -309,8 +320,8 @@ class Journal:
         self.publisher, self.js = publisher, js
 
     def open(self, session_id: str, snapshot: Callable[[], dict[str, Any]], oldest: Callable[[], int], framed: bool,
-             prepare: Callable[[], None], next_index: int = 0) -> SessionJournal:
-        journal = SessionJournal(self, session_id, snapshot, oldest, framed, prepare, next_index)
+             prepare: Callable[[], None], next_index: int = 0, limit: int = 1 << 24) -> SessionJournal:
+        journal = SessionJournal(self, session_id, snapshot, oldest, framed, prepare, next_index, limit)
         self.sessions[session_id] = journal
         return journal
 
