@@ -172,6 +172,7 @@ class Request:
         self.terminal: list[int] = []
         self.exit_code: int | None = None
         self.finished = 0
+        self.link: Any = None  # the connection it was last sent on
 
 
 class ResumingPeer:
@@ -196,10 +197,12 @@ class ResumingPeer:
     async def start(self) -> None:
         self.link, self.token, self.last = await open_session(self.address, self.opener, **self.client_info)
 
-    def run(self, request_id: str, request: Request) -> None:
+    def run(self, request_id: str, request: Request, command: pb.Command | None = None) -> None:
+        """Send ``request`` (as ``command`` when given, else a plain ShellExec of its command)."""
         self.requests[request_id] = request
         assert self.link is not None
-        self.link.send(shell(request_id, request.command))
+        request.link = self.link
+        self.link.send(command or shell(request_id, request.command))
 
     def open(self) -> list[str]:
         return [r for r, req in self.requests.items() if not req.terminal]
@@ -222,11 +225,15 @@ class ResumingPeer:
             return replayed
 
     def _resend(self) -> None:
-        """Commands the service never read (no PROCESSING, no terminal state after the replay) are
-        sent again; one it had read is refused as a duplicate and changes nothing."""
+        """Commands the service never read (no PROCESSING, no terminal state after the replay, the
+        events of its last envelope included) are sent again; one it had read is refused as a
+        duplicate and changes nothing. Only those sent before this connection's resume handshake:
+        one sent since follows the handshake on this connection and is read in turn (were it sent
+        again and had ended by then, the copy would be a new request and run twice)."""
         assert self.link is not None
         for request_id, req in self.requests.items():
-            if not req.processing and not req.terminal:
+            if not req.processing and not req.terminal and req.link is not self.link:
+                req.link = self.link
                 self.link.send(shell(request_id, req.command))
 
     async def pump(self, done: Any) -> None:
@@ -246,16 +253,19 @@ class ResumingPeer:
                 if env.sequence != self.last + 1:
                     self.unexpected.append(f"sequence {env.sequence} after {self.last}")
                 self.last = env.sequence
-                if replay > 0:
-                    replay -= 1
-                    if replay == 0:
-                        self._resend()
             if env.HasField("batch_event"):
                 self.batches += 1
                 for event in env.batch_event.events:
                     self._event(event)
             else:
                 self._event(env.event)
+            # After the events of the last replayed envelope, not before: its PROCESSING says that
+            # request was read (a copy sent on seeing only the sequence would run it again once
+            # the request had ended before the copy arrived).
+            if env.sequence and replay > 0:
+                replay -= 1
+                if replay == 0:
+                    self._resend()
 
     def _event(self, event: pb.Event) -> None:
         event_kind = event.WhichOneof("event_type")
@@ -354,6 +364,72 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
     assert peer.resumes >= CUTS and cuts >= CUTS
     assert (peer.batches > 0) == ("batch_event" in accept)
     assert len(peer.requests) >= 3
+    for request_id, req in peer.requests.items():
+        assert req.terminal == [pb.SERVICE_STATE_READY], request_id
+        assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
+        assert "".join(req.stdout) == req.expected, request_id
+
+
+@pytest.mark.parametrize("accept", ["resume", "resume,batch_event"])
+def test_the_peer_sends_again_only_what_the_service_never_read(run, servers, accept: str) -> None:  # type: ignore[no-untyped-def]
+    """The interleaving the 100-cut test once lost under load (a request got PROCESSING and READY
+    twice, in sequences 395/399 and 400/404): the last replayed envelope (395) carried the request's
+    PROCESSING, the peer sent the request again on that envelope's sequence, before reading its
+    events, and the copy arrived after the request had ended, so the service ran it as a new
+    request (an id may be used again once its request ended). The service was right; the peer
+    decides what to send again only after the events of the last replayed envelope, and never
+    sends again what it sent after the resume handshake on the connection it reads.
+
+    Driven exactly here: the first request waits for its stdin, so its PROCESSING is all the
+    replay holds; the second is sent on the new connection while the replay is still to come.
+    Both still run when a copy would arrive, so a copy would be refused (``duplicate_request``);
+    had they ended, it would run them twice. Either way the checks below catch it."""
+    server = servers("uvloop")
+
+    async def main() -> ResumingPeer:
+        peer = ResumingPeer(server.tcp, **{"smith_fast.accept": accept})
+        await peer.start()
+        waiting, sent_late = rid(), rid()
+        command = "read line; seq 1 3"
+        peer.run(waiting, Request(command, 3),
+                 pb.Command(shell_exec=pb.ShellExecCommand(request_id=waiting, command=command, open_stdin=True)))
+        # the service sends PROCESSING (alone: the request waits for its stdin); the connection
+        # drops before the peer took it
+        env = await asyncio.wait_for(peer.link.recv(), 30)
+        events = env.batch_event.events if env.HasField("batch_event") else [env.event]
+        assert [(e.state_change.state, e.state_change.request_id) for e in events] == [(pb.SERVICE_STATE_PROCESSING, waiting)], env
+        assert env.sequence == peer.last + 1
+        peer.link.close()
+
+        reconnect = peer._reconnect
+
+        async def reconnect_then_start_another() -> int:
+            replay = await reconnect()
+            assert replay == 1  # the PROCESSING the peer did not take
+            peer.run(sent_late, Request("sleep 0.5; seq 1 2", 2))  # as keep_busy may, mid-replay
+            return replay
+
+        peer._reconnect = reconnect_then_start_another  # type: ignore[method-assign]  # the one resume this test makes
+
+        async def feed_stdin_once_resumed() -> None:
+            while not (peer.resumes and peer.requests[waiting].processing):
+                peer.received.clear()
+                await peer.received.wait()
+            peer.link.send(pb.Command(stdin=pb.StdinCommand(request_id=waiting, data=b"go\n", eof=True)))
+
+        feeding = asyncio.ensure_future(feed_stdin_once_resumed())
+        try:
+            await asyncio.wait_for(peer.pump(lambda: len(peer.requests) == 2 and not peer.open()), 60)
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+            await peer.link.aclose()
+        return peer
+
+    peer = run(main())
+    assert peer.resumes == 1 and peer.replayed == 1
+    assert peer.unexpected == []
+    assert peer.duplicates == 0, "the peer sent again a request the service had read"
     for request_id, req in peer.requests.items():
         assert req.terminal == [pb.SERVICE_STATE_READY], request_id
         assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
