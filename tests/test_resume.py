@@ -633,6 +633,44 @@ def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:
     assert resumes >= 5 and resumes <= cuts
 
 
+def test_the_sdk_sends_again_only_what_the_service_never_read(run, servers) -> None:  # type: ignore[no-untyped-def]
+    """The SDK's half of the interleaving above: the connection drops while the request's
+    PROCESSING is on its way (the client is not reading), so that PROCESSING is the whole replay;
+    the client must take it as read, not send the request again (the copy would be refused as a
+    duplicate while it runs, or run it again had it ended)."""
+    import select
+
+    from smith_fast.client import Client
+
+    server = servers("uvloop")
+    logged = len(server.logs)
+
+    async def main() -> tuple[str, bytes, int, int]:
+        client = await Client.connect(server.tcp, resume=True)
+        try:
+            await client.handshake()
+            transport = client._writer.transport  # the connection the test drops (the SDK's own)
+            transport.pause_reading()
+            proc = await client.start("read line; echo $line", stdin=True)
+            fd = transport.get_extra_info("socket").fileno()
+            while not select.select([fd], [], [], 0)[0]:  # the service sent something: its PROCESSING
+                await asyncio.sleep(0.01)
+            transport.abort()
+            while not client.resumes:
+                await asyncio.sleep(0.01)
+            proc.write(b"went on\n")
+            proc.close_stdin()
+            out = b"".join([chunk.data async for chunk in proc])
+            return proc.request_id, out, await proc.wait(), client.resumes
+        finally:
+            await client.close()
+
+    request_id, out, code, resumes = run(main())
+    assert resumes == 1 and out == b"went on\n" and code == 0
+    refused = [r for r in server.logs[logged:] if r.get("event") == "protocol error" and request_id in str(r.get("error"))]
+    assert refused == [], "the client sent again a request the service had read"
+
+
 def test_a_unix_session_resumes_over_tcp_and_stdio_cannot_resume(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
     """The token names the session, not the listener; a front without resume does not grant it."""
     from smith_fast.client import Client
