@@ -7,8 +7,10 @@ parked session holds."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import random
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -434,6 +436,74 @@ def test_the_peer_sends_again_only_what_the_service_never_read(run, servers, acc
         assert req.terminal == [pb.SERVICE_STATE_READY], request_id
         assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
         assert "".join(req.stdout) == req.expected, request_id
+
+
+def test_a_request_read_as_its_session_is_taken_over_runs_once_whatever_its_copy_finds(  # type: ignore[no-untyped-def]
+    run, servers, request: pytest.FixtureRequest
+) -> None:
+    """The service's half: a request read on the old connection in the loop iteration that also
+    reads the resume on the new one has not sent its PROCESSING when the replay is taken (it
+    would come first in its task's first step), so the replay cannot show it was read and the
+    peer sends it again. Had the request ended by the time that copy arrives, it would run as a
+    new request: a second PROCESSING and READY. The service refuses that one copy as a duplicate.
+
+    Driven exactly: the service is stopped (SIGSTOP) while the request goes out on the old
+    connection and the resume on the new one, so that it reads both in one iteration; the copy
+    is sent only once the request ended (a copy that long in flight)."""
+    server = servers(request.node.callspec.params["run"])
+
+    def connections() -> int:
+        return sum(1 for r in server.logs if r.get("event") == "connection")
+
+    async def main() -> tuple[int, list[tuple[int, str]], list[str]]:
+        old, token, last = await open_session(server.tcp)
+        before = connections()
+        new = await Link.open(server.tcp)
+        assert await asyncio.to_thread(wait_until, lambda: connections() > before, 10), "the new connection was not accepted"
+        request_id, marker = rid(), rid()
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            old.send(shell(request_id, "echo once"))
+            await old.writer.drain()
+            new.send(resume(token, last))
+            await new.writer.drain()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        ready = await asyncio.wait_for(new.recv(), 30)
+        assert ready.event.ready.resumed, ready
+        replayed = int(ready.event.ready.service_info["smith_fast.replayed"])
+        # nothing of the request in the replay: the peer sends it again; here once it has ended
+        seen: list[tuple[int, str]] = []  # (state, stdout) of the request's events, in order
+        refusals: list[str] = []
+
+        async def until_terminal(of: str) -> None:
+            while True:
+                env = await asyncio.wait_for(new.recv(), 30)
+                for event in (env.batch_event.events if env.HasField("batch_event") else [env.event]):
+                    which = event.WhichOneof("event_type")
+                    if which == "state_change" and event.state_change.request_id == request_id:
+                        seen.append((event.state_change.state, ""))
+                    elif which == "shell_output" and event.shell_output.request_id == request_id:
+                        seen.append((0, event.shell_output.stdout))
+                    elif which == "error" and event.error.request_id == request_id:
+                        refusals.append(event.error.details["reason"])
+                    if which == "state_change" and event.state_change.request_id == of and event.state_change.state in (
+                            pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                        return
+
+        await until_terminal(request_id)
+        new.send(shell(request_id, "echo once"))  # the copy
+        new.send(shell(marker, "true"))  # read after it: once it ended, so did the copy's answer
+        await until_terminal(marker)
+        old.close()
+        new.close()
+        return replayed, seen, refusals
+
+    replayed, seen, refusals = run(main())
+    assert replayed == 0, "the request's PROCESSING was in the replay: the interleaving this test needs did not happen"
+    assert [state for state, _ in seen if state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY], seen
+    assert "".join(out for _, out in seen) == "once\n"
+    assert refusals == ["duplicate_request"]
 
 
 async def until_error(link: Link) -> pb.ErrorEvent:
