@@ -263,7 +263,7 @@ class Client:
         self.resume_token = ""
         self.last_sequence = 0
         self.resumes = 0
-        self._unread: dict[str, pb.Command] = {}
+        self._unread: dict[str, tuple[pb.Command, asyncio.StreamWriter]] = {}  # with the connection it went on
         self._replay_left = -1
         self._closing = False
         self._resume_refusal: ConnectionClosed | None = None
@@ -890,8 +890,6 @@ class Client:
         if kind is None and not self.answered:
             raise self._not_smith()
         self.answered = True
-        if env.sequence and self.resume_token:
-            self._sequenced(env.sequence)
         if kind == "event":
             self._dispatch(env.event)
         elif kind == "batch_event":
@@ -908,6 +906,10 @@ class Client:
             self.metrics.put_nowait(env.metrics)
         elif kind == "resource_usage":
             self.resource_usage.put_nowait(env.resource_usage)
+        # After its events: the last replayed envelope may carry a request's first state change,
+        # which says the service read it (sent again, it would run twice had it ended by then).
+        if env.sequence and self.resume_token:
+            self._sequenced(env.sequence)
 
     def _not_smith(self) -> NotASmithService:
         return NotASmithService(f"not a Smith service at {self.address or 'the spawned process'}: "
@@ -956,7 +958,7 @@ class Client:
         kind = command.WhichOneof("command_type")
         rid = getattr(getattr(command, kind), "request_id", "") if kind not in (None, "cancel", "stdin", "resize", "handshake") else ""
         if rid and rid in self._routes:
-            self._unread[rid] = command
+            self._unread[rid] = (command, self._writer)
 
     def _sequenced(self, sequence: int) -> None:
         self.last_sequence = sequence
@@ -969,7 +971,10 @@ class Client:
         """After the replay: what the service never read goes again (a copy of one it did read is
         refused as a duplicate, which changes nothing)."""
         self._replay_left = -1
-        for command in list(self._unread.values()):
+        for rid, (command, sent_on) in list(self._unread.items()):
+            if sent_on is self._writer:
+                continue  # sent after the resume handshake, on this connection: read in turn
+            self._unread[rid] = (command, self._writer)
             env = pb.Envelope()
             env.command.CopyFrom(command)
             self._writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))

@@ -7,8 +7,10 @@ parked session holds."""
 from __future__ import annotations
 
 import asyncio
+import os
 import pathlib
 import random
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -172,6 +174,7 @@ class Request:
         self.terminal: list[int] = []
         self.exit_code: int | None = None
         self.finished = 0
+        self.link: Any = None  # the connection it was last sent on
 
 
 class ResumingPeer:
@@ -196,10 +199,12 @@ class ResumingPeer:
     async def start(self) -> None:
         self.link, self.token, self.last = await open_session(self.address, self.opener, **self.client_info)
 
-    def run(self, request_id: str, request: Request) -> None:
+    def run(self, request_id: str, request: Request, command: pb.Command | None = None) -> None:
+        """Send ``request`` (as ``command`` when given, else a plain ShellExec of its command)."""
         self.requests[request_id] = request
         assert self.link is not None
-        self.link.send(shell(request_id, request.command))
+        request.link = self.link
+        self.link.send(command or shell(request_id, request.command))
 
     def open(self) -> list[str]:
         return [r for r, req in self.requests.items() if not req.terminal]
@@ -222,11 +227,15 @@ class ResumingPeer:
             return replayed
 
     def _resend(self) -> None:
-        """Commands the service never read (no PROCESSING, no terminal state after the replay) are
-        sent again; one it had read is refused as a duplicate and changes nothing."""
+        """Commands the service never read (no PROCESSING, no terminal state after the replay, the
+        events of its last envelope included) are sent again; one it had read is refused as a
+        duplicate and changes nothing. Only those sent before this connection's resume handshake:
+        one sent since follows the handshake on this connection and is read in turn (were it sent
+        again and had ended by then, the copy would be a new request and run twice)."""
         assert self.link is not None
         for request_id, req in self.requests.items():
-            if not req.processing and not req.terminal:
+            if not req.processing and not req.terminal and req.link is not self.link:
+                req.link = self.link
                 self.link.send(shell(request_id, req.command))
 
     async def pump(self, done: Any) -> None:
@@ -246,16 +255,19 @@ class ResumingPeer:
                 if env.sequence != self.last + 1:
                     self.unexpected.append(f"sequence {env.sequence} after {self.last}")
                 self.last = env.sequence
-                if replay > 0:
-                    replay -= 1
-                    if replay == 0:
-                        self._resend()
             if env.HasField("batch_event"):
                 self.batches += 1
                 for event in env.batch_event.events:
                     self._event(event)
             else:
                 self._event(env.event)
+            # After the events of the last replayed envelope, not before: its PROCESSING says that
+            # request was read (a copy sent on seeing only the sequence would run it again once
+            # the request had ended before the copy arrived).
+            if env.sequence and replay > 0:
+                replay -= 1
+                if replay == 0:
+                    self._resend()
 
     def _event(self, event: pb.Event) -> None:
         event_kind = event.WhichOneof("event_type")
@@ -358,6 +370,140 @@ def test_resume_after_100_cuts_loses_and_duplicates_nothing(run, servers, reques
         assert req.terminal == [pb.SERVICE_STATE_READY], request_id
         assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
         assert "".join(req.stdout) == req.expected, request_id
+
+
+@pytest.mark.parametrize("accept", ["resume", "resume,batch_event"])
+def test_the_peer_sends_again_only_what_the_service_never_read(run, servers, accept: str) -> None:  # type: ignore[no-untyped-def]
+    """The interleaving the 100-cut test once lost under load (a request got PROCESSING and READY
+    twice, in sequences 395/399 and 400/404): the last replayed envelope (395) carried the request's
+    PROCESSING, the peer sent the request again on that envelope's sequence, before reading its
+    events, and the copy arrived after the request had ended, so the service ran it as a new
+    request (an id may be used again once its request ended). The service was right; the peer
+    decides what to send again only after the events of the last replayed envelope, and never
+    sends again what it sent after the resume handshake on the connection it reads.
+
+    Driven exactly here: the first request waits for its stdin, so its PROCESSING is all the
+    replay holds; the second is sent on the new connection while the replay is still to come.
+    Both still run when a copy would arrive, so a copy would be refused (``duplicate_request``);
+    had they ended, it would run them twice. Either way the checks below catch it."""
+    server = servers("uvloop")
+
+    async def main() -> ResumingPeer:
+        peer = ResumingPeer(server.tcp, **{"smith_fast.accept": accept})
+        await peer.start()
+        waiting, sent_late = rid(), rid()
+        command = "read line; seq 1 3"
+        peer.run(waiting, Request(command, 3),
+                 pb.Command(shell_exec=pb.ShellExecCommand(request_id=waiting, command=command, open_stdin=True)))
+        # the service sends PROCESSING (alone: the request waits for its stdin); the connection
+        # drops before the peer took it
+        env = await asyncio.wait_for(peer.link.recv(), 30)
+        events = env.batch_event.events if env.HasField("batch_event") else [env.event]
+        assert [(e.state_change.state, e.state_change.request_id) for e in events] == [(pb.SERVICE_STATE_PROCESSING, waiting)], env
+        assert env.sequence == peer.last + 1
+        peer.link.close()
+
+        reconnect = peer._reconnect
+
+        async def reconnect_then_start_another() -> int:
+            replay = await reconnect()
+            assert replay == 1  # the PROCESSING the peer did not take
+            peer.run(sent_late, Request("sleep 0.5; seq 1 2", 2))  # as keep_busy may, mid-replay
+            return replay
+
+        peer._reconnect = reconnect_then_start_another  # type: ignore[method-assign]  # the one resume this test makes
+
+        async def feed_stdin_once_resumed() -> None:
+            while not (peer.resumes and peer.requests[waiting].processing):
+                peer.received.clear()
+                await peer.received.wait()
+            peer.link.send(pb.Command(stdin=pb.StdinCommand(request_id=waiting, data=b"go\n", eof=True)))
+
+        feeding = asyncio.ensure_future(feed_stdin_once_resumed())
+        try:
+            await asyncio.wait_for(peer.pump(lambda: len(peer.requests) == 2 and not peer.open()), 60)
+        finally:
+            feeding.cancel()
+            await asyncio.gather(feeding, return_exceptions=True)
+            await peer.link.aclose()
+        return peer
+
+    peer = run(main())
+    assert peer.resumes == 1 and peer.replayed == 1
+    assert peer.unexpected == []
+    assert peer.duplicates == 0, "the peer sent again a request the service had read"
+    for request_id, req in peer.requests.items():
+        assert req.terminal == [pb.SERVICE_STATE_READY], request_id
+        assert req.processing == 1 and req.finished == 1 and req.exit_code == 0, request_id
+        assert "".join(req.stdout) == req.expected, request_id
+
+
+def test_a_request_read_as_its_session_is_taken_over_runs_once_whatever_its_copy_finds(  # type: ignore[no-untyped-def]
+    run, servers, request: pytest.FixtureRequest
+) -> None:
+    """The service's half: a request read on the old connection in the loop iteration that also
+    reads the resume on the new one has not sent its PROCESSING when the replay is taken (it
+    would come first in its task's first step), so the replay cannot show it was read and the
+    peer sends it again. Had the request ended by the time that copy arrives, it would run as a
+    new request: a second PROCESSING and READY. The service refuses that one copy as a duplicate.
+
+    Driven exactly: the service is stopped (SIGSTOP) while the request goes out on the old
+    connection and the resume on the new one, so that it reads both in one iteration; the copy
+    is sent only once the request ended (a copy that long in flight)."""
+    server = servers(request.node.callspec.params["run"])
+
+    def connections() -> int:
+        return sum(1 for r in server.logs if r.get("event") == "connection")
+
+    async def main() -> tuple[int, list[tuple[int, str]], list[str]]:
+        old, token, last = await open_session(server.tcp)
+        before = connections()
+        new = await Link.open(server.tcp)
+        assert await asyncio.to_thread(wait_until, lambda: connections() > before, 10), "the new connection was not accepted"
+        request_id, marker = rid(), rid()
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            old.send(shell(request_id, "echo once"))
+            await old.writer.drain()
+            new.send(resume(token, last))
+            await new.writer.drain()
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        ready = await asyncio.wait_for(new.recv(), 30)
+        assert ready.event.ready.resumed, ready
+        replayed = int(ready.event.ready.service_info["smith_fast.replayed"])
+        # nothing of the request in the replay: the peer sends it again; here once it has ended
+        seen: list[tuple[int, str]] = []  # (state, stdout) of the request's events, in order
+        refusals: list[str] = []
+
+        async def until_terminal(of: str) -> None:
+            while True:
+                env = await asyncio.wait_for(new.recv(), 30)
+                for event in (env.batch_event.events if env.HasField("batch_event") else [env.event]):
+                    which = event.WhichOneof("event_type")
+                    if which == "state_change" and event.state_change.request_id == request_id:
+                        seen.append((event.state_change.state, ""))
+                    elif which == "shell_output" and event.shell_output.request_id == request_id:
+                        seen.append((0, event.shell_output.stdout))
+                    elif which == "error" and event.error.request_id == request_id:
+                        refusals.append(event.error.details["reason"])
+                    if which == "state_change" and event.state_change.request_id == of and event.state_change.state in (
+                            pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                        return
+
+        await until_terminal(request_id)
+        new.send(shell(request_id, "echo once"))  # the copy
+        new.send(shell(marker, "true"))  # read after it: once it ended, so did the copy's answer
+        await until_terminal(marker)
+        old.close()
+        new.close()
+        return replayed, seen, refusals
+
+    replayed, seen, refusals = run(main())
+    assert replayed == 0, "the request's PROCESSING was in the replay: the interleaving this test needs did not happen"
+    assert [state for state, _ in seen if state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY], seen
+    assert "".join(out for _, out in seen) == "once\n"
+    assert refusals == ["duplicate_request"]
 
 
 async def until_error(link: Link) -> pb.ErrorEvent:
@@ -555,6 +701,44 @@ def test_the_sdk_resumes_transparently_under_an_async_for(run, servers) -> None:
     assert streamed.decode() == Request("", 400).expected
     assert burst.decode() == Request("", 30000).expected
     assert resumes >= 5 and resumes <= cuts
+
+
+def test_the_sdk_sends_again_only_what_the_service_never_read(run, servers) -> None:  # type: ignore[no-untyped-def]
+    """The SDK's half of the interleaving above: the connection drops while the request's
+    PROCESSING is on its way (the client is not reading), so that PROCESSING is the whole replay;
+    the client must take it as read, not send the request again (the copy would be refused as a
+    duplicate while it runs, or run it again had it ended)."""
+    import select
+
+    from smith_fast.client import Client
+
+    server = servers("uvloop")
+    logged = len(server.logs)
+
+    async def main() -> tuple[str, bytes, int, int]:
+        client = await Client.connect(server.tcp, resume=True)
+        try:
+            await client.handshake()
+            transport = client._writer.transport  # the connection the test drops (the SDK's own)
+            transport.pause_reading()
+            proc = await client.start("read line; echo $line", stdin=True)
+            fd = transport.get_extra_info("socket").fileno()
+            while not select.select([fd], [], [], 0)[0]:  # the service sent something: its PROCESSING
+                await asyncio.sleep(0.01)
+            transport.abort()
+            while not client.resumes:
+                await asyncio.sleep(0.01)
+            proc.write(b"went on\n")
+            proc.close_stdin()
+            out = b"".join([chunk.data async for chunk in proc])
+            return proc.request_id, out, await proc.wait(), client.resumes
+        finally:
+            await client.close()
+
+    request_id, out, code, resumes = run(main())
+    assert resumes == 1 and out == b"went on\n" and code == 0
+    refused = [r for r in server.logs[logged:] if r.get("event") == "protocol error" and request_id in str(r.get("error"))]
+    assert refused == [], "the client sent again a request the service had read"
 
 
 def test_a_unix_session_resumes_over_tcp_and_stdio_cannot_resume(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]

@@ -153,6 +153,10 @@ class Session:
         self._input_held = False
         self._waiting_bytes = 0  # of the commands waiting for the budget
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Read but not started (no PROCESSING sent yet); and those of them a resume's replay could
+        # not show were read, whose one copy the resumed peer sends is refused (reattach).
+        self._unstarted: set[str] = set()
+        self._owed: set[str] = set()
         self._batches: set[asyncio.Task[None]] = set()  # BatchCommands being dispatched or run in order
         # While a large batch is dispatched slice by slice, what arrives after it waits here, so
         # envelopes are still handled in the order they came.
@@ -550,6 +554,16 @@ class Session:
         if not rid:
             self.protocol_error(ProtocolError("request_id is empty", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "invalid_field"}))
             return
+        if self._owed and rid in self._owed:
+            # The copy a resumed peer sends of a request this session had read but not started
+            # when the replay was taken: refused even when that request ended meanwhile, or it
+            # would run twice (its PROCESSING and READY came after the replay, on the way to the peer).
+            self._owed.discard(rid)
+            self.protocol_error(ProtocolError(
+                f"request {rid} was read before the connection dropped (its PROCESSING came after the replay); this copy was not run",
+                pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"},
+            ))
+            return
         if rid in self._tasks:
             self.protocol_error(ProtocolError(f"request {rid} is already running", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"}))
             return
@@ -560,6 +574,7 @@ class Session:
             return
         if spec.now is not None and self._ran_now(spec, rid, command):
             return
+        self._unstarted.add(rid)
         coro = self._request(spec, rid, command)
         if spec.eager and asyncio.current_task(self._loop) is None:  # the loop given: no getpid() per call
             # Eager start (asyncio.eager_task_factory, 3.12+, done by hand for 3.11): run the
@@ -596,6 +611,7 @@ class Session:
 
     def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
         self._tasks.pop(rid, None)
+        self._unstarted.discard(rid)  # cancelled before its first step
 
     async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         start = time.perf_counter()
@@ -607,8 +623,12 @@ class Session:
             else:
                 budget.reserved += size  # the common case: nothing else runs, the peer reads
         except asyncio.CancelledError:
+            self._unstarted.discard(rid)
             self._not_started(rid)
             raise
+        # The service's runner sends PROCESSING first thing (a gateway's NatsRunner relays its
+        # worker's later: there a copy is refused only while the request runs).
+        self._unstarted.discard(rid)
         if self.shutting:  # it waited for the budget while the session began shutting down
             budget.release(size)
             self._not_started(rid)
@@ -899,6 +919,11 @@ class Session:
         # written so far, or a peer would send again a request whose PROCESSING is still batched.
         self.sink.flush_batch()
         units = resumable.retention.replay(after)
+        # A request read but not started (waiting for the budget, or read in this very loop
+        # iteration, its task not run yet) has no PROCESSING in the replay: the peer will send it
+        # again, once. It may well have ended by the time that copy arrives, so the copy is
+        # refused by id (_start), not by its being still running.
+        self._owed = set(self._unstarted)
         old, self._front = self._front, front
         if old is not None:
             old.release()
