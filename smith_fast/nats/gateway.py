@@ -79,6 +79,7 @@ _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
 _ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
 _CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
+_NUMBERS_AHEAD = 1 << 16  # request numbers a journaled session reserves ahead of those it used
 _ACK_DELAY = 0.05  # seconds an acknowledgement of the event consumer waits for the next ones (Bridge._event)
 
 
@@ -137,6 +138,12 @@ class NatsRunner:
         self._early_cancel: set[str] = set()  # cancelled before its request was forwarded
         self._shared: dict[int, SharedStream] = {}  # a batch run in one worker session, by its first number
         self._numbers = 0
+        # A journaled session's request numbers are reserved in its journal before they are used
+        # (snapshot "reserved"), so that the next process never numbers a request as one this
+        # process may have sent: a number names its command and its events to JetStream's
+        # deduplication and to the workers (a reused one would be dropped as a duplicate).
+        self._reserved: float = 0
+        self._reserving: asyncio.Future[None] | None = None
         self._paused = False
         self._released = False
         self._steering: asyncio.Task[None] | None = None  # the last control sent to a background process
@@ -324,6 +331,8 @@ class NatsRunner:
 
     async def _forward(self, rid: str, kind: str, command: pb.Command, *, direct: bool = False) -> None:
         """Forward one request: into the command stream, or (``direct``: an Attach) to the worker holding its process."""
+        while self.journal is not None and self._numbers >= self._reserved:
+            await self._reservation()
         self._numbers += 1
         key = hook_key(command.hook_load.hook_type, command.hook_load.script) if kind == "hook_load" else None
         remote = _Remote(self._numbers, rid, kind, key)
@@ -646,14 +655,31 @@ class NatsRunner:
             })
         return {
             "numbers": self._numbers,
+            "reserved": self._numbers + _NUMBERS_AHEAD,
             "hooks": self.hook_keys,
             "open": open_requests,
             "shared": [[first, shared.position()] for first, shared in self._shared.items()],
         }
 
+    def journaled(self, state: dict[str, Any] | None) -> None:
+        """A journal message of this session is stored (``state``: its snapshot), or could not be
+        (None: nothing is durable for this session, nothing to wait for)."""
+        self._reserved = float("inf") if state is None else max(self._reserved, float(state.get("reserved", 0)))
+        if self._reserving is not None and not self._reserving.done() and self._numbers < self._reserved:
+            self._reserving.set_result(None)
+
+    async def _reservation(self) -> None:
+        """Wait until the journal holds a reservation of request numbers beyond those used."""
+        if self._reserving is None or self._reserving.done():
+            self._reserving = asyncio.get_running_loop().create_future()
+            assert self.journal is not None
+            self.journal.flush(force=True)
+        await asyncio.shield(self._reserving)
+
     def adopt(self, snapshot: dict[str, Any]) -> None:
         """Follow on the requests of a :meth:`snapshot` the process before this one took."""
-        self._numbers = int(snapshot.get("numbers", 0))
+        # beyond every number the process before may have used: it used only what it had reserved
+        self._numbers = int(snapshot.get("reserved", snapshot.get("numbers", 0)))
         self.hook_keys = [str(k) for k in snapshot.get("hooks", [])]
         for first, position in snapshot.get("shared", []):
             self._shared[int(first)] = SharedStream.restored(position)
@@ -991,6 +1017,14 @@ class Bridge:
         self.handing_over = True
         if self.feed is not None:
             self.feed.stop()
+        # Commands on their way to the command stream get there first, so that the last snapshot
+        # knows them as queued (else the next process would end them as lost).
+        deadline = time.monotonic() + self.config.publish_timeout
+        await asyncio.sleep(0)  # the batcher sends this iteration's commands
+        while self.publisher is not None and self.publisher.backlog and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self.journal is not None:
+            self.journal.snapshot_all()
         for session in sessions:
             session.hand_over()
         last, self._last = self._newest, None
@@ -1264,7 +1298,7 @@ class GatewayCore(ServiceCore):
         runner.journal = journal.open(
             session.session_id, functools.partial(self._snapshot, session, runner, sink),
             lambda: retention.first, sink.framed, sink.flush_batch, self._journal_index.pop(session.session_id, 0),
-            self.limits.max_session_buffer,
+            self.limits.max_session_buffer, runner.journaled,
         )
         sink.interpose(runner.journal.stage)
 

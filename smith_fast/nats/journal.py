@@ -115,11 +115,12 @@ class Saved:
 class _Flush:
     """The envelopes of one flush, waiting until every message carrying them is stored."""
 
-    __slots__ = ("units", "first", "last", "last_sequence", "stream_seq", "size")
+    __slots__ = ("units", "first", "last", "last_sequence", "stream_seq", "size", "state")
 
     def __init__(self, units: list[bytes], first: int, last: int, last_sequence: int) -> None:
         self.units = units
         self.size = sum(len(u) for u in units)
+        self.state: dict[str, Any] | None = None  # the snapshot it carries
         self.first = first  # its first and last message index
         self.last = last
         self.last_sequence = last_sequence  # the Envelope.sequence of its last unit
@@ -141,11 +142,13 @@ class SessionJournal:
         next_index: the last message index the process before used (a restored session).
         limit: ``--max-session-buffer``: old messages are purged at least each time this many
             bytes more are kept, so the journal holds about twice what the ring does at most.
+        stored: called with the snapshot of each flush once it is stored, in order; with None
+            when a flush could not be journaled (nothing is durable for this session then).
     """
 
     def __init__(self, journal: Journal, session_id: str, snapshot: Callable[[], dict[str, Any]],
                  oldest: Callable[[], int], framed: bool, prepare: Callable[[], None], next_index: int = 0,
-                 limit: int = 1 << 24) -> None:
+                 limit: int = 1 << 24, stored: Callable[[dict[str, Any] | None], None] | None = None) -> None:
         self._journal = journal
         self.session_id = session_id
         self.subject = journal.config.journal_subject(journal.gateway_id, session_id)
@@ -153,6 +156,7 @@ class SessionJournal:
         self._oldest = oldest
         self._framed = framed
         self._prepare = prepare
+        self._on_stored = stored
         self._deliver: Callable[[bytes], None] = _nowhere
         self.pending: list[bytes] = []
         self.index = next_index  # the last message index used
@@ -161,6 +165,7 @@ class SessionJournal:
         self._released = next_index  # every message up to this index is stored, its envelopes sent on
         self._kept: list[_Flush] = []  # released flushes whose messages are still in the stream
         self._trim_at = _TRIM_EVERY
+        self._last_sequence = 0  # of the last unit journaled
         self._limit = limit
         self._kept_bytes = 0
         self._trim_bytes = limit
@@ -178,19 +183,22 @@ class SessionJournal:
         if len(self.pending) == 1:
             self._journal.dirty(self)
 
-    def flush(self) -> None:
-        """Journal what was written since the last flush; it goes on to the peer once stored."""
+    def flush(self, *, force: bool = False) -> None:
+        """Journal what was written since the last flush; it goes on to the peer once stored.
+        ``force``: a message even with nothing written, for the snapshot (a stopping gateway's
+        last word: the requests it follows as they are now)."""
         self._prepare()
         units, self.pending = self.pending, []
-        if not units:
+        if not units and not force:
             return
         publisher = self._journal.publisher
         if publisher is None or self.ended:  # NATS never reached (or ended): nothing to keep it in; the peer gets it now
             self._fail("NATS is not reached yet")
             self._unjournaled(units)
             return
+        state = self._snapshot()
         try:
-            snapshot = orjson.dumps(self._snapshot())
+            snapshot = orjson.dumps(state)
         except (TypeError, ValueError) as exc:  # a bug of ours: the peer must still get what it was sent
             self._fail(f"the session's state could not be written down: {exc}")
             self._unjournaled(units)
@@ -199,7 +207,12 @@ class SessionJournal:
         room = max(4096, publisher.max_payload - len(head) - _ROOM)
         chunks = split_chunks(units, room)
         first = self.index + 1
-        flush = _Flush(units, first, self.index + len(chunks), sequence_of(units[-1], self._framed))
+        if units:
+            self._last_sequence = sequence_of(units[-1], self._framed)
+        else:
+            chunks = [(b"", 0)]
+        flush = _Flush(units, first, self.index + len(chunks), self._last_sequence)
+        flush.state = state
         self._flushes[flush.last] = flush
         gateway = self._journal.gateway_id
         for chunk, skip in chunks:
@@ -246,6 +259,9 @@ class SessionJournal:
             for unit in flush.units:
                 self._deliver(unit)
             flush.units = []
+            if self._on_stored is not None:
+                self._on_stored(flush.state if flush.stream_seq else None)
+            flush.state = None
             self._kept.append(flush)
             self._kept_bytes += flush.size
         if len(self._kept) >= self._trim_at or self._kept_bytes >= self._trim_bytes:
@@ -320,8 +336,9 @@ class Journal:
         self.publisher, self.js = publisher, js
 
     def open(self, session_id: str, snapshot: Callable[[], dict[str, Any]], oldest: Callable[[], int], framed: bool,
-             prepare: Callable[[], None], next_index: int = 0, limit: int = 1 << 24) -> SessionJournal:
-        journal = SessionJournal(self, session_id, snapshot, oldest, framed, prepare, next_index, limit)
+             prepare: Callable[[], None], next_index: int = 0, limit: int = 1 << 24,
+             stored: Callable[[dict[str, Any] | None], None] | None = None) -> SessionJournal:
+        journal = SessionJournal(self, session_id, snapshot, oldest, framed, prepare, next_index, limit, stored)
         self.sessions[session_id] = journal
         return journal
 
@@ -334,6 +351,11 @@ class Journal:
         if not self._dirty:
             asyncio.get_running_loop().call_soon(self.flush)
         self._dirty.append(journal)
+
+    def snapshot_all(self) -> None:
+        """A message of every session's state now, written or not (a stopping gateway)."""
+        for journal in list(self.sessions.values()):
+            journal.flush(force=True)
 
     def flush(self) -> None:
         """Journal every session's envelopes of this loop iteration (one message each)."""
