@@ -232,7 +232,7 @@ class NatsRunner:
         stream, so it is never redelivered. A request no worker took ends here, at once."""
         remote = self._by_rid.get(rid)
         if remote is None:
-            if self._host.is_running(rid):  # admitted, not forwarded yet: it ends at its start
+            if self._unforwarded(rid):  # admitted, not forwarded yet: it ends at its start
                 self._early_cancel.add(rid)
                 return
             if self._background(rid):  # not this session's request: a background process on a worker
@@ -271,7 +271,7 @@ class NatsRunner:
                     pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
                 )
             return remote.ctl
-        if self._host.is_running(rid):  # in the same read as its ShellExec: held until it is forwarded
+        if self._unforwarded(rid):  # in the same read as its ShellExec: held until it is forwarded
             channel = self._early.get(rid)
             if channel is None:
                 channel = self._early[rid] = InputChannel(rid, self.core.limits.max_stdin_buffer)
@@ -293,7 +293,16 @@ class NatsRunner:
 
     def _steerable(self, rid: str) -> bool:
         """Stdin or Resize for a background process rather than one of this session's requests."""
-        return rid not in self._by_rid and not self._host.is_running(rid) and self._background(rid)
+        return rid not in self._by_rid and not self._unforwarded(rid) and self._background(rid)
+
+    def _unforwarded(self, rid: str) -> bool:
+        """Request ``rid`` (not among the forwarded ones) was admitted and is yet to be forwarded.
+        Not one that just ended: its task is done, and the session forgets it a step later
+        (a Cancel then gets "has ended", not held for a start that never comes)."""
+        if not self._host.is_running(rid):
+            return False
+        task = self._host.task(rid)
+        return task is None or not task.done()
 
     def _adopt_control(self, remote: _Remote, command: pb.Command) -> bool:
         """What control commands came before the request was forwarded; False: it was cancelled."""
