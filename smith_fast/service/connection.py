@@ -39,7 +39,6 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import cast
 
-from google.protobuf.message import DecodeError
 
 from .. import events
 from ..coalescing import WriteCoalescer
@@ -51,12 +50,12 @@ from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY
 from .core import ServiceCore
 from .deadlines import Deadlines
-from .redact import redacted_bytes, redacted_line
+from .redact import redacted_line
 from .resume import Front
 from .session import Session
 from .sinks import EventSink, V0Sink, V1Sink, now_ms
 
-__all__ = ["Connection", "StdoutProtocol", "invalid_envelope", "sniff_version"]
+__all__ = ["Connection", "StdoutProtocol", "sniff_version"]
 
 log = get_logger("smith_fast.connection")
 
@@ -327,14 +326,7 @@ class Connection(asyncio.BufferedProtocol):
                     self._too_large_before_handshake(session, at, len(frame), "the frame")
                     return
                 at += varint_size(len(frame)) + len(frame)
-            try:
-                env = pb.Envelope.FromString(frame)
-            except DecodeError as exc:
-                if session.recorder is not None:  # kept as it arrived, so a replay sends it again
-                    session.recorder.record_malformed(redacted_bytes(frame, self.core.config.token))
-                session.protocol_error(invalid_envelope(len(frame), exc))
-                continue
-            session.handle_envelope(env)
+            session.handle_frame(frame)
             if self.session is not session:  # it resumed another session (resume.py), or was taken over
                 if self.session is None:
                     return
@@ -559,16 +551,6 @@ class Connection(asyncio.BufferedProtocol):
         else:  # nothing (or one byte) received: no protocol, no session
             log.info("closing connection", extra={"fields": {"peer": self.peer, "reason": reason}})
             self._refuse(self._version(self._head), pb.ERROR_CODE_UNSPECIFIED, message, {"reason": reason})
-
-
-def invalid_envelope(size: int, exc: DecodeError) -> ProtocolError:
-    """The error for a v1 frame or gRPC message that is not an Envelope: worded alike on both
-    fronts, so a recorded gRPC session replays over a socket with the same answers."""
-    return ProtocolError(
-        f"a {size}-byte message is not a valid Envelope ({exc}); it was skipped",
-        pb.ERROR_CODE_UNSPECIFIED,
-        details={"reason": "invalid_envelope"},
-    )
 
 
 def _prefix_at(data: bytes, at: int) -> bytes:

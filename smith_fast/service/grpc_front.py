@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc import aio
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -49,13 +48,11 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
-from .connection import invalid_envelope
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
 from .resume import Front
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
 from .negotiation import wire_capabilities
-from .redact import redacted_bytes
 from .session import Session
 from .sinks import V1Sink
 
@@ -290,17 +287,9 @@ class _Stream:
     def _take(self, raw: bytes) -> None:
         """Count one message of the call and hand it to the session that now carries the call
         (another one once a resume handshake took it over)."""
-        session = self.session
         self.io.frames_in += 1
         self.io.bytes_in += len(raw)
-        try:
-            env = pb.Envelope.FromString(raw)
-        except DecodeError as exc:
-            if session.recorder is not None:  # kept as it arrived, so a replay sends it again
-                session.recorder.record_malformed(redacted_bytes(raw, session.core.config.token))
-            session.protocol_error(invalid_envelope(len(raw), exc))
-            return
-        session.handle_envelope(env)
+        self.session.handle_frame(raw)
 
     async def responses(self) -> AsyncIterator[bytes]:
         out, io, wake = self.out, self.io, self.wake

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from google.protobuf.message import DecodeError
+
 from .. import events, tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
@@ -28,6 +30,7 @@ from ..pb import smith_pb2 as pb
 from ..replay import SessionRecorder
 from . import audit, eager
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
+from .redact import redacted_bytes
 from .commands import COMMANDS, CommandSpec, Control
 from .flow import OutputBudget, reservation
 from .health import HealthSource, health_response
@@ -181,6 +184,23 @@ class Session:
         core.metrics.sessions_total[self.protocol] = core.metrics.sessions_total.get(self.protocol, 0) + 1
 
     # ---- input -------------------------------------------------------------------------------
+
+    def handle_frame(self, data: bytes) -> None:
+        """Decode and dispatch one v1 envelope's bytes (socket frame or gRPC message); bytes that
+        are no Envelope are recorded as they came (a replay sends them again) and answered with
+        an ``ErrorEvent``, worded alike on both fronts. Never raises."""
+        try:
+            env = pb.Envelope.FromString(data)
+        except DecodeError as exc:
+            if self.recorder is not None:
+                self.recorder.record_malformed(redacted_bytes(data, self.core.config.token))
+            self.protocol_error(ProtocolError(
+                f"a {len(data)}-byte message is not a valid Envelope ({exc}); it was skipped",
+                pb.ERROR_CODE_UNSPECIFIED,
+                details={"reason": "invalid_envelope"},
+            ))
+            return
+        self.handle_envelope(env)
 
     def handle_envelope(self, env: pb.Envelope) -> None:
         """Dispatch one decoded v1 envelope (socket frame or gRPC message). Never raises."""
