@@ -362,12 +362,18 @@ class NatsRunner:
             hooks=tuple(self.hook_keys),
             traceparent=host.span.traceparent,  # None unless tracing was granted
         )
-        if direct or not self.bridge.accepting:  # an Attach; or commands held until the take-over is done
-            await self._follow(remote, self._submit(remote, meta, command, direct))
-            return
-        # The common path: the command joins its session's batch at once and this request waits
-        # for one future, its end; the storing is reported by a callback (_stored), not awaited
-        # (no coroutine, future and wake-up per request for it: issue 19, CPU per relayed call).
+        if direct:  # an Attach: to the worker holding its process
+            await self._follow(remote, self._attach(remote, meta, command))
+        elif not self.bridge.accepting:  # held until the sessions of the process before are taken over
+            await self._follow(remote, self._held(remote, meta, command), timed=False)
+        else:
+            self._hand_on(remote, meta, command)
+            await self._follow(remote, timed=False)
+
+    def _hand_on(self, remote: _Remote, meta: CommandMeta, command: pb.Command) -> None:
+        """The command joins its session's batch at once; the request then waits for one future,
+        its end: the storing is reported by a callback (_stored), not awaited (no coroutine, future
+        and wake-up per request for it: issue 19, CPU per relayed call)."""
         payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
         try:
             # An interactive ShellExec travels alone: its stdin and resizes go to the worker
@@ -375,7 +381,16 @@ class NatsRunner:
             self.bridge.submit_told(meta, payload, functools.partial(self._stored, remote), alone=remote.ctl is not None)
         except Exception as exc:
             self._refused(remote, exc)
-        await self._follow(remote, timed=False)
+
+    async def _held(self, remote: _Remote, meta: CommandMeta, command: pb.Command) -> bool:
+        await self.bridge.accepted()
+        if not remote.done.done():  # not cancelled (or the session ended) meanwhile
+            self._hand_on(remote, meta, command)
+        return True
+
+    async def _attach(self, remote: _Remote, meta: CommandMeta, command: pb.Command) -> bool:
+        await self._direct(remote, meta, command)
+        return False  # it waited for its end itself
 
     def _stored(self, remote: _Remote, seq: int, exc: BaseException | None) -> None:
         """The command of a forwarded request is in the command stream (or could not be put there)."""
@@ -416,23 +431,6 @@ class NatsRunner:
             self._fail(remote, pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", "internal")
         if not remote.done.done():  # (a closing session sends nothing, but its request is over)
             remote.done.set_result(None)
-
-    async def _submit(self, remote: _Remote, meta: CommandMeta, command: pb.Command, direct: bool) -> bool:
-        """Hand the request on and wait until it is stored; False: it ended meanwhile (refused, or
-        an Attach, which waits itself)."""
-        payload = events.encode_envelope(0, 0, _COMMAND_FIELD, command.SerializeToString(), framed=False)
-        try:
-            if direct:
-                await self._direct(remote, meta, command)
-                return False
-            remote.seq = await self.bridge.submit(meta, payload, alone=remote.ctl is not None)
-        except (PayloadTooLarge, PublishError) as exc:
-            self._refused(remote, exc)
-            return False
-        self.bridge.track(remote.seq, self, remote)
-        if remote.cancelled:  # cancelled while it was being stored: no worker may be handed it
-            self.bridge.spawn(self.bridge.withdraw_cancelled(remote.seq))
-        return True
 
     async def _follow(self, remote: _Remote, start: Coroutine[Any, Any, bool] | None = None, *, timed: bool = True) -> None:
         """Pass a request's events on until its terminal state: once ``start`` handed it on, or at
@@ -1112,22 +1110,16 @@ class Bridge:
             )
         return self.batcher
 
-    async def submit(self, meta: CommandMeta, payload: bytes, *, alone: bool = False) -> int:
-        """Store one command in the command stream; returns its stream sequence number.
-
-        Raises:
-            PublishError: the stream refused it (full) or NATS stayed away ``submit_timeout`` s.
-        """
-        batcher = self._batcher()
+    async def accepted(self) -> None:
+        """Return once :attr:`accepting`."""
         if not self._taken_over.is_set():
             await self._taken_over.wait()
-        self.counters.dispatched += 1
-        deadline = time.monotonic() + self.config.submit_timeout
-        # with the session's other commands of this loop iteration, as one message (batching.py)
-        return await batcher.add(meta, payload, deadline, alone=alone)
 
     def submit_told(self, meta: CommandMeta, payload: bytes, told: Stored, *, alone: bool = False) -> None:
-        """:meth:`submit` while :attr:`accepting`, ``told`` called with the outcome.
+        """Store one command in the command stream, with the session's other commands of this
+        loop iteration as one message (batching.py); ``told(seq, exc)`` once it is stored, or
+        refused (the stream is full, NATS stayed away ``submit_timeout`` s). Only while
+        :attr:`accepting`.
 
         Raises:
             PublishError: NATS was never reached (nothing was queued).
