@@ -95,7 +95,7 @@ static int add_rule(int ruleset, const char *path, uint64_t rights, uint64_t han
 
 /* Restrict the calling process: with fs, read and execute beneath /, write only beneath
  * writable[] (no device nodes anywhere); with net_off, no TCP bind or connect; scopes (signals when
- * fs, abstract Unix sockets unless net_on) where the ABI has them. Sets no_new_privs. */
+ * fs, abstract Unix sockets always) where the ABI has them. Sets no_new_privs. */
 static int ll_restrict(int fs, int net_off, int net_on, const char *const *writable, int nwritable,
                        const char **step, const char **what) {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return ll_fail(step, what, "prctl(PR_SET_NO_NEW_PRIVS)", "");
@@ -106,7 +106,10 @@ static int ll_restrict(int fs, int net_off, int net_on, const char *const *writa
     size_t size = abi >= 6 ? 24 : abi >= 4 ? 16 : 8;
     attr.handled_access_fs = fs ? fs_handled((int)abi) : 0;
     if (net_off && abi >= 4) attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP;
-    if (abi >= 6) attr.scoped = (fs ? SCOPE_SIGNAL : 0) | (net_on ? 0 : SCOPE_ABSTRACT_UNIX);
+    /* abstract Unix sockets are the network namespace's: with the host's network, its services'
+       (D-Bus, X11, container runtimes) would be in reach */
+    (void)net_on;
+    if (abi >= 6) attr.scoped = (fs ? SCOPE_SIGNAL : 0) | SCOPE_ABSTRACT_UNIX;
     if (!(attr.handled_access_fs || attr.handled_access_net || attr.scoped)) return 0;
     int ruleset = (int)syscall(SYS_ll_create, &attr, size, 0);
     if (ruleset < 0) return ll_fail(step, what, "landlock_create_ruleset", "");

@@ -31,7 +31,8 @@
  * namespace (no other process, no other environ); a private /dev (null, zero, full, random,
  * urandom, tty bound from the host, and with --tty the command's terminal as console; a devpts
  * instance of its own with ptmx; shm) made read-only;
- * with --fs on a private /tmp (a tmpfs of --tmp-size bytes, which is the command's TMPDIR); every
+ * an empty read-only /run (the host's service sockets live there; the resolver's configuration is
+ * kept); with --fs on a private /tmp (a tmpfs of --tmp-size bytes, which is the command's TMPDIR); every
  * --hide path covered by an empty, unreadable file or directory.
  *
  * Any failure before the command runs: one line on stderr and exit status 126 (127: PROGRAM not
@@ -198,6 +199,14 @@ static void mount_view(void) {
         node_tree[i] = clone_tree(path, 0);
         if (node_tree[i] < 0) die(FAILED, "cannot restrict the command: open_tree", path);
     }
+    /* /run holds the host's service sockets (docker, systemd, D-Bus, agents under /run/user), which
+       a read-only mount does not stop a connect() to, and uid 0 owns most of them: it is replaced by
+       an empty tmpfs, keeping only the resolver's configuration when /etc/resolv.conf leads there. */
+    char resolv[4096];
+    int resolv_tree = -1;
+    if (realpath("/etc/resolv.conf", resolv) != NULL && under(resolv, "/run")) resolv_tree = clone_tree(resolv, 0);
+    struct stat var_run;
+    int own_var_run = lstat("/var/run", &var_run) == 0 && S_ISDIR(var_run.st_mode);
     /* The terminal is the host devpts's, not in the private one: ttyname() finds it as /dev/console. */
     if (o.tty_name[0]) console = clone_tree(o.tty_name, 0);
     for (int w = 0; w < o.nwrite; w++) {
@@ -241,6 +250,19 @@ static void mount_view(void) {
     if (setattr(AT_FDCWD, "/dev", 0, MOUNT_ATTR_RDONLY_) != 0) die(FAILED, "cannot restrict the command: mount_setattr(/dev)", "");
 
     if (o.fs) mount_tmpfs("/tmp", opts, 0);
+    mount_tmpfs("/run", "mode=0755,size=64k", MS_NOEXEC);
+    if (own_var_run) mount_tmpfs("/var/run", "mode=0755,size=4k", MS_NOEXEC);
+    if (resolv_tree >= 0) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", resolv);
+        *strrchr(dir, '/') = '\0';
+        mkdirs(dir);
+        int fd = open(resolv, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+        if (fd < 0) die(FAILED, "cannot restrict the command: creating", resolv);
+        close(fd);
+        attach(resolv_tree, resolv);
+    }
+    if (setattr(AT_FDCWD, "/run", 0, MOUNT_ATTR_RDONLY_) != 0) die(FAILED, "cannot restrict the command: mount_setattr(/run)", "");
     for (int r = 0; r < o.nread; r++) {
         if (read_tree[r] < 0) continue;
         if (setattr(read_tree[r], "", AT_EMPTY_PATH | AT_RECURSIVE_, MOUNT_ATTR_RDONLY_ | MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_) != 0)

@@ -22,7 +22,7 @@ from typing import Any, Self
 _STDERR_PIPE = 1 << 20
 
 __all__ = [
-    "ROOT", "ServerProcess", "ServerStartError", "SmithProcess", "assert_clean_log", "beside", "descendants", "host_pids",
+    "ROOT", "ServerProcess", "ServerStartError", "SmithProcess", "assert_clean_log", "beside", "descendants", "host_pids", "running",
     "is_child_guard", "parent_of", "pid_alive", "wait_until",
 ]
 
@@ -242,20 +242,31 @@ def _inner_pid(pid: int) -> tuple[str, int] | None:
     return None
 
 
-def host_pids(service: int, printed: list[int], marker: str) -> list[int]:
+def _cmdline(pid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def running(marker: str) -> list[int]:
+    """The live processes (not zombies) whose command line holds ``marker``, this one aside: what is
+    left of a command whose processes ran in a pid namespace of their own (a unique argument such as
+    ``sleep 60.4711`` marks them)."""
+    me = os.getpid()
+    return [int(e) for e in os.listdir("/proc")
+            if e.isdigit() and int(e) != me and marker in _cmdline(int(e)) and pid_alive(int(e))]
+
+
+def host_pids(service: int | None, printed: list[int], marker: str) -> list[int]:
     """The pids, as this process sees them, of processes a sandboxed command printed (``$$``,
-    ``$!``): it runs in a pid namespace of its own, so what it prints are pids in there. ``marker``
-    is a text of that command's line (``ps`` shows it), which tells its namespace from another
-    command's; the processes are the service's descendants (the namespace's init adopts orphans)."""
-    inner = {pid: _inner_pid(pid) for pid, _ in descendants(service)}
-    spaces = set()
-    for pid, where in inner.items():
-        try:
-            line = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if where is not None and marker in line:
-            spaces.add(where[0])
+    ``$!``) while it runs: it runs in a pid namespace of its own, so what it prints are pids in
+    there. ``marker`` is a text of that command's line (its init's command line holds it too),
+    which tells its namespace from another command's; the processes are the service's descendants
+    (the namespace's init adopts orphans), or any process when ``service`` is None."""
+    pool = [pid for pid, _ in descendants(service)] if service else [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    inner = {pid: _inner_pid(pid) for pid in pool}
+    spaces = {where[0] for pid, where in inner.items() if where is not None and marker in _cmdline(pid)}
     by_inner = {where: pid for pid, where in inner.items() if where is not None and where[0] in spaces}
     return [next(pid for (ns, n), pid in by_inner.items() if n == wanted) for wanted in printed
             if any(n == wanted for (_, n) in by_inner)]

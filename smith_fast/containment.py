@@ -16,10 +16,7 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). The limits are set
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
-  event loop, and other spawners in threads hold :func:`spawn_guard`. :attr:`Cell.procs_files` is the seam for a child that joins by itself:
-  the sandbox's in-process spawner (:mod:`smith_fast.sandbox.spawner`) has the child write ``0``
-  there between clone and exec, before anything of the command runs, so the service never steps
-  in (:meth:`Cell.joined_itself`).
+  event loop, and other spawners in threads hold :func:`spawn_guard`.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -400,17 +397,6 @@ class Cell:
         if lim.pids > 0 and self._pids is not None:
             with contextlib.suppress(OSError):
                 _write(self._pids + "/pids.max", str(lim.pids))
-
-    @property
-    def procs_files(self) -> tuple[str, ...]:
-        """The ``cgroup.procs`` file of each directory: writing ``0`` there joins the cell."""
-        return tuple(d + "/cgroup.procs" for d in self.dirs)
-
-    def joined_itself(self, mask: int) -> None:
-        """The command joined the cell by itself before its exec (:attr:`procs_files`, as
-        :mod:`smith_fast.sandbox.spawner` does): bit ``i`` of ``mask`` set for each
-        ``procs_files[i]`` it could write. :meth:`attach` moves it into the others."""
-        self._born = {d for i, d in enumerate(self.dirs) if mask >> i & 1}
 
     def attach(self, pid: int) -> None:
         """The shell ``pid`` was spawned (best inside :meth:`joined`): make sure it is in, set the

@@ -27,7 +27,7 @@ from smith_fast.client import Client, GrpcClient, SmithError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.pb import smith_pb2_grpc
 
-from harness.server import ServerProcess, assert_clean_log, pid_alive, wait_until
+from harness.server import ServerProcess, assert_clean_log, host_pids, pid_alive, wait_until
 
 LOOPS = ["uvloop", "asyncio"]
 CLI = [sys.executable, "-m", "smith_fast"]
@@ -281,8 +281,8 @@ async def test_cancelled_call_kills_its_commands(server: ServerProcess, tmp_path
     await client.handshake()
     agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")
     await agen.__anext__()  # PROCESSING
-    assert wait_until(pidfile.exists, 5)
-    pid = int(pidfile.read_text())
+    assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 5)
+    (pid,) = host_pids(server.pid, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace
     assert pid_alive(pid)
     await client.close()  # cancels the call
     assert wait_until(lambda: not pid_alive(pid), 10)

@@ -21,7 +21,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from harness.server import ROOT, SmithProcess, beside, pid_alive, wait_until
+from harness.server import ROOT, SmithProcess, beside, host_pids, pid_alive, wait_until
 from smith_fast.mcp import protocol
 
 BUILTINS = ["fs.list", "fs.read", "fs.search", "fs.write", "shell.run", "tools.list"]
@@ -149,9 +149,9 @@ async def test_cancel_stops_the_process(transport: str, tmp_path: pathlib.Path) 
 
                 tg.start_soon(call)
                 assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20))
+                (pid,) = host_pids(None, [int(pid_file.read_text())], str(pid_file))  # printed in its pid namespace
                 tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
         assert not scope.cancelled_caught
-        pid = int(pid_file.read_text())
         assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: not pid_alive(pid), 15)), "the cancelled command still runs"
         after = await client.call_tool("shell", {"command": "echo still-here"})
         assert after.structured_content is not None and after.structured_content["stdout"] == "still-here\n"

@@ -27,7 +27,7 @@ from types import ModuleType
 import pytest
 
 from harness.nats_cluster import Cluster, NatsServer, wait_gateway
-from harness.server import ROOT, SmithProcess, assert_clean_log, pid_alive, wait_until
+from harness.server import ROOT, SmithProcess, assert_clean_log, host_pids, pid_alive, wait_until
 from smith_fast.client import Client, SmithError, event_request_id
 from smith_fast.errors import ProtocolError
 from smith_fast.nats.config import NatsConfig
@@ -377,6 +377,10 @@ function onShellOutput(p) {
 """
 
 
+# The pid of the worker running a command, as the command can tell it: the worker is not in its pid
+# namespace ($PPID is the sandbox's init), but its cgroup is under the worker's smith-fast-PID.
+WORKER_PID = "$(grep -o 'smith-fast-[0-9]*' /proc/self/cgroup | head -1 | cut -d- -f3)"
+
 async def test_hooks_follow_the_session_across_workers(cluster: Cluster) -> None:
     async with await Client.connect(cluster.unix) as client, await Client.connect(cluster.tcp, protocol="v0") as other:
         await client.handshake(["shell_exec", "hooks_js"])
@@ -385,7 +389,7 @@ async def test_hooks_follow_the_session_across_workers(cluster: Cluster) -> None
         assert loaded.action.type == pb.HOOK_ACTION_TYPE_ALLOW
         assert json.loads(loaded.action.allowed_data)["kind"] == "js"
         # Enough concurrent commands that both workers (two slots each) run some of them.
-        cmds = [_shell(f"sleep 0.3; echo my secret $PPID {i}") for i in range(8)] + [_shell("echo forbidden")]
+        cmds = [_shell(f"sleep 0.3; echo my secret {WORKER_PID} {i}") for i in range(8)] + [_shell("echo forbidden")]
         results = await asyncio.gather(*(_collect(client, c) for c in cmds))
         parents = set()
         for events in results[:-1]:
@@ -465,7 +469,7 @@ async def test_disconnect_kills_remote_commands(cluster: Cluster) -> None:
     await client.handshake(["shell_exec"])
     client.send(_shell(f"echo $$ > {pidfile}; exec sleep 30"))
     assert await asyncio.to_thread(wait_until, lambda: pidfile.exists() and pidfile.read_text().strip() != "", 10)
-    pid = int(pidfile.read_text())
+    (pid,) = host_pids(None, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace
     assert pid_alive(pid)
     await client.close()
     assert await asyncio.to_thread(wait_until, lambda: not pid_alive(pid), 10), "the command outlived its frontend"
@@ -522,7 +526,7 @@ async def test_worker_stops_gracefully(cluster: Cluster) -> None:
         await client.handshake(["shell_exec"])
         events: list[pb.Event] = []
         pid = None
-        async for event in client.shell_exec("echo $PPID; sleep 1; echo drained"):
+        async for event in client.shell_exec(f"echo {WORKER_PID}; sleep 1; echo drained"):
             events.append(event)
             if pid is None and event.WhichOneof("event_type") == "shell_output" and event.shell_output.HasField("stdout"):
                 pid = int(event.shell_output.stdout.split()[0])  # the worker running it
@@ -547,7 +551,7 @@ async def test_worker_hands_back_what_outlasts_its_drain(tmp_path: pathlib.Path)
             await client.handshake(["shell_exec"])
             events: list[pb.Event] = []
             pids: list[int] = []
-            async for event in client.shell_exec("echo $PPID; sleep 2; echo finished"):
+            async for event in client.shell_exec(f"echo {WORKER_PID}; sleep 2; echo finished"):
                 events.append(event)
                 if event.WhichOneof("event_type") == "shell_output" and event.shell_output.stdout.strip().isdigit():
                     pids.append(int(event.shell_output.stdout))

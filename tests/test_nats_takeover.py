@@ -23,7 +23,7 @@ import nats as nats_py
 import pytest
 
 from harness.nats_cluster import Cluster, logged, wait_gateway
-from harness.server import SmithProcess, pid_alive, wait_until
+from harness.server import SmithProcess, host_pids, pid_alive, wait_until
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
@@ -185,7 +185,8 @@ async def test_sessions_not_taken_over_end_on_the_workers(tmp_path: pathlib.Path
             with contextlib.suppress(Exception):
                 async for event in plain.shell_exec("echo pid=$$; exec sleep 1000"):
                     if event.WhichOneof("event_type") == "shell_output" and event.shell_output.stdout.startswith("pid="):
-                        pid.append(int(event.shell_output.stdout.strip().removeprefix("pid=")))
+                        inner = int(event.shell_output.stdout.strip().removeprefix("pid="))  # its pid namespace's
+                        pid.extend(host_pids(None, [inner], "echo pid=$$; exec sleep 1000"))
 
         sleeping = asyncio.ensure_future(sleeper())
         for _ in range(3000):
@@ -230,7 +231,7 @@ async def test_a_session_nobody_resumes_ends_after_the_window(tmp_path: pathlib.
             env = await asyncio.wait_for(link.recv(), 30)
             last = env.sequence or last
             if kind(env) == "shell_output" and env.event.shell_output.stdout.startswith("pid="):
-                pid = int(env.event.shell_output.stdout.strip().removeprefix("pid="))
+                (pid,) = host_pids(None, [int(env.event.shell_output.stdout.strip().removeprefix("pid="))], "echo pid=$$; exec sleep 1000")
         new = await asyncio.to_thread(restart, cluster, signal.SIGKILL)
         await link.aclose()  # the peer is gone too
         assert logged(new, "session taken over") == 1 and pid_alive(pid)

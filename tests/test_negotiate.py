@@ -9,6 +9,7 @@ with ``,`` and ``%`` in it survives the round trip).
 
 from __future__ import annotations
 
+import pathlib
 from urllib.parse import unquote
 
 import grpc
@@ -20,6 +21,7 @@ from smith_fast.pb import smith_pb2 as pb
 from smith_fast.pb import smith_pb2_grpc
 
 from .server import ServerProcess, assert_clean_log
+from harness.server import beside
 
 PINS = ["auto", "v0", "v1"]
 SPEAKS_V0 = {"auto": True, "v0": True, "v1": False}
@@ -30,7 +32,8 @@ ADDITIONS = {"smith_fast.accept": "health,metrics", "smith_fast.metrics_interval
 @pytest.fixture(scope="module", params=PINS)
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp(f"negotiate-{request.param}")
-    odd = tmp / "odd,name%2C.sock"  # the list's separator and escape character inside a path
+    odd = beside(tmp, "sockets") / "odd,name%2C.sock"  # the list's separator and escape character inside a path
+    odd.parent.mkdir()  # (not in the root: the service refuses a root that holds its socket)
     srv = ServerProcess(tmp, "--unix", str(odd), "--grpc", "127.0.0.1:0", "--protocol", request.param).start()
     srv.odd = f"unix:{odd}"  # type: ignore[attr-defined]
     srv.pin = request.param  # type: ignore[attr-defined]
@@ -125,13 +128,13 @@ def test_endpoint_list_format() -> None:
 
 
 
-def test_a_grpc_only_service_says_it_has_no_v0_listener() -> None:
+def test_a_grpc_only_service_says_it_has_no_v0_listener(tmp_path: pathlib.Path) -> None:
     from smith_fast.errors import ProtocolError
     from smith_fast.service.config import ServiceConfig
     from smith_fast.service.core import Endpoint, ServiceCore
     from smith_fast.service.grpc_front import negotiate
 
-    core = ServiceCore(ServiceConfig())
+    core = ServiceCore(ServiceConfig(root=tmp_path))
     core.endpoints.append(Endpoint("grpc:127.0.0.1:50051", (1,)))
     with pytest.raises(ProtocolError, match=r"no listener of this service speaks version 0 \(it has no Unix or TCP listener\)") as info:
         negotiate(core, pb.NegotiateRequest(supported_versions=[0]))

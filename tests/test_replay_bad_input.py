@@ -39,8 +39,10 @@ def uid() -> str:
 
 
 def replay_cli(log: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # run beside the log: the spawned service's root is its working directory, which must not be
+    # the repository (it refuses a root that holds its own installation)
     return subprocess.run([sys.executable, "-m", "smith_fast", "replay", str(log), "--spawn", *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120, cwd=log.parent)  # fmt: skip
 
 
 class Peer:

@@ -25,7 +25,7 @@ from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-d
 from smith_fast.pb import smith_pb2 as pb
 
 from harness.cutting_proxy import CuttingProxy
-from harness.server import ServerProcess, pid_alive, wait_until
+from harness.server import ServerProcess, host_pids, pid_alive, wait_until
 
 from .peers import kind
 
@@ -524,13 +524,14 @@ async def fresh_handshake_works(link: Link) -> None:
 def test_after_the_window_the_requests_end_and_the_token_is_refused(run, short: ServerProcess) -> None:  # type: ignore[no-untyped-def]
     async def main() -> None:
         link, token, last = await open_session(short.tcp)
-        link.send(shell(rid(), "echo $$; exec sleep 60"))
+        marker = f"sleep 60.{os.getpid()}"
+        link.send(shell(rid(), f"echo $$; exec {marker}"))
         pid = 0
         while not pid:
             env = await link.recv()
             last = env.sequence or last
             if kind(env) == "shell_output" and env.event.shell_output.stdout:
-                pid = int(env.event.shell_output.stdout)
+                (pid,) = host_pids(short.pid, [int(env.event.shell_output.stdout)], marker)  # its pid namespace's
         link.close()
         await asyncio.sleep(0.5)
         assert pid_alive(pid), "the parked session's command was stopped within its window"

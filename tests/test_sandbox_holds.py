@@ -12,17 +12,15 @@ its view) and outside the root.
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import pathlib
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -32,7 +30,7 @@ from smith_fast.client import Client, SmithError
 from smith_fast.sandbox import HELPER
 from smith_fast.service.config import DEFAULT_COMMAND_MEMORY, DEFAULT_COMMAND_PIDS, Limits
 
-from harness.server import ROOT, ServerProcess, ServerStartError, wait_until
+from harness.server import ROOT, ServerProcess, ServerStartError, descendants, wait_until
 
 TOKEN = f"tok-{uuid.uuid4().hex}"
 
@@ -304,3 +302,60 @@ async def test_an_output_flood_is_not_read_past_max_output(tmp_path: pathlib.Pat
                 assert len(out.stdout) == 1 << 20 and b"--max-output" in out.stderr
     finally:
         assert srv.stop() == 0
+
+
+async def test_a_service_that_adopts_orphans_leaves_no_zombie(tmp_path: pathlib.Path) -> None:
+    # The sandbox program ends before its init is reaped (the namespaces' teardown takes an RCU
+    # grace period or two); whoever adopts the init reaps it. A service that is pid 1 of its pid
+    # namespace (a container's entry point) would be that one, and reaps only its own children:
+    # there the sandbox program waits for its init instead (--reap).
+    srv = ServerProcess(tmp_path)
+    srv.argv = ["unshare", "--pid", "--fork", "--kill-child=SIGTERM", "--mount-proc", *srv.argv]
+    srv.start()
+    try:
+        async with await Client.connect(srv.unix) as client:
+            await client.handshake()
+            for _ in range(10):
+                assert (await client.run("sleep 0.01 & echo $$")).stdout == b"2\n"
+            assert srv.proc is not None
+            zombies = [pid for pid, state in descendants(srv.proc.pid) if state == "Z"]
+            assert not zombies, zombies
+    finally:
+        srv.stop()
+
+
+async def test_the_hosts_service_sockets_are_out_of_reach(server: ServerProcess) -> None:
+    # Root's sockets under /run (docker.sock, systemd's private socket, D-Bus) would each be a way
+    # out: a read-only mount does not stop a connect(), and the command is uid 0. Abstract sockets
+    # belong to the network namespace, which --network on shares.
+    import socket
+
+    path = f"/run/smith-fast-test-{uuid.uuid4().hex[:8]}.sock"
+    name = f"\0smith-fast-test-{uuid.uuid4().hex[:8]}"
+    listeners = [socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)]
+    try:
+        listeners[0].bind(path)
+        listeners[1].bind(name)
+        for sock in listeners:
+            sock.listen()
+            sock.setblocking(False)
+        probe = ("import socket, sys\n"
+                 "for where in sys.argv[1:]:\n"
+                 "    s = socket.socket(socket.AF_UNIX)\n"
+                 "    try:\n"
+                 "        s.connect(where.replace('@', chr(0)))\n"
+                 "        print('connected', where)\n"
+                 "    except OSError as e:\n"
+                 "        print('refused', e.errno)\n")
+        code, out, err = await _run(server, f"python3 -c \"{probe}\" {path} @{name[1:]}; ls /run | wc -l; test -s /etc/resolv.conf && echo resolver")
+        assert "connected" not in out and out.count("refused") == 2, (out, err)
+        assert f"refused {errno.ENOENT}" in out and f"refused {errno.EPERM}" in out  # not there; Landlock's scope
+        assert out.endswith("0\nresolver\n")  # an empty /run; the resolver's configuration kept
+        for sock in listeners:
+            with pytest.raises(BlockingIOError):
+                sock.accept()  # nobody came
+    finally:
+        for sock in listeners:
+            sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -16,7 +16,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess, descendants, pid_alive, wait_until
+from harness.server import ServerProcess, descendants, host_pids, pid_alive, running, wait_until
 
 
 LOOPS = ["uvloop", "asyncio"]
@@ -201,10 +201,10 @@ async def test_timeout_kills_process_group(server: ServerProcess, inside: pathli
     async with await Client.connect(server.unix) as client:
         await client.handshake()
         with pytest.raises(SmithError) as info:
-            await run(client, f"sleep 60 & echo $! > {pidfile}; echo $$ >> {pidfile}; wait", timeout_ms=300)
+            await run(client, f"sleep 60.{os.getpid()} & echo $! > {pidfile}; echo $$ >> {pidfile}; wait", timeout_ms=300)
         assert info.value.code == pb.ERROR_CODE_EXECUTION_TIMEOUT
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert wait_until(lambda: not any(pid_alive(p) for p in pids))
+    # (the pids it wrote are its pid namespace's, gone with it: what is left is found by its line)
+    assert wait_until(lambda: not running(f"sleep 60.{os.getpid()}") and not running(str(pidfile)))
 
 
 async def test_concurrent_requests_interleave(server: ServerProcess) -> None:
@@ -261,7 +261,7 @@ async def test_shutdown_cancels_running_and_closes(server: ServerProcess, protoc
 
     async def long() -> None:
         with pytest.raises(SmithError):
-            async for ev in client.shell_exec(f"echo $$ > {pidfile}; echo started; exec sleep 60"):
+            async for ev in client.shell_exec(f"echo $$ > {pidfile}; echo started; exec sleep 60.{os.getpid()}"):
                 events.append(ev)
 
     task = asyncio.ensure_future(long())
@@ -273,7 +273,7 @@ async def test_shutdown_cancels_running_and_closes(server: ServerProcess, protoc
     assert final is not None and final.exit_code < 0  # killed by a signal
     states = [ev.state_change.state for ev in events if ev.WhichOneof("event_type") == "state_change"]
     assert pb.SERVICE_STATE_ERROR in states
-    assert not pid_alive(int(pidfile.read_text()))
+    assert wait_until(lambda: not running(f"sleep 60.{os.getpid()}"), 5)
     await client.close()
 
 
@@ -283,8 +283,8 @@ async def test_disconnect_kills_children(server: ServerProcess, inside: pathlib.
     await client.handshake()
     agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")
     await agen.__anext__()  # PROCESSING: the command is running
-    assert wait_until(pidfile.exists, 5)
-    pid = int(pidfile.read_text())
+    assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 5)
+    (pid,) = host_pids(server.pid, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace
     assert pid_alive(pid)
     await client.close()
     assert wait_until(lambda: not pid_alive(pid), 10)
