@@ -7,10 +7,11 @@
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
  *
- *   monitor (this process, the service's child): unshare a user namespace (the caller's uid and
- *     gid mapped onto themselves: files keep their owners, and capabilities held in it mean nothing
- *     to the host's devices, network or files), a mount, pid, IPC and UTS namespace, and a network
- *     namespace unless --network on (with loopback: lo up). Forks the init, blocks every signal,
+ *   monitor (this process, the service's child): starts the init in a new user namespace (the
+ *     caller's uid and gid mapped onto themselves: files keep their owners, and capabilities held
+ *     in it mean nothing to the host's devices, network or files), a mount, pid, IPC and UTS
+ *     namespace, and a network namespace unless --network on (with loopback: lo up), staying in
+ *     the host's itself (its exit then costs nothing). Blocks every signal,
  *     waits for the command's status and ends as the command ended: its exit status, or killed by
  *     the same signal (with --reap only once the init is reaped: see monitor()); with --usage-fd it
  *     first writes there the command's struct rusage, which its parent's wait4() cannot see.
@@ -282,27 +283,49 @@ static void mount_view(void) {
     }
 }
 
-static void enter_namespaces(void) {
-    char map[64];
-    uid_t uid = getuid();
-    gid_t gid = getgid();
+/* The init's namespaces, made by the clone that starts it: the monitor stays in the host's, so its
+ * own exit is cheap (the last one out of a mount namespace pays an RCU grace period to tear it
+ * down, and that is the init, whose end nobody waits for). */
+static pid_t start_init(int *ready) {
     int flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (o.net_on ? 0 : CLONE_NEWNET);
-    if (unshare(flags) != 0) die(FAILED, "cannot restrict the command: unshare (user, mount, pid, ipc, uts, net namespaces)", "");
-    write_file("/proc/self/setgroups", "deny");
-    snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
-    write_file("/proc/self/uid_map", map);
-    snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
-    write_file("/proc/self/gid_map", map);
-    if (o.loopback) {
-        struct ifreq ifr;
-        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        memset(&ifr, 0, sizeof ifr);
-        strcpy(ifr.ifr_name, "lo");
-        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCGIFFLAGS", "");
-        ifr.ifr_flags |= IFF_UP;
-        if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCSIFFLAGS", "");
-        close(s);
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) != 0) die(FAILED, "cannot start the command: pipe", "");
+    /* fork() with namespace flags; the same argument order (flags, stack 0, ...) on every architecture */
+    pid_t child = (pid_t)syscall(SYS_clone, (unsigned long)flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+    if (child < 0) die(FAILED, "cannot restrict the command: clone (user, mount, pid, ipc, uts, net namespaces)", "");
+    if (child == 0) {
+        close(sync[1]);
+        char go;
+        if (read(sync[0], &go, 1) != 1) _exit(FAILED); /* the monitor failed to map our ids: it said why */
+        close(sync[0]);
+        *ready = 1;
+        return 0;
     }
+    close(sync[0]);
+    /* The parent writes the child's maps: the service's uid and gid onto themselves. */
+    char path[64], map[64];
+    snprintf(path, sizeof path, "/proc/%d/setgroups", (int)child);
+    write_file(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+    snprintf(map, sizeof map, "%u %u 1", (unsigned)getuid(), (unsigned)getuid());
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+    snprintf(map, sizeof map, "%u %u 1", (unsigned)getgid(), (unsigned)getgid());
+    write_file(path, map);
+    if (write(sync[1], "x", 1) != 1) die(FAILED, "cannot start the command: sync", "");
+    close(sync[1]);
+    return child;
+}
+
+static void loopback_up(void) {
+    struct ifreq ifr;
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    memset(&ifr, 0, sizeof ifr);
+    strcpy(ifr.ifr_name, "lo");
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCGIFFLAGS", "");
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCSIFFLAGS", "");
+    close(s);
 }
 
 static void drop_capabilities(void) {
@@ -489,14 +512,13 @@ int main(int argc, char **argv) {
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
-    enter_namespaces();
-    int report[2];
+    int report[2], is_init = 0;
     if (pipe2(report, O_CLOEXEC) != 0) die(FAILED, "cannot start the command: pipe", "");
-    pid_t child = fork();
-    if (child < 0) die(FAILED, "cannot start the command: fork", "");
-    if (child == 0) {
+    pid_t child = start_init(&is_init);
+    if (is_init) {
         close(report[0]);
         if (o.usage_fd > 2) close(o.usage_fd); /* the monitor's alone: nothing in the sandbox may write it */
+        if (o.loopback) loopback_up();
         init(report[1]);
     }
     close(report[1]);
