@@ -27,16 +27,31 @@ __all__ = ["build_smith_fast", "pack_closure"]
 _NOT_WHEEL = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}  # what an installer writes
 
 
+def _clone_files(root: pathlib.Path) -> list[str]:
+    """What a clone of ``root`` holds: git's list (tracked, or new and not ignored) in a checkout,
+    else the tree on disk without what a build or ``make install`` adds."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root, check=True,
+                                capture_output=True).stdout.decode().split("\0")
+        return [name for name in listed if name and (root / name).is_file()]  # not a deleted, still tracked file
+    except (OSError, subprocess.CalledProcessError):  # .gitignore's patterns, by hand
+        skip = {".git", ".venv", "build", "node_modules", "__pycache__", ".pytest_cache", ".hypothesis", ".benchmarks"}
+        names = [path.relative_to(root) for path in root.rglob("*") if path.is_file()]
+        return [
+            name.as_posix() for name in names
+            if not skip & set(name.parts) and not name.name.endswith((".so", ".pyc", ".egg-info", ".sock"))
+            and not (name.parent.as_posix() == "csrc" and name.suffix == ".c" and name.stem not in ("sandbox_exec", "sandbox_spawn"))
+            and name.as_posix() != "smith_fast/sandbox/sandbox-exec"
+        ]
+
+
 def build_smith_fast(root: pathlib.Path, out: pathlib.Path, scratch: pathlib.Path) -> pathlib.Path:
-    """Build smith-fast's wheel from the files a clone of ``root`` holds (tracked, or new and not
-    ignored; no build artefacts), with the dev venv's Cython and setuptools; its path."""
-    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=root, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    """Build smith-fast's wheel from the files a clone of ``root`` holds (no build artefacts), with
+    the dev venv's Cython and setuptools; its path."""
     src = scratch / "src"
-    for name in filter(None, listed):
-        if (root / name).is_file():  # not a deleted, still tracked file
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / name, src / name)
+    for name in _clone_files(root):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
                     "--no-build-isolation", "-w", str(out), str(src)], check=True, capture_output=True)
     (wheel,) = out.glob("smith_fast-*.whl")
