@@ -25,7 +25,7 @@ from . import __version__
 from .errors import SmithFastError
 from .logs import configure
 from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration, secret
-from .startup import add_listen_options, add_service_options, listen_config, pick_loop, run_service, service_config
+from .startup import add_listen_options, add_service_options, listen_config, missing_package, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
     from .client import Client, RemoteProcess
@@ -495,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         return SIGPIPE_EXIT
     except KeyboardInterrupt:
         return 130
+    except ImportError as exc:  # a package the command needs is not installed: which, and how to get it
+        print(f"smith-fast {args.command}: {missing_package(exc)}", file=sys.stderr)
+        return 2
     except (SmithFastError, OSError, ValueError) as exc:  # connection and address errors: one line, no traceback
         print(f"smith-fast: {exc}", file=sys.stderr)
         return 2

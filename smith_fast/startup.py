@@ -25,6 +25,7 @@ __all__ = [
     "add_process_options",
     "add_service_options",
     "listen_config",
+    "missing_package",
     "pick_loop",
     "run_service",
     "service_config",
@@ -33,6 +34,39 @@ __all__ = [
 log = get_logger("smith_fast.startup")
 
 DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
+
+# The third-party modules smith-fast imports → (the distribution that installs it, the extra that
+# brings it in; None: a dependency of every install). tests/test_packaging.py checks it against the
+# wheel's metadata, so an extra's package cannot be missing here.
+PACKAGES: dict[str, tuple[str, str | None]] = {
+    "nats": ("nats-py", "nats"),
+    "mcp": ("mcp", "mcp"),
+    "opentelemetry.sdk": ("opentelemetry-sdk", "tracing"),
+    "opentelemetry.exporter.otlp": ("opentelemetry-exporter-otlp", "tracing"),
+    "opentelemetry": ("opentelemetry-api", None),
+    "orjson": ("orjson", None),
+    "google.protobuf": ("protobuf", None),
+    "grpc_health": ("grpcio-health-checking", None),
+    "grpc": ("grpcio", None),
+    "prometheus_client": ("prometheus_client", None),
+    "uvloop": ("uvloop", None),
+    "jsonschema": ("jsonschema", None),
+    "quickjs": ("quickjs-ng", None),
+}
+
+
+def missing_package(exc: ImportError) -> str:
+    """What to tell an operator whose command failed to import a module: the package to install and
+    the extra that installs it (or, for a dependency of every install, that the install is broken)."""
+    name = exc.name or ""
+    module = max((m for m in PACKAGES if name == m or name.startswith(m + ".")), key=len, default=None)
+    if module is None:
+        return f"cannot start: {exc}"
+    package, extra = PACKAGES[module]
+    if extra is not None:
+        return f"needs the {package} package, which is not installed: pip install 'smith-fast[{extra}]' ({exc})"
+    return (f"cannot start: {exc}: {package} is a dependency of smith-fast, so this installation is incomplete; "
+            f"install it again: pip install --force-reinstall smith-fast")
 
 
 def add_listen_options(p: argparse.ArgumentParser) -> None:
@@ -138,10 +172,7 @@ def run_service(command: str, main: Callable[[str], Coroutine[Any, Any, int]], l
         with asyncio.Runner(loop_factory=factory) as runner:
             return runner.run(main(loop_name))
     except ImportError as exc:
-        if command in ("worker", "gateway"):
-            print(f"smith-fast {command}: needs the nats-py package (pip install 'smith-fast[nats]'): {exc}", file=sys.stderr)
-        else:
-            print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)
+        print(f"smith-fast {command}: {missing_package(exc)}", file=sys.stderr)
         return 2
     except (OSError, SmithFastError, ValueError) as exc:  # ListenError and StartupError among them
         print(f"smith-fast {command}: cannot start: {exc}", file=sys.stderr)

@@ -10,13 +10,13 @@ is no longer read, so neither output nor requests pile up in memory.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING
 
 import orjson
 
 from ..logs import get_logger
 from ..service.connection import StdoutProtocol
+from ..service.stdio import take_stdio
 from . import protocol
 from .endpoint import McpEndpoint
 
@@ -161,17 +161,8 @@ class McpStdio(asyncio.Protocol):
 
 async def open_mcp_stdio(core: ServiceCore, closed: asyncio.Event) -> McpStdio:
     """Serve MCP on the process's stdin/stdout; ``closed`` is set when the client is done."""
-    loop = asyncio.get_running_loop()
-    # As for --stdio: the protocol owns the original pipes, and fds 0 and 1 point elsewhere so a
-    # stray print() or a library writing to stdout can never corrupt the stream.
-    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
-    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
+    stdio = take_stdio()  # pipes, files or /dev/null (service/stdio.py)
     front = McpStdio(core, closed)
-    writer, _ = await loop.connect_write_pipe(lambda: StdoutProtocol(front.pause_writing, front.resume_writing, lambda _exc: front.endpoint.connection_lost()), proto_out)
-    front._writer = writer  # noqa: SLF001 (set before any byte is read)
-    await loop.connect_read_pipe(lambda: front, proto_in)
+    front._writer = await stdio.write_to(StdoutProtocol(front.pause_writing, front.resume_writing, lambda _exc: front.endpoint.connection_lost()))  # noqa: SLF001 (set before any byte is read)
+    await stdio.read_into(front)
     return front

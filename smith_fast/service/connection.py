@@ -106,6 +106,8 @@ class Connection(asyncio.BufferedProtocol):
         on_closed: called once when the connection is gone.
         peer: a printable peer name for logs (default: the transport's peer address).
         trusted: the peer started the service (stdio): no token, no connection limit, no deadlines.
+        finish_on_eof: the end of the input means the peer sends nothing more, not that it left
+            (stdin is a file): the running requests end, then the session closes.
     """
 
     def __init__(
@@ -117,9 +119,12 @@ class Connection(asyncio.BufferedProtocol):
         on_closed: Callable[[], None] | None = None,
         peer: str | None = None,
         trusted: bool = False,
+        finish_on_eof: bool = False,
     ) -> None:
         self.core = core
         self.trusted = trusted
+        self._finish_on_eof = finish_on_eof
+        self._finishing: asyncio.Task[None] | None = None
         self.protocol = protocol
         self.session: Session | None = None
         self.peer = peer or "?"
@@ -193,8 +198,13 @@ class Connection(asyncio.BufferedProtocol):
         self._feed(data)
 
     def eof_received(self) -> bool:
-        # The peer is gone (or closed its sending side): its requests die with it, children included.
-        return False
+        session = self.session
+        if not self._finish_on_eof or session is None or self._closed:
+            # The peer is gone (or closed its sending side): its requests die with it, children included.
+            return False
+        # A file of requests has ended: they run to their end, then the session closes (and so this).
+        self._finishing = self._loop.create_task(session.finish())
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._closed:

@@ -18,6 +18,7 @@ from . import lifecycle
 from .config import ServiceConfig
 from .connection import Connection, StdoutProtocol, tcp_address
 from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
+from .stdio import take_stdio
 
 if TYPE_CHECKING:
     from ..mcp.http import McpHttpServer
@@ -182,20 +183,13 @@ def _unix_socket(path: str, backlog: int) -> socket.socket:
 
 
 async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.Event) -> Connection:
-    loop = asyncio.get_running_loop()
-    # The protocol owns the original stdin/stdout; fds 0 and 1 are pointed elsewhere so that a stray
-    # print() or a library writing to stdout can never corrupt the stream.
-    proto_in = os.fdopen(os.dup(0), "rb", buffering=0)
-    proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.dup2(2, 1)
-    # trusted: whoever holds the pipes started the service (no token, limit or deadlines)
-    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True)
-    writer, _ = await loop.connect_write_pipe(lambda: StdoutProtocol(conn.pause_writing, conn.resume_writing, conn.connection_lost), proto_out)
-    conn._writer = writer  # noqa: SLF001 (set before any byte is read)
-    await loop.connect_read_pipe(lambda: conn, proto_in)
+    stdio = take_stdio()
+    # trusted: whoever holds the pipes started the service (no token, limit or deadlines). A file
+    # on stdin ends without its writer going away: the requests it holds run to their end.
+    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True,
+                      finish_on_eof=stdio.input_is_file)
+    conn._writer = await stdio.write_to(StdoutProtocol(conn.pause_writing, conn.resume_writing, conn.connection_lost))  # noqa: SLF001 (set before any byte is read)
+    await stdio.read_into(conn)
     return conn
 
 
