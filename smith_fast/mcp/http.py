@@ -242,13 +242,14 @@ class McpHttpServer:
         if origin is not None and _origin_key(origin) not in self.allow_origins:
             raise _Refused(403, f"origin {origin} is not allowed (--mcp-allow-origin)")
         host = head.headers.get("host")
-        if host is None or not self._host_allowed(host, conn.local):
+        if host is None or (host != conn.admitted_host and not self._host_allowed(host, conn.local)):
             raise _Refused(421, f"Host {host!r} is not this service: a loopback address, localhost, the listener's address or a --mcp-allow-host name")
         token = self.core.config.token
         if token is not None:
             scheme, _, presented = head.headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not token_matches(token, presented.strip()):
                 raise _Refused(401, "this service needs Authorization: Bearer TOKEN", headers=(("WWW-Authenticate", 'Bearer realm="smith-fast"'),))
+        conn.admitted_host = host  # a keep-alive client sends the same one each time
 
     def _host_allowed(self, host: str, local: str | None) -> bool:
         parts = split_host(host)
@@ -403,6 +404,7 @@ class _Connection(asyncio.Protocol):
         self.peer = "?"
         self.local: str | None = None  # the address the connection arrived on
         self.authenticated = False
+        self.admitted_host: str | None = None  # the Host of its last admitted request
         self.sessions_made = 0
         self._buffer = bytearray()
         self._head: Head | None = None  # an admitted request whose body is being read
@@ -606,8 +608,11 @@ class _Connection(asyncio.Protocol):
             return
         if not self._keep_alive:
             assert self._transport is not None
-            self._transport.close()
+            transport = self._transport
+            transport.close()  # once what it holds is taken
             self._closed = True
+            if self._write_paused and self.core.limits.idle_timeout > 0:  # a client that never reads it
+                asyncio.get_running_loop().call_later(self.core.limits.idle_timeout, transport.abort)
             return
         if self._write_paused:
             if self._transport is not None:
