@@ -221,7 +221,7 @@ class McpHttpServer:
             await asyncio.sleep(max(1.0, idle / 4))
             cutoff = time.monotonic() - idle
             for entry in list(self.sessions.values()):
-                if entry.last_seen < cutoff and not entry.endpoint.calls and entry.stream is None:
+                if entry.last_seen < cutoff and entry.idle:
                     log.info("closing idle MCP session", extra={"fields": {"session": entry.id[:8]}})
                     self._drop(entry)
 
