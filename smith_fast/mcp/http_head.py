@@ -28,6 +28,7 @@ MAX_LENGTH_DIGITS = 19
 _TCHAR = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # field-vchar (VCHAR, obs-text) and the SP/HTAB allowed inside a value
 _FIELD = bytes(range(0x21, 0x7F)) + bytes(range(0x80, 0x100)) + b" \t"
+_FIELD_CRLF = _FIELD + b"\r\n"
 # request-target in origin-form: VCHAR only (no SP, controls or non-ASCII)
 _TARGET = bytes(range(0x21, 0x7F))
 _HOST = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,;=%"
@@ -83,31 +84,42 @@ def parse_head(head: bytes, max_body: int) -> Head:
         HeadError: anything malformed or ambiguous (400), an HTTP version other than 1.0/1.1
             (505), ``Transfer-Encoding`` (501), a body over ``max_body`` (413).
     """
-    lines = head.split(b"\r\n")
-    method, target, version = _request_line(lines[0])
+    first, _, block = head.partition(b"\r\n")
+    method, target, version = _request_line(first)
     headers: dict[str, str] = {}
-    for number, line in enumerate(lines[1:], 2):
-        name, sep, value = line.partition(b":")
-        if not sep or not name or not _only(name, _TCHAR):
-            # also a folded line (it starts with SP/HTAB) and "Name : value"
-            raise HeadError(400, f"malformed header line {number}")
-        value = value.strip(b" \t")
-        if not _only(value, _FIELD):
-            raise HeadError(400, f"header line {number} holds a byte no field value may (a control, a lone CR or LF)")
-        key = name.decode("ascii").lower()
-        text = value.decode("latin-1")
-        if key in headers:
-            if key in _SINGLE:
-                raise HeadError(400, f"{name.decode('ascii')} is given more than once")
-            headers[key] = f"{headers[key]}, {text}"
-        else:
-            headers[key] = text
+    if block:
+        # One pass over all header lines for the bytes no value may hold (NUL, controls), and CR
+        # and LF only as CRLF pairs; then each line's name is checked on its own.
+        crlf = block.count(b"\r\n")
+        if block.translate(None, _FIELD_CRLF) or block.count(b"\r") != crlf or block.count(b"\n") != crlf:
+            raise HeadError(400, f"header line {_bad_line(block)} holds a byte no field value may (a control, a lone CR or LF)")
+        for number, line in enumerate(block.split(b"\r\n"), 2):
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name.translate(None, _TCHAR):
+                # also a folded line (it starts with SP/HTAB) and "Name : value"
+                raise HeadError(400, f"malformed header line {number}")
+            key = name.lower().decode("ascii")
+            text = value.strip(b" \t").decode("latin-1")
+            if key in headers:
+                if key in _SINGLE:
+                    raise HeadError(400, f"{name.decode('ascii')} is given more than once")
+                headers[key] = f"{headers[key]}, {text}"
+            else:
+                headers[key] = text
     length = _length(headers, version, max_body)
     if version == "HTTP/1.1" and "host" not in headers:
         raise HeadError(400, "Host is missing (HTTP/1.1 requires it)")
     connection = {token.strip() for token in headers.get("connection", "").lower().split(",")}
     keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
     return Head(method, target, headers, length, keep_alive)
+
+
+def _bad_line(block: bytes) -> int:
+    """The number of the first header line (the request line is 1) holding a byte no value may."""
+    for number, line in enumerate(block.split(b"\r\n"), 2):
+        if line.translate(None, _FIELD):
+            return number
+    return 2
 
 
 def _request_line(line: bytes) -> tuple[str, str, str]:
