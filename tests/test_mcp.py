@@ -323,7 +323,7 @@ _HOSTILE: list[tuple[bytes, bytes]] = [
     (b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", b" 400 "),
     (b"GET /mcp HTTP/2.0\r\n\r\n", b" 505 "),
     (b"POST /mcp HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}", b" 403 "),
-    (b"POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+    (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
      b"Mcp-Session-Id: forged\r\nContent-Length: 40\r\nConnection: close\r\n\r\n"
      b'{"jsonrpc":"2.0","id":1,"method":"ping"}', b" 404 "),
 ]
@@ -451,7 +451,7 @@ def test_http_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
 
         def post(sock: socket.socket, message: dict[str, Any], session: str | None = None) -> None:
             body = json.dumps(message).encode()
-            head = (f"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            head = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n")
             if session:
                 head += f"Mcp-Session-Id: {session}\r\n"
@@ -478,7 +478,8 @@ def test_http_backpressure_bounds_memory(tmp_path: pathlib.Path) -> None:
 
 
 async def test_http_session_lifecycle(tmp_path: pathlib.Path) -> None:
-    """DELETE ends a session (then 404); sessions beyond --max-connections are refused with 503."""
+    """DELETE ends a session (then 404); at --max-connections sessions, a new one ends the idle
+    session used least recently (which then answers 404) instead of being refused."""
     proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--max-connections", "3").start()
     try:
         url = mcp_url(proc)
@@ -495,7 +496,10 @@ async def test_http_session_lifecycle(tmp_path: pathlib.Path) -> None:
             assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": sid, "MCP-Protocol-Version": "1999-01-01"})).status_code == 400
             assert (await http.delete(url, headers={"Mcp-Session-Id": sid})).status_code == 200
             assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": sid})).status_code == 404
-            made = [(await http.post(url, json=init)).status_code for _ in range(4)]
-            assert made == [200, 200, 200, 503]
+            made = [await http.post(url, json=init) for _ in range(4)]
+            assert [r.status_code for r in made] == [200, 200, 200, 200]
+            ids = [r.headers["mcp-session-id"] for r in made]
+            assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": ids[0]})).status_code == 404
+            assert (await http.post(url, json=ping, headers={"Mcp-Session-Id": ids[3]})).json()["result"] == {}
     finally:
         proc.stop()

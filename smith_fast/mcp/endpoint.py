@@ -44,6 +44,8 @@ class McpEndpoint:
         close: called once when the session is over (the transport then ends).
         authenticated: the transport checked the peer (stdio: it started us; HTTP: its bearer token).
         notify: where messages that belong to no request go (logs); None drops them.
+        unsent: the bytes the transport still holds for the client, counted against
+            ``--max-session-buffer`` (:mod:`smith_fast.service.flow`).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class McpEndpoint:
         close: Callable[[], None],
         authenticated: bool,
         notify: Channel | None = None,
+        unsent: Callable[[], int] | None = None,
     ) -> None:
         self.core = core
         self.calls: dict[str, Call] = {}
@@ -68,7 +71,8 @@ class McpEndpoint:
         self._room = core.limits.tool_max_output
         self._listing: bytes | None = None
         self.sink = McpSink(self)
-        self.session = core.new_session(self.sink, close=self._closed, peer=peer, protocol="mcp")
+        front = {} if unsent is None else {"unsent": unsent}
+        self.session = core.new_session(self.sink, close=self._closed, peer=peer, protocol="mcp", **front)
         if authenticated:
             self.session.authenticated = True
         handshake = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[c for c in _CAPABILITIES if c in core.capabilities]))

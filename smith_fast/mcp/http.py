@@ -13,19 +13,30 @@ and add a thread-free but much slower stack to every call).
   with the response.
 * ``GET /mcp`` opens the session's stream for messages that belong to no request (logs).
 * ``DELETE /mcp`` ends the session (its running calls are cancelled).
-* With ``--token``, every request presents ``Authorization: Bearer TOKEN`` (else 401). A
-  browser's ``Origin`` other than the listener's own host or a loopback name is refused (403),
-  against DNS rebinding. Sessions idle for ``--idle-timeout`` are ended.
+* Who may call (each checked on the request's head, before any byte of its body is read):
+  ``Host`` must name a loopback address, ``localhost``, the address the connection arrived on or
+  a ``--mcp-allow-host`` name (else 421: a page of a name rebound to 127.0.0.1 by DNS gives its own
+  name); a browser's ``Origin`` must be on the ``--mcp-allow-origin`` list (else 403; never
+  derived from ``Host``, which the same page controls); with ``--token``, ``Authorization: Bearer
+  TOKEN`` (else 401). A refused request's body is never read: the connection is closed.
 
-Limits: request head 16 KiB (431), body ``--max-frame-size`` (413), a request must arrive within
-``--handshake-timeout``; connections count towards ``--max-connections`` (503 over it), and so do
-sessions. Resumption with ``Last-Event-ID`` is not offered (events carry no ids), so a client
-whose stream broke sends its request again.
+Limits: a request head 16 KiB (431), and ``--max-handshake-frame-size`` until the connection's
+first admitted request; a body ``--max-frame-size`` (413); a connection has
+``--handshake-timeout`` to present an admitted request (else it is closed) and then each request
+that long to arrive (408); connections count towards ``--max-connections`` (503 over it). While a
+client does not read a response, its connection reads and starts nothing more and the session
+stays paused (its output held within ``--max-session-buffer``). A connection initializes at most
+``--mcp-sessions-per-connection`` sessions (429); at ``--max-connections`` sessions the idle one
+used least recently is ended to make room (503 when none is idle); sessions idle for
+``--idle-timeout`` are ended. The head parser (:mod:`smith_fast.mcp.http_head`) refuses every
+malformed or ambiguous length with 400. Resumption with ``Last-Event-ID`` is not offered (events
+carry no ids), so a client whose stream broke sends its request again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import secrets
 import time
 from collections.abc import Callable
@@ -34,10 +45,12 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from ..errors import ListenError
 from ..logs import get_logger
 from ..service.auth import token_matches
 from . import protocol
 from .endpoint import McpEndpoint
+from .http_head import Head, HeadError, parse_head, split_host
 
 if TYPE_CHECKING:
     from ..service.core import ServiceCore
@@ -48,11 +61,10 @@ log = get_logger("smith_fast.mcp")
 
 PATH = "/mcp"
 MAX_HEAD = 16 * 1024
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _REASONS = {
     200: "OK", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
     405: "Method Not Allowed", 406: "Not Acceptable", 408: "Request Timeout", 413: "Content Too Large",
-    415: "Unsupported Media Type", 431: "Request Header Fields Too Large", 501: "Not Implemented",
+    415: "Unsupported Media Type", 421: "Misdirected Request", 429: "Too Many Requests", 431: "Request Header Fields Too Large", 501: "Not Implemented",
     500: "Internal Server Error", 503: "Service Unavailable", 505: "HTTP Version Not Supported",
 }
 
@@ -70,12 +82,12 @@ class _Refused(Exception):
 class _Request:
     __slots__ = ("method", "path", "headers", "body", "keep_alive")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes, keep_alive: bool) -> None:
-        self.method = method
-        self.path = path
-        self.headers = headers
+    def __init__(self, head: Head, body: bytes) -> None:
+        self.method = head.method
+        self.path = head.target
+        self.headers = head.headers
         self.body = body
-        self.keep_alive = keep_alive
+        self.keep_alive = head.keep_alive
 
 
 def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
@@ -84,64 +96,32 @@ def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def _parse_head(head: bytes, max_body: int) -> tuple[str, str, dict[str, str], int, bool]:
-    """Request line and headers → (method, target, headers, content length, keep-alive).
-
-    Raises:
-        _Refused: anything malformed, unsupported or too large.
-    """
-    try:
-        text = head.decode("latin-1")
-    except UnicodeDecodeError:  # pragma: no cover (latin-1 decodes every byte)
-        raise _Refused(400, "undecodable request head", close=True) from None
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[0].isalpha() or not parts[1].startswith("/"):
-        raise _Refused(400, "malformed request line", close=True)
-    method, target, version = parts
-    if version not in ("HTTP/1.1", "HTTP/1.0"):
-        raise _Refused(505, f"{version} is not spoken here; use HTTP/1.1", close=True)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or not name.isascii() or any(c in name for c in " \t"):
-            raise _Refused(400, "malformed header line", close=True)
-        key = name.lower()
-        value = value.strip()
-        if key in headers:
-            if key == "content-length" and headers[key] != value:
-                raise _Refused(400, "conflicting Content-Length headers", close=True)
-            headers[key] = headers[key] + ", " + value
-        else:
-            headers[key] = value
-    if "transfer-encoding" in headers:
-        raise _Refused(501, "Transfer-Encoding request bodies are not supported; send Content-Length", close=True)
-    length_text = headers.get("content-length", "0").split(",")[0].strip()
-    if not length_text.isdigit():
-        raise _Refused(400, "Content-Length is not a number", close=True)
-    length = int(length_text)
-    if length > max_body:
-        raise _Refused(413, f"the body is larger than {max_body} bytes (--max-frame-size)", close=True)
-    connection = headers.get("connection", "").lower()
-    keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    return method, target, headers, length, keep_alive
-
-
 class _Session:
-    """An MCP session of the HTTP front: its endpoint, its GET stream, when it was last used."""
+    """An MCP session of the HTTP front: its endpoint, its GET stream, when it was last used, and
+    the connections that still hold output of it the client has not read."""
 
-    __slots__ = ("id", "endpoint", "stream", "last_seen")
+    __slots__ = ("id", "endpoint", "stream", "last_seen", "holders")
 
     def __init__(self, session_id: str) -> None:
         self.id = session_id
         self.endpoint: McpEndpoint
         self.stream: _Reply | None = None  # the GET stream
         self.last_seen = time.monotonic()
+        self.holders: set[_Connection] = set()
 
     def send(self, data: bytes, final: bool) -> None:
         """The endpoint's channel for messages of no request: the GET stream, if one is open."""
         if self.stream is not None:
             self.stream.send(data, False)
+
+    def unsent(self) -> int:
+        """What its connections still hold for the client: counted against ``--max-session-buffer``."""
+        return sum(conn.unsent() for conn in self.holders)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs for it and no stream of it is open: it may be ended to make room."""
+        return not self.endpoint.calls and self.stream is None and not self.holders
 
 
 class _Reply:
@@ -204,6 +184,14 @@ class McpHttpServer:
 
     def __init__(self, core: ServiceCore) -> None:
         self.core = core
+        self.allow_hosts = frozenset(name.lower().rstrip(".") for name in core.config.mcp_allow_hosts)
+        origins = {}
+        for origin in core.config.mcp_allow_origins:
+            key = _origin_key(origin)
+            if key is None:
+                raise ListenError(f"--mcp-allow-origin {origin!r} is not an origin (http[s]://HOST[:PORT])")
+            origins[key] = origin
+        self.allow_origins = frozenset(origins)
         self.sessions: dict[str, _Session] = {}
         self._servers: list[asyncio.base_events.Server] = []
         self._connections: set[_Connection] = set()
@@ -233,7 +221,7 @@ class McpHttpServer:
             await asyncio.sleep(max(1.0, idle / 4))
             cutoff = time.monotonic() - idle
             for entry in list(self.sessions.values()):
-                if entry.last_seen < cutoff and not entry.endpoint.calls and entry.stream is None:
+                if entry.last_seen < cutoff and entry.idle:
                     log.info("closing idle MCP session", extra={"fields": {"session": entry.id[:8]}})
                     self._drop(entry)
 
@@ -243,19 +231,45 @@ class McpHttpServer:
 
     # ---- requests ------------------------------------------------------------------------------
 
+    def admit(self, conn: _Connection, head: Head) -> None:
+        """Whether a request may be served, from its head alone (before any byte of its body is
+        read): its ``Origin``, its ``Host`` (DNS rebinding), its token.
+
+        Raises:
+            _Refused: 403 (``Origin``), 421 (``Host``), 401 (token).
+        """
+        origin = head.headers.get("origin")
+        if origin is not None and _origin_key(origin) not in self.allow_origins:
+            raise _Refused(403, f"origin {origin} is not allowed (--mcp-allow-origin)")
+        host = head.headers.get("host")
+        if host is None or (host != conn.admitted_host and not self._host_allowed(host, conn.local)):
+            raise _Refused(421, f"Host {host!r} is not this service: a loopback address, localhost, the listener's address or a --mcp-allow-host name")
+        token = self.core.config.token
+        if token is not None:
+            scheme, _, presented = head.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not token_matches(token, presented.strip()):
+                raise _Refused(401, "this service needs Authorization: Bearer TOKEN", headers=(("WWW-Authenticate", 'Bearer realm="smith-fast"'),))
+        conn.admitted_host = host  # a keep-alive client sends the same one each time
+
+    def _host_allowed(self, host: str, local: str | None) -> bool:
+        parts = split_host(host)
+        if parts is None:
+            return False
+        name = parts[0]
+        if name in self.allow_hosts or name == "localhost" or name == local:
+            return True
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
     def handle(self, conn: _Connection, req: _Request) -> None:
-        """Answer one request (or start answering it): through ``conn.respond`` or a :class:`_Reply`."""
-        core = self.core
+        """Answer one admitted request (or start answering it): through ``conn.respond`` or a :class:`_Reply`."""
         path = req.path.split("?", 1)[0]
         if path != PATH:
             raise _Refused(404, f"no such endpoint; MCP is served at {PATH}")
-        origin = req.headers.get("origin")
-        if origin is not None and not _origin_allowed(origin, req.headers.get("host", "")):
-            raise _Refused(403, f"origin {origin} is not allowed")
-        if core.config.token is not None:
-            scheme, _, presented = req.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not token_matches(core.config.token, presented.strip()):
-                raise _Refused(401, "this service needs Authorization: Bearer TOKEN", headers=(("WWW-Authenticate", 'Bearer realm="smith-fast"'),))
         version = req.headers.get("mcp-protocol-version")
         if version is not None and version not in protocol.REVISIONS:
             raise _Refused(400, f"MCP-Protocol-Version {version} is not supported (supported: {', '.join(protocol.REVISIONS)})")
@@ -306,15 +320,27 @@ class McpHttpServer:
             conn.respond(202, b"", None, headers)
             return
         reply = _Reply(conn, headers)
-        conn.serving = entry.endpoint
+        conn.serving = entry
         entry.endpoint.handle(message, reply)
 
     def _new_session(self, conn: _Connection) -> _Session:
-        if len(self.sessions) >= self.core.limits.max_connections:
-            raise _Refused(503, f"too many MCP sessions (max {self.core.limits.max_connections}, --max-connections); try again later")
+        """A session for an ``initialize``: at most ``--mcp-sessions-per-connection`` per
+        connection; at ``--max-connections`` sessions the idle one used least recently is ended
+        (a client told 404 initializes again), so idle sessions cannot lock new clients out."""
+        limits = self.core.limits
+        if conn.sessions_made >= limits.mcp_sessions_per_connection:
+            raise _Refused(429, f"this connection made {conn.sessions_made} MCP sessions (--mcp-sessions-per-connection); open another", close=True)
+        if len(self.sessions) >= limits.max_connections:
+            victim = min((e for e in self.sessions.values() if e.idle), key=lambda e: e.last_seen, default=None)
+            if victim is None:
+                raise _Refused(503, f"too many busy MCP sessions (max {limits.max_connections}, --max-connections); try again later")
+            log.info("ending the least recently used idle MCP session to make room", extra={"fields": {"session": victim.id[:8], "peer": conn.peer}})
+            self._drop(victim)
+        conn.sessions_made += 1
         entry = _Session(secrets.token_urlsafe(24))
         entry.endpoint = McpEndpoint(
-            self.core, peer=conn.peer, close=lambda: self._ended(entry), authenticated=True, notify=entry
+            self.core, peer=conn.peer, close=lambda: self._ended(entry), authenticated=True, notify=entry,
+            unsent=entry.unsent,
         )
         self.sessions[entry.id] = entry
         return entry
@@ -333,7 +359,7 @@ class McpHttpServer:
             entry.stream.end()
         reply = _Reply(conn, [])
         entry.stream = reply
-        conn.serving = entry.endpoint
+        conn.serving = entry
         conn.on_lost = lambda: _forget_stream(entry, reply)
         reply.started = True
         conn.write(_head(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Transfer-Encoding", "chunked")]))
@@ -344,34 +370,53 @@ def _forget_stream(entry: _Session, reply: _Reply) -> None:
         entry.stream = None
 
 
-def _origin_allowed(origin: str, host: str) -> bool:
+def _origin_key(origin: str) -> str | None:
+    """An origin as browsers send it, to compare with the allow-list: lower-case scheme and host,
+    the port only when it is not the scheme's default; None when it is no http(s) origin."""
     try:
-        parts = urlsplit(origin)
-        name = parts.hostname
+        parts = urlsplit(origin.strip())
+        name, port = parts.hostname, parts.port
     except ValueError:
-        return False
-    if name is None:
-        return False
-    own = host.rsplit(":", 1)[0].strip("[]").lower() if host else ""
-    return name.lower() in _LOOPBACK_NAMES or name.lower() == own
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not name or parts.username or parts.password:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return None
+    shown = f"[{name}]" if ":" in name else name
+    default = 80 if parts.scheme.lower() == "http" else 443
+    return f"{parts.scheme.lower()}://{shown.lower()}" + (f":{port}" if port is not None and port != default else "")
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection: requests answered one after another (no pipelining overlap)."""
+    """One HTTP/1.1 connection: requests answered one after another (no pipelining overlap).
+
+    Until a request of it has been admitted (:meth:`McpHttpServer.admit`: ``Origin``, ``Host``,
+    token) the connection is unauthenticated: it has ``--handshake-timeout`` from its start to
+    present one, and its request head may not exceed ``--max-handshake-frame-size``. A request's
+    body is read only once its head was admitted; a refused head is answered and, when a body
+    follows it, the connection closed without reading it. While the client does not read a
+    response (the transport paused writing), no further request of it is read or started.
+    """
 
     def __init__(self, server: McpHttpServer) -> None:
         self.server = server
         self.core = server.core
         self.peer = "?"
+        self.local: str | None = None  # the address the connection arrived on
+        self.authenticated = False
+        self.admitted_host: str | None = None  # the Host of its last admitted request
+        self.sessions_made = 0
         self._buffer = bytearray()
+        self._head: Head | None = None  # an admitted request whose body is being read
         self._transport: asyncio.Transport | None = None
         self._busy = False  # a response is being produced
         self._keep_alive = True
         self._closed = False
         self._counted = False
+        self._write_paused = False
         self._timer: asyncio.TimerHandle | None = None
-        self._paused: McpEndpoint | None = None
-        self.serving: McpEndpoint | None = None  # whose response this connection carries now
+        self._paused: _Session | None = None  # the session this connection paused (its output unread)
+        self.serving: _Session | None = None  # whose response this connection carries now
         self.on_lost: Callable[[], None] | None = None
         self._io = self.core.metrics.io["mcp"]
 
@@ -381,6 +426,8 @@ class _Connection(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]  # a server protocol is given a full Transport
         peer = transport.get_extra_info("peername")
         self.peer = f"mcp-http:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "mcp-http"
+        local = transport.get_extra_info("sockname")
+        self.local = str(local[0]).lower() if isinstance(local, tuple) else None
         self.server._connections.add(self)  # noqa: SLF001 (the server's own bookkeeping)
         core = self.core
         if core.connections >= core.limits.max_connections:
@@ -388,17 +435,18 @@ class _Connection(asyncio.Protocol):
             return
         core.connections += 1
         self._counted = True
-        self._arm(core.limits.idle_timeout)
+        limits = core.limits
+        self._arm(limits.handshake_timeout if limits.handshake_timeout > 0 else limits.idle_timeout)
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        if not self._buffer and not self._busy:
+        if self.authenticated and not self._buffer and not self._busy and self._head is None and not self._write_paused:
             self._arm(self.core.limits.handshake_timeout)  # a request has begun: it has this long to arrive
         self._buffer += data
         self._io.bytes_in += len(data)
-        if self._busy:
-            if len(self._buffer) > MAX_HEAD + self.core.limits.max_frame_size and self._transport is not None:
+        if self._busy or self._write_paused:
+            if len(self._buffer) > MAX_HEAD and self._transport is not None:
                 self._transport.pause_reading()  # the next request waits; so does its sender
             return
         self._parse()
@@ -411,57 +459,96 @@ class _Connection(asyncio.Protocol):
         if self._counted:
             self.core.connections -= 1
             self._counted = False
-        if self._paused is not None:
-            self._paused.resume()
-            self._paused = None
+        self._release()
         if self.on_lost is not None:
             self.on_lost()
 
     def pause_writing(self) -> None:
-        if self.serving is not None and self._paused is None:
-            self._paused = self.serving
-            self._paused.pause()
+        self._write_paused = True
+        entry = self.serving
+        if entry is not None and self._paused is None:
+            self._paused = entry
+            entry.holders.add(self)
+            entry.endpoint.pause()
 
     def resume_writing(self) -> None:
-        if self._paused is not None:
-            self._paused.resume()
-            self._paused = None
+        self._write_paused = False
+        self._release()
+        if not self._busy and not self._closed and self._transport is not None:
+            self._transport.resume_reading()
+            self._next()
+
+    def _release(self) -> None:
+        """The session this connection paused may produce again (the client read, or is gone)."""
+        entry, self._paused = self._paused, None
+        if entry is not None:
+            entry.holders.discard(self)
+            entry.endpoint.resume()
+
+    def unsent(self) -> int:
+        """Bytes written to the client and not taken by it yet."""
+        return self._transport.get_write_buffer_size() if self._transport is not None and not self._closed else 0
 
     # ---- reading --------------------------------------------------------------------------------
 
     def _parse(self) -> None:
-        while not self._busy and not self._closed:
+        try:
+            self._read_requests()
+        except Exception as exc:  # a bug of ours: answer it, keep the service
+            log.exception("MCP HTTP request failed", extra={"fields": {"peer": self.peer}})
+            if not self._busy and not self._closed:
+                self._refuse(_Refused(500, f"internal error: {type(exc).__name__}", close=True))
+
+    def _read_requests(self) -> None:
+        limits = self.core.limits
+        while not self._busy and not self._closed and not self._write_paused:
             buffer = self._buffer
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buffer) > MAX_HEAD:
-                    self._refuse(_Refused(431, f"the request head is larger than {MAX_HEAD} bytes", close=True))
+            head = self._head
+            if head is None:
+                while buffer[:2] == b"\r\n":  # RFC 9112 2.2: empty lines before a request line are ignored
+                    del buffer[:2]
+                limit = MAX_HEAD if self.authenticated else min(MAX_HEAD, limits.max_handshake_frame_size)
+                end = buffer.find(b"\r\n\r\n", 0, limit + 4)
+                if end < 0:
+                    if len(buffer) > limit + 3:
+                        self._refuse(_Refused(431, f"the request head is larger than {limit} bytes", close=True))
+                    return
+                try:
+                    head = parse_head(bytes(buffer[:end]), limits.max_frame_size)
+                except HeadError as exc:
+                    self._refuse(_Refused(exc.status, str(exc), close=True))
+                    return
+                del buffer[: end + 4]
+                try:
+                    self.server.admit(self, head)
+                except _Refused as refused:
+                    # its body is not read: with one to skip, the connection cannot go on
+                    refused.close = refused.close or head.length > 0 or not head.keep_alive
+                    self._refuse(refused)
+                    return
+                if not self.authenticated:
+                    self.authenticated = True
+                    self._arm(limits.handshake_timeout)  # the rest of this request has that long
+                self._head = head
+            if len(buffer) < head.length:
                 return
-            if end > MAX_HEAD:
-                self._refuse(_Refused(431, f"the request head is larger than {MAX_HEAD} bytes", close=True))
-                return
-            try:
-                method, target, headers, length, keep_alive = _parse_head(bytes(buffer[:end]), self.core.limits.max_frame_size)
-            except _Refused as refused:
-                self._refuse(refused)
-                return
-            if len(buffer) < end + 4 + length:
-                return
-            body = bytes(buffer[end + 4 : end + 4 + length])
-            del buffer[: end + 4 + length]
-            self._keep_alive = keep_alive
+            body = bytes(buffer[: head.length])
+            del buffer[: head.length]
+            self._head = None
+            self._keep_alive = head.keep_alive
             self._busy = True
             self._io.frames_in += 1
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             try:
-                self.server.handle(self, _Request(method, target, headers, body, keep_alive))
+                self.server.handle(self, _Request(head, body))
             except _Refused as refused:
                 self._refuse(refused)
             except Exception as exc:  # a bug of ours: answer it, keep the service
                 log.exception("MCP HTTP request failed", extra={"fields": {"peer": self.peer}})
-                self._refuse(_Refused(500, f"internal error: {type(exc).__name__}"))
+                if self._busy and self.serving is None:
+                    self._refuse(_Refused(500, f"internal error: {type(exc).__name__}"))
 
     def _refuse(self, refused: _Refused) -> None:
         if refused.close:
@@ -482,7 +569,9 @@ class _Connection(asyncio.Protocol):
         self._timer = None
         if self._busy or self._closed:
             return
-        if self._buffer:  # a request that did not arrive in time
+        if not self.authenticated:
+            log.info("MCP HTTP connection closed: no admitted request within --handshake-timeout", extra={"fields": {"peer": self.peer}})
+        if (self._buffer or self._head is not None) and not self._write_paused:  # a request that did not arrive in time
             self._keep_alive = False
             self._busy = True
             self.respond(408, orjson.dumps({"error": "the request did not arrive in time"}), "application/json", [])
@@ -507,24 +596,41 @@ class _Connection(asyncio.Protocol):
         self.finished()
 
     def finished(self) -> None:
-        """The current response is complete."""
+        """The current response is complete. The next request is read once the client took it
+        (until then the session it was for stays paused: ``--max-session-buffer``)."""
         self._io.frames_out += 1
         self._busy = False
         self.serving = None
         self.on_lost = None
-        if self._paused is not None:
-            self._paused.resume()
-            self._paused = None
+        if not self._write_paused:
+            self._release()
         if self._closed:
             return
         if not self._keep_alive:
             assert self._transport is not None
-            self._transport.close()
+            transport = self._transport
+            transport.close()  # once what it holds is taken
             self._closed = True
+            if self._write_paused and self.core.limits.idle_timeout > 0:  # a client that never reads it
+                asyncio.get_running_loop().call_later(self.core.limits.idle_timeout, transport.abort)
+            return
+        if self._write_paused:
+            if self._transport is not None:
+                self._transport.pause_reading()
+            if self.authenticated:
+                self._arm(self.core.limits.idle_timeout)  # a client that does not read for this long is gone
             return
         if self._transport is not None:
             self._transport.resume_reading()
-        if self._buffer:
+        self._next()
+
+    def _next(self) -> None:
+        """Go on with the next request, if one began arriving; else wait for one."""
+        if not self.authenticated:
+            if self._buffer:
+                asyncio.get_running_loop().call_soon(self._parse)
+            return  # the handshake deadline runs on
+        if self._buffer or self._head is not None:
             self._arm(self.core.limits.handshake_timeout)
             asyncio.get_running_loop().call_soon(self._parse)
         else:
@@ -533,4 +639,3 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None and not self._closed:
             self._transport.close()
-

@@ -99,6 +99,11 @@ class Limits:
             what the front still holds for it plus what its running requests may still produce
             (``--max-session-buffer``; :mod:`smith_fast.service.flow`). Further requests wait,
             and its commands are not read, until the peer reads again.
+        mcp_sessions_per_connection: MCP sessions one ``--mcp-http`` connection may initialize
+            (``--mcp-sessions-per-connection``); one more is answered 429 and the connection
+            closed. Sessions of all connections count towards ``--max-connections``; when they
+            fill it, the idle session used least recently is ended to make room
+            (:mod:`smith_fast.mcp.http`).
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -200,6 +205,9 @@ class Limits:
     max_session_buffer: int = option(
         16 << 20, flag="--max-session-buffer", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="output held per session for a peer that does not read; beyond it requests wait and its commands are not read")
+    mcp_sessions_per_connection: int = option(
+        8, flag="--mcp-sessions-per-connection", unit="count", commands=_FRONTS, group=_LIMITS,
+        help="MCP sessions one HTTP connection may initialize; one more: 429, closed")
     resume_window: float = option(
         30.0, flag="--resume-window", unit="seconds", commands=_FRONTS, group=_LIMITS,
         help="a dropped v1 session that asked for resume keeps running this long for its peer to reconnect; 0 = off")
@@ -222,6 +230,11 @@ class ServiceConfig:
         planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
         token: the shared secret socket and gRPC peers must present in their handshake
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
+        mcp_allow_hosts: names an ``--mcp-http`` request's ``Host`` may give besides loopback
+            addresses, ``localhost`` and the address the connection arrived on
+            (``--mcp-allow-host``); any other is refused, against DNS rebinding.
+        mcp_allow_origins: the browser origins allowed to call ``--mcp-http``
+            (``--mcp-allow-origin``); a request with any other ``Origin`` is refused.
         mcp_servers: ``NAME=COMMAND`` / ``NAME=URL`` MCP servers whose tools are registered as
             ``NAME.TOOL`` at start-up (``--mcp-server``; :mod:`smith_fast.mcp.mount`).
         allow_env: request environment variables permitted although
@@ -274,6 +287,13 @@ class ServiceConfig:
     token: str | None = option(
         None, repr=False, flag="--token", unit="text", metavar="TOKEN", env="SMITH_TOKEN", commands=_FRONTS, group=_SECURITY,
         help="shared secret socket and gRPC peers must present in their handshake; prefer the variable: arguments show in ps")
+    mcp_allow_hosts: tuple[str, ...] = option(
+        (), flag="--mcp-allow-host", unit="text", repeat=True, metavar="NAME", commands=_FRONTS, group=_SECURITY,
+        help="a name --mcp-http requests may give in Host besides loopback addresses, localhost and the "
+             "listener's own address (DNS rebinding: any other is refused with 421)")
+    mcp_allow_origins: tuple[str, ...] = option(
+        (), flag="--mcp-allow-origin", unit="text", repeat=True, metavar="ORIGIN", commands=_FRONTS, group=_SECURITY,
+        help="a browser Origin (scheme://host[:port]) whose pages may call --mcp-http; any other Origin is refused with 403")
     mcp_servers: tuple[str, ...] = option(
         (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve", "worker"), group=_POLICY,
         help="mount an MCP server's tools as NAME.TOOL: a command line (spawned, supervised, spoken to over stdio) "
