@@ -124,16 +124,11 @@ def _inside(path: str, top: str) -> bool:
 
 
 def service_files_in(root: str, files: Iterable[tuple[str, str]]) -> list[str]:
-    """Which of the service's own files (``(what, path)`` pairs) lie inside ``root``, or hold it
-    (both resolved): ``["its socket /srv/app/.smith.sock", ...]``. A command may write anything in
-    the root, so such a file could be replaced by what the command wants the service to run or be."""
+    """Which of the service's own files (``(what, path)`` pairs) lie inside ``root`` (both
+    resolved): ``["its socket /srv/app/.smith.sock", ...]``. A command may write anything in the
+    root, so such a file could be replaced by what the command wants the service to run or be."""
     top = os.path.realpath(root)
-    out = []
-    for what, path in files:
-        real = os.path.realpath(path)
-        if _inside(real, top) or _inside(top, real):
-            out.append(f"{what} {path}")
-    return out
+    return [f"{what} {path}" for what, path in files if _inside(os.path.realpath(path), top)]
 
 
 @dataclass(frozen=True, slots=True)
