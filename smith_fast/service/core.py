@@ -28,6 +28,7 @@ from .negotiation import (
     Endpoint,
     accept_additions,
     capability_name,
+    capability_refusal,
     endpoint_list,
 )
 from .resume import ParkedSessions
@@ -49,6 +50,7 @@ __all__ = [
     "LISTENER_VERSIONS",
     "accept_additions",
     "capability_name",
+    "capability_refusal",
     "endpoint_list",
     "permitted_capabilities",
 ]
@@ -176,26 +178,21 @@ class ServiceCore:
         """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
         fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
 
-    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+    def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
 
         Args:
-            requested: capability numbers as the peer listed them (duplicates allowed).
+            requested: capability numbers as the peer listed them (duplicates allowed: each
+                distinct number is looked at once, so a list of one number repeated costs one).
 
         Returns:
-            ``(granted, refused)``; ``refused`` holds ``(capability, why)`` for each unknown or
-            unavailable one, ``why`` a sentence that names it and lists what is available.
+            ``(granted, refused)``, each without duplicates, in the order first listed; ``refused``
+            holds the unknown or unavailable ones (:func:`capability_refusal` words them).
         """
         granted: list[int] = []
-        refused: list[tuple[int, str]] = []
-        for cap in requested:
-            if cap in self.capabilities:
-                if cap not in granted:
-                    granted.append(cap)
-                continue
-            available = ",".join(sorted(capability_name(c) for c in self.capabilities))
-            reason = "unknown" if capability_name(cap).isdigit() or cap == 0 else "not available on this service"
-            refused.append((cap, f"capability {capability_name(cap)} is {reason} (available: {available}); the others are granted"))
+        refused: list[int] = []
+        for cap in dict.fromkeys(requested):
+            (granted if cap in self.capabilities else refused).append(cap)
         return granted, refused
 
     def sessions_by_protocol(self) -> dict[str, int]:

@@ -42,6 +42,7 @@ from .negotiation import (
     SUPPORTED_VERSIONS,
     accept_additions,
     capability_name,
+    capability_refusal,
     wire_capabilities,
 )
 from .resume import RESUME, Front, ParkedSessions, Resumable, ResumeRefused, Retention
@@ -62,6 +63,7 @@ _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
 _EVENT = pb.Envelope.DESCRIPTOR.fields_by_name["event"].number
 # Commands of a batch handled per loop iteration: a large batch must not stall other sessions.
 _BATCH_SLICE = 128
+_TRACE_KEYS = ("traceparent", "tracestate")
 
 
 class SessionCore(HealthSource, Gauges, Protocol):
@@ -86,7 +88,12 @@ class SessionCore(HealthSource, Gauges, Protocol):
         """The resumable sessions (:mod:`~smith_fast.service.resume`)."""
         ...
 
-    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
+    @property
+    def capabilities(self) -> frozenset[int]:
+        """What this service can grant."""
+        ...
+
+    def grant(self, requested: list[int]) -> tuple[list[int], list[int]]: ...
 
     def made_resumable(self, session: Session) -> None:
         """``session`` retains what it writes from now on (a gateway also journals it in NATS)."""
@@ -464,8 +471,9 @@ class Session:
             )
             return
         granted, refused = self.core.grant(list(hs.capabilities))
-        for cap, why in refused:
-            self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
+        if refused:  # one ErrorEvent (and one log line) however many were refused
+            message, details = capability_refusal(refused, self.core.capabilities)
+            self.protocol_error(ProtocolError(message, pb.ERROR_CODE_INVALID_CAPABILITY, details=details))
         accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
         token = self._offer_resume() if RESUME in accepted else None
         if RESUME in accepted and token is None:
@@ -482,7 +490,8 @@ class Session:
                     command.handshake.client_info[TOKEN_KEY] = REDACTED
                 self.recorder.record_command(command)
         if pb.CAPABILITY_TRACING in self.granted and self.span is tracing.NOOP:
-            self.span = tracing.session_span(self.peer, self.version, dict(hs.client_info))
+            # only the trace context: the rest of client_info (the token among it) stays out of spans
+            self.span = tracing.session_span(self.peer, self.version, {k: hs.client_info[k] for k in _TRACE_KEYS if k in hs.client_info})
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
         event = pb.Event()
         ready = event.ready
