@@ -233,7 +233,8 @@ def test_replay_capability_records_on_request(tmp_path: pathlib.Path) -> None:
             await client.shutdown()
             return ready.service_info["smith_fast.recording"]
 
-    srv = ServerProcess(tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "state")}).start()
+    # replay is granted only when the operator lists it (issue 25); recorded under the state dir
+    srv = ServerProcess(tmp_path, "--capabilities", "shell_exec,replay", env={"XDG_STATE_HOME": str(tmp_path / "state")}).start()
     try:
         path = asyncio.run(go())
         assert path.startswith(str(tmp_path / "state"))

@@ -7,10 +7,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__, framing
+from .. import __version__, framing, logs
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
+from ..replay import RecordingStore
 from ..sandbox import Sandbox
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .background import BackgroundTable
@@ -56,8 +57,9 @@ __all__ = [
 ]
 
 
-_DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST})
-"""Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust")."""
+_DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST, smith_pb2.CAPABILITY_REPLAY})
+"""Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust");
+``replay`` makes the service write down everything a session sends and receives (README, "Security")."""
 
 
 def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
@@ -65,7 +67,7 @@ def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
 
     Args:
         names: capability names (``shell_exec``, ``hooks_rust`` ...); None for the default, every
-            capability but those off by default (``hooks_rust``).
+            capability but those off by default (``hooks_rust``, ``replay``).
 
     Raises:
         ValueError: a name is not a capability (the message lists them).
@@ -96,6 +98,7 @@ class ServiceCore:
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
         self.config = config
         self.limits = config.limits
+        logs.conceal(config.token)  # whatever quotes it (a command's text in the audit line)
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
@@ -126,7 +129,9 @@ class ServiceCore:
             session_memory_bytes=config.limits.max_session_hook_memory,
             sandbox=self.sandbox,
         )
-        self.record_dir = config.record_dir or config.replay_dir
+        self.recordings = RecordingStore(config.recordings_dir, config.limits.record_max_bytes)
+        if config.record_dir is not None or smith_pb2.CAPABILITY_REPLAY in self.capabilities:
+            self.recordings.check()  # private, or the service does not start
         self.planner: Planner = planner_from_options(
             config.planner,
             config.planner_url,

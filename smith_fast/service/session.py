@@ -27,7 +27,7 @@ from .. import events, tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..replay import SessionRecorder
+from ..replay import RecordingStore, SessionRecorder
 from . import audit, eager
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .redact import redacted_bytes
@@ -76,8 +76,8 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path:
-        """Where sessions granted ``replay`` are recorded."""
+    def recordings(self) -> RecordingStore:
+        """Where sessions are recorded (``--record``, or those granted ``replay``)."""
         ...
 
     @property
@@ -186,7 +186,7 @@ class Session:
         self.recorder: SessionRecorder | None = None
         self.runner: RequestRunner = runner(self)
         if core.config.record_dir is not None:
-            self._start_recording(core.config.record_dir)
+            self._start_recording()
         core.sessions.add(self)
         core.metrics.sessions_total[self.protocol] = core.metrics.sessions_total.get(self.protocol, 0) + 1
 
@@ -483,7 +483,7 @@ class Session:
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
-            self._start_recording(self.core.record_dir)
+            self._start_recording()
             if self.recorder is not None:
                 command = pb.Command(handshake=hs)
                 if TOKEN_KEY in command.handshake.client_info:
@@ -526,12 +526,12 @@ class Session:
 
     # ---- recording ---------------------------------------------------------------------------
 
-    def _start_recording(self, directory: pathlib.Path) -> None:
-        """Record this session (every envelope in and out) under ``directory``; a failure to start
-        or to write is reported to the peer as a warning and the session goes on."""
+    def _start_recording(self) -> None:
+        """Record this session (every envelope in and out) in the core's recordings; a failure to
+        start or to write is reported to the peer as a warning and the session goes on. Neither
+        the service's token nor the session's resume token is ever written (``conceal``)."""
         try:
-            self.recorder = SessionRecorder.open(
-                directory,
+            self.recorder = self.core.recordings.open(
                 session_id=self.session_id,
                 protocol_version=self.version,
                 service_id=self.core.service_id,
@@ -542,6 +542,9 @@ class Session:
             log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
             self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
             return
+        self.recorder.conceal(self.core.config.token)
+        if self.resumable is not None:
+            self.recorder.conceal(self.resumable.token)
         self.sink.record_to(self.recorder)
 
     # ---- metrics and health -------------------------------------------------------------------
@@ -867,6 +870,8 @@ class Session:
         retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
         token, key = self.core.parked.issue(self)
         self.resumable = Resumable(token, key, retention, self._front)
+        if self.recorder is not None:  # its Ready carries the token to the peer, never to the recording
+            self.recorder.conceal(token)
         self.sink.tap(retention.record)
         self.core.made_resumable(self)
         return token
@@ -1047,10 +1052,12 @@ _CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loo
 
 
 def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
-    """The bytes of ``env`` for the session log: a handshake's token replaced (auth.py)."""
+    """The bytes of ``env`` for the session log: a handshake's token and resume token replaced (auth.py)."""
     if kind == "command":
-        if TOKEN_KEY in env.command.handshake.client_info:
+        if TOKEN_KEY in env.command.handshake.client_info or env.command.handshake.resume_token:
             env = redacted_handshake(env)
-    elif kind == "batch_command" and any(TOKEN_KEY in c.handshake.client_info for c in env.batch_command.commands):
+    elif kind == "batch_command" and any(
+        TOKEN_KEY in c.handshake.client_info or c.handshake.resume_token for c in env.batch_command.commands
+    ):
         env = redacted_handshake(env)
     return env.SerializeToString()
