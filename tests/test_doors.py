@@ -132,7 +132,7 @@ def test_deeply_nested_plan_goal_is_an_invalid_goal(server: ServerProcess, goal:
     envs = peer.until(terminal("p"))
     (err,) = errors(envs)
     assert err.error_code != pb.ERROR_CODE_INTERNAL_ERROR
-    assert err.details["reason"] == "invalid_goal" and "nested more than 64 deep" in err.message
+    assert err.details["reason"] == "invalid_goal" and "nested more than 32 deep" in err.message
     assert envs[-1].event.state_change.state == pb.SERVICE_STATE_ERROR
     peer.close()
     still_serves(server.unix)

@@ -40,7 +40,7 @@ _MIDDLES = frozenset({"then", "do", "elif", "else"})
 _KEEP_COMMAND = frozenset({"if", "then", "elif", "else", "while", "until", "do", "{", "!"})
 # ``$(``/``${`` (and the quotes inside them) are skipped recursively: deeper nesting is refused as
 # an invalid goal, well before Python's recursion limit (a goal of ``$(`` repeated was a RecursionError).
-MAX_NESTING = 64
+MAX_NESTING = 32
 
 
 def _error(message: str) -> PlanError:
@@ -158,13 +158,7 @@ class _Scanner:
         """Skip to just past the ``closer`` that matches an opener at ``start``; ``i`` is just past the opener."""
         if self.nesting >= MAX_NESTING:
             raise _error(f"'$(' or '${{' at offset {start} is nested more than {MAX_NESTING} deep")
-        self.nesting += 1
-        try:
-            return self._skip_group_body(i, closer, start)
-        finally:
-            self.nesting -= 1
-
-    def _skip_group_body(self, i: int, closer: str, start: int) -> int:
+        self.nesting += 1  # not given back on an error: the scan ends there
         text, n = self.text, self.n
         depth = 0
         parameter = closer == "}"  # inside ${...}, '#' is an operator, not a comment
@@ -172,6 +166,7 @@ class _Scanner:
         while i < n:
             c = text[i]
             if c == closer and depth == 0:
+                self.nesting -= 1
                 return i + 1
             if c == "'":
                 i = self._skip_single(i)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..tools import ProcessRequest, RunProcess
     from .execution import Execution
 
-__all__ = ["admit", "stream", "tool_runner", "collect"]
+__all__ = ["admit", "collect", "refuse_nul", "stream", "tool_runner"]
 
 
 async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: str) -> tuple[pb.ShellExecCommand, dict[str, str]]:
@@ -65,7 +65,7 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
     config = ex.core.config
     what = "env" if origin in ("shell_exec", "plan_step") else f"{origin} env"
     check_env(cmd.env, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
-    _refuse_nul(cmd, rid, origin)
+    refuse_nul(cmd, rid, origin)
     env = dict(cmd.env)
     span = ex.spans.get(rid)
     if span is not None:
@@ -95,7 +95,7 @@ async def stream(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: s
     return code
 
 
-def _refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
+def refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
     """A NUL byte cannot be passed to ``execve`` or ``chdir`` (C strings end there): refused by name,
     before anything is spawned, instead of a ``ValueError`` out of ``subprocess``/``os`` (issue 25).
 
