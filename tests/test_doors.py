@@ -111,6 +111,20 @@ def test_accept_list_and_env_refusals_are_bounded(server: ServerProcess) -> None
     peer.close()
 
 
+def test_a_plan_graph_costs_its_distinct_edges(server: ServerProcess) -> None:
+    """A peer's steps plan naming one dependency 60,000 times draws one edge, not 60,000."""
+    peer = V1Peer(server.unix)
+    peer.handshake()
+    steps = [{"id": "a", "kind": "shell", "command": "true"},
+             {"id": "b", "kind": "shell", "command": "true", "depends_on": ["a"] * 60_000, "after": ["a"] * 60_000}]
+    peer.command(plan=pb.PlanCommand(request_id="g", goal="g", context={"steps": json.dumps(steps)}))
+    envs = peer.until(terminal("g"))
+    assert envs[-1].event.state_change.state == pb.SERVICE_STATE_READY, errors(envs)
+    edges = [edge for e in envs if kind(e) == "graph_delta" for edge in e.event.graph_delta.edges_added]
+    assert sorted(edge.edge_type for edge in edges) == ["depends_on", "depends_on"]  # b -> a, goal -> b
+    peer.close()
+
+
 def test_v0_unknown_capabilities_are_one_bounded_error(server: ServerProcess) -> None:
     peer = V0Peer(server.unix)
     names = ["bogus"] * 5000 + [f"n{i}" for i in range(1500)]  # under the 64 KiB of a first line
