@@ -58,13 +58,16 @@ def resumable(address: str) -> tuple[V1Peer, str, int]:
     return peer, ready.resume_token, max(e.sequence for e in envs)
 
 
-def test_no_token_is_written_anywhere(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("where", ["record", "state-dir"])
+def test_no_token_is_written_anywhere(tmp_path: pathlib.Path, where: str) -> None:
     """Sessions that present the token, get a resume token, echo both in commands, drop and resume;
-    then every recording (--record and --state-dir's), every log line and the metrics are grepped."""
+    then every recording (``--record DIR``'s, or, without it, those of the sessions granted
+    ``replay`` in ``--state-dir``), every log line and the metrics are grepped."""
     state = tmp_path / "state"
+    recordings = tmp_path / "rec" if where == "record" else state / "recordings"
     srv = ServerProcess(
-        tmp_path, "--record", str(tmp_path / "rec"), "--state-dir", str(state), "--capabilities", "shell_exec,replay",
-        "--metrics", "127.0.0.1:0", env={"SMITH_TOKEN": TOKEN}, root=tmp_path / "root",
+        tmp_path, *(["--record", str(recordings)] if where == "record" else []), "--state-dir", str(state),
+        "--capabilities", "shell_exec,replay", "--metrics", "127.0.0.1:0", env={"SMITH_TOKEN": TOKEN}, root=tmp_path / "root",
     )
     (tmp_path / "root").mkdir()
     srv.start()
@@ -89,10 +92,9 @@ def test_no_token_is_written_anywhere(tmp_path: pathlib.Path) -> None:
     finally:
         assert srv.stop() == 0
     assert_clean_log(srv)
-    recordings = every_file(tmp_path / "rec")
-    assert recordings and all(p.suffix == ".smithrec" for p in recordings)
-    assert not leaks(tmp_path / "rec", secrets)
-    assert not leaks(state, secrets)
+    files = every_file(recordings)
+    assert files and all(p.suffix == ".smithrec" for p in files)
+    assert not leaks(tmp_path, secrets)  # the recordings, the state directory, the workspace
     assert not [line for line in srv.raw_stderr if TOKEN in line]
     # the resume token is logged nowhere but in the audit line of the command the peer typed it in
     assert [line for line in srv.raw_stderr if resume_token in line] == [
@@ -100,7 +102,7 @@ def test_no_token_is_written_anywhere(tmp_path: pathlib.Path) -> None:
     assert not any(s in metrics for s in secrets)
     # the recordings are still whole, the Ready's token masked in place
     readies = []
-    for path in recordings:
+    for path in files:
         header, records, torn = read_log(path)
         assert torn is None
         for record in records:
@@ -109,8 +111,8 @@ def test_no_token_is_written_anywhere(tmp_path: pathlib.Path) -> None:
                 readies.append(env.event.ready.resume_token)
     assert readies and all(t.startswith("<redacted>") and len(t) == len(resume_token) for t in readies)
     # private: the directories 0700, the files 0600
-    assert stat.S_IMODE((tmp_path / "rec").stat().st_mode) == 0o700
-    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in recordings)
+    assert stat.S_IMODE(recordings.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files)
 
 
 def test_a_recordings_directory_others_may_enter_is_refused(tmp_path: pathlib.Path) -> None:
