@@ -15,7 +15,6 @@ import asyncio
 import collections
 import contextvars
 import functools
-import pathlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
