@@ -197,3 +197,15 @@ def test_nul_in_a_tool_process_is_refused(server: ServerProcess, tool: str, args
     assert all(e.error_code != pb.ERROR_CODE_INTERNAL_ERROR for e in errors(envs))
     assert "NUL" in "".join(e.message for e in errors(envs)) + "".join(e.event.tool_result.error for e in envs if kind(e) == "tool_result")
     peer.close()
+
+
+def test_nul_in_a_javascript_hook_is_a_failed_load(server: ServerProcess) -> None:
+    """Found by probing every string a peer can send with a NUL: QuickJS's ValueError was an INTERNAL_ERROR."""
+    peer = V1Peer(server.unix)
+    peer.handshake((pb.CAPABILITY_SHELL_EXEC, pb.CAPABILITY_HOOKS_JS))
+    script = "function beforeShellExec(p) { return {action: 'allow'}; }\0"
+    peer.command(hook_load=pb.HookLoadCommand(request_id="h", hook_type="js", script=script))
+    (err,) = errors(peer.until(terminal("h")))
+    assert err.error_code == pb.ERROR_CODE_UNSPECIFIED and err.details["reason"] == "hook_load_failed" and "NUL" in err.message
+    peer.close()
+    still_serves(server.unix)
