@@ -69,11 +69,13 @@ class RecordingStore:
             OSError: the file cannot be made, or there is no room for it.
         """
         self._scan()
+        self._live = {path: r for path, r in self._live.items() if r.active}  # the finished ones are files like any
         recorder = SessionRecorder.open(
             self.directory, session_id=session_id, protocol_version=protocol_version, service_id=service_id,
             on_error=on_error, metadata=metadata, limit=self._charge,
         )
-        self._files.append(recorder.path)
+        if self.max_bytes:  # without a bound nothing is ever removed: no need to remember the order
+            self._files.append(recorder.path)
         self._live[recorder.path] = recorder
         return recorder
 
@@ -82,6 +84,8 @@ class RecordingStore:
         if self._scanned:
             return
         self._scanned = True
+        if not self.max_bytes:
+            return
         try:
             names = sorted(n for n in os.listdir(self.directory) if n.endswith(FILE_SUFFIX))
         except OSError:
