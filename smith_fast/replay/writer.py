@@ -211,6 +211,14 @@ class SessionRecorder:
             if data not in self._secrets:
                 self._secrets += (data,)
 
+    def _concealed(self, envelope: bytes | memoryview) -> bytes | memoryview:
+        """``envelope`` with the secrets masked; a view of a large frame is searched in the bytes it
+        views and copied only when a secret is there (the recorder copies no envelope otherwise)."""
+        whole = envelope.obj if type(envelope) is memoryview else envelope
+        if type(whole) is bytes and not any(secret in whole for secret in self._secrets):
+            return envelope
+        return conceal(envelope, self._secrets)
+
     # ---- the hot path ------------------------------------------------------------------------
 
     def _record(self, direction: int, envelope: bytes | memoryview) -> None:
@@ -218,7 +226,7 @@ class SessionRecorder:
         if not self._active:
             return
         if self._secrets:  # only a session with a token or resume token: one search per secret
-            envelope = conceal(envelope, self._secrets)
+            envelope = self._concealed(envelope)
         t = _monotonic_ns() - self._t0
         size = len(envelope) + _PREFIX_SIZE
         parts = self._parts
