@@ -12,7 +12,7 @@ import os
 import pathlib
 import sys
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -31,19 +31,36 @@ class LoudBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-            self.build_sandbox_helper()
         except Exception as exc:  # distutils raises a zoo of types; the message is what matters
             raise SystemExit(HINT.format(error=exc)) from exc
+        try:
+            self.build_sandbox_helper()
+        except Exception as exc:
+            if not NO_EXTENSIONS:
+                raise SystemExit(HINT.format(error=f"the sandbox program csrc/sandbox_exec.c: {exc}")) from exc
+            # A pure build is for machines without a compiler: it installs, and the service then
+            # refuses to start with a sandbox and says why (--sandbox off --network on still runs).
+            print(f"smith-fast: the sandbox program was not built ({exc}); `serve` will need --sandbox off --network on",
+                  file=sys.stderr)
 
     def build_sandbox_helper(self) -> None:
-        """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the exec wrapper in C, which
-        starts a sandboxed command some 30x faster than the Python one (which stays the fallback)."""
-        if self.compiler is None or sys.platform != "linux":
+        """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the one program that sandboxes
+        every process the service starts for a peer. Built in every mode (it is not a twin of
+        anything: ``SMITH_FAST_NO_EXTENSIONS`` leaves it alone), and a failure fails the build."""
+        if sys.platform != "linux":
             return
+        compiler = self.compiler
+        if compiler is None or isinstance(compiler, str):  # no extension to build: make our own
+            from setuptools._distutils.ccompiler import new_compiler
+            from setuptools._distutils.sysconfig import customize_compiler
+
+            compiler = new_compiler()
+            customize_compiler(compiler)
         out_dir = HERE / "smith_fast" / "sandbox" if self.inplace else pathlib.Path(self.build_lib) / "smith_fast" / "sandbox"
         out_dir.mkdir(parents=True, exist_ok=True)
-        objects = self.compiler.compile(["csrc/sandbox_exec.c"], output_dir=self.build_temp, extra_postargs=["-O2"])
-        self.compiler.link_executable(objects, "sandbox-exec", output_dir=str(out_dir))
+        objects = compiler.compile(["csrc/sandbox_exec.c"], output_dir=self.build_temp, include_dirs=["csrc"],
+                                   extra_postargs=["-O2", "-Wall", "-Werror"])
+        compiler.link_executable(objects, "sandbox-exec", output_dir=str(out_dir))
 
     def build_extension(self, ext) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -74,13 +91,7 @@ def extensions() -> list:
         )
         for src in sources
     ]
-    # Plain C (no Cython): the sandboxed spawn that applies Landlock between clone and exec
-    # (csrc/sandbox_spawn.c; smith_fast/sandbox/spawner.py falls back to the exec wrapper without it).
-    plain = [] if only and "_spawn_c" not in only else [
-        Extension("smith_fast._spawn_c", ["csrc/sandbox_spawn.c"], include_dirs=["csrc"],
-                  extra_compile_args=["-O2"] if sys.platform != "win32" else [])
-    ]
-    return plain + cythonize(
+    return cythonize(
         exts,
         include_path=["csrc"],
         compiler_directives={
@@ -92,4 +103,12 @@ def extensions() -> list:
     )
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": LoudBuildExt})
+class WithHelper(Distribution):
+    """Runs ``build_ext`` even with no extension to build (``SMITH_FAST_NO_EXTENSIONS``): it also
+    builds the sandbox program."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": LoudBuildExt}, distclass=WithHelper)

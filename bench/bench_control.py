@@ -102,7 +102,7 @@ def _lines() -> Iterator[str]:
 
 @pytest.fixture
 def wire(server: ServerProcess) -> Iterator[Wire]:
-    w = Wire(str(server.root / "smith.sock"))
+    w = Wire(server.sock_path)
     yield w
     w.close()
 

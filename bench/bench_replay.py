@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import pytest
 import uvloop
 
-from harness.server import ServerProcess
+from harness.server import ServerProcess, beside
 from smith_fast import events
 from smith_fast.framing import FrameDecoder, encode_frame
 from smith_fast.pb import smith_pb2 as pb
@@ -84,7 +84,7 @@ def test_record_per_envelope(benchmark, logdir: pathlib.Path, size: int, mode: s
 def stream_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
     plain = ServerProcess(tmp_path_factory.mktemp("bench-stream"), "--chunk-size", str(CHUNK)).start()
     root = tmp_path_factory.mktemp("bench-stream-recorded")
-    recorded = ServerProcess(root, "--chunk-size", str(CHUNK), "--record", str(root / "logs")).start()
+    recorded = ServerProcess(root, "--chunk-size", str(CHUNK), "--record", str(beside(root, "logs"))).start()
     yield {"plain": plain, "recorded": recorded}
     plain.stop()
     recorded.stop()

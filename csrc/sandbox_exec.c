@@ -1,104 +1,483 @@
-/* sandbox-exec: the C twin of smith_fast/sandbox/exec.py (same arguments, same policy).
+/* sandbox-exec: every process the service starts for a peer starts through this program.
  *
- *   sandbox-exec [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...
+ *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] [--network on|off|loopback]
+ *                [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
+ *                [--reap] [--probe] -- PROGRAM ARG...
  *
- * Network namespace first (unshare needs a single-threaded process), then Landlock
- * (PR_SET_NO_NEW_PRIVS + landlock_restrict_self), then execv. Any failure: one line on stderr and
- * exit status 126 (127: PROGRAM not found); nothing runs unrestricted. It exists because a Python
- * interpreter start-up per command costs ~100x a plain spawn (bench/bench_sandbox.py); this costs
- * about one more exec. Built by setup.py next to exec.py; the service falls back to exec.py
- * without it. The Landlock policy is landlock_policy.h, shared with the in-process spawner
- * (sandbox_spawn.c); keep it identical to exec.py's apply().
+ * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
+ * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
+ *
+ *   monitor (this process, the service's child): unshare a user namespace (the caller's uid and
+ *     gid mapped onto themselves: files keep their owners, and capabilities held in it mean nothing
+ *     to the host's devices, network or files), a mount, pid, IPC and UTS namespace, and a network
+ *     namespace unless --network on (with loopback: lo up). Forks the init, blocks every signal,
+ *     waits for the command's status and ends as the command ended: its exit status, or killed by
+ *     the same signal (with --reap only once the init is reaped: see monitor()); with --usage-fd it
+ *     first writes there the command's struct rusage, which its parent's wait4() cannot see.
+ *   init (pid 1 of the new pid namespace): the private view of the system (mount_view below), then
+ *     forks the command; forwards every signal it gets (the service signals the monitor's process
+ *     group, which the init is in) to the command's process group; reaps orphans; when the command
+ *     ends it hands its wait status to the monitor and exits, and the kernel kills whatever is
+ *     left in the namespace: no process outlives the command.
+ *   command: a session of its own (with --tty the terminal on fd 0 as its controlling terminal),
+ *     every capability dropped (bounding, ambient, effective, permitted, inheritable; securebits
+ *     locked so that uid 0 gets none back at exec), no_new_privs, Landlock (landlock_policy.h),
+ *     RLIMIT_FSIZE (and RLIMIT_DATA), then execv with the fds it was given (this program's own are
+ *     close-on-exec). No PATH search: PROGRAM is a path.
+ *
+ * The mount view: the host's tree recursively read-only, nosuid and nodev (with --fs on; with
+ * --fs off it stays writable), except the --write directories (--read ones are kept in view, read-only,
+ * where they lie under the private /tmp); a private /proc of the new pid
+ * namespace (no other process, no other environ); a private /dev (null, zero, full, random,
+ * urandom, tty bound from the host, and with --tty the command's terminal as console; a devpts
+ * instance of its own with ptmx; shm) made read-only;
+ * with --fs on a private /tmp (a tmpfs of --tmp-size bytes, which is the command's TMPDIR); every
+ * --hide path covered by an empty, unreadable file or directory.
+ *
+ * Any failure before the command runs: one line on stderr and exit status 126 (127: PROGRAM not
+ * found); nothing runs with fewer walls than asked for. --probe builds everything, drops into the
+ * command's confinement and exits 0 there instead of running anything: the service's start-up check.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <net/if.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "landlock_policy.h"
 
-static void die(int code, const char *fmt, const char *arg) {
-    fprintf(stderr, "smith-fast sandbox: ");
-    fprintf(stderr, fmt, arg, strerror(errno));
-    fputc('\n', stderr);
+/* The new mount API (Linux 5.2; mount_setattr 5.12), by number: glibc's headers for it clash with
+ * <sys/mount.h> on older releases, and the numbers are the same on every architecture. */
+#define SYS_open_tree_ 428
+#define SYS_move_mount_ 429
+#define SYS_fsopen_ 430
+#define SYS_fsconfig_ 431
+#define SYS_fsmount_ 432
+#define SYS_mount_setattr_ 442
+#define OPEN_TREE_CLONE_ 1
+#define AT_RECURSIVE_ 0x8000
+#define MOVE_MOUNT_F_EMPTY_PATH_ 0x4
+#define FSCONFIG_SET_STRING_ 1
+#define FSCONFIG_CMD_CREATE_ 6
+#define MOUNT_ATTR_RDONLY_ 0x1
+#define MOUNT_ATTR_NOSUID_ 0x2
+#define MOUNT_ATTR_NODEV_ 0x4
+#define MOUNT_ATTR_NOEXEC_ 0x8
+
+#define FAILED 126
+#define NOT_FOUND 127
+#define MAX_WRITE 64
+
+struct mount_attr_ {
+    uint64_t attr_set;
+    uint64_t attr_clr;
+    uint64_t propagation;
+    uint64_t userns_fd;
+};
+
+static struct {
+    const char *write[MAX_WRITE];
+    int nwrite;
+    const char *read[MAX_WRITE];
+    int nread;
+    const char **hide;
+    int nhide;
+    int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd;
+    unsigned long long tmp_size, file_size, data_size;
+    char cwd[4096];
+    char tty_name[256]; /* the command's terminal (--tty), bound to /dev/console in its view */
+    char *const *argv;
+} o;
+
+static void die(int code, const char *what, const char *arg) {
+    int saved = errno;
+    fprintf(stderr, "smith-fast sandbox: %s%s%s%s%s\n", what, *arg ? " " : "", arg, saved ? ": " : "",
+            saved ? strerror(saved) : "");
     _exit(code);
 }
 
 static void write_file(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || write(fd, text, strlen(text)) < 0) die(126, "cannot restrict the command: writing %s: %s", path);
+    if (fd < 0 || write(fd, text, strlen(text)) < 0) die(FAILED, "cannot restrict the command: writing", path);
     close(fd);
 }
 
-static void enter_netns(int loopback) {
+static int setattr(int dfd, const char *path, unsigned flags, uint64_t set) {
+    struct mount_attr_ attr = {set, 0, 0, 0};
+    return (int)syscall(SYS_mount_setattr_, dfd, path, flags, &attr, sizeof attr);
+}
+
+/* A detached copy of the mount tree at path (with what is mounted beneath it), to attach later. */
+static int clone_tree(const char *path, int recursive) {
+    return (int)syscall(SYS_open_tree_, AT_FDCWD, path, OPEN_TREE_CLONE_ | O_CLOEXEC | (recursive ? AT_RECURSIVE_ : 0));
+}
+
+static void attach(int tree, const char *path) {
+    if (syscall(SYS_move_mount_, tree, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH_) != 0)
+        die(FAILED, "cannot restrict the command: move_mount to", path);
+    close(tree);
+}
+
+static void mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return;
+    memcpy(buf, path, n + 1);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(buf, 0755);
+        *p = '/';
+    }
+    mkdir(buf, 0755);
+}
+
+static void mount_tmpfs(const char *path, const char *options, unsigned long flags) {
+    if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | flags, options) != 0)
+        die(FAILED, "cannot restrict the command: mounting a tmpfs on", path);
+}
+
+/* An unreadable empty directory ("dir") and file ("file") on a detached read-only tmpfs: what a
+ * --hide path is covered with. */
+static int make_mask(void) {
+    int fs = (int)syscall(SYS_fsopen_, "tmpfs", 1 /* FSOPEN_CLOEXEC */);
+    if (fs < 0) die(FAILED, "cannot restrict the command: fsopen(tmpfs)", "");
+    if (syscall(SYS_fsconfig_, fs, FSCONFIG_SET_STRING_, "size", "4k", 0) != 0 ||
+        syscall(SYS_fsconfig_, fs, FSCONFIG_SET_STRING_, "mode", "0", 0) != 0 ||
+        syscall(SYS_fsconfig_, fs, FSCONFIG_CMD_CREATE_, NULL, NULL, 0) != 0)
+        die(FAILED, "cannot restrict the command: fsconfig(tmpfs)", "");
+    int mnt = (int)syscall(SYS_fsmount_, fs, 1 /* FSMOUNT_CLOEXEC */, MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_ | MOUNT_ATTR_NOEXEC_);
+    if (mnt < 0) die(FAILED, "cannot restrict the command: fsmount(tmpfs)", "");
+    close(fs);
+    int f = openat(mnt, "file", O_CREAT | O_WRONLY | O_CLOEXEC, 0);
+    if (f < 0 || mkdirat(mnt, "dir", 0) != 0) die(FAILED, "cannot restrict the command: making the mask", "");
+    close(f);
+    if (setattr(mnt, "", AT_EMPTY_PATH, MOUNT_ATTR_RDONLY_) != 0) die(FAILED, "cannot restrict the command: mount_setattr(mask)", "");
+    return mnt;
+}
+
+static void hide(int mask, const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0 || S_ISLNK(st.st_mode)) return; /* nothing there (a link is judged where it leads) */
+    int tree = (int)syscall(SYS_open_tree_, mask, S_ISDIR(st.st_mode) ? "dir" : "file", OPEN_TREE_CLONE_ | O_CLOEXEC);
+    if (tree < 0) die(FAILED, "cannot restrict the command: open_tree(mask) for", path);
+    attach(tree, path);
+}
+
+static int under(const char *path, const char *top) {
+    size_t n = strlen(top);
+    return strncmp(path, top, n) == 0 && (path[n] == '\0' || path[n] == '/');
+}
+
+static void mount_view(void) {
+    static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    enum { NNODES = sizeof nodes / sizeof *nodes };
+    int node_tree[NNODES], write_tree[MAX_WRITE], read_tree[MAX_WRITE], console = -1;
+    char path[64], opts[96];
+    int whole_root = 0;
+
+    if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0) die(FAILED, "cannot restrict the command: making / a slave mount", "");
+    /* Copies taken before the tree is made read-only keep their own flags. */
+    for (int i = 0; i < NNODES; i++) {
+        snprintf(path, sizeof path, "/dev/%s", nodes[i]);
+        node_tree[i] = clone_tree(path, 0);
+        if (node_tree[i] < 0) die(FAILED, "cannot restrict the command: open_tree", path);
+    }
+    /* The terminal is the host devpts's, not in the private one: ttyname() finds it as /dev/console. */
+    if (o.tty_name[0]) console = clone_tree(o.tty_name, 0);
+    for (int w = 0; w < o.nwrite; w++) {
+        if (strcmp(o.write[w], "/") == 0) whole_root = 1;
+        write_tree[w] = o.fs && !whole_root ? clone_tree(o.write[w], 1) : -1;
+        if (o.fs && !whole_root && write_tree[w] < 0 && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.write[w]);
+    }
+    for (int r = 0; r < o.nread; r++) {
+        read_tree[r] = o.fs && under(o.read[r], "/tmp") ? clone_tree(o.read[r], 1) : -1;
+        if (read_tree[r] < 0 && o.fs && under(o.read[r], "/tmp") && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.read[r]);
+    }
+    uint64_t walls = MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_ | (o.fs && !whole_root ? MOUNT_ATTR_RDONLY_ : 0);
+    if (setattr(AT_FDCWD, "/", AT_RECURSIVE_, walls) != 0) die(FAILED, "cannot restrict the command: mount_setattr(/)", "");
+
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) != 0)
+        die(FAILED, "cannot restrict the command: mounting a private /proc", "");
+
+    mount_tmpfs("/dev", "mode=0755,size=64k", MS_NOEXEC);
+    for (int i = 0; i < NNODES; i++) {
+        snprintf(path, sizeof path, "/dev/%s", nodes[i]);
+        int fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+        if (fd < 0) die(FAILED, "cannot restrict the command: creating", path);
+        close(fd);
+        attach(node_tree[i], path);
+    }
+    if (console >= 0) {
+        int fd = open("/dev/console", O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+        if (fd < 0) die(FAILED, "cannot restrict the command: creating", "/dev/console");
+        close(fd);
+        attach(console, "/dev/console");
+    }
+    if (mkdir("/dev/pts", 0755) != 0 || mkdir("/dev/shm", 01777) != 0) die(FAILED, "cannot restrict the command: mkdir in /dev", "");
+    if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") != 0)
+        die(FAILED, "cannot restrict the command: mounting a private devpts", "");
+    if (symlink("pts/ptmx", "/dev/ptmx") != 0 || symlink("/proc/self/fd", "/dev/fd") != 0 ||
+        symlink("/proc/self/fd/0", "/dev/stdin") != 0 || symlink("/proc/self/fd/1", "/dev/stdout") != 0 ||
+        symlink("/proc/self/fd/2", "/dev/stderr") != 0)
+        die(FAILED, "cannot restrict the command: symlinks in /dev", "");
+    snprintf(opts, sizeof opts, "mode=01777,size=%llu", o.tmp_size);
+    mount_tmpfs("/dev/shm", opts, 0);
+    if (setattr(AT_FDCWD, "/dev", 0, MOUNT_ATTR_RDONLY_) != 0) die(FAILED, "cannot restrict the command: mount_setattr(/dev)", "");
+
+    if (o.fs) mount_tmpfs("/tmp", opts, 0);
+    for (int r = 0; r < o.nread; r++) {
+        if (read_tree[r] < 0) continue;
+        if (setattr(read_tree[r], "", AT_EMPTY_PATH | AT_RECURSIVE_, MOUNT_ATTR_RDONLY_ | MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_) != 0)
+            die(FAILED, "cannot restrict the command: mount_setattr", o.read[r]);
+        mkdirs(o.read[r]);
+        attach(read_tree[r], o.read[r]);
+    }
+    for (int w = 0; w < o.nwrite; w++) {
+        if (write_tree[w] < 0 || strcmp(o.write[w], "/") == 0) continue;
+        if (under(o.write[w], "/tmp")) mkdirs(o.write[w]); /* its place in the fresh /tmp */
+        attach(write_tree[w], o.write[w]);
+    }
+    if (o.nhide) {
+        int mask = make_mask();
+        for (int h = 0; h < o.nhide; h++) hide(mask, o.hide[h]);
+        close(mask);
+    }
+}
+
+static void enter_namespaces(void) {
     char map[64];
     uid_t uid = getuid();
     gid_t gid = getgid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0)
-        die(126, "cannot restrict the command: unshare(CLONE_NEWUSER|CLONE_NEWNET)%s: %s", "");
+    int flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (o.net_on ? 0 : CLONE_NEWNET);
+    if (unshare(flags) != 0) die(FAILED, "cannot restrict the command: unshare (user, mount, pid, ipc, uts, net namespaces)", "");
     write_file("/proc/self/setgroups", "deny");
     snprintf(map, sizeof map, "%u %u 1", (unsigned)uid, (unsigned)uid);
     write_file("/proc/self/uid_map", map);
     snprintf(map, sizeof map, "%u %u 1", (unsigned)gid, (unsigned)gid);
     write_file("/proc/self/gid_map", map);
-    if (loopback) {
+    if (o.loopback) {
         struct ifreq ifr;
         int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         memset(&ifr, 0, sizeof ifr);
         strcpy(ifr.ifr_name, "lo");
-        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) die(126, "cannot restrict the command: %sSIOCGIFFLAGS: %s", "");
+        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCGIFFLAGS", "");
         ifr.ifr_flags |= IFF_UP;
-        if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) die(126, "cannot restrict the command: %sSIOCSIFFLAGS: %s", "");
+        if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) die(FAILED, "cannot restrict the command: SIOCSIFFLAGS", "");
         close(s);
     }
 }
 
-int main(int argc, char **argv) {
-    const char **writable = calloc((size_t)argc, sizeof *writable);
-    const char **readable = calloc((size_t)argc, sizeof *readable);
-    int nwritable = 0, nreadable = 0, fs = 1, probe = 0, i = 1;
-    if (writable == NULL || readable == NULL) die(126, "cannot restrict the command: %sout of memory: %s", "");
-    const char *network = "on";
-    for (; i < argc; i++) {
-        if (strcmp(argv[i], "--") == 0) { i++; break; }
-        if (strcmp(argv[i], "--probe") == 0) { probe = 1; continue; }
-        if (i + 1 >= argc) goto usage;
-        if (strcmp(argv[i], "--write") == 0) writable[nwritable++] = argv[++i];
-        else if (strcmp(argv[i], "--read") == 0) readable[nreadable++] = argv[++i];
-        else if (strcmp(argv[i], "--fs") == 0 && (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off")))
-            fs = strcmp(argv[++i], "on") == 0;
-        else if (strcmp(argv[i], "--network") == 0 &&
-                 (!strcmp(argv[i + 1], "on") || !strcmp(argv[i + 1], "off") || !strcmp(argv[i + 1], "loopback")))
-            network = argv[++i];
-        else goto usage;
-    }
-    if (!probe && i >= argc) goto usage;
+static void drop_capabilities(void) {
+    /* securebits first (needs CAP_SETPCAP): uid 0 gets no capability back at exec, for good */
+    if (prctl(PR_SET_SECUREBITS, 0x2f /* NOROOT, NO_SETUID_FIXUP and KEEP_CAPS, each locked */ | 0xc0 /* NO_CAP_AMBIENT_RAISE, locked */, 0, 0, 0) != 0)
+        die(FAILED, "cannot restrict the command: PR_SET_SECUREBITS", "");
+    for (int cap = 0; cap < 64; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) die(FAILED, "cannot restrict the command: PR_CAPBSET_DROP", "");
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
+        die(FAILED, "cannot restrict the command: PR_CAP_AMBIENT_CLEAR_ALL", "");
+    struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &head, data) != 0) die(FAILED, "cannot restrict the command: capset", "");
+}
 
-    int net_off = strcmp(network, "off") == 0, net_on = strcmp(network, "on") == 0;
-    if (!net_on) enter_netns(!net_off);
-    const char *step = "", *what = "";
-    if (ll_restrict(fs, net_off, net_on, readable, nreadable, writable, nwritable, &step, &what) != 0) {
-        if (*what) {
-            fprintf(stderr, "smith-fast sandbox: cannot restrict the command: %s(%s): %s\n", step, what, strerror(errno));
-            _exit(126);
-        }
-        die(126, "cannot restrict the command: %s: %s", step);
+/* In the command's process: everything that is per process, then exec. */
+static void run_command(void) {
+    sigset_t none;
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (setsid() < 0) die(FAILED, "cannot restrict the command: setsid", "");
+    if (o.tty && ioctl(0, TIOCSCTTY, 0) != 0) die(FAILED, "cannot restrict the command: TIOCSCTTY", "");
+    if (o.cwd[0] && chdir(o.cwd) != 0) die(FAILED, "cannot restrict the command: chdir", o.cwd);
+    drop_capabilities();
+    const char *writable[MAX_WRITE + 2];
+    int nwritable = 0;
+    for (int w = 0; w < o.nwrite; w++) writable[nwritable++] = o.write[w];
+    if (o.fs) {
+        writable[nwritable++] = "/tmp";
+        writable[nwritable++] = "/dev/shm";
     }
-    if (probe) return 0;
-    execv(argv[i], argv + i);
-    die(errno == ENOENT ? 127 : 126, "cannot run '%s': %s", argv[i]);
-usage:
-    fprintf(stderr, "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read PATH]... [--fs on|off] [--network on|off|loopback] [--probe] -- PROGRAM ARG...\n");
-    return 2;
+    const char *step = "", *what = "";
+    if (ll_restrict(o.fs, o.net_off, o.net_on, writable, nwritable, &step, &what) != 0) {
+        errno = errno ? errno : EPERM;
+        die(FAILED, "cannot restrict the command:", *what ? what : step);
+    }
+    if (o.file_size) {
+        struct rlimit rl = {(rlim_t)o.file_size, (rlim_t)o.file_size};
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_FSIZE", "");
+    }
+    if (o.data_size) {
+        struct rlimit rl = {(rlim_t)o.data_size, (rlim_t)o.data_size};
+        if (setrlimit(RLIMIT_DATA, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_DATA", "");
+    }
+    if (o.probe) _exit(0);
+    /* The fds the service passed on (a Rust hook's answer pipe) stay; every fd of this program's
+       own is close-on-exec or closed. */
+    execv(o.argv[0], o.argv);
+    die(errno == ENOENT ? NOT_FOUND : FAILED, "cannot run", o.argv[0]);
+}
+
+/* What the init tells the monitor: the command's wait status and what it cost. */
+struct report {
+    int status;
+    struct rusage usage;
+};
+
+/* pid 1: build the view, start the command, forward signals to it, reap, report. */
+static void init(int report) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    mount_view();
+    pid_t command = fork();
+    if (command < 0) die(FAILED, "cannot start the command: fork", "");
+    if (command == 0) {
+        close(report);
+        run_command();
+    }
+    sigset_t all;
+    sigfillset(&all);
+    for (;;) {
+        siginfo_t si;
+        int sig = sigwaitinfo(&all, &si);
+        if (sig < 0) continue; /* EINTR */
+        if (sig != SIGCHLD) {
+            if (kill(-command, sig) != 0) kill(command, sig);
+            continue;
+        }
+        int status;
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            if (pid != command) continue; /* an orphan, reaped */
+            struct report r;
+            memset(&r, 0, sizeof r);
+            r.status = status;
+            getrusage(RUSAGE_CHILDREN, &r.usage); /* the command and what it and the init reaped */
+            if (write(report, &r, sizeof r) != sizeof r) _exit(FAILED);
+            _exit(0);
+        }
+    }
+}
+
+/* The service's child: ends the way the command ended. */
+static void monitor(pid_t child, int report) {
+    int status = 0;
+    struct report reported;
+    ssize_t n;
+    /* The init reports the command's status just before it exits; its exit then kills what is
+       left in the namespace and tears the namespaces down (an RCU grace period or two: milliseconds
+       on a busy machine). Only with --reap does the monitor wait for that; otherwise it ends at
+       once and the init is reaped by whoever adopts it (the host's init, a subreaper). */
+    while ((n = read(report, &reported, sizeof reported)) < 0 && errno == EINTR) {}
+    if (n == (ssize_t)sizeof reported && !o.reap) {
+        status = reported.status;
+    } else {
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {}
+        if (n == (ssize_t)sizeof reported) status = reported.status;
+    }
+    /* The service's wait4() sees this process only: the command's rusage goes to --usage-fd. */
+    if (n == (ssize_t)sizeof reported && o.usage_fd > 2 && write(o.usage_fd, &reported.usage, sizeof reported.usage) < 0) {}
+    if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+    struct rlimit none = {0, 0};
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    kill(getpid(), sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    _exit(128 + sig);
+}
+
+static unsigned long long parse_size(const char *text, int *ok) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    *ok = errno == 0 && end != text && *end == '\0' && text[0] != '-';
+    return v;
+}
+
+static void usage(const char *at) {
+    fprintf(stderr,
+            "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] "
+            "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] -- PROGRAM ARG..."
+            " (at %s)\n", at ? at : "the end");
+    _exit(2);
+}
+
+int main(int argc, char **argv) {
+    const char *network = "on";
+    int i = 1, ok = 1;
+    o.fs = 1;
+    o.tmp_size = 1ULL << 30;
+    o.hide = calloc((size_t)argc, sizeof *o.hide);
+    if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) { i++; break; }
+        if (strcmp(a, "--probe") == 0) { o.probe = 1; continue; }
+        if (strcmp(a, "--tty") == 0) { o.tty = 1; continue; }
+        if (strcmp(a, "--reap") == 0) { o.reap = 1; continue; }
+        if (i + 1 >= argc) usage(a);
+        const char *v = argv[++i];
+        if (strcmp(a, "--write") == 0 && v[0] == '/' && o.nwrite < MAX_WRITE) o.write[o.nwrite++] = v;
+        else if (strcmp(a, "--read") == 0 && v[0] == '/' && o.nread < MAX_WRITE) o.read[o.nread++] = v;
+        else if (strcmp(a, "--hide") == 0 && v[0] == '/') o.hide[o.nhide++] = v;
+        else if (strcmp(a, "--fs") == 0 && (!strcmp(v, "on") || !strcmp(v, "off"))) o.fs = strcmp(v, "on") == 0;
+        else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback"))) network = v;
+        else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
+        else if (strcmp(a, "--file-size") == 0 && (o.file_size = parse_size(v, &ok), ok)) {}
+        else if (strcmp(a, "--data-size") == 0 && (o.data_size = parse_size(v, &ok), ok)) {}
+        else if (strcmp(a, "--usage-fd") == 0 && (o.usage_fd = (int)parse_size(v, &ok), ok && o.usage_fd > 2)) {}
+        else usage(a);
+    }
+    if (!o.probe && i >= argc) usage(NULL);
+    for (int w = 0; w < o.nwrite; w++)
+        if (under(o.write[w], "/proc") || under(o.write[w], "/dev") || under(o.write[w], "/sys"))
+            usage(o.write[w]);
+    o.argv = argv + i;
+    o.net_off = strcmp(network, "off") == 0;
+    o.net_on = strcmp(network, "on") == 0;
+    o.loopback = strcmp(network, "loopback") == 0;
+    if (getcwd(o.cwd, sizeof o.cwd) == NULL) o.cwd[0] = '\0';
+    if (o.tty && ttyname_r(0, o.tty_name, sizeof o.tty_name) != 0) o.tty_name[0] = '\0';
+    signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD survives exec, and the init must see its children end */
+
+    /* Every signal waits until the init forwards it: none may end the monitor or the init early. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    enter_namespaces();
+    int report[2];
+    if (pipe2(report, O_CLOEXEC) != 0) die(FAILED, "cannot start the command: pipe", "");
+    pid_t child = fork();
+    if (child < 0) die(FAILED, "cannot start the command: fork", "");
+    if (child == 0) {
+        close(report[0]);
+        if (o.usage_fd > 2) close(o.usage_fd); /* the monitor's alone: nothing in the sandbox may write it */
+        init(report[1]);
+    }
+    close(report[1]);
+    monitor(child, report[0]);
+    return FAILED;
 }

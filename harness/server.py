@@ -22,7 +22,7 @@ from typing import Any, Self
 _STDERR_PIPE = 1 << 20
 
 __all__ = [
-    "ROOT", "ServerProcess", "ServerStartError", "SmithProcess", "assert_clean_log", "descendants",
+    "ROOT", "ServerProcess", "ServerStartError", "SmithProcess", "assert_clean_log", "beside", "descendants", "host_pids",
     "is_child_guard", "parent_of", "pid_alive", "wait_until",
 ]
 
@@ -168,9 +168,23 @@ class ServerProcess(SmithProcess):
                  env: dict[str, str] | None = None, tcp: bool = True, log_level: str = "debug",
                  keep: int | None = None) -> None:
         self.root = root or tmp
-        listen = ["--unix", str(tmp / "smith.sock"), *(["--tcp", "127.0.0.1:0"] if tcp else [])]
-        super().__init__(tmp, "serve", *listen, "--loop", loop, "--root", str(self.root), "--log-level", log_level,
+        super().__init__(tmp, "serve", "--loop", loop, "--root", str(self.root), "--log-level", log_level,
                          *extra, env=env, keep=keep)
+        sock = pathlib.Path(self.sock_path)
+        if sock.resolve().is_relative_to(self.root.resolve()):
+            # The service refuses a root that holds its own socket (a command could take its
+            # place): the socket goes beside the directory instead.
+            sock = beside(tmp, "sock") / "smith.sock"
+            sock.parent.mkdir(exist_ok=True)
+            self.sock_path, self.unix = str(sock), f"unix:{sock}"
+        listen = ["--unix", self.sock_path, *(["--tcp", "127.0.0.1:0"] if tcp else [])]
+        self.argv[4:4] = listen  # after `python -m smith_fast serve`
+
+
+def beside(tmp: pathlib.Path, name: str) -> pathlib.Path:
+    """A path next to ``tmp`` rather than in it: where a test puts a service's recordings or socket
+    when ``tmp`` is its root (the service refuses a root that holds its own files)."""
+    return tmp.parent / f"{tmp.name}-{name}"
 
 
 def _stat(pid: int) -> tuple[int, str] | None:
@@ -212,6 +226,39 @@ def descendants(root: int) -> list[tuple[int, str]]:
         out += [(pid, table[pid][1]) for pid in nxt]
         frontier = nxt
     return out
+
+
+def _inner_pid(pid: int) -> tuple[str, int] | None:
+    """The pid namespace of ``pid`` and its pid in there (None if it is in ours or gone)."""
+    try:
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+        ns = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            pids = line.split()[1:]
+            return (ns, int(pids[-1])) if len(pids) > 1 else None
+    return None
+
+
+def host_pids(service: int, printed: list[int], marker: str) -> list[int]:
+    """The pids, as this process sees them, of processes a sandboxed command printed (``$$``,
+    ``$!``): it runs in a pid namespace of its own, so what it prints are pids in there. ``marker``
+    is a text of that command's line (``ps`` shows it), which tells its namespace from another
+    command's; the processes are the service's descendants (the namespace's init adopts orphans)."""
+    inner = {pid: _inner_pid(pid) for pid, _ in descendants(service)}
+    spaces = set()
+    for pid, where in inner.items():
+        try:
+            line = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if where is not None and marker in line:
+            spaces.add(where[0])
+    by_inner = {where: pid for pid, where in inner.items() if where is not None and where[0] in spaces}
+    return [next(pid for (ns, n), pid in by_inner.items() if n == wanted) for wanted in printed
+            if any(n == wanted for (_, n) in by_inner)]
 
 
 def pid_alive(pid: int) -> bool:

@@ -144,6 +144,7 @@ UNITS: dict[str, Unit] = {
     "path": Unit(pathlib.Path, "PATH", str),
     "choice": Unit(str, None, str),
     "names": Unit(_names, "LIST", lambda v: ",".join(sorted(v))),
+    "switch": Unit(bool, None, lambda on: "on" if on else "off"),  # a flag that takes no value
 }
 
 
@@ -239,6 +240,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, command: str, groups
             kwargs["choices"] = opt.choices
         if opt.repeat:
             group.add_argument(opt.flag, action="append", default=[], **kwargs)
+        elif opt.unit == "switch":
+            group.add_argument(opt.flag, dest=kwargs["dest"], help=kwargs["help"], action="store_const", const=True, default=None)
         else:
             group.add_argument(opt.flag, default=None, **kwargs)
         for alias in opt.aliases:

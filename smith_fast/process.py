@@ -3,11 +3,11 @@
 This is what ``ShellExec`` and the ``shell.run`` tool run on. The same code runs on uvloop and on
 stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
 
-* **Spawn**: ``subprocess.Popen`` (vfork + exec), or for a sandboxed command with ``--network on``
-  :func:`smith_fast.sandbox.spawner.spawn` (the same, with Landlock applied in the child instead of
-  an exec wrapper), with ``start_new_session=True``, so the shell leads
-  a process group of its own and one ``killpg`` reaches everything it started; ``close_fds=True``;
-  stdin is ``/dev/null``; stdout and stderr are two fresh ``O_CLOEXEC`` pipes.
+* **Spawn**: ``subprocess.Popen`` (vfork + exec) with ``start_new_session=True``, so the shell
+  (or, for a sandboxed command, the sandbox program ``sandbox-exec`` that runs it: a monitor that
+  ends as the command ends) leads a process group of its own and one ``killpg`` reaches everything
+  it started; ``close_fds=True``; stdin is ``/dev/null``; stdout and stderr are two fresh
+  ``O_CLOEXEC`` pipes.
 * **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,
   or all three standard streams one pseudo-terminal (``os.openpty``; a ``/bin/sh`` wrapper reopens
   it by name after ``setsid``, which makes it the controlling terminal, then execs the shell; so Ctrl-C written as ``\x03`` interrupts its foreground
@@ -72,7 +72,7 @@ from dataclasses import dataclass, field
 from . import childguard, containment
 from .errors import ProtocolError
 from .pb import smith_pb2
-from .sandbox import Sandbox, make_scratch, prepare_scratch, remove_scratch, spawner
+from .sandbox import Sandbox
 
 __all__ = [
     "DEFAULT_PATH",
@@ -200,30 +200,6 @@ def _spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErr
     return ProtocolError(message, code, details=details)
 
 
-def _spawn_confined(
-    argv: list[str],
-    environ: dict[str, str],
-    cwd: str | None,
-    stdin: int,
-    stdout: int,
-    stderr: int,
-    sandbox: Sandbox,
-    writable: list[str],
-    cell: containment.Cell,
-) -> int:
-    """Start ``argv`` through :mod:`smith_fast.sandbox.spawner` (Landlock and joining ``cell``
-    in the child); ``stdin`` -1: ``/dev/null``. The pid."""
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC) if stdin < 0 else -1
-    try:
-        pid, joined = spawner.spawn(argv, env=environ, cwd=cwd, fds=(stdin if stdin >= 0 else null, stdout, stderr),
-                                    sandbox=sandbox, writable=writable, cgroup_procs=cell.procs_files)
-    finally:
-        if null >= 0:
-            os.close(null)
-    cell.joined_itself(joined)
-    return pid
-
-
 _buffers = threading.local()
 
 
@@ -240,7 +216,25 @@ def _tidy(leftovers: list[Callable[[], None]]) -> None:
         remove()
     # and the next command's directories, made now rather than while it starts
     containment.prepare_spare()
-    prepare_scratch()
+
+
+_RUSAGE = struct.Struct("=18q")  # struct rusage on LP64 Linux: two timevals, then 14 longs
+
+
+def _with_reported(own: resource.struct_rusage, fd: int) -> resource.struct_rusage:
+    """``own`` (the sandbox program's wait4 rusage) plus the command's, which the sandbox program
+    wrote to ``fd`` before it ended (its init reaped the command, so wait4 does not see it)."""
+    try:
+        data = os.read(fd, _RUSAGE.size)
+    except OSError:
+        return own
+    if len(data) != _RUSAGE.size:
+        return own  # it ended before its command did (killed): what wait4 says is all there is
+    v = _RUSAGE.unpack(data)
+    extra = (v[0] + v[1] / 1e6, v[2] + v[3] / 1e6, *v[4:])
+    return resource.struct_rusage(tuple(
+        max(a, b) if i == 2 else a + b for i, (a, b) in enumerate(zip(own, extra))  # ru_maxrss: the larger
+    ))
 
 
 def _close_quietly(*fds: int) -> None:
@@ -280,7 +274,6 @@ class ShellProcess:
         "_exited",
         "_done",
         "_error",
-        "_scratch",
         "_stdin",
         "_stdin_buffer",
         "_stdin_limit",
@@ -289,6 +282,7 @@ class ShellProcess:
         "_stdin_taken",
         "_on_stdin",
         "_cell",
+        "_usage_fd",
         "_held",
         "_leftovers",
         "usage",
@@ -306,7 +300,6 @@ class ShellProcess:
         self.returncode: int | None = None
         self._loop = loop
         # Kept until the shell is reaped: a Popen collected earlier would waitpid() it itself.
-        # (A pid: started by the sandbox's spawner, no Popen.)
         self._popen: subprocess.Popen[bytes] | None = None if isinstance(popen, int) else popen
         self._on_output = on_output
         self._read_size = read_size
@@ -319,7 +312,6 @@ class ShellProcess:
         self._exited: asyncio.Future[int] = loop.create_future()  # shell reaped
         self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
         self._error: Exception | None = None
-        self._scratch: str | None = None  # the sandbox's TMPDIR for this command, removed at the reap
         self._stdin = -1  # our end of the child's stdin (a pipe, or a dup of the pty master)
         self._stdin_buffer = bytearray()  # written but not yet taken by the kernel
         self._stdin_limit = STDIN_LIMIT
@@ -328,6 +320,7 @@ class ShellProcess:
         self._stdin_taken = 0  # bytes of stdin the kernel took
         self._on_stdin: Callable[[int], None] | None = None
         self._cell: containment.Cell | None = None
+        self._usage_fd = -1  # where the sandbox program writes its command's rusage (sandboxed only)
         self._held = False  # hold_cleanup(): the reap leaves the removals to release_soon()
         self._leftovers: list[Callable[[], None]] = []  # what the reap left to remove
         # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
@@ -363,9 +356,9 @@ class ShellProcess:
                 If it raises, the process group is killed and :meth:`wait` raises that exception.
             read_size: the most bytes one read (and so one callback) delivers.
             pipe_size: the kernel buffer to request for each pipe; the default is used if refused.
-            sandbox: confine the command (PROTOCOL.md, "Sandbox"): it runs through the exec
-                wrapper, with a fresh temporary directory as ``TMPDIR`` (removed when the shell is
-                reaped) that it may write besides what the sandbox's mode allows.
+            sandbox: confine the command (PROTOCOL.md, "Sandbox"): it runs through the sandbox
+                program, with a private ``/tmp`` as ``TMPDIR`` (gone with the command) that it may
+                write besides what the sandbox's mode allows.
             stdin: give the child a stdin pipe (:meth:`write_stdin`, :meth:`close_stdin`) instead
                 of ``/dev/null``.
             pty: ``(rows, cols)``: run on a new pseudo-terminal of that size instead (stdin,
@@ -404,7 +397,8 @@ class ShellProcess:
             if not os.access(found, os.X_OK) or os.path.isdir(found):
                 raise _spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
             argv = [found, "-c", command]
-        scratch: str | None = None
+            if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
+                environ["TMPDIR"] = sandbox.tmpdir
         if pty is not None:
             self = cls._start_pty(loop, shell, command, cwd, environ, on_output, read_size, pty, stdin_limit, sandbox, limits)
             self._on_stdin = on_stdin
@@ -430,48 +424,43 @@ class ShellProcess:
         except OSError as exc:
             _close_quietly(out_r, out_w, err_r, err_w)
             raise _spawn_error(exc, shell, cwd) from None
-        child: subprocess.Popen[bytes] | int | None = None
+        usage_r = usage_w = -1
         try:
             if sandbox is not None and sandbox.active:
-                scratch = make_scratch()
-                environ.setdefault("TMPDIR", scratch)
-                if spawner.usable(sandbox):  # Landlock in the child: one exec, not two
-                    child = _spawn_confined(argv, environ, cwd, in_r if stdin else -1, out_w, err_w, sandbox,
-                                            sandbox.request_writable(scratch), cell)
-                else:
-                    argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
-            if child is None:
-                # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
-                # bench_process's spawn group); an executor hop would cost more than it saves.
-                with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
-                    child = subprocess.Popen(
-                        argv,
-                        stdin=in_r if stdin else subprocess.DEVNULL,
-                        stdout=out_w,
-                        stderr=err_w,
-                        cwd=cwd,
-                        env=environ,
-                        close_fds=True,
-                        start_new_session=True,
-                    )
+                usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w)
+            # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
+            # bench_process's spawn group); an executor hop would cost more than it saves.
+            with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+                child = subprocess.Popen(
+                    argv,
+                    stdin=in_r if stdin else subprocess.DEVNULL,
+                    stdout=out_w,
+                    stderr=err_w,
+                    cwd=cwd,
+                    env=environ,
+                    close_fds=True,
+                    pass_fds=(usage_w,) if usage_w >= 0 else (),
+                    start_new_session=True,
+                )
         except (OSError, ValueError, TypeError) as exc:
-            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
-            remove_scratch(scratch)
+            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
             cell.release()
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
-            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()))
-            remove_scratch(scratch)
+            _close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
             cell.release()
             raise
-        pid = child if isinstance(child, int) else child.pid
+        if usage_w >= 0:
+            os.close(usage_w)
+        pid = child.pid
         cell.attach(pid)  # its limits, now that the service is out of the cell
         cell.watch(loop)
         # Only the child may hold the write ends, or EOF would never come.
         _close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
         self = cls(loop, child, {STDOUT: out_r, STDERR: err_r}, on_output, read_size)
-        self._scratch = scratch
         self._cell = cell
+        self._usage_fd = usage_r
         if stdin:
             os.set_blocking(in_w, False)
             self._stdin, self._stdin_limit, self._on_stdin = in_w, stdin_limit, on_stdin
@@ -500,20 +489,21 @@ class ShellProcess:
         except OSError as exc:
             raise _spawn_error(exc, shell, cwd) from None
         writer = -1
-        scratch: str | None = None
+        usage_r = usage_w = -1
         cell = containment.new_cell(limits)
         try:
             _set_winsize(master, *size)
             writer = os.dup(master)  # our stdin end: closed apart from the read end
             os.set_blocking(master, False)
             os.set_blocking(writer, False)
-            argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
             if sandbox is not None and sandbox.active:
-                # The same confinement as a piped command: the wrapper (which reopens the pty as
-                # the controlling terminal; /dev/pts stays usable in every mode) runs inside it.
-                scratch = make_scratch()
-                environ.setdefault("TMPDIR", scratch)
-                argv = sandbox.wrap(argv, sandbox.request_writable(scratch))
+                # The same confinement as a piped command; the sandbox program makes the terminal
+                # the command's controlling one (the host's /dev/pts is not in its view).
+                found = shutil.which(shell, path=environ.get("PATH")) or shell
+                usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w)
+            else:
+                argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
             with cell.joined():  # born in its cgroup, as a piped command is
                 popen = subprocess.Popen(
                     argv,
@@ -523,24 +513,25 @@ class ShellProcess:
                     cwd=cwd,
                     env=environ,
                     close_fds=True,
+                    pass_fds=(usage_w,) if usage_w >= 0 else (),
                     start_new_session=True,
                 )
         except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
-            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
-            remove_scratch(scratch)
+            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
             cell.release()
             raise _spawn_error(exc, shell, cwd) from None
         except BaseException:
-            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()))
-            remove_scratch(scratch)
+            _close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
             cell.release()
             raise
+        if usage_w >= 0:
+            os.close(usage_w)
         cell.attach(popen.pid)
         cell.watch(loop)
         _close_quietly(slave)  # EOF (EIO on the master) once the child's side is closed
         self = cls(loop, popen, {STDOUT: master}, on_output, read_size)
-        self._scratch = scratch
         self._cell = cell
+        self._usage_fd = usage_r
         self._stdin, self._stdin_limit, self._pty = writer, stdin_limit, writer
         self._watch(loop)
         return self
@@ -611,6 +602,17 @@ class ShellProcess:
         if not self._pipes:
             self._buffer = None
 
+    def stop_output(self) -> None:
+        """Stop reading the command's output for good (``--max-output`` reached): the pipes are
+        closed, so a command that writes more gets ``SIGPIPE``/``EPIPE`` as under ``| head -c N``;
+        a terminal hangs up (``SIGHUP`` to its foreground job), its input with it. Reading what
+        nobody will see would cost the service the CPU of every byte a flood writes."""
+        for stream in list(self._pipes):
+            self._close_pipe(stream)
+        if self._pty >= 0:
+            self._close_stdin_now()
+        self._maybe_done()
+
     def _drain_and_close(self) -> None:
         """Deliver whatever the pipes hold right now, then close them (an escaped writer holds them)."""
         for stream, fd in list(self._pipes.items()):
@@ -677,6 +679,10 @@ class ShellProcess:
                 self._cell.kill()
             childguard.unregister(self.pid)  # before the reap, which frees the group id
             _, status, rusage = os.wait4(self.pid, os.WNOHANG)
+            if self._usage_fd >= 0:
+                rusage = _with_reported(rusage, self._usage_fd)
+                os.close(self._usage_fd)
+                self._usage_fd = -1
         except ChildProcessError:
             # Reaped behind our back (a waitpid(-1) elsewhere): the status is lost, and the group id
             # may already belong to someone else. asyncio reports 255 in this case too.
@@ -710,12 +716,13 @@ class ShellProcess:
 
     def _reaped(self, code: int) -> None:
         self.returncode = code
+        if self._usage_fd >= 0:  # not read: reaped behind our back
+            os.close(self._usage_fd)
+            self._usage_fd = -1
         if self._popen is not None:
             self._popen.returncode = code  # tells Popen.__del__ the child is reaped
             self._popen = None
         _LIVE.pop(self.pid, None)
-        remove_scratch(self._scratch)  # before the final event: a peer may look for it
-        self._scratch = None
         if self._pidfd >= 0:
             if not self._loop.is_closed():
                 self._loop.remove_reader(self._pidfd)

@@ -21,7 +21,7 @@ from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.remote_process import terminal_state
 
-from harness.server import ROOT, ServerProcess, assert_clean_log, pid_alive, wait_until
+from harness.server import ROOT, ServerProcess, assert_clean_log, host_pids, pid_alive, wait_until
 from tests.peers import V0Peer
 from tests.test_process_control import Raw
 
@@ -188,7 +188,7 @@ def test_detach_leaves_it_running_and_cancel_from_another_session_kills_the_tree
         first = await connect(server)
         await first.background("sleep 300 & echo $!; wait", request_id=pid_id)
         follower = await first.attach(pid_id)
-        child = int((await anext(aiter(follower))).data)
+        (child,) = host_pids(server.pid or 0, [int((await anext(aiter(follower))).data)], "sleep 300 & echo")  # printed in its pid namespace
         await follower.aclose()  # detaches: leaving an attach does not stop the process
         assert follower.done and pid_alive(child)
         shell = next(p for p in await first.list_processes() if p.id == pid_id)
@@ -329,7 +329,7 @@ def test_they_die_with_the_service(run, tmp_path: pathlib.Path, sig: int) -> Non
         await client.handshake()
         pid_id = await client.background("sleep 300 & echo $!; wait")
         follower = await client.attach(pid_id)
-        pids.append(int((await anext(aiter(follower))).data))
+        pids.extend(host_pids(srv.pid or 0, [int((await anext(aiter(follower))).data)], "sleep 300 & echo"))
         await follower.aclose()
         pids.extend(p.pid for p in await client.list_processes())
         await client.close()

@@ -21,7 +21,7 @@ import pytest
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V1Peer, kind, terminal
-from harness.server import ROOT, ServerProcess, descendants, is_child_guard, parent_of, pid_alive, wait_until
+from harness.server import ROOT, ServerProcess, descendants, host_pids, is_child_guard, parent_of, pid_alive, wait_until
 
 # the shell's own pid, then its background job's, then both sleep
 SPAWN = "sleep 300 & echo $$ $!; wait"
@@ -75,20 +75,22 @@ def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> 
             os.kill(guard, sig)
         peer = V1Peer(srv.unix)
         peer.handshake()
-        peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command=SPAWN))
-        peer.command(shell_exec=pb.ShellExecCommand(request_id="b", command=SPAWN))
-        pids = _pids_from(peer, "a", "b")
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command=SPAWN + " # a"))
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="b", command=SPAWN + " # b"))
+        printed = _pids_from(peer, "a", "b")  # pids in each command's pid namespace
+        pids = host_pids(srv.pid, printed[:2], "# a") + host_pids(srv.pid, printed[2:], "# b")
         assert len(pids) == 4 and all(pid_alive(p) for p in pids)
+        # the process groups the service started: the sandbox's monitors, its children
+        groups = sorted(pid for pid, _ in descendants(srv.pid) if parent_of(pid) == srv.pid and not is_child_guard(pid))
         assert pid_alive(guard)
         srv.proc.kill()  # type: ignore[union-attr]
         assert srv.proc.wait(10) == -signal.SIGKILL  # type: ignore[union-attr]
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
         assert wait_until(lambda: not pid_alive(guard), 10)  # and the guard is gone too
         # and it said so on the service's stderr, in the service's log format
-        shells = sorted(pids[0::2])  # `$$`: the shells, whose pids are the process group ids
         assert wait_until(lambda: any(r.get("logger") == "smith_fast.childguard" for r in srv.logs), 5), srv.raw_stderr[-5:]
         (record,) = [r for r in srv.logs if r.get("logger") == "smith_fast.childguard"]
-        assert record["level"] == "warning" and record["process_groups"] == shells
+        assert record["level"] == "warning" and record["process_groups"] == groups
     finally:
         srv.stop()
         _kill_quietly(pids)
@@ -118,7 +120,8 @@ def test_sigkilled_service_leaves_no_rust_hook_process(tmp_path: pathlib.Path) -
         peer.command(tool_call=pb.ToolCallCommand(request_id="t", tool="fs.list", args=b"{}"))
         text = " ".join(e.error.message for e in (env.event for env in peer.until(terminal("t"))) if e.HasField("error"))
         assert "spawned " in text, text
-        pids = [int(text.split("spawned ")[1].split()[0].strip("\"'.,;:)"))]
+        inner = int(text.split("spawned ")[1].split()[0].strip("\"'.,;:)"))
+        pids = host_pids(srv.pid, [inner], "/bin/sleep")  # the hook runs in a pid namespace of its own
         hook_pid = next(pid for pid, _ in descendants(srv.pid) if pid not in pids)
         pids.append(hook_pid)
         assert all(pid_alive(p) for p in pids)

@@ -24,7 +24,7 @@ import pytest
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V0Peer, V1Peer, kind, terminal
-from harness.server import ServerProcess, pid_alive, wait_until
+from harness.server import ServerProcess, host_pids, pid_alive, wait_until
 
 PY = sys.executable
 _DAEMONIZE = (
@@ -49,13 +49,14 @@ def _shell(peer: V1Peer, rid: str, command: str, **kw: object) -> None:
     peer.command(shell_exec=pb.ShellExecCommand(request_id=rid, command=command, **kw))  # type: ignore[arg-type]
 
 
-def _daemon_pids(peer: V1Peer, rid: str) -> list[int]:
+def _daemon_pids(srv: ServerProcess, peer: V1Peer, rid: str) -> list[int]:
     out = ""
     while out.count("\n") < N_DAEMONS:
         env = peer.recv()
         if kind(env) == "shell_output" and env.event.shell_output.request_id == rid:
             out += env.event.shell_output.stdout
-    pids = [int(p) for p in out.split()]
+    # printed in the command's pid namespace: the same processes as this test sees them
+    pids = host_pids(srv.pid or 0, [int(p) for p in out.split()], "sleep 3010")
     assert len(pids) == N_DAEMONS and all(pid_alive(p) for p in pids), (out, pids)
     return pids
 
@@ -79,14 +80,14 @@ def _end_normal(srv: ServerProcess, peer: V1Peer) -> None:
     # The shell lingers so the daemons are seen alive first: ending at once raced the cell's kill
     # (at the shell's exit) against the last daemon printing its pid and the check that they live.
     _shell(peer, "r", DAEMONS + "\nsleep 2")
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     peer.until(terminal("r"))
     _assert_gone(pids)
 
 
 def _end_timeout(srv: ServerProcess, peer: V1Peer) -> None:
     _shell(peer, "r", DAEMONS + "\nsleep 300", timeout_ms=1500)
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     ends = peer.until(terminal("r"))
     assert any(kind(e) == "error" and e.event.error.error_code == pb.ERROR_CODE_EXECUTION_TIMEOUT for e in ends)
     _assert_gone(pids)
@@ -94,28 +95,28 @@ def _end_timeout(srv: ServerProcess, peer: V1Peer) -> None:
 
 def _end_disconnect(srv: ServerProcess, peer: V1Peer) -> None:
     _shell(peer, "r", DAEMONS + "\nsleep 300")
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     peer.sock.close()
     _assert_gone(pids)
 
 
 def _end_shutdown(srv: ServerProcess, peer: V1Peer) -> None:
     _shell(peer, "r", DAEMONS + "\nsleep 300")
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     peer.command(shutdown=pb.ShutdownCommand())
     _assert_gone(pids)
 
 
 def _end_sigterm(srv: ServerProcess, peer: V1Peer) -> None:
     _shell(peer, "r", DAEMONS + "\nsleep 300")
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     srv.stop(signal.SIGTERM)
     _assert_gone(pids)
 
 
 def _end_sigkill(srv: ServerProcess, peer: V1Peer) -> None:
     _shell(peer, "r", DAEMONS + "\nsleep 300")
-    pids = _daemon_pids(peer, "r")
+    pids = _daemon_pids(srv, peer, "r")
     os.kill(srv.pid, signal.SIGKILL)  # no cleanup runs in the service: the child guard must do it
     _assert_gone(pids)
 

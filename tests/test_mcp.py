@@ -21,7 +21,7 @@ from mcp.client.client import Client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from harness.server import ROOT, SmithProcess, pid_alive, wait_until
+from harness.server import ROOT, SmithProcess, beside, pid_alive, wait_until
 from smith_fast.mcp import protocol
 
 BUILTINS = ["fs.list", "fs.read", "fs.search", "fs.write", "shell.run", "tools.list"]
@@ -349,7 +349,7 @@ async def test_recording_and_metrics_apply(tmp_path: pathlib.Path) -> None:
     """--record logs an MCP session's commands and events; the metrics count it as protocol mcp."""
     from smith_fast.replay.reader import read_log
 
-    record = tmp_path / "rec"
+    record = beside(tmp_path, "rec")
     proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--record", str(record),
                         "--metrics", "127.0.0.1:0").start()
     try:

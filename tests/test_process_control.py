@@ -356,7 +356,8 @@ def test_pty_size_term_resize_and_ctrl_c(run, server: ServerProcess, via: str, p
             client.send(shell(r, script, pty=pb.PtyRequest(rows=33, cols=101, term="vt100")))
             await started(raw, b"ready")
             out = raw.stdout()
-            assert out.startswith(b"/dev/pts/") and b"33 101\r\n" in out and b"term=vt100\r\n" in out
+            # (the sandbox's /dev has a devpts of its own: the command's terminal is its console)
+            assert out.startswith(b"/dev/console\r\n") and b"33 101\r\n" in out and b"term=vt100\r\n" in out
             client.send(pb.Command(resize=pb.ResizeCommand(request_id=r, rows=40, cols=120)))
             await raw.until(lambda e: b"40 120" in raw.stdout())
             client.send(stdin(r, b"\x03"))  # Ctrl-C: SIGINT to the foreground group
@@ -502,7 +503,7 @@ def test_sdk_leaving_cancels_on_the_service(run, server: ServerProcess, how: str
 
 def test_v0_lines_of_the_control_commands(run, server: ServerProcess) -> None:
     async def main() -> None:
-        reader, writer = await asyncio.open_unix_connection(str(server.root / "smith.sock"))
+        reader, writer = await asyncio.open_unix_connection(server.sock_path)
         r = rid()
         lines = [
             b'{"type":"Handshake","data":{"version":0,"capabilities":["shell_exec"]}}',

@@ -32,7 +32,7 @@ from smith_fast.pb import smith_pb2 as pb
 from smith_fast.replay import read_log
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
-from harness.server import ServerProcess, assert_clean_log, descendants, pid_alive, wait_until
+from harness.server import ServerProcess, assert_clean_log, beside, descendants, pid_alive, wait_until
 
 SOAK_SECONDS = float(os.environ.get("SMITH_SOAK_SECONDS", "60"))
 SOAK_SESSIONS = int(os.environ.get("SMITH_SOAK_SESSIONS", "100"))
@@ -171,7 +171,7 @@ def test_disconnect_mid_stream_kills_children_and_leaks_nothing(tmp_path: pathli
 
 def test_sigkill_while_recording_keeps_every_complete_record(tmp_path: pathlib.Path) -> None:
     for attempt, after in enumerate((50, 400, 1500)):
-        rec = tmp_path / f"rec{attempt}"
+        rec = beside(tmp_path, f"rec{attempt}")
         srv = ServerProcess(tmp_path, "--record", str(rec), "--chunk-size", "256").start()
         peer = V1Peer(srv.unix)
         ready = peer.handshake()[-1].event.ready
@@ -214,7 +214,7 @@ def header_size(path: pathlib.Path) -> int:
 
 def test_full_disk_while_recording_the_session_goes_on(tmp_path: pathlib.Path) -> None:
     """A real ENOSPC: the service runs in a private mount namespace whose --record DIR is a 64 KiB tmpfs."""
-    mnt = tmp_path / "mnt"
+    mnt = beside(tmp_path, "mnt")
     mnt.mkdir()
     srv = ServerProcess(tmp_path, "--record", str(mnt))
     userns = [] if os.geteuid() == 0 else ["--map-root-user"]

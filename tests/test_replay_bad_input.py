@@ -27,6 +27,7 @@ from smith_fast.replay.format import RECORD_IN_DISCARDED, RECORD_IN_LINE, RECORD
 
 from .peers import open_socket
 from .server import ServerProcess, assert_clean_log, wait_until
+from harness.server import beside
 
 LIMITS = ("--max-frame-size", "4096", "--max-command-size", "300", "--max-requests", "2")
 TOKEN = "tok-7c2e0d91a4b3"
@@ -235,8 +236,8 @@ def _ends_shutting(log: pathlib.Path) -> bool:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("bad-input")
-    srv = ServerProcess(tmp, "--record", str(tmp / "rec"), *LIMITS).start()
-    srv.rec = tmp / "rec"  # type: ignore[attr-defined]
+    srv = ServerProcess(tmp, "--record", str(beside(tmp, "rec")), *LIMITS).start()
+    srv.rec = beside(tmp, "rec")  # type: ignore[attr-defined]
     yield srv
     assert srv.stop() == 0
     assert_clean_log(srv)
@@ -245,8 +246,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp("bad-input-token")
-    srv = ServerProcess(tmp, "--record", str(tmp / "rec"), "--token", TOKEN, *LIMITS).start()
-    srv.rec = tmp / "rec"  # type: ignore[attr-defined]
+    srv = ServerProcess(tmp, "--record", str(beside(tmp, "rec")), "--token", TOKEN, *LIMITS).start()
+    srv.rec = beside(tmp, "rec")  # type: ignore[attr-defined]
     yield srv
     assert srv.stop() == 0
     assert_clean_log(srv)
@@ -306,7 +307,7 @@ def test_a_grpc_session_with_bad_messages_replays_with_no_difference(tmp_path: p
     """A gRPC ``Stream`` is recorded as a v1 session: its messages that are not an Envelope too."""
     import grpc
 
-    srv = ServerProcess(tmp_path, "--record", str(tmp_path / "rec"), "--grpc", "127.0.0.1:0", *LIMITS).start()
+    srv = ServerProcess(tmp_path, "--record", str(beside(tmp_path, "rec")), "--grpc", "127.0.0.1:0", *LIMITS).start()
     try:
         rid, hook = uid(), uid()
         messages = [
@@ -321,8 +322,8 @@ def test_a_grpc_session_with_bad_messages_replays_with_no_difference(tmp_path: p
             call = channel.stream_stream("/smith.v1.SmithService/Stream")(iter(messages))
             replies = [pb.Envelope.FromString(data) for data in call]  # half-closed: ends once rid ended
         assert any(e.event.state_change.request_id == rid and e.event.state_change.state == pb.SERVICE_STATE_READY for e in replies)
-        assert wait_until(lambda: len(list((tmp_path / "rec").glob("*.smithrec"))) == 1)
-        (log,) = (tmp_path / "rec").glob("*.smithrec")
+        assert wait_until(lambda: len(list(beside(tmp_path, "rec").glob("*.smithrec"))) == 1)
+        (log,) = beside(tmp_path, "rec").glob("*.smithrec")
         assert wait_until(lambda: sum(not r.inbound for r in read_log(log)[1]) == len(replies))
         assert [r.kind for r in read_log(log)[1] if r.inbound] == ["malformed", "in", "malformed", "in", "in", "in"]
     finally:

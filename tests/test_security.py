@@ -24,7 +24,7 @@ from smith_fast.replay import read_log
 from smith_fast.service.auth import REDACTED, metadata_token, token_matches
 
 from .peers import V0Peer, V1Peer, errors, kind, terminal
-from harness.server import ServerProcess, assert_clean_log, wait_until
+from harness.server import ServerProcess, assert_clean_log, beside, wait_until
 
 TOKEN = "tok-3f9a1c77e2b04d8c"
 CLI = [sys.executable, "-m", "smith_fast"]
@@ -41,7 +41,7 @@ def guarded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     tmp = tmp_path_factory.mktemp(f"guarded-{request.param}")
     (tmp / "hello.txt").write_text("hello\n")
     srv = ServerProcess(
-        tmp, "--grpc", "127.0.0.1:0", "--record", str(tmp / "rec"), env={"SMITH_TOKEN": TOKEN}, loop=request.param
+        tmp, "--grpc", "127.0.0.1:0", "--record", str(beside(tmp, "rec")), env={"SMITH_TOKEN": TOKEN}, loop=request.param
     ).start()
     yield srv
     assert srv.stop() == 0

@@ -15,7 +15,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess
+from harness.server import ServerProcess, beside
 
 BLOCK_RM_AND_REDACT = """
 function beforeShellExec(p) {
@@ -71,7 +71,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     (tmp / "global.js").write_text('function beforeShellExec(p) { return p.command.includes("forbidden") ? {action: "block", reason: "global policy"} : {action: "allow"}; }')
     # hooks_rust is granted only when the operator lists it (issue 14)
     caps = "shell_exec,hooks_js,hooks_rust,replay,tracing"
-    srv = ServerProcess(tmp, "--hook", str(tmp / "global.js"), "--record", str(tmp / "rec"), "--capabilities", caps, loop=request.param).start()
+    srv = ServerProcess(tmp, "--hook", str(tmp / "global.js"), "--record", str(beside(tmp, "rec")), "--capabilities", caps, loop=request.param).start()
     yield srv
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
@@ -233,11 +233,12 @@ def test_replay_capability_records_on_request(tmp_path: pathlib.Path) -> None:
             await client.shutdown()
             return ready.service_info["smith_fast.recording"]
 
+    state = beside(tmp_path, "state")  # the service refuses a root that holds its state
     # replay is granted only when the operator lists it (issue 25); recorded under the state dir
-    srv = ServerProcess(tmp_path, "--capabilities", "shell_exec,replay", env={"XDG_STATE_HOME": str(tmp_path / "state")}).start()
+    srv = ServerProcess(tmp_path, "--capabilities", "shell_exec,replay", env={"XDG_STATE_HOME": str(state)}).start()
     try:
         path = asyncio.run(go())
-        assert path.startswith(str(tmp_path / "state"))
+        assert path.startswith(str(state))
         printed = subprocess.run([sys.executable, "-m", "smith_fast", "replay", path, "--print"], capture_output=True, text=True, timeout=60)
         lines = [json.loads(line) for line in printed.stdout.splitlines() if line.startswith("{")]
         assert any("handshake" in json.dumps(line) for line in lines)

@@ -20,7 +20,7 @@ from smith_fast.pb import smith_pb2 as pb
 from smith_fast.replay import read_log
 
 from .peers import V1Peer, errors, kind, terminal
-from harness.server import ServerProcess, assert_clean_log, wait_until
+from harness.server import ServerProcess, assert_clean_log, beside, wait_until
 
 TOKEN = "svc-token-5b2e9d41c07a4f3e"
 RESUME = {"smith_fast.accept": "resume"}
@@ -119,14 +119,15 @@ def test_a_recordings_directory_others_may_enter_is_refused(tmp_path: pathlib.Pa
     rec = tmp_path / "rec"
     rec.mkdir()
     os.chmod(rec, 0o755)
-    res = subprocess.run([sys.executable, "-m", "smith_fast", "serve", "--unix", str(tmp_path / "s.sock"), "--record", str(rec)],
-                         capture_output=True, text=True, timeout=60)
+    (tmp_path / "root").mkdir()
+    res = subprocess.run([sys.executable, "-m", "smith_fast", "serve", "--unix", str(tmp_path / "s.sock"), "--record", str(rec),
+                          "--root", str(tmp_path / "root")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "is open to other users (mode 0755)" in res.stderr and f"chmod 700 {rec}" in res.stderr
 
 
 def test_replay_is_granted_only_when_the_operator_lists_it(tmp_path: pathlib.Path) -> None:
-    state = tmp_path / "state"
+    state = beside(tmp_path, "state")  # not in the root (the service refuses that)
     srv = ServerProcess(tmp_path, "--state-dir", str(state)).start()
     try:
         peer = V1Peer(srv.unix)
@@ -143,7 +144,7 @@ def test_replay_is_granted_only_when_the_operator_lists_it(tmp_path: pathlib.Pat
 
 
 def test_recordings_are_bounded_oldest_removed_first(tmp_path: pathlib.Path) -> None:
-    rec = tmp_path / "rec"
+    rec = beside(tmp_path, "rec")
     srv = ServerProcess(tmp_path, "--record", str(rec), "--record-max-bytes", "256k").start()
     try:
         for i in range(12):  # ~60 KB each: 720 KB recorded in all

@@ -101,7 +101,7 @@ class _Child:
             # after the cache entry was deleted.
             argv = [f"/proc/self/fd/{exe_fd}", str(ans_w)]
             self.proc = subprocess.Popen(
-                sandbox.wrap(argv, writable=[workdir]) if sandbox is not None else argv,
+                sandbox.wrap(argv, writable=[workdir], data_size=memory_bytes) if sandbox is not None else argv,
                 stdin=in_r,
                 stdout=out_w,
                 stderr=out_w,

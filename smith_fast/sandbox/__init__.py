@@ -1,20 +1,24 @@
-"""Sandboxes for the processes the service starts on a peer's behalf (PROTOCOL.md, "Sandbox").
+"""The sandbox of every process the service starts on a peer's behalf (PROTOCOL.md, "Sandbox").
 
 A :class:`Sandbox` is a value: the mode (``workspace-write``, ``read-only``, ``off``), the network
-(``on``, ``off``, ``loopback``) and the workspace root. :meth:`Sandbox.wrap` turns a command's argv
-into one that starts with the exec wrapper (:mod:`smith_fast.sandbox.exec`), which restricts
-itself with Landlock (and, for the network, a private user + network namespace) and then execs
-the command; :mod:`smith_fast.sandbox.spawner` applies the same policy in the child itself, with no wrapper
-in between, where it can (``--network on``, the C build); :meth:`Sandbox.check` is the service's start-up check, which fails closed with
-:class:`SandboxUnavailable` when the kernel lacks what the mode needs.
+(``on``, ``off``, ``loopback``), the workspace root, the paths commands may not read, and the
+bounds of the private ``/tmp``. :meth:`Sandbox.wrap` turns a command's argv into one that starts
+with ``sandbox-exec`` (``csrc/sandbox_exec.c``, built by ``setup.py`` beside this file), the one
+program that confines every such process: a user, mount, pid, IPC and UTS namespace (and a network
+namespace unless ``--network on``), the host read-only except the root, a private ``/proc``,
+``/dev`` and ``/tmp``, every capability dropped, ``no_new_privs``, then Landlock. There is no
+second implementation: what the wrapper does is the policy, for ShellExec, ``shell.run``, plan
+steps and Rust hooks alike. :meth:`Sandbox.check` is the service's start-up check, which fails
+closed with :class:`SandboxUnavailable` when the helper or the kernel lacks what the mode needs,
+and :func:`service_files_in` what keeps the service's own files out of the commands' reach.
 
 Kernel features each setting needs:
 
 | setting | needs |
 |---|---|
+| any sandbox (all but ``--sandbox off --network on``) | unprivileged user namespaces (``CLONE_NEWUSER``) with mount and pid namespaces, ``open_tree``/``mount_setattr`` (Linux 5.12) |
 | ``--sandbox workspace-write`` / ``read-only`` | Landlock ABI >= 3 (Linux 6.2: truncation is a right only from ABI 3) |
-| ``--network off`` | unprivileged user namespaces (``CLONE_NEWUSER``) with network namespaces; Landlock ABI 4 adds TCP bind/connect denial when present |
-| ``--network loopback`` | unprivileged user + network namespaces |
+| ``--network off`` | a network namespace; Landlock ABI 4 adds TCP bind/connect denial when present |
 | ``--sandbox off --network on`` | nothing: no wrapper at all |
 
 ``SMITH_FAST_SANDBOX_HIDE=landlock,userns`` makes the probe report those features missing, so the
@@ -23,45 +27,48 @@ refusal can be tested on a kernel that has them (it can only make the service re
 
 from __future__ import annotations
 
-import atexit
+import ctypes
 import os
 import pathlib
-import shutil
+import platform
 import subprocess
-import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .._compat import NO_EXTENSIONS
 from ..errors import SmithFastError
-from . import landlock
 
 __all__ = [
+    "DEFAULT_TMP_SIZE",
+    "HELPER",
     "MIN_LANDLOCK_ABI",
     "MODES",
     "NETWORKS",
     "Sandbox",
     "SandboxUnavailable",
-    "default_wrapper",
+    "UnsafeRoot",
     "kernel_features",
-    "make_scratch",
-    "prepare_scratch",
-    "read_grants",
+    "service_files_in",
 ]
 
 MODES = ("workspace-write", "read-only", "off")
 NETWORKS = ("on", "off", "loopback")
 MIN_LANDLOCK_ABI = 3
+DEFAULT_TMP_SIZE = 1 << 30
+"""Bytes a command's private ``/tmp`` (its ``TMPDIR``) and ``/dev/shm`` may each hold."""
+TMPDIR = "/tmp"
 HIDE_ENV = "SMITH_FAST_SANDBOX_HIDE"
-WRAPPER = str(pathlib.Path(__file__).with_name("exec.py"))
-"""The exec wrapper, run by path as ``python -I -S WRAPPER`` (no site-packages to import)."""
 HELPER = str(pathlib.Path(__file__).with_name("sandbox-exec"))
-"""The same wrapper in C (``csrc/sandbox_exec.c``), built by ``setup.py``; used when present."""
+"""The sandbox program (``csrc/sandbox_exec.c``), built by ``setup.py``."""
 
 
 class SandboxUnavailable(SmithFastError):
-    """The kernel lacks what the requested sandbox needs; the service refuses to start."""
+    """The sandbox cannot be had (no helper, a kernel without what the mode needs); the service
+    refuses to start."""
+
+
+class UnsafeRoot(SandboxUnavailable):
+    """``--root`` holds the service's own files (its code, socket, recordings or state): commands
+    could replace what the service runs; the service refuses to start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +84,19 @@ class KernelFeatures:
     userns: bool
 
 
+def _landlock_abi() -> int:
+    if platform.machine() not in ("x86_64", "aarch64", "arm64", "riscv64", "ppc64le", "s390x"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    version = libc.syscall(ctypes.c_long(444), None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # landlock_create_ruleset(VERSION)
+    return int(version) if version > 0 else 0
+
+
 def kernel_features() -> KernelFeatures:
     """Probe the running kernel (cheap: one system call and a sysctl), honouring ``SMITH_FAST_SANDBOX_HIDE``."""
     hidden = {name.strip() for name in os.environ.get(HIDE_ENV, "").split(",")}
-    abi = 0 if "landlock" in hidden else landlock.abi_version()
+    abi = 0 if "landlock" in hidden else _landlock_abi()
     userns = "userns" not in hidden
     if userns:
         try:
@@ -90,83 +106,34 @@ def kernel_features() -> KernelFeatures:
     return KernelFeatures(abi, userns)
 
 
-_spare_scratch: list[str] = []
+def _adopts_orphans() -> bool:
+    """Whether processes orphaned below this one come back to it: it is pid 1 of its pid namespace
+    (a container's entry point) or a child subreaper (``PR_SET_CHILD_SUBREAPER``, kept across exec)."""
+    if os.getpid() == 1:
+        return True
+    flag = ctypes.c_int(0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(37, ctypes.byref(flag), 0, 0, 0) == 0 and flag.value != 0  # PR_GET_CHILD_SUBREAPER
 
 
-def make_scratch() -> str:
-    """A fresh private (0700) temporary directory for one request: its ``TMPDIR`` (the empty one
-    :func:`prepare_scratch` made, if there is one)."""
-    while _spare_scratch:
-        path = _spare_scratch.pop()
-        if os.path.isdir(path) and not os.path.islink(path):  # (a /tmp cleaner may have taken it)
-            return path
-    return tempfile.mkdtemp(prefix="smith-fast-req-")
+_ADOPTS_ORPHANS = _adopts_orphans()
 
 
-def prepare_scratch() -> None:
-    """Make the next request's temporary directory now, while nothing waits for it (one at
-    most; removed at exit)."""
-    if not _spare_scratch:
-        _spare_scratch.append(tempfile.mkdtemp(prefix="smith-fast-req-"))
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-@atexit.register
-def _remove_spare_scratch() -> None:
-    while _spare_scratch:
-        remove_scratch(_spare_scratch.pop())
-
-
-def remove_scratch(path: str | None) -> None:
-    """Remove a request's temporary directory and everything in it (errors ignored)."""
-    if path:
-        try:
-            os.rmdir(path)  # most commands leave it empty: one system call instead of rmtree's walk
-        except OSError:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-PYTHON_WRAPPER: tuple[str, ...] = (sys.executable, "-I", "-S", WRAPPER)
-"""How the Python exec wrapper is started: no site-packages, no environment-driven imports."""
-
-
-def read_grants(denied: Sequence[str]) -> list[str]:
-    """What to grant read on so that everything but ``denied`` (and what lies beneath) is readable.
-
-    Landlock only grants, beneath a path; so for each directory on the way from ``/`` to a denied
-    path, each of its entries but the next step is granted instead of ``/`` as a whole. A snapshot:
-    entries created later in those directories are not readable, and those directories themselves
-    cannot be listed (looking names up in them still works: Landlock does not control it).
-    """
-    blocked = {os.path.realpath(path) for path in denied}
-    ancestors: set[str] = set()
-    for path in blocked:
-        parent = os.path.dirname(path)
-        while True:
-            ancestors.add(parent)
-            if parent == "/":
-                break
-            parent = os.path.dirname(parent)
-    grants: list[str] = []
-    for parent in sorted(ancestors):
-        if parent in blocked:
-            continue
-        try:
-            names = sorted(os.listdir(parent))
-        except OSError:  # not there (yet): nothing in it to grant
-            continue
-        for name in names:
-            child = os.path.join(parent, name)
-            # A symlink needs no grant (what it leads to is judged where it is), and granting it
-            # would grant its target: /tmp/pytest-current -> a directory holding a denied path.
-            if child not in blocked and child not in ancestors and not os.path.islink(child):
-                grants.append(child)
-    return grants
-
-
-def default_wrapper() -> tuple[str, ...]:
-    """The C helper when it was built (and ``SMITH_FAST_NO_EXTENSIONS`` is not set, which picks
-    the Python twins everywhere), else the Python wrapper."""
-    return (HELPER,) if not NO_EXTENSIONS and os.access(HELPER, os.X_OK) else PYTHON_WRAPPER
+def service_files_in(root: str, files: Iterable[tuple[str, str]]) -> list[str]:
+    """Which of the service's own files (``(what, path)`` pairs) lie inside ``root``, or hold it
+    (both resolved): ``["its socket /srv/app/.smith.sock", ...]``. A command may write anything in
+    the root, so such a file could be replaced by what the command wants the service to run or be."""
+    top = os.path.realpath(root)
+    out = []
+    for what, path in files:
+        real = os.path.realpath(path)
+        if _inside(real, top) or _inside(top, real):
+            out.append(f"{what} {path}")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,21 +141,33 @@ class Sandbox:
     """How the processes started for peers are confined.
 
     Attributes:
-        mode: ``workspace-write`` (write only under ``root`` and the request's temporary
-            directory), ``read-only`` (only the temporary directory) or ``off``.
+        mode: ``workspace-write`` (write only under ``root``, the private ``/tmp`` and
+            ``/dev/shm``), ``read-only`` (only those two) or ``off`` (no file confinement).
         network: ``on``, ``off`` (no network at all, loopback included) or ``loopback`` (a
             private loopback only).
         root: the workspace root (resolved).
-        wrapper: the exec wrapper's argv prefix; empty: :func:`default_wrapper`.
-        deny_read: paths whose contents commands may not read (``--sandbox-deny-read``; see
-            :func:`read_grants` for what that costs); needs a mode other than ``off``.
+        wrapper: the sandbox program's argv prefix (:data:`HELPER`); for tests of other builds.
+        deny_read: paths commands may not read (``--sandbox-deny-read``; inside the root too):
+            covered by an empty, unreadable file or directory in their view; needs a mode other
+            than ``off``. Resolved on construction.
+        hidden: the service's own files (its sockets, recordings, state), covered the same way.
+        tmp_size: bytes the private ``/tmp`` and ``/dev/shm`` may each hold (``--max-tmp-per-command``).
+        file_size: the largest file a command may write, bytes (``RLIMIT_FSIZE``; 0: no limit).
+        reap: the sandbox program waits for its namespaces' teardown before it ends. It need not:
+            whoever adopts its init reaps it. But when that would be this process (pid 1 of a
+            container, a subreaper), which reaps only the children it started, it must (the
+            default then).
     """
 
     mode: str = "workspace-write"
     network: str = "on"
     root: str = "/"
-    wrapper: tuple[str, ...] = field(default=(), compare=False)
+    wrapper: tuple[str, ...] = field(default=(HELPER,), compare=False)
     deny_read: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+    tmp_size: int = DEFAULT_TMP_SIZE
+    file_size: int = 0
+    reap: bool = field(default=_ADOPTS_ORPHANS, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -197,48 +176,68 @@ class Sandbox:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {self.network!r}")
         if self.deny_read and self.mode == "off":
             raise ValueError("--sandbox-deny-read needs --sandbox workspace-write or read-only, not off")
-        if not self.wrapper:
-            object.__setattr__(self, "wrapper", default_wrapper())
+        if self.tmp_size <= 0 or self.file_size < 0:
+            raise ValueError("the private /tmp needs a positive size, and a file size limit cannot be negative")
+        object.__setattr__(self, "deny_read", tuple(os.path.realpath(p) for p in self.deny_read))
+        object.__setattr__(self, "hidden", tuple(os.path.realpath(p) for p in self.hidden))
 
     @property
     def active(self) -> bool:
-        """Whether processes go through the wrapper at all."""
+        """Whether processes go through the sandbox program at all."""
         return self.mode != "off" or self.network != "on"
 
     @property
     def confines_files(self) -> bool:
         return self.mode != "off"
 
-    def request_writable(self, scratch: str | None) -> list[str]:
-        """What a request's command may write: the root (workspace-write only) and its scratch dir."""
-        out = [self.root] if self.mode == "workspace-write" else []
-        if scratch:
-            out.append(scratch)
-        return out
+    @property
+    def tmpdir(self) -> str | None:
+        """The ``TMPDIR`` of a confined command: its private ``/tmp`` (None when files are not confined)."""
+        return TMPDIR if self.active and self.confines_files else None
 
-    def wrap(self, argv: Sequence[str], writable: Sequence[str]) -> list[str]:
-        """``argv`` run through the exec wrapper, allowed to write only ``writable``.
+    def writable(self) -> list[str]:
+        """What a command may write besides its private ``/tmp``: the root in workspace-write."""
+        return [self.root] if self.mode == "workspace-write" else []
 
-        ``argv[0]`` must be a path (the wrapper does no ``PATH`` look-up). Without an active
-        sandbox, ``argv`` unchanged.
+    def denies(self, path: str) -> bool:
+        """Whether ``path`` (absolute, resolved) is one commands and the file tools may not read."""
+        return any(_inside(path, denied) for denied in self.deny_read)
+
+    def wrap(self, argv: Sequence[str], writable: Sequence[str], *, tty: bool = False, data_size: int = 0,
+             usage_fd: int = -1) -> list[str]:
+        """``argv`` run through the sandbox program, allowed to write only ``writable``.
+
+        ``argv[0]`` must be a path (no ``PATH`` look-up). ``tty``: the command's stdin is a
+        terminal it gets as its controlling terminal. ``data_size``: its ``RLIMIT_DATA``.
+        ``usage_fd``: an fd the caller passes on (``pass_fds``), where the sandbox program writes
+        the command's ``struct rusage`` before it ends (its parent's ``wait4`` sees the sandbox
+        program only). Without an active sandbox, ``argv`` unchanged.
         """
         if not self.active:
             return list(argv)
         out = [*self.wrapper, *self._policy()]
         for path in writable:
             out += ["--write", path]
+        if tty:
+            out.append("--tty")
+        if data_size:
+            out += ["--data-size", str(data_size)]
+        if usage_fd >= 0:
+            out += ["--usage-fd", str(usage_fd)]
         out.append("--")
         out += argv
         return out
 
-    def readable(self) -> list[str]:
-        """What commands may read and execute (:func:`read_grants` of ``deny_read``); empty: all."""
-        return read_grants(self.deny_read) if self.deny_read else []
-
     def _policy(self) -> list[str]:
-        out = ["--fs", "on" if self.confines_files else "off", "--network", self.network]
-        for path in self.readable():
-            out += ["--read", path]
+        out = ["--fs", "on" if self.confines_files else "off", "--network", self.network, "--tmp-size", str(self.tmp_size)]
+        if self.reap:
+            out.append("--reap")
+        if self.file_size:
+            out += ["--file-size", str(self.file_size)]
+        if self.mode == "read-only":
+            out += ["--read", self.root]  # kept in view when it lies under the private /tmp
+        for path in (*self.deny_read, *self.hidden):
+            out += ["--hide", path]
         return out
 
     def info(self) -> dict[str, str]:
@@ -246,30 +245,36 @@ class Sandbox:
         return {"smith_fast.sandbox": self.mode, "smith_fast.network": self.network}
 
     def check(self) -> None:
-        """The start-up check: the kernel has what this sandbox needs, and the wrapper works.
+        """The start-up check: the helper is there, the kernel has what this sandbox needs, and a
+        trial run builds it.
 
         Raises:
             SandboxUnavailable: it does not; the message says what is missing and what to do.
         """
         if not self.active:
             return
+        if not os.access(self.wrapper[0], os.X_OK):
+            raise SandboxUnavailable(
+                f"the sandbox program {self.wrapper[0]!r} is missing: it is built by `pip install` with a C compiler "
+                "(gcc) present; reinstall with one, or pass --sandbox off --network on to run commands unconfined"
+            )
         features = kernel_features()
+        if not features.userns:
+            raise SandboxUnavailable(
+                "the sandbox needs unprivileged user namespaces (user.max_user_namespaces > 0, not blocked by AppArmor "
+                "or kernel.unprivileged_userns_clone); pass --sandbox off --network on to run commands unconfined"
+            )
         if self.confines_files and features.landlock_abi < MIN_LANDLOCK_ABI:
             have = f"ABI {features.landlock_abi}" if features.landlock_abi else "none (not built in, or not in the lsm= boot list)"
             raise SandboxUnavailable(
                 f"--sandbox {self.mode} needs Landlock ABI >= {MIN_LANDLOCK_ABI} (Linux 6.2+); this kernel has {have}. "
                 "Enable Landlock, or pass --sandbox off to run commands unconfined"
             )
-        if self.network != "on" and not features.userns:
-            raise SandboxUnavailable(
-                f"--network {self.network} needs unprivileged user namespaces (user.max_user_namespaces > 0, "
-                "not blocked by AppArmor or kernel.unprivileged_userns_clone); pass --network on to run without network isolation"
-            )
-        probe = [*self.wrapper, *self._policy(), "--probe"]
+        probe = [*self.wrapper, *self._policy(), *(a for p in self.writable() for a in ("--write", p)), "--probe"]
         try:
             done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         except (OSError, subprocess.SubprocessError) as exc:
-            raise SandboxUnavailable(f"the sandbox wrapper {probe[0]!r} does not run: {exc}") from None
+            raise SandboxUnavailable(f"the sandbox program {probe[0]!r} does not run: {exc}") from None
         if done.returncode != 0:
             why = done.stderr.decode("utf-8", "replace").strip() or f"exit status {done.returncode}"
             raise SandboxUnavailable(f"--sandbox {self.mode} --network {self.network} does not work on this kernel: {why}")

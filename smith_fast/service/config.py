@@ -15,6 +15,7 @@ from ..containment import CommandLimits
 from ..framing import DEFAULT_MAX_FRAME_SIZE
 from ..options import Alias, option
 from ..refused_env import ENV_POLICIES
+from ..sandbox import DEFAULT_TMP_SIZE
 
 __all__ = ["Limits", "ServiceConfig"]
 
@@ -26,6 +27,11 @@ _LIMITS = "limits (sizes are bytes with an optional k/M/G suffix; durations are 
 _GENERAL = "service"
 _SECURITY = "security"
 _POLICY = "hooks, recording, planning"
+# What one command may use by default: enough for a large build (a linker of a big C++ program, a
+# parallel make), not enough for one session to take the machine from the others.
+DEFAULT_COMMAND_MEMORY = 8 << 30
+DEFAULT_COMMAND_PIDS = 1024
+DEFAULT_FILE_SIZE = 8 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +41,8 @@ class Limits:
     Attributes:
         max_frame_size: largest v1 frame / v0 line accepted, in bytes (``--max-frame-size``).
         max_output: bytes of stdout+stderr forwarded per shell command before it is truncated with a
-            notice (``--max-output``); the child keeps running and its further output is discarded.
+            notice (``--max-output``); its output pipes are then closed (a command that writes more
+            gets SIGPIPE), so a flood costs the service nothing more.
         max_processes: shell commands running at once across the whole service (``--max-processes``);
             one more is answered with ``ERROR_CODE_RESOURCE_EXHAUSTED``.
         max_requests: requests in flight per session (``--max-requests``); likewise.
@@ -151,11 +158,18 @@ class Limits:
         1 << 20, flag="--background-buffer", unit="bytes", commands=_RUNNERS, group=_LIMITS,
         help="output kept per background process for attach (a ring: the oldest is dropped)")
     max_memory_per_command: int = option(
-        0, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
-        help="memory one command and its children may hold (cgroup memory.max); past it: killed, RESOURCE_EXHAUSTED; 0 = none")
+        DEFAULT_COMMAND_MEMORY, flag="--max-memory-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="memory one command and its children may hold, its private /tmp included (cgroup memory.max); past it: "
+        "killed, RESOURCE_EXHAUSTED; 0 = none")
     max_pids_per_command: int = option(
-        0, flag="--max-pids-per-command", unit="count", commands=_RUNNERS, group=_LIMITS,
+        DEFAULT_COMMAND_PIDS, flag="--max-pids-per-command", unit="count", commands=_RUNNERS, group=_LIMITS,
         help="processes one command may have at once (cgroup pids.max); hitting it: RESOURCE_EXHAUSTED; 0 = none")
+    max_tmp_per_command: int = option(
+        DEFAULT_TMP_SIZE, flag="--max-tmp-per-command", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="bytes a sandboxed command's private /tmp (its TMPDIR) and /dev/shm may each hold; past it: ENOSPC")
+    max_file_size: int = option(
+        DEFAULT_FILE_SIZE, flag="--max-file-size", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="largest file a sandboxed command may write (RLIMIT_FSIZE); past it: EFBIG; 0 = none")
     max_cpu_per_command: float = option(
         0.0, flag="--max-cpu-per-command", unit="seconds", commands=_RUNNERS, group=_LIMITS,
         help="CPU time one command and its children may use; past it: killed, RESOURCE_EXHAUSTED; 0 = none")
@@ -287,15 +301,19 @@ class ServiceConfig:
     sandbox: str = option(
         "workspace-write", flag="--sandbox", unit="choice", choices=("workspace-write", "read-only", "off"),
         commands=_RUNNERS, group=_SECURITY,
-        help="confine commands, shell.run, plan steps and Rust hooks with Landlock: write only the root and "
-        "a per-request TMPDIR (workspace-write), only the TMPDIR (read-only), or anywhere (off)")
+        help="confine commands, shell.run, plan steps and Rust hooks (namespaces, a read-only view of the host, "
+        "Landlock): write only the root and a private /tmp (workspace-write), only the /tmp (read-only), or anywhere (off)")
     network: str = option(
         "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
         help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")
     sandbox_deny_read: tuple[pathlib.Path, ...] = option(
         (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
-        help="commands may not read PATH (e.g. ~/.ssh); a snapshot: new files beside PATH's parents are unreadable too "
-        "(PROTOCOL.md, Sandbox)")
+        help="commands may not read PATH (e.g. ~/.ssh, or ROOT/.env): it is an empty, unreadable file or directory in "
+        "their view, and the file tools refuse it")
+    allow_service_files_in_root: bool = option(
+        False, flag="--allow-service-files-in-root", unit="switch", commands=_RUNNERS, group=_SECURITY,
+        help="start even when --root holds the service's own installation, socket, recordings or state: commands can "
+        "then replace the code the service runs, or listen in its socket's place; only for a root nothing hostile writes to")
 
     @property
     def recordings_dir(self) -> pathlib.Path:

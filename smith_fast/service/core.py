@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
+import sys
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,7 +15,7 @@ from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..replay import RecordingStore
-from ..sandbox import Sandbox
+from ..sandbox import Sandbox, UnsafeRoot, service_files_in
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .background import BackgroundTable
 from .commands import COMMANDS
@@ -81,6 +84,24 @@ def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
     return frozenset(known[n] for n in names)
 
 
+def _installation() -> list[tuple[str, str]]:
+    """What the service runs and loads: its package (the sandbox program among it) and its venv."""
+    out = [("its installation", str(pathlib.Path(__file__).resolve().parent.parent))]
+    if sys.prefix != sys.base_prefix:
+        out.append(("its virtual environment", sys.prefix))
+    return out
+
+
+def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[str, str]]:
+    """The service's files no command may reach: its sockets, recordings and state (covered in
+    every command's view, and never inside the root)."""
+    out = [("its socket", os.path.abspath(path)) for path in sockets]
+    out.append(("its state directory", str(config.state_dir)))
+    if config.record_dir is not None:
+        out.append(("its recordings", str(config.record_dir)))
+    return out
+
+
 class ServiceCore:
     """Shared state: identity, configuration, tools, capability set, process accounting, sessions.
 
@@ -95,7 +116,8 @@ class ServiceCore:
             need (fail closed: nothing is served).
     """
 
-    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None) -> None:
+    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None,
+                 sockets: Sequence[str] = ()) -> None:
         self.config = config
         self.limits = config.limits
         logs.conceal(config.token)  # whatever quotes it (a command's text in the audit line)
@@ -103,9 +125,23 @@ class ServiceCore:
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
         root = config.root.resolve()
-        self.sandbox = Sandbox(config.sandbox, config.network, str(root), deny_read=tuple(map(str, config.sandbox_deny_read)))
+        private = _private_files(config, sockets)
+        self.sandbox = Sandbox(
+            config.sandbox, config.network, str(root), deny_read=tuple(map(str, config.sandbox_deny_read)),
+            hidden=tuple(path for _, path in private), tmp_size=config.limits.max_tmp_per_command,
+            file_size=config.limits.max_file_size,
+        )
         self.runs_locally = runner is None
         if self.runs_locally:
+            if self.sandbox.confines_files and not config.allow_service_files_in_root:
+                clash = service_files_in(str(root), [*_installation(), *private])
+                if clash:
+                    raise UnsafeRoot(
+                        f"--root {root} holds the service's own files ({'; '.join(clash)}): a command could replace them. "
+                        "Serve a directory that holds none of them (`make serve` serves ~/smith-fast-workspace), put them "
+                        "elsewhere (--unix PATH, --record DIR), or pass --allow-service-files-in-root if nothing hostile "
+                        "writes to the root"
+                    )
             self.sandbox.check()
         self.tool_context = ToolContext(
             root=root,

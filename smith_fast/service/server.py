@@ -217,7 +217,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     _tls(listen)
     runs_commands = core is None
     if core is None:
-        core = ServiceCore(config, loop_name=loop_name)
+        core = ServiceCore(config, loop_name=loop_name, sockets=listen.unix)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
         mounted = await mount_servers(core, config)
         try:

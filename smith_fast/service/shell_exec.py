@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 __all__ = ["limit_error", "report_usage", "run_shell_exec", "terminal_size", "working_directory"]
 
+_TRUNCATED = ("output truncated after {cap} bytes (--max-output); its output is no longer read, so a command "
+              "that writes more gets SIGPIPE")
+
 _log = get_logger("smith_fast.accounting")
 
 
@@ -197,12 +200,14 @@ class _Output:
         for piece in [*chunker.feed(data), *chunker.flush()]:
             self._send(fd, piece)
         if self._cut:
-            self.truncated = True  # the rest of the child's output is read and discarded
+            self.truncated = True  # the rest of the child's output is not read (stop_output)
             self._queue.clear()
-            if self._held and self.proc is not None:
-                self._held = False
-                self.proc.resume_reading()
-            self._send(2, f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n")
+            if self.proc is not None:
+                if self._held:
+                    self._held = False
+                    self.proc.resume_reading()
+                self.proc.stop_output()
+            self._send(2, f"\n[smith-fast: {_TRUNCATED.format(cap=self.cap)}]\n")
 
     async def settle(self) -> None:
         """Wait until every queued chunk went through the output hooks."""
@@ -211,7 +216,7 @@ class _Output:
 
     def on_output(self, fd: int, data: bytes) -> None:
         if self.truncated:
-            return  # keep reading (the child must not block) but forward nothing more
+            return  # what the pipes held when they were closed
         if len(data) > self.room:
             data = data[: self.room]
             self.truncated = True
@@ -219,7 +224,9 @@ class _Output:
         self.emit(fd, self.chunkers[fd].feed(data))
         if self.truncated:
             self.finish()
-            notice = f"\n[smith-fast: output truncated after {self.cap} bytes; the rest is discarded]\n"
+            if self.proc is not None:
+                self.proc.stop_output()
+            notice = f"\n[smith-fast: {_TRUNCATED.format(cap=self.cap)}]\n"
             self.emit(2, [notice.encode()] if self.binary else [notice], filtered=False)
         elif not self._drain_scheduled:
             self._drain_scheduled = True

@@ -286,6 +286,8 @@ class _Results:
         rel = os.fsdecode(raw_path).removeprefix("./")
         if self.glob is not None and not self._glob_matches(rel):
             return True
+        if self.ctx.hides(os.path.normpath(rel)):  # --sandbox-deny-read: not a match to show
+            return True
         number, column, offset = (int(g) for g in found.groups())
         body = rest[found.end() :].rstrip(b"\n")
         if len(body) > MAX_LINE_BYTES or body.startswith(b"[Omitted long line"):

@@ -113,6 +113,7 @@ class ToolContext:
     _root_str: str = field(init=False, repr=False, compare=False)
     _root_prefix: str = field(init=False, repr=False, compare=False)
     _root_dir: _DirFd = field(init=False, repr=False, compare=False)
+    _hidden: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         root = pathlib.Path(self.root).resolve(strict=True)
@@ -129,6 +130,10 @@ class ToolContext:
         object.__setattr__(self, "_root_prefix", text if text.endswith("/") else text + "/")
         # Every file tool opens relative to this fd, beneath it (see the module docstring).
         object.__setattr__(self, "_root_dir", _DirFd(text))
+        # --sandbox-deny-read paths inside the root, root-relative: the file tools refuse them
+        # as the sandbox hides them from commands.
+        denied = self.sandbox.deny_read if self.sandbox is not None else ()
+        object.__setattr__(self, "_hidden", tuple(self.relative(p) for p in denied if self._inside(p)))
 
     def with_process_runner(self, run: RunProcess) -> ToolContext:
         """This context with :attr:`run_process` set (per tool call; the root is not resolved again)."""
@@ -219,7 +224,7 @@ class ToolContext:
             try:
                 # The common case in one system call: a path without symlinks, whose name is then
                 # known without asking the kernel.
-                return open_beneath(self._root_dir.fd, rel, flags, mode, follow=False), _normal(rel)
+                return self._readable(open_beneath(self._root_dir.fd, rel, flags, mode, follow=False), _normal(rel), path)
             except OSError as exc:
                 failure = exc
             if failure.errno == errno.ELOOP:  # a symlink on the way: the kernel follows it, beneath
@@ -228,7 +233,7 @@ class ToolContext:
                 except OSError as exc:
                     failure = exc
                 else:
-                    return fd, self._fd_name(fd, rel)
+                    return self._readable(fd, self._fd_name(fd, rel), path)
         # Refused or failed: decide as the realpath check always did, so a refusal is a refusal
         # whether or not the target exists, and a missing file inside is FileNotFoundError.
         real = self.resolve_str(path, must_exist=False)
@@ -243,7 +248,7 @@ class ToolContext:
             if exc.errno in (errno.EXDEV, errno.ELOOP):
                 raise self._denied(path) from None
             raise _plain_error(exc, path) from None
-        return fd, self._fd_name(fd, inner)
+        return self._readable(fd, self._fd_name(fd, inner), path)
 
     def open_parent(self, path: str, *, create_dirs: bool = False) -> tuple[int, str, str]:
         """Open the directory that holds ``path`` (which need not exist) and name its last component.
@@ -288,7 +293,11 @@ class ToolContext:
                 os.close(dirfd)
                 raise
             if st is None or not _is_link(st.st_mode):
-                return dirfd, name, _join(self._fd_name(dirfd, parent or "."), name)
+                entry = _join(self._fd_name(dirfd, parent or "."), name)
+                if self.hides(entry):
+                    os.close(dirfd)
+                    raise self._hidden_error(path)
+                return dirfd, name, entry
             os.close(dirfd)
             real = self.resolve_str(path, must_exist=False)
             rel = "." if real == self._root_str else real[len(self._root_prefix) :]
@@ -358,6 +367,23 @@ class ToolContext:
         if self._inside(real):
             return self.relative(real)
         return _normal(fallback)
+
+    def hides(self, name: str) -> bool:
+        """Whether the root-relative ``name`` is (beneath) a ``--sandbox-deny-read`` path."""
+        return any(name == h or name.startswith(h + "/") for h in self._hidden) if self._hidden else False
+
+    def _readable(self, fd: int, name: str, path: str) -> tuple[int, str]:
+        if self._hidden and self.hides(name):
+            os.close(fd)
+            raise self._hidden_error(path)
+        return fd, name
+
+    def _hidden_error(self, path: str) -> ProtocolError:
+        return ProtocolError(
+            f"path {path!r} is denied to commands and tools (--sandbox-deny-read)",
+            smith_pb2.ERROR_CODE_PERMISSION_DENIED,
+            details={"path": path, "reason": "deny_read"},
+        )
 
     def _inside(self, real: str) -> bool:
         return real == self._root_str or real.startswith(self._root_prefix)
