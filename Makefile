@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
-SOCK   ?= $(CURDIR)/.smith-fast.sock
-TCP    ?= 127.0.0.1:7878
+# `make serve`: a workspace of its own (never this repository: commands may write all of --root),
+# the socket and state outside it; TCP only when asked for (TCP=127.0.0.1:7878), with a token.
+WORKSPACE ?= $(HOME)/smith-fast-workspace
+STATE     ?= $(HOME)/.local/state/smith-fast
+SOCK      ?= $(STATE)/serve.sock
+TCP       ?=
 NPM    ?= npm
 # tests/test_interop.py drives a session from Node.js (protobufjs), whose packages live here.
 INTEROP := tests/interop
@@ -29,10 +33,20 @@ $(INTEROP)/node_modules/.deps: $(INTEROP)/package.json $(INTEROP)/package-lock.j
 	$(NPM) ci --prefix $(INTEROP) --no-audit --no-fund
 	touch $@
 
+# The Unix socket is made 0600 (only this user connects). A TCP port is open to every local
+# account, so TCP=HOST:PORT serves it with a token: $SMITH_TOKEN, else one generated and printed.
 serve: install
-	@echo "smith-fast: serving on unix:$(SOCK) and tcp:$(TCP) (Ctrl-C to stop)" >&2
-	@echo "  try: $(VENV)/bin/smith-fast ping --connect unix:$(SOCK)" >&2
-	$(VENV)/bin/smith-fast serve --unix $(SOCK) --tcp $(TCP)
+	@mkdir -p "$(WORKSPACE)" && mkdir -p -m 700 "$(STATE)"
+	@echo "smith-fast: workspace $(WORKSPACE), serving on unix:$(SOCK)$(if $(TCP), and tcp:$(TCP)) (Ctrl-C to stop)" >&2
+ifeq ($(strip $(TCP)),)
+	@echo "  try: $(VENV)/bin/smith-fast exec --connect unix:$(SOCK) 'uname -a'" >&2
+	$(VENV)/bin/smith-fast serve --root "$(WORKSPACE)" --state-dir "$(STATE)" --unix "$(SOCK)"
+else
+	@SMITH_TOKEN="$${SMITH_TOKEN:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(24))')}"; export SMITH_TOKEN; \
+	  echo "  token (both listeners): SMITH_TOKEN=$$SMITH_TOKEN" >&2; \
+	  echo "  try: SMITH_TOKEN=$$SMITH_TOKEN $(VENV)/bin/smith-fast exec --connect tcp:$(TCP) 'uname -a'" >&2; \
+	  exec $(VENV)/bin/smith-fast serve --root "$(WORKSPACE)" --state-dir "$(STATE)" --unix "$(SOCK)" --tcp "$(TCP)"
+endif
 
 test: install $(INTEROP)/node_modules/.deps
 	$(VENV)/bin/pytest

@@ -140,12 +140,38 @@ def _events_seeds() -> dict[str, bytes]:
     return {f"pattern-{i}": bytes((i * 37 + k * 11) % 256 for k in range(64 + 32 * i)) for i in range(6)}
 
 
+def _plan_seeds() -> dict[str, bytes]:
+    steps = [{"id": "build", "kind": "shell", "command": "make"},
+             {"id": "test", "kind": "shell", "command": "make test", "depends_on": ["build"]},
+             {"id": "read", "kind": "tool", "tool": "fs.read", "args": {"path": "a"}, "after": ["test"]}]
+    return {
+        "shell-lists": b"\x00cd src && make -j2; echo done\nif true; then ls | wc -l; fi || echo no",
+        "shell-expansions": b"\x00echo \"$(date +%s) ${HOME:-/} `id -u`\" $((1+2)) <<EOF\nbody\nEOF\necho after",
+        "shell-comments-quotes": b"\x00# a comment\necho 'a && b' \"c ; d\" \\\n  e # tail\ncase x in x) echo;; esac",
+        "steps-json": b"\x01" + json.dumps(steps).encode(),
+        "context-note": b"\x02Write the release notes\x00goal_kind=note\nexecute=false",
+        "context-steps": b"\x02g\x00steps=" + json.dumps(steps[:1]).encode() + b"\nexecute=true",
+    }
+
+
+def _v0fields_seeds() -> dict[str, bytes]:
+    sep = b"\xfe"
+    return {
+        "plain": sep.join([b"echo hi", b"", b"sub", b"A", b"b", b"fs.read", b"a.txt", b"make && make test"]),
+        "shell-and-cwd": sep.join([b"ls -la", b"/bin/bash", b"/tmp", b"LANG", b"C", b"fs.list", b".", b""]),
+        "outside-and-refused": sep.join([b"true", b"", b"../../etc", b"LD_PRELOAD", b"x.so", b"fs.read", b"/etc/passwd", b"${x"]),
+        "odd-bytes": sep.join([b"echo \xc3\xa9 \xff", b"", b"\xed\xa0\x80", b"\xe2\x82\xac", b"v", b"x", b"\xff", b"\"$("]),
+    }
+
+
 SEEDS = {
     "framing": _framing_seeds,
     "chunking": _chunking_seeds,
     "jsonl": _jsonl_seeds,
     "envelope": _envelope_seeds,
     "events": _events_seeds,
+    "plan": _plan_seeds,
+    "v0fields": _v0fields_seeds,
 }
 
 

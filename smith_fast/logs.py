@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any
 
-__all__ = ["TickStreamHandler", "configure", "get_logger", "log_fields"]
+__all__ = ["TickStreamHandler", "conceal", "configure", "get_logger", "log_fields"]
 
 # json.dumps(default=...) builds a new encoder per call; the same encoder, built once
 _ENCODER = json.JSONEncoder(default=str)
@@ -23,6 +23,21 @@ try:  # several times faster than json for the audit line of every request (opti
     import orjson
 except ImportError:  # pragma: no cover - the v0 and MCP extras install it
     orjson = None  # type: ignore[assignment]  # the stdlib encoder serves alone
+
+
+_secrets: tuple[str, ...] = ()  # replaced in every line written (conceal)
+_REDACTED = "<redacted>"
+
+
+def conceal(secret: str | None) -> None:
+    """Never write ``secret`` (the service's token) in a log line, whatever carries it (a command's
+    text in the audit line, a peer's message quoted in an error): replaced by ``<redacted>`` as it
+    appears in the JSON, escaped or not. One substring search per written batch of lines."""
+    global _secrets
+    if not secret:
+        return
+    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    _secrets = tuple(dict.fromkeys((*_secrets, *sorted(forms, key=len, reverse=True))))
 
 
 def _encode(out: dict[str, Any]) -> str:
@@ -113,6 +128,9 @@ class TickStreamHandler(logging.Handler):
             return
         text = "".join(self._pending)
         self._pending.clear()
+        for secret in _secrets:
+            if secret in text:
+                text = text.replace(secret, _REDACTED)
         try:
             self.stream.write(text)
             self.stream.flush()

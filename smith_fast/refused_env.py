@@ -131,6 +131,7 @@ SAFE_PREFIXES: tuple[str, ...] = ("LC_",)
 # A name the kernel and libc read as something else (``A=B`` sets ``A``; NUL ends it) is refused
 # in either mode: what the policy checked must be the name the program sees.
 _WELL_FORMED = re.compile(r"[^=\0]+")
+_NAMED = 16  # refused names said back in one error
 
 
 def env_class(name: str) -> str | None:
@@ -203,10 +204,14 @@ def check_env(
             if policy == "allowlist"
             else "it is not a well-formed name"
         )
+        # At most _NAMED names, each cut to 64 characters: an env of 50,000 refused names is one
+        # short error, not an echo of the request.
+        names = [n[:64] for n in refused[:_NAMED]]
+        listed = ", ".join(names) + (f" and {len(refused) - _NAMED} more" if len(refused) > _NAMED else "")
         raise ProtocolError(
-            f"{what} sets {', '.join(refused)}, which a request may not set: {why} "
-            f"(the service can allow it with --allow-env {first})",
+            f"{what} sets {listed}, which a request may not set: {why} "
+            f"(the service can allow it with --allow-env {names[0]})",
             smith_pb2.ERROR_CODE_PERMISSION_DENIED,
             request_id,
-            {"reason": "env_refused", "variables": ",".join(refused), "env_policy": policy},
+            {"reason": "env_refused", "variables": ",".join(names), "env_policy": policy},
         )

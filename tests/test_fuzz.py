@@ -29,7 +29,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fuzz" / "corpus"
-TARGETS = ["framing", "chunking", "jsonl", "envelope", "events"]
+TARGETS = ["framing", "chunking", "jsonl", "envelope", "events", "plan", "v0fields"]
 FUZZ_SECONDS = int(os.environ.get("SMITH_FAST_FUZZ_SECONDS", "4"))
 FUZZ_SEED = int(os.environ.get("SMITH_FAST_FUZZ_SEED", "1"))
 RSS_LIMIT_MB = 512
@@ -66,6 +66,8 @@ def test_regressions_are_kept() -> None:
         "jsonl/regression-line-decoder-feed-int",
         "jsonl/regression-brackets-only-inside-strings",
         "jsonl/regression-lone-surrogate-in-dropped-duplicate",
+        "plan/regression-nested-expansions-recursion",
+        "v0fields/regression-nul-in-cwd",
     }
 
 

@@ -234,7 +234,8 @@ def test_replay_capability_records_on_request(tmp_path: pathlib.Path) -> None:
             return ready.service_info["smith_fast.recording"]
 
     state = beside(tmp_path, "state")  # the service refuses a root that holds its state
-    srv = ServerProcess(tmp_path, env={"XDG_STATE_HOME": str(state)}).start()
+    # replay is granted only when the operator lists it (issue 25); recorded under the state dir
+    srv = ServerProcess(tmp_path, "--capabilities", "shell_exec,replay", env={"XDG_STATE_HOME": str(state)}).start()
     try:
         path = asyncio.run(go())
         assert path.startswith(str(state))

@@ -38,6 +38,7 @@ __all__ = ["JsonlCodec"]
 
 _M = TypeVar("_M", pb.Command, pb.Event)
 _UNSPECIFIED = pb.ERROR_CODE_UNSPECIFIED
+_NAMED = 16  # distinct unknown capability names said back in one error (service/negotiation.py NAMED)
 _U64 = 0xFFFFFFFFFFFFFFFF
 _I32 = 0x7FFFFFFF
 
@@ -121,12 +122,14 @@ class JsonlCodec:
             unknown = extras.get("unknown_capabilities")
             if unknown:
                 message = wrapper(**{oneof: kwargs})
-                listed = ", ".join(map(repr, unknown))
+                # Named back boundedly: at most _NAMED of the distinct names, each cut to 64 characters.
+                names = [n[:64] for n in list(unknown)[:_NAMED]]
+                listed = ", ".join(map(repr, names)) + (f" and {len(unknown) - _NAMED} more" if len(unknown) > _NAMED else "")
                 error = ProtocolError(
                     f"{name}.capabilities has unknown capabilities {listed} (known: "
                     f"{', '.join(CAPABILITIES)}); the known ones were decoded",
                     pb.ERROR_CODE_INVALID_CAPABILITY,
-                    details={"reason": "unknown_capability", "unknown_capabilities": ",".join(unknown)},
+                    details={"reason": "unknown_capability", "unknown_capabilities": ",".join(names)},
                 )
                 setattr(error, what, message)
                 raise error

@@ -195,8 +195,8 @@ def _d_capabilities(value: Any, path: str, be: Backend, extras: dict[str, Any]) 
             if type(item) is not str:
                 raise invalid(f"{path}[{i}]", "a capability name", item)
             number = CAPABILITIES.get(item)
-            if number is None:
-                extras.setdefault("unknown_capabilities", []).append(item)
+            if number is None:  # distinct names, in order (a dict): one name repeated costs one
+                extras.setdefault("unknown_capabilities", {})[item] = None
             else:
                 known.append(number)
         return known

@@ -1301,6 +1301,9 @@ class GatewayCore(ServiceCore):
             lambda: retention.first, sink.framed, sink.flush_batch, self._journal_index.pop(session.session_id, 0),
             self.limits.max_session_buffer, runner.journaled,
         )
+        token = self.config.token
+        runner.journal.conceal(lambda: token)
+        runner.journal.conceal(lambda: resumable.token)  # "" until a restored session's peer resumes
         sink.interpose(runner.journal.stage)
 
     def _snapshot(self, session: Session, runner: NatsRunner, sink: V1Sink) -> dict[str, Any]:

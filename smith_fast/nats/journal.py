@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .._varint import decode as decode_varint
+from ..concealing import conceal
 from .._varint import encode as encode_varint
 from ..logs import get_logger
 from ..service.resume import sequence_of
@@ -172,6 +173,19 @@ class SessionJournal:
         self._outstanding: set[asyncio.Future[int]] = set()
         self.failed = False  # a message could not be stored: a successor cannot take this session over exactly
         self.ended = False
+        self._secrets: list[Callable[[], str | None]] = []  # masked in what is journaled (conceal)
+
+    def conceal(self, secret: Callable[[], str | None]) -> None:
+        """Keep the secret ``secret()`` returns at each flush (the service's token; the session's
+        resume token, which its Ready carries and a restored session learns back only when its peer
+        resumes) out of the journal: masked byte for byte in what is stored (smith_fast.concealing),
+        while the peer gets the envelopes as they are. A successor replays a masked Ready only to a
+        peer that resumed with the token already."""
+        self._secrets.append(secret)
+
+    def _concealed(self, units: list[bytes]) -> list[bytes]:
+        secrets = tuple(dict.fromkeys(s.encode("utf-8", "surrogatepass") for s in (get() for get in self._secrets) if s))
+        return [conceal(u, secrets) for u in units] if secrets else units
 
     def stage(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
         """The sink's interposed stage (EventSink.interpose): hold each unit until it is journaled."""
@@ -205,7 +219,7 @@ class SessionJournal:
             return
         head = encode_varint(len(snapshot)) + snapshot
         room = max(4096, publisher.max_payload - len(head) - _ROOM)
-        chunks = split_chunks(units, room)
+        chunks = split_chunks(self._concealed(units), room)
         first = self.index + 1
         if units:
             self._last_sequence = sequence_of(units[-1], self._framed)

@@ -38,6 +38,9 @@ _CLOSERS = frozenset({"fi", "esac", "done", "}"})
 _MIDDLES = frozenset({"then", "do", "elif", "else"})
 # After these reserved words the next word is again in command position.
 _KEEP_COMMAND = frozenset({"if", "then", "elif", "else", "while", "until", "do", "{", "!"})
+# ``$(``/``${`` (and the quotes inside them) are skipped recursively: deeper nesting is refused as
+# an invalid goal, well before Python's recursion limit (a goal of ``$(`` repeated was a RecursionError).
+MAX_NESTING = 32
 
 
 def _error(message: str) -> PlanError:
@@ -46,7 +49,7 @@ def _error(message: str) -> PlanError:
 
 class _Scanner:
     __slots__ = ("text", "n", "i", "stack", "out", "pieces", "parts", "chunk", "command_pos",
-                 "word_start", "has_or", "heredocs", "has_heredoc", "and_offset")
+                 "word_start", "has_or", "heredocs", "has_heredoc", "and_offset", "nesting")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -63,6 +66,7 @@ class _Scanner:
         self.heredocs: list[tuple[str, bool, int]] = []  # pending (delimiter, strip_tabs, offset)
         self.has_heredoc = False
         self.and_offset = 0  # offset of the last top-level '&&'
+        self.nesting = 0  # $( and ${ being skipped, one inside the other
 
     # ---- pieces and lists ----------------------------------------------------------------------
 
@@ -152,6 +156,9 @@ class _Scanner:
 
     def _skip_group(self, i: int, closer: str, start: int) -> int:
         """Skip to just past the ``closer`` that matches an opener at ``start``; ``i`` is just past the opener."""
+        if self.nesting >= MAX_NESTING:
+            raise _error(f"'$(' or '${{' at offset {start} is nested more than {MAX_NESTING} deep")
+        self.nesting += 1  # not given back on an error: the scan ends there
         text, n = self.text, self.n
         depth = 0
         parameter = closer == "}"  # inside ${...}, '#' is an operator, not a comment
@@ -159,6 +166,7 @@ class _Scanner:
         while i < n:
             c = text[i]
             if c == closer and depth == 0:
+                self.nesting -= 1
                 return i + 1
             if c == "'":
                 i = self._skip_single(i)

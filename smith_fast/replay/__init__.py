@@ -38,6 +38,7 @@ from .format import (
 )
 from .reader import Discarded, LogReader, Record, TornTail, read_log
 from .replayer import Replayer, ReplayResult
+from .store import RecordingStore
 from .writer import SessionRecorder
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "Record",
     "ReplayResult",
     "Replayer",
+    "RecordingStore",
     "SessionRecorder",
     "TornTail",
     "Transcript",

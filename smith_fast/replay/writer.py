@@ -23,6 +23,7 @@ when possible, and recording stops while the session goes on.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import re
 import struct
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .. import __version__, _varint
+from ..concealing import conceal
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .format import (
@@ -101,6 +103,8 @@ class SessionRecorder:
         "_on_error",
         "_in_seq",
         "_out_seq",
+        "_secrets",
+        "_limit",
     )
 
     def __init__(
@@ -113,6 +117,7 @@ class SessionRecorder:
         flush_bytes: int = FLUSH_BYTES,
         flush_delay: float = 0.0,
         on_error: Callable[[str], None] | None = None,
+        limit: Callable[[int], bool] | None = None,
     ) -> None:
         self.path = path
         self.header = header
@@ -130,6 +135,8 @@ class SessionRecorder:
         self._on_error = on_error
         self._in_seq = 0
         self._out_seq = 0
+        self._secrets: tuple[bytes, ...] = ()  # masked in every record (conceal)
+        self._limit = limit  # asked before each write: may these bytes more be written?
 
     @classmethod
     def open(
@@ -143,6 +150,8 @@ class SessionRecorder:
         flush_delay: float = 0.0,
         on_error: Callable[[str], None] | None = None,
         metadata: Mapping[str, object] | None = None,
+        limit: Callable[[int], bool] | None = None,
+        mode: int = 0o700,
     ) -> SessionRecorder:
         """Create a new log file in ``directory`` (made if missing) and write its header.
 
@@ -157,6 +166,11 @@ class SessionRecorder:
                 ``flush_bytes``, :meth:`flush` and :meth:`close`.
             on_error: called once, with :attr:`error`, if a write fails (e.g. to send a LogEvent).
             metadata: extra JSON-serializable header keys.
+            limit: called with the size of each write (the header's included) before it is made;
+                False stops recording there, as a write failure does (``--record-max-bytes``:
+                :class:`~smith_fast.replay.store.RecordingStore`).
+            mode: the permissions ``directory`` is created with when missing (its parents too):
+                only the service's user may read recordings.
 
         Returns:
             The recorder, header already written.
@@ -170,20 +184,40 @@ class SessionRecorder:
         extra.setdefault("smith_fast_version", __version__)
         header = LogHeader(session_id, service_id, protocol_version, start_ns, extra=extra)
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=mode, parents=True, exist_ok=True)
         path = directory / log_file_name(session_id, start_ns)
         if path.exists():  # two sessions with one id in the same microsecond: keep both
             path = path.with_name(f"{path.stem}-{uuid.uuid4().hex[:8]}{FILE_SUFFIX}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             data = encode_header(header)
+            if limit is not None and not limit(len(data)):
+                raise OSError(errno.EFBIG, "the recordings are at --record-max-bytes")
             _write_all(fd, data)
         except BaseException:
             os.close(fd)
+            path.unlink(missing_ok=True)
             raise
-        recorder = cls(path, fd, header, t0, flush_bytes=flush_bytes, flush_delay=flush_delay, on_error=on_error)
+        recorder = cls(path, fd, header, t0, flush_bytes=flush_bytes, flush_delay=flush_delay, on_error=on_error, limit=limit)
         recorder._written = len(data)
         return recorder
+
+    def conceal(self, secret: str | None) -> None:
+        """Keep ``secret`` out of every record from now on, in either direction: masked byte for
+        byte (:func:`smith_fast.concealing.conceal`), so each record stays a valid Envelope. For
+        the service's token and a session's resume token, which a Ready carries to its peer."""
+        if secret:
+            data = secret.encode("utf-8", "surrogatepass")
+            if data not in self._secrets:
+                self._secrets += (data,)
+
+    def _concealed(self, envelope: bytes | memoryview) -> bytes | memoryview:
+        """``envelope`` with the secrets masked; a view of a large frame is searched in the bytes it
+        views and copied only when a secret is there (the recorder copies no envelope otherwise)."""
+        whole = envelope.obj if type(envelope) is memoryview else envelope
+        if type(whole) is bytes and not any(secret in whole for secret in self._secrets):
+            return envelope
+        return conceal(envelope, self._secrets)
 
     # ---- the hot path ------------------------------------------------------------------------
 
@@ -191,6 +225,8 @@ class SessionRecorder:
         """Queue one record; ``envelope`` must be immutable (bytes, or a view of bytes)."""
         if not self._active:
             return
+        if self._secrets:  # only a session with a token or resume token: one search per secret
+            envelope = self._concealed(envelope)
         t = _monotonic_ns() - self._t0
         size = len(envelope) + _PREFIX_SIZE
         parts = self._parts
@@ -286,6 +322,9 @@ class SessionRecorder:
             return
         parts, size = self._parts, self._pending
         self._parts, self._pending = [], 0
+        if self._limit is not None and not self._limit(size):
+            self._fail(OSError(errno.EFBIG, "the recordings reached --record-max-bytes (the oldest are removed first; this one alone fills it)"))
+            return
         try:
             n = os.writev(self._fd, parts)
             if n < size:  # short write (a signal, or the disk filling up): finish or fail

@@ -70,12 +70,16 @@ def metadata_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | 
 
 
 def redacted_handshake(env: pb.Envelope) -> pb.Envelope:
-    """``env`` with the token of its handshakes (a command, or commands of a batch) replaced by
-    :data:`REDACTED`, for the session log. A copy: ``env`` is left as it was."""
+    """``env`` with the token and the resume token of its handshakes (a command, or commands of a
+    batch) replaced by :data:`REDACTED`, for the session log. A copy: ``env`` is left as it was."""
     copy = pb.Envelope()
     copy.CopyFrom(env)
     commands = [copy.command] if copy.HasField("command") else list(copy.batch_command.commands)
     for command in commands:
-        if command.WhichOneof("command_type") == "handshake" and TOKEN_KEY in command.handshake.client_info:
+        if command.WhichOneof("command_type") != "handshake":
+            continue
+        if TOKEN_KEY in command.handshake.client_info:
             command.handshake.client_info[TOKEN_KEY] = REDACTED
+        if command.handshake.resume_token:  # it would take the session over
+            command.handshake.resume_token = REDACTED
     return copy

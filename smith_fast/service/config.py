@@ -104,6 +104,9 @@ class Limits:
             closed. Sessions of all connections count towards ``--max-connections``; when they
             fill it, the idle session used least recently is ended to make room
             (:mod:`smith_fast.mcp.http`).
+        record_max_bytes: the most the session recordings may hold together, in bytes
+            (``--record-max-bytes``; :class:`~smith_fast.replay.RecordingStore`): the oldest finished
+            recordings are removed to make room; 0 means no bound.
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -211,6 +214,10 @@ class Limits:
     resume_window: float = option(
         30.0, flag="--resume-window", unit="seconds", commands=_FRONTS, group=_LIMITS,
         help="a dropped v1 session that asked for resume keeps running this long for its peer to reconnect; 0 = off")
+    record_max_bytes: int = option(
+        256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
+        help="session recordings kept together; past it the oldest finished ones are removed (rotation), "
+             "and a recording that still cannot fit stops; 0 = no bound")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +232,9 @@ class ServiceConfig:
         hook_files: hooks every session runs first (``--hook``), loaded at start-up.
         hook_failure: ``closed`` (a failing hook blocks) or ``open`` (it allows).
         record_dir: record every session there (``--record``); None records only sessions that
-            were granted ``replay``, under ``replay_dir``.
-        replay_dir: where sessions granted ``replay`` are recorded when ``record_dir`` is None.
+            were granted ``replay``, under ``state_dir/recordings`` (:attr:`recordings_dir`).
+        state_dir: the service's own directory (``--state-dir``): its recordings; never the
+            workspace, and private (0700).
         planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
         token: the shared secret socket and gRPC peers must present in their handshake
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
@@ -268,12 +276,13 @@ class ServiceConfig:
         help="a hook that throws, panics, times out or answers nonsense blocks (closed) or allows (open)")
     record_dir: pathlib.Path | None = option(
         None, flag="--record", unit="path", metavar="DIR", commands=("serve",), group=_POLICY,
-        help="record every session to DIR (sessions granted `replay` are recorded even without it); see `smith-fast replay`")
-    replay_dir: pathlib.Path = dataclasses.field(
-        default_factory=lambda: pathlib.Path(
-            os.environ.get("XDG_STATE_HOME", pathlib.Path.home() / ".local" / "state")
-        ) / "smith-fast" / "recordings"
-    )
+        help="record every session to DIR (made 0700; one other users may enter is refused) instead of --state-dir's "
+             "recordings, where only sessions granted replay are recorded; see `smith-fast replay`")
+    state_dir: pathlib.Path = option(
+        default_factory=lambda: pathlib.Path(os.environ.get("XDG_STATE_HOME") or pathlib.Path.home() / ".local" / "state") / "smith-fast",
+        flag="--state-dir", unit="path", metavar="DIR", commands=_FRONTS, group=_POLICY,
+        default_text="$XDG_STATE_HOME/smith-fast, else ~/.local/state/smith-fast",
+        help="the service's own state: recordings of sessions granted replay go to DIR/recordings (made 0700); keep it out of --root")
     planner: str = option(
         "rules", flag="--planner", unit="choice", choices=("rules", "llm"), commands=_RUNNERS, group=_POLICY,
         help="how PlanCommands are planned; rules works offline")
@@ -306,8 +315,9 @@ class ServiceConfig:
         help="denylist refuses the variables that make programs load code; allowlist refuses all but locale/terminal ones and --allow-env")
     capabilities: frozenset[str] | None = option(
         None, flag="--capabilities", unit="names", commands=_ALL, group=_SECURITY, metavar="LIST",
-        default_text="all available but hooks_rust",
-        help="comma list of the capabilities peers may be granted (shell_exec,hooks_js,hooks_rust,replay,tracing,nats)")
+        default_text="all available but hooks_rust and replay",
+        help="comma list of the capabilities peers may be granted (shell_exec,hooks_js,hooks_rust,replay,tracing,nats); "
+             "hooks_rust and replay only when listed")
     sandbox: str = option(
         "workspace-write", flag="--sandbox", unit="choice", choices=("workspace-write", "read-only", "off"),
         commands=_RUNNERS, group=_SECURITY,
@@ -324,3 +334,8 @@ class ServiceConfig:
         False, flag="--allow-service-files-in-root", unit="switch", commands=_RUNNERS, group=_SECURITY,
         help="start even when --root holds the service's own installation, socket, recordings or state: commands can "
         "then replace the code the service runs, or listen in its socket's place; only for a root nothing hostile writes to")
+
+    @property
+    def recordings_dir(self) -> pathlib.Path:
+        """Where sessions are recorded: ``--record DIR``, else ``--state-dir``'s ``recordings``."""
+        return self.record_dir if self.record_dir is not None else self.state_dir / "recordings"

@@ -10,10 +10,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__, framing
+from .. import __version__, framing, logs
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
+from ..replay import RecordingStore
 from ..sandbox import Sandbox, UnsafeRoot, service_files_in
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .background import BackgroundTable
@@ -31,6 +32,7 @@ from .negotiation import (
     Endpoint,
     accept_additions,
     capability_name,
+    capability_refusal,
     endpoint_list,
 )
 from .resume import ParkedSessions
@@ -52,13 +54,15 @@ __all__ = [
     "LISTENER_VERSIONS",
     "accept_additions",
     "capability_name",
+    "capability_refusal",
     "endpoint_list",
     "permitted_capabilities",
 ]
 
 
-_DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST})
-"""Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust")."""
+_DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST, smith_pb2.CAPABILITY_REPLAY})
+"""Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust");
+``replay`` makes the service write down everything a session sends and receives (README, "Security")."""
 
 
 def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
@@ -66,7 +70,7 @@ def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
 
     Args:
         names: capability names (``shell_exec``, ``hooks_rust`` ...); None for the default, every
-            capability but those off by default (``hooks_rust``).
+            capability but those off by default (``hooks_rust``, ``replay``).
 
     Raises:
         ValueError: a name is not a capability (the message lists them).
@@ -92,7 +96,7 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
     """The service's files no command may reach: its sockets, recordings and state (covered in
     every command's view, and never inside the root)."""
     out = [("its socket", os.path.abspath(path)) for path in sockets]
-    out.append(("its state directory", str(config.replay_dir.parent)))
+    out.append(("its state directory", str(config.state_dir)))
     if config.record_dir is not None:
         out.append(("its recordings", str(config.record_dir)))
     return out
@@ -116,6 +120,7 @@ class ServiceCore:
                  sockets: Sequence[str] = ()) -> None:
         self.config = config
         self.limits = config.limits
+        logs.conceal(config.token)  # whatever quotes it (a command's text in the audit line)
         self.loop_name = loop_name
         self.service_id = str(uuid.uuid4())
         self.tools = default_registry()
@@ -160,7 +165,9 @@ class ServiceCore:
             session_memory_bytes=config.limits.max_session_hook_memory,
             sandbox=self.sandbox,
         )
-        self.record_dir = config.record_dir or config.replay_dir
+        self.recordings = RecordingStore(config.recordings_dir, config.limits.record_max_bytes)
+        if config.record_dir is not None or smith_pb2.CAPABILITY_REPLAY in self.capabilities:
+            self.recordings.check()  # private, or the service does not start
         self.planner: Planner = planner_from_options(
             config.planner,
             config.planner_url,
@@ -212,26 +219,21 @@ class ServiceCore:
         """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
         fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
 
-    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+    def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
 
         Args:
-            requested: capability numbers as the peer listed them (duplicates allowed).
+            requested: capability numbers as the peer listed them (duplicates allowed: each
+                distinct number is looked at once, so a list of one number repeated costs one).
 
         Returns:
-            ``(granted, refused)``; ``refused`` holds ``(capability, why)`` for each unknown or
-            unavailable one, ``why`` a sentence that names it and lists what is available.
+            ``(granted, refused)``, each without duplicates, in the order first listed; ``refused``
+            holds the unknown or unavailable ones (:func:`capability_refusal` words them).
         """
         granted: list[int] = []
-        refused: list[tuple[int, str]] = []
-        for cap in requested:
-            if cap in self.capabilities:
-                if cap not in granted:
-                    granted.append(cap)
-                continue
-            available = ",".join(sorted(capability_name(c) for c in self.capabilities))
-            reason = "unknown" if capability_name(cap).isdigit() or cap == 0 else "not available on this service"
-            refused.append((cap, f"capability {capability_name(cap)} is {reason} (available: {available}); the others are granted"))
+        refused: list[int] = []
+        for cap in dict.fromkeys(requested):
+            (granted if cap in self.capabilities else refused).append(cap)
         return granted, refused
 
     def sessions_by_protocol(self) -> dict[str, int]:

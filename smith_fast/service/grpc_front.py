@@ -52,7 +52,7 @@ from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, en
 from .resume import Front
 from .deadlines import Deadlines
 from .health import SERVICE_NAMES
-from .negotiation import wire_capabilities
+from .negotiation import NAMED, wire_capabilities
 from .session import Session
 from .sinks import V1Sink
 
@@ -136,7 +136,7 @@ def negotiate(core: ServiceCore, request: pb.NegotiateRequest) -> pb.NegotiateRe
     meta["available_capabilities"] = ",".join(sorted(capability_name(c) for c in core.capabilities))
     meta["smith_fast.acceptable"] = ",".join(ACCEPTABLE)
     if refused:
-        meta["rejected_capabilities"] = ",".join(capability_name(c) for c, _ in refused)
+        meta["rejected_capabilities"] = ",".join(capability_name(c) for c in refused[:NAMED])
     fallback = version == 0
     if fallback:
         meta["jsonl_endpoints"] = endpoint_list(core.addresses(0))

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..tools import ProcessRequest, RunProcess
     from .execution import Execution
 
-__all__ = ["admit", "stream", "tool_runner", "collect"]
+__all__ = ["admit", "collect", "refuse_nul", "stream", "tool_runner"]
 
 
 async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: str) -> tuple[pb.ShellExecCommand, dict[str, str]]:
@@ -65,6 +65,7 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
     config = ex.core.config
     what = "env" if origin in ("shell_exec", "plan_step") else f"{origin} env"
     check_env(cmd.env, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
+    refuse_nul(cmd, rid, origin)
     env = dict(cmd.env)
     span = ex.spans.get(rid)
     if span is not None:
@@ -92,6 +93,36 @@ async def stream(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: s
     if span is not None:
         span.set(tracing.ATTR_EXIT_CODE, code)
     return code
+
+
+def refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
+    """A NUL byte cannot be passed to ``execve`` or ``chdir`` (C strings end there): refused by name,
+    before anything is spawned, instead of a ``ValueError`` out of ``subprocess``/``os`` (issue 25).
+
+    Raises:
+        ProtocolError: ``ERROR_CODE_UNSPECIFIED``, ``details.reason = invalid_field`` and
+            ``details.field`` (``command``, ``shell``, ``cwd``, ``env``).
+    """
+    fields = [("command", cmd.command)]
+    if cmd.HasField("shell"):
+        fields.append(("shell", cmd.shell))
+    if cmd.HasField("cwd"):
+        fields.append(("cwd", cmd.cwd))
+    for field, value in fields:
+        if "\0" in value:
+            raise _nul(origin, field, f"{field} holds a NUL byte at offset {value.index(chr(0))}", rid)
+    for name, value in cmd.env.items():  # names with one are refused by check_env already
+        if "\0" in value:
+            raise _nul(origin, "env", f"env variable {name[:64]!r} holds a NUL byte", rid)
+
+
+def _nul(origin: str, field: str, what: str, rid: str) -> ProtocolError:
+    return ProtocolError(
+        f"{origin}: {what}; a process cannot be given one (nothing was run)",
+        pb.ERROR_CODE_UNSPECIFIED,
+        rid,
+        {"reason": "invalid_field", "field": field},
+    )
 
 
 def tool_runner(ex: Execution, rid: str, tool: str) -> RunProcess:

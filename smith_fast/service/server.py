@@ -221,6 +221,22 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
                 await server.close()
 
 
+def _warn_without_token(config: ServiceConfig, address: str) -> None:
+    """A TCP listener (socket or gRPC) without a token: any local account, unlike the 0600 Unix
+    socket, can connect and run commands as this service's user (issue 25). Said once per
+    listener at start-up, as a warning naming the risk and the remedy."""
+    if config.token is None:
+        log.warning(
+            "TCP listener without a token",
+            extra={"fields": {
+                "address": address,
+                "risk": "any local account (and, with --allow-remote, any host that reaches it) can connect and run "
+                        "commands as this service's user; the Unix socket (mode 0600) is not open to them",
+                "remedy": "set SMITH_TOKEN (or --token) for the service and its clients, or serve only --unix",
+            }},
+        )
+
+
 async def mount_servers(core: ServiceCore, config: ServiceConfig) -> list[MountedServer]:
     """The --mcp-server tools, in the registry before any listener opens (``serve``) or any
     command is taken (``worker``: a NATS peer's ``tools.list`` and calls run on a worker)."""
@@ -261,8 +277,12 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
             address = tcp_address(*sock.getsockname()[:2])
             core.endpoints.append(Endpoint(address, versions))
             log.info("listening", extra={"fields": {"address": address}})
+            _warn_without_token(config, address)
     if listen.grpc:
         grpc_front = await _open_grpc(core, listen)
+        for endpoint in core.endpoints:
+            if endpoint.address.startswith("grpc:"):
+                _warn_without_token(config, endpoint.address)
     if listen.metrics:
         metrics_server = await _open_metrics(core, listen)
     for addr in listen.mcp_http:

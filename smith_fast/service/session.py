@@ -15,7 +15,6 @@ import asyncio
 import collections
 import contextvars
 import functools
-import pathlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
@@ -27,7 +26,7 @@ from .. import events, tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..replay import SessionRecorder
+from ..replay import RecordingStore, SessionRecorder
 from . import audit, eager
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .redact import redacted_bytes
@@ -42,6 +41,7 @@ from .negotiation import (
     SUPPORTED_VERSIONS,
     accept_additions,
     capability_name,
+    capability_refusal,
     wire_capabilities,
 )
 from .resume import RESUME, Front, ParkedSessions, Resumable, ResumeRefused, Retention
@@ -62,6 +62,7 @@ _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
 _EVENT = pb.Envelope.DESCRIPTOR.fields_by_name["event"].number
 # Commands of a batch handled per loop iteration: a large batch must not stall other sessions.
 _BATCH_SLICE = 128
+_TRACE_KEYS = ("traceparent", "tracestate")
 
 
 class SessionCore(HealthSource, Gauges, Protocol):
@@ -74,8 +75,8 @@ class SessionCore(HealthSource, Gauges, Protocol):
     def limits(self) -> Limits: ...
 
     @property
-    def record_dir(self) -> pathlib.Path:
-        """Where sessions granted ``replay`` are recorded."""
+    def recordings(self) -> RecordingStore:
+        """Where sessions are recorded (``--record``, or those granted ``replay``)."""
         ...
 
     @property
@@ -86,7 +87,12 @@ class SessionCore(HealthSource, Gauges, Protocol):
         """The resumable sessions (:mod:`~smith_fast.service.resume`)."""
         ...
 
-    def grant(self, requested: list[int]) -> tuple[list[int], list[tuple[int, str]]]: ...
+    @property
+    def capabilities(self) -> frozenset[int]:
+        """What this service can grant."""
+        ...
+
+    def grant(self, requested: list[int]) -> tuple[list[int], list[int]]: ...
 
     def made_resumable(self, session: Session) -> None:
         """``session`` retains what it writes from now on (a gateway also journals it in NATS)."""
@@ -179,7 +185,7 @@ class Session:
         self.recorder: SessionRecorder | None = None
         self.runner: RequestRunner = runner(self)
         if core.config.record_dir is not None:
-            self._start_recording(core.config.record_dir)
+            self._start_recording()
         core.sessions.add(self)
         core.metrics.sessions_total[self.protocol] = core.metrics.sessions_total.get(self.protocol, 0) + 1
 
@@ -464,8 +470,9 @@ class Session:
             )
             return
         granted, refused = self.core.grant(list(hs.capabilities))
-        for cap, why in refused:
-            self.protocol_error(ProtocolError(why, pb.ERROR_CODE_INVALID_CAPABILITY, details={"capability": capability_name(cap)}))
+        if refused:  # one ErrorEvent (and one log line) however many were refused
+            message, details = capability_refusal(refused, self.core.capabilities)
+            self.protocol_error(ProtocolError(message, pb.ERROR_CODE_INVALID_CAPABILITY, details=details))
         accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
         token = self._offer_resume() if RESUME in accepted else None
         if RESUME in accepted and token is None:
@@ -475,14 +482,15 @@ class Session:
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
-            self._start_recording(self.core.record_dir)
+            self._start_recording()
             if self.recorder is not None:
                 command = pb.Command(handshake=hs)
                 if TOKEN_KEY in command.handshake.client_info:
                     command.handshake.client_info[TOKEN_KEY] = REDACTED
                 self.recorder.record_command(command)
         if pb.CAPABILITY_TRACING in self.granted and self.span is tracing.NOOP:
-            self.span = tracing.session_span(self.peer, self.version, dict(hs.client_info))
+            # only the trace context: the rest of client_info (the token among it) stays out of spans
+            self.span = tracing.session_span(self.peer, self.version, {k: hs.client_info[k] for k in _TRACE_KEYS if k in hs.client_info})
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
         event = pb.Event()
         ready = event.ready
@@ -517,12 +525,12 @@ class Session:
 
     # ---- recording ---------------------------------------------------------------------------
 
-    def _start_recording(self, directory: pathlib.Path) -> None:
-        """Record this session (every envelope in and out) under ``directory``; a failure to start
-        or to write is reported to the peer as a warning and the session goes on."""
+    def _start_recording(self) -> None:
+        """Record this session (every envelope in and out) in the core's recordings; a failure to
+        start or to write is reported to the peer as a warning and the session goes on. Neither
+        the service's token nor the session's resume token is ever written (``conceal``)."""
         try:
-            self.recorder = SessionRecorder.open(
-                directory,
+            self.recorder = self.core.recordings.open(
                 session_id=self.session_id,
                 protocol_version=self.version,
                 service_id=self.core.service_id,
@@ -533,6 +541,9 @@ class Session:
             log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
             self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
             return
+        self.recorder.conceal(self.core.config.token)
+        if self.resumable is not None:
+            self.recorder.conceal(self.resumable.token)
         self.sink.record_to(self.recorder)
 
     # ---- metrics and health -------------------------------------------------------------------
@@ -858,6 +869,8 @@ class Session:
         retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
         token, key = self.core.parked.issue(self)
         self.resumable = Resumable(token, key, retention, self._front)
+        if self.recorder is not None:  # its Ready carries the token to the peer, never to the recording
+            self.recorder.conceal(token)
         self.sink.tap(retention.record)
         self.core.made_resumable(self)
         return token
@@ -1038,10 +1051,12 @@ _CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loo
 
 
 def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
-    """The bytes of ``env`` for the session log: a handshake's token replaced (auth.py)."""
+    """The bytes of ``env`` for the session log: a handshake's token and resume token replaced (auth.py)."""
     if kind == "command":
-        if TOKEN_KEY in env.command.handshake.client_info:
+        if TOKEN_KEY in env.command.handshake.client_info or env.command.handshake.resume_token:
             env = redacted_handshake(env)
-    elif kind == "batch_command" and any(TOKEN_KEY in c.handshake.client_info for c in env.batch_command.commands):
+    elif kind == "batch_command" and any(
+        TOKEN_KEY in c.handshake.client_info or c.handshake.resume_token for c in env.batch_command.commands
+    ):
         env = redacted_handshake(env)
     return env.SerializeToString()
