@@ -67,9 +67,12 @@ class Venv:
 
     def __init__(self, path: pathlib.Path, wheels: Wheels, extras: str = "") -> None:
         self.path = path
-        self.home = path / "home"  # the working directory of its commands: not the repository
+        self.home = path / "home"  # its sockets and logs
+        # the working directory of its commands (so the default root): not the repository, and
+        # not where its sockets are (the service refuses a root that holds its own files)
+        self.work = self.home / "work"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
-        self.home.mkdir()
+        self.work.mkdir(parents=True)
         self.pip("install", "--no-index", "--find-links", str(wheels.directory), f"smith-fast{extras}")
 
     def pip(self, *argv: str) -> None:
@@ -87,7 +90,7 @@ class Venv:
     def run(self, *argv: str, input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """``smith-fast ARGV`` to its end (60 s at most)."""
         return subprocess.run([str(self.path / "bin" / "smith-fast"), *argv], input=input, capture_output=True, text=True,
-                              cwd=self.home, env=self.env(env), timeout=60)
+                              cwd=self.work, env=self.env(env), timeout=60)
 
     def start(self, *argv: str, env: dict[str, str] | None = None) -> Running:
         return Running(self, argv, env)
@@ -102,7 +105,7 @@ class Running:
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([str(venv.path / "bin" / "smith-fast"), *argv, "--log-level", "info"],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                         cwd=venv.home, env=venv.env(env))
+                                         cwd=venv.work, env=venv.env(env))
 
     def records(self) -> list[dict[str, Any]]:
         out = []
