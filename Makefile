@@ -74,7 +74,7 @@ clean:
 # Coverage-guided fuzzing (fuzz/README.md): every harness for FUZZ_TIME seconds, one after another,
 # from the committed corpus; what they find is written to build/fuzz/ (reproducers: *-crash-*).
 FUZZ_TIME    ?= 600
-FUZZ_TARGETS ?= framing chunking jsonl envelope events
+FUZZ_TARGETS ?= framing chunking jsonl envelope events plan v0fields
 .PHONY: fuzz
 fuzz: install
 	@for t in $(FUZZ_TARGETS); do \
