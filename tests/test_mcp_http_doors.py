@@ -308,7 +308,9 @@ async def test_silent_connections_are_closed_after_the_handshake_timeout(tmp_pat
     and an MCP client get in again."""
     from smith_fast.client import Client as SmithClient
 
-    proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--unix", str(tmp_path / "smith.sock"),
+    root = tmp_path / "root"  # not where its socket is: the service refuses a root that holds it
+    root.mkdir()
+    proc = SmithProcess(tmp_path, "serve", "--root", str(root), "--unix", str(tmp_path / "smith.sock"),
                         "--mcp-http", "127.0.0.1:0", "--max-connections", "16", "--handshake-timeout", "1",
                         env={"SMITH_TOKEN": TOKEN}).start()
     silent: list[socket.socket] = []

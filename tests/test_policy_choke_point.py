@@ -25,7 +25,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess
+from harness.server import ServerProcess, wait_until
 
 BLOCK_RM = """
 function beforeShellExec(p) {
@@ -462,8 +462,12 @@ def test_audit_line_per_request(block_rm: ServerProcess) -> None:
     assert killed["outcome"] == "timeout" and killed["killed"] is True and killed["kill_reason"] == "timeout"
     tool = audit_for(block_rm, kind="tool_call", tool="fs.list")
     assert tool["outcome"] == "ok" and tool["success"] is True
-    refused = [line for line in audit_lines(block_rm) if line.get("outcome") == "refused" and "hooks_js" in line.get("reason", "")]
-    assert refused and refused[0]["error_code"] == "INVALID_CAPABILITY" and refused[0]["request_id"]
+    def refused_lines() -> list[dict[str, Any]]:  # (the log is read as it comes: it may lag the answer)
+        return [line for line in audit_lines(block_rm) if line.get("outcome") == "refused" and "hooks_js" in line.get("reason", "")]
+
+    assert wait_until(refused_lines, 10), audit_lines(block_rm)
+    refused = refused_lines()
+    assert refused[0]["error_code"] == "INVALID_CAPABILITY" and refused[0]["request_id"]
     # a hook block is a block in the log, not a protocol error
     assert not any(line.get("event") == "protocol error" and "blocked by hook" in str(line.get("error")) for line in block_rm.logs)
 
