@@ -10,7 +10,8 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   ``O_CLOEXEC`` pipes.
 * **stdin and terminals** (``start(stdin=True)``, ``start(pty=(rows, cols))``): stdin becomes a pipe,
   or all three standard streams one pseudo-terminal (``os.openpty``; a ``/bin/sh`` wrapper reopens
-  it by name after ``setsid``, which makes it the controlling terminal, then execs the shell; so Ctrl-C written as ``\x03`` interrupts its foreground
+  it by name after ``setsid``, which makes it the controlling terminal, then execs the shell, or
+  the sandbox program makes it so with ``TIOCSCTTY``; so Ctrl-C written as ``\x03`` interrupts its foreground
   job and ``resize`` reaches it as SIGWINCH). :meth:`ShellProcess.write_stdin` writes without
   blocking; what the child has not read yet waits in a buffer of at most ``stdin_limit`` bytes, and
   a write that would exceed it is refused whole (returns False), so a child that does not read
