@@ -82,23 +82,55 @@ def take_stdio() -> Stdio:
     return stdio
 
 
-class _FileReader(asyncio.ReadTransport):
+class _FdTransport(asyncio.BaseTransport):
+    """What a transport on a file the loop cannot watch has of its own: the fd, the protocol told
+    of it at once, and an end that tells the protocol (``connection_lost``) in a later loop step."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, protocol: asyncio.BaseProtocol) -> None:
+        super().__init__()
+        self._loop = loop
+        self._fd = fd
+        self._protocol = protocol
+        self._closing = False
+        loop.call_soon(protocol.connection_made, self)
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._lose(None)
+
+    def _stop(self) -> None:
+        """What a subclass stops when it ends (a scheduled read)."""
+
+    def _lose(self, exc: Exception | None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        self._stop()
+        self._loop.call_soon(self._lost, exc)
+
+    def _lost(self, exc: Exception | None) -> None:
+        try:
+            self._protocol.connection_lost(exc)
+        finally:
+            os.close(self._fd)
+
+
+class _FileReader(_FdTransport, asyncio.ReadTransport):
     """Reads a file the loop cannot watch: one chunk per loop turn while reading is not paused.
 
     Its end is told as a pipe's is (``eof_received``), but the transport stays open while the
     protocol returns true from it, so a front may still finish what the file asked for.
     """
 
+    _protocol: asyncio.Protocol | asyncio.BufferedProtocol
+
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, protocol: asyncio.Protocol | asyncio.BufferedProtocol) -> None:
-        super().__init__()
-        self._loop = loop
-        self._fd = fd
-        self._protocol = protocol
         self._paused = False
-        self._closing = False
         self._at_end = False
         self._handle: asyncio.Handle | None = None
-        loop.call_soon(protocol.connection_made, self)
+        super().__init__(loop, fd, protocol)
         loop.call_soon(self._schedule)
 
     def _schedule(self) -> None:
@@ -144,40 +176,16 @@ class _FileReader(asyncio.ReadTransport):
     def is_reading(self) -> bool:
         return not (self._paused or self._closing or self._at_end)
 
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        self._lose(None)
-
-    def _lose(self, exc: Exception | None) -> None:
-        if self._closing:
-            return
-        self._closing = True
+    def _stop(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        self._loop.call_soon(self._lost, exc)
-
-    def _lost(self, exc: Exception | None) -> None:
-        try:
-            self._protocol.connection_lost(exc)
-        finally:
-            os.close(self._fd)
 
 
-class _FileWriter(asyncio.WriteTransport):
+class _FileWriter(_FdTransport, asyncio.WriteTransport):
     """Writes to a file the loop cannot watch, whole and at once: such a write never waits for a
     reader, so nothing is buffered and ``pause_writing`` is never called. A failed write (a full
     disk) ends the transport as a broken pipe would: ``connection_lost(error)``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, protocol: asyncio.BaseProtocol) -> None:
-        super().__init__()
-        self._loop = loop
-        self._fd = fd
-        self._protocol = protocol
-        self._closing = False
-        loop.call_soon(protocol.connection_made, self)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing:
@@ -201,23 +209,5 @@ class _FileWriter(asyncio.WriteTransport):
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         pass  # nothing is ever buffered
 
-    def is_closing(self) -> bool:
-        return self._closing
-
-    def close(self) -> None:
-        self._lose(None)
-
     def abort(self) -> None:
         self._lose(None)
-
-    def _lose(self, exc: Exception | None) -> None:
-        if self._closing:
-            return
-        self._closing = True
-        self._loop.call_soon(self._lost, exc)
-
-    def _lost(self, exc: Exception | None) -> None:
-        try:
-            self._protocol.connection_lost(exc)
-        finally:
-            os.close(self._fd)
