@@ -483,7 +483,8 @@ class ShellProcess:
         sandbox: Sandbox | None,
         limits: containment.CommandLimits | None,
     ) -> ShellProcess:
-        if shutil.which(shell, path=environ.get("PATH")) is None:
+        found = shutil.which(shell, path=environ.get("PATH"))
+        if found is None:
             raise _spawn_error(FileNotFoundError(errno.ENOENT, "not found", shell), shell, cwd)
         try:
             master, slave = os.openpty()  # both non-inheritable
@@ -500,7 +501,6 @@ class ShellProcess:
             if sandbox is not None and sandbox.active:
                 # The same confinement as a piped command; the sandbox program makes the terminal
                 # the command's controlling one (the host's /dev/pts is not in its view).
-                found = shutil.which(shell, path=environ.get("PATH")) or shell
                 usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
                 argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w)
             else:
