@@ -2,8 +2,8 @@
 
 * No line of a Markdown file of the repository is over ``MAX_LINE`` characters (prose is wrapped,
   tables are cut into rows a diff can show, code blocks too).
-* Every internal link (``[text](#anchor)``, ``[text](OTHER.md#anchor)``) names a heading that
-  exists, by GitHub's anchor rules, and every linked ``.md`` file exists.
+* Every internal link (``[text](#anchor)``, or one to a heading of another Markdown file of the
+  repository) names a heading that exists, by GitHub's anchor rules, and the linked file exists.
 * PROTOCOL.md's table of contents (its ``## Contents`` section) links every ``##`` heading.
 * No comment or docstring under smith_fast/, csrc/, tests/ or bench/, and no Markdown text, cites
   a tracker number ("issue" and a number): a reader has no access to our tracker, so the text says
