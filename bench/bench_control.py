@@ -1,4 +1,4 @@
-"""What steering a running command costs (issue 16): a Cancel, and a stdin round trip.
+"""What steering a running command costs (PROTOCOL.md, "Process control"): a Cancel, and a stdin round trip.
 
 Run: ``.venv/bin/pytest bench/bench_control.py --benchmark-only -p no:cacheprovider``
 

@@ -1,6 +1,6 @@
-"""A peer that stops reading cannot make the service buffer without bound (issue 14).
+"""A peer that stops reading cannot make the service buffer without bound.
 
-The attack of the issue against a real ``smith-fast serve``: a client with a tiny receive buffer
+The attack (one finding of the hostile-input review, RELIABILITY.md) against a real ``smith-fast serve``: a client with a tiny receive buffer
 (``SO_RCVBUF=4096``) handshakes, pipelines hundreds of ``fs.read`` of a 1 MB file and never reads.
 Before, every read ran and its result waited in the transport's buffer (RSS 184 → 1124 MB for
 1000 reads); now a session holds at most ``--max-session-buffer`` of output

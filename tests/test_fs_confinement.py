@@ -1,4 +1,4 @@
-"""The file tools' workspace is enforced by the kernel (issue 15 item 5): a racer swapping a path
+"""The file tools' workspace is enforced by the kernel: a racer swapping a path
 component for a symlink to outside never gets a tool out, ``/proc`` cannot be probed, appending to a
 hard link of an outside file is refused, symlinks that stay inside keep working. Every case runs
 with ``openat2`` and with the ``O_NOFOLLOW`` component walk that replaces it where the kernel lacks

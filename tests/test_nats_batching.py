@@ -1,4 +1,4 @@
-"""Batching over NATS (issue 19, throughput): a session's commands of one loop iteration travel
+"""Batching over NATS (PROTOCOL.md, "Messages", "Batches"; for throughput): a session's commands of one loop iteration travel
 as one command message, a worker's event messages of one iteration for one session as one NATS
 message, and the guarantees stay those of single messages: every request answered exactly once,
 its events in order, and a batch redelivered after its worker died ends each request once.
