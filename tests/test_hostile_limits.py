@@ -1,6 +1,6 @@
-"""The resource findings of the hostile-input review (RELIABILITY.md), each against a real ``smith-fast serve`` with the hostile bytes: the
-service refuses what it must with an error naming the limit, stays within a stated memory bound and
-goes on answering an honest session."""
+"""The resource findings of the hostile-input review (RELIABILITY.md), each against a real
+``smith-fast serve`` with the hostile bytes: the service refuses what it must with an error naming
+the limit, stays within a stated memory bound and goes on answering an honest session."""
 
 from __future__ import annotations
 
