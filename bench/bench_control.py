@@ -93,7 +93,7 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
 def _lines() -> Iterator[str]:
     if not RESULTS:
         return
-    yield "process control (issue 16): medians"
+    yield "process control: medians"
     for name, value in sorted(RESULTS.items()):
         yield f"  {name:<22} {value * 1e6:9.0f} µs"
     if "stdin-pipe" in RESULTS and "stdin-floor" in RESULTS:

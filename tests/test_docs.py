@@ -5,8 +5,8 @@
 * Every internal link (``[text](#anchor)``, or one to a heading of another Markdown file of the
   repository) names a heading that exists, by GitHub's anchor rules, and the linked file exists.
 * PROTOCOL.md's table of contents (its ``## Contents`` section) links every ``##`` heading.
-* No comment or docstring under smith_fast/, csrc/, tests/ or bench/, and no Markdown text, cites
-  a tracker number ("issue" and a number): a reader has no access to our tracker, so the text says
+* No comment or docstring under smith_fast/, csrc/, tests/, bench/, harness/ or fuzz/, and no
+  Markdown text, cites a tracker number ("issue" and a number): a reader has no access to our tracker, so the text says
   what it means instead.
 
 Each failure names the file and line, so the fix is a look away.
@@ -32,7 +32,7 @@ SKIPPED_DIRS = {"build", "dist", "node_modules", "__pycache__"}
 GENERATED = {"bench/results/report.md"}
 # A tracker number: "issue" or "issues", then a number (after a "#" or not), in any case.
 TRACKER = re.compile(r"\bissues? #?\d+", re.IGNORECASE)
-CODE_DIRS = ("smith_fast", "csrc", "tests", "bench")
+CODE_DIRS = ("smith_fast", "csrc", "tests", "bench", "harness", "fuzz")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
