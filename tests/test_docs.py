@@ -6,8 +6,8 @@
   repository) names a heading that exists, by GitHub's anchor rules, and the linked file exists.
 * PROTOCOL.md's table of contents (its ``## Contents`` section) links every ``##`` heading.
 * No comment or docstring under smith_fast/, csrc/, tests/, bench/, harness/ or fuzz/, and no
-  Markdown text, cites a tracker number ("issue" and a number): a reader has no access to our tracker, so the text says
-  what it means instead.
+  Markdown text, cites a tracker number ("issue" and a number): a reader has no access to our
+  tracker, so the text says what it means instead.
 
 Each failure names the file and line, so the fix is a look away.
 """
