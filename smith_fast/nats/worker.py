@@ -39,7 +39,8 @@ from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
-from .. import __version__, tracing
+from .. import tracing
+from .._version import __version__
 from ..errors import ProtocolError
 from ..hooks import Hook, HookLoadError, load_hook
 from ..logs import get_logger
