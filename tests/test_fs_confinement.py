@@ -168,7 +168,7 @@ def test_racing_symlink_swaps_never_escape_in_process(tmp_path: pathlib.Path, mo
 
 
 def test_racing_symlink_swaps_never_lead_fs_search_outside(tmp_path: pathlib.Path) -> None:
-    # rg walks by path: what keeps it inside is the Landlock domain of the thread that starts it.
+    # rg walks by path: what keeps it inside is the Landlock domain sandbox-exec --only-read gives it.
     root, outside = layout(tmp_path)
     (root / "out").unlink()
     (root / "proc-root").unlink()
