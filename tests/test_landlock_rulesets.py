@@ -138,3 +138,12 @@ def test_a_process_under_the_reads_form_reads_only_beneath(root: pathlib.Path) -
     done = subprocess.run([HELPER, "--only-read", str(root), "--", "/bin/sh", "-c", f"echo x > {root}/new"],
                           capture_output=True)
     assert done.returncode != 0 and not (root / "new").exists()
+
+
+def test_a_search_that_cannot_be_confined_fails(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    # The program refuses before rg runs (here: a --ruleset-out it cannot open): the call fails
+    # saying so, rather than report no match.
+    broken = Sandbox(mode="off", root=str(root), wrapper=(HELPER, "--ruleset-out", str(tmp_path / "missing" / "x")))
+    registry = default_registry(entry_points=False)
+    result = asyncio.run(registry.call("fs.search", b'{"pattern": "needle"}', ToolContext(root, sandbox=broken)))
+    assert not result.success and "smith-fast sandbox: cannot open --ruleset-out" in result.error, result.error
