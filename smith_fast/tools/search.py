@@ -33,6 +33,7 @@ import concurrent.futures
 import contextlib
 import errno
 import fnmatch
+import functools
 import logging
 import os
 import re
@@ -179,16 +180,12 @@ def _confined(argv: list[str], root: str, sandbox: Sandbox) -> list[str]:
 
 
 _POOL_WORKERS = 4
-_pool_made: list[concurrent.futures.ThreadPoolExecutor] = []
-_pool_lock = threading.Lock()
 
 
+@functools.cache  # one pool, made on the first search (called from the event loop only)
 def _pool() -> concurrent.futures.ThreadPoolExecutor:
     """The threads that start and read rg (its output is read with blocking calls)."""
-    with _pool_lock:
-        if not _pool_made:
-            _pool_made.append(concurrent.futures.ThreadPoolExecutor(_POOL_WORKERS, thread_name_prefix="fs.search"))
-        return _pool_made[0]
+    return concurrent.futures.ThreadPoolExecutor(_POOL_WORKERS, thread_name_prefix="fs.search")
 
 
 class _Run:
