@@ -147,3 +147,34 @@ def test_a_search_that_cannot_be_confined_fails(root: pathlib.Path, tmp_path: pa
     registry = default_registry(entry_points=False)
     result = asyncio.run(registry.call("fs.search", b'{"pattern": "needle"}', ToolContext(root, sandbox=broken)))
     assert not result.success and "smith-fast sandbox: cannot open --ruleset-out" in result.error, result.error
+
+
+RUST_HOOK = "fn before_tool_call(_p: &Json) -> Action {\n    Action::Allow\n}\nhooks! { before_tool_call }\n"
+
+
+def test_a_rust_hook_and_its_build_apply_the_command_ruleset(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    # rustc and the hook's process are started through Sandbox.wrap like a command, each writing
+    # only its own directory: the same ruleset as a command's but for which directory that is.
+    from smith_fast.hooks import HookLimits, load_hook
+
+    out = tmp_path / "rulesets.jsonl"
+    sandbox = Sandbox(mode="workspace-write", root=str(root), wrapper=(HELPER, "--ruleset-out", str(out)))
+    asyncio.run(_shell_exec("true", root, sandbox))
+
+    async def hook() -> None:
+        loaded = await load_hook("rust", RUST_HOOK, limits=HookLimits(sandbox=sandbox), cache_dir=tmp_path / "cache")
+        try:
+            await loaded.call("before_tool_call", {"tool": "fs.read", "args": {}, "request_id": "r1"})
+        finally:
+            await loaded.close()
+
+    asyncio.run(hook())
+    command, *others = recorded(out)
+    assert len(others) >= 2  # rustc (perhaps more than once) and the hook's process
+    shared = {path: access for path, access in rules(command).items() if path != str(root)}
+    for ruleset in others:
+        theirs = rules(ruleset)
+        own = [path for path in theirs if path not in shared]
+        assert len(own) == 1 and theirs[own[0]] == rules(command)[str(root)], theirs  # one writable directory
+        assert {path: theirs[path] for path in shared} == shared
+        assert {k: v for k, v in ruleset.items() if k != "rules"} == {k: v for k, v in command.items() if k != "rules"}
