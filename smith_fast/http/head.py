@@ -60,13 +60,24 @@ class Head:
 
 
 class _Fields:
-    """llhttp's callbacks: the target and the header fields, in order."""
+    """llhttp's callbacks: the target and the header fields, in order; the method, version and
+    keep-alive as they stand when the head is complete (llhttp resets its flags once a request
+    without a body is complete, which would read ``Connection: close`` as keep-alive)."""
 
-    __slots__ = ("target", "fields")
+    __slots__ = ("target", "fields", "parser", "method", "version", "keep_alive")
 
     def __init__(self) -> None:
         self.target = b""
         self.fields: list[tuple[bytes, bytes]] = []
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self.method = b""
+        self.version = ""
+        self.keep_alive = False
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None
+        self.method, self.version, self.keep_alive = parser.get_method(), parser.get_http_version(), parser.should_keep_alive()
 
     def on_url(self, url: bytes) -> None:
         self.target += url
@@ -88,13 +99,16 @@ def parse_head(head: bytes, max_body: int) -> Head:
     """
     _request_line(head[: head.find(b"\r\n")] if b"\r\n" in head else head)
     fields = _Fields()
-    parser = httptools.HttpRequestParser(fields)
+    parser = fields.parser
+    assert parser is not None
     try:
         parser.feed_data(head + _END)
     except httptools.HttpParserUpgrade:
         raise HeadError(400, "Upgrade and CONNECT are not spoken here") from None
     except httptools.HttpParserError as exc:
         raise HeadError(400, f"malformed request head: {exc}") from None
+    finally:
+        fields.parser = None  # no cycle between the parser and its callbacks: freed at once
     headers: dict[str, str] = {}
     for raw, value in fields.fields:
         name = raw.lower()
@@ -106,7 +120,7 @@ def parse_head(head: bytes, max_body: int) -> Head:
             headers[key] = f"{headers[key]}, {text}"
         else:
             headers[key] = text
-    version = parser.get_http_version()
+    version = fields.version
     if "transfer-encoding" in headers:
         if version != "1.1" or headers["transfer-encoding"].lower() != "chunked":
             raise HeadError(400, f"Transfer-Encoding {headers['transfer-encoding']!r} is not valid here")
@@ -117,7 +131,7 @@ def parse_head(head: bytes, max_body: int) -> Head:
     length = int(given) if given is not None else 0  # digits only: llhttp refused anything else
     if length > max_body:
         raise HeadError(413, f"the body is larger than {max_body} bytes (--max-frame-size)")
-    return Head(parser.get_method().decode("ascii"), fields.target.decode("ascii"), headers, length, parser.should_keep_alive())
+    return Head(fields.method.decode("ascii"), fields.target.decode("ascii"), headers, length, fields.keep_alive)
 
 
 def _request_line(line: bytes) -> None:
