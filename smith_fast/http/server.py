@@ -234,6 +234,8 @@ class HttpConnection(asyncio.Protocol):
         self._closed = False
         self._write_paused = False
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # when the connection expires (loop time), None: never
+        self._loop = asyncio.get_running_loop()  # made by the loop's server, in the loop
         self._paused: Producer | None = None  # the producer this connection paused (its output unread)
         self._serving: Producer | None = None  # whose response this connection carries now
         self._on_lost: Callable[[], None] | None = None
@@ -283,7 +285,7 @@ class HttpConnection(asyncio.Protocol):
             transport.close()  # once what it holds is taken
             self._closed = True
             if self._write_paused and self._limits.idle_timeout > 0:  # a client that never reads it
-                asyncio.get_running_loop().call_later(self._limits.idle_timeout, transport.abort)
+                self._loop.call_later(self._limits.idle_timeout, transport.abort)
             return
         if self._write_paused:
             if self._transport is not None:
@@ -318,8 +320,7 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        if self.authenticated and not self._buffer and not self._busy and self._head is None and not self._write_paused:
-            self._arm(self._limits.first_timeout)  # a request has begun: it has this long to arrive
+        begun = self.authenticated and not self._buffer and not self._busy and self._head is None and not self._write_paused
         self._buffer += data
         self._io.bytes_in += len(data)
         if self._busy or self._write_paused:
@@ -327,11 +328,15 @@ class HttpConnection(asyncio.Protocol):
                 self._transport.pause_reading()  # the next request waits; so does its sender
             return
         self._parse()
+        if begun and not self._busy and not self._closed and (self._buffer or self._head is not None):
+            self._arm(self._limits.first_timeout)  # a request began and did not arrive whole: it has this long
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._deadline = None
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         self._release()
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
@@ -412,9 +417,7 @@ class HttpConnection(asyncio.Protocol):
             self._keep_alive = head.keep_alive
             self._busy = True
             self._io.frames_in += 1
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._deadline = None  # no deadline while it is served
             try:
                 admitted.handle(self, Request(head, body))
             except HttpRefused as refused:
@@ -432,14 +435,32 @@ class HttpConnection(asyncio.Protocol):
         self.respond(refused.status, orjson.dumps({"error": str(refused)}), "application/json", list(refused.headers))
 
     def _arm(self, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if seconds > 0:
-            self._timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+        """Expire in ``seconds`` (0: never). A timer that fires before the deadline sets it for
+        the rest, so a kept-alive connection moving its deadline on at every response (the
+        usual case) reschedules nothing."""
+        if seconds <= 0:
+            self._deadline = None
+            return
+        loop = self._loop
+        deadline = self._deadline = loop.time() + seconds
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None or self._closed:
+            return
+        if deadline > self._loop.time():
+            self._timer = self._loop.call_at(deadline, self._fire)
+            return
+        self._deadline = None
+        self._expire()
 
     def _expire(self) -> None:
-        self._timer = None
         if self._busy or self._closed:
             return
         if not self.authenticated:
@@ -456,10 +477,10 @@ class HttpConnection(asyncio.Protocol):
         """Go on with the next request, if one began arriving; else wait for one."""
         if not self.authenticated:
             if self._buffer:
-                asyncio.get_running_loop().call_soon(self._parse)
+                self._loop.call_soon(self._parse)
             return  # the first deadline runs on
         if self._buffer or self._head is not None:
             self._arm(self._limits.first_timeout)
-            asyncio.get_running_loop().call_soon(self._parse)
+            self._loop.call_soon(self._parse)
         else:
             self._arm(self._limits.idle_timeout)
