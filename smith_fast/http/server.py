@@ -400,8 +400,7 @@ class HttpConnection(asyncio.Protocol):
                     route.admit(self, head)
                 except HttpRefused as refused:
                     # its body is not read: with one to skip, the connection cannot go on
-                    refused.close = refused.close or head.length > 0 or not head.keep_alive
-                    self._refuse(refused)
+                    self._refuse(refused, close=head.length > 0 or not head.keep_alive)
                     return
                 if not self.authenticated:
                     self.authenticated = True
@@ -427,8 +426,9 @@ class HttpConnection(asyncio.Protocol):
                 if self._busy and self._serving is None:
                     self._refuse(HttpRefused(500, f"internal error: {type(exc).__name__}"))
 
-    def _refuse(self, refused: HttpRefused) -> None:
-        if refused.close:
+    def _refuse(self, refused: HttpRefused, *, close: bool = False) -> None:
+        """Answer ``refused``; ``close`` (or the refusal's own) ends the connection after it."""
+        if close or refused.close:
             self._keep_alive = False
         log.info("HTTP request refused", extra={"fields": {"peer": self.peer, "status": refused.status, "error": str(refused)}})
         self._busy = True
