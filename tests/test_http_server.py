@@ -240,3 +240,33 @@ def test_mcp_sink_takes_binary_output_as_text() -> None:
     (call,) = host.done
     assert call.out == ["out \ufffd"] and call.err == ["err"]
     assert [json.loads(m)["params"]["message"] for m in channel.sent] == ["out \ufffd", "err"]
+
+
+# ---- one listener for /mcp and /metrics ----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_mcp_and_metrics_share_one_address(tmp_path: pathlib.Path) -> None:
+    """--mcp-http and --metrics on one address: one listener routes both paths; the MCP route
+    keeps its Host rule, /metrics counts the MCP session."""
+    port = _free_port()
+    srv = ServerProcess(tmp_path, "--mcp-http", f"127.0.0.1:{port}", "--metrics", f"127.0.0.1:{port}", tcp=False).start()
+    try:
+        assert srv.metrics_url == f"http://127.0.0.1:{port}/metrics"
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            pending = bytearray()
+            sock.sendall(request(INIT))
+            assert read_response(sock, pending).status == 200
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # on the same kept-alive connection
+            scrape = read_response(sock, pending)
+            assert scrape.status == 200 and b'smith_fast_sessions_total{protocol="mcp"} 1.0' in scrape.body
+            sock.sendall(request(INIT, host="rebind.attacker.example"))
+            assert read_response(sock, pending).status == 421
+        assert_clean_log(srv)
+    finally:
+        srv.stop()

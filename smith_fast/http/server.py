@@ -172,6 +172,10 @@ class HttpServer:
         sock = server.sockets[0].getsockname()
         return str(sock[0]), int(sock[1])
 
+    def add_route(self, path: str, route: Route) -> None:
+        """Serve ``path`` with ``route`` too (``/metrics`` on an MCP listener's address)."""
+        self.routes[path] = route
+
     def close(self) -> None:
         """Stop listening and close every connection."""
         for server in self._servers:

@@ -177,6 +177,7 @@ class McpHttpServer:
         self.allow_origins = frozenset(origins)
         self.sessions: dict[str, _Session] = {}
         self._peers: dict[HttpConnection, _Peer] = {}
+        self.listening: list[tuple[str, int]] = []  # (host as asked, port bound)
         self._sweeper: asyncio.Task[None] | None = None
         limits = core.limits
         self.server = HttpServer(
@@ -189,6 +190,7 @@ class McpHttpServer:
     async def listen(self, host: str, port: int, *, backlog: int = 128) -> str:
         """Listen on ``host:port``; the URL of the endpoint."""
         bound, port = await self.server.listen(host, port, backlog=backlog)
+        self.listening.append((host, port))
         if self._sweeper is None and self.core.limits.idle_timeout > 0:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep(self.core.limits.idle_timeout))
         shown = f"[{bound}]" if ":" in bound else bound

@@ -156,6 +156,14 @@ class MetricsServer:
         self.addresses.append(address)
         return address
 
+    def share(self, server: HttpServer, host: str, port: int) -> str:
+        """Serve ``/metrics`` on another front's HTTP server too (``--metrics`` and ``--mcp-http``
+        on one address: one listener, its limits and its connection count); the URL."""
+        server.add_route(PATH, self)
+        address = f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
+        self.addresses.append(address)
+        return address
+
     def close(self) -> None:
         self.server.close()
 

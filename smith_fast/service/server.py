@@ -117,13 +117,20 @@ async def _open_grpc(core: ServiceCore, listen: ListenConfig, gate: ConnectionGa
     return front
 
 
-async def _open_metrics(core: ServiceCore, listen: ListenConfig) -> MetricsServer:
+async def _open_metrics(core: ServiceCore, listen: ListenConfig, mcp: list[McpHttpServer]) -> MetricsServer:
+    """``/metrics`` on each ``--metrics`` address: on the MCP front's HTTP server when
+    ``--mcp-http`` names the same address (one listener for both), else on a listener of its own."""
     from .prometheus import MetricsServer
 
     hosts = [_checked(addr, "metrics", listen.allow_remote) for addr in listen.metrics]
     server = MetricsServer(core)
+    shared = {address: front.server for front in mcp for address in front.listening}
     for host, port in hosts:
-        address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
+        http = shared.get((host, port)) if port else None
+        if http is not None:
+            address = server.share(http, host, port)
+        else:
+            address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
         log.info("listening", extra={"fields": {"address": address}})
     return server
 
@@ -290,10 +297,10 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
         for endpoint in core.endpoints:
             if endpoint.address.startswith("grpc:"):
                 _warn_without_token(config, endpoint.address)
-    if listen.metrics:
-        metrics_server = await _open_metrics(core, listen)
     for addr in listen.mcp_http:
         mcp_servers.append(await _open_mcp_http(core, addr, listen.allow_remote, gate))
+    if listen.metrics:
+        metrics_server = await _open_metrics(core, listen, mcp_servers)
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)
