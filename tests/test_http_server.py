@@ -12,6 +12,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.server import ServerProcess, assert_clean_log
 from smith_fast.errors import HeadError, HttpRefused, SmithFastError
@@ -68,6 +70,27 @@ def test_a_good_head() -> None:
     assert not parse_head(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close", 0).keep_alive
     assert not parse_head(b"GET / HTTP/1.0", 0).keep_alive
     assert parse_head(b"GET / HTTP/1.0\r\nConnection: keep-alive", 0).keep_alive
+
+
+_GOOD = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 2"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200) | st.lists(st.tuples(st.integers(0, len(_GOOD)), st.binary(max_size=3)), max_size=6))
+def test_any_bytes_give_a_head_or_a_head_error(data: bytes | list[tuple[int, bytes]]) -> None:
+    """Random bytes, and a good head with bytes inserted at random: a Head or a HeadError, never
+    another exception (llhttp's own errors included)."""
+    if isinstance(data, list):
+        head = bytearray(_GOOD)
+        for at, insert in data:
+            head[at:at] = insert
+        data = bytes(head)
+    try:
+        parsed = parse_head(data, 1 << 20)
+    except HeadError as exc:
+        assert exc.status in (400, 413, 501, 505)
+    else:
+        assert parsed.method and parsed.target.startswith("/")
 
 
 def test_http_errors_are_in_the_hierarchy() -> None:
