@@ -117,7 +117,7 @@ class SmithProcess:
                 self.tcp = address
             if record.get("event") == "listening" and address.startswith("grpc:"):
                 self.grpc = self.grpc or address
-            if record.get("event") == "listening" and address.startswith("http:"):
+            if record.get("event") == "listening" and address.startswith("http:") and address.endswith("/metrics"):
                 self.metrics_url = self.metrics_url or address
             if record.get("event") == "ready":
                 self.ready = True

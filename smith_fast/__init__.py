@@ -28,7 +28,10 @@ from .errors import (
     EncodeError,
     FrameTooLarge,
     FramingError,
+    HeadError,
     HookFailure,
+    HttpError,
+    HttpRefused,
     HookLoadError,
     LandlockError,
     ListenError,
@@ -76,6 +79,9 @@ __all__ = [
     "LandlockError",
     "ListenError",
     "StartupError",
+    "HttpRefused",
+    "HeadError",
+    "HttpError",
 ]
 
 _FROM_CLIENT = frozenset({"Client", "GrpcClient", "SmithError", "ConnectionClosed", "ConnectError", "NotASmithService", "AddressError"})

@@ -302,3 +302,44 @@ class UnsafeRoot(SandboxUnavailable):
 class LandlockError(SandboxError, OSError):
     """A process could not be confined by Landlock as asked (the sandbox program said why); it
     did not run. ``errno`` and ``strerror`` as for any :class:`OSError`."""
+# ---- HTTP ---------------------------------------------------------------------------------------
+# The shared HTTP/1.1 server (smith_fast/http: the MCP front, /metrics) and the planner's client.
+
+__all__ += ["HttpRefused", "HeadError", "HttpError"]
+
+
+class HttpRefused(SmithFastError):
+    """A request the HTTP server answers with an error status instead of serving it.
+
+    Attributes:
+        status: the HTTP status of the answer.
+        close: the connection cannot go on after it (a body left unread, a broken head).
+        headers: extra response headers (``WWW-Authenticate``, ``Allow`` ...).
+    """
+
+    def __init__(self, status: int, message: str, *, close: bool = False, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.close = close
+        self.headers = headers
+
+
+class HeadError(HttpRefused):
+    """A request head refused as malformed or ambiguous (or too large): answered, then the
+    connection is closed, since where the next request would start is unknown."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message, close=True)
+
+
+class HttpError(SmithFastError):
+    """An HTTP exchange of the client failed below HTTP semantics: bad URL, no connection, a
+    malformed, truncated or oversize response.
+
+    Attributes:
+        connect: ``True`` when no connection could be made (nothing was sent).
+    """
+
+    def __init__(self, message: str, *, connect: bool = False) -> None:
+        super().__init__(message)
+        self.connect = connect

@@ -45,6 +45,7 @@ PACKAGES: dict[str, tuple[str, str | None]] = {
     "opentelemetry.exporter.otlp": ("opentelemetry-exporter-otlp", "tracing"),
     "opentelemetry": ("opentelemetry-api", None),
     "orjson": ("orjson", None),
+    "httptools": ("httptools", None),
     "google.protobuf": ("protobuf", None),
     "grpc_health": ("grpcio-health-checking", None),
     "grpc": ("grpcio", None),

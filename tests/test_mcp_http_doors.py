@@ -1,5 +1,6 @@
-"""The doors of ``serve --mcp-http`` (PROTOCOL.md, "MCP"): each reported reproduction,
-against a real server process over real sockets.
+"""The doors of ``serve --mcp-http``: each attack a review of the MCP HTTP front reproduced (DNS
+rebinding, bodies before the token, non-readers, silent connections, session floods, ambiguous
+heads), against a real server process over real sockets.
 
 Each test sends what the attacker sent, checks that the service refused what it must (and ran
 nothing), that it stays up, that a legitimate client is still served, and, where the attack was
@@ -167,7 +168,7 @@ def test_dns_rebinding_is_refused_and_runs_nothing(tmp_path: pathlib.Path) -> No
             answer = exchange(addr, request(INIT, host=rebound, extra=extra))
             assert status_of(answer) in (403, 421), answer[:300]
             assert b"mcp-session-id" not in answer.lower()
-        # what the reproduction ran after the 200: the shell tool, with a session id it could not get
+        # what the attack ran after the 200: the shell tool, with a session id it could not get
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shell", "arguments": {"command": f"touch {marker}"}}}
         for extra in (origin, ""):
             assert status_of(exchange(addr, request(call, host=rebound, session="guess", extra=extra))) in (403, 421)

@@ -144,6 +144,15 @@ class McpSink(EventSink):
                 False,
             )
 
+    def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
+        # An MCP result carries text: raw output (an attach or ShellExec asking for bytes) is kept
+        # as text, invalid UTF-8 replaced, as v0 peers get it.
+        text = str(data, "utf-8", "replace")
+        if fd == 1:
+            self.shell_output(request_id, stdout=text)
+        else:
+            self.shell_output(request_id, stderr=text)
+
     def tool_result(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         if self._recording is not None:
             self._record(tool_result=pb.ToolResultEvent(request_id=request_id, success=success, result=result, error=error, duration_ms=duration_ms))

@@ -3,7 +3,8 @@
 Why not a client library: the planner makes one request per plan, with no connection reuse,
 redirects, cookies or proxies to manage, and the service already runs on asyncio streams (uvloop
 or stdlib). ``httpx`` would add six packages (httpcore, h11, anyio, sniffio, idna, certifi) to a
-service that otherwise needs none of them; this module is about 150 lines and is tested against
+service that otherwise needs none of them. The response is read by llhttp (``httptools``), the
+parser of the service's own HTTP server (:mod:`smith_fast.http`); this module is tested against
 the stdlib ``http.server`` over a real socket.
 
 What it does: ``http`` and ``https`` (system trust store, SNI, hostname checked), IPv6 literals,
@@ -16,35 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httptools
+
 from .._version import __version__
-from ..errors import SmithFastError
+from ..errors import HttpError
 
 __all__ = ["MAX_RESPONSE", "HttpError", "HttpResponse", "post"]
 
 MAX_RESPONSE = 8 << 20
 """Default cap on a response body, in bytes."""
 USER_AGENT = f"smith-fast/{__version__}"
-_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})(?: ([^\r\n]*))?\r?\n")
 _MAX_HEADERS = 100
-_LINE_LIMIT = 64 * 1024
-
-
-class HttpError(SmithFastError):
-    """The exchange failed below HTTP semantics: bad URL, no connection, a malformed response.
-
-    Attributes:
-        connect: ``True`` when no connection could be made (nothing was sent).
-    """
-
-    def __init__(self, message: str, *, connect: bool = False) -> None:
-        super().__init__(message)
-        self.connect = connect
+_MAX_HEAD = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +113,7 @@ async def post(
         context = ssl_context or ssl.create_default_context()
     async with asyncio.timeout(timeout):
         try:
-            reader, writer = await asyncio.open_connection(host, port, ssl=context, limit=_LINE_LIMIT)
+            reader, writer = await asyncio.open_connection(host, port, ssl=context)
         except (OSError, ssl.SSLError) as exc:
             raise HttpError(f"cannot connect to {authority}: {exc.strerror or exc}", connect=True) from None
         try:
@@ -135,86 +124,97 @@ async def post(
             raise HttpError(f"connection to {authority} failed: {exc}") from None
         except asyncio.IncompleteReadError:
             raise HttpError(f"{authority} closed the connection before the response was complete") from None
-        except (asyncio.LimitOverrunError, ValueError):
-            raise HttpError(f"{authority} sent a header line longer than {_LINE_LIMIT} bytes") from None
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
 
+class _Response:
+    """llhttp's callbacks for one exchange: interim (1xx) responses are skipped; the first final
+    one is kept, its body capped at ``max_response``."""
+
+    __slots__ = ("max_response", "reason", "headers", "body", "size", "final", "complete", "parser")
+
+    def __init__(self, max_response: int) -> None:
+        self.max_response = max_response
+        self.reason = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.final = False  # the headers of a final (not 1xx) response were read
+        self.complete = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_message_begin(self) -> None:
+        self.reason = b""
+        self.headers = {}
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= _MAX_HEADERS:
+            raise HttpError(f"more than {_MAX_HEADERS} header lines")
+        key = name.decode("latin-1").lower()
+        text = value.strip(b" \t").decode("latin-1")
+        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            return  # interim: the real response follows
+        self.final = True
+        length = self.headers.get("content-length")
+        if length is not None and int(length) > self.max_response:  # llhttp took digits only
+            raise HttpError(f"response body of {length} bytes is over the {self.max_response}-byte limit")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.max_response:
+            raise HttpError(f"response body is over the {self.max_response}-byte limit")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.final:
+            self.complete = True
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, HttpError):
+                raise exc.__context__ from None
+            raise HttpError(f"malformed response: {exc}") from None
+        except httptools.HttpParserUpgrade:
+            raise HttpError("the server switched protocols (101), which was not asked for") from None
+        except httptools.HttpParserError as exc:
+            raise HttpError(f"malformed response {'body' if self.final else 'head'}: {exc}") from None
+
+    @property
+    def until_close(self) -> bool:
+        """The body ends where the connection does (no length, not chunked)."""
+        return self.final and "content-length" not in self.headers and "chunked" not in self.headers.get("transfer-encoding", "").lower()
+
+
 async def _read_response(reader: asyncio.StreamReader, max_response: int) -> HttpResponse:
-    while True:
-        line = await reader.readline()
-        match = _STATUS.fullmatch(line)
-        if match is None:
-            shown = line[:80].decode("latin-1")
-            raise HttpError(f"the response does not start with an HTTP/1.x status line: {shown!r}")
-        status = int(match[1])
-        headers = await _read_headers(reader)
-        if not 100 <= status < 200:  # 1xx responses are interim; the real one follows
+    response = _Response(max_response)
+    data = await reader.read(65536)
+    if data and not data.startswith(b"HTTP/1."[: len(data)]):
+        shown = data.split(b"\n", 1)[0][:80].decode("latin-1").rstrip("\r")
+        raise HttpError(f"the response does not start with an HTTP/1.x status line: {shown!r}")
+    head = 0  # bytes read before the final response's headers were
+    while data:
+        response.feed(data)
+        if response.complete:
             break
-    reason = (match[2] or b"").decode("latin-1")
-    encoding = headers.get("transfer-encoding", "").lower()
-    if status in (204, 304):
-        body = b""
-    elif "chunked" in encoding:
-        body = await _read_chunked(reader, max_response)
-    elif "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError:
-            length = -1
-        if length < 0:
-            raise HttpError(f"invalid Content-Length {headers['content-length']!r}")
-        if length > max_response:
-            raise HttpError(f"response body of {length} bytes is over the {max_response}-byte limit")
-        body = await reader.readexactly(length)
-    else:
-        buffer = bytearray()
-        while chunk := await reader.read(65536):  # close-delimited: the body ends at EOF
-            buffer += chunk
-            if len(buffer) > max_response:
-                raise HttpError(f"response body is over the {max_response}-byte limit")
-        body = bytes(buffer)
-    return HttpResponse(status, reason, headers, body)
-
-
-async def _read_headers(reader: asyncio.StreamReader) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS + 1):
-        line = await reader.readline()
-        if not line.endswith(b"\n"):
-            raise asyncio.IncompleteReadError(line, None)
-        if line in (b"\r\n", b"\n"):
-            return headers
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep or not name or name != name.strip():
-            raise HttpError(f"malformed header line {line[:80].decode('latin-1')!r}")
-        key = name.lower()
-        value = value.strip()
-        headers[key] = f"{headers[key]}, {value}" if key in headers else value
-    raise HttpError(f"more than {_MAX_HEADERS} header lines")
-
-
-async def _read_chunked(reader: asyncio.StreamReader, max_response: int) -> bytes:
-    body = bytearray()
-    while True:
-        line = await reader.readline()
-        if not line.endswith(b"\n"):
-            raise asyncio.IncompleteReadError(line, None)
-        size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise HttpError(f"malformed chunk size line {line[:40].decode('latin-1')!r}") from None
-        if size < 0:
-            raise HttpError(f"malformed chunk size line {line[:40].decode('latin-1')!r}")
-        if size == 0:
-            await _read_headers(reader)  # trailers
-            return bytes(body)
-        if len(body) + size > max_response:
-            raise HttpError(f"response body is over the {max_response}-byte limit")
-        body += await reader.readexactly(size)
-        if (await reader.readexactly(2)) != b"\r\n":
-            raise HttpError("a chunk is not followed by CRLF")
+        if not response.final:
+            head += len(data)
+            if head > _MAX_HEAD:
+                raise HttpError(f"the response head is larger than {_MAX_HEAD} bytes")
+        data = await reader.read(65536)
+    if not response.complete:
+        if not response.until_close:  # else close-delimited: the body ended at EOF
+            raise asyncio.IncompleteReadError(b"", None)
+    status = response.parser.get_status_code()
+    return HttpResponse(status, response.reason.decode("latin-1"), response.headers, b"".join(response.body))

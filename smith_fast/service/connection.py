@@ -48,6 +48,7 @@ from ..jsonl import JsonlCodec, LineDecoder
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY
+from .connections import ConnectionGate
 from .core import ServiceCore
 from .deadlines import Deadlines
 from .redact import redacted_line
@@ -106,6 +107,8 @@ class Connection(asyncio.BufferedProtocol):
         on_closed: called once when the connection is gone.
         peer: a printable peer name for logs (default: the transport's peer address).
         trusted: the peer started the service (stdio): no token, no connection limit, no deadlines.
+        gate: the server's count of live connections (``--max-connections``), this one handed to
+            it on arrival; None: not counted.
         finish_on_eof: the end of the input means the peer sends nothing more, not that it left
             (stdin is a file): the running requests end, then the session closes.
     """
@@ -120,8 +123,10 @@ class Connection(asyncio.BufferedProtocol):
         peer: str | None = None,
         trusted: bool = False,
         finish_on_eof: bool = False,
+        gate: ConnectionGate | None = None,
     ) -> None:
         self.core = core
+        self._gate = None if trusted else gate
         self.trusted = trusted
         self._finish_on_eof = finish_on_eof
         self._finishing: asyncio.Task[None] | None = None
@@ -140,7 +145,6 @@ class Connection(asyncio.BufferedProtocol):
         self._on_closed = on_closed
         self._loop = asyncio.get_event_loop()
         self._io = core.metrics.io["v1"]  # replaced once the protocol is known
-        self._counted = False  # in core.connections
         self._refusing: asyncio.TimerHandle | None = None  # over the limit: answered when this fires
         self._deadlines: Deadlines | None = None
         self._shut = False  # closed, by us or the peer: nothing more is written
@@ -164,16 +168,14 @@ class Connection(asyncio.BufferedProtocol):
         if self.trusted:
             return
         core = self.core
-        if core.connections >= core.limits.max_connections:
-            log.warning("too many connections", extra={"fields": {"peer": self.peer, "max_connections": core.limits.max_connections}})
-            if core.refusing >= MAX_REFUSING:
-                self._refuse_over_limit()
-            else:
-                core.refusing += 1
+        gate = self._gate
+        if gate is not None and not gate.admit(self):
+            log.warning("too many connections", extra={"fields": {"peer": self.peer, "max_connections": gate.limit}})
+            if gate.wait(self):
                 self._refusing = self._loop.call_later(REFUSAL_WAIT, self._refuse_over_limit)
+            else:
+                self._refuse_over_limit()
             return
-        core.connections += 1
-        self._counted = True
         self._deadlines = Deadlines(core.limits, lambda: self.session, self._expire)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -211,13 +213,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._closed = True
         self._shut = True
-        if self._counted:
-            self._counted = False
-            self.core.connections -= 1
+        if self._gate is not None:
+            self._gate.release(self)
         if self._refusing is not None:
             self._refusing.cancel()
             self._refusing = None
-            self.core.refusing -= 1
         if self._deadlines is not None:
             self._deadlines.cancel()
         if self.session is not None:
@@ -545,8 +545,9 @@ class Connection(asyncio.BufferedProtocol):
         if self._refusing is not None:
             self._refusing.cancel()
             self._refusing = None
-            self.core.refusing -= 1
-        limit = self.core.limits.max_connections
+        if self._gate is not None:
+            self._gate.waited(self)
+        limit = self._gate.limit if self._gate is not None else self.core.limits.max_connections
         self._refuse(
             self._version(self._head),
             pb.ERROR_CODE_RESOURCE_EXHAUSTED,

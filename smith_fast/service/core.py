@@ -178,8 +178,6 @@ class ServiceCore:
         self.sessions: set[Session] = set()
         # dropped sessions kept for a resume; as many as connections may be open
         self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections)
-        self.connections = 0  # live network connections and gRPC Stream calls (--max-connections)
-        self.refusing = 0  # connections over the limit, waiting to be told so (connection.py)
         self.running_processes = 0
         self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False

@@ -48,6 +48,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .auth import TOKEN_KEY, metadata_token, token_matches
+from .connections import ConnectionGate
 from .core import ACCEPTABLE, ServiceCore, accept_additions, capability_name, endpoint_list
 from .resume import Front
 from .deadlines import Deadlines
@@ -328,11 +329,14 @@ class GrpcFront:
     Args:
         core: the service core every call is served by.
         tls: ``(certificate chain PEM, private key PEM)`` to serve TLS, or None for plaintext.
+        gate: the server's count of live connections (``--max-connections``): each ``Stream``
+            call is handed to it; None: a gate of this front's own.
     """
 
-    def __init__(self, core: ServiceCore, *, tls: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(self, core: ServiceCore, *, tls: tuple[bytes, bytes] | None = None, gate: ConnectionGate | None = None) -> None:
         self.core = core
         self.tls = tls
+        self.gate = gate if gate is not None else ConnectionGate(core.limits.max_connections)
         self.addresses: list[str] = []
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._handshake_reads = asyncio.Semaphore(max(1, core.limits.grpc_handshake_reads))
@@ -451,19 +455,19 @@ class GrpcFront:
         if token is not None and presented is not None and not token_matches(token, presented):
             await _first_message(requests)
             await self._unauthenticated(context, "the call metadata presents a wrong token")
-        if core.connections >= core.limits.max_connections:
+        gate = self.gate
+        if not gate.admit(context):  # the call is the connection the gate counts
             await _first_message(requests)
-            log.warning("too many connections", extra={"fields": {"peer": context.peer(), "max_connections": core.limits.max_connections}})
+            log.warning("too many connections", extra={"fields": {"peer": context.peer(), "max_connections": gate.limit}})
             core.metrics.error(pb.ERROR_CODE_RESOURCE_EXHAUSTED)
             await self._abort(
                 context,
-                ProtocolError(f"too many connections (max {core.limits.max_connections}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED),
+                ProtocolError(f"too many connections (max {gate.limit}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED),
             )
-        core.connections += 1
         try:
             stream = _Stream(core, context.peer())
         except BaseException:
-            core.connections -= 1
+            gate.release(context)
             raise
         if presented is not None:
             stream.session.authenticated = True
@@ -479,7 +483,7 @@ class GrpcFront:
                 context.set_trailing_metadata(((ERROR_CODE_METADATA, "ERROR_CODE_PERMISSION_DENIED"),))
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the handshake did not present the token")
         finally:
-            core.connections -= 1
+            gate.release(context)
             deadlines.cancel()
             reader.cancel()
             if not stream.closed:  # cancelled: the peer is gone

@@ -4,14 +4,12 @@ A custom collector reads the core's plain counters only when scraped (nothing on
 touches prometheus_client), next to prometheus_client's own process collector
 (``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds`` ...), so
 dashboards built for any Python exporter work unchanged. ``GET /metrics`` is answered on the
-service's own event loop (no exporter thread reading the core's state concurrently), in the text
-format or OpenMetrics as the scraper's ``Accept`` header asks.
+service's own event loop by the service's HTTP server (no exporter thread reading the core's
+state concurrently), in the text format or OpenMetrics as the scraper's ``Accept`` header asks.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
@@ -27,6 +25,9 @@ from prometheus_client.metrics_core import (
 
 from .. import framing
 from .._version import __version__
+from ..errors import HttpRefused
+from ..http.head import Head
+from ..http.server import HttpConnection, HttpLimits, HttpServer, Request
 from ..logs import get_logger
 from .metrics import Figure, Gauges, ServiceMetrics
 
@@ -34,10 +35,9 @@ __all__ = ["MetricsSource", "SmithCollector", "make_registry", "MetricsServer"]
 
 log = get_logger("smith_fast.metrics")
 
-_MAX_REQUEST = 16 * 1024
+PATH = "/metrics"
+_MAX_BODY = 1024  # a scrape has none; a small one is refused (405) without being read
 _READ_TIMEOUT = 10.0
-
-
 
 class MetricsSource(Gauges, Protocol):
     """What a scrape reads (:class:`~smith_fast.service.core.ServiceCore` is one)."""
@@ -134,8 +134,10 @@ def make_registry(core: MetricsSource) -> CollectorRegistry:
 
 
 class MetricsServer:
-    """A minimal HTTP/1.1 endpoint on the running loop: ``GET``/``HEAD /metrics``; one request per
-    connection.
+    """``GET``/``HEAD /metrics``: a route of the service's HTTP server (:mod:`smith_fast.http.server`).
+
+    Scrapers are not peers: their connections do not count towards ``--max-connections``, carry
+    no body and have :data:`_READ_TIMEOUT` to send a request.
 
     Args:
         core: the service core to expose.
@@ -143,56 +145,36 @@ class MetricsServer:
 
     def __init__(self, core: MetricsSource) -> None:
         self.registry = make_registry(core)
-        self.servers: list[asyncio.base_events.Server] = []
+        self.server = HttpServer({PATH: self}, HttpLimits(max_body=_MAX_BODY, first_timeout=_READ_TIMEOUT, idle_timeout=_READ_TIMEOUT),
+                                 name="metrics")
         self.addresses: list[str] = []
 
     async def listen(self, host: str, port: int, *, backlog: int = 100) -> str:
         """Listen on ``host:port`` (port 0 picks one) with an accept queue of ``backlog``; returns
         ``http://HOST:PORT/metrics``."""
-        server = await asyncio.start_server(self._handle, host, port, reuse_address=True, limit=_MAX_REQUEST, backlog=backlog)
-        self.servers.append(server)
-        h, p = server.sockets[0].getsockname()[:2]
-        address = f"http://[{h}]:{p}/metrics" if ":" in h else f"http://{h}:{p}/metrics"
+        h, p = await self.server.listen(host, port, backlog=backlog)
+        address = f"http://[{h}]:{p}{PATH}" if ":" in h else f"http://{h}:{p}{PATH}"
+        self.addresses.append(address)
+        return address
+
+    def share(self, server: HttpServer, host: str, port: int) -> str:
+        """Serve ``/metrics`` on another front's HTTP server too (``--metrics`` and ``--mcp-http``
+        on one address: one listener, its limits and its connection count); the URL."""
+        server.add_route(PATH, self)
+        address = f"http://[{host}]:{port}{PATH}" if ":" in host else f"http://{host}:{port}{PATH}"
         self.addresses.append(address)
         return address
 
     def close(self) -> None:
-        for server in self.servers:
-            server.close()
+        self.server.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
-            status, headers, body = self._respond(head)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
-            writer.close()
-            return
-        try:
-            head_only = head.startswith(b"HEAD ")
-            lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers), f"Content-Length: {len(body)}", "Connection: close", "", ""]
-            writer.write("\r\n".join(lines).encode("latin-1") + (b"" if head_only else body))
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    def admit(self, conn: HttpConnection, head: Head) -> None:
+        if head.method not in ("GET", "HEAD"):
+            raise HttpRefused(405, f"{head.method} is not allowed on {PATH}; GET it", headers=(("Allow", "GET, HEAD"),))
 
-    def _respond(self, head: bytes) -> tuple[str, list[tuple[str, str]], bytes]:
-        request_line, *header_lines = head.decode("latin-1").split("\r\n")
-        parts = request_line.split()
-        if len(parts) != 3:
-            return "400 Bad Request", [("Content-Type", "text/plain")], b"malformed request line\n"
-        method, target, _ = parts
-        if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Type", "text/plain")], b"GET /metrics\n"
-        if target.split("?", 1)[0] != "/metrics":
-            return "404 Not Found", [("Content-Type", "text/plain")], b"metrics are at /metrics\n"
-        accept = ""
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "accept":
-                accept = value.strip()
-        encoder, content_type = choose_encoder(accept)
-        return "200 OK", [("Content-Type", content_type)], encoder(self.registry)
+    def handle(self, conn: HttpConnection, request: Request) -> None:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        conn.respond(200, encoder(self.registry), content_type, [])
+
+    def closed(self, conn: HttpConnection) -> None:
+        pass

@@ -1,5 +1,10 @@
-"""Listeners: stdio, Unix sockets, TCP and gRPC, several at once in one process, sharing one core;
-and the Prometheus endpoint."""
+"""Listeners: stdio, Unix sockets, TCP, gRPC and MCP over HTTP, several at once in one process,
+sharing one core; and the Prometheus endpoint.
+
+Every network front hands its connections to one :class:`~smith_fast.service.connections.ConnectionGate`
+made here, which counts them against ``--max-connections``: a socket connection, a gRPC
+``Stream`` call and an MCP HTTP connection are the same kind of slot. (Scrapers of ``/metrics``
+take none.)"""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from ..errors import ListenError
 from ..logs import get_logger
 from . import lifecycle
 from .config import ServiceConfig
-from .connection import Connection, StdoutProtocol, tcp_address
+from .connection import MAX_REFUSING, Connection, StdoutProtocol, tcp_address
+from .connections import ConnectionGate
 from .core import LISTENER_VERSIONS, Endpoint, ServiceCore
 from .stdio import take_stdio
 
@@ -98,11 +104,11 @@ def _tls(listen: ListenConfig) -> tuple[bytes, bytes] | None:
         raise ListenError(f"cannot read TLS certificate or key: {exc}") from None
 
 
-async def _open_grpc(core: ServiceCore, listen: ListenConfig) -> GrpcFront:
+async def _open_grpc(core: ServiceCore, listen: ListenConfig, gate: ConnectionGate) -> GrpcFront:
     from .grpc_front import GrpcFront  # grpcio costs ~70 ms to import: only when asked for
 
     hosts = [_checked(addr, "gRPC", listen.allow_remote) for addr in listen.grpc]
-    front = GrpcFront(core, tls=_tls(listen))
+    front = GrpcFront(core, tls=_tls(listen), gate=gate)
     for host, port in hosts:
         address = front.add_port(host, port)
         core.endpoints.append(Endpoint(address, (1,)))  # a Stream call is v1, whatever --protocol says
@@ -111,22 +117,29 @@ async def _open_grpc(core: ServiceCore, listen: ListenConfig) -> GrpcFront:
     return front
 
 
-async def _open_metrics(core: ServiceCore, listen: ListenConfig) -> MetricsServer:
+async def _open_metrics(core: ServiceCore, listen: ListenConfig, mcp: list[McpHttpServer]) -> MetricsServer:
+    """``/metrics`` on each ``--metrics`` address: on the MCP front's HTTP server when
+    ``--mcp-http`` names the same address (one listener for both), else on a listener of its own."""
     from .prometheus import MetricsServer
 
     hosts = [_checked(addr, "metrics", listen.allow_remote) for addr in listen.metrics]
     server = MetricsServer(core)
+    shared = {address: front.server for front in mcp for address in front.listening}
     for host, port in hosts:
-        address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
+        http = shared.get((host, port)) if port else None
+        if http is not None:
+            address = server.share(http, host, port)
+        else:
+            address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
         log.info("listening", extra={"fields": {"address": address}})
     return server
 
 
-async def _open_mcp_http(core: ServiceCore, addr: str, allow_remote: bool) -> McpHttpServer:
+async def _open_mcp_http(core: ServiceCore, addr: str, allow_remote: bool, gate: ConnectionGate) -> McpHttpServer:
     from ..mcp.http import McpHttpServer  # only when asked for
 
     host, port = _checked(addr, "MCP HTTP", allow_remote)
-    server = McpHttpServer(core)
+    server = McpHttpServer(core, gate)
     address = await server.listen(host, port, backlog=listen_backlog(core.limits.max_connections))
     log.info("listening", extra={"fields": {"address": address}})
     return server
@@ -223,7 +236,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
 
 def _warn_without_token(config: ServiceConfig, address: str) -> None:
     """A TCP listener (socket or gRPC) without a token: any local account, unlike the 0600 Unix
-    socket, can connect and run commands as this service's user (issue 25). Said once per
+    socket, can connect and run commands as this service's user. Said once per
     listener at start-up, as a warning naming the risk and the remedy."""
     if config.token is None:
         log.warning(
@@ -256,9 +269,10 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
     grpc_front: GrpcFront | None = None
     metrics_server: MetricsServer | None = None
     mcp_servers: list[McpHttpServer] = []
+    gate = ConnectionGate(config.limits.max_connections, max_waiting=MAX_REFUSING)
 
     def factory() -> Connection:
-        return Connection(core, protocol=config.protocol)
+        return Connection(core, protocol=config.protocol, gate=gate)
 
     # asyncio (and uvloop) call listen() again when serving starts, with their own default unless told
     backlog = listen_backlog(config.limits.max_connections)
@@ -279,14 +293,14 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
             log.info("listening", extra={"fields": {"address": address}})
             _warn_without_token(config, address)
     if listen.grpc:
-        grpc_front = await _open_grpc(core, listen)
+        grpc_front = await _open_grpc(core, listen, gate)
         for endpoint in core.endpoints:
             if endpoint.address.startswith("grpc:"):
                 _warn_without_token(config, endpoint.address)
-    if listen.metrics:
-        metrics_server = await _open_metrics(core, listen)
     for addr in listen.mcp_http:
-        mcp_servers.append(await _open_mcp_http(core, addr, listen.allow_remote))
+        mcp_servers.append(await _open_mcp_http(core, addr, listen.allow_remote, gate))
+    if listen.metrics:
+        metrics_server = await _open_metrics(core, listen, mcp_servers)
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(core, config, stop)

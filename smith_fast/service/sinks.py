@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -52,8 +53,13 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class EventSink:
-    """The interface sessions emit events through. ``write`` receives ready-to-send bytes."""
+class EventSink(ABC):
+    """The interface sessions emit events through. ``write`` receives ready-to-send bytes.
+
+    Every event method is abstract: a sink that lacks one cannot be made, so a front's sink
+    missing a rare event (binary output, say) fails when the front is written, not on the
+    first session that sends that event.
+    """
 
     version: int = -1
 
@@ -77,16 +83,19 @@ class EventSink:
         so far, taps included): a gateway's journal holds units until NATS stored them."""
         self._write = stage(self._write)
 
+    @abstractmethod
     def record_to(self, recording: Recording) -> None:
         """Record every written unit as the v1 ``Envelope`` it is or carries."""
-        raise NotImplementedError
 
+    @abstractmethod
     def event(self, event: smith_pb2.Event) -> None:
-        raise NotImplementedError
+        """A rare event, built as a ``pb.Event`` (Ready, HookResult, GraphDelta ...)."""
 
+    @abstractmethod
     def state_change(self, state: int, request_id: str | None = None) -> None:
-        raise NotImplementedError
+        """The service's or a request's state (``PROCESSING``, ``READY``, ``ERROR`` ...)."""
 
+    @abstractmethod
     def shell_output(
         self,
         request_id: str,
@@ -95,16 +104,17 @@ class EventSink:
         exit_code: int | None = None,
         finished: bool = False,
     ) -> None:
-        raise NotImplementedError
+        """A chunk of a command's text output, or its exit (``exit_code``, ``finished``)."""
 
+    @abstractmethod
     def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
         """A chunk of raw output (a ShellExec with ``binary_output``): ``stdout_bytes`` (``fd`` 1) or ``stderr_bytes``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
     ) -> None:
-        raise NotImplementedError
+        """A tool call's result."""
 
     def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         """A tool call that ran in one step: its ``PROCESSING``, its ``ToolResult`` and its ``READY``."""
@@ -112,11 +122,13 @@ class EventSink:
         self.tool_result(request_id, success, result, error, duration_ms)
         self.state_change(smith_pb2.SERVICE_STATE_READY, request_id)
 
+    @abstractmethod
     def log(
         self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None
     ) -> None:
-        raise NotImplementedError
+        """A log line for the peer."""
 
+    @abstractmethod
     def error(
         self,
         code: int,
@@ -124,7 +136,7 @@ class EventSink:
         request_id: str | None = None,
         details: Mapping[str, str] | None = None,
     ) -> None:
-        raise NotImplementedError
+        """An ``ErrorEvent`` (``code`` an ``ErrorCode``)."""
 
     def envelope(self, field: int, payload: bytes) -> None:
         """Send a serialized message as Envelope oneof member ``field`` (the Envelope additions)."""
