@@ -24,10 +24,14 @@ from __future__ import annotations
 
 from ._version import __version__
 from .errors import (
+    AddressError,
     ArgumentError,
+    ConnectError,
+    ConnectionClosed,
     EncodeError,
     FrameTooLarge,
     FramingError,
+    GatewayIdInUse,
     HeadError,
     HookFailure,
     HttpError,
@@ -36,11 +40,15 @@ from .errors import (
     LandlockError,
     ListenError,
     LogFormatError,
+    NotASmithService,
+    PayloadTooLarge,
     PlanError,
     ProtocolError,
+    PublishError,
     ResumeRefused,
     SandboxError,
     SandboxUnavailable,
+    SmithError,
     SmithFastError,
     StartupError,
     UnsafeRoot,
@@ -49,11 +57,11 @@ from .errors import (
 # Not typing.TYPE_CHECKING: importing typing would cost `import smith_fast` more than the rest of it.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .client import AddressError, Client, ConnectError, ConnectionClosed, GrpcClient, NotASmithService, SmithError
+    from .client import Client, GrpcClient
 
 __all__ = [
     "__version__",
-    # the client (imported on first use)
+    # the client (imported on first use) and its errors (errors.py, imported now)
     "Client",
     "GrpcClient",
     "SmithError",
@@ -82,9 +90,12 @@ __all__ = [
     "HttpRefused",
     "HeadError",
     "HttpError",
+    "GatewayIdInUse",
+    "PublishError",
+    "PayloadTooLarge",
 ]
 
-_FROM_CLIENT = frozenset({"Client", "GrpcClient", "SmithError", "ConnectionClosed", "ConnectError", "NotASmithService", "AddressError"})
+_FROM_CLIENT = frozenset({"Client", "GrpcClient"})
 
 
 def __getattr__(name: str) -> object:

@@ -13,7 +13,13 @@
     │   ├── SandboxUnavailable ── UnsafeRoot           ... cannot be had: the service refuses to start
     │   └── LandlockError (OSError)                    ... a process could not be confined
     ├── ListenError, StartupError                      the service cannot start as configured
-    └── (the client's, the NATS gateway's, the HTTP fronts')
+    ├── SmithError                                     the client: the service answered with an ErrorEvent
+    ├── ConnectionClosed ── ConnectError (OSError)     the client: the connection ended, or never was
+    │                       └── NotASmithService       ... something else answers at the address
+    ├── AddressError (ValueError)                      the client: an address of no known form
+    ├── GatewayIdInUse                                 a NATS gateway: its --gateway-id is taken
+    ├── PublishError ── PayloadTooLarge                a NATS gateway: a command could not be queued
+    └── (the HTTP fronts')
 
 A module that raises one of these imports it from here; the modules that first defined them still
 export them under the same name. Exceptions that never leave their module stay private there.
@@ -24,6 +30,11 @@ callers can catch them without knowing which implementation is active.
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+# Not typing.TYPE_CHECKING: `import smith_fast` imports this module and need not pay for typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .pb import smith_pb2 as pb
 
 __all__ = [
     "SmithFastError",
@@ -43,6 +54,15 @@ __all__ = [
     "LandlockError",
     "ListenError",
     "StartupError",
+    # client and NATS
+    "SmithError",
+    "ConnectionClosed",
+    "ConnectError",
+    "NotASmithService",
+    "AddressError",
+    "GatewayIdInUse",
+    "PublishError",
+    "PayloadTooLarge",
 ]
 
 
@@ -343,3 +363,83 @@ class HttpError(SmithFastError):
     def __init__(self, message: str, *, connect: bool = False) -> None:
         super().__init__(message)
         self.connect = connect
+
+
+# ---- client and NATS ------------------------------------------------------------------------------
+
+
+class SmithError(SmithFastError):
+    """The service answered a request with an ``ErrorEvent`` (raised by the client, ``smith_fast.client``).
+
+    Attributes:
+        code: the ``ErrorCode`` value; ``code_name`` its name (``ERROR_CODE_EXECUTION_TIMEOUT`` ...).
+        request_id: the request it concerns, if any.
+        details: ``ErrorEvent.details``.
+    """
+
+    def __init__(self, error: pb.ErrorEvent) -> None:
+        from .pb import smith_pb2  # here, not at the top: the wire core raises these errors without protobuf loaded
+
+        name = smith_pb2.ErrorCode.Name(error.error_code)
+        super().__init__(f"{name}: {error.message}")
+        self.code = error.error_code
+        self.code_name = name
+        self.request_id = error.request_id if error.HasField("request_id") else None
+        self.details = dict(error.details)
+        self.error = error
+
+
+class ConnectionClosed(SmithFastError):
+    """The connection ended before the awaited answer arrived."""
+
+
+class ConnectError(ConnectionClosed, ConnectionError):
+    """The service cannot be reached; the message names the address and says what to check.
+
+    A :class:`ConnectionClosed` (what a handshake on a dead connection raised before) and an
+    ``OSError`` (what connecting raised before), so that existing handlers of either still apply.
+    """
+
+
+class NotASmithService(ConnectError):
+    """Something answers at the address, but not the Smith protocol (an HTTP server, a gRPC port
+    reached as a socket, the metrics port ...), or nothing answered the handshake in time."""
+
+
+class AddressError(SmithFastError, ValueError):
+    """An address that is none of ``smith_fast.client.ADDRESS_FORMS``."""
+
+
+class GatewayIdInUse(SmithFastError):
+    """Another gateway process runs with this ``--gateway-id`` on the same NATS."""
+
+
+class PublishError(SmithFastError):
+    """A JetStream publish was refused for good (the stream is full ...) or timed out for good.
+
+    Attributes:
+        code: the JetStream API error code (``err_code``), or 0 for a timeout.
+        status: the HTTP-like status (``code``), or 0.
+    """
+
+    def __init__(self, message: str, code: int = 0, status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class PayloadTooLarge(PublishError):
+    """A message larger than the NATS server's ``max_payload``: it can never be published (the
+    server would close the connection on it), so it is failed at once and never retried.
+
+    Attributes:
+        size: the message's payload plus its header block, in bytes.
+        limit: the server's ``max_payload`` (its INFO, as the connection last received it).
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the message is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes"
+        )
+        self.size = size
+        self.limit = limit

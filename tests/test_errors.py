@@ -18,10 +18,6 @@ from smith_fast import errors
 from smith_fast.pb import smith_pb2 as pb
 from tests.test_import_cycles import PACKAGE, ROOT
 
-# Modules whose exceptions their own change moves into errors.py (the client, the NATS gateway,
-# the HTTP fronts); this set only shrinks.
-NOT_MOVED_YET = {"client.py", "nats/jetstream.py", "nats/gateway.py"}
-
 
 def exception_classes() -> dict[str, list[str]]:
     """``{path under smith_fast/: [names of the exception classes it defines]}``, from the source:
@@ -53,7 +49,7 @@ def test_every_public_exception_is_defined_in_errors_py() -> None:
         f"smith_fast/{path}: {name}"
         for path, names in found.items()
         for name in names
-        if path != "errors.py" and not name.startswith("_") and path not in NOT_MOVED_YET
+        if path != "errors.py" and not name.startswith("_")
     }
     assert not elsewhere, "define these in smith_fast/errors.py (import them back where they were):\n" + "\n".join(sorted(elsewhere))
 
