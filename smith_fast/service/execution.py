@@ -7,6 +7,7 @@ against these protocols, not against the session or the core, so they import nei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class Execution(Protocol):
         ...
 
     @property
-    def spans(self) -> dict[str, tracing.SpanHandle]:
+    def spans(self) -> Mapping[str, tracing.SpanHandle]:
         """Request id → its command span (only while tracing is granted)."""
         ...
 

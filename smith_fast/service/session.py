@@ -12,9 +12,8 @@ Protocol-independent.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextvars
 import functools
+import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
@@ -27,7 +26,6 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
-from . import audit, eager
 from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
 from .redact import redacted_bytes
 from .commands import COMMANDS, CommandSpec, Control
@@ -44,7 +42,11 @@ from .negotiation import (
     capability_refusal,
     wire_capabilities,
 )
-from .resume import RESUME, Front, ParkedSessions, Resumable, ResumeRefused, Retention
+from .request import Request
+from .request_table import RequestTable
+from .resume import RESUME, Front, ParkedSessions, Resumable
+from .session_batches import Batches
+from .session_resume import SessionResume
 from .sizes import too_large
 from .sinks import EventSink, now_ms
 
@@ -59,9 +61,6 @@ log = get_logger("smith_fast.session")
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
 _RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
-_EVENT = pb.Envelope.DESCRIPTOR.fields_by_name["event"].number
-# Commands of a batch handled per loop iteration: a large batch must not stall other sessions.
-_BATCH_SLICE = 128
 _TRACE_KEYS = ("traceparent", "tracestate")
 
 
@@ -154,22 +153,14 @@ class Session:
         self.shutting = False
         self._unsent = unsent
         self.budget = OutputBudget(core.limits.max_session_buffer, self._pending)
-        self._front = front  # the connection carrying it, when it can be resumed elsewhere (resume.py)
-        self.resumable: Resumable | None = None  # once a handshake asked for resume
+        self._resume = SessionResume(self, front)
         self._peer_reading = asyncio.Event()  # clear while the front says the peer does not read
         self._peer_reading.set()
         self._hold_input = hold_input
         self._input_held = False
         self._waiting_bytes = 0  # of the commands waiting for the budget
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        # Read but not started (no PROCESSING sent yet); and those of them a resume's replay could
-        # not show were read, whose one copy the resumed peer sends is refused (reattach).
-        self._unstarted: set[str] = set()
-        self._owed: set[str] = set()
-        self._batches: set[asyncio.Task[None]] = set()  # BatchCommands being dispatched or run in order
-        # While a large batch is dispatched slice by slice, what arrives after it waits here, so
-        # envelopes are still handled in the order they came.
-        self._backlog: collections.deque[tuple[pb.Envelope, str | None]] | None = None
+        self.requests = RequestTable(self, core.limits.max_requests)
+        self._batches = Batches(self, core.limits.max_batch_commands)
         self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
@@ -214,18 +205,20 @@ class Session:
         kind = env.WhichOneof("payload")
         if self.recorder is not None:
             self.recorder.record_in(_loggable(env, kind))
-        if self._backlog is not None:
-            self._backlog.append((env, kind))
+        backlog = self._batches.backlog
+        if backlog is not None:
+            backlog.append((env, kind))
             return
-        self._route(env, kind)
+        self.route(env, kind)
 
-    def _route(self, env: pb.Envelope, kind: str | None) -> None:
+    def route(self, env: pb.Envelope, kind: str | None) -> None:
+        """Handle one envelope now (:meth:`handle_envelope` passes a batch's backlog in order)."""
         if kind == "command":
             self.handle(env.command)
         elif kind == "batch_command":
-            self._batch(env.batch_command)
+            self._batches.admit(env.batch_command)
         elif not self.authenticated:
-            self._deny(f"{kind or 'an empty envelope'} before an authenticated handshake: this service needs a token")
+            self.deny(f"{kind or 'an empty envelope'} before an authenticated handshake: this service needs a token")
         elif kind == "health_check_request" and "health" in self.accepted:
             self.sink.envelope(_HEALTH_RESPONSE, health_response(self.core, env.health_check_request.service_name).SerializeToString())
         elif kind == "health_check_request":
@@ -258,7 +251,7 @@ class Session:
             return
         rid: str | None
         if not self.authenticated:
-            self._deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", self.request_id(command))
+            self.deny(f"{kind or 'an empty command'} before an authenticated handshake: this service needs a token", self.request_id(command))
             return
         if kind is None:
             self.protocol_error(ProtocolError("empty Command: no command_type set", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "malformed"}))
@@ -330,87 +323,6 @@ class Session:
         rid = getattr(getattr(command, kind), "request_id", None) if kind else None
         return rid if rid and _id_size(rid) <= self.core.limits.max_request_id_size else None
 
-    def _batch(self, batch: pb.BatchCommand) -> None:
-        """Admit a ``BatchCommand``: refused whole over ``--max-batch-commands``; a large one is
-        dispatched a slice per loop iteration, an ordered one command after command."""
-        commands = batch.commands
-        limit = self.core.limits.max_batch_commands
-        if len(commands) > limit:
-            self._refuse_batch(list(commands), limit)
-            return
-        if batch.require_ordering:
-            self._in_task(self.run_ordered(list(commands)))
-        elif len(commands) <= _BATCH_SLICE:
-            for command in commands:
-                self.handle(command)
-        else:
-            self._backlog = collections.deque()
-            self._in_task(self._dispatch(list(commands)))
-
-    def _in_task(self, work: Any) -> None:
-        task = self._loop.create_task(work)
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
-
-    async def _dispatch(self, commands: list[pb.Command], each: Callable[[pb.Command], None] | None = None) -> None:
-        """Handle an unordered batch ``_BATCH_SLICE`` commands at a time (with ``each``, default
-        :meth:`handle`), then what arrived meanwhile."""
-        each = self.handle if each is None else each
-        try:
-            for start in range(0, len(commands), _BATCH_SLICE):
-                for command in commands[start : start + _BATCH_SLICE]:
-                    each(command)
-                await asyncio.sleep(0)
-        finally:
-            backlog, self._backlog = self._backlog, None
-            while backlog and not (self._closing or self.shutting):
-                env, kind = backlog.popleft()
-                self._route(env, kind)
-                if self._backlog is not None:  # it started another large batch: the rest waits for it
-                    self._backlog.extend(backlog)
-                    break
-
-    def _refuse_batch(self, commands: list[pb.Command], limit: int) -> None:
-        """A batch over ``--max-batch-commands``: one error for the batch, nothing of it runs, and
-        each readable request id in it (not that of a running request) ends ``ERROR``."""
-        message = f"a BatchCommand of {len(commands)} commands is over the limit of {limit} (--max-batch-commands); none of it was run"
-        if not self.authenticated:
-            self._deny("a BatchCommand before an authenticated handshake: this service needs a token")
-            return
-        self.protocol_error(
-            ProtocolError(
-                message,
-                pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-                details={"reason": "batch_too_large", "size": str(len(commands)), "limit": str(limit)},
-            )
-        )
-        ended: set[str] = set()
-
-        def end(command: pb.Command) -> None:
-            rid = self.request_id(command)
-            if rid is not None and rid not in ended and rid not in self._tasks:
-                ended.add(rid)
-                self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
-
-        if len(commands) <= _BATCH_SLICE:
-            for command in commands:
-                end(command)
-        else:  # 200,000 terminal states in one step stalled every other session for a second
-            self._backlog = collections.deque()
-            self._in_task(self._dispatch(list(commands), end))
-
-    async def run_ordered(self, commands: list[pb.Command]) -> None:
-        """A ``BatchCommand`` with ``require_ordering``: each command starts after the previous one ended."""
-        for i, command in enumerate(commands):
-            if i % _BATCH_SLICE == _BATCH_SLICE - 1:
-                await asyncio.sleep(0)  # refused commands start no task to wait for
-            self.handle(command)
-            kind = command.WhichOneof("command_type")
-            rid = getattr(getattr(command, kind), "request_id", None) if kind else None
-            task = self._tasks.get(rid) if rid else None
-            if task is not None:
-                await asyncio.wait([task])
-
     def protocol_error(self, exc: ProtocolError) -> None:
         """Report a problem with the peer's input; the session carries on."""
         log.info("protocol error", extra={"fields": {"peer": self.peer, "error": str(exc), "code": exc.code}})
@@ -423,16 +335,21 @@ class Session:
 
     def reject(self, exc: ProtocolError) -> None:
         """End a request that did not run: its error, then its terminal ERROR state."""
-        self.protocol_error(exc)
-        audit.refused(self.session_id, self.peer, exc)
-        if exc.request_id:
-            self.sink.state_change(pb.SERVICE_STATE_ERROR, exc.request_id)
+        if not exc.request_id:
+            self.protocol_error(exc)
+            return
+        log.info("protocol error", extra={"fields": {"peer": self.peer, "error": str(exc), "code": exc.code}})
+        Request(self, exc.request_id, None, None).refuse(exc, self.session_id, self.peer)
+
+    def end_refused(self, rid: str) -> None:
+        """Send the terminal ``ERROR`` of request ``rid``, which did not run (its error was told)."""
+        Request(self, rid, None, None).refuse(None)
 
     def refuse(self, exc: ProtocolError) -> None:
         """Refuse a request before it starts (:meth:`reject`), unless a request with its id is
         running: then only the error, as the id's one terminal state is that request's own
         (PROTOCOL.md, "Terminal states")."""
-        if exc.request_id and exc.request_id in self._tasks:
+        if exc.request_id and exc.request_id in self.requests:
             self.protocol_error(exc)
         else:
             self.reject(exc)
@@ -444,11 +361,11 @@ class Session:
             presented = hs.client_info.get(TOKEN_KEY) if self.version == 1 else self.presented_token
             self.presented_token = None
             if not token_matches(self.core.config.token, presented):  # type: ignore[arg-type]  # not authenticated: a token is set
-                self._deny("the handshake " + ("presents no token" if presented is None else "presents a wrong token"))
+                self.deny("the handshake " + ("presents no token" if presented is None else "presents a wrong token"))
                 return
             self.authenticated = True
         if hs.resume_token:
-            self._resume_from(hs)
+            self._resume.resume_from(hs)
             return
         if hs.version not in SUPPORTED_VERSIONS:
             self.protocol_error(
@@ -474,7 +391,7 @@ class Session:
             message, details = capability_refusal(refused, self.core.capabilities)
             self.protocol_error(ProtocolError(message, pb.ERROR_CODE_INVALID_CAPABILITY, details=details))
         accepted, interval_ms, warnings = accept_additions(hs.client_info) if self.version == 1 else ([], 0, [])
-        token = self._offer_resume() if RESUME in accepted else None
+        token = self._resume.offer() if RESUME in accepted else None
         if RESUME in accepted and token is None:
             accepted.remove(RESUME)
             warnings.append((f"{ACCEPT_KEY}: resume is not available here (stdio cannot resume; --resume-window 0 turns it off)",
@@ -507,10 +424,10 @@ class Session:
         self.sink.state_change(pb.SERVICE_STATE_READY)
         for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them
             self.sink.log(pb.LOG_LEVEL_WARN, message, fields=fields)
-        self._apply_accepted(frozenset(accepted), interval_ms)
+        self.apply_accepted(frozenset(accepted), interval_ms)
         log.info("handshake", extra={"fields": {"peer": self.peer, "version": self.version, "granted": [capability_name(c) for c in granted], "accepted": accepted}})
 
-    def _apply_accepted(self, accepted: frozenset[str], interval_ms: int) -> None:
+    def apply_accepted(self, accepted: frozenset[str], interval_ms: int) -> None:
         """Switch batching and the metrics reports on or off, as the latest handshake asked."""
         self.accepted = accepted
         if "batch_event" in accepted:
@@ -542,8 +459,8 @@ class Session:
             self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
             return
         self.recorder.conceal(self.core.config.token)
-        if self.resumable is not None:
-            self.recorder.conceal(self.resumable.token)
+        if self._resume.resumable is not None:
+            self.recorder.conceal(self._resume.resumable.token)
         self.sink.record_to(self.recorder)
 
     # ---- metrics and health -------------------------------------------------------------------
@@ -569,115 +486,69 @@ class Session:
     # ---- requests -----------------------------------------------------------------------------
 
     def is_running(self, rid: str) -> bool:
-        """Whether request ``rid`` was admitted and has not ended (its runner may not have started it yet)."""
-        return rid in self._tasks
+        """Whether request ``rid`` was admitted and its task is not done (it may not have started yet)."""
+        return rid in self.requests
 
     def task(self, rid: str) -> asyncio.Task[None] | None:
-        """The task running request ``rid`` (None: not running, or running eagerly, before its first suspension)."""
-        return self._tasks.get(rid)
+        """The task running request ``rid`` (None: not running)."""
+        request = self.requests.get(rid)
+        return request.task if request is not None else None
 
     @property
     def busy(self) -> bool:
         """Whether a request (or an ordered batch) is running."""
-        return bool(self._tasks or self._batches)
+        return bool(self.requests.live or self._batches.tasks)
+
+    def request_ended(self, request: Request) -> None:
+        self.requests.ended(request)
 
     def _start(self, rid: str, spec: CommandSpec, command: pb.Command) -> None:
-        if not rid:
-            self.protocol_error(ProtocolError("request_id is empty", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "invalid_field"}))
+        """Admit request ``rid`` and start it: in this step when its row's shortcut can end it
+        (only while nothing holds or waits for the output budget and the peer reads: then
+        reserving and releasing it is nothing), else as a task."""
+        request = self.requests.admit(rid, spec, command)
+        if request is None:
             return
-        if self._owed and rid in self._owed:
-            # The copy a resumed peer sends of a request this session had read but not started
-            # when the replay was taken: refused even when that request ended meanwhile, or it
-            # would run twice (its PROCESSING and READY came after the replay, on the way to the peer).
-            self._owed.discard(rid)
-            self.protocol_error(ProtocolError(
-                f"request {rid} was read before the connection dropped (its PROCESSING came after the replay); this copy was not run",
-                pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"},
-            ))
-            return
-        if rid in self._tasks:
-            self.protocol_error(ProtocolError(f"request {rid} is already running", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"}))
-            return
-        if len(self._tasks) >= self.core.limits.max_requests:
-            self.reject(
-                ProtocolError(f"too many requests in flight (max {self.core.limits.max_requests})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
-            )
-            return
-        if spec.now is not None and self._ran_now(spec, rid, command):
-            return
-        self._unstarted.add(rid)
-        coro = self._request(spec, rid, command)
-        if spec.eager and asyncio.current_task(self._loop) is None:  # the loop given: no getpid() per call
-            # Eager start (asyncio.eager_task_factory, 3.12+, done by hand for 3.11): run the
-            # request at once up to its first suspension; most tool calls end there, without a
-            # Task or a loop iteration. One that suspends goes on in a Task, in the same context.
-            context = contextvars.copy_context()
-            try:
-                waiting = context.run(coro.send, None)
-            except StopIteration:
-                return
-            task = self._loop.create_task(eager.resume(coro, waiting), context=context)
-        else:
-            task = self._loop.create_task(coro)
-        self._tasks[rid] = task
-        task.add_done_callback(functools.partial(self._forget, rid))
-
-    def _ran_now(self, spec: CommandSpec, rid: str, command: pb.Command) -> bool:
-        """The request run and ended in this step by the runner's ``run_now`` (RequestRunner), with
-        what ``_request`` does around it: only while nothing holds or waits for the output budget
-        (then reserving and releasing it is nothing) and the peer reads."""
+        start = time.perf_counter()
         budget = self.budget
-        if budget.waiting or budget.reserved or self.paused or self.shutting:
-            return False
-        run_now = getattr(self.runner, "run_now", None)
-        if run_now is None:
-            return False
-        start = time.perf_counter()
-        if not run_now(spec, rid, command):
-            return False  # not run, or it goes on in _request (run knows how)
-        self._update_input()
-        self.last_active = self._loop.time()
-        self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
-        return True
+        work = self.runner.start(request, not (budget.waiting or budget.reserved or self.paused or self.shutting))
+        if work is None:
+            self.requests.forget(request)
+            self.last_active = self._loop.time()
+            self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
+            return
+        task = request.task = _task(self._loop, self._request(request, work, start))
+        task.add_done_callback(functools.partial(self._forget, request))
 
-    def _forget(self, rid: str, _task: asyncio.Task[None]) -> None:
-        self._tasks.pop(rid, None)
-        self._unstarted.discard(rid)  # cancelled before its first step
+    def _forget(self, request: Request, _task: asyncio.Task[None]) -> None:
+        self.requests.forget(request)
 
-    async def _request(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
-        start = time.perf_counter()
+    async def _request(self, request: Request, work: Coroutine[Any, Any, None], start: float) -> None:
+        spec = request.spec
+        assert spec is not None
         size = reservation(spec.kind, self.core.limits)
         budget = self.budget
         try:
             if budget.waiting or budget.reserved or self.paused:
-                await self._admit(size, command.ByteSize())
+                await self._admit(size, request.command.ByteSize())
             else:
                 budget.reserved += size  # the common case: nothing else runs, the peer reads
         except asyncio.CancelledError:
-            self._unstarted.discard(rid)
-            self._not_started(rid)
+            work.close()
+            request.finish(asyncio.CancelledError())  # its one terminal state, as a running request's
             raise
-        # The service's runner sends PROCESSING first thing (a gateway's NatsRunner relays its
-        # worker's later: there a copy is refused only while the request runs).
-        self._unstarted.discard(rid)
         if self.shutting:  # it waited for the budget while the session began shutting down
             budget.release(size)
-            self._not_started(rid)
+            work.close()
+            request.finish(asyncio.CancelledError())
             return
         try:
-            await self.runner.run(spec, rid, command)
+            await work
         finally:
             budget.release(size)
             self._update_input()
             self.last_active = self._loop.time()
             self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
-
-    def _not_started(self, rid: str) -> None:
-        """A request that waited for the budget is cancelled by a shutdown: its one terminal
-        state, as a running request's (nobody listens after a disconnect)."""
-        if not self._closing:
-            self.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
 
     async def _admit(self, size: int, held: int) -> None:
         """Wait for the output budget, holding a ``held``-byte command meanwhile."""
@@ -728,7 +599,7 @@ class Session:
         return self._closing
 
     async def _cancel_requests(self) -> None:
-        tasks = [*self._batches, *self._tasks.values()]
+        tasks = self._running_tasks()
         for task in tasks:
             task.cancel()
         if tasks:
@@ -741,8 +612,8 @@ class Session:
             return
         self._closing = True
         self.core.sessions.discard(self)
-        if self.resumable is not None:
-            self.core.parked.forget(self.resumable.key)
+        if self._resume.resumable is not None:
+            self.core.parked.forget(self._resume.resumable.key)
         if not handed_over:
             self.runner.end()
         self.span.end()
@@ -777,8 +648,8 @@ class Session:
     async def finish(self) -> None:
         """The peer will send nothing more but still listens (a gRPC half-close): let the running
         requests end, then close."""
-        while (self._tasks or self._batches) and not self._closing:
-            await asyncio.wait([*self._batches, *self._tasks.values()])
+        while self.busy and not self._closing:
+            await asyncio.wait(self._running_tasks())
         if self._closing:
             return
         self._end()
@@ -786,7 +657,7 @@ class Session:
         self._close()
         self._stop_recording()
 
-    def _deny(self, message: str, rid: str | None = None) -> None:
+    def deny(self, message: str, rid: str | None = None) -> None:
         """A wrong or missing token: say so, end the refused request ``rid`` (if any), close (the
         gRPC front then fails the call UNAUTHENTICATED)."""
         if self._closing:  # what the peer sent after the refusal, in the same read
@@ -795,7 +666,7 @@ class Session:
         self.denied = True
         self.report_error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
         if rid:
-            self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            self.end_refused(rid)
         self._teardown()
 
     def expire(self, reason: str, message: str) -> None:
@@ -829,10 +700,13 @@ class Session:
         self.report_error(code, message, None, details)
         self._teardown()
 
+    def _running_tasks(self) -> list[asyncio.Task[None]]:
+        return [*self._batches.tasks, *(r.task for r in self.requests.live.values() if r.task is not None)]
+
     def _teardown(self) -> None:
         self._end()
         self.runner.kill()
-        for task in [*self._batches, *self._tasks.values()]:
+        for task in self._running_tasks():
             task.cancel()
         self.sink.flush_batch()
         self._close()
@@ -840,169 +714,65 @@ class Session:
 
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once (a resumable session
-        is parked instead, :meth:`_park`)."""
-        if self._park():
+        is parked instead: service/session_resume.py)."""
+        if self._resume.park():
             return
-        self._lost()
+        self.lost()
 
-    def _lost(self) -> None:
+    def lost(self) -> None:
+        """End as a dropped connection does: what runs is killed, nothing more is sent."""
         self._end()
         self.runner.kill()
-        for task in [*self._batches, *self._tasks.values()]:
+        for task in self._running_tasks():
             task.cancel()
         self._stop_recording()
 
-    # ---- resume (service/resume.py) ---------------------------------------------------------------
+    # ---- resume (service/session_resume.py) -------------------------------------------------------
+
+    @property
+    def resumable(self) -> Resumable | None:
+        """Its token, key and retention ring once a handshake asked for resume."""
+        return self._resume.resumable
 
     def _pending(self) -> int:
         """What the output budget counts as unsent: the front's, and while parked what was retained since."""
-        resumable = self.resumable
-        return self._unsent() + (resumable.retention.parked_bytes if resumable is not None else 0)
+        return self._unsent() + self._resume.parked_bytes()
 
-    def _offer_resume(self) -> str | None:
-        """Make this session resumable (from now on what it writes is retained); its token, or
-        None where it cannot be (no front, v0, ``--resume-window 0``)."""
-        if self.resumable is not None:
-            return self.resumable.token
-        if self._front is None or self.version != 1 or self.core.parked.window <= 0:
-            return None
-        retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
-        token, key = self.core.parked.issue(self)
-        self.resumable = Resumable(token, key, retention, self._front)
-        if self.recorder is not None:  # its Ready carries the token to the peer, never to the recording
-            self.recorder.conceal(token)
-        self.sink.tap(retention.record)
-        self.core.made_resumable(self)
-        return token
+    def carry_over(self, front: Front | None) -> None:
+        """Write to, read from and close ``front`` from now on (None: nothing, while parked)."""
+        if front is None:
+            self._close, self._unsent, self._hold_input = _nothing, _none_unsent, None
+        else:
+            self._close, self._unsent, self._hold_input = front.close, front.unsent, front.hold_input
+            self._input_held = False
 
-    def _park(self) -> bool:
-        """The connection dropped: keep a resumable session running for ``--resume-window``."""
-        resumable = self.resumable
-        if resumable is None or self.shutting or self._closing or not self.core.parked.park(resumable.key):
-            return False
-        resumable.retention.park()
-        resumable.origin.forward(None)
-        self._front = None
-        self._close, self._unsent, self._hold_input = _nothing, _none_unsent, None
-        if self.paused:  # by the dropped connection's flow control: its requests go on, into the ring
-            self.resume()
-        log.info("session parked", extra={"fields": {"peer": self.peer, "window": self.core.parked.window, "requests": len(self._tasks)}})
-        return True
+    def now(self) -> float:
+        return self._loop.time()
 
-    def expire_parked(self) -> None:
-        """``--resume-window`` passed without a resume: end as a dropped connection always did."""
-        self._lost()
-
-    def _resume_from(self, hs: pb.HandshakeCommand) -> None:
-        """A resume handshake: this connection carries the session its token names from now on,
-        and this one, which never served, ends without a word. A refusal is an ``ErrorEvent``;
-        the connection stays, for a fresh handshake."""
-        try:
-            if self._front is None or self.version != 1:
-                raise ResumeRefused(
-                    "this connection cannot resume a session: only v1 over Unix, TCP and gRPC can (PROTOCOL.md, \"Resume\")",
-                    "resume_unsupported",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
-            if self.handshaken:
-                raise ResumeRefused(
-                    "a resume must be the first handshake of its connection; this one already carries a session",
-                    "resume_invalid",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
-            other = self.core.parked.find(hs.resume_token)
-            if other is None and self.core.parked.restoring:
-                raise ResumeRefused(
-                    "this service is still taking over the sessions of the process before it (a gateway restarting "
-                    "with the same --gateway-id); send the resume handshake again in a moment",
-                    "resume_not_ready",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
-            if not isinstance(other, Session) or other is self or other.closing:
-                raise ResumeRefused(
-                    "the resume token names no session that can be resumed here (a wrong token, an ended session, "
-                    "or its --resume-window passed); send a fresh handshake",
-                    "resume_unknown",
-                )
-            if other.sink.framed != self._front.framed:
-                raise ResumeRefused(
-                    "that session was started over gRPC (or a socket) and resumes only over the same kind of front",
-                    "resume_unsupported",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
-            other.reattach(self._front, hs.resume_after, hs.resume_token)
-        except ResumeRefused as exc:
-            log.warning("resume refused", extra={"fields": {"peer": self.peer, "error": str(exc)}})
-            self.protocol_error(exc)
-            return
+    def end_quietly(self) -> None:
+        """This connection resumed another session: it ends without a word."""
         self._end()
         self._stop_recording()
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None:
-        """Carry on over ``front``: answer ``Ready(resumed)``, send what was retained after
-        sequence ``after``, then go on live. A session still carried by another connection (one
-        that has not noticed its peer is gone) is taken from it.
+    def expire_parked(self) -> None:
+        """``--resume-window`` passed without a resume: end as a dropped connection always did."""
+        self.lost()
 
-        Raises:
-            ResumeRefused: what follows ``after`` cannot be sent exactly once; nothing changed.
-        """
-        resumable = self.resumable
-        assert resumable is not None
-        # What waits in a pending batch goes into the ring first: the replay must hold everything
-        # written so far, or a peer would send again a request whose PROCESSING is still batched.
-        self.sink.flush_batch()
-        units = resumable.retention.replay(after)
-        # A request read but not started (waiting for the budget, or read in this very loop
-        # iteration, its task not run yet) has no PROCESSING in the replay: the peer will send it
-        # again, once. It may well have ended by the time that copy arrives, so the copy is
-        # refused by id (_start), not by its being still running.
-        self._owed = set(self._unstarted)
-        old, self._front = self._front, front
-        if old is not None:
-            old.release()
-        self.core.parked.unpark(resumable.key)
-        if token:  # a restored session learns its token back from its peer (only its key was kept)
-            resumable.token = token
-        self._close, self._unsent, self._hold_input = front.close, front.unsent, front.hold_input
-        self._input_held = False
-        front.carry(self)
-        resumable.retention.attach()
-        front.write(self._resumed(resumable.token, len(units)))
-        for unit in units:
-            front.write(unit)
-        resumable.origin.forward(front)
-        self.last_active = self._loop.time()
-        if self.paused:
-            self.resume()
-        log.info("session resumed", extra={"fields": {"peer": self.peer, "after": after, "replayed": len(units), "took_over": old is not None}})
+    def reattach(self, front: Front, after: int, token: str = "") -> None:
+        """Carry on over ``front`` (:meth:`SessionResume.reattach <smith_fast.service.session_resume.SessionResume.reattach>`)."""
+        self._resume.reattach(front, after, token)
 
     def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
-        """Take over a session the process before this one handed over (a gateway restarting with
-        the same ``--gateway-id``: smith_fast.nats.journal): handshaken as it was, what it sent
-        retained, parked for ``--resume-window`` until its peer resumes it here. False: it could
-        not be parked (too many are) and ended at once."""
-        front = self._front
-        assert front is not None and self.resumable is None
-        self.granted, self.handshaken, self.authenticated = granted, True, True
-        retention = Retention(self.core.limits.max_session_buffer, self.pause, framed=self.sink.framed)
-        for unit in units:
-            retention.record(unit)
-        self.resumable = Resumable("", key, retention, front)
-        self.core.parked.adopt(key, self)
-        self.sink.tap(retention.record)
-        self.core.made_resumable(self)
-        self._apply_accepted(accepted, interval_ms)
-        if self._park():
-            return True
-        self._lost()
-        return False
+        """Take over a session a gateway's previous process handed over (:meth:`SessionResume.restore
+        <smith_fast.service.session_resume.SessionResume.restore>`); False: it ended at once."""
+        return self._resume.restore(key, granted, accepted, units, interval_ms)
 
     def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
         """A request that runs already (a restored session's, on a worker): it counts as admitted
         here until ``work`` ends, as one this session started would."""
-        task = self._loop.create_task(work)
-        self._tasks[rid] = task
-        task.add_done_callback(functools.partial(self._forget, rid))
+        request = self.requests.live[rid] = Request(self, rid, None, None)
+        task = request.task = self._loop.create_task(work)
+        task.add_done_callback(functools.partial(self._forget, request))
 
     def hand_over(self) -> None:
         """The service stops and the next process takes this session over (a gateway with a fixed
@@ -1013,25 +783,11 @@ class Session:
             return
         self._end(handed_over=True)
         self.sink.flush_batch()
-        for task in [*self._batches, *self._tasks.values()]:
+        for task in self._running_tasks():
             task.cancel()
         self._close()
         self._stop_recording()
-        log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self._tasks)}})
-
-    def _resumed(self, token: str, replayed: int) -> bytes:
-        """The answer to a resume handshake: outside the session's sequence (0), never retained."""
-        event = pb.Event()
-        ready = event.ready
-        ready.version = self.version
-        granted = sorted(self.granted)
-        ready.capabilities.extend(wire_capabilities(granted))
-        ready.service_id = self.core.service_id
-        ready.service_info.update(self.core.service_info(self.version, granted, [a for a in ACCEPTABLE if a in self.accepted]))
-        ready.service_info["smith_fast.replayed"] = str(replayed)
-        ready.resume_token = token
-        ready.resumed = True
-        return events.encode_envelope(now_ms(), 0, _EVENT, event.SerializeToString(), framed=self.sink.framed)
+        log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self.requests)}})
 
 
 def _nothing() -> None:
@@ -1045,6 +801,20 @@ def _none_unsent() -> int:
 def _id_size(rid: str) -> int:
     """A request id's length in UTF-8 bytes."""
     return len(rid) if rid.isascii() else len(rid.encode("utf-8", "surrogatepass"))
+
+
+if sys.version_info >= (3, 12):
+
+    def _task(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A request's task, started at once up to its first suspension (a call that does not
+        wait ends without a loop iteration)."""
+        return asyncio.Task(work, loop=loop, eager_start=True)
+
+else:
+
+    def _task(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A request's task (3.11 has no eager start)."""
+        return loop.create_task(work)
 
 
 _CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
