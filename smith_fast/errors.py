@@ -6,6 +6,11 @@ callers can catch them without knowing which implementation is active.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .pb import smith_pb2 as pb
+
 __all__ = [
     "SmithFastError",
     "FramingError",
@@ -13,6 +18,15 @@ __all__ = [
     "EncodeError",
     "ProtocolError",
     "ListenError",
+    # client and NATS
+    "SmithError",
+    "ConnectionClosed",
+    "ConnectError",
+    "NotASmithService",
+    "AddressError",
+    "GatewayIdInUse",
+    "PublishError",
+    "PayloadTooLarge",
 ]
 
 
@@ -118,3 +132,83 @@ class ProtocolError(SmithFastError):
 
 class ListenError(SmithFastError):
     """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
+
+
+# ---- client and NATS ------------------------------------------------------------------------------
+
+
+class SmithError(SmithFastError):
+    """The service answered a request with an ``ErrorEvent`` (raised by the client, ``smith_fast.client``).
+
+    Attributes:
+        code: the ``ErrorCode`` value; ``code_name`` its name (``ERROR_CODE_EXECUTION_TIMEOUT`` ...).
+        request_id: the request it concerns, if any.
+        details: ``ErrorEvent.details``.
+    """
+
+    def __init__(self, error: pb.ErrorEvent) -> None:
+        from .pb import smith_pb2  # here, not at the top: the wire core raises these errors without protobuf loaded
+
+        name = smith_pb2.ErrorCode.Name(error.error_code)
+        super().__init__(f"{name}: {error.message}")
+        self.code = error.error_code
+        self.code_name = name
+        self.request_id = error.request_id if error.HasField("request_id") else None
+        self.details = dict(error.details)
+        self.error = error
+
+
+class ConnectionClosed(SmithFastError):
+    """The connection ended before the awaited answer arrived."""
+
+
+class ConnectError(ConnectionClosed, ConnectionError):
+    """The service cannot be reached; the message names the address and says what to check.
+
+    A :class:`ConnectionClosed` (what a handshake on a dead connection raised before) and an
+    ``OSError`` (what connecting raised before), so that existing handlers of either still apply.
+    """
+
+
+class NotASmithService(ConnectError):
+    """Something answers at the address, but not the Smith protocol (an HTTP server, a gRPC port
+    reached as a socket, the metrics port ...), or nothing answered the handshake in time."""
+
+
+class AddressError(SmithFastError, ValueError):
+    """An address that is none of ``smith_fast.client.ADDRESS_FORMS``."""
+
+
+class GatewayIdInUse(SmithFastError):
+    """Another gateway process runs with this ``--gateway-id`` on the same NATS."""
+
+
+class PublishError(SmithFastError):
+    """A JetStream publish was refused for good (the stream is full ...) or timed out for good.
+
+    Attributes:
+        code: the JetStream API error code (``err_code``), or 0 for a timeout.
+        status: the HTTP-like status (``code``), or 0.
+    """
+
+    def __init__(self, message: str, code: int = 0, status: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class PayloadTooLarge(PublishError):
+    """A message larger than the NATS server's ``max_payload``: it can never be published (the
+    server would close the connection on it), so it is failed at once and never retried.
+
+    Attributes:
+        size: the message's payload plus its header block, in bytes.
+        limit: the server's ``max_payload`` (its INFO, as the connection last received it).
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the message is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes"
+        )
+        self.size = size
+        self.limit = limit

@@ -1,5 +1,5 @@
-"""Batching over NATS (issue 19, throughput): what one loop iteration produces for one session
-leaves as one NATS message.
+"""Batching over NATS, for throughput: what one loop iteration produces for one session leaves as
+one NATS message.
 
 A tool call through a gateway used to cost about eight NATS messages (a command publish and its
 acknowledgement, its delivery, one or two event publishes with theirs, their deliveries, the

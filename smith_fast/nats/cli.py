@@ -144,18 +144,18 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
 
 async def _gateway(args: argparse.Namespace, service: ServiceConfig, config: nats_config.NatsConfig, loop_name: str) -> int:
     from ..service.server import serve
-    from .gateway import GatewayCore
+    from .gateway import Gateway
 
     listen = listen_config(args)
-    core = GatewayCore(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
-    # Listen at once, NATS or not (issue 19): until it is reached, health says why the gateway
-    # cannot serve and each command gets an ErrorEvent saying so, instead of a missing socket.
-    bridging = asyncio.ensure_future(core.bridge.run())
+    gateway = Gateway(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
+    # Listen at once, NATS or not: until it is reached, health says why the gateway cannot
+    # serve and each command gets an ErrorEvent saying so, instead of a missing socket.
+    bridging = asyncio.ensure_future(gateway.bridge.run())
     try:
-        return await serve(service, listen, loop_name=loop_name, core=core)
+        return await serve(service, listen, loop_name=loop_name, core=gateway.core)
     finally:
         if not bridging.done():
             bridging.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await bridging
-        await core.bridge.close()
+        await gateway.bridge.close()

@@ -1,4 +1,4 @@
-"""Process control through the NATS gateway (issue 16 item 8): Cancel, Stdin and Resize reach the
+"""Process control through the NATS gateway: Cancel, Stdin and Resize reach the
 worker that runs the request they name, Attach the worker holding the background process.
 
 The routes (PROTOCOL.md, "Scale-out over NATS", "Process control"), one row per forwardable

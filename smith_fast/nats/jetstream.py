@@ -29,7 +29,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from ..errors import SmithFastError
+from ..errors import PayloadTooLarge, PublishError
 from ..logs import get_logger
 from .config import NatsConfig
 
@@ -382,37 +382,6 @@ class PullFeed:
             if self._asked > 0 and time.monotonic() - self._heard > quiet:
                 self._asked = 0  # lost (server restart, reconnect): the server no longer has them
             self._ask()
-
-
-class PublishError(SmithFastError):
-    """A JetStream publish was refused for good (the stream is full ...) or timed out for good.
-
-    Attributes:
-        code: the JetStream API error code (``err_code``), or 0 for a timeout.
-        status: the HTTP-like status (``code``), or 0.
-    """
-
-    def __init__(self, message: str, code: int = 0, status: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class PayloadTooLarge(PublishError):
-    """A message larger than the NATS server's ``max_payload``: it can never be published (the
-    server would close the connection on it), so it is failed at once and never retried.
-
-    Attributes:
-        size: the message's payload plus its header block, in bytes.
-        limit: the server's ``max_payload`` (its INFO, as the connection last received it).
-    """
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            f"the message is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes"
-        )
-        self.size = size
-        self.limit = limit
 
 
 def message_size(payload: bytes, headers: Mapping[str, str] | None) -> int:

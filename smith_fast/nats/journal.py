@@ -1,6 +1,6 @@
 """A gateway's journal: what each resumable session sent, kept in JetStream, so that the next
-gateway process with the same ``--gateway-id`` takes the session over (issue 19: a gateway
-restart loses no running request's events).
+gateway process with the same ``--gateway-id`` takes the session over (a gateway restart loses
+no running request's events).
 
 Why a journal, and why before the peer sees anything: a resumable session's peer reconnects with
 the last sequence it received (PROTOCOL.md, "Resume"). The process that answers it must be able to

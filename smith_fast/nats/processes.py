@@ -1,4 +1,4 @@
-"""Background processes through the NATS gateway (issue 16 item 8, issue 19 item 5).
+"""Background processes through the NATS gateway: where each runs, listing them, attaching to them, steering them.
 
 A background ShellExec sent through a gateway runs on the worker that takes it from the command
 stream and stays there, in that worker's :class:`~smith_fast.service.background.BackgroundTable`

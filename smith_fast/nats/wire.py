@@ -22,7 +22,7 @@ Commands and events are v1 ``Envelope`` bytes (no length prefix); everything els
   ``Smith-Stdin-Offset``: the stdin bytes sent to that delivery before it) or ``ResizeCommand``
   (``smith_fast.nats.control``).
 
-Batches (issue 19, throughput): a command message may carry several consecutive requests of one
+Batches, for throughput: a command message may carry several consecutive requests of one
 session (``Smith-Commands: <k>``, the payload their ``Envelope`` s, each varint length-prefixed
 as on the v1 wire, numbered ``n`` .. ``n+k-1``), and an event message the event messages of
 several requests of one session (``Smith-Parts: <n>.<attempt>.<index>,...``, one per framed

@@ -17,7 +17,7 @@ Delivery (PROTOCOL.md, "Scale-out over NATS"):
   another worker after the ack wait (as the next ``attempt``).
 
 Each command runs in a session of its own (so every event is known to belong to its command);
-what a gateway session keeps across commands lives in :class:`_SessionState`: its hooks (loaded
+what a gateway session keeps across commands lives in :class:`SessionState`: its hooks (loaded
 once per worker from the hooks bucket, shared by its commands, closed when the session ends),
 whether its frontend is reading (pause/resume), and whether it is shutting down.
 """
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import json
 import os
 import socket
@@ -37,11 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
-from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from .. import __version__, tracing
 from ..errors import ProtocolError
-from ..hooks import Hook, HookLoadError, load_hook
+from ..hooks import HookLoadError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.core import ServiceCore
@@ -49,26 +47,27 @@ from ..service.metrics import Figure
 from ..service.runner import LocalRunner, RequestHost
 from ..service.session import Session
 from ..service.sinks import V1Sink
-from .config import NatsConfig
 from .batching import EventOutbox, split_commands
+from .config import NatsConfig
 from .control import ControlHold, WorkerControls, interactive
-from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, message_size, round_trip
+from .hooks_bucket import HooksBucket
+from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, round_trip
 from .leases import Lapse, Leases, takeover_subject
 from .metrics import NatsCounters, worker_figures
 from .presence import Announcement
 from .processes import ProcessDesk
-from .wire import CONTROL, MSG_ID, REQUEST, CommandMeta, hook_key, parse_command_headers
+from .publication import Publication
+from .wire import CONTROL, REQUEST, CommandMeta, parse_command_headers
+from .worker_sessions import SessionState, Shelf
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from nats.js import JetStreamContext
-    from nats.js.kv import KeyValue
 
 __all__ = ["Worker"]
 
 log = get_logger("smith_fast.worker")
 
-_COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _ENDED_TTL = 600.0  # seconds a session that ended is remembered, so its queued commands are dropped
 _ENDED_MAX = 100_000
 _IDLE_TTL = 1800.0  # seconds before an idle session's hooks are closed (reloaded if it comes back)
@@ -85,165 +84,9 @@ _ENDED_ANSWERS: dict[str, tuple[str, str]] = {
 }
 
 
-_Started = tuple[Session, "_SessionState", list[tuple[CommandMeta, ControlHold]]]
+_Started = tuple[Session, "SessionState", list[tuple[CommandMeta, ControlHold]]]
 """A message's commands started in their session: it, their gateway session's state, and the
 control holds of each command (smith_fast.nats.control)."""
-
-
-class _Publication:
-    """Where one command's events go: Envelope messages, each published with its ``(attempt, index)`` id.
-
-    The events a command emits in one loop iteration leave as one ``Envelope.batch_event``
-    message (its sink's batcher, flushed once per iteration, at most 1024 events / 256 KiB each),
-    so a burst of output costs one NATS message, not one per event; and the outbox sends the event
-    messages of all the session's commands of that iteration as one NATS message (``Smith-Parts``).
-    """
-
-    __slots__ = ("sink", "stored", "meta", "_outbox", "_publisher", "_subject", "_session", "_part", "_index", "_scheduled", "_loop")
-
-    def __init__(self, outbox: EventOutbox, publisher: Publisher, meta: CommandMeta, attempt: int, shared: int = 0) -> None:
-        """``shared``: the number of commands of a batch run in one session whose events all go
-        out here, as one stream (parts ``b<n>-<count>.<attempt>.<index>``); 0 for one command."""
-        self.meta = meta
-        self._outbox = outbox
-        self._publisher = publisher
-        self._subject = meta.reply
-        self._session = meta.session
-        self._part = f"b{meta.number}-{shared}.{attempt}." if shared else f"{meta.number}.{attempt}."
-        self._index = 0
-        self._scheduled = False
-        self._loop = asyncio.get_running_loop()
-        self.stored: list[asyncio.Future[int]] = []
-        self.sink = V1Sink(self._publish, framed=False, notify=self._schedule)
-        self.sink.start_batching()
-
-    def _schedule(self) -> None:
-        if not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        self.sink.flush_batch()
-
-    @property
-    def published(self) -> int:
-        """Event messages published so far."""
-        return self._index
-
-    def _publish(self, data: bytes) -> None:
-        self._index += 1
-        part = f"{self._part}{self._index}"
-        size, limit = message_size(data, {MSG_ID: f"{self._session}.{part}"}), self._publisher.max_payload
-        if size > limit:  # it could never be published: say so in its place, for its request
-            data = _unpublishable(data, size, limit)
-        self.stored.append(self._outbox.put(self._subject, self._session, part, data))
-
-
-def _unpublishable(data: bytes, size: int, limit: int) -> bytes:
-    """An ErrorEvent envelope standing for an event message over the NATS server's max_payload
-    (a tool result near --tool-max-output is one): RESOURCE_EXHAUSTED for the event's request."""
-    env = pb.Envelope.FromString(data)
-    first = env.batch_event.events[0] if env.HasField("batch_event") and env.batch_event.events else env.event
-    kind = first.WhichOneof("event_type")
-    rid = getattr(getattr(first, kind), "request_id", "") if kind else ""
-    out = pb.Envelope(timestamp=env.timestamp, sequence=env.sequence)
-    error = out.event.error
-    error.error_code = pb.ERROR_CODE_RESOURCE_EXHAUSTED
-    error.message = (
-        f"a {kind or 'event'} message of {size} bytes was dropped: over the NATS server's max_payload of {limit} bytes"
-    )
-    error.timestamp = env.timestamp
-    error.details.update({"reason": "too_large_for_nats", "size": str(size), "limit": str(limit)})
-    if rid:
-        error.request_id = rid
-    return out.SerializeToString()
-
-
-class _Shelf:
-    """Where a command's session keeps the hooks it loads: its gateway session's state on this worker.
-
-    The state closes them when the gateway session ends, so closing a command's session leaves
-    them alone. A hook loaded here (HookLoadCommand) is also stored in the hooks bucket, where the
-    other workers find it.
-    """
-
-    __slots__ = ("_state",)
-
-    def __init__(self, state: _SessionState) -> None:
-        self._state = state
-
-    async def adopt(self, cmd: pb.HookLoadCommand, hook: Hook) -> Hook:
-        key = hook_key(cmd.hook_type, cmd.script)
-        cached = self._state.hooks.get(key)
-        if cached is not None and cached is not hook:  # an earlier delivery of this command loaded it here
-            await hook.close()
-            return cached
-        self._state.hooks[key] = hook
-        return hook
-
-    async def store(self, rid: str, cmd: pb.HookLoadCommand) -> None:
-        try:
-            await self._state.worker.store_hook(hook_key(cmd.hook_type, cmd.script), cmd)
-        except Exception as exc:
-            raise ProtocolError(
-                f"hook loaded but its source could not be stored for the other workers: {exc}",
-                pb.ERROR_CODE_INTERNAL_ERROR,
-                rid,
-                {"reason": "hook_store_failed"},
-            ) from None
-
-
-class _SessionState:
-    """What one gateway session keeps on this worker across its commands."""
-
-    __slots__ = ("worker", "session_id", "hooks", "loading", "running", "paused", "last_used")
-
-    def __init__(self, worker: Worker, session_id: str) -> None:
-        self.worker = worker
-        self.session_id = session_id
-        self.hooks: dict[str, Hook] = {}
-        self.loading: dict[str, asyncio.Task[Hook]] = {}
-        self.running: set[Session] = set()
-        self.paused = False
-        self.last_used = time.monotonic()
-
-    async def hooks_for(self, keys: tuple[str, ...]) -> list[Hook]:
-        """The session's hooks, in load order, loading those this worker has not seen yet.
-
-        Raises:
-            HookLoadError: a hook's source is not in the bucket or does not load here.
-        """
-        out: list[Hook] = []
-        for key in keys:
-            hook = self.hooks.get(key)
-            if hook is None:
-                task = self.loading.get(key)
-                if task is None:
-                    task = asyncio.get_running_loop().create_task(self._load(key))
-                    self.loading[key] = task
-                    task.add_done_callback(functools.partial(self._loaded, key))
-                hook = await asyncio.shield(task)
-            out.append(hook)
-        return out
-
-    def _loaded(self, key: str, _task: asyncio.Task[Hook]) -> None:
-        self.loading.pop(key, None)
-
-    async def _load(self, key: str) -> Hook:
-        cmd = await self.worker.fetch_hook(key)
-        hook = await load_hook(cmd.hook_type, cmd.script, limits=self.worker.core.hook_limits)
-        existing = self.hooks.setdefault(key, hook)
-        if existing is not hook:
-            await hook.close()
-        return existing
-
-    async def close(self) -> None:
-        hooks = list(self.hooks.values())
-        self.hooks.clear()
-        for hook in hooks:
-            with contextlib.suppress(Exception):
-                await hook.close()
 
 
 class Worker:
@@ -265,11 +108,11 @@ class Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
-        self.kv: KeyValue | None = None
+        self.hooks = HooksBucket(config)  # the sources of the session hooks loaded by any worker
         self.publisher: Publisher | None = None
         self.outbox: EventOutbox | None = None
         self.feed: PullFeed | None = None
-        self.states: dict[str, _SessionState] = {}
+        self.states: dict[str, SessionState] = {}
         # session -> (when it ended here, why: "", or a key of _ENDED_ANSWERS)
         self.ended: collections.OrderedDict[str, tuple[float, str]] = collections.OrderedDict()
         self.running: set[asyncio.Task[None]] = set()
@@ -302,7 +145,7 @@ class Worker:
         self.js = self.nc.jetstream(timeout=config.publish_timeout)
         await ensure_streams(self.js, config)
         await ensure_worker_consumer(self.js, config)
-        self.kv = await self._bucket()
+        await self.hooks.open(self.js)
         self.publisher = Publisher(self.nc, timeout=config.publish_timeout, on_high=self._backlog_high, on_low=self._backlog_low)
         await self.publisher.start()
         self.outbox = EventOutbox(self.publisher)
@@ -358,23 +201,6 @@ class Worker:
                 await self.nc.close()
         log.info("stopped", extra={"fields": {"worker": self.name, "completed": self.completed}})
 
-    async def _bucket(self) -> KeyValue:
-        assert self.js is not None
-        from nats.js import api
-
-        try:
-            return await self.js.key_value(self.config.hooks_bucket)
-        except (NotFoundError, Exception):  # BucketNotFoundError is not a NotFoundError subclass everywhere
-            return await self.js.create_key_value(
-                api.KeyValueConfig(
-                    bucket=self.config.hooks_bucket,
-                    description="smith-fast session hook sources (HookLoadCommand envelopes by hook key)",
-                    history=1,
-                    storage=api.StorageType(self.config.storage),
-                    replicas=self.config.replicas,
-                )
-            )
-
     def _disconnected(self) -> None:
         self.counters.connected = False
         self.leases.disconnected()
@@ -426,54 +252,12 @@ class Worker:
         with contextlib.suppress(Exception):
             await ensure_worker_consumer(self.js, self.config)
 
-    # ---- hooks bucket --------------------------------------------------------------------------------
-
-    async def store_hook(self, key: str, cmd: pb.HookLoadCommand) -> None:
-        """Put a HookLoadCommand envelope under ``key`` in the hooks bucket (retrying while NATS is away)."""
-        assert self.kv is not None
-        env = pb.Envelope()
-        env.command.hook_load.CopyFrom(cmd)
-        env.command.hook_load.request_id = ""
-        data = env.SerializeToString()
-        deadline = time.monotonic() + self.config.submit_timeout
-        while True:
-            try:
-                await self.kv.put(key, data)
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
-
-    async def fetch_hook(self, key: str) -> pb.HookLoadCommand:
-        """The HookLoadCommand stored under ``key``.
-
-        Raises:
-            HookLoadError: it is not in the bucket (or NATS stayed away too long).
-        """
-        assert self.kv is not None
-        deadline = time.monotonic() + self.config.submit_timeout
-        while True:
-            try:
-                entry = await self.kv.get(key)
-                break
-            except KeyNotFoundError:
-                raise HookLoadError(f"hook {key[:12]} is not in the hooks bucket {self.config.hooks_bucket}") from None
-            except Exception as exc:
-                if time.monotonic() > deadline:
-                    raise HookLoadError(f"hook {key[:12]} could not be fetched: {exc}") from None
-                await asyncio.sleep(0.5)
-        try:
-            return pb.Envelope.FromString(entry.value or b"").command.hook_load
-        except DecodeError as exc:
-            raise HookLoadError(f"hook {key[:12]} in the bucket is not a HookLoadCommand envelope: {exc}") from None
-
     # ---- sessions ------------------------------------------------------------------------------------
 
-    def _state(self, session_id: str) -> _SessionState:
+    def _state(self, session_id: str) -> SessionState:
         state = self.states.get(session_id)
         if state is None:
-            state = self.states[session_id] = _SessionState(self, session_id)
+            state = self.states[session_id] = SessionState(self.hooks, self.core.hook_limits, session_id)
         state.last_used = time.monotonic()
         return state
 
@@ -550,7 +334,7 @@ class Worker:
                 if state is not None:
                     self._spawn_background(self._wind_up(session_id, state))
 
-    async def _wind_up(self, session_id: str, state: _SessionState) -> None:
+    async def _wind_up(self, session_id: str, state: SessionState) -> None:
         """Stop a lapsed session's commands, reporting their ends; then close its hooks."""
         await asyncio.gather(*(session.shutdown() for session in list(state.running)), return_exceptions=True)
         if self.states.get(session_id) is state:
@@ -651,8 +435,8 @@ class Worker:
         # this worker, sized for bigger ones, it runs a session per command rather than refuse any)
         shared = (1 < len(commands) <= self.core.limits.max_requests
                   and not any(c.HasField("hook_load") for c in commands))
-        publications = [_Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
-            _Publication(self.outbox, self.publisher, _numbered(meta, meta.number + i) if i else meta, attempt)
+        publications = [Publication(self.outbox, self.publisher, meta, attempt, len(commands))] if shared else [
+            Publication(self.outbox, self.publisher, _numbered(meta, meta.number + i) if i else meta, attempt)
             for i in range(len(commands))
         ]
         keepalive = _Progress(msg, self.config.ack_wait / 3, self._spawn_background)
@@ -682,7 +466,7 @@ class Worker:
             keepalive.cancel()
             self.counters.events += sum(p.published for p in publications)
 
-    async def _begin(self, meta: CommandMeta, commands: list[pb.Command], publication: _Publication, attempt: int) -> _Started | None:
+    async def _begin(self, meta: CommandMeta, commands: list[pb.Command], publication: Publication, attempt: int) -> _Started | None:
         """Start commands of a message in one session of their own, emitting to ``publication``;
         None when they ended at once (their session is gone or shutting down, its hooks are
         unavailable here)."""
@@ -726,7 +510,7 @@ class Worker:
             if self.states.get(meta.session) is not state:
                 await state.close()  # what it loaded meanwhile: nobody else will close it
             return None
-        core, shelf = self.core, _Shelf(state)
+        core, shelf = self.core, Shelf(state)
 
         def runner(host: RequestHost) -> LocalRunner:
             return LocalRunner(core, host, hooks=hooks, shelf=shelf)
@@ -766,7 +550,7 @@ class Worker:
         return session, state, helds
 
     async def _conclude(
-        self, session: Session, state: _SessionState, helds: list[tuple[CommandMeta, ControlHold]], meta: CommandMeta, attempt: int,
+        self, session: Session, state: SessionState, helds: list[tuple[CommandMeta, ControlHold]], meta: CommandMeta, attempt: int,
     ) -> bool:
         """Wait for a started command's session to end; True when this worker's stop cut it short."""
         try:
@@ -797,7 +581,7 @@ class Worker:
 
     async def _run_direct(self, meta: CommandMeta, command: pb.Command) -> None:
         assert self.publisher is not None and self.outbox is not None
-        publication = _Publication(self.outbox, self.publisher, meta, 1)
+        publication = Publication(self.outbox, self.publisher, meta, 1)
         try:
             begun = await self._begin(meta, [command], publication, 1)
             if begun is not None:

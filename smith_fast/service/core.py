@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import os
 import pathlib
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from .sinks import EventSink
 
 __all__ = [
+    "Backend",
     "ServiceCore",
     "SUPPORTED_VERSIONS",
     "ACCEPTABLE",
@@ -102,6 +104,36 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
     return out
 
 
+class Backend(abc.ABC):
+    """Where a core's requests run when not in this process, and what that changes of the core's
+    answers (``smith-fast gateway``: on NATS workers, :class:`smith_fast.nats.gateway.Gateway`).
+
+    The core calls it; what runs the requests composes the core (``ServiceCore(backend=...)``)
+    rather than subclassing it. Its requests' runner comes with ``ServiceCore(runner=...)``.
+    """
+
+    @abc.abstractmethod
+    def unavailable(self) -> str | None:
+        """Why the service cannot serve now although it runs, or None (health, ``service_info``)."""
+
+    @abc.abstractmethod
+    def service_info(self) -> dict[str, str]:
+        """What a handshake's ``service_info`` says of it, besides what the core says."""
+
+    @abc.abstractmethod
+    def made_resumable(self, session: Session) -> None:
+        """``session`` retains what it writes from now on (a gateway may also journal it)."""
+
+    @abc.abstractmethod
+    def carried_on(self, sessions: Sequence[Session]) -> list[Session] | None:
+        """At shutdown: which of ``sessions`` outlive this process (handed over to the next one:
+        they are not shut down); None when it hands nothing over (a plain shutdown)."""
+
+    @abc.abstractmethod
+    async def hand_over(self, sessions: list[Session]) -> None:
+        """Hand ``sessions`` (what :meth:`carried_on` returned) over, once every other session is shut down."""
+
+
 class ServiceCore:
     """Shared state: identity, configuration, tools, capability set, process accounting, sessions.
 
@@ -110,6 +142,8 @@ class ServiceCore:
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
         runner: makes each session's request runner (default: requests run here; ``smith-fast
             gateway`` passes one that forwards them to workers).
+        backend: where the requests run when not here (with ``runner``): its health, its part of
+            ``service_info``, what becomes of resumable sessions (:class:`Backend`).
 
     Raises:
         SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
@@ -117,8 +151,9 @@ class ServiceCore:
     """
 
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None,
-                 sockets: Sequence[str] = ()) -> None:
+                 backend: Backend | None = None, sockets: Sequence[str] = ()) -> None:
         self.config = config
+        self._backend = backend
         self.limits = config.limits
         logs.conceal(config.token)  # whatever quotes it (a command's text in the audit line)
         self.loop_name = loop_name
@@ -191,8 +226,23 @@ class ServiceCore:
 
     def unavailable(self) -> str | None:
         """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
-        ``smith-fast gateway``'s core says so without NATS or workers)."""
-        return None
+        ``smith-fast gateway``'s backend says so without NATS or workers)."""
+        return None if self._backend is None else self._backend.unavailable()
+
+    def offer(self, capability: int, available: bool) -> None:
+        """Grant ``capability`` from now on, if ``--capabilities`` permits it, or no longer grant it:
+        for a part whose availability changes while the service runs (a gateway grants ``nats``
+        while it is connected). Sessions keep what their handshake granted."""
+        if available:
+            self.capabilities = self.capabilities | ({capability} & self.permitted)
+        else:
+            self.capabilities = self.capabilities - {capability}
+
+    def hold_resumes(self, holding: bool) -> None:
+        """While ``holding``, a resume naming no session known here is told to try again in a
+        moment, not that its session is gone: the sessions of the process before this one are
+        being taken over (a gateway restarting with its ``--gateway-id``)."""
+        self.parked.restoring = holding
 
     def watch_health(self, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` whenever :meth:`unavailable` may have changed (the gRPC health service)."""
@@ -218,6 +268,8 @@ class ServiceCore:
     def made_resumable(self, session: Session) -> None:
         """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
         fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
+        if self._backend is not None:
+            self._backend.made_resumable(session)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
@@ -274,6 +326,8 @@ class ServiceCore:
             info[ACCEPTED_KEY] = ",".join(accepted)
             if "metrics" in accepted:
                 info[INTERVAL_KEY] = str(interval_ms)
+        if self._backend is not None:
+            info.update(self._backend.service_info())
         return info
 
     def versions(self) -> tuple[int, ...]:
@@ -296,9 +350,14 @@ class ServiceCore:
         self.running_processes -= 1
 
     async def shutdown(self) -> None:
-        """Shut every session down (SHUTTING, requests cancelled, final events flushed)."""
+        """Shut every session down (SHUTTING, requests cancelled, final events flushed), but those
+        the backend hands over to the next process (:meth:`Backend.carried_on`)."""
+        kept = None if self._backend is None else self._backend.carried_on(list(self.sessions))
         self.shutting_down = True
         await asyncio.gather(
-            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True
+            *(s.shutdown() for s in list(self.sessions) if kept is None or s not in kept),
+            self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
         )
+        if kept is not None and self._backend is not None:
+            await self._backend.hand_over(kept)
         self.closed.set()
