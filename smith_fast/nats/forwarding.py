@@ -32,6 +32,7 @@ from .wire import CommandMeta, RequestStream, hook_key
 
 if TYPE_CHECKING:
     from ..service.commands import CommandSpec
+    from ..service.request import Request
     from ..service.core import ServiceCore
     from ..service.runner import RequestHost
     from .bridge import Bridge
@@ -86,6 +87,11 @@ class NatsRunner:
         self._steer_bytes = 0  # stdin on its way to background processes
         self.journal: SessionJournal | None = None  # a resumable session of a gateway with a fixed id (journal.py)
         self.bridge.sessions[self.session_id] = self
+
+    def start(self, request: Request, at_once: bool) -> Coroutine[Any, Any, None]:
+        """Forward admitted ``request`` (RequestRunner): always a task, the worker answers."""
+        assert request.spec is not None
+        return self.run(request.spec, request.id, request.command)
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         route = FORWARDED.get(spec.kind)
