@@ -58,9 +58,10 @@ class RequestTable:
         max_requests: ``--max-requests``, the live requests it admits at once.
     """
 
-    __slots__ = ("_host", "_max", "live", "_ended", "owed")
+    __slots__ = ("host", "_host", "_max", "live", "_ended", "owed")
 
     def __init__(self, host: TableHost, max_requests: int) -> None:
+        self.host: Terminal = host  # what a request's end is sent through
         self._host = host
         self._max = max_requests
         self.live: dict[str, Request] = {}

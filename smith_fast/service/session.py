@@ -12,26 +12,23 @@ Protocol-independent.
 from __future__ import annotations
 
 import asyncio
-import functools
-import sys
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import DecodeError
 
-from .. import events, tracing
+from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
-from .auth import REDACTED, TOKEN_KEY, redacted_handshake, token_matches
-from .redact import redacted_bytes
+from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
-from .flow import OutputBudget, reservation
+from .flow import OutputBudget
 from .health import HealthSource, health_response
-from .metrics import Gauges, ResourceSampler
+from .metrics import Gauges
+from .redact import redacted_bytes
 from .negotiation import (
     ACCEPT_KEY,
     ACCEPTABLE,
@@ -43,12 +40,14 @@ from .negotiation import (
     wire_capabilities,
 )
 from .request import Request
+from .request_start import RequestStarter
 from .request_table import RequestTable
 from .resume import RESUME, Front, ParkedSessions, Resumable
 from .session_batches import Batches
+from .session_reports import MetricsReporter, close_recording, loggable, open_recording
 from .session_resume import SessionResume
 from .sizes import too_large
-from .sinks import EventSink, now_ms
+from .sinks import EventSink
 
 if TYPE_CHECKING:
     from .config import Limits, ServiceConfig
@@ -59,8 +58,6 @@ __all__ = ["Session", "SessionCore"]
 log = get_logger("smith_fast.session")
 
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
-_METRICS = pb.Envelope.DESCRIPTOR.fields_by_name["metrics"].number
-_RESOURCE_USAGE = pb.Envelope.DESCRIPTOR.fields_by_name["resource_usage"].number
 _TRACE_KEYS = ("traceparent", "tracestate")
 
 
@@ -158,10 +155,10 @@ class Session:
         self._peer_reading.set()
         self._hold_input = hold_input
         self._input_held = False
-        self._waiting_bytes = 0  # of the commands waiting for the budget
         self.requests = RequestTable(self, core.limits.max_requests)
+        self._starter = RequestStarter(self, core.limits, core.metrics)
         self._batches = Batches(self, core.limits.max_batch_commands)
-        self._reporter: asyncio.Task[None] | None = None  # periodic MetricsEvents
+        self._reporter: MetricsReporter | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
         self.session_id = session_id or str(uuid.uuid4())
@@ -204,7 +201,7 @@ class Session:
         self.last_active = self._loop.time()
         kind = env.WhichOneof("payload")
         if self.recorder is not None:
-            self.recorder.record_in(_loggable(env, kind))
+            self.recorder.record_in(loggable(env, kind))
         backlog = self._batches.backlog
         if backlog is not None:
             backlog.append((env, kind))
@@ -297,7 +294,7 @@ class Session:
         if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
             self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
             return
-        self._start(rid or "", spec, command)
+        self._starter.start(rid or "", spec, command)
 
     def cancel(self, rid: str) -> None:
         """Cancel running request ``rid`` as a ``CancelCommand`` would (for a front with a cancel of
@@ -435,53 +432,27 @@ class Session:
         else:
             self.sink.stop_batching()
         if self._reporter is not None:
-            self._reporter.cancel()
+            self._reporter.stop()
             self._reporter = None
         if "metrics" in accepted:
-            self._reporter = asyncio.get_running_loop().create_task(self._report_metrics(interval_ms / 1000))
+            self._reporter = MetricsReporter(self, self.core, self.sink, interval_ms / 1000)
 
     # ---- recording ---------------------------------------------------------------------------
 
     def _start_recording(self) -> None:
-        """Record this session (every envelope in and out) in the core's recordings; a failure to
-        start or to write is reported to the peer as a warning and the session goes on. Neither
-        the service's token nor the session's resume token is ever written (``conceal``)."""
-        try:
-            self.recorder = self.core.recordings.open(
-                session_id=self.session_id,
-                protocol_version=self.version,
-                service_id=self.core.service_id,
-                on_error=lambda err: self.sink.log(pb.LOG_LEVEL_WARN, f"recording stopped: {err}", fields={"reason": "recording_failed"}),
-                metadata={"peer": self.peer},
-            )
-        except OSError as exc:
-            log.warning("cannot record session", extra={"fields": {"peer": self.peer, "error": str(exc)}})
-            self.sink.log(pb.LOG_LEVEL_WARN, f"cannot record this session: {exc}", fields={"reason": "recording_failed"})
-            return
-        self.recorder.conceal(self.core.config.token)
-        if self._resume.resumable is not None:
-            self.recorder.conceal(self._resume.resumable.token)
-        self.sink.record_to(self.recorder)
+        resumable = self._resume.resumable
+        self.recorder = open_recording(
+            self.core.recordings, self.sink, session_id=self.session_id, version=self.version, service_id=self.core.service_id,
+            peer=self.peer, conceal=[self.core.config.token, resumable.token if resumable is not None else None],
+        )
 
-    # ---- metrics and health -------------------------------------------------------------------
-
-    async def _report_metrics(self, interval: float) -> None:
-        sampler = ResourceSampler()
-        while True:
-            await asyncio.sleep(interval)
-            if self._closing:
-                return
-            if not self.paused:  # a peer that does not read would only make us buffer reports
-                self.send_metrics(sampler)
-
-    def send_metrics(self, sampler: ResourceSampler) -> None:
-        """One report: a MetricsEvent per sample, then a ResourceUsageEvent."""
-        core, sink = self.core, self.sink
-        ts = now_ms()
-        for name, labels, value in core.metrics.samples(core):
-            sink.envelope(_METRICS, pb.MetricsEvent(metric_name=name, value=value, timestamp=ts, labels=labels).SerializeToString())
-        usage = sampler.sample(core.network_connections())
-        sink.envelope(_RESOURCE_USAGE, usage.event(ts).SerializeToString())
+    def _stop_recording(self) -> None:
+        """Close the session log once everything the session will ever send was written."""
+        if self.recorder is not None:
+            close_recording(self.recorder)
+        if self._reporter is not None:
+            self._reporter.stop()
+            self._reporter = None
 
     # ---- requests -----------------------------------------------------------------------------
 
@@ -502,64 +473,6 @@ class Session:
     def request_ended(self, request: Request) -> None:
         self.requests.ended(request)
 
-    def _start(self, rid: str, spec: CommandSpec, command: pb.Command) -> None:
-        """Admit request ``rid`` and start it: in this step when its row's shortcut can end it
-        (only while nothing holds or waits for the output budget and the peer reads: then
-        reserving and releasing it is nothing), else as a task."""
-        request = self.requests.admit(rid, spec, command)
-        if request is None:
-            return
-        start = time.perf_counter()
-        budget = self.budget
-        work = self.runner.start(request, not (budget.waiting or budget.reserved or self.paused or self.shutting))
-        if work is None:
-            self.requests.forget(request)
-            self.last_active = self._loop.time()
-            self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
-            return
-        task = request.task = _task(self._loop, self._request(request, work, start))
-        task.add_done_callback(functools.partial(self._forget, request))
-
-    def _forget(self, request: Request, _task: asyncio.Task[None]) -> None:
-        self.requests.forget(request)
-
-    async def _request(self, request: Request, work: Coroutine[Any, Any, None], start: float) -> None:
-        spec = request.spec
-        assert spec is not None
-        size = reservation(spec.kind, self.core.limits)
-        budget = self.budget
-        try:
-            if budget.waiting or budget.reserved or self.paused:
-                await self._admit(size, request.command.ByteSize())
-            else:
-                budget.reserved += size  # the common case: nothing else runs, the peer reads
-        except asyncio.CancelledError:
-            work.close()
-            request.finish(asyncio.CancelledError())  # its one terminal state, as a running request's
-            raise
-        if self.shutting:  # it waited for the budget while the session began shutting down
-            budget.release(size)
-            work.close()
-            request.finish(asyncio.CancelledError())
-            return
-        try:
-            await work
-        finally:
-            budget.release(size)
-            self._update_input()
-            self.last_active = self._loop.time()
-            self.core.metrics.observe_request(spec.kind, time.perf_counter() - start)
-
-    async def _admit(self, size: int, held: int) -> None:
-        """Wait for the output budget, holding a ``held``-byte command meanwhile."""
-        self._waiting_bytes += held
-        self._update_input()
-        try:
-            await self.budget.acquire(size)
-        finally:
-            self._waiting_bytes -= held
-            self._update_input()
-
     # ---- flow control and teardown --------------------------------------------------------------
 
     def pause(self) -> None:
@@ -569,14 +482,14 @@ class Session:
         self._peer_reading.clear()
         self.budget.set_paused(True)
         self.runner.pause()
-        self._update_input()
+        self.update_input()
 
     def resume(self) -> None:
         self.paused = False
         self._peer_reading.set()
         self.runner.resume()
         self.budget.set_paused(False)
-        self._update_input()
+        self.update_input()
 
     async def reading(self) -> None:
         """Return once the peer reads (at once unless it is paused): a request that produces
@@ -584,11 +497,11 @@ class Session:
         if self.paused and not self.shutting:
             await self._peer_reading.wait()
 
-    def _update_input(self) -> None:
+    def update_input(self) -> None:
         """Hold the peer's input while it is not reading, or while the commands waiting for the
         budget hold more than a quarter of it; a peer that reads can still send what addresses
         the running requests while a few wait."""
-        held = self.paused or self._waiting_bytes > self.budget.limit // 4
+        held = self.paused or self._starter.waiting_bytes > self.budget.limit // 4
         if held != self._input_held and self._hold_input is not None and not self._closing:
             self._input_held = held
             self._hold_input(held)
@@ -617,17 +530,6 @@ class Session:
         if not handed_over:
             self.runner.end()
         self.span.end()
-
-    def _stop_recording(self) -> None:
-        """Close the session log once everything the session will ever send was written."""
-        if self.recorder is not None:
-            # fsync in a worker thread: a long session's log must not stall every other session
-            task = asyncio.get_running_loop().create_task(self.recorder.aclose())
-            _CLOSING_LOGS.add(task)
-            task.add_done_callback(_CLOSING_LOGS.discard)
-        if self._reporter is not None:
-            self._reporter.cancel()
-            self._reporter = None
 
     async def shutdown(self) -> None:
         """SHUTTING, cancel running requests (their final events are sent), flush, close."""
@@ -770,9 +672,7 @@ class Session:
     def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
         """A request that runs already (a restored session's, on a worker): it counts as admitted
         here until ``work`` ends, as one this session started would."""
-        request = self.requests.live[rid] = Request(self, rid, None, None)
-        task = request.task = self._loop.create_task(work)
-        task.add_done_callback(functools.partial(self._forget, request))
+        self._starter.adopt(rid, work)
 
     def hand_over(self) -> None:
         """The service stops and the next process takes this session over (a gateway with a fixed
@@ -801,32 +701,3 @@ def _none_unsent() -> int:
 def _id_size(rid: str) -> int:
     """A request id's length in UTF-8 bytes."""
     return len(rid) if rid.isascii() else len(rid.encode("utf-8", "surrogatepass"))
-
-
-if sys.version_info >= (3, 12):
-
-    def _task(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """A request's task, started at once up to its first suspension (a call that does not
-        wait ends without a loop iteration)."""
-        return asyncio.Task(work, loop=loop, eager_start=True)
-
-else:
-
-    def _task(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """A request's task (3.11 has no eager start)."""
-        return loop.create_task(work)
-
-
-_CLOSING_LOGS: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
-
-
-def _loggable(env: pb.Envelope, kind: str | None) -> bytes:
-    """The bytes of ``env`` for the session log: a handshake's token and resume token replaced (auth.py)."""
-    if kind == "command":
-        if TOKEN_KEY in env.command.handshake.client_info or env.command.handshake.resume_token:
-            env = redacted_handshake(env)
-    elif kind == "batch_command" and any(
-        TOKEN_KEY in c.handshake.client_info or c.handshake.resume_token for c in env.batch_command.commands
-    ):
-        env = redacted_handshake(env)
-    return env.SerializeToString()
