@@ -38,7 +38,6 @@ from .session_hooks import SessionHooks
 if TYPE_CHECKING:
     from ..hooks import Hook, HookLimits
     from ..process import ShellProcess
-    from .commands import CommandSpec
     from .metrics import ServiceMetrics
     from .session_hooks import HookShelf
     from .sinks import EventSink

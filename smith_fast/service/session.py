@@ -23,22 +23,20 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
+from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
 from .flow import OutputBudget
 from .health import HealthSource, health_response
 from .metrics import Gauges
-from .redact import redacted_bytes
 from .negotiation import (
     ACCEPT_KEY,
-    ACCEPTABLE,
     DEFAULT_METRICS_INTERVAL_MS,
-    SUPPORTED_VERSIONS,
     accept_additions,
     capability_name,
     capability_refusal,
-    wire_capabilities,
 )
+from .redact import redacted_bytes
 from .request import Request
 from .request_start import RequestStarter
 from .request_table import RequestTable
@@ -255,25 +253,12 @@ class Session:
             return
         request = getattr(command, kind)
         rid = getattr(request, "request_id", None)
-        if rid is not None and _id_size(rid) > (limit := self.core.limits.max_request_id_size):
-            # Not read as an id (it would be echoed in every event of the request): no terminal state.
-            self.protocol_error(
-                ProtocolError(
-                    f"{kind}'s request_id is {_id_size(rid)} bytes, over the limit of {limit} (--max-request-id-size); nothing was run",
-                    pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-                    details={"reason": "request_id_too_long", "size": str(_id_size(rid)), "limit": str(limit)},
-                )
-            )
+        limits = self.core.limits
+        if (error := id_too_long(kind, rid, limits.max_request_id_size)) is not None:
+            self.protocol_error(error)
             return
         if not self.handshaken:
-            self.refuse(
-                ProtocolError(
-                    f"{kind} before handshake: send a HandshakeCommand first",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                    rid,
-                    {"reason": "handshake_required"},
-                )
-            )
+            self.refuse(ProtocolError(f"{kind} before handshake: send a HandshakeCommand first", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "handshake_required"}))
             return
         if kind == "shutdown":
             asyncio.get_running_loop().create_task(self.shutdown())
@@ -282,18 +267,10 @@ class Session:
         if spec is not None and spec.control is not None:
             self._control(spec, spec.control, request)
             return
-        if spec is None or spec.handler is None:
-            self.refuse(ProtocolError(f"{kind} is not supported by this service", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unsupported_command"}))
+        if (error := refusal(kind, spec, request, rid, self.granted, limits.max_command_size)) is not None:
+            self.refuse(error)
             return
-        if spec.needs is not None and (needed := spec.needs(request)) not in self.granted:
-            name = capability_name(needed) if isinstance(needed, int) else needed
-            self.refuse(
-                ProtocolError(f"{kind} needs capability {name}, which was not granted in the handshake", pb.ERROR_CODE_INVALID_CAPABILITY, rid)
-            )
-            return
-        if spec.size is not None and (size := spec.size(request)) > self.core.limits.max_command_size:
-            self.refuse(too_large(f"this {kind} command", size, self.core.limits.max_command_size, rid))
-            return
+        assert spec is not None
         self._starter.start(rid or "", spec, command)
 
     def cancel(self, rid: str) -> None:
@@ -314,11 +291,8 @@ class Session:
             self.protocol_error(exc)
 
     def request_id(self, command: pb.Command) -> str | None:
-        """The command's request id if it can be read as one: set, and not over
-        ``--max-request-id-size`` (PROTOCOL.md, "Terminal states")."""
-        kind = command.WhichOneof("command_type")
-        rid = getattr(getattr(command, kind), "request_id", None) if kind else None
-        return rid if rid and _id_size(rid) <= self.core.limits.max_request_id_size else None
+        """The command's request id if it can be read as one (PROTOCOL.md, "Terminal states")."""
+        return readable_id(command, self.core.limits.max_request_id_size)
 
     def protocol_error(self, exc: ProtocolError) -> None:
         """Report a problem with the peer's input; the session carries on."""
@@ -364,24 +338,8 @@ class Session:
         if hs.resume_token:
             self._resume.resume_from(hs)
             return
-        if hs.version not in SUPPORTED_VERSIONS:
-            self.protocol_error(
-                ProtocolError(
-                    f"protocol version {hs.version} is not supported; this service speaks versions 1 and 0",
-                    pb.ERROR_CODE_UNSUPPORTED_VERSION,
-                    details={"supported_versions": "1,0"},
-                )
-            )
-            return
-        if self.version == 1 and hs.version == 0:
-            self.protocol_error(
-                ProtocolError(
-                    "version 0 was requested on a v1 (varint-delimited protobuf) connection; "
-                    "v0 is spoken as JSON lines",
-                    pb.ERROR_CODE_UNSUPPORTED_VERSION,
-                    details={"supported_versions": "1"},
-                )
-            )
+        if (error := version_refusal(hs.version, self.version)) is not None:
+            self.protocol_error(error)
             return
         granted, refused = self.core.grant(list(hs.capabilities))
         if refused:  # one ErrorEvent (and one log line) however many were refused
@@ -406,18 +364,10 @@ class Session:
             # only the trace context: the rest of client_info (the token among it) stays out of spans
             self.span = tracing.session_span(self.peer, self.version, {k: hs.client_info[k] for k in _TRACE_KEYS if k in hs.client_info})
         self.sink.state_change(pb.SERVICE_STATE_STARTING)
-        event = pb.Event()
-        ready = event.ready
-        ready.version = self.version
-        ready.capabilities.extend(wire_capabilities(granted))
-        ready.service_id = self.core.service_id
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
             info["smith_fast.recording"] = str(self.recorder.path)
-        ready.service_info.update(info)
-        if token is not None:
-            ready.resume_token = token
-        self.sink.event(event)
+        self.sink.event(ready_event(self.core, self.version, granted, info, token))
         self.sink.state_change(pb.SERVICE_STATE_READY)
         for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them
             self.sink.log(pb.LOG_LEVEL_WARN, message, fields=fields)
@@ -696,8 +646,3 @@ def _nothing() -> None:
 
 def _none_unsent() -> int:
     return 0
-
-
-def _id_size(rid: str) -> int:
-    """A request id's length in UTF-8 bytes."""
-    return len(rid) if rid.isascii() else len(rid.encode("utf-8", "surrogatepass"))

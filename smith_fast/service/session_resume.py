@@ -18,7 +18,8 @@ from .. import events
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from .negotiation import ACCEPTABLE, DEFAULT_METRICS_INTERVAL_MS, wire_capabilities
+from .admission import ready_event
+from .negotiation import ACCEPTABLE, DEFAULT_METRICS_INTERVAL_MS
 from .resume import Front, ParkedSessions, Resumable, ResumeRefused, Retention
 from .sinks import EventSink, now_ms
 
@@ -263,15 +264,9 @@ class SessionResume:
     def _resumed(self, token: str, replayed: int) -> bytes:
         """The answer to a resume handshake: outside the session's sequence (0), never retained."""
         session = self._session
-        event = pb.Event()
-        ready = event.ready
-        ready.version = session.version
         granted = sorted(session.granted)
-        ready.capabilities.extend(wire_capabilities(granted))
-        ready.service_id = session.core.service_id
         accepted = [a for a in ACCEPTABLE if a in session.accepted]
-        ready.service_info.update(session.core.service_info(session.version, granted, accepted))
-        ready.service_info["smith_fast.replayed"] = str(replayed)
-        ready.resume_token = token
-        ready.resumed = True
+        info = session.core.service_info(session.version, granted, accepted)
+        info["smith_fast.replayed"] = str(replayed)
+        event = ready_event(session.core, session.version, granted, info, token, resumed=True)
         return events.encode_envelope(now_ms(), 0, _EVENT, event.SerializeToString(), framed=session.sink.framed)
