@@ -468,18 +468,29 @@ class Session:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _end(self, *, handed_over: bool = False) -> None:
-        """Mark the session over and leave the core; nothing is sent after this. Its runner is
-        told it ended, unless the next process takes the session over (:meth:`hand_over`)."""
-        if self._closing:
-            return
-        self._closing = True
-        self.core.sessions.discard(self)
-        if self._resume.resumable is not None:
-            self.core.parked.forget(self._resume.resumable.key)
-        if not handed_over:
-            self.runner.end()
-        self.span.end()
+    def _over(self, *, kill: bool = False, close: bool = True, handed_over: bool = False) -> None:
+        """The end every way shares: the session leaves the core and nothing is sent after this;
+        with ``kill`` what runs is killed, with ``kill`` or ``handed_over`` its tasks are
+        cancelled; with ``close`` what is batched is flushed and the transport closed; then the
+        session log is closed. Its runner is told it ended, unless the next process takes the
+        session over (:meth:`hand_over`)."""
+        if not self._closing:
+            self._closing = True
+            self.core.sessions.discard(self)
+            if self._resume.resumable is not None:
+                self.core.parked.forget(self._resume.resumable.key)
+            if not handed_over:
+                self.runner.end()
+            self.span.end()
+        if kill:
+            self.runner.kill()
+        if kill or handed_over:
+            for task in self._running_tasks():
+                task.cancel()
+        if close:
+            self.sink.flush_batch()
+            self._close()
+        self._stop_recording()
 
     async def shutdown(self) -> None:
         """SHUTTING, cancel running requests (their final events are sent), flush, close."""
@@ -492,22 +503,15 @@ class Session:
         # still delivered; then cancel whatever is left (tool calls).
         await self.runner.shutdown(self.core.limits.kill_grace)
         await self._cancel_requests()
-        self._end()
-        self.sink.flush_batch()
-        self._close()
-        self._stop_recording()
+        self._over()
 
     async def finish(self) -> None:
         """The peer will send nothing more but still listens (a gRPC half-close): let the running
         requests end, then close."""
         while self.busy and not self._closing:
             await asyncio.wait(self._running_tasks())
-        if self._closing:
-            return
-        self._end()
-        self.sink.flush_batch()
-        self._close()
-        self._stop_recording()
+        if not self._closing:
+            self._over()
 
     def deny(self, message: str, rid: str | None = None) -> None:
         """A wrong or missing token: say so, end the refused request ``rid`` (if any), close (the
@@ -519,7 +523,7 @@ class Session:
         self.report_error(pb.ERROR_CODE_PERMISSION_DENIED, message + "; closing the connection", None, {"reason": "unauthenticated"})
         if rid:
             self.end_refused(rid)
-        self._teardown()
+        self._over(kill=True)
 
     def expire(self, reason: str, message: str) -> None:
         """A deadline passed (:class:`~smith_fast.service.deadlines.Deadlines`): say why, then close.
@@ -537,7 +541,7 @@ class Session:
             return
         self.sink.log(pb.LOG_LEVEL_WARN, message, fields={"reason": reason})
         self.sink.state_change(pb.SERVICE_STATE_SHUTTING)
-        self._teardown()
+        self._over(kill=True)
 
     def abort(self, code: int, message: str, details: Mapping[str, str] | None = None) -> None:
         """Send an ``ErrorEvent`` saying why, then close the connection; anything running is killed.
@@ -550,19 +554,10 @@ class Session:
         if self._closing:
             return
         self.report_error(code, message, None, details)
-        self._teardown()
+        self._over(kill=True)
 
     def _running_tasks(self) -> list[asyncio.Task[None]]:
         return [*self._batches.tasks, *(r.task for r in self.requests.live.values() if r.task is not None)]
-
-    def _teardown(self) -> None:
-        self._end()
-        self.runner.kill()
-        for task in self._running_tasks():
-            task.cancel()
-        self.sink.flush_batch()
-        self._close()
-        self._stop_recording()
 
     def connection_lost(self) -> None:
         """The peer went away: nobody to report to, so kill children at once (a resumable session
@@ -573,11 +568,7 @@ class Session:
 
     def lost(self) -> None:
         """End as a dropped connection does: what runs is killed, nothing more is sent."""
-        self._end()
-        self.runner.kill()
-        for task in self._running_tasks():
-            task.cancel()
-        self._stop_recording()
+        self._over(kill=True, close=False)
 
     # ---- resume (service/session_resume.py) -------------------------------------------------------
 
@@ -603,8 +594,7 @@ class Session:
 
     def end_quietly(self) -> None:
         """This connection resumed another session: it ends without a word."""
-        self._end()
-        self._stop_recording()
+        self._over(close=False)
 
     def expire_parked(self) -> None:
         """``--resume-window`` passed without a resume: end as a dropped connection always did."""
@@ -631,12 +621,7 @@ class Session:
         wrote so far is in the journal already (or on its way: the gateway waits for it)."""
         if self._closing:
             return
-        self._end(handed_over=True)
-        self.sink.flush_batch()
-        for task in self._running_tasks():
-            task.cancel()
-        self._close()
-        self._stop_recording()
+        self._over(handed_over=True)
         log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self.requests)}})
 
 
