@@ -33,6 +33,7 @@ from .wire import CommandMeta, RequestStream, hook_key
 if TYPE_CHECKING:
     from ..service.commands import CommandSpec
     from ..service.request import Request
+    from ..service.sinks import EventSink
     from ..service.core import ServiceCore
     from ..service.runner import RequestHost
     from .bridge import Bridge
@@ -167,6 +168,14 @@ class NatsRunner:
             self._steer_bytes -= size
 
     # ---- control: cancel, stdin and resize reach the worker running the request (nats/control.py) ------
+
+    @property
+    def sink(self) -> EventSink:
+        return self._host.sink
+
+    def target(self, rid: str, what: str) -> _Forwarded:
+        """What a control command addresses (RequestControl): the request as forwarded to its worker."""
+        return _Forwarded(self, rid)
 
     def cancel(self, rid: str) -> None:
         """Every worker hears the cancel (smith_fast.nats.control): the one running it stops it and
@@ -665,3 +674,23 @@ def _carried(env: pb.Envelope) -> Sequence[pb.Event]:
     if kind == "event":
         return (env.event,)
     return ()
+
+
+class _Forwarded:
+    """A request of a gateway session as a control command's target: what it does goes to the
+    worker running it (NatsRunner's cancel, write_stdin, resize)."""
+
+    __slots__ = ("_runner", "_rid")
+
+    def __init__(self, runner: NatsRunner, rid: str) -> None:
+        self._runner = runner
+        self._rid = rid
+
+    def cancel(self) -> None:
+        self._runner.cancel(self._rid)
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        self._runner.write_stdin(self._rid, data, eof)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._runner.resize(self._rid, rows, cols)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
@@ -23,31 +23,53 @@ from . import launch
 from .execution import Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
-__all__ = ["CommandSpec", "COMMANDS", "Control", "Handler", "RequestControl", "shell_exec", "run_tool"]
+if TYPE_CHECKING:
+    from .sinks import EventSink
+
+__all__ = ["CommandSpec", "COMMANDS", "Control", "ControlTarget", "Handler", "RequestControl", "shell_exec", "run_tool"]
 
 Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
 """Runs one request of its kind: ``handler(execution, request_id, request)``; raises
 :class:`~smith_fast.errors.ProtocolError` to end it with an error."""
 
 
+class ControlTarget(Protocol):
+    """What a control command can do to the running request it names (a
+    :class:`~smith_fast.service.request.Request`, a background process, a request on a NATS
+    worker). Each raises :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin,
+    no terminal, stdin buffer full); the request itself goes on."""
+
+    def cancel(self) -> None:
+        """End it as cancelled: its processes get SIGTERM, then SIGKILL after ``--kill-grace``;
+        its final events are sent, then one ``ErrorEvent`` (reason ``cancelled``) and
+        ``StateChange ERROR``. Harmless while a cancel of it is under way."""
+        ...
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        """Write ``data`` to its open stdin (or terminal); then close it if ``eof``."""
+        ...
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set its terminal size (a ShellExec run with a ``pty``)."""
+        ...
+
+
 class RequestControl(Protocol):
-    """What a control command does to a running request (a
-    :class:`~smith_fast.service.runner.RequestRunner` is one). Each raises
-    :class:`~smith_fast.errors.ProtocolError` when it cannot (unknown or finished request id, no
-    open stdin, no terminal, stdin buffer full); the request itself goes on."""
+    """Where control commands find their target (a
+    :class:`~smith_fast.service.runner.RequestRunner` is one)."""
 
-    def cancel(self, rid: str) -> None:
-        """End request ``rid`` as cancelled: its processes get SIGTERM, then SIGKILL after
-        ``--kill-grace``; its final events are sent, then one ``ErrorEvent`` (reason
-        ``cancelled``) and ``StateChange ERROR``. Harmless while a cancel of it is under way."""
-        ...
+    @property
+    def sink(self) -> EventSink: ...
 
-    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
-        """Write ``data`` to the open stdin (or terminal) of ShellExec ``rid``; then close it if ``eof``."""
-        ...
+    def target(self, rid: str, what: str) -> ControlTarget | None:
+        """The running request (or background process) ``rid`` names, for a command that would
+        ``what`` it (``cancel``, ``write stdin to``: the phrase of its errors); None when there
+        is nothing to do (a Cancel of a request that ended cancelled).
 
-    def resize(self, rid: str, rows: int, cols: int) -> None:
-        """Set the terminal size of ShellExec ``rid`` (run with a ``pty``)."""
+        Raises:
+            ProtocolError: ``rid`` names nothing running (``not_running``, ``unknown_request``),
+                or a background process the session may not steer.
+        """
         ...
 
 
@@ -246,15 +268,21 @@ def _background_capability(_cmd: object) -> int:
 
 
 def _cancel(runner: RequestControl, cmd: pb.CancelCommand) -> None:
-    runner.cancel(cmd.request_id)
+    target = runner.target(cmd.request_id, "cancel")
+    if target is not None:
+        target.cancel()
 
 
 def _stdin(runner: RequestControl, cmd: pb.StdinCommand) -> None:
-    runner.write_stdin(cmd.request_id, cmd.data, cmd.eof)
+    target = runner.target(cmd.request_id, "write stdin to")
+    if target is not None:
+        target.write_stdin(cmd.data, cmd.eof)
 
 
 def _resize(runner: RequestControl, cmd: pb.ResizeCommand) -> None:
-    runner.resize(cmd.request_id, cmd.rows, cmd.cols)
+    target = runner.target(cmd.request_id, "resize")
+    if target is not None:
+        target.resize(cmd.rows, cmd.cols)
 
 
 def _stdin_size(cmd: pb.StdinCommand) -> int:

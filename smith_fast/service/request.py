@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ..process import ShellProcess
     from .audit import AuditRecord
     from .commands import CommandSpec
+    from .config import Limits
     from .sinks import EventSink
 
 __all__ = ["EarlyInput", "Request", "RequestState", "Terminal", "write_input", "stdin_refused"]
@@ -82,12 +83,13 @@ class Request:
     """
 
     __slots__ = (
-        "_host", "id", "spec", "command", "state", "task", "span", "audit", "early", "processes",
+        "_host", "_limits", "id", "spec", "command", "state", "task", "span", "audit", "early", "processes",
         "stdin_target", "cancelled",
     )
 
-    def __init__(self, host: Terminal, rid: str, spec: CommandSpec | None, command: Any) -> None:
+    def __init__(self, host: Terminal, rid: str, spec: CommandSpec | None, command: Any, limits: Limits | None = None) -> None:
         self._host = host
+        self._limits = limits  # --kill-grace and --max-stdin-buffer (None: a request that never runs)
         self.id = rid
         self.spec = spec
         self.command = command
@@ -106,15 +108,16 @@ class Request:
 
     # ---- control ------------------------------------------------------------------------------
 
-    def cancel(self, grace: float) -> None:
-        """End it as cancelled: its processes get SIGTERM, SIGKILL after ``grace`` s, then its task
-        is cancelled; one not started yet ends as cancelled when it starts. Harmless twice."""
+    def cancel(self) -> None:
+        """End it as cancelled: its processes get SIGTERM, SIGKILL after ``--kill-grace``, then its
+        task is cancelled; one not started yet ends as cancelled when it starts. Harmless twice."""
         state = self.state
         if state is RequestState.CANCELLING or state is RequestState.ENDED:
             return
         self.state = RequestState.CANCELLING
         if state is RequestState.ADMITTED or self.task is None:
             return
+        grace = self._limits.kill_grace if self._limits is not None else 0.0
         stopping = asyncio.get_running_loop().create_task(self._stop(self.task, grace))
         _STOPPING.add(stopping)
         stopping.add_done_callback(_STOPPING.discard)
@@ -149,8 +152,9 @@ class Request:
             pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
         )
 
-    def write_stdin(self, data: bytes, eof: bool, limit: int) -> None:
+    def write_stdin(self, data: bytes, eof: bool) -> None:
         """Write to its process's stdin (or keep it until the process starts), then close it if ``eof``."""
+        limit = self._limits.max_stdin_buffer if self._limits is not None else 0
         target = self._input_target("write stdin to")
         if isinstance(target, EarlyInput):
             if data and (target.eof or len(target.data) + len(data) > limit):

@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import tracing
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
-from .request import Request, RequestState, Terminal
+from .request import Request, RequestState, Terminal, write_input
+from .shell_exec import terminal_size
 
 if TYPE_CHECKING:
     from ..process import ShellProcess
     from .audit import AuditRecord
-    from .commands import CommandSpec
+    from .commands import CommandSpec, ControlTarget
+    from .config import Limits
     from .execution import BackgroundProcesses
 
-__all__ = ["ENDED_KEPT", "RequestTable", "TableHost", "not_running"]
+__all__ = ["ENDED_KEPT", "BackgroundTarget", "RequestTable", "TableHost", "not_running"]
 
 ENDED_KEPT = 1024
 """Recently ended request ids kept, so that a late Cancel gets "has ended", not "unknown"."""
@@ -55,15 +57,16 @@ class RequestTable:
 
     Args:
         host: the session (where refusals are reported, what a request's end needs).
-        max_requests: ``--max-requests``, the live requests it admits at once.
+        limits: the service's limits (``--max-requests``, the live requests it admits at once;
+            what its requests' controls are bounded by).
     """
 
-    __slots__ = ("host", "_host", "_max", "live", "_ended", "owed")
+    __slots__ = ("host", "_host", "_limits", "live", "_ended", "owed")
 
-    def __init__(self, host: TableHost, max_requests: int) -> None:
+    def __init__(self, host: TableHost, limits: Limits) -> None:
         self.host: Terminal = host  # what a request's end is sent through
         self._host = host
-        self._max = max_requests
+        self._limits = limits
         self.live: dict[str, Request] = {}
         self._ended: collections.OrderedDict[str, bool] = collections.OrderedDict()  # id -> it was cancelled
         # Requests a resume's replay could not show were read (admitted, not started when it was
@@ -102,10 +105,10 @@ class RequestTable:
         if rid in live:
             self._host.protocol_error(ProtocolError(f"request {rid} is already running", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_request"}))
             return None
-        if len(live) >= self._max:
-            self._host.reject(ProtocolError(f"too many requests in flight (max {self._max})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid))
+        if len(live) >= (most := self._limits.max_requests):
+            self._host.reject(ProtocolError(f"too many requests in flight (max {most})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid))
             return None
-        request = live[rid] = Request(self._host, rid, spec, command)
+        request = live[rid] = Request(self._host, rid, spec, command, self._limits)
         return request
 
     def ended(self, request: Request) -> None:
@@ -127,13 +130,10 @@ class RequestTable:
         """A resume's replay was taken: the requests read but not started are owed (:attr:`owed`)."""
         self.owed = {rid for rid, request in self.live.items() if request.state is RequestState.ADMITTED}
 
-    def was_cancelled(self, rid: str) -> bool:
-        """``rid`` ended lately by a Cancel (a second Cancel of it is harmless)."""
-        return self._ended.get(rid, False)
-
-    def resolve(self, rid: str, what: str, background: BackgroundProcesses | None, granted: frozenset[int]) -> Request | ShellProcess | str:
-        """What control command ``what`` addresses as ``rid``: the live request, a background
-        process (or its id, for a cancel: ``background.cancel(rid)``), or nothing (raises).
+    def resolve(self, rid: str, what: str, background: BackgroundProcesses | None, granted: frozenset[int]) -> ControlTarget | None:
+        """What a control command that would ``what`` ``rid`` addresses: the live request, else a
+        background process of the service, else nothing (None: a Cancel of a request that ended
+        cancelled, which is harmless).
 
         Raises:
             ProtocolError: ``rid`` is no live request and no background process
@@ -150,11 +150,9 @@ class RequestTable:
                     f"background process {rid} can be steered only by a session granted shell_exec in its handshake",
                     pb.ERROR_CODE_INVALID_CAPABILITY, rid, {"reason": "capability_required", "capability": "shell_exec"},
                 )
-            if what == "cancel":
-                return rid
-            proc = background.process(rid)
-            if proc is not None:
-                return proc
+            return BackgroundTarget(background, rid, self._limits.max_stdin_buffer)
+        if what == "cancel" and self._ended.get(rid, False):
+            return None  # already cancelled and ended: cancelling twice is harmless
         raise not_running(rid, what, rid in self._ended or request is not None)
 
     def spans(self) -> Mapping[str, tracing.SpanHandle]:
@@ -192,3 +190,32 @@ class _Spans(Mapping[str, "tracing.SpanHandle"]):
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
+
+
+class BackgroundTarget:
+    """A background process (any session's, service/background.py) as a control command's target."""
+
+    __slots__ = ("_background", "_rid", "_limit")
+
+    def __init__(self, background: BackgroundProcesses, rid: str, stdin_limit: int) -> None:
+        self._background = background
+        self._rid = rid
+        self._limit = stdin_limit
+
+    def cancel(self) -> None:
+        self._background.cancel(self._rid)
+
+    def _process(self, what: str) -> ShellProcess:
+        proc = self._background.process(self._rid)
+        if proc is None:  # it ended between the lookup and now
+            raise not_running(self._rid, what, True)
+        return proc
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        write_input(self._process("write stdin to"), self._rid, data, eof, self._limit)
+
+    def resize(self, rows: int, cols: int) -> None:
+        proc, rid = self._process("resize"), self._rid
+        if not proc.is_pty:
+            raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
+        proc.resize(*terminal_size(rows, cols, rid))

@@ -28,10 +28,9 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from .audit import Audit
-from .commands import Handler, RequestControl
+from .commands import ControlTarget, Handler, RequestControl
 from .execution import Execution, ExecutionCore
-from .request import EarlyInput, Request, RequestState, write_input
-from .shell_exec import terminal_size
+from .request import EarlyInput, Request, RequestState
 from .request_table import RequestTable
 from .session_hooks import SessionHooks
 
@@ -128,8 +127,8 @@ class RequestHost(Protocol):
 
 
 class RequestRunner(RequestControl, Protocol):
-    """Runs the admitted requests of one session, and steers the running ones (cancel, stdin,
-    resize: :class:`~smith_fast.service.commands.RequestControl`)."""
+    """Runs the admitted requests of one session, and finds the running ones a control command
+    names (:class:`~smith_fast.service.commands.RequestControl`)."""
 
     def start(self, request: Request, at_once: bool) -> Coroutine[Any, Any, None] | None:
         """Start admitted ``request``: None when it ended here (the one-step shortcut of its row,
@@ -275,20 +274,8 @@ class LocalRunner:
 
     # ---- control: commands on a running request (RequestControl) ----------------------------------
 
-    def _resolve(self, rid: str, what: str) -> Request | ShellProcess | str:
+    def target(self, rid: str, what: str) -> ControlTarget | None:
         return self.requests.resolve(rid, what, self.core.background, self._host.granted)
-
-    def cancel(self, rid: str) -> None:
-        try:
-            target = self._resolve(rid, "cancel")
-        except ProtocolError as exc:
-            if exc.details.get("reason") == "not_running" and self.requests.was_cancelled(rid):
-                return  # already cancelled and ended: cancelling twice is harmless
-            raise
-        if isinstance(target, Request):
-            target.cancel(self.core.limits.kill_grace)
-        elif isinstance(target, str):
-            self.core.background.cancel(target)
 
     def wants(self, addition: str) -> bool:
         return addition in self._host.accepted
@@ -297,23 +284,6 @@ class LocalRunner:
         """Whether the request this runs for (a handler's context) is being cancelled."""
         request = _REQUEST.get()
         return request is not None and request.state is RequestState.CANCELLING
-
-    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
-        target = self._resolve(rid, "write stdin to")
-        limit = self.core.limits.max_stdin_buffer
-        if isinstance(target, Request):
-            target.write_stdin(data, eof, limit)
-        elif not isinstance(target, str):
-            write_input(target, rid, data, eof, limit)
-
-    def resize(self, rid: str, rows: int, cols: int) -> None:
-        target = self._resolve(rid, "resize")
-        if isinstance(target, Request):
-            target.resize(rows, cols)
-        elif not isinstance(target, str):
-            if not target.is_pty:
-                raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
-            target.resize(*terminal_size(rows, cols, rid))
 
     # ---- the processes of the running requests (Execution) --------------------------------------
 

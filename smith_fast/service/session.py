@@ -153,7 +153,7 @@ class Session:
         self._peer_reading.set()
         self._hold_input = hold_input
         self._input_held = False
-        self.requests = RequestTable(self, core.limits.max_requests)
+        self.requests = RequestTable(self, core.limits)
         self._starter = RequestStarter(self, core.limits, core.metrics)
         self._batches = Batches(self, core.limits.max_batch_commands)
         self._reporter: MetricsReporter | None = None  # periodic MetricsEvents
