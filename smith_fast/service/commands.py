@@ -181,12 +181,8 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
         return None
     cmd: pb.ToolCallCommand = request.command.tool_call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
-    if len(cmd.args) > ex.core.limits.max_command_size:
-        return None  # refused by run_tool, after PROCESSING
     tool, rid = cmd.tool, request.id
-    core = ex.core
-    context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
-    step = core.tools.start(tool, cmd.args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    step = ex.core.tools.start(tool, cmd.args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
     if step is None:
         return None  # an unknown tool: run_tool says so, after PROCESSING
     if type(step) is not ToolOutcome:

@@ -90,6 +90,12 @@ class Execution(Protocol):
     def hooks(self) -> SessionHooks: ...
 
     @property
+    def tool_context(self) -> ToolContext:
+        """The context of a tool call answered in one step: its processes run for the ToolCall
+        being run (a call through the hooks binds its own: ``commands.run_tool``)."""
+        ...
+
+    @property
     def audit(self) -> Audit:
         """The session's audit records: what each request ran, what the hooks said, how it ended."""
         ...

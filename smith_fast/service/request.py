@@ -254,10 +254,9 @@ class Request:
 
     def answer_at_once(self, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         """A tool call that ended in the step that read it: ``PROCESSING``, its ``ToolResult`` and
-        ``READY`` in one write (what :meth:`finish` ends with, for a call never started as a task)."""
-        self.state = RequestState.ENDED
+        ``READY`` in one write (what :meth:`finish` ends with, for a call never started as a task;
+        its table then forgets it, among the ended)."""
         self._host.sink.tool_done(self.id, success, result, error, duration_ms)
-        self._host.request_ended(self)
 
 
 def write_input(target: ShellProcess, rid: str, data: bytes, eof: bool, limit: int) -> None:

@@ -82,7 +82,7 @@ class RequestStarter:
         work = session.runner.start(request, not (budget.waiting or budget.reserved or session.paused or session.shutting))
         if work is None:  # ended in this step
             requests.forget(request)
-            session.last_active = session.now()
+            session.last_active = self._loop.time()
             self._metrics.observe_request(spec.kind, time.perf_counter() - start)
             return
         task = request.task = _task(self._loop, self._run(request, work, start))

@@ -120,11 +120,15 @@ class RequestTable:
 
     def forget(self, request: Request) -> None:
         """``request``'s task is done: no longer live (one whose end a worker sent is ended now)."""
-        if self.live.get(request.id) is request:
-            del self.live[request.id]
+        rid, live = request.id, self.live
+        if live.get(rid) is request:
+            del live[rid]
         if request.state is not RequestState.ENDED:
             request.state = RequestState.ENDED
-            self.ended(request)
+            ended = self._ended
+            ended[rid] = request.cancelled
+            if len(ended) > ENDED_KEPT:
+                ended.popitem(last=False)
 
     def owe_unstarted(self) -> None:
         """A resume's replay was taken: the requests read but not started are owed (:attr:`owed`)."""

@@ -27,6 +27,7 @@ from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from . import launch
 from .audit import Audit
 from .commands import ControlTarget, Handler, RequestControl
 from .execution import Execution, ExecutionCore
@@ -36,7 +37,8 @@ from .session_hooks import SessionHooks
 
 if TYPE_CHECKING:
     from ..hooks import Hook, HookLimits
-    from ..process import ShellProcess
+    from ..process import Collected, ShellProcess
+    from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
     from .session_hooks import HookShelf
     from .sinks import EventSink
@@ -189,6 +191,11 @@ class LocalRunner:
         self.requests = host.requests
         self.processes: set[ShellProcess] = set()
         self.spans = self.requests.spans()  # request id -> its command span (while tracing is granted)
+        # The tool context of the calls answered in one step: its processes are those of the
+        # request the call runs for (the tool of a ToolCall that no hook renamed), found when one
+        # starts, so that no context is copied per call. A call with tool hooks, or a plan's
+        # step, gets a context bound to its id and tool (commands.run_tool).
+        self.tool_context = core.tool_context.with_process_runner(self._current_call_process)
         self.audit = Audit(host.session_id, host.peer, self.requests.audit_record)
         self.hooks = SessionHooks(
             core.global_hooks,
@@ -286,6 +293,14 @@ class LocalRunner:
         return request is not None and request.state is RequestState.CANCELLING
 
     # ---- the processes of the running requests (Execution) --------------------------------------
+
+    async def _current_call_process(self, spec: ProcessRequest) -> Collected:
+        """``ToolContext.run_process`` of :attr:`tool_context`: through the choke point, for the
+        ToolCall this runs for; refused outside one (a task the tool left behind)."""
+        request = _REQUEST.get()
+        if request is None or request.spec is None or request.spec.kind != "tool_call":
+            raise ProtocolError("a tool started a process outside its call; it was not run", pb.ERROR_CODE_INTERNAL_ERROR)
+        return await launch.collect(self, request.id, spec, origin=request.command.tool_call.tool)
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:
         self.processes.add(proc)

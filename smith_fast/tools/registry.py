@@ -206,7 +206,7 @@ class ToolRegistry:
             return _raise(exc)
         except Exception as exc:  # noqa: BLE001 - a broken tool must fail its call, not the service
             return _failed(exc, begun)
-        if inspect.isawaitable(result):
+        if type(result) is not dict and inspect.isawaitable(result):  # a dict: the common value, at once
             return _finish(name, result, begun, timeout)
         return _succeeded(result, begun)
 
