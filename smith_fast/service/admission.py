@@ -32,11 +32,12 @@ def readable_id(command: pb.Command, limit: int) -> str | None:
     return rid if rid and id_size(rid) <= limit else None
 
 
-def id_too_long(kind: str, rid: str | None, limit: int) -> ProtocolError | None:
+def id_too_long(kind: str, rid: str, limit: int) -> ProtocolError | None:
     """A request id over ``--max-request-id-size`` is not read as an id (it would be echoed in
     every event of the request): the error has no request id, and no terminal state follows."""
-    if rid is None or (size := id_size(rid)) <= limit:
+    if (len(rid) if rid.isascii() else id_size(rid)) <= limit:
         return None
+    size = id_size(rid)
     return ProtocolError(
         f"{kind}'s request_id is {size} bytes, over the limit of {limit} (--max-request-id-size); nothing was run",
         pb.ERROR_CODE_RESOURCE_EXHAUSTED,

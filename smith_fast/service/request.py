@@ -98,7 +98,7 @@ class Request:
         self.span: tracing.SpanHandle = tracing.NOOP
         self.audit: AuditRecord | None = None
         self.early: EarlyInput | None = None
-        self.processes: set[ShellProcess] = set()  # started for it (a plan's steps' included)
+        self.processes: set[ShellProcess] | None = None  # started for it (a plan's steps' included)
         self.stdin_target: ShellProcess | None = None  # its process with open stdin or a pty
         self.cancelled = False  # it ended by a Cancel
 
@@ -126,7 +126,7 @@ class Request:
         """A request without a process of its own (a tool call, a hook load, a plan between steps)
         has its task cancelled at once; one with processes lets them end first, so their final
         output is still sent."""
-        procs = list(self.processes)
+        procs = list(self.processes or ())
         if procs:
             await asyncio.gather(*(p.terminate(grace) for p in procs), return_exceptions=True)
             await asyncio.wait([task], timeout=grace)
@@ -180,6 +180,8 @@ class Request:
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:
         """``proc`` runs for it (for ``rid``: itself, or a step of its plan)."""
+        if self.processes is None:
+            self.processes = set()
         self.processes.add(proc)
         if rid != self.id:
             return
@@ -195,7 +197,8 @@ class Request:
             proc.close_stdin()
 
     def process_ended(self, proc: ShellProcess) -> None:
-        self.processes.discard(proc)
+        if self.processes is not None:
+            self.processes.discard(proc)
         if self.stdin_target is proc:
             self.stdin_target = None
 

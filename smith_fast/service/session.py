@@ -254,7 +254,7 @@ class Session:
         request = getattr(command, kind)
         rid = getattr(request, "request_id", None)
         limits = self.core.limits
-        if (error := id_too_long(kind, rid, limits.max_request_id_size)) is not None:
+        if rid is not None and (error := id_too_long(kind, rid, limits.max_request_id_size)) is not None:
             self.protocol_error(error)
             return
         if not self.handshaken:
@@ -267,10 +267,13 @@ class Session:
         if spec is not None and spec.control is not None:
             self._control(spec, spec.control, request)
             return
-        if (error := refusal(kind, spec, request, rid, self.granted, limits.max_command_size)) is not None:
-            self.refuse(error)
-            return
-        assert spec is not None
+        if spec is None or spec.handler is None or spec.needs is not None or (
+            spec.size is not None and spec.size(request) > limits.max_command_size
+        ):
+            if (error := refusal(kind, spec, request, rid, self.granted, limits.max_command_size)) is not None:
+                self.refuse(error)
+                return
+            assert spec is not None
         self._starter.start(rid or "", spec, command)
 
     def cancel(self, rid: str) -> None:
