@@ -1,4 +1,4 @@
-"""What steering a running command costs (issue 16): a Cancel, and a stdin round trip.
+"""What steering a running command costs (PROTOCOL.md, "Process control"): a Cancel, and a stdin round trip.
 
 Run: ``.venv/bin/pytest bench/bench_control.py --benchmark-only -p no:cacheprovider``
 
@@ -93,7 +93,7 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
 def _lines() -> Iterator[str]:
     if not RESULTS:
         return
-    yield "process control (issue 16): medians"
+    yield "process control: medians"
     for name, value in sorted(RESULTS.items()):
         yield f"  {name:<22} {value * 1e6:9.0f} µs"
     if "stdin-pipe" in RESULTS and "stdin-floor" in RESULTS:

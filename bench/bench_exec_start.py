@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--network on|off] [--sandbox MODE] [--base PYTHON]``
 
-Issue 18 target 3: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
+The start-up target: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
 (v1 over its Unix socket, uvloop, Cython wire core, sandbox on: by default ``--sandbox
 workspace-write --network on``) against the report's "no server" reference
 (:class:`bench.report.stdio.SpawnClient`: ``posix_spawn`` of ``/bin/sh -c`` with two pipes, in this

@@ -1,4 +1,5 @@
-"""Honest round trips under attack, as a ratio to an unloaded run in the same run (issue 14).
+"""Honest round trips under attack, as a ratio to an unloaded run in the same run (RELIABILITY.md,
+"hostile sessions beside honest ones").
 
 One real ``smith-fast serve``; 10 honest sessions (``harness.hostile.Honest``: rounds of 4
 pipelined tool calls and a shell command) run for :data:`PHASE` seconds alone, then as long again

@@ -1,4 +1,4 @@
-"""End-to-end service benchmarks (issue 3, requirement 11): a real ``smith-fast serve``, real sockets.
+"""End-to-end service benchmarks: a real ``smith-fast serve``, real sockets.
 
 Run: ``.venv/bin/pytest bench/bench_service.py --benchmark-only -p no:cacheprovider``
 

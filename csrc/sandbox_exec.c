@@ -2,7 +2,9 @@
  *
  *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] [--network on|off|loopback]
  *                [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
- *                [--reap] [--probe] -- PROGRAM ARG...
+ *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
+ *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
+ *                [--ruleset-out FILE] -- PROGRAM ARG...
  *
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
@@ -36,9 +38,16 @@
  * kept); with --fs on a private /tmp (a tmpfs of --tmp-size bytes, which is the command's TMPDIR); every
  * --hide path covered by an empty, unreadable file or directory.
  *
+ * The second form is Landlock alone (landlock_policy.h's LL_READS), for a process a file tool starts
+ * (fs.search's rg): no namespace, no fork, one exec. PROGRAM may read and list only beneath the
+ * --only-read directories, run only itself (and the dynamic loader's files), write, bind and
+ * connect nowhere.
+ *
  * Any failure before the command runs: one line on stderr and exit status 126 (127: PROGRAM not
  * found); nothing runs with fewer walls than asked for. --probe builds everything, drops into the
  * command's confinement and exits 0 there instead of running anything: the service's start-up check.
+ * --ruleset-out FILE appends to FILE one JSON line of the Landlock ruleset applied (landlock_policy.h's
+ * struct ll_applied), written from the confined process once it is confined: what tests compare.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -99,7 +108,10 @@ static struct {
     int nread;
     const char **hide;
     int nhide;
-    int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd;
+    const char *only[MAX_WRITE]; /* --only-read: the LL_READS form */
+    int nonly;
+    int view; /* an option of the first form was given */
+    int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd, ruleset_fd;
     unsigned long long tmp_size, file_size, data_size;
     char cwd[4096];
     char tty_name[256]; /* the command's terminal (--tty), bound to /dev/console in its view */
@@ -342,6 +354,89 @@ static void drop_capabilities(void) {
     if (syscall(SYS_capset, &head, data) != 0) die(FAILED, "cannot restrict the command: capset", "");
 }
 
+/* --ruleset-out: one JSON line, {"policy", "abi", "handled_fs", "handled_net", "scoped",
+ * "no_new_privs", "rules": [{"path", "access"}, ...]}, in one write (O_APPEND: lines of concurrent
+ * commands do not mix). Paths are written as bytes, with quotes, backslashes and control characters
+ * escaped. */
+static char ruleset_text[1 << 16];
+static size_t ruleset_len;
+
+static void ruleset_put(const char *text, size_t n) {
+    if (ruleset_len + n >= sizeof ruleset_text) {
+        errno = E2BIG;
+        die(FAILED, "cannot restrict the command: --ruleset-out", "");
+    }
+    memcpy(ruleset_text + ruleset_len, text, n);
+    ruleset_len += n;
+}
+
+#define RULESET_PUT(literal) ruleset_put(literal, sizeof literal - 1)
+
+static void ruleset_printf(const char *format, unsigned long long value) {
+    char buf[64];
+    int n = snprintf(buf, sizeof buf, format, value);
+    ruleset_put(buf, (size_t)n);
+}
+
+static void ruleset_string(const char *text) {
+    RULESET_PUT("\"");
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            ruleset_put(esc, 2);
+        } else if (*p < 0x20) {
+            ruleset_printf("\\u%04llx", *p);
+        } else {
+            ruleset_put((const char *)p, 1);
+        }
+    }
+    RULESET_PUT("\"");
+}
+
+static void write_ruleset(const char *policy, const struct ll_applied *a) {
+    if (o.ruleset_fd < 0) return;
+    ruleset_len = 0;
+    RULESET_PUT("{\"policy\": ");
+    ruleset_string(policy);
+    ruleset_printf(", \"abi\": %llu", (unsigned long long)a->abi);
+    ruleset_printf(", \"handled_fs\": %llu", a->handled_fs);
+    ruleset_printf(", \"handled_net\": %llu", a->handled_net);
+    ruleset_printf(", \"scoped\": %llu", a->scoped);
+    ruleset_printf(", \"no_new_privs\": %llu", (unsigned long long)prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0));
+    RULESET_PUT(", \"rules\": [");
+    for (int r = 0; r < a->nrules; r++) {
+        if (r) RULESET_PUT(", ");
+        RULESET_PUT("{\"path\": ");
+        ruleset_string(a->rules[r].path);
+        ruleset_printf(", \"access\": %llu}", a->rules[r].access);
+    }
+    RULESET_PUT("]}\n");
+    if (write(o.ruleset_fd, ruleset_text, ruleset_len) != (ssize_t)ruleset_len) die(FAILED, "cannot restrict the command: writing --ruleset-out", "");
+    close(o.ruleset_fd);
+    o.ruleset_fd = -1;
+}
+
+static void confine(enum ll_policy policy, const char *const *dirs, int ndirs) {
+    struct ll_applied applied;
+    const char *step = "", *what = "";
+    if (ll_restrict(policy, o.fs, o.net_off, dirs, ndirs, policy == LL_READS ? o.argv[0] : NULL, &applied, &step, &what) != 0) {
+        errno = errno ? errno : EPERM;
+        die(FAILED, "cannot restrict the command:", *what ? what : step);
+    }
+    write_ruleset(policy == LL_READS ? "reads" : "command", &applied);
+}
+
+static void set_rlimits(void) {
+    if (o.file_size) {
+        struct rlimit rl = {(rlim_t)o.file_size, (rlim_t)o.file_size};
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_FSIZE", "");
+    }
+    if (o.data_size) {
+        struct rlimit rl = {(rlim_t)o.data_size, (rlim_t)o.data_size};
+        if (setrlimit(RLIMIT_DATA, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_DATA", "");
+    }
+}
+
 /* In the command's process: everything that is per process, then exec. */
 static void run_command(void) {
     sigset_t none;
@@ -363,19 +458,8 @@ static void run_command(void) {
         writable[nwritable++] = "/tmp";
         writable[nwritable++] = "/dev/shm";
     }
-    const char *step = "", *what = "";
-    if (ll_restrict(o.fs, o.net_off, o.net_on, writable, nwritable, &step, &what) != 0) {
-        errno = errno ? errno : EPERM;
-        die(FAILED, "cannot restrict the command:", *what ? what : step);
-    }
-    if (o.file_size) {
-        struct rlimit rl = {(rlim_t)o.file_size, (rlim_t)o.file_size};
-        if (setrlimit(RLIMIT_FSIZE, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_FSIZE", "");
-    }
-    if (o.data_size) {
-        struct rlimit rl = {(rlim_t)o.data_size, (rlim_t)o.data_size};
-        if (setrlimit(RLIMIT_DATA, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_DATA", "");
-    }
+    confine(LL_COMMAND, writable, nwritable);
+    set_rlimits();
     if (o.probe) _exit(0);
     /* The fds the service passed on (a Rust hook's answer pipe) stay; every fd of this program's
        own is close-on-exec or closed. */
@@ -465,8 +549,9 @@ static unsigned long long parse_size(const char *text, int *ok) {
 static void usage(const char *at) {
     fprintf(stderr,
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] "
-            "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] -- PROGRAM ARG..."
-            " (at %s)\n", at ? at : "the end");
+            "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
+            "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
+            "[--ruleset-out FILE] -- PROGRAM ARG... (at %s)\n", at ? at : "the end");
     _exit(2);
 }
 
@@ -475,28 +560,47 @@ int main(int argc, char **argv) {
     int i = 1, ok = 1;
     o.fs = 1;
     o.tmp_size = 1ULL << 30;
+    o.ruleset_fd = -1;
     o.hide = calloc((size_t)argc, sizeof *o.hide);
     if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
     for (; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) { i++; break; }
         if (strcmp(a, "--probe") == 0) { o.probe = 1; continue; }
-        if (strcmp(a, "--tty") == 0) { o.tty = 1; continue; }
-        if (strcmp(a, "--reap") == 0) { o.reap = 1; continue; }
+        if (strcmp(a, "--tty") == 0) { o.tty = o.view = 1; continue; }
+        if (strcmp(a, "--reap") == 0) { o.reap = o.view = 1; continue; }
         if (i + 1 >= argc) usage(a);
         const char *v = argv[++i];
+        if (strcmp(a, "--only-read") == 0 && v[0] == '/' && o.nonly < MAX_WRITE) { o.only[o.nonly++] = v; continue; }
+        if (strcmp(a, "--ruleset-out") == 0 && o.ruleset_fd < 0) {
+            o.ruleset_fd = open(v, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+            if (o.ruleset_fd < 0) die(FAILED, "cannot open --ruleset-out", v);
+            continue;
+        }
+        if (strcmp(a, "--file-size") == 0 && (o.file_size = parse_size(v, &ok), ok)) continue;
+        if (strcmp(a, "--data-size") == 0 && (o.data_size = parse_size(v, &ok), ok)) continue;
+        o.view = 1;
         if (strcmp(a, "--write") == 0 && v[0] == '/' && o.nwrite < MAX_WRITE) o.write[o.nwrite++] = v;
         else if (strcmp(a, "--read") == 0 && v[0] == '/' && o.nread < MAX_WRITE) o.read[o.nread++] = v;
         else if (strcmp(a, "--hide") == 0 && v[0] == '/') o.hide[o.nhide++] = v;
         else if (strcmp(a, "--fs") == 0 && (!strcmp(v, "on") || !strcmp(v, "off"))) o.fs = strcmp(v, "on") == 0;
         else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback"))) network = v;
         else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
-        else if (strcmp(a, "--file-size") == 0 && (o.file_size = parse_size(v, &ok), ok)) {}
-        else if (strcmp(a, "--data-size") == 0 && (o.data_size = parse_size(v, &ok), ok)) {}
         else if (strcmp(a, "--usage-fd") == 0 && (o.usage_fd = (int)parse_size(v, &ok), ok && o.usage_fd > 2)) {}
         else usage(a);
     }
     if (!o.probe && i >= argc) usage(NULL);
+    if (o.nonly) {
+        /* Landlock alone: PROGRAM, a path, is the one program the process may run. */
+        if (o.view) usage("--only-read with an option of the namespaces' form");
+        if (i >= argc || argv[i][0] != '/') usage("--only-read needs PROGRAM as an absolute path");
+        o.argv = argv + i;
+        confine(LL_READS, o.only, o.nonly);
+        set_rlimits();
+        if (o.probe) _exit(0);
+        execv(o.argv[0], o.argv);
+        die(errno == ENOENT ? NOT_FOUND : FAILED, "cannot run", o.argv[0]);
+    }
     for (int w = 0; w < o.nwrite; w++)
         if (under(o.write[w], "/proc") || under(o.write[w], "/dev") || under(o.write[w], "/sys"))
             usage(o.write[w]);

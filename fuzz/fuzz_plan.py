@@ -1,5 +1,5 @@
-"""Fuzz plan goals: what a peer's ``PlanCommand`` makes the rules planner read (issue 25: a goal of
-``$(`` repeated was a ``RecursionError``, an ``INTERNAL_ERROR`` a peer could reach at will).
+"""Fuzz plan goals: what a peer's ``PlanCommand`` makes the rules planner read (found by review:
+a goal of ``$(`` repeated was a ``RecursionError``, an ``INTERNAL_ERROR`` a peer could reach at will).
 
 Input layout: the first byte picks what the rest is (``mode = data[0] % 3``):
 

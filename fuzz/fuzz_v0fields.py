@@ -1,5 +1,5 @@
-"""Fuzz the fields of v0 commands as far as the service reads them before anything runs (issue 25:
-a NUL in a v0 ``cwd`` reached ``os.path.realpath`` and came back as ``INTERNAL_ERROR ValueError``).
+"""Fuzz the fields of v0 commands as far as the service reads them before anything runs (found by
+review: a NUL in a v0 ``cwd`` reached ``os.path.realpath`` and came back as ``INTERNAL_ERROR ValueError``).
 
 Input layout: the bytes are cut at ``\\xfe`` into field values (decoded as UTF-8 with lone
 surrogates kept, which JSON carries as ``\\udcXX`` escapes); they fill, in turn, a ``ShellExec``'s

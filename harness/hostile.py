@@ -1,4 +1,6 @@
-"""Hostile load against a real server: the attacks of issue 14 and the honest sessions beside them.
+"""Hostile load against a real server: the attacks a hostile peer tried (a peer that stops reading,
+a busy hook, a ReDoS search, large batches, oversize frames before the handshake, hoarding hooks)
+and the honest sessions beside them.
 
 Shared by ``tests/test_hostile_load.py`` (the honest sessions lose no event, the server's RSS stays
 under its bound) and ``bench/bench_hostile_load.py`` (the honest p99 round trip under attack as a
@@ -217,7 +219,7 @@ HOOK_HOARD = "// %d\nconst held = new Uint8Array(28 << 20); held.fill(1);\nfunct
 
 
 def many_hooks(address: str, stop: threading.Event) -> None:
-    """Sessions that load 30 hooks each holding 28 MiB (issue 14: 840 MB from one session); the
+    """Sessions that load 30 hooks each holding 28 MiB (840 MB from one session if nothing bounded it); the
     service loads what ``--max-session-hook-memory`` allows and refuses the rest. Each session
     keeps its hooks for a few seconds, then a new one tries again."""
     n = 0
@@ -242,10 +244,10 @@ ATTACKS: dict[str, Attack] = {
     "oversize_preauth_frames": oversize_preauth_frames,
     "many_hooks": many_hooks,
 }
-"""The attacks of issue 14 run at once by tests/test_hostile_load.py and bench/bench_hostile_load.py."""
+"""The hostile attacks run at once by tests/test_hostile_load.py and bench/bench_hostile_load.py."""
 
 PENDING: dict[str, str] = {}
-"""Attacks of issue 14 tested on their own rather than in this load (and why)."""
+"""Hostile attacks tested on their own rather than in this load (and why)."""
 
 SERVER_ARGS = ("--max-session-hook-memory", "64M")
 """The server's options under this load: the hook budget of a session at 64 MiB (two 28 MiB hooks

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from ._version import __version__
 from .errors import SmithFastError
 from .logs import configure
 from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration, secret

@@ -37,23 +37,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import sys
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from google.protobuf.message import DecodeError
-
-from .errors import FramingError, SmithFastError
-from .framing import FrameDecoder, encode_frame
-from .jsonl import JsonlCodec, LineDecoder
-from .options import ADDRESS_FORMS
+from .addresses import ADDRESS_FORMS, format_address, parse_address, unreachable
+from .client_link import Link, StreamLink, open_stream
+from .client_wire import TOKEN_KEY, Wire, event_request_id
+from .errors import AddressError, ConnectError, ConnectionClosed, NotASmithService, SmithError, SmithFastError
+from .framing import FrameDecoder
+from .grpc_link import GrpcLink, grpc_channel
+from .jsonl import LineDecoder
 from .pb import smith_pb2 as pb
 from .remote_process import STDIN_WINDOW, Chunk, InputWait, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
-from .sequencing import Sequencer
 
 if TYPE_CHECKING:
     import grpc
@@ -81,9 +79,6 @@ __all__ = [
 ACCEPT_KEY = "smith_fast.accept"
 INTERVAL_KEY = "smith_fast.metrics_interval_ms"
 ACCEPTED_KEY = "smith_fast.accepted"
-TOKEN_KEY = "token"  # client_info key of the shared secret (serve --token)
-STREAM_METHOD = "/smith.v1.SmithService/Stream"
-NEGOTIATE_METHOD = "/smith.v1.SmithService/Negotiate"
 
 _CAPS = {name.removeprefix("CAPABILITY_").lower(): value for name, value in pb.Capability.items() if value}
 
@@ -99,106 +94,6 @@ def _capability(name: str | int) -> pb.Capability:
     # The stubs type enum fields as pb.Capability, an int subclass that exists for checkers only:
     # at run time an enum value is a plain int, so the number is one as it stands.
     return cast("pb.Capability", number)
-
-
-class SmithError(SmithFastError):
-    """The service answered a request with an ``ErrorEvent``.
-
-    Attributes:
-        code: the ``ErrorCode`` value; ``code_name`` its name (``ERROR_CODE_EXECUTION_TIMEOUT`` ...).
-        request_id: the request it concerns, if any.
-        details: ``ErrorEvent.details``.
-    """
-
-    def __init__(self, error: pb.ErrorEvent) -> None:
-        super().__init__(f"{pb.ErrorCode.Name(error.error_code)}: {error.message}")
-        self.code = error.error_code
-        self.code_name = pb.ErrorCode.Name(error.error_code)
-        self.request_id = error.request_id if error.HasField("request_id") else None
-        self.details = dict(error.details)
-        self.error = error
-
-
-class ConnectionClosed(SmithFastError):
-    """The connection ended before the awaited answer arrived."""
-
-
-class ConnectError(ConnectionClosed, ConnectionError):
-    """The service cannot be reached; the message names the address and says what to check.
-
-    A :class:`ConnectionClosed` (what a handshake on a dead connection raised before) and an
-    ``OSError`` (what connecting raised before), so that existing handlers of either still apply.
-    """
-
-
-class NotASmithService(ConnectError):
-    """Something answers at the address, but not the Smith protocol (an HTTP server, a gRPC port
-    reached as a socket, the metrics port ...), or nothing answered the handshake in time."""
-
-
-class AddressError(SmithFastError, ValueError):
-    """An address that is none of :data:`ADDRESS_FORMS`."""
-
-
-_REASONS = {  # errno → what to say; "is it running?" where that is the likely cause
-    FileNotFoundError: "no such file (is smith-fast serve running there?)",
-    ConnectionRefusedError: "connection refused (is smith-fast serve running there?)",
-    PermissionError: "permission denied (the socket is mode 0600: connect as the user running the service)",
-    TimeoutError: "timed out",
-}
-
-
-def _reason(exc: OSError) -> str:
-    for cls, text in _REASONS.items():
-        if isinstance(exc, cls):
-            return text
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the host name ({exc.strerror})"
-    return (exc.strerror or str(exc) or type(exc).__name__).lower()
-
-
-def event_request_id(event: pb.Event) -> str | None:
-    """The request an event belongs to, or None (Ready, service-wide state changes, ...)."""
-    kind = event.WhichOneof("event_type")
-    if kind is None or kind == "ready":
-        return None
-    inner = getattr(event, kind)
-    if inner.DESCRIPTOR.fields_by_name["request_id"].has_presence and not inner.HasField("request_id"):
-        return None
-    return inner.request_id or None
-
-
-def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
-    """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
-
-    ``grpc`` targets are returned as the ``HOST:PORT`` string grpcio takes.
-
-    Raises:
-        AddressError: an empty path, or a ``tcp:``/``grpc:`` address without a numeric port.
-    """
-    if address.startswith("unix:") or ("/" in address and not address.startswith(("tcp:", "grpc:"))) or (
-        ":" not in address and address
-    ):
-        path = address.removeprefix("unix:")
-        if not path:
-            raise AddressError(f"address {address!r} names no socket path (forms: {ADDRESS_FORMS})")
-        return "unix", path
-    kind = "grpc" if address.startswith("grpc:") else "tcp"
-    host, sep, port = address.removeprefix(f"{kind}:").rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise AddressError(f"address {address!r} is not {kind}:HOST:PORT with a port number (forms: {ADDRESS_FORMS})")
-    host = host.strip("[]") or "127.0.0.1"
-    if kind == "grpc":
-        return "grpc", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-    return "tcp", (host, int(port))
-
-
-def format_address(kind: str, target: str | tuple[str, int]) -> str:
-    """The inverse of :func:`parse_address`: ``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``."""
-    if isinstance(target, tuple):
-        host, port = target
-        return f"tcp:[{host}]:{port}" if ":" in host else f"tcp:{host}:{port}"
-    return f"{kind}:{target}"
 
 
 class Client:
@@ -227,46 +122,51 @@ class Client:
         address: str | None = None,
         resume: bool = False,
     ) -> None:
-        self._init_state(protocol, process)
-        self.token = token
-        self.address = address
-        self.resume = resume and protocol == "v1" and address is not None
-        self._reader = reader
-        self._writer = writer
-        self._decoder: FrameDecoder | LineDecoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        decoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
+        self._init(protocol, StreamLink(reader, writer, decoder), process=process, token=token, address=address,
+                   resume=resume and protocol == "v1" and address is not None)
 
-    def _init_state(self, protocol: str, process: asyncio.subprocess.Process | None) -> None:
+    def _init(self, protocol: str, link: Link, *, process: asyncio.subprocess.Process | None = None, token: str | None = None,
+              address: str | None = None, resume: bool = False) -> None:
         if protocol not in ("v1", "v0"):
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
         self.process = process
-        self.token = None
-        self.address = None  # see __init__ and connect()
+        self.token = token
+        self.address = address
+        self.resume = resume
         self.ready: pb.ReadyEvent | None = None
-        self.answered = False  # something Smith-shaped has arrived
         self.accepted: frozenset[str] = frozenset()
-        self.events: asyncio.Queue[pb.Event | None] = asyncio.Queue()  # None once the connection ended
-        self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
-        self.resource_usage: asyncio.Queue[pb.ResourceUsageEvent] = asyncio.Queue()
         self.warnings: list[pb.ErrorEvent] = []
-        self.batches_received = 0
-        self._health: deque[asyncio.Future[pb.HealthCheckResponse]] = deque()
-        self._routes: dict[str, asyncio.Queue[pb.Event | None]] = {}
-        self._closed = asyncio.Event()
-        self._close_reason: BaseException | None = None
-        self._seq = Sequencer()
-        self._codec = JsonlCodec()
-        # resume (PROTOCOL.md, "Resume"): the session's token, the last sequence received, the
-        # requests sent that the service has not said it read, and the replay still to come
-        self.resume = False
-        self.resume_token = ""
-        self.last_sequence = 0
-        self.resumes = 0
-        self._unread: dict[str, tuple[pb.Command, asyncio.StreamWriter]] = {}  # with the connection it went on
-        self._replay_left = -1
-        self._closing = False
-        self._resume_refusal: ConnectionClosed | None = None
+        self._wire = wire = Wire(link, protocol, address=address, token=token, resume=resume)
+        self.events = wire.events  # None once the connection ended
+        self.metrics = wire.metrics
+        self.resource_usage = wire.resource_usage
+
+    @property
+    def answered(self) -> bool:
+        """Something Smith-shaped has arrived."""
+        return self._wire.answered
+
+    @property
+    def batches_received(self) -> int:
+        """BatchEvent envelopes received (``accept=["batch_event"]``)."""
+        return self._wire.batches_received
+
+    @property
+    def resume_token(self) -> str:
+        """The session's resume token (``resume=True``), once the handshake is answered."""
+        return self._wire.resume_token
+
+    @property
+    def last_sequence(self) -> int:
+        """The sequence of the last envelope received (what a resume asks to go on after)."""
+        return self._wire.last_sequence
+
+    @property
+    def resumes(self) -> int:
+        """How many times the session was resumed over a new connection."""
+        return self._wire.resumes
 
     # ---- construction ------------------------------------------------------------------------
 
@@ -301,17 +201,11 @@ class Client:
         if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
-            client: Client = await GrpcClient.open(target, tls_ca=tls_ca, token=token)
-            client.address = name
-            return client
-        limit = 1 << 20
+            return GrpcClient(grpc_channel(target, tls_ca), token=token, address=name)
         try:
-            if isinstance(target, str):
-                reader, writer = await asyncio.open_unix_connection(target, limit=limit)
-            else:
-                reader, writer = await asyncio.open_connection(*target, limit=limit)
+            reader, writer = await open_stream(target)
         except OSError as exc:
-            raise ConnectError(f"cannot connect to {name}: {_reason(exc)}") from exc
+            raise unreachable(name, exc) from exc
         return cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume)
 
     @classmethod
@@ -349,18 +243,36 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # The SDK's own routing, used by tests that drive a request by hand.
+    @property
+    def _writer(self) -> asyncio.StreamWriter:
+        """The stream this client writes to now (a resume replaces it); a stream client's only."""
+        assert isinstance(self._wire.link, StreamLink)
+        return self._wire.link.writer
+
+    @property
+    def _routes(self) -> dict[str, asyncio.Queue[pb.Event | None]]:
+        return self._wire.routes
+
+    @property
+    def _closed(self) -> asyncio.Event:
+        return self._wire.closed
+
+    def _route(self, rid: str) -> asyncio.Queue[pb.Event | None]:
+        return self._wire.route(rid)
+
+    async def _next(self, queue: asyncio.Queue[pb.Event | None]) -> pb.Event:
+        return await self._wire.next(queue)
+
     # ---- sending -----------------------------------------------------------------------------
 
     def send(self, command: pb.Command) -> None:
-        """Send one command as is (for commands the helpers below do not cover)."""
-        if self.protocol == "v1":
-            env = pb.Envelope()
-            env.command.CopyFrom(command)
-            self.send_envelope(env)
-        else:
-            if self._closed.is_set():
-                raise ConnectionClosed(f"connection closed: {self._close_reason}")
-            self._writer.write(self._codec.encode_command(command))
+        """Send one command as is (for commands the helpers below do not cover).
+
+        Raises:
+            ConnectionClosed: the connection is gone.
+        """
+        self._wire.send(command)
 
     def send_envelope(self, env: pb.Envelope) -> None:
         """Stamp (timestamp, sequence) and send one v1 envelope.
@@ -369,37 +281,7 @@ class Client:
             ConnectionClosed: the connection is gone.
             ValueError: this is a v0 connection.
         """
-        if self.protocol != "v1":
-            raise ValueError("envelopes are protocol v1 only")
-        if self._closed.is_set():
-            raise ConnectionClosed(f"connection closed: {self._close_reason}")
-        self._send_bytes(self._seq.stamp(env).SerializeToString())
-
-    def _send_bytes(self, envelope: bytes) -> None:
-        if self.resume_token and self._routes:
-            self._note_unread(envelope)
-        self._writer.write(encode_frame(envelope))
-
-    def _send_v0_handshake(self, command: pb.Command, token: str) -> None:
-        """A v0 Handshake with a ``"token"`` member in its ``data`` (v0 has no ``client_info``)."""
-        if self._closed.is_set():
-            raise ConnectionClosed(f"connection closed: {self._close_reason}")
-        line = json.loads(self._codec.encode_command(command))
-        line["data"][TOKEN_KEY] = token
-        self._writer.write(json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
-
-    def _route(self, rid: str) -> asyncio.Queue[pb.Event | None]:
-        if rid in self._routes:
-            raise ValueError(f"request {rid} is already in flight")
-        queue: asyncio.Queue[pb.Event | None] = asyncio.Queue()
-        self._routes[rid] = queue
-        return queue
-
-    async def _next(self, queue: asyncio.Queue[pb.Event | None]) -> pb.Event:
-        event = await queue.get()
-        if event is None:
-            raise ConnectionClosed(f"connection closed: {self._close_reason}")
-        return event
+        self._wire.send_envelope(env)
 
     # ---- commands ----------------------------------------------------------------------------
 
@@ -444,7 +326,7 @@ class Client:
         if metrics_interval_ms is not None:
             hs.client_info[INTERVAL_KEY] = str(metrics_interval_ms)
         if self.token is not None and self.protocol == "v0":
-            self._send_v0_handshake(cmd, self.token)
+            self._wire.send_v0_handshake(cmd, self.token)
         else:
             if self.token is not None:
                 hs.client_info[TOKEN_KEY] = self.token
@@ -462,7 +344,7 @@ class Client:
 
     def _unanswered(self) -> ConnectError:
         """Why the connection ended before the service said anything."""
-        reason = self._close_reason
+        reason = self._wire.close_reason
         if isinstance(reason, NotASmithService):
             return reason
         details = getattr(reason, "details", None)
@@ -473,11 +355,11 @@ class Client:
 
     async def _await_ready(self) -> pb.ReadyEvent:
         while True:
-            event = await self._next(self.events)
+            event = await self._wire.next(self.events)
             kind = event.WhichOneof("event_type")
             if kind == "ready":
                 self.ready = event.ready
-                self.resume_token = event.ready.resume_token if self.resume else ""
+                self._wire.ready(event.ready)
                 granted = event.ready.service_info.get(ACCEPTED_KEY, "")
                 self.accepted = frozenset(item for item in granted.split(",") if item)
                 return event.ready
@@ -579,15 +461,15 @@ class Client:
         rid = cmd.shell_exec.request_id
         if background:
             return await self.attach(await self._background(cmd), binary=binary)
-        queue = self._route(rid)
+        queue = self._wire.route(rid)
         try:
             self.send(cmd)
         except BaseException:
-            self._routes.pop(rid, None)
+            self._wire.routes.pop(rid, None)
             raise
 
         def done() -> None:
-            self._routes.pop(rid, None)
+            self._wire.routes.pop(rid, None)
 
         return self._process(rid, queue, done)
 
@@ -597,7 +479,7 @@ class Client:
             rid,
             send=self.send,
             events=queue,
-            closed=lambda: ConnectionClosed(f"connection closed: {self._close_reason}"),
+            closed=self._wire.gone,
             error=SmithError,
             done=done,
             window=STDIN_WINDOW if self.protocol == "v1" else 0,
@@ -689,17 +571,17 @@ class Client:
             SmithError: from :meth:`RemoteProcess.wait`, e.g. no such background process.
         """
         rid = str(uuid.uuid4())
-        queue = self._route(rid)
-        routed_target = process_id not in self._routes
+        queue = self._wire.route(rid)
+        routed_target = process_id not in self._wire.routes
         if routed_target:  # refusals of stdin/resize name the process: they belong to this handle
-            self._routes[process_id] = queue
+            self._wire.routes[process_id] = queue
         attach = pb.AttachCommand(request_id=rid, process_id=process_id, from_offset=from_offset)
         attach.binary_output = binary and self.protocol == "v1"
 
         def done() -> None:
-            self._routes.pop(rid, None)
-            if routed_target and self._routes.get(process_id) is queue:
-                del self._routes[process_id]
+            self._wire.routes.pop(rid, None)
+            if routed_target and self._wire.routes.get(process_id) is queue:
+                del self._wire.routes[process_id]
 
         try:
             self.send(pb.Command(attach=attach))
@@ -712,13 +594,13 @@ class Client:
         """Send ``cmd``, yield its events until its terminal state change; raise its ErrorEvent.
 
         Left before that (a ``break``, a cancelled task): the service is told to cancel it."""
-        queue = self._route(rid)
+        queue = self._wire.route(rid)
         error: pb.ErrorEvent | None = None
         ended = False
         try:
             self.send(cmd)
             while True:
-                event = await self._next(queue)
+                event = await self._wire.next(queue)
                 kind = event.WhichOneof("event_type")
                 if kind == "error":
                     error = event.error
@@ -732,8 +614,8 @@ class Client:
             ended = True
             raise
         finally:
-            self._routes.pop(rid, None)
-            if not ended and not self._closed.is_set():
+            self._wire.routes.pop(rid, None)
+            if not ended and not self._wire.closed.is_set():
                 with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
                     self.send(cancel_command(rid))
         if error is not None:
@@ -779,14 +661,7 @@ class Client:
         """
         env = pb.Envelope()
         env.health_check_request.service_name = service_name
-        future: asyncio.Future[pb.HealthCheckResponse] = asyncio.get_running_loop().create_future()
-        self._health.append(future)
-        try:
-            self.send_envelope(env)
-        except BaseException:
-            self._health.remove(future)
-            raise
-        return await future
+        return await self._wire.health_check(env)
 
     async def load_hook(self, hook_type: str, script: str) -> pb.HookResultEvent:
         """Load a ``"js"`` or ``"rust"`` hook into this session; returns the ALLOW naming its id and triggers.
@@ -843,20 +718,11 @@ class Client:
         cmd = pb.Command()
         cmd.shutdown.SetInParent()
         self.send(cmd)
-        self._closing = True  # the close that follows is no drop to resume from
-        await self._writer.drain()
-        await self._closed.wait()
+        await self._wire.shut()
 
     async def close(self) -> None:
         """Close the connection (and stop a spawned service)."""
-        self._closing = True
-        if not self._writer.is_closing():
-            self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._closed.wait(), 5)
-        self._reader_task.cancel()
+        await self._wire.close()
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 if self.process.returncode is None:
@@ -865,213 +731,17 @@ class Client:
                 self.process.kill()
                 await self.process.wait()
 
-    # ---- receiving ---------------------------------------------------------------------------
-
-    def _receive(self, unit: bytes) -> None:
-        """One v1 envelope or v0 line from the service: route what it carries."""
-        if self.protocol == "v0":
-            try:
-                event = self._codec.decode_event(unit)
-            except SmithFastError:
-                if not self.answered:
-                    raise self._not_smith() from None
-                raise
-            self.answered = True
-            if event is not None:
-                self._dispatch(event)
-            return
-        try:
-            env = pb.Envelope.FromString(unit)
-        except DecodeError:
-            if not self.answered:
-                raise self._not_smith() from None
-            raise
-        kind = env.WhichOneof("payload")
-        if kind is None and not self.answered:
-            raise self._not_smith()
-        self.answered = True
-        if kind == "event":
-            self._dispatch(env.event)
-        elif kind == "batch_event":
-            self.batches_received += 1
-            for event in env.batch_event.events:
-                self._dispatch(event)
-        elif kind == "health_check_response":
-            while self._health:
-                future = self._health.popleft()
-                if not future.done():
-                    future.set_result(env.health_check_response)
-                    break
-        elif kind == "metrics":
-            self.metrics.put_nowait(env.metrics)
-        elif kind == "resource_usage":
-            self.resource_usage.put_nowait(env.resource_usage)
-        # After its events: the last replayed envelope may carry a request's first state change,
-        # which says the service read it (sent again, it would run twice had it ended by then).
-        if env.sequence and self.resume_token:
-            self._sequenced(env.sequence)
-
-    def _not_smith(self) -> NotASmithService:
-        return NotASmithService(f"not a Smith service at {self.address or 'the spawned process'}: "
-                                f"it answered with something other than the {self.protocol} protocol")
-
-    def _dispatch(self, event: pb.Event) -> None:
-        rid = event_request_id(event)
-        if self._unread and rid in self._unread and event.WhichOneof("event_type") == "state_change":
-            del self._unread[rid]  # the service read it
-        queue = self._routes.get(rid) if rid else None
-        if queue is not None:
-            queue.put_nowait(event)
-        else:
-            self.events.put_nowait(event)
-
-    async def _read_loop(self) -> None:
-        try:
-            while True:
-                try:
-                    data = await self._reader.read(1 << 20)
-                except (ConnectionError, OSError) as exc:
-                    if await self._resumed():
-                        continue
-                    self._close_reason = self._resume_refusal or exc
-                    break
-                if not data:
-                    if await self._resumed():
-                        continue
-                    self._close_reason = self._resume_refusal or EOFError("the service closed the connection")
-                    break
-                for unit in self._decoder.feed(data):
-                    self._receive(unit)
-        except (FramingError, SmithFastError, ConnectionError, OSError, DecodeError) as exc:
-            self._close_reason = self._not_smith() if not self.answered and isinstance(exc, FramingError) else exc
-        except asyncio.CancelledError:
-            self._close_reason = ConnectionClosed("client closed")
-        finally:
-            self._connection_ended()
-
-    # ---- resume (PROTOCOL.md, "Resume") --------------------------------------------------------
-
-    def _note_unread(self, envelope: bytes) -> None:
-        """Keep a request command until the service says it read it (its first state change), to
-        send it again after a resume if the drop lost it."""
-        command = pb.Envelope.FromString(envelope).command
-        kind = command.WhichOneof("command_type")
-        rid = getattr(getattr(command, kind), "request_id", "") if kind not in (None, "cancel", "stdin", "resize", "handshake") else ""
-        if rid and rid in self._routes:
-            self._unread[rid] = (command, self._writer)
-
-    def _sequenced(self, sequence: int) -> None:
-        self.last_sequence = sequence
-        if self._replay_left > 0:
-            self._replay_left -= 1
-            if self._replay_left == 0:
-                self._resend()
-
-    def _resend(self) -> None:
-        """After the replay: what the service never read goes again (a copy of one it did read is
-        refused as a duplicate, which changes nothing)."""
-        self._replay_left = -1
-        for rid, (command, sent_on) in list(self._unread.items()):
-            if sent_on is self._writer:
-                continue  # sent after the resume handshake, on this connection: read in turn
-            self._unread[rid] = (command, self._writer)
-            env = pb.Envelope()
-            env.command.CopyFrom(command)
-            self._writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))
-
-    async def _resumed(self, patience: float = 30.0) -> bool:
-        """The connection dropped: reconnect and resume the session, retrying for ``patience``
-        seconds (the service's ``--resume-window`` is 30 s by default). False when this client does
-        not resume, is closing, or the service refused (the session is gone)."""
-        if not (self.resume and self.resume_token) or self._closing or self.address is None:
-            return False
-        kind, target = parse_address(self.address)
-        deadline = time.monotonic() + patience
-        delay = 0.01
-        while not self._closing and time.monotonic() < deadline:
-            try:
-                if isinstance(target, str):
-                    reader, writer = await asyncio.open_unix_connection(target, limit=1 << 20)
-                else:
-                    reader, writer = await asyncio.open_connection(*target, limit=1 << 20)
-                answer, rest = await self._resume_on(reader, writer)
-            except (ConnectionError, OSError, EOFError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            if not answer.resumed and answer.service_info.get("reason") == "resume_not_ready":
-                # a restarting gateway still taking its sessions over: ask again
-                writer.close()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            if not answer.resumed:  # refused: the session is gone
-                self._resume_refusal = ConnectionClosed(
-                    f"the connection dropped and the session could not be resumed: {answer.service_info.get('error', '')}")
-                writer.close()
-                return False
-            self._reader, self._writer = reader, writer
-            self.resumes += 1
-            self._replay_left = int(answer.service_info.get("smith_fast.replayed", "0"))
-            if self._replay_left == 0:
-                self._resend()
-            for unit in rest:
-                self._receive(unit)
-            return True
-        return False
-
-    async def _resume_on(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[pb.ReadyEvent, list[bytes]]:
-        """Send the resume handshake on a new connection; the answer (a Ready, ``resumed`` false
-        when refused, the error in ``service_info["error"]``) and the envelopes read behind it."""
-        hs = pb.HandshakeCommand(version=1, resume_token=self.resume_token, resume_after=self.last_sequence)
-        if self.token is not None:
-            hs.client_info[TOKEN_KEY] = self.token
-        env = pb.Envelope()
-        env.command.handshake.CopyFrom(hs)
-        writer.write(encode_frame(self._seq.stamp(env).SerializeToString()))
-        self._decoder = FrameDecoder(self._decoder.max_frame_size)  # type: ignore[union-attr]  # v1: a FrameDecoder
-        units: list[bytes] = []
-        while not units:
-            data = await reader.read(1 << 20)
-            if not data:
-                raise EOFError("closed during the resume")
-            units = self._decoder.feed(data)
-        first = pb.Envelope.FromString(units[0])
-        if first.event.WhichOneof("event_type") == "ready" and first.event.ready.resumed:
-            return first.event.ready, units[1:]
-        refused = pb.ReadyEvent()
-        refused.service_info["error"] = first.event.error.message or str(first)
-        refused.service_info["reason"] = first.event.error.details.get("reason", "")
-        return refused, []
-
-    def _connection_ended(self) -> None:
-        self._closed.set()
-        for queue in list(self._routes.values()) + [self.events]:
-            queue.put_nowait(None)
-        while self._health:
-            future = self._health.popleft()
-            if not future.done():
-                future.set_exception(ConnectionClosed(f"connection closed: {self._close_reason}"))
-
-
 class GrpcClient(Client):
     """A :class:`Client` over the gRPC ``SmithService.Stream`` call (protocol v1).
 
     Create it with ``Client.connect("grpc:HOST:PORT")`` or :meth:`open`. Everything a
-    :class:`Client` does works the same; :meth:`negotiate` adds the unary ``Negotiate`` call.
+    :class:`Client` does works the same (its link is a :class:`~smith_fast.grpc_link.GrpcLink`);
+    :meth:`negotiate` adds the unary ``Negotiate`` call.
     """
 
-    def __init__(self, channel: grpc_aio.Channel, *, token: str | None = None) -> None:
-        self._init_state("v1", None)
-        self.token = token
-        self._channel = channel
-        self._outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._status: grpc.StatusCode | None = None
-        self._metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
-        # No (de)serializers: envelopes travel as the bytes we build and parse ourselves.
-        stream: grpc_aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(STREAM_METHOD)
-        self._call = stream(self._requests(), metadata=self._metadata)
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+    def __init__(self, channel: grpc_aio.Channel, *, token: str | None = None, address: str | None = None) -> None:
+        self._grpc = GrpcLink(channel, token)
+        self._init("v1", self._grpc, token=token, address=address)
 
     @classmethod
     async def open(cls, target: str, *, tls_ca: bytes | None = None, token: str | None = None) -> GrpcClient:
@@ -1086,24 +756,7 @@ class GrpcClient(Client):
         Returns:
             The client.
         """
-        from grpc import aio, ssl_channel_credentials
-
-        options = [("grpc.max_receive_message_length", -1)]
-        if tls_ca is not None:
-            channel = aio.secure_channel(target, ssl_channel_credentials(root_certificates=tls_ca), options=options)
-        else:
-            channel = aio.insecure_channel(target, options=options)
-        return cls(channel, token=token)
-
-    async def _requests(self) -> AsyncIterator[bytes]:
-        while True:
-            item = await self._outbox.get()
-            if item is None:
-                return
-            yield item
-
-    def _send_bytes(self, envelope: bytes) -> None:
-        self._outbox.put_nowait(envelope)
+        return cls(grpc_channel(target, tls_ca), token=token)
 
     async def negotiate(
         self,
@@ -1124,13 +777,8 @@ class GrpcClient(Client):
             capabilities=[_capability(c) for c in capabilities],
             client_metadata=dict(client_metadata or {}),
         )
-        method = self._channel.unary_unary(
-            NEGOTIATE_METHOD,
-            request_serializer=pb.NegotiateRequest.SerializeToString,
-            response_deserializer=pb.NegotiateResponse.FromString,
-        )
         try:
-            return await method(request, metadata=self._metadata)
+            return await self._grpc.negotiate(request)
         except grpc.aio.AioRpcError as exc:
             code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
             if code is None:
@@ -1139,53 +787,9 @@ class GrpcClient(Client):
 
     async def close_sending(self) -> None:
         """Half-close: send nothing more; the service finishes the running requests, then ends the call."""
-        self._outbox.put_nowait(None)
-
-    async def shutdown(self) -> None:
-        cmd = pb.Command()
-        cmd.shutdown.SetInParent()
-        self.send(cmd)
-        await self._closed.wait()
-
-    async def close(self) -> None:
-        """Cancel the call (the service then stops this session's commands) and close the channel."""
-        self._call.cancel()
-        # End the request generator too: gRPC's task that drains it would otherwise be left
-        # waiting on it and be destroyed pending when the loop closes.
-        self._outbox.put_nowait(None)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._closed.wait(), 5)
-        self._reader_task.cancel()
-        await self._channel.close()
+        self._grpc.close_sending()
 
     @property
     def status(self) -> grpc.StatusCode | None:
         """The call's final ``grpc.StatusCode`` once it ended (None before)."""
-        return self._status
-
-    async def _read_loop(self) -> None:
-        import grpc
-
-        received = False
-        try:
-            async for raw in self._call:
-                received = True
-                self._receive(raw)
-            self._status = await self._call.code()
-            self._close_reason = EOFError("the service ended the stream")
-        except grpc.aio.AioRpcError as exc:
-            self._status = exc.code()
-            self._close_reason = exc
-            code = dict(exc.trailing_metadata() or ()).get("smith-error-code")
-            if code is not None and not received:
-                # Refused before the stream began (a wrong token in the metadata, too many
-                # connections): tell whoever waits as the ErrorEvent a socket peer would get.
-                with contextlib.suppress(ValueError):
-                    self._dispatch(pb.Event(error=pb.ErrorEvent(error_code=code, message=exc.details() or "")))
-        except asyncio.CancelledError:
-            self._status = grpc.StatusCode.CANCELLED
-            self._close_reason = ConnectionClosed("client closed")
-        except (SmithFastError, ValueError) as exc:
-            self._close_reason = exc
-        finally:
-            self._connection_ended()
+        return self._grpc.status

@@ -1,13 +1,38 @@
-"""The exceptions smith-fast raises: one small hierarchy under :class:`SmithFastError`.
+"""The exceptions smith-fast raises: one small hierarchy under :class:`SmithFastError`, all here.
 
+::
+
+    SmithFastError
+    ├── FramingError (ValueError) ── FrameTooLarge     the byte stream (both twins, same messages)
+    ├── EncodeError (ValueError)                       a value the wire cannot carry
+    ├── ProtocolError ── PlanError, ResumeRefused      a peer broke the protocol (has an ErrorCode)
+    ├── ArgumentError (ValueError)                     a tool call's arguments
+    ├── HookLoadError, HookFailure                     a hook that does not load, a call that failed
+    ├── LogFormatError (ValueError)                    a file that is not a session log
+    ├── SandboxError                                   the sandbox of the processes started for peers
+    │   ├── SandboxUnavailable ── UnsafeRoot           ... cannot be had: the service refuses to start
+    │   └── LandlockError (OSError)                    ... a process could not be confined
+    ├── ListenError, StartupError                      the service cannot start as configured
+    ├── SmithError                                     the client: the service answered with an ErrorEvent
+    ├── ConnectionClosed ── ConnectError (OSError)     the client: the connection ended, or never was
+    │                       └── NotASmithService       ... something else answers at the address
+    ├── AddressError (ValueError)                      the client: an address of no known form
+    ├── GatewayIdInUse                                 a NATS gateway: its --gateway-id is taken
+    ├── PublishError ── PayloadTooLarge                a NATS gateway: a command could not be queued
+    └── (the HTTP fronts')
+
+A module that raises one of these imports it from here; the modules that first defined them still
+export them under the same name. Exceptions that never leave their module stay private there.
 Both twins of every wire-core module raise these exact classes with the exact same messages, so
 callers can catch them without knowing which implementation is active.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
+# Not typing.TYPE_CHECKING: `import smith_fast` imports this module and need not pay for typing.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .pb import smith_pb2 as pb
 
@@ -17,7 +42,18 @@ __all__ = [
     "FrameTooLarge",
     "EncodeError",
     "ProtocolError",
+    "PlanError",
+    "ResumeRefused",
+    "ArgumentError",
+    "HookLoadError",
+    "HookFailure",
+    "LogFormatError",
+    "SandboxError",
+    "SandboxUnavailable",
+    "UnsafeRoot",
+    "LandlockError",
     "ListenError",
+    "StartupError",
     # client and NATS
     "SmithError",
     "ConnectionClosed",
@@ -132,6 +168,160 @@ class ProtocolError(SmithFastError):
 
 class ListenError(SmithFastError):
     """A listener cannot be opened as asked (non-loopback without consent, live socket in the way ...)."""
+
+
+class StartupError(SmithFastError):
+    """The service cannot start as configured (a hook that does not load ...)."""
+
+
+class PlanError(ProtocolError):
+    """A plan could not be made: bad input, a bad plan from the model, or an unreachable model.
+
+    It is a :class:`ProtocolError`, so a session reports it as an ``ErrorEvent`` (and the
+    request's terminal ``StateChange(ERROR)``) like any other request failure. The message says
+    exactly what is wrong: which step, which dependency, which cycle, which HTTP status.
+
+    Attributes:
+        code: ``ERROR_CODE_EXECUTION_TIMEOUT`` when the model did not answer in time,
+            ``ERROR_CODE_RESOURCE_EXHAUSTED`` for a plan over the step limit, else
+            ``ERROR_CODE_UNSPECIFIED`` (the default, 0).
+        details: always holds ``reason`` (see :attr:`reason`); also ``step`` (the step's id as the
+            planner wrote it), ``dependency``, ``cycle``, ``field`` or ``http_status`` when they apply.
+        usage: the model's token usage (a :class:`smith_fast.plan.model.Usage`) when a model
+            answered but its plan was rejected (the tokens were spent all the same), else ``None``.
+    """
+
+    usage: object | None = None
+
+    def __init__(
+        self,
+        message: str,
+        reason: str = "invalid_plan",
+        *,
+        code: int = 0,  # smith.v1.ERROR_CODE_UNSPECIFIED; the schema is not imported for a default
+        details: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, code, None, {"reason": reason, **(details or {})})
+
+    @property
+    def reason(self) -> str:
+        """Why, as one word: ``invalid_plan`` (the plan breaks a rule), ``invalid_json`` (the plan
+        is not JSON), ``invalid_goal`` (a shell goal that does not parse), ``invalid_field`` (a bad
+        ``context`` value), ``too_many_steps``, ``planner_config``, ``planner_unavailable`` (cannot
+        connect), ``planner_http`` (a non-200 answer), ``planner_reply`` (an answer that is not a
+        chat completion) or ``planner_timeout``."""
+        return self.details["reason"]
+
+    def __reduce__(self) -> tuple[type[PlanError], tuple[str, str], dict[str, object]]:
+        # The state dict restores the rest (code, details, request_id, usage) over the rebuilt one.
+        return (type(self), (self.args[0], self.reason), dict(self.__dict__))
+
+
+class ResumeRefused(ProtocolError):
+    """A resume handshake that cannot be served: ``details.reason`` says why. ``code`` defaults
+    to ``ERROR_CODE_PERMISSION_DENIED``."""
+
+    def __init__(self, message: str, reason: str, code: int = 5) -> None:  # 5: ERROR_CODE_PERMISSION_DENIED
+        super().__init__(message, code, details={"reason": reason})
+
+
+# An argument error quotes the offending value; a multi-megabyte string must not be echoed back.
+_MAX_REASON = 300
+
+
+class ArgumentError(SmithFastError, ValueError):
+    """The arguments of a tool call are not valid for that tool.
+
+    Raised by argument decoding and validation, and by handlers for problems a schema cannot
+    express (an invalid regex, invalid base64). The message reads ``args: <reason> at <path>``,
+    or just ``args: <reason>`` when the bytes are not JSON at all (the reason then gives the byte,
+    or the line and column).
+
+    Attributes:
+        reason: what is wrong.
+        path: the JSON path of the offending value (``$`` is the whole arguments value), or
+            ``None`` when the arguments are not JSON at all.
+    """
+
+    def __init__(self, reason: str, path: str | None = "$") -> None:
+        if len(reason) > _MAX_REASON:
+            reason = reason[: _MAX_REASON - 3] + "..."
+        super().__init__(f"args: {reason}" if path is None else f"args: {reason} at {path}")
+        self.reason = reason
+        self.path = path
+
+    def __reduce__(self) -> tuple[type[ArgumentError], tuple[str, str | None]]:
+        return (type(self), (self.reason, self.path))
+
+
+class HookLoadError(SmithFastError):
+    """A hook cannot be loaded: a syntax or compile error, no trigger defined, an engine missing.
+
+    Attributes:
+        diagnostics: the engine's or the compiler's own text (may be empty when there is none).
+    """
+
+    def __init__(self, message: str, diagnostics: str = "") -> None:
+        super().__init__(f"{message}:\n{diagnostics}" if diagnostics else message)
+        self.message = message
+        self.diagnostics = diagnostics
+
+    def __reduce__(self) -> tuple[type[HookLoadError], tuple[str, str]]:
+        return (type(self), (self.message, self.diagnostics))
+
+
+class HookFailure(SmithFastError):
+    """A call of a hook failed: it threw or panicked, crashed, ran past its time limit, ran out of
+    memory or answered something malformed. :class:`~smith_fast.hooks.HookChain` turns this into
+    a block (``failure="closed"``) or an allow (``failure="open"``).
+
+    Attributes:
+        hook_id: the hook's id.
+        trigger: the trigger it was called for.
+        reason: what went wrong, in words (e.g. ``"ran past its time limit of 0.5 s"``).
+    """
+
+    def __init__(self, hook_id: str, trigger: str, reason: str) -> None:
+        super().__init__(f"hook {hook_id} failed in {trigger}: {reason}")
+        self.hook_id = hook_id
+        self.trigger = trigger
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[HookFailure], tuple[str, str, str]]:
+        return (type(self), (self.hook_id, self.trigger, self.reason))
+
+
+class LogFormatError(SmithFastError, ValueError):
+    """A file is not a session log (bad magic, unknown format version, damaged header).
+
+    A torn or garbled *tail* is not an error: readers stop there and report it instead.
+
+    Attributes:
+        path: the file, when known.
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class SandboxError(SmithFastError):
+    """The sandbox of the processes started for peers (:mod:`smith_fast.sandbox`) failed."""
+
+
+class SandboxUnavailable(SandboxError):
+    """The sandbox cannot be had (no helper, a kernel without what the mode needs); the service
+    refuses to start."""
+
+
+class UnsafeRoot(SandboxUnavailable):
+    """``--root`` holds the service's own files (its code, socket, recordings or state): commands
+    could replace what the service runs; the service refuses to start."""
+
+
+class LandlockError(SandboxError, OSError):
+    """A process could not be confined by Landlock as asked (the sandbox program said why); it
+    did not run. ``errno`` and ``strerror`` as for any :class:`OSError`."""
 
 
 # ---- client and NATS ------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ Two modes (``serve --env-policy``):
     hostile: what it lets through is what the operator listed.
 
 Either way a refusal is ``ERROR_CODE_PERMISSION_DENIED`` naming the variables, before anything
-runs, checked after the hooks (a transform cannot bring one in). The sandbox (issue 15) bounds
+runs, checked after the hooks (a transform cannot bring one in). The sandbox (``smith_fast/sandbox``) bounds
 what a program can do once it runs; this policy keeps a command from being another one in
 disguise, so that what a hook reviewed is what runs.
 """

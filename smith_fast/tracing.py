@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from . import __version__
+from ._version import __version__
 from .logs import get_logger
 
 try:

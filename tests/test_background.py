@@ -1,4 +1,5 @@
-"""Background processes end to end (issue 16 item 5, and item 10's ps/attach/kill) against a real
+"""Background processes end to end (PROTOCOL.md, "Background processes"; and the CLI's
+ps/attach/kill) against a real
 ``smith-fast serve`` process and real processes: they outlive their request and session, any
 session lists, attaches (retained output from an offset, then live, then the exit), writes stdin
 and cancels them, the ring drops the oldest and says so, ``--max-background`` refuses, and they

@@ -1,13 +1,13 @@
-"""A peer that stops reading cannot make the service buffer without bound (issue 14).
+"""A peer that stops reading cannot make the service buffer without bound.
 
-The attack of the issue against a real ``smith-fast serve``: a client with a tiny receive buffer
-(``SO_RCVBUF=4096``) handshakes, pipelines hundreds of ``fs.read`` of a 1 MB file and never reads.
-Before, every read ran and its result waited in the transport's buffer (RSS 184 → 1124 MB for
-1000 reads); now a session holds at most ``--max-session-buffer`` of output
-(``smith_fast/service/flow.py``): its further requests wait unstarted and its commands are not
-read. Each test checks the server's VmHWM/VmRSS from /proc, that another session is served
-meanwhile, that nothing grows once the client left, and (where the client reads again) that every
-request still ends with exactly one terminal state.
+The attack (one finding of the hostile-input review, RELIABILITY.md) against a real
+``smith-fast serve``: a client with a tiny receive buffer (``SO_RCVBUF=4096``) handshakes,
+pipelines hundreds of ``fs.read`` of a 1 MB file and never reads. Before, every read ran and its
+result waited in the transport's buffer (RSS 184 → 1124 MB for 1000 reads); now a session holds at
+most ``--max-session-buffer`` of output (``smith_fast/service/flow.py``): its further requests wait
+unstarted and its commands are not read. Each test checks the server's VmHWM/VmRSS from /proc, that
+another session is served meanwhile, that nothing grows once the client left, and (where the client
+reads again) that every request still ends with exactly one terminal state.
 """
 
 from __future__ import annotations

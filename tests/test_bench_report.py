@@ -245,7 +245,7 @@ def test_noisy_cells_are_not_ranked_and_not_run_cells_are_a_dash() -> None:
     from bench.report.render import _cell, _cell_at, _winners, headline_columns
 
     assert stats.summarize([100.0, 110.0, 120.0]).noisy is False  # ±10%
-    assert stats.summarize([100.0, 148.0, 400.0]).noisy is True  # the `148 ±154%` of issue 18
+    assert stats.summarize([100.0, 148.0, 400.0]).noisy is True  # a `148 ±154%` once reported as a figure
     assert stats.summarize([5.0]).noisy is False  # one value has no spread to judge
     assert _cell(stats.summarize([100.0, 110.0, 120.0])) == "110 ±9%"
     assert _cell(stats.summarize([52.0, 148.0, 500.0])) == "too noisy to rank (±151%)"

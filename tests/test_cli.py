@@ -64,7 +64,7 @@ def test_exec_call_ping_against_a_server(tmp_path: pathlib.Path, protocol: str) 
         assert srv.stop() == 0
 
 
-# ---- a Unix tool: the command line, units, pipes, errors (issue 12, item 7) ------------------------
+# ---- a Unix tool: the command line, units, pipes, errors -------------------------------------------
 
 
 def no_traceback(res: subprocess.CompletedProcess[str]) -> None:
@@ -276,7 +276,7 @@ def test_bench_is_not_a_subcommand_and_nothing_imports_it() -> None:
             assert not module.startswith(("smith_fast.bench", ".bench")), (path, module)
 
 
-# ---- one option set (issue 13, item 3) ------------------------------------------------------------
+# ---- one option set: each limit defined once, every command's flags generated from it ------------
 
 
 def _imports(path: pathlib.Path) -> list[str]:

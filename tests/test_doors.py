@@ -1,4 +1,4 @@
-"""Issue 25 against a real ``smith-fast serve`` process: the handshake's repeated fields are
+"""Reported doors into the service, against a real ``smith-fast serve`` process: the handshake's repeated fields are
 bounded and de-duplicated, and peer-reachable internal errors (a plan goal nested past the
 recursion limit, NUL bytes in paths and env) are clear ``ErrorEvent``\\ s. After each attack the
 service is still up and serves another session (a socket timeout, not a timing assert)."""
@@ -50,7 +50,7 @@ def rss_kib(pid: int) -> int:
 
 
 def test_a_capability_repeated_65000_times_is_one_error(server: ServerProcess) -> None:
-    """The issue's frame: a first handshake of ~64 KiB listing capability 100 over and over got one
+    """The reported frame: a first handshake of ~64 KiB listing capability 100 over and over got one
     ErrorEvent (and one log line) per entry, 65,000 of them; now one."""
     peer = V1Peer(server.unix)
     peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC] + [100] * 64_000))
@@ -173,7 +173,7 @@ def test_nul_in_a_v1_shell_exec_is_an_invalid_field(server: ServerProcess, field
 
 @pytest.mark.parametrize(("field", "value"), [("cwd", "a\0b"), ("command", "ec\0ho"), ("shell", "/bin/\0sh")])
 def test_nul_in_a_v0_field_is_an_invalid_field(server: ServerProcess, field: str, value: str) -> None:
-    """The issue's v0 line: a NUL in ``cwd`` was ``INTERNAL_ERROR ValueError``."""
+    """The reported v0 line: a NUL in ``cwd`` was ``INTERNAL_ERROR ValueError``."""
     peer = V0Peer(server.unix)
     peer.send({"type": "Handshake", "data": {"version": 0, "capabilities": ["shell_exec"]}})
     peer.until(lambda m: m["type"] == "Ready")

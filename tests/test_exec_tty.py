@@ -1,4 +1,4 @@
-"""``smith-fast exec`` as a user drives it (issue 16 item 10): stdin forwarded, byte-exact output,
+"""``smith-fast exec`` as a user drives it: stdin forwarded, byte-exact output,
 Ctrl-C, and ``exec -t`` with interactive programs, through a real pseudo-terminal (pexpect)."""
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ class TestDecoding:
 
 class TestArrivedBytes:
     """A declared length is a promise, not a reservation: memory follows the bytes that arrived
-    (issue 14: 150 unauthenticated connections declaring 16 MiB each took 1.7 GB)."""
+    (before: 150 unauthenticated connections declaring 16 MiB each took 1.7 GB)."""
 
     def test_declared_length_reserves_nothing(self, framing: ModuleType) -> None:
         import tracemalloc

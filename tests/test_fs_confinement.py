@@ -1,4 +1,4 @@
-"""The file tools' workspace is enforced by the kernel (issue 15 item 5): a racer swapping a path
+"""The file tools' workspace is enforced by the kernel: a racer swapping a path
 component for a symlink to outside never gets a tool out, ``/proc`` cannot be probed, appending to a
 hard link of an outside file is refused, symlinks that stay inside keep working. Every case runs
 with ``openat2`` and with the ``O_NOFOLLOW`` component walk that replaces it where the kernel lacks
@@ -168,7 +168,7 @@ def test_racing_symlink_swaps_never_escape_in_process(tmp_path: pathlib.Path, mo
 
 
 def test_racing_symlink_swaps_never_lead_fs_search_outside(tmp_path: pathlib.Path) -> None:
-    # rg walks by path: what keeps it inside is the Landlock domain of the thread that starts it.
+    # rg walks by path: what keeps it inside is the Landlock domain sandbox-exec --only-read gives it.
     root, outside = layout(tmp_path)
     (root / "out").unlink()
     (root / "proc-root").unlink()

@@ -37,7 +37,7 @@ CLI = [sys.executable, "-m", "smith_fast"]
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     tmp = tmp_path_factory.mktemp(f"grpc-{request.param}")
     (tmp / "hello.txt").write_text("hello world\n")
-    # hooks_rust is granted only when the operator lists it (issue 14)
+    # hooks_rust is granted only when the operator lists it (a Rust hook is native code)
     caps = ("--capabilities", "shell_exec,hooks_js,hooks_rust,replay,tracing,nats")
     srv = ServerProcess(tmp, "--grpc", "127.0.0.1:0", "--chunk-size", "64", *caps, loop=request.param).start()
     assert srv.grpc.startswith("grpc:127.0.0.1:")

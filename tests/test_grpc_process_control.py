@@ -1,4 +1,4 @@
-"""Process control over the gRPC front (issue 16 item 8): what only gRPC has (a cancelled call) and
+"""Process control over the gRPC front (PROTOCOL.md, "Process control"): what only gRPC has (a cancelled call) and
 the refusals not checked elsewhere, end to end against a real service. Cancel, stdin (round trips,
 flow control, refusals), PTY size/resize/Ctrl-C, binary output, batches and the SDK are checked over
 gRPC in tests/test_process_control.py (``via`` parameters), "waiting for input" in

@@ -1,12 +1,13 @@
-"""A session's JS hook time is not other sessions' latency (issue 14).
+"""A session's JS hook time is not other sessions' latency.
 
-The attack of the issue against a real ``smith-fast serve``: a session loads a JavaScript hook
-whose ``beforeToolCall`` busy-waits just under the time limit, then pipelines 20 tool calls.
-Before, the hooks ran on the event loop: the 20 calls' hooks ran back to back in one loop
-iteration and another session's ping waited for all of them (9 s). Now each hook runs on a thread
-of its own with the GIL released (``smith_fast/hooks/js.py``), so the other session keeps its
-round trips while the hostile one is still in its calls. No timing is asserted: the honest
-session must complete more pings than the hostile session has calls while those calls run.
+The attack (one finding of the hostile-input review, RELIABILITY.md) against a real
+``smith-fast serve``: a session loads a JavaScript hook whose ``beforeToolCall`` busy-waits just
+under the time limit, then pipelines 20 tool calls. Before, the hooks ran on the event loop: the 20
+calls' hooks ran back to back in one loop iteration and another session's ping waited for all of
+them (9 s). Now each hook runs on a thread of its own with the GIL released
+(``smith_fast/hooks/js.py``), so the other session keeps its round trips while the hostile one is
+still in its calls. No timing is asserted: the honest session must complete more pings than the
+hostile session has calls while those calls run.
 """
 
 from __future__ import annotations

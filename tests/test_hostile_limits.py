@@ -1,6 +1,6 @@
-"""Issue 14's resource findings, each against a real ``smith-fast serve`` with the hostile bytes: the
-service refuses what it must with an error naming the limit, stays within a stated memory bound and
-goes on answering an honest session."""
+"""The resource findings of the hostile-input review (RELIABILITY.md), each against a real
+``smith-fast serve`` with the hostile bytes: the service refuses what it must with an error naming
+the limit, stays within a stated memory bound and goes on answering an honest session."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def _flood(address: str, declared: int, sent: int, hold: threading.Event, answer
 
 
 def test_declared_frames_before_handshake_cost_nothing(tokened: ServerProcess) -> None:
-    """40 connections each declaring a 16 MiB frame and sending 4 MiB of it, no handshake (issue 14:
+    """40 connections each declaring a 16 MiB frame and sending 4 MiB of it, no handshake (before:
     150 such took the service from 649 to 2,327 MB). Each is told RESOURCE_EXHAUSTED naming
     --max-handshake-frame-size and closed; the service's RSS grows by less than 48 MB (what the
     peers sent: 160 MB); an honest session is answered meanwhile."""
@@ -186,7 +186,7 @@ def test_batch_over_the_limit_is_refused_whole(tmp_path: pathlib.Path) -> None:
 
 
 def test_large_batch_does_not_stall_other_sessions(tmp_path: pathlib.Path) -> None:
-    """A batch of 40,000 calls (issue 14: one of 200,000 stalled another session 14.6 s). Another
+    """A batch of 40,000 calls (before: one of 200,000 stalled another session 14.6 s). Another
     session's round trip sent right behind it is answered well before the batch is done."""
     n = 40_000
     srv = ServerProcess(tmp_path, "--max-batch-commands", str(n), "--max-requests", str(n)).start()
@@ -217,7 +217,7 @@ def test_large_batch_does_not_stall_other_sessions(tmp_path: pathlib.Path) -> No
 
 
 def test_long_request_id_is_refused_unread(tmp_path: pathlib.Path) -> None:
-    """A 2 MiB request_id (issue 14: 15 MiB was accepted, and echoed in every event)."""
+    """A 2 MiB request_id (before: 15 MiB was accepted, and echoed in every event)."""
     srv = ServerProcess(tmp_path).start()
     try:
         peer = honest(srv.unix, token=None)
@@ -265,7 +265,7 @@ def test_hook_count_is_bounded(tmp_path: pathlib.Path) -> None:
 
 
 def test_hook_memory_per_session_is_bounded(tmp_path: pathlib.Path) -> None:
-    """12 JS hooks each holding a 28 MiB array (issue 14: 30 such took the service from 74 to 888 MB).
+    """12 JS hooks each holding a 28 MiB array (before: 30 such took the service from 74 to 888 MB).
     With --max-session-hook-memory 96M and --hook-memory 32M three load; the rest are refused
     naming the limit, and the service grows by less than 96 MB + 48 MB."""
     srv = ServerProcess(tmp_path, "--hook-memory", "32M", "--max-session-hook-memory", "96M").start()
@@ -312,7 +312,7 @@ def _run_inflated(srv: ServerProcess, command: str, factor: int) -> tuple[list[p
 
 
 def test_transformed_output_is_rechunked(tmp_path: pathlib.Path) -> None:
-    """A 3-byte chunk a hook turns into 5 MB (issue 14: it went out as one 5 MB event) goes out as
+    """A 3-byte chunk a hook turns into 5 MB (before: it went out as one 5 MB event) goes out as
     --chunk-size chunks, all of it."""
     srv = ServerProcess(tmp_path, "--chunk-size", "64k").start()
     try:

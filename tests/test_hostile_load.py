@@ -1,4 +1,5 @@
-"""Hostile sessions and honest ones at once against one real server (issue 14, "hostile-load test").
+"""Hostile sessions and honest ones at once against one real server (RELIABILITY.md,
+"hostile sessions beside honest ones").
 
 The attacks of ``harness/hostile.py`` (:data:`~harness.hostile.ATTACKS`: a peer that never reads
 1000 pipelined 1 MB ``fs.read``s, a session whose JS hook busy-waits 400 ms on each of 20 pipelined

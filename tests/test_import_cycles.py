@@ -27,6 +27,14 @@ def _modules() -> dict[str, pathlib.Path]:
     return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
+def _compiled() -> frozenset[str]:
+    """The extension modules built from ``csrc/`` (``setup.py``): ``smith_fast._framing_c`` ...
+    An import of one is an import of that module, a leaf here (its source is not Python), not of
+    the package it sits in."""
+    sources = [*ROOT.glob("csrc/*.pyx"), *ROOT.glob("csrc/*_c.py")]
+    return frozenset(f"smith_fast.{path.stem}" for path in sources)
+
+
 def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
     """The absolute name ``from <level dots><target> import ...`` means inside ``module``."""
     if level == 0:
@@ -42,6 +50,7 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
 def import_graph() -> dict[str, dict[str, int]]:
     """``{module: {imported module: line of the first such import}}``, smith_fast modules only."""
     modules = _modules()
+    compiled = _compiled()
     graph: dict[str, dict[str, int]] = {}
     for name, path in modules.items():
         edges: dict[str, int] = {}
@@ -55,8 +64,10 @@ def import_graph() -> dict[str, dict[str, int]]:
                 for alias in node.names:
                     # ``from pkg import sub`` imports the submodule when there is one.
                     sub = f"{base}.{alias.name}"
-                    targets.append(sub if sub in modules else base)
+                    targets.append(sub if sub in modules or sub in compiled else base)
             for target in targets:
+                if target in compiled or target.rpartition(".")[0] in compiled:
+                    continue
                 # ``import a.b.c`` binds a.b.c; the nearest smith_fast module that exists is the edge.
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -161,6 +172,8 @@ def test_the_graph_sees_every_kind_of_import() -> None:
     assert "smith_fast.pb.smith_pb2" in graph["smith_fast._sequencing_py"]
     # tools/__init__.py: absolute imports of its submodules
     assert "smith_fast.tools.registry" in graph["smith_fast.tools"]
+    # chunking.py: ``from ._chunking_c import ...`` is the compiled module's, not the package's
+    assert "smith_fast._chunking_c" in _compiled() and "smith_fast" not in graph["smith_fast.chunking"]
     # a circle is found, and named with the lines that close it
     toy = {"a": {"b": 3}, "b": {"c": 5}, "c": {"a": 7}, "d": {"a": 1}}
     assert _components(toy) == [["a", "b", "c"]]

@@ -1,4 +1,4 @@
-"""'Waiting for input' end to end (issue 16 item 7): a command with open stdin or a pty that sleeps
+"""'Waiting for input' end to end (PROTOCOL.md, "Waiting for input"): a command with open stdin or a pty that sleeps
 reading it gets one LogEvent (``fields.reason = waiting_for_input``) per wait, against a real
 ``smith-fast serve`` and real programs (``input()``, ``read -p``, the Python REPL), over every front;
 a sleeping command, one reading some other pipe, and one without open stdin get none."""

@@ -1,4 +1,4 @@
-"""A burst of connections is taken by every listener of a real ``smith-fast serve`` (issue 12, item 2).
+"""A burst of connections is taken by every listener of a real ``smith-fast serve``.
 
 The service is stopped (SIGSTOP) while the burst arrives, so not one connection is accepted during
 it: the listen backlog alone must hold all of them. With asyncio's default backlog (100) the 101st

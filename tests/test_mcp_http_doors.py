@@ -1,4 +1,4 @@
-"""The doors of ``serve --mcp-http`` (issue 25, "MCP over HTTP"): each reproduction of the issue,
+"""The doors of ``serve --mcp-http`` (PROTOCOL.md, "MCP"): each reported reproduction,
 against a real server process over real sockets.
 
 Each test sends what the attacker sent, checks that the service refused what it must (and ran
@@ -167,7 +167,7 @@ def test_dns_rebinding_is_refused_and_runs_nothing(tmp_path: pathlib.Path) -> No
             answer = exchange(addr, request(INIT, host=rebound, extra=extra))
             assert status_of(answer) in (403, 421), answer[:300]
             assert b"mcp-session-id" not in answer.lower()
-        # what the issue ran after the 200: the shell tool, with a session id it could not get
+        # what the reproduction ran after the 200: the shell tool, with a session id it could not get
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "shell", "arguments": {"command": f"touch {marker}"}}}
         for extra in (origin, ""):
             assert status_of(exchange(addr, request(call, host=rebound, session="guess", extra=extra))) in (403, 421)

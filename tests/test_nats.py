@@ -432,7 +432,8 @@ async def test_shutdown_cancels_remote_commands(cluster: Cluster) -> None:
 
 
 async def test_control_commands_reach_the_worker_through_the_gateway(cluster: Cluster) -> None:
-    # Cancel, stdin and resize are forwarded to the worker running the request (issue 16 item 8;
+    # Cancel, stdin and resize are forwarded to the worker running the request (PROTOCOL.md,
+    # "Scale-out over NATS", "Process control";
     # tests/test_nats_control.py has the rest): the Cancel ends it cancelled, stdin and resize of a
     # command without open stdin are refused with an ErrorEvent naming the request.
     client = await Client.connect(cluster.unix)

@@ -1,4 +1,5 @@
-"""Background processes through the NATS gateway (issue 16 item 8, issue 19 item 5): a background
+"""Background processes through the NATS gateway (PROTOCOL.md, "Scale-out over NATS", "Background
+processes"): a background
 ShellExec runs on a worker and stays there; ListProcesses asks every live worker; Attach, Cancel,
 Stdin and Resize of a background id go to the worker holding it; a process whose worker is gone
 gets ``worker_gone``.
@@ -280,7 +281,7 @@ async def test_a_stopped_worker_ends_its_processes_and_their_attaches(tmp_path: 
         cluster.stop()
 
 
-# ---- resume through the gateway (issue 19 item 5) -------------------------------------------------------
+# ---- resume through the gateway: a frontend's connection cut, the workers streaming on ----------------
 
 RESUME_CUTS = 20
 

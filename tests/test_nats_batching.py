@@ -1,7 +1,8 @@
-"""Batching over NATS (issue 19, throughput): a session's commands of one loop iteration travel
-as one command message, a worker's event messages of one iteration for one session as one NATS
-message, and the guarantees stay those of single messages: every request answered exactly once,
-its events in order, and a batch redelivered after its worker died ends each request once.
+"""Batching over NATS (PROTOCOL.md, "Messages", "Batches"; for throughput): a session's commands of
+one loop iteration travel as one command message, a worker's event messages of one iteration for one
+session as one NATS message, and the guarantees stay those of single messages: every request
+answered exactly once, its events in order, and a batch redelivered after its worker died ends each
+request once.
 
 Real parts: nats-server, ``smith-fast gateway`` and ``worker`` processes (harness/nats_cluster.py),
 the SDK over the gateway's Unix socket; the command stream's own figures (JetStream stream info)

@@ -1,5 +1,5 @@
-"""Process control through the NATS gateway (issue 16 item 8, issue 19 item 5): Cancel, stdin and
-resize reach the worker that runs the process.
+"""Process control through the NATS gateway (PROTOCOL.md, "Scale-out over NATS", "Process control"):
+Cancel, stdin and resize reach the worker that runs the process.
 
 Real parts only: nats-server on a loopback port, ``smith-fast gateway`` and two ``worker``
 processes (``harness/nats_cluster.py``), the SDK and raw commands over the gateway's Unix socket.
@@ -344,7 +344,7 @@ async def test_a_cancel_its_worker_cannot_confirm_ends_at_the_gateway_and_is_nev
         assert runs.read_text() == "run\n"
 
 
-# ---- a gateway that dies (issue 19 item 5: the NATS side of resuming through a gateway) ----------
+# ---- a gateway that dies (the NATS side of resuming through a gateway) ---------------------------
 
 
 async def test_a_dead_gateways_running_request_goes_on_and_its_events_stay_replayable(tmp_path: pathlib.Path) -> None:

@@ -1,4 +1,4 @@
-"""Operating the NATS scale-out (issue 19): the gateway knows its workers, says when it cannot
+"""Operating the NATS scale-out: the gateway knows its workers, says when it cannot
 serve, tells a frontend that its command waits, listens before NATS is reached, and shows its queue.
 
 Real parts only: nats-server on a loopback port, ``smith-fast gateway`` and ``worker`` processes

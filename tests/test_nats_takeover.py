@@ -1,4 +1,4 @@
-"""A gateway restart loses no running request's events (issue 19, item 5): a gateway started with
+"""A gateway restart loses no running request's events (PROTOCOL.md, "Gateway restart"): a gateway started with
 ``--gateway-id`` journals what its resumable sessions send (smith_fast.nats.journal); when it stops
 (SIGTERM: it hands them over) or is killed (SIGKILL), the next gateway process with that id takes
 those sessions over, the workers' requests running on meanwhile, and the peer resumes there with

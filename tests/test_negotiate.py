@@ -1,4 +1,4 @@
-"""``Negotiate`` against a real ``smith-fast serve --grpc`` under each ``--protocol`` pin (issue 12, item 4).
+"""``Negotiate`` against a real ``smith-fast serve --grpc`` under each ``--protocol`` pin (PROTOCOL.md, "Negotiate").
 
 Every listener the answer points a v0 frontend at must answer a v0 handshake; with every socket
 listener pinned to v1 there is none, and the call fails ``UNSUPPORTED_VERSION`` saying why.

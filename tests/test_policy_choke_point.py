@@ -1,4 +1,4 @@
-"""Issue 14, "Policy bypasses": every finding as written, against a real ``smith-fast serve``.
+"""The policy bypasses the hostile-input review found: every finding as written, against a real ``smith-fast serve``.
 
 * the shell hooks see ``shell.run`` (and plan steps) as they see a ShellExec: one choke point;
 * loading a Rust hook does not get around ``--hook``: ``--capabilities``, ``hooks_rust`` off by

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from smith_fast import process
+from smith_fast import process, shell_process
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
 from smith_fast.process import (
@@ -42,7 +42,7 @@ def after_loop() -> Callable[[], None]:
     """Once a test's loop is closed (the ``run`` fixture, tests/conftest.py): no shell left unreaped."""
 
     def check() -> None:
-        assert process._LIVE == {}, f"shells left unreaped: {process._LIVE}"
+        assert shell_process._LIVE == {}, f"shells left unreaped: {shell_process._LIVE}"
 
     return check
 
@@ -386,7 +386,7 @@ def test_background_orphan_holding_the_pipe_does_not_hang_wait(
     run: Runner[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A long escape grace proves the group kill, not the escaped-writer timer, closed the pipe.
-    monkeypatch.setattr(process, "ESCAPED_WRITER_GRACE", 30.0)
+    monkeypatch.setattr(shell_process, "ESCAPED_WRITER_GRACE", 30.0)
 
     async def body() -> tuple[int, float, int]:
         sink = Sink()
@@ -414,7 +414,7 @@ def test_writer_that_escaped_the_group_does_not_hang_wait(run: Runner[Any]) -> N
     try:
         assert code == 0
         assert sink.err == b"tail\n"
-        assert elapsed < process.ESCAPED_WRITER_GRACE + 3
+        assert elapsed < shell_process.ESCAPED_WRITER_GRACE + 3
         # out of reach of the group kill, but not of the command's cgroup (smith_fast.containment),
         # which process.py kills with the group when the shell exits (it was the documented limit)
         deadline = time.monotonic() + 5
@@ -488,7 +488,7 @@ def test_wait_waits_for_paused_output_past_the_escape_grace(run: Runner[Any]) ->
         proc.pause_reading()  # before the loop ever read: everything waits in the pipes
         await until(lambda: proc.returncode is not None)
         waiter = asyncio.ensure_future(proc.wait())
-        await asyncio.sleep(process.ESCAPED_WRITER_GRACE * 1.5)
+        await asyncio.sleep(shell_process.ESCAPED_WRITER_GRACE * 1.5)
         assert not waiter.done()
         assert sink.chunks == 0
         proc.resume_reading()
@@ -547,7 +547,7 @@ def test_cancelling_run_collect_kills_and_reaps(run: Runner[Any], tmp_path: Path
         with pytest.raises(asyncio.CancelledError):
             await task
         found = [int(p) for p in pids.read_text().split()]
-        await until(lambda: not process._LIVE)  # the shell is reaped in the background
+        await until(lambda: not shell_process._LIVE)  # the shell is reaped in the background
         return found
 
     grandchild, shell = run(body())
@@ -574,7 +574,7 @@ def test_on_output_error_kills_and_reaches_wait(run: Runner[Any]) -> None:
 def test_kill_all(run: Runner[Any]) -> None:
     async def body() -> list[int]:
         procs = [await ShellProcess.start("sleep 100 & sleep 100", on_output=Sink()) for _ in range(3)]
-        assert set(process._LIVE) >= {p.pid for p in procs}
+        assert set(shell_process._LIVE) >= {p.pid for p in procs}
         kill_all()
         return [await p.wait() for p in procs]
 
@@ -611,7 +611,7 @@ def test_concurrent_commands(run: Runner[Any]) -> None:
 
 
 def test_polling_fallback_without_pidfd(run: Runner[Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(process, "_HAVE_PIDFD", False)  # as on Linux < 5.3
+    monkeypatch.setattr(shell_process, "_HAVE_PIDFD", False)  # as on Linux < 5.3
     code, sink = run(run_sink("sleep 0.1 & echo $!; exit 6"))
     assert code == 6
     assert_dies(int(sink.out))

@@ -1,4 +1,4 @@
-"""Process control end to end (issue 16 items 1-4, 9): Cancel, stdin, PTY, resize and binary output
+"""Process control end to end (PROTOCOL.md, "Process control"): Cancel, stdin, PTY, resize and binary output
 against a real ``smith-fast serve`` process, over Unix/TCP/stdio v1, v0 and gRPC, raw and through the SDK."""
 
 from __future__ import annotations

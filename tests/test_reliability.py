@@ -218,7 +218,7 @@ def test_full_disk_while_recording_the_session_goes_on(tmp_path: pathlib.Path) -
     mnt.mkdir()
     srv = ServerProcess(tmp_path, "--record", str(mnt))
     userns = [] if os.geteuid() == 0 else ["--map-root-user"]
-    # mode 0700: a recordings directory others may enter is refused (issue 25)
+    # mode 0700: a recordings directory others may enter is refused (a recording holds a session's bytes)
     shell = 'mount -t tmpfs -o size=64k,mode=0700 tmpfs "$1" && shift && exec "$@"'
     srv.argv = ["unshare", "--mount", *userns, "sh", "-c", shell, "sh", str(mnt), *srv.argv]
     srv.start()

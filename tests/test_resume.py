@@ -1,4 +1,4 @@
-"""Session resume end to end (issue 16 item 6; PROTOCOL.md, "Resume"), against real ``smith-fast serve``
+"""Session resume end to end (PROTOCOL.md, "Resume"), against real ``smith-fast serve``
 processes: the connection is cut mid-stream again and again through a TCP proxy and the peer resumes
 each time with the last sequence it received; nothing is lost or duplicated. Then the refusals: the
 window passed, a wrong or foreign token, a gap in what the service retained; and the bound on what a

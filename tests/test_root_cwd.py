@@ -1,8 +1,8 @@
-"""``--root`` is where commands run unless they say otherwise (issue 12, item 6).
+"""``--root`` is where commands run unless they say otherwise.
 
 A real ``smith-fast serve --root W`` whose own current directory is the repository (not ``W``): a
 ShellExec without ``cwd`` runs in ``W``, a relative ``cwd`` is taken from ``W``, an absolute one is
-kept (refused outside ``W`` unless ``--sandbox off``, issue 15), plan steps run in ``W``, and all of it agrees with ``shell.run``. The same for a real
+kept (refused outside ``W`` unless ``--sandbox off``), plan steps run in ``W``, and all of it agrees with ``shell.run``. The same for a real
 ``smith-fast worker --root W`` behind a gateway, over a real nats-server.
 """
 
@@ -56,7 +56,7 @@ async def test_shell_exec_runs_in_the_root(server: ServerProcess, workspace: pat
         assert await _pwd(client, "") == f"{workspace}\n"
         assert await _pwd(client, "sub") == f"{workspace}/sub\n"
         assert await _pwd(client, "sub/deeper/..") == f"{workspace}/sub\n"
-        # issue 15: under the default sandbox a cwd outside the root is refused (below: kept with it off)
+        # under the default sandbox a cwd outside the root is refused (below: kept with it off)
         with pytest.raises(SmithError, match="PERMISSION_DENIED.*cwd '/' is outside the workspace root"):
             await _pwd(client, "/")
         tool = await client.call_tool("shell.run", {"command": "pwd"})

@@ -1,7 +1,7 @@
 """``fs.search`` against a real ``smith-fast serve`` process: a pattern that backtracks for ages in
 Python's ``re`` neither outlives its timeout nor stalls another session, .gitignored directories are
 not searched, a huge single-line file does not bloat the service, and a timed-out search leaves no
-``rg`` behind (issue 14)."""
+``rg`` behind (findings of the hostile-input review, RELIABILITY.md)."""
 
 from __future__ import annotations
 

@@ -239,7 +239,7 @@ def test_token_flag(tmp_path: pathlib.Path) -> None:
 
 
 def test_refused_names_policy() -> None:
-    # PYTHONPATH is refused since issue 14 (a sitecustomize.py there runs in every python3)
+    # PYTHONPATH is refused (a sitecustomize.py there runs in every python3)
     assert refused_names(["LD_PRELOAD", "PATH", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%", "ld_preload", "PYTHONPATH"]) == [
         "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%", "PYTHONPATH",
     ]  # fmt: skip

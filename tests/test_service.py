@@ -128,7 +128,7 @@ async def test_unknown_capability_reported_rest_granted(server: ServerProcess, p
     async with await Client.connect(server.unix, protocol=protocol) as client:
         ready = await client.handshake(["shell_exec", "nats"] + ([99] if protocol == "v1" else []))
         assert list(ready.capabilities) == [pb.CAPABILITY_SHELL_EXEC]
-        # one warning per handshake, naming each refused capability (issue 25: not one per entry)
+        # one warning per handshake, naming each refused capability (not one per entry: a peer could list thousands)
         (warning,) = client.warnings
         assert warning.error_code == pb.ERROR_CODE_INVALID_CAPABILITY
         if protocol == "v1":  # v0 ErrorEvents have no details field

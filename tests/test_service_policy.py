@@ -69,7 +69,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     (tmp / "real.txt").write_text("the real file\n")
     (tmp / "key.txt").write_text("-----PRIVATE KEY-----\n")
     (tmp / "global.js").write_text('function beforeShellExec(p) { return p.command.includes("forbidden") ? {action: "block", reason: "global policy"} : {action: "allow"}; }')
-    # hooks_rust is granted only when the operator lists it (issue 14)
+    # hooks_rust is granted only when the operator lists it (a Rust hook is native code)
     caps = "shell_exec,hooks_js,hooks_rust,replay,tracing"
     srv = ServerProcess(tmp, "--hook", str(tmp / "global.js"), "--record", str(beside(tmp, "rec")), "--capabilities", caps, loop=request.param).start()
     yield srv
@@ -234,7 +234,8 @@ def test_replay_capability_records_on_request(tmp_path: pathlib.Path) -> None:
             return ready.service_info["smith_fast.recording"]
 
     state = beside(tmp_path, "state")  # the service refuses a root that holds its state
-    # replay is granted only when the operator lists it (issue 25); recorded under the state dir
+    # replay is granted only when the operator lists it (a recording holds a session's bytes); recorded
+    # under the state dir
     srv = ServerProcess(tmp_path, "--capabilities", "shell_exec,replay", env={"XDG_STATE_HOME": str(state)}).start()
     try:
         path = asyncio.run(go())

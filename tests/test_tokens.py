@@ -1,4 +1,4 @@
-"""Issue 25, "Recordings, tokens, defaults", against real processes: neither the service's token nor
+"""Recordings, tokens and defaults, against real processes: neither the service's token nor
 a session's resume token is written anywhere (recordings, logs, metrics, a gateway's journal in
 NATS), found by grepping every artefact of sessions that used both; recordings are private,
 bounded (``--record-max-bytes``, oldest removed first) and ``replay`` is granted only when the

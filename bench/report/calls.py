@@ -1,4 +1,5 @@
-"""``python -m bench.report.calls [REPS]``: small tool calls side by side with the floor (issue 18).
+"""``python -m bench.report.calls [REPS]``: small tool calls side by side with the floor (what a
+call costs over the least a server can do).
 
 Pipelined ``fs.read`` of the 72 B file at 64 and 256 in flight, and sequential round trips, for
 ``v1`` over a Unix socket, ``v1`` over stdio (``serve --stdio``, protobuf frames on its pipes) and

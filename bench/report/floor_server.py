@@ -1,4 +1,4 @@
-"""The bare-loop floor: the least a server can do to answer a small tool call (issue 18).
+"""The bare-loop floor: the least a server can do to answer a small tool call.
 
 A blocking stdlib loop on stdio: read one JSON-RPC line, open the file it names, write one JSON
 answer, flush. No validation, no path check, no concurrency, no limits: a floor to measure the

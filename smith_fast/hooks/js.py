@@ -110,7 +110,7 @@ class JsHook(Hook):
     def __init__(self, source: str, limits: HookLimits, hook_id: str | None = None) -> None:
         if _quickjs is None:
             raise HookLoadError("JavaScript hooks need the quickjs-ng package, which is not installed")
-        if "\0" in source:  # the engine takes a C string: it raised ValueError, an internal error (issue 25)
+        if "\0" in source:  # the engine takes a C string: its ValueError would reach the peer as an internal error
             raise HookLoadError(f"the JavaScript hook holds a NUL character (offset {source.index(chr(0))}), which a script may not")
         self.source_hash = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
         self.id = hook_id or f"js-{self.source_hash[:12]}"

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import SmithFastError
+from ..errors import HookFailure, HookLoadError
 from ..sandbox import Sandbox
 
 __all__ = [
@@ -83,43 +83,6 @@ class HookLimits:
 
 MIN_HOOK_MEMORY = 4 << 20
 """The least memory a session hook is loaded with (a QuickJS runtime needs about 1 MB to start)."""
-
-
-class HookLoadError(SmithFastError):
-    """A hook cannot be loaded: a syntax or compile error, no trigger defined, an engine missing.
-
-    Attributes:
-        diagnostics: the engine's or the compiler's own text (may be empty when there is none).
-    """
-
-    def __init__(self, message: str, diagnostics: str = "") -> None:
-        super().__init__(f"{message}:\n{diagnostics}" if diagnostics else message)
-        self.message = message
-        self.diagnostics = diagnostics
-
-    def __reduce__(self) -> tuple[type[HookLoadError], tuple[str, str]]:
-        return (type(self), (self.message, self.diagnostics))
-
-
-class HookFailure(SmithFastError):
-    """A call of a hook failed: it threw or panicked, crashed, ran past its time limit, ran out of
-    memory or answered something malformed. :class:`~smith_fast.hooks.HookChain` turns this into
-    a block (``failure="closed"``) or an allow (``failure="open"``).
-
-    Attributes:
-        hook_id: the hook's id.
-        trigger: the trigger it was called for.
-        reason: what went wrong, in words (e.g. ``"ran past its time limit of 0.5 s"``).
-    """
-
-    def __init__(self, hook_id: str, trigger: str, reason: str) -> None:
-        super().__init__(f"hook {hook_id} failed in {trigger}: {reason}")
-        self.hook_id = hook_id
-        self.trigger = trigger
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[type[HookFailure], tuple[str, str, str]]:
-        return (type(self), (self.hook_id, self.trigger, self.reason))
 
 
 def clip(text: str, limit: int = MAX_REASON) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import orjson
 
-from .. import __version__
+from .._version import __version__
 from ..pb import smith_pb2 as pb
 from ..tools import Tool
 

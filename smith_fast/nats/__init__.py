@@ -6,7 +6,11 @@ subjects, headers and delivery guarantees are in PROTOCOL.md, "Scale-out over NA
 
 Modules: :mod:`.config` (names and limits), :mod:`.wire` (headers, message ids, the gateway's
 per-request deduplication), :mod:`.jetstream` (connection, streams, pull feed, reliable
-publisher), :mod:`.worker`, :mod:`.gateway`, :mod:`.cli` (the two subcommands).
+publisher), :mod:`.cli` (the two subcommands). The gateway: :mod:`.gateway` (a ServiceCore and
+its Backend), :mod:`.bridge` (its NATS side), :mod:`.forwarding` (the request runner),
+:mod:`.remote` (one forwarded request). A worker: :mod:`.worker`, :mod:`.publication` (a
+command's events out), :mod:`.worker_sessions` (what a gateway session keeps on a worker),
+:mod:`.hooks_bucket` (the hook sources all workers share).
 
 Needs the ``nats-py`` package (``pip install smith-fast[nats]``); nothing here imports it until a
 worker or a gateway starts, so the rest of smith-fast works without it.

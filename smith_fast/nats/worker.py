@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
 
-from .. import __version__, tracing
+from .. import tracing
+from .._version import __version__
 from ..errors import ProtocolError
 from ..hooks import HookLoadError
 from ..logs import get_logger

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from ..pb import smith_pb2
 from .executor import PlanExecutor, RunShell, RunTool
 from .graph import plan_deltas, token_usage_event
-from .model import Plan, PlanError
+from .model import Plan, PlanError, Usage
 from .options import PlanOptions
 from .planners import Planner
 
@@ -48,7 +48,7 @@ async def run_plan_command(
     try:
         plan = await planner.plan(command.goal, command.context)
     except PlanError as exc:
-        if exc.usage is not None:
+        if isinstance(exc.usage, Usage):  # errors.py holds PlanError below the plan's types
             emit(smith_pb2.Event(token_usage=token_usage_event(exc.usage, rid)))
         raise
     if plan.usage is not None:

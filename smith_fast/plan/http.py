@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .._version import __version__
 from ..errors import SmithFastError
 
 __all__ = ["MAX_RESPONSE", "HttpError", "HttpResponse", "post"]

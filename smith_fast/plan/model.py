@@ -15,12 +15,11 @@ stable with respect to the order the planner was given.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProtocolError
-from ..pb import smith_pb2
+from ..errors import PlanError
 
 __all__ = [
     "AFTER",
@@ -62,55 +61,6 @@ FAILED = "failed"
 SKIPPED = "skipped"
 CANCELLED = "cancelled"
 FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, SKIPPED, CANCELLED})
-
-
-class PlanError(ProtocolError):
-    """A plan could not be made: bad input, a bad plan from the model, or an unreachable model.
-
-    It is a :class:`~smith_fast.errors.ProtocolError`, so a session reports it as an ``ErrorEvent``
-    (and the request's terminal ``StateChange(ERROR)``) like any other request failure. The message
-    says exactly what is wrong: which step, which dependency, which cycle, which HTTP status.
-
-    Attributes:
-        code: ``ERROR_CODE_EXECUTION_TIMEOUT`` when the model did not answer in time,
-            ``ERROR_CODE_RESOURCE_EXHAUSTED`` for a plan over the step limit, else
-            ``ERROR_CODE_UNSPECIFIED``.
-        details: always holds ``reason`` (see :attr:`reason`); also ``step`` (the step's id as the
-            planner wrote it), ``dependency``, ``cycle``, ``field`` or ``http_status`` when they apply.
-        usage: the model's token usage when a model answered but its plan was rejected (the
-            tokens were spent all the same), else ``None``.
-    """
-
-    usage: Usage | None = None
-
-    def __init__(
-        self,
-        message: str,
-        reason: str = "invalid_plan",
-        *,
-        code: int = smith_pb2.ERROR_CODE_UNSPECIFIED,
-        details: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message, code, None, {"reason": reason, **(details or {})})
-
-    @property
-    def reason(self) -> str:
-        """Why, as one word: ``invalid_plan`` (the plan breaks a rule), ``invalid_json`` (the plan
-        is not JSON), ``invalid_goal`` (a shell goal that does not parse), ``invalid_field`` (a bad
-        ``context`` value), ``too_many_steps``, ``planner_config``, ``planner_unavailable`` (cannot
-        connect), ``planner_http`` (a non-200 answer), ``planner_reply`` (an answer that is not a
-        chat completion) or ``planner_timeout``."""
-        return self.details["reason"]
-
-    def __reduce__(self) -> tuple[Callable[..., PlanError], tuple[str, str, int, dict[str, str], str | None]]:
-        extra = {k: v for k, v in self.details.items() if k != "reason"}
-        return (_rebuild, (self.args[0], self.reason, self.code, extra, self.request_id))
-
-
-def _rebuild(message: str, reason: str, code: int, details: dict[str, str], request_id: str | None) -> PlanError:
-    exc = PlanError(message, reason, code=code, details=details)
-    exc.request_id = request_id
-    return exc
 
 
 @dataclass(frozen=True, slots=True)

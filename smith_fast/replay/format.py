@@ -56,7 +56,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SmithFastError
+from ..errors import LogFormatError
 
 __all__ = [
     "BODY_PREFIX",
@@ -107,20 +107,6 @@ MAX_RECORD_SIZE = (1 << 28) + BODY_PREFIX_SIZE
 _MAX_METADATA = 1 << 20
 
 crc = zlib.crc32
-
-
-class LogFormatError(SmithFastError, ValueError):
-    """A file is not a session log (bad magic, unknown format version, damaged header).
-
-    A torn or garbled *tail* is not an error: readers stop there and report it instead.
-
-    Attributes:
-        path: the file, when known.
-    """
-
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(f"{path}: {message}" if path else message)
-        self.path = path
 
 
 @dataclass(frozen=True)

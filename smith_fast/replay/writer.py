@@ -32,7 +32,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from .. import __version__, _varint
+from .. import _varint
+from .._version import __version__
 from ..concealing import conceal
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb

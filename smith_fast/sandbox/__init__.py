@@ -8,7 +8,10 @@ program that confines every such process: a user, mount, pid, IPC and UTS namesp
 namespace unless ``--network on``), the host read-only except the root, a private ``/proc``,
 ``/dev`` and ``/tmp``, every capability dropped, ``no_new_privs``, then Landlock. There is no
 second implementation: what the wrapper does is the policy, for ShellExec, ``shell.run``, plan
-steps and Rust hooks alike. :meth:`Sandbox.check` is the service's start-up check, which fails
+steps and Rust hooks alike. :meth:`Sandbox.only_read` is the program's second form, Landlock alone,
+for the processes the file tools start (``fs.search``'s rg): the rules of both are
+``csrc/landlock_policy.h``'s, the only place the service's Landlock rules are written.
+:meth:`Sandbox.check` is the service's start-up check, which fails
 closed with :class:`SandboxUnavailable` when the helper or the kernel lacks what the mode needs,
 and :func:`service_files_in` what keeps the service's own files out of the commands' reach.
 
@@ -35,7 +38,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import SmithFastError
+from ..errors import SandboxUnavailable, UnsafeRoot
 
 __all__ = [
     "DEFAULT_TMP_SIZE",
@@ -59,16 +62,6 @@ TMPDIR = "/tmp"
 HIDE_ENV = "SMITH_FAST_SANDBOX_HIDE"
 HELPER = str(pathlib.Path(__file__).with_name("sandbox-exec"))
 """The sandbox program (``csrc/sandbox_exec.c``), built by ``setup.py``."""
-
-
-class SandboxUnavailable(SmithFastError):
-    """The sandbox cannot be had (no helper, a kernel without what the mode needs); the service
-    refuses to start."""
-
-
-class UnsafeRoot(SandboxUnavailable):
-    """``--root`` holds the service's own files (its code, socket, recordings or state): commands
-    could replace what the service runs; the service refuses to start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +227,21 @@ class Sandbox:
         for path in (*self.deny_read, *self.hidden):
             out += ["--hide", path]
         return out
+
+    def only_read(self, argv: Sequence[str], readable: Sequence[str]) -> list[str]:
+        """``argv`` run by the sandbox program under Landlock alone (no namespace, no fork): it may
+        read and list only beneath ``readable``, run only ``argv[0]`` (a path), and write, bind or
+        connect nowhere. For a process a file tool starts, which must stay in the workspace
+        whatever :attr:`mode` lets commands do; check :meth:`can_confine_reads` first."""
+        out = list(self.wrapper)
+        for path in readable:
+            out += ["--only-read", path]
+        return [*out, "--", *argv]
+
+    def can_confine_reads(self) -> bool:
+        """Whether :meth:`only_read` can work here: the sandbox program is built and the kernel
+        has Landlock (``SMITH_FAST_SANDBOX_HIDE=landlock`` says it has not)."""
+        return os.access(self.wrapper[0], os.X_OK) and kernel_features().landlock_abi >= 1
 
     def info(self) -> dict[str, str]:
         """The ``Ready.service_info`` entries that tell a peer what is in force."""

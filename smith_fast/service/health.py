@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Protocol
 
-from .. import __version__
+from .._version import __version__
 from ..pb import smith_pb2 as pb
 from .metrics import ResourceSampler, ServiceMetrics
 

@@ -10,7 +10,7 @@ Four ways in, one way out:
 each passes :func:`admit` (the ``before_shell_exec`` hooks, then ``--max-command-size`` and the env
 policy on what the hooks let through, the span, the audit record), takes a ``--max-processes``
 slot, and starts its process with :func:`smith_fast.service.spawn.spawn`, the single call that
-creates a peer's process (the sandbox of issue 15 applies there). Output goes through the ``on_shell_output`` hooks either way,
+creates a peer's process (the sandbox, ``smith_fast/sandbox``, applies there). Output goes through the ``on_shell_output`` hooks either way,
 in chunks of at most ``--chunk-size``: as it comes for a stream, once the process ended for a tool. HOOKS.md has the table
 of which hook sees what.
 """
@@ -97,7 +97,8 @@ async def stream(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: s
 
 def refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
     """A NUL byte cannot be passed to ``execve`` or ``chdir`` (C strings end there): refused by name,
-    before anything is spawned, instead of a ``ValueError`` out of ``subprocess``/``os`` (issue 25).
+    before anything is spawned, instead of a ``ValueError`` out of ``subprocess``/``os`` (which a
+    peer would see as an internal error).
 
     Raises:
         ProtocolError: ``ERROR_CODE_UNSPECIFIED``, ``details.reason = invalid_field`` and

@@ -15,17 +15,13 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
 from .. import childguard, containment, process, tracing
-from ..errors import SmithFastError
+from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
 
 __all__ = ["HookHost", "StartupError", "running", "stop_on_signals"]
 
 log = get_logger("smith_fast.lifecycle")
-
-
-class StartupError(SmithFastError):
-    """The service cannot start as configured (a hook that does not load ...)."""
 
 
 class HookHost(Protocol):

@@ -25,7 +25,8 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from .. import __version__, framing
+from .. import framing
+from .._version import __version__
 from ..logs import get_logger
 from .metrics import Figure, Gauges, ServiceMetrics
 

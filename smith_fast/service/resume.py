@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .._varint import decode as decode_varint
-from ..errors import ProtocolError
+from ..errors import ResumeRefused
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
@@ -40,13 +40,6 @@ __all__ = ["RESUME", "DetachedFront", "Front", "ParkedSessions", "Parkable", "Re
 log = get_logger("smith_fast.resume")
 
 RESUME = "resume"  # the handshake addition (negotiation.ACCEPTABLE)
-
-
-class ResumeRefused(ProtocolError):
-    """A resume handshake that cannot be served: ``details.reason`` says why."""
-
-    def __init__(self, message: str, reason: str, code: int = pb.ERROR_CODE_PERMISSION_DENIED) -> None:
-        super().__init__(message, code, details={"reason": reason})
 
 
 class Front(Protocol):

@@ -2,8 +2,8 @@
 
 Everything that decides *whether* it runs (hooks, env policy, size, slots, audit) is
 :mod:`smith_fast.service.launch`, which every path goes through before it gets here; this is where
-*how* it runs is decided: the sandbox of issue 15 (Landlock, namespaces, rlimits) wraps this call,
-so that no path starts a peer's process outside it.
+*how* it runs is decided: the sandbox (:mod:`smith_fast.sandbox`: namespaces, a private mount
+view, Landlock, rlimits) wraps this call, so that no path starts a peer's process outside it.
 """
 
 from __future__ import annotations

@@ -21,38 +21,9 @@ import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 
-from smith_fast.errors import SmithFastError
+from smith_fast.errors import ArgumentError
 
 __all__ = ["ArgumentError", "Validator", "compile_validator", "decode_args", "validate"]
-
-# An argument error quotes the offending value; a multi-megabyte string must not be echoed back.
-_MAX_REASON = 300
-
-
-class ArgumentError(SmithFastError, ValueError):
-    """The arguments of a tool call are not valid for that tool.
-
-    Raised by argument decoding and validation, and by handlers for problems a schema cannot
-    express (an invalid regex, invalid base64). The message reads ``args: <reason> at <path>``,
-    or just ``args: <reason>`` when the bytes are not JSON at all (the reason then gives the byte,
-    or the line and column).
-
-    Attributes:
-        reason: what is wrong.
-        path: the JSON path of the offending value (``$`` is the whole arguments value), or
-            ``None`` when the arguments are not JSON at all.
-    """
-
-    def __init__(self, reason: str, path: str | None = "$") -> None:
-        if len(reason) > _MAX_REASON:
-            reason = reason[: _MAX_REASON - 3] + "..."
-        super().__init__(f"args: {reason}" if path is None else f"args: {reason} at {path}")
-        self.reason = reason
-        self.path = path
-
-    def __reduce__(self) -> tuple[type[ArgumentError], tuple[str, str | None]]:
-        return (type(self), (self.reason, self.path))
-
 
 class Validator(Protocol):
     """The part of a ``jsonschema`` validator the registry uses."""

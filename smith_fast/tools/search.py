@@ -4,10 +4,11 @@ The matching runs in a separate ``rg`` process (the PyPI ``ripgrep`` package ins
 environment's ``bin``), not in Python's ``re``: Rust's regex engine matches in time linear in the
 input, so no pattern can backtrack for seconds (``(a+)+$`` against ``aaaa…!`` took Python 5 s
 with each extra ``a`` doubling it, holding the GIL and so stalling every other session). rg is
-started and read by a worker thread that :mod:`smith_fast.tools.landlock` confines to reading the
-workspace root (and executing rg), and its child inherits that: rg walks by path, and a racer
+started through the sandbox program with Landlock alone (:meth:`Sandbox.only_read
+<smith_fast.sandbox.Sandbox.only_read>`, the rules of ``csrc/landlock_policy.h``): it may read
+only beneath the workspace root, run only itself, and write nowhere. rg walks by path, and a racer
 swapping a directory for a symlink to outside led it there 2 times in 400 searches without it.
-The call's timeout or cancellation kills rg.
+rg is read by a worker thread; the call's timeout or cancellation kills it.
 
 What is searched (see PROTOCOL.md, ``fs.search``):
 
@@ -30,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import fnmatch
+import functools
 import logging
 import os
 import re
@@ -41,8 +44,8 @@ import sysconfig
 import threading
 from typing import Any
 
-from smith_fast.errors import ProtocolError
-from smith_fast.tools import landlock
+from smith_fast.errors import LandlockError, ProtocolError
+from smith_fast.sandbox import Sandbox
 from smith_fast.tools.registry import Tool, encode_result
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import ToolContext, display_name
@@ -111,7 +114,7 @@ def rg_path() -> str:
     found = shutil.which("rg")
     if found is None:
         raise FileNotFoundError("fs.search needs ripgrep (rg), which is not installed: pip install ripgrep")
-    return found
+    return os.path.abspath(found)  # the sandbox program runs a path, and grants only that one
 
 
 def _argv(rg: str, pattern: str, target: str, ignore_case: bool) -> list[str]:
@@ -141,48 +144,52 @@ async def _search(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     else:
         raise NotADirectoryError(f"not a file or directory: {target!r}")
     search = _Results(ctx, args.get("glob"), prefix, args.get("max_results", DEFAULT_MAX_RESULTS))
-    run = _Run(_argv(rg_path(), pattern, target, bool(args.get("ignore_case"))), str(ctx.root), search)
+    argv = _argv(rg_path(), pattern, target, bool(args.get("ignore_case")))
+    run = _Run(_confined(argv, str(ctx.root), ctx.sandbox or _NO_SANDBOX), str(ctx.root), search)
     loop = asyncio.get_running_loop()
     try:
-        code, errors = await loop.run_in_executor(_pool(str(ctx.root), run.argv[0]), run.run)
+        code, errors = await loop.run_in_executor(_pool(), run.run)
     finally:
         run.kill()  # a timeout or cancellation: rg goes, and with it the worker's wait
+    if code in (126, 127) and errors.startswith(b"smith-fast sandbox:"):
+        raise LandlockError(errno.EPERM, f"fs.search: {errors.decode('utf-8', 'replace').strip()}")
     if code == 2 and not search.matches and b"regex" in errors:
         raise ArgumentError(f"invalid regular expression ({_regex_error(pattern, errors)})", "$.pattern")
     return {"matches": search.matches, "truncated": search.truncated}
 
 
-# Searches run in worker threads confined by Landlock to reading the workspace (and executing rg):
-# rg walks the tree by path, so without it a racer swapping a directory for a symlink could lead
-# it outside; the confined thread's child cannot read there at all. One small pool per root.
-_POOL_WORKERS = 4
-_pools: dict[tuple[str, str], concurrent.futures.ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-_SYSTEM_LIBS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache", "/dev/null")
+# The confinement of rg, whatever --sandbox says about commands: the file tools never reach
+# outside the workspace. Outside a service (no Sandbox in the context) the default program.
+_NO_SANDBOX = Sandbox(mode="off")
+_confinable: dict[tuple[str, ...], bool] = {}
 
 
-def _pool(root: str, rg: str) -> concurrent.futures.ThreadPoolExecutor:
-    with _pools_lock:
-        pool = _pools.get((root, rg))
-        if pool is None:
-            pool = concurrent.futures.ThreadPoolExecutor(
-                _POOL_WORKERS, thread_name_prefix="fs.search", initializer=_confine, initargs=(root, rg)
+def _confined(argv: list[str], root: str, sandbox: Sandbox) -> list[str]:
+    """``argv`` under Landlock, reading only beneath ``root``; unchanged (once logged) where
+    Landlock cannot be had: a kernel without it, or no sandbox program (a build without a C
+    compiler), as the service runs commands then."""
+    able = _confinable.get(sandbox.wrapper)
+    if able is None:
+        able = _confinable[sandbox.wrapper] = sandbox.can_confine_reads()
+        if not able:
+            log.warning(
+                "fs.search runs rg unconfined: no Landlock in this kernel, or no sandbox program",
+                extra={"fields": {"root": root}},
             )
-            _pools[(root, rg)] = pool
-        return pool
+    return sandbox.only_read(argv, [root]) if able else argv
 
 
-def _confine(root: str, rg: str) -> None:
-    if landlock.abi_version() < 1:
-        log.warning("fs.search runs unconfined: the kernel has no Landlock", extra={"fields": {"root": root}})
-        return
-    rules = [(root, landlock.READ_FILE | landlock.READ_DIR), (rg, landlock.EXECUTE | landlock.READ_FILE)]
-    rules += [(path, landlock.READ_FILE | landlock.READ_DIR | landlock.EXECUTE) for path in _SYSTEM_LIBS]
-    landlock.restrict_reads(rules)
+_POOL_WORKERS = 4
+
+
+@functools.cache  # one pool, made on the first search (called from the event loop only)
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that start and read rg (its output is read with blocking calls)."""
+    return concurrent.futures.ThreadPoolExecutor(_POOL_WORKERS, thread_name_prefix="fs.search")
 
 
 class _Run:
-    """One rg process, run to completion (or killed) by a confined worker thread."""
+    """One rg process, run to completion (or killed) by a worker thread."""
 
     def __init__(self, argv: list[str], cwd: str, search: _Results) -> None:
         self.argv = argv

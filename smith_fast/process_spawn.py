@@ -1,0 +1,274 @@
+"""How a command's shell is started: its pipes or terminal, its sandbox, its cgroup, ``Popen``.
+
+:func:`spawn` starts ``[shell, "-c", command]`` and returns what a
+:class:`~smith_fast.shell_process.ShellProcess` then runs on (:class:`Spawned`): the ``Popen``,
+our ends of its output pipes (or of its pseudo-terminal) and of its stdin, its
+:mod:`~smith_fast.containment` cell, and the pipe on which the sandbox program reports its
+command's resource usage. Every fd the child does not need is closed in the parent once it
+runs; on failure everything made is closed and the error is the one a client sees
+(:func:`spawn_error`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import shutil
+import struct
+import subprocess
+import termios
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import containment
+from .command_env import DEFAULT_SHELL
+from .errors import ProtocolError
+from .pb import smith_pb2
+from .sandbox import Sandbox
+
+__all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "set_winsize", "spawn", "spawn_error"]
+
+STDOUT = 1
+"""The ``fd`` argument of ``on_output`` for standard output."""
+STDERR = 2
+"""The ``fd`` argument of ``on_output`` for standard error."""
+PIPE_SIZE = 1 << 20
+"""Requested kernel buffer of each output pipe: more data per wakeup, fewer wakeups."""
+
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
+
+# The pty's first opener after setsid (start_new_session) gets it as its controlling terminal, so a
+# small /bin/sh reopens it by name before it execs the command's shell. Not preexec_fn + TIOCSCTTY:
+# that runs Python between fork and exec, which is unsafe in a process with threads (gRPC's).
+_PTY_WRAPPER = 'exec 0<>"$1" 1>&0 2>&0 && exec "$2" -c "$3"'
+
+
+def set_winsize(fd: int, rows: int, cols: int) -> None:
+    """Set the size of the terminal ``fd`` is a side of (its foreground job gets SIGWINCH)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def close_quietly(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+@dataclass(slots=True)
+class Spawned:
+    """A command just started.
+
+    Attributes:
+        popen: its shell (or the sandbox program running it), leading a process group of its own.
+        pipes: :data:`STDOUT`/:data:`STDERR` → the read end of each output pipe, non-blocking
+            (on a terminal: :data:`STDOUT` → the pty master).
+        cell: its cgroup (:mod:`smith_fast.containment`), the child attached and watched.
+        usage_fd: where the sandbox program writes its command's rusage; -1 unsandboxed.
+        stdin: our end of its stdin (a pipe's write end, or a dup of the pty master),
+            non-blocking; -1 when its stdin is ``/dev/null``.
+        pty: the pty master to resize through (the same fd as ``stdin``); -1 without a terminal.
+    """
+
+    popen: subprocess.Popen[bytes]
+    pipes: dict[int, int]
+    cell: containment.Cell
+    usage_fd: int = -1
+    stdin: int = -1
+    pty: int = -1
+
+
+def spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolError:
+    """Turn what ``Popen`` raised into the error a client sees."""
+    code = smith_pb2.ERROR_CODE_UNSPECIFIED
+    details = {"reason": "spawn_failed"}
+    if isinstance(exc, OSError):
+        if exc.errno is not None:
+            details["errno"] = errno.errorcode.get(exc.errno, str(exc.errno))
+        reason = exc.strerror or str(exc)
+        if exc.errno in _RESOURCE_ERRNOS:
+            code = smith_pb2.ERROR_CODE_RESOURCE_EXHAUSTED
+            message = f"cannot start shell {shell!r}: {reason}"
+        elif cwd is not None and exc.filename == cwd:
+            if isinstance(exc, FileNotFoundError):
+                message = f"working directory {cwd!r} does not exist"
+            elif isinstance(exc, NotADirectoryError):
+                message = f"working directory {cwd!r} is not a directory"
+            else:
+                message = f"cannot enter working directory {cwd!r}: {reason}"
+        elif isinstance(exc, FileNotFoundError):
+            message = f"shell {shell!r} not found"
+        elif isinstance(exc, PermissionError):
+            message = f"shell {shell!r} is not executable: {reason}"
+        else:
+            message = f"cannot run shell {shell!r}: {reason}"
+    else:  # ValueError/TypeError: a NUL byte in the command or env, an '=' in a variable name
+        message = f"cannot start shell {shell!r}: {exc}"
+    return ProtocolError(message, code, details=details)
+
+
+def spawn(
+    command: str,
+    *,
+    loop: asyncio.AbstractEventLoop,
+    shell: str,
+    cwd: str | None,
+    environ: dict[str, str],
+    env: Mapping[str, str] | None,
+    pipe_size: int,
+    sandbox: Sandbox | None,
+    stdin: bool,
+    pty: tuple[int, int] | None,
+    limits: containment.CommandLimits | None,
+) -> Spawned:
+    """Start ``[shell, "-c", command]`` (through the sandbox program when ``sandbox`` is active).
+
+    Args:
+        command: the command line.
+        loop: the loop that watches its cgroup.
+        shell: the shell program (looked up on ``environ``'s ``PATH`` when it has no slash).
+        cwd: its working directory; None: the service's own.
+        environ: its whole environment (``TMPDIR`` is added for a sandboxed command).
+        env: what the request asked for (a ``TMPDIR`` of its own is kept).
+        pipe_size: the kernel buffer to ask for each output pipe.
+        sandbox, stdin, pty, limits: as :meth:`~smith_fast.shell_process.ShellProcess.start`'s.
+
+    Raises:
+        ProtocolError: it could not be started (:func:`spawn_error`).
+    """
+    argv = [shell, "-c", command]
+    if sandbox is not None and sandbox.active:
+        # The wrapper execs without a PATH search, and its own failure would only be an exit
+        # status: find the shell here, so a missing one is the same clear error as unsandboxed.
+        found = shutil.which(shell, path=environ.get("PATH")) if "/" not in shell else shell
+        if found is None or not os.path.exists(found):
+            raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
+        if not os.access(found, os.X_OK) or os.path.isdir(found):
+            raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
+        argv = [found, "-c", command]
+        if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
+            environ["TMPDIR"] = sandbox.tmpdir
+    if pty is not None:
+        return _spawn_pty(loop, shell, command, cwd, environ, pty, sandbox, limits)
+    try:
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    except OSError as exc:
+        raise spawn_error(exc, shell, cwd) from None
+    try:
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    except OSError as exc:
+        close_quietly(out_r, out_w)
+        raise spawn_error(exc, shell, cwd) from None
+    cell = containment.new_cell(limits)
+    try:
+        for fd in (out_r, err_r):
+            try:
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
+            except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
+                pass
+            os.set_blocking(fd, False)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (-1, -1)
+    except OSError as exc:
+        close_quietly(out_r, out_w, err_r, err_w)
+        raise spawn_error(exc, shell, cwd) from None
+    usage_r = usage_w = -1
+    try:
+        if sandbox is not None and sandbox.active:
+            usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w)
+        # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
+        # bench_process's spawn group); an executor hop would cost more than it saves.
+        with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
+            child = subprocess.Popen(
+                argv,
+                stdin=in_r if stdin else subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                cwd=cwd,
+                env=environ,
+                close_fds=True,
+                pass_fds=(usage_w,) if usage_w >= 0 else (),
+                start_new_session=True,
+            )
+    except (OSError, ValueError, TypeError) as exc:
+        close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
+        cell.release()
+        raise spawn_error(exc, shell, cwd) from None
+    except BaseException:
+        close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
+        cell.release()
+        raise
+    if usage_w >= 0:
+        os.close(usage_w)
+    pid = child.pid
+    cell.attach(pid)  # its limits, now that the service is out of the cell
+    cell.watch(loop)
+    # Only the child may hold the write ends, or EOF would never come.
+    close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
+    if stdin:
+        os.set_blocking(in_w, False)
+    return Spawned(child, {STDOUT: out_r, STDERR: err_r}, cell, usage_r, in_w if stdin else -1)
+
+
+def _spawn_pty(
+    loop: asyncio.AbstractEventLoop,
+    shell: str,
+    command: str,
+    cwd: str | None,
+    environ: dict[str, str],
+    size: tuple[int, int],
+    sandbox: Sandbox | None,
+    limits: containment.CommandLimits | None,
+) -> Spawned:
+    found = shutil.which(shell, path=environ.get("PATH"))
+    if found is None:
+        raise spawn_error(FileNotFoundError(errno.ENOENT, "not found", shell), shell, cwd)
+    try:
+        master, slave = os.openpty()  # both non-inheritable
+    except OSError as exc:
+        raise spawn_error(exc, shell, cwd) from None
+    writer = -1
+    usage_r = usage_w = -1
+    cell = containment.new_cell(limits)
+    try:
+        set_winsize(master, *size)
+        writer = os.dup(master)  # our stdin end: closed apart from the read end
+        os.set_blocking(master, False)
+        os.set_blocking(writer, False)
+        if sandbox is not None and sandbox.active:
+            # The same confinement as a piped command; the sandbox program makes the terminal
+            # the command's controlling one (the host's /dev/pts is not in its view).
+            usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w)
+        else:
+            argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
+        with cell.joined():  # born in its cgroup, as a piped command is
+            popen = subprocess.Popen(
+                argv,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=cwd,
+                env=environ,
+                close_fds=True,
+                pass_fds=(usage_w,) if usage_w >= 0 else (),
+                start_new_session=True,
+            )
+    except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
+        close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
+        cell.release()
+        raise spawn_error(exc, shell, cwd) from None
+    except BaseException:
+        close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
+        cell.release()
+        raise
+    if usage_w >= 0:
+        os.close(usage_w)
+    cell.attach(popen.pid)
+    cell.watch(loop)
+    close_quietly(slave)  # EOF (EIO on the master) once the child's side is closed
+    return Spawned(popen, {STDOUT: master}, cell, usage_r, writer, writer)
