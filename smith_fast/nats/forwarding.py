@@ -23,6 +23,7 @@ from .. import events
 from ..errors import PayloadTooLarge, ProtocolError, PublishError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from ..service.request_table import ENDED_KEPT
 from ..service.shell_exec import terminal_size
 from .batching import SharedStream
 from .control import FORWARDED, InputChannel, interactive, not_running, only_stdin_written
@@ -44,7 +45,6 @@ log = get_logger("smith_fast.gateway")
 
 _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
-_ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
 _CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
 _NUMBERS_AHEAD = 1 << 16  # request numbers a journaled session reserves ahead of those it used
 
@@ -450,7 +450,7 @@ class NatsRunner:
         if remote.overdue is not None:
             remote.overdue.cancel()
         self._ended[remote.rid] = remote.cancelled
-        if len(self._ended) > _ENDED_KEPT:
+        if len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
     def _queue_timers(self, remote: Remote) -> list[asyncio.TimerHandle]:
