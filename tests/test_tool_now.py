@@ -243,3 +243,13 @@ def test_the_sink_writes_one_step_as_one_write_of_three_frames() -> None:
     sink.tool_done("r2", False, b"", "no", 0)
     assert len(counted) == 1 and len(units) == 3 and seen == units
     assert [pb.Envelope.FromString(next(iter(FrameDecoder().feed(u)))).sequence for u in units] == [4, 5, 6]
+
+
+def test_a_tool_says_nothing_of_how_it_is_scheduled() -> None:
+    """The plug-in ``Tool`` is what a tool is (name, description, schema, handler); whether a call
+    ends in one step follows from its handler (a plain function that returns), not from a hint."""
+    import dataclasses
+
+    from smith_fast.tools import Tool
+
+    assert [f.name for f in dataclasses.fields(Tool)] == ["name", "description", "schema", "handler"]
