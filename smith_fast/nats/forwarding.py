@@ -250,10 +250,10 @@ class NatsRunner:
         """Request ``rid`` (not among the forwarded ones) was admitted and is yet to be forwarded.
         Not one that just ended: its task is done, and the session forgets it a step later
         (a Cancel then gets "has ended", not held for a start that never comes)."""
-        if not self._host.is_running(rid):
+        request = self._host.requests.get(rid)
+        if request is None:
             return False
-        task = self._host.task(rid)
-        return task is None or not task.done()
+        return request.task is None or not request.task.done()
 
     def _adopt_control(self, remote: Remote, command: pb.Command) -> bool:
         """What control commands came before the request was forwarded; False: it was cancelled."""

@@ -103,14 +103,6 @@ class RequestHost(Protocol):
         """The session's requests."""
         ...
 
-    def is_running(self, rid: str) -> bool:
-        """Request ``rid`` was admitted and its task is not done (it may not have started yet: a
-        Cancel or stdin in the same read as its command)."""
-        ...
-
-    def task(self, rid: str) -> asyncio.Task[None] | None:
-        """The task running request ``rid``; None when there is none."""
-
     async def reading(self) -> None:
         """Return once the peer reads (at once unless the session is paused)."""
         ...

@@ -409,15 +409,6 @@ class Session:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    def is_running(self, rid: str) -> bool:
-        """Whether request ``rid`` was admitted and its task is not done (it may not have started yet)."""
-        return rid in self.requests
-
-    def task(self, rid: str) -> asyncio.Task[None] | None:
-        """The task running request ``rid`` (None: not running)."""
-        request = self.requests.get(rid)
-        return request.task if request is not None else None
-
     @property
     def busy(self) -> bool:
         """Whether a request (or an ordered batch) is running."""
