@@ -18,7 +18,7 @@ import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .flow import OutputBudget, reservation
+from .flow import SessionFlow, reservation
 from .request import Request
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ __all__ = ["RequestStarter", "Starting"]
 class Starting(Protocol):
     """What starting requests uses of the session (:class:`~smith_fast.service.session.Session`)."""
 
-    budget: OutputBudget
-    paused: bool
     shutting: bool
     last_active: float
 
@@ -47,7 +45,7 @@ class Starting(Protocol):
     def runner(self) -> RequestRunner: ...
 
     def update_input(self) -> None:
-        """Hold or release the peer's input, as the paused state and :attr:`RequestStarter.waiting_bytes` say."""
+        """Hold or release the peer's input, as its flow says (unless the session is over)."""
 
     def now(self) -> float: ...
 
@@ -57,18 +55,19 @@ class RequestStarter:
 
     Args:
         session: the session.
+        flow: its flow control (the budget a request waits for).
         limits: the service's limits (the budget a request of each kind reserves).
         metrics: where each request's latency is observed.
     """
 
-    __slots__ = ("_session", "_limits", "_metrics", "_loop", "waiting_bytes")
+    __slots__ = ("_session", "_flow", "_limits", "_metrics", "_loop")
 
-    def __init__(self, session: Starting, limits: Limits, metrics: ServiceMetrics) -> None:
+    def __init__(self, session: Starting, flow: SessionFlow, limits: Limits, metrics: ServiceMetrics) -> None:
         self._session = session
+        self._flow = flow
         self._limits = limits
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
-        self.waiting_bytes = 0  # of the commands waiting for the budget
 
     def start(self, rid: str, spec: CommandSpec, command: pb.Command) -> None:
         """Admit request ``rid`` (refused: the table says so) and start it."""
@@ -78,8 +77,7 @@ class RequestStarter:
         if request is None:
             return
         start = time.perf_counter()
-        budget = session.budget
-        work = session.runner.start(request, not (budget.waiting or budget.reserved or session.paused or session.shutting))
+        work = session.runner.start(request, self._flow.free and not session.shutting)
         if work is None:  # ended in this step
             requests.forget(request)
             session.last_active = self._loop.time()
@@ -93,9 +91,9 @@ class RequestStarter:
         spec = request.spec
         assert spec is not None
         size = reservation(spec.kind, self._limits)
-        budget = session.budget
+        budget = self._flow.budget
         try:
-            if budget.waiting or budget.reserved or session.paused:
+            if not self._flow.free:
                 await self._wait(size, request.command.ByteSize())
             else:
                 budget.reserved += size  # the common case: nothing else runs, the peer reads
@@ -118,13 +116,13 @@ class RequestStarter:
 
     async def _wait(self, size: int, held: int) -> None:
         """Wait for the output budget, holding a ``held``-byte command meanwhile."""
-        session = self._session
-        self.waiting_bytes += held
+        session, flow = self._session, self._flow
+        flow.waiting_bytes += held
         session.update_input()
         try:
-            await session.budget.acquire(size)
+            await flow.budget.acquire(size)
         finally:
-            self.waiting_bytes -= held
+            flow.waiting_bytes -= held
             session.update_input()
 
     def adopt(self, rid: str, work: Coroutine[Any, Any, None]) -> None:

@@ -26,7 +26,7 @@ from ..replay import RecordingStore, SessionRecorder
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
-from .flow import OutputBudget
+from .flow import SessionFlow
 from .health import HealthSource, health_response
 from .metrics import Gauges
 from .negotiation import (
@@ -144,17 +144,12 @@ class Session:
         self.granted: frozenset[int] = granted or frozenset()
         self.accepted: frozenset[str] = frozenset()
         self.handshaken = granted is not None
-        self.paused = False
         self.shutting = False
         self._unsent = unsent
-        self.budget = OutputBudget(core.limits.max_session_buffer, self._pending)
+        self.flow = SessionFlow(core.limits.max_session_buffer, self._pending, hold_input)
         self._resume = SessionResume(self, front)
-        self._peer_reading = asyncio.Event()  # clear while the front says the peer does not read
-        self._peer_reading.set()
-        self._hold_input = hold_input
-        self._input_held = False
         self.requests = RequestTable(self, core.limits)
-        self._starter = RequestStarter(self, core.limits, core.metrics)
+        self._starter = RequestStarter(self, self.flow, core.limits, core.metrics)
         self._batches = Batches(self, core.limits.max_batch_commands)
         self._reporter: MetricsReporter | None = None  # periodic MetricsEvents
         self._close = close
@@ -419,36 +414,33 @@ class Session:
 
     # ---- flow control and teardown --------------------------------------------------------------
 
+    @property
+    def paused(self) -> bool:
+        """The peer is not reading (its front said so)."""
+        return self.flow.paused
+
     def pause(self) -> None:
         """The peer is not reading: stop producing output (child pipes), starting requests
         (:mod:`~smith_fast.service.flow`) and reading its commands, so memory stays bounded."""
-        self.paused = True
-        self._peer_reading.clear()
-        self.budget.set_paused(True)
+        self.flow.set_paused(True)
         self.runner.pause()
         self.update_input()
 
     def resume(self) -> None:
-        self.paused = False
-        self._peer_reading.set()
         self.runner.resume()
-        self.budget.set_paused(False)
+        self.flow.set_paused(False)
         self.update_input()
 
     async def reading(self) -> None:
         """Return once the peer reads (at once unless it is paused): a request that produces
         output step by step (a plan) waits here before each step."""
-        if self.paused and not self.shutting:
-            await self._peer_reading.wait()
+        if self.flow.paused and not self.shutting:
+            await self.flow.reading()
 
     def update_input(self) -> None:
-        """Hold the peer's input while it is not reading, or while the commands waiting for the
-        budget hold more than a quarter of it; a peer that reads can still send what addresses
-        the running requests while a few wait."""
-        held = self.paused or self._starter.waiting_bytes > self.budget.limit // 4
-        if held != self._input_held and self._hold_input is not None and not self._closing:
-            self._input_held = held
-            self._hold_input(held)
+        """Hold or release the peer's input (:meth:`SessionFlow.update <smith_fast.service.flow.SessionFlow.update>`)."""
+        if not self._closing:
+            self.flow.update()
 
     @property
     def closing(self) -> bool:
@@ -578,10 +570,11 @@ class Session:
     def carry_over(self, front: Front | None) -> None:
         """Write to, read from and close ``front`` from now on (None: nothing, while parked)."""
         if front is None:
-            self._close, self._unsent, self._hold_input = _nothing, _none_unsent, None
+            self._close, self._unsent = _nothing, _none_unsent
+            self.flow.bind(None)
         else:
-            self._close, self._unsent, self._hold_input = front.close, front.unsent, front.hold_input
-            self._input_held = False
+            self._close, self._unsent = front.close, front.unsent
+            self.flow.bind(front.hold_input)
 
     def now(self) -> float:
         return self._loop.time()

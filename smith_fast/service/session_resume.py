@@ -45,7 +45,6 @@ class Carried(Protocol):
     accepted: frozenset[str]
     handshaken: bool
     authenticated: bool
-    paused: bool
     shutting: bool
     recorder: SessionRecorder | None
     last_active: float
@@ -55,6 +54,9 @@ class Carried(Protocol):
 
     @property
     def closing(self) -> bool: ...
+
+    @property
+    def paused(self) -> bool: ...
 
     @property
     def requests(self) -> RequestTable: ...
