@@ -163,7 +163,7 @@ def test_cancel_kills_what_ignores_sigterm_after_the_grace(run, server: ServerPr
 
 
 def test_a_tool_call_that_needs_no_waiting_ends_before_a_cancel_in_the_same_read(run, server: ServerProcess) -> None:
-    """Tool calls start eagerly (service/eager.py): a small fs.read has ended when the Cancel behind it
+    """A small fs.read is answered in the step that read it (the one-step shortcut): it has ended when the Cancel behind it
     in the same read is looked at, which then gets not_running and no state (PROTOCOL.md, Process control)."""
     async def main() -> None:
         async with await connect(server, "unix") as client:

@@ -381,3 +381,26 @@ def test_a_request_refused_for_want_of_the_token_ends_then_the_connection_closes
         assert not (pathlib.Path(guarded.root) / "should-not-exist").exists()
     finally:
         wire.close()
+
+
+def test_only_a_request_sends_a_request_terminal_state() -> None:
+    """In the service, a request's terminal state (``READY``/``ERROR`` naming a request id) is sent
+    by ``Request`` (service/request.py) only: ``finish``, or ``refuse`` for one that never ran.
+    Any other ``state_change(READY|ERROR, rid)`` would be a second place that can end a request."""
+    import ast
+    import pathlib
+
+    service = pathlib.Path(__file__).resolve().parent.parent / "smith_fast" / "service"
+    senders: list[str] = []
+    for path in sorted(service.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "state_change"
+                and len(node.args) == 2
+                and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr in ("SERVICE_STATE_READY", "SERVICE_STATE_ERROR")
+            ):
+                senders.append(f"{path.name}:{node.lineno}")
+    assert senders and {s.split(":")[0] for s in senders} <= {"request.py", "sinks.py"}, senders

@@ -1,6 +1,7 @@
-"""The one-step tool call (``CommandSpec.now``, ``ToolRegistry.call_now``): an inline tool run at
-once gives what the normal path gives, on the wire (the same events in the same order), in the
-outcome and in the audit line; what it cannot finish in one step goes on as any request."""
+"""The one-step tool call (``CommandSpec.now``, ``ToolRegistry.start``): a tool that ends in the
+step that read its call gives what the task path gives, on the wire (the same events in the same
+order), in the outcome and in the audit line; what it cannot finish in one step goes on as any
+request."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from harness.server import ServerProcess, wait_until
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2 as pb
-from smith_fast.tools import Pending, ToolContext, ToolOutcome, default_registry
+from smith_fast.tools import ToolContext, ToolOutcome, default_registry
 from smith_fast.tools.fs import INLINE_READ
 from tests.peers import V1Peer, kind, terminal
 
@@ -52,7 +53,7 @@ def _same(a: ToolOutcome, b: ToolOutcome) -> tuple[bool, bytes, str | None]:
 
 
 @pytest.mark.parametrize(("args", "expect"), CASES)
-def test_call_now_gives_what_call_gives(run, root: pathlib.Path, args: bytes, expect: str) -> None:
+def test_start_gives_what_call_gives(run, root: pathlib.Path, args: bytes, expect: str) -> None:
     registry = default_registry(entry_points=False)
     ctx = ToolContext(root)
 
@@ -61,17 +62,17 @@ def test_call_now_gives_what_call_gives(run, root: pathlib.Path, args: bytes, ex
             normal: ToolOutcome | ProtocolError = await registry.call("fs.read", args, ctx)
         except ProtocolError as exc:
             normal = exc
-        now = registry.call_now("fs.read", args, ctx)
+        now: Any = registry.start("fs.read", args, ctx)
         assert now is not None
         if isinstance(normal, ProtocolError):
-            assert expect == "denied" and type(now) is Pending
+            assert expect == "denied" and type(now) is not ToolOutcome
             with pytest.raises(ProtocolError) as info:
-                await now.finish()
+                await now
             assert (info.value.code, str(info.value)) == (normal.code, str(normal))
             return
         if args == b'{"path":"big.txt"}':
-            assert type(now) is Pending  # a large read goes to a thread
-            now = await now.finish()
+            assert type(now) is not ToolOutcome  # a large read goes to a thread
+            now = await now
         assert type(now) is ToolOutcome
         success, result, _ = _same(now, normal)
         assert success == (expect == "ok")
@@ -81,15 +82,25 @@ def test_call_now_gives_what_call_gives(run, root: pathlib.Path, args: bytes, ex
     run(main())
 
 
-def test_call_now_leaves_other_tools_to_call(root: pathlib.Path) -> None:
+def test_start_ends_only_what_needs_no_wait(run, root: pathlib.Path) -> None:
+    """tools.list (a plain function) ends in its start; an async tool goes on (an awaitable);
+    an unknown tool is None (call raises for it)."""
     registry = default_registry(entry_points=False)
     ctx = ToolContext(root)
-    for name in ("fs.write", "fs.list", "shell.run", "tools.list", "no.such.tool"):
-        assert registry.call_now(name, b"{}", ctx) is None
+    assert type(registry.start("tools.list", b"{}", ctx)) is ToolOutcome
+    assert registry.start("no.such.tool", b"{}", ctx) is None
+
+    async def main() -> None:
+        step: Any = registry.start("fs.list", b"{}", ctx)
+        assert type(step) is not ToolOutcome
+        done = await step
+        assert done.success and b"hello.txt" in done.result
+
+    run(main())
 
 
-def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib.Path) -> None:
-    """An inline tool that raises before it is awaited, one that is not a coroutine, one that
+def test_start_of_other_tools_gives_what_call_gives(run, root: pathlib.Path) -> None:
+    """A tool that raises before it is awaited, one that returns another awaitable, one that
     suspends, one that raises a protocol error: the outcome (or error) of call, each."""
     from smith_fast.tools import Tool, ToolRegistry
 
@@ -110,7 +121,7 @@ def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib
 
     registry = ToolRegistry()
     for name, handler in [("t.raises", raises_at_once), ("t.plain", plain_awaitable), ("t.suspends", suspends), ("t.refuses", refuses)]:
-        registry.register(Tool(name=name, description="a test tool", schema={"type": "object"}, handler=handler, inline=True))
+        registry.register(Tool(name=name, description="a test tool", schema={"type": "object"}, handler=handler))
     ctx = ToolContext(root)
 
     async def outcome(name: str, now: bool) -> Any:
@@ -118,9 +129,9 @@ def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib
             if not now:
                 got = await registry.call(name, b"{}", ctx)
             else:
-                step = registry.call_now(name, b"{}", ctx)
+                step: Any = registry.start(name, b"{}", ctx)
                 assert step is not None
-                got = await step.finish() if type(step) is Pending else step
+                got = step if type(step) is ToolOutcome else await step
             return (got.success, got.result, got.error)
         except ProtocolError as exc:
             return (exc.code, str(exc))
@@ -133,11 +144,8 @@ def test_call_now_of_other_inline_tools_gives_what_call_gives(run, root: pathlib
     run(main())
 
 
-def _exchange(peer: V1Peer, rid: str, args: bytes, timeout_ms: int | None) -> list[pb.Envelope]:
-    call = pb.ToolCallCommand(request_id=rid, tool="fs.read", args=args)
-    if timeout_ms is not None:
-        call.timeout_ms = timeout_ms
-    peer.command(tool_call=call)
+def _exchange(peer: V1Peer, rid: str, args: bytes) -> list[pb.Envelope]:
+    peer.command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=args))
     return [e for e in peer.until(terminal(rid)) if _rid(e) == rid]  # not the handshake's READY before
 
 
@@ -170,15 +178,21 @@ def _audit(server: ServerProcess, rid: str) -> dict[str, Any]:
 
 
 def test_the_wire_and_the_audit_line_are_the_normal_paths(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
-    """Each case once through the one-step path (no timeout) and once through the normal one (a
-    timeout takes it): the same events, in the same order, and the same audit line."""
+    """Each case once through the one-step path (nothing else runs) and once as a task (a command
+    with open stdin runs meanwhile and holds its share of the output budget, so no call is
+    answered in the step that read it): the same events, in the same order, and the same audit line."""
     server = ServerProcess(tmp_path, root=root, log_level="info").start()
     try:
         peer = V1Peer(server.unix)
-        peer.handshake(())
+        peer.handshake()
+        fasts = [_exchange(peer, f"f{i}", args) for i, (args, _) in enumerate(CASES)]
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="holder", command="cat", open_stdin=True))
+        peer.until(lambda e: kind(e) == "state_change" and e.event.state_change.request_id == "holder")
+        normals = [_exchange(peer, f"n{i}", args) for i, (args, _) in enumerate(CASES)]
+        peer.command(stdin=pb.StdinCommand(request_id="holder", eof=True))
+        peer.until(terminal("holder"))
         for i, (args, expect) in enumerate(CASES):
-            fast = _exchange(peer, f"f{i}", args, None)
-            normal = _exchange(peer, f"n{i}", args, 60_000)
+            fast, normal = fasts[i], normals[i]
             assert _shape(fast) == _shape([_renamed(e, f"n{i}", f"f{i}") for e in normal]), args
             states = [e.event.state_change.state for e in fast if kind(e) == "state_change"]
             assert states == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_ERROR if expect == "denied" else pb.SERVICE_STATE_READY]
@@ -229,3 +243,13 @@ def test_the_sink_writes_one_step_as_one_write_of_three_frames() -> None:
     sink.tool_done("r2", False, b"", "no", 0)
     assert len(counted) == 1 and len(units) == 3 and seen == units
     assert [pb.Envelope.FromString(next(iter(FrameDecoder().feed(u)))).sequence for u in units] == [4, 5, 6]
+
+
+def test_a_tool_says_nothing_of_how_it_is_scheduled() -> None:
+    """The plug-in ``Tool`` is what a tool is (name, description, schema, handler); whether a call
+    ends in one step follows from its handler (a plain function that returns), not from a hint."""
+    import dataclasses
+
+    from smith_fast.tools import Tool
+
+    assert [f.name for f in dataclasses.fields(Tool)] == ["name", "description", "schema", "handler"]

@@ -23,6 +23,7 @@ from .. import events
 from ..errors import PayloadTooLarge, ProtocolError, PublishError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from ..service.request_table import ENDED_KEPT
 from ..service.shell_exec import terminal_size
 from .batching import SharedStream
 from .control import FORWARDED, InputChannel, interactive, not_running, only_stdin_written
@@ -32,6 +33,8 @@ from .wire import CommandMeta, RequestStream, hook_key
 
 if TYPE_CHECKING:
     from ..service.commands import CommandSpec
+    from ..service.request import Request
+    from ..service.sinks import EventSink
     from ..service.core import ServiceCore
     from ..service.runner import RequestHost
     from .bridge import Bridge
@@ -42,7 +45,6 @@ log = get_logger("smith_fast.gateway")
 
 _COMMAND_FIELD = pb.Envelope.DESCRIPTOR.fields_by_name["command"].number
 _STREAM_FULL = frozenset({10077, 10078})  # JetStream: maximum messages / bytes exceeded
-_ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
 _CONFIRM_SLACK = 5.0  # seconds past --kill-grace a worker has to confirm a cancel
 _NUMBERS_AHEAD = 1 << 16  # request numbers a journaled session reserves ahead of those it used
 
@@ -86,6 +88,11 @@ class NatsRunner:
         self._steer_bytes = 0  # stdin on its way to background processes
         self.journal: SessionJournal | None = None  # a resumable session of a gateway with a fixed id (journal.py)
         self.bridge.sessions[self.session_id] = self
+
+    def start(self, request: Request, at_once: bool) -> Coroutine[Any, Any, None]:
+        """Forward admitted ``request`` (RequestRunner): always a task, the worker answers."""
+        assert request.spec is not None
+        return self.run(request.spec, request.id, request.command)
 
     async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
         route = FORWARDED.get(spec.kind)
@@ -162,6 +169,14 @@ class NatsRunner:
 
     # ---- control: cancel, stdin and resize reach the worker running the request (nats/control.py) ------
 
+    @property
+    def sink(self) -> EventSink:
+        return self._host.sink
+
+    def target(self, rid: str, what: str) -> _Forwarded:
+        """What a control command addresses (RequestControl): the request as forwarded to its worker."""
+        return _Forwarded(self, rid)
+
     def cancel(self, rid: str) -> None:
         """Every worker hears the cancel (smith_fast.nats.control): the one running it stops it and
         reports it cancelled; one handed it later drops it. The command is also deleted from the
@@ -235,10 +250,10 @@ class NatsRunner:
         """Request ``rid`` (not among the forwarded ones) was admitted and is yet to be forwarded.
         Not one that just ended: its task is done, and the session forgets it a step later
         (a Cancel then gets "has ended", not held for a start that never comes)."""
-        if not self._host.is_running(rid):
+        request = self._host.requests.get(rid)
+        if request is None:
             return False
-        task = self._host.task(rid)
-        return task is None or not task.done()
+        return request.task is None or not request.task.done()
 
     def _adopt_control(self, remote: Remote, command: pb.Command) -> bool:
         """What control commands came before the request was forwarded; False: it was cancelled."""
@@ -435,7 +450,7 @@ class NatsRunner:
         if remote.overdue is not None:
             remote.overdue.cancel()
         self._ended[remote.rid] = remote.cancelled
-        if len(self._ended) > _ENDED_KEPT:
+        if len(self._ended) > ENDED_KEPT:
             self._ended.popitem(last=False)
 
     def _queue_timers(self, remote: Remote) -> list[asyncio.TimerHandle]:
@@ -659,3 +674,23 @@ def _carried(env: pb.Envelope) -> Sequence[pb.Event]:
     if kind == "event":
         return (env.event,)
     return ()
+
+
+class _Forwarded:
+    """A request of a gateway session as a control command's target: what it does goes to the
+    worker running it (NatsRunner's cancel, write_stdin, resize)."""
+
+    __slots__ = ("_runner", "_rid")
+
+    def __init__(self, runner: NatsRunner, rid: str) -> None:
+        self._runner = runner
+        self._rid = rid
+
+    def cancel(self) -> None:
+        self._runner.cancel(self._rid)
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        self._runner.write_stdin(self._rid, data, eof)
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._runner.resize(self._rid, rows, cols)

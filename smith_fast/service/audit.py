@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import ProtocolError
 from ..logs import get_logger, log_fields
 from ..pb import smith_pb2 as pb
 
-__all__ = ["Audit", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
+__all__ = ["Audit", "AuditRecord", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
 
 log = get_logger("smith_fast.audit")
 
@@ -47,7 +48,9 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-class _Record:
+class AuditRecord:
+    """The audit line of one request (or plan step) while it runs; :meth:`end` writes it."""
+
     __slots__ = ("fields", "started", "decisions", "omitted")
 
     def __init__(self, fields: dict[str, Any]) -> None:
@@ -56,76 +59,24 @@ class _Record:
         self.decisions: list[dict[str, str]] = []
         self.omitted = 0
 
-
-class Audit:
-    """The open audit records of one session's requests.
-
-    Args:
-        session: the session id.
-        peer: the peer's address.
-    """
-
-    __slots__ = ("_session", "_peer", "_open")
-
-    def __init__(self, session: str, peer: str) -> None:
-        self._session = session
-        self._peer = peer
-        self._open: dict[str, _Record] = {}
-
-    def begin(self, rid: str, kind: str, *, parent: str | None = None) -> None:
-        """A request (or a plan step) starts."""
-        fields: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
-        if parent is not None:
-            fields["parent"] = parent
-        self._open[rid] = _Record(fields)
-
-    def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
-        """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
-        :meth:`begin`, :meth:`note` of ``tool`` and ``success`` and :meth:`end` write, in one go."""
-        log_fields(log, logging.INFO, "request", {
-            "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
-            "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
-        })
-
-    def note(self, rid: str, **fields: Any) -> None:
-        """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
-        record = self._open.get(rid)
-        if record is None:
-            return
+    def note(self, fields: dict[str, Any]) -> None:
         for key, value in fields.items():
-            record.fields[key] = _clip(value, MAX_SUBJECT) if isinstance(value, str) and key in ("command", "tool", "origin") else value
+            self.fields[key] = _clip(value, MAX_SUBJECT) if isinstance(value, str) and key in ("command", "tool", "origin") else value
 
-    def decision(self, rid: str, trigger: str, action: str, hook_id: str | None, reason: str | None) -> None:
-        """A hook decided something about ``rid``."""
-        record = self._open.get(rid)
-        if record is None:
-            return
-        if len(record.decisions) >= MAX_DECISIONS:
-            record.omitted += 1
+    def decision(self, trigger: str, action: str, hook_id: str | None, reason: str | None) -> None:
+        if len(self.decisions) >= MAX_DECISIONS:
+            self.omitted += 1
             return
         entry = {"trigger": trigger, "action": action}
         if hook_id:
             entry["hook_id"] = hook_id
         if reason:
             entry["reason"] = _clip(reason, _MAX_REASON)
-        record.decisions.append(entry)
+        self.decisions.append(entry)
 
-    def process(self, rid: str, exit_code: int | None, *, killed: str | None = None) -> None:
-        """``rid``'s process ended with ``exit_code``; ``killed`` says why the service stopped it."""
-        record = self._open.get(rid)
-        if record is None:
-            return
-        record.fields["exit_code"] = exit_code
-        if killed is not None:
-            record.fields["killed"] = True
-            record.fields["kill_reason"] = killed
-
-    def end(self, rid: str, error: BaseException | None = None) -> None:
-        """``rid`` reached its terminal state: write its line."""
-        record = self._open.pop(rid, None)
-        if record is None:
-            return
-        fields = record.fields
+    def end(self, error: BaseException | None = None) -> None:
+        """Its request reached its terminal state: write the line."""
+        fields = self.fields
         if error is None:
             fields["outcome"] = "ok"
         elif isinstance(error, ProtocolError):
@@ -139,20 +90,97 @@ class Audit:
         else:
             fields["outcome"] = "cancelled" if isinstance(error, asyncio.CancelledError) else "error"
             fields["reason"] = _clip(f"{type(error).__name__}: {error}", _MAX_REASON)
-        fields["hooks"] = record.decisions
-        if record.omitted:
-            fields["hooks_omitted"] = record.omitted
-        fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
+        fields["hooks"] = self.decisions
+        if self.omitted:
+            fields["hooks_omitted"] = self.omitted
+        fields["duration_ms"] = int((time.monotonic() - self.started) * 1000)
         log_fields(log, logging.INFO, "request", fields)
 
+    def cancelled(self) -> None:
+        """The session ended before its request did."""
+        self.fields["outcome"] = "cancelled"
+        self.fields["hooks"] = self.decisions
+        self.fields["duration_ms"] = int((time.monotonic() - self.started) * 1000)
+        log.info("request", extra={"fields": self.fields})
+
+
+class Audit:
+    """The audit lines of one session's requests.
+
+    A request's record is the request's own (:attr:`Request.audit
+    <smith_fast.service.request.Request.audit>`, found through ``find``); a plan step's, which is
+    no request of the session, is kept here while the step runs.
+
+    Args:
+        session: the session id.
+        peer: the peer's address.
+        find: the open record of running request ``rid``, if any.
+    """
+
+    __slots__ = ("_session", "_peer", "_find", "_steps")
+
+    def __init__(self, session: str, peer: str, find: Callable[[str], AuditRecord | None] = lambda _rid: None) -> None:
+        self._session = session
+        self._peer = peer
+        self._find = find
+        self._steps: dict[str, AuditRecord] = {}
+
+    def open(self, rid: str, kind: str, *, parent: str | None = None) -> AuditRecord:
+        """The record of a request (or a plan step) that starts."""
+        fields: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
+        if parent is not None:
+            fields["parent"] = parent
+        return AuditRecord(fields)
+
+    def begin(self, rid: str, kind: str, *, parent: str | None = None) -> None:
+        """A plan step starts (a request's record is opened by its runner, :meth:`open`)."""
+        self._steps[rid] = self.open(rid, kind, parent=parent)
+
+    def _record(self, rid: str) -> AuditRecord | None:
+        return self._steps.get(rid) if self._steps and rid in self._steps else self._find(rid)
+
+    def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
+        """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
+        :meth:`open`, :meth:`note` of ``tool`` and ``success`` and the end write, in one go."""
+        log_fields(log, logging.INFO, "request", {
+            "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
+            "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
+        })
+
+    def note(self, rid: str, **fields: Any) -> None:
+        """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
+        record = self._record(rid)
+        if record is not None:
+            record.note(fields)
+
+    def decision(self, rid: str, trigger: str, action: str, hook_id: str | None, reason: str | None) -> None:
+        """A hook decided something about ``rid``."""
+        record = self._record(rid)
+        if record is not None:
+            record.decision(trigger, action, hook_id, reason)
+
+    def process(self, rid: str, exit_code: int | None, *, killed: str | None = None) -> None:
+        """``rid``'s process ended with ``exit_code``; ``killed`` says why the service stopped it."""
+        record = self._record(rid)
+        if record is None:
+            return
+        record.fields["exit_code"] = exit_code
+        if killed is not None:
+            record.fields["killed"] = True
+            record.fields["kill_reason"] = killed
+
+    def end(self, rid: str, error: BaseException | None = None) -> None:
+        """Plan step ``rid`` ended: write its line."""
+        record = self._steps.pop(rid, None)
+        if record is not None:
+            record.end(error)
+
     def close(self) -> None:
-        """The session is over: requests still open end as cancelled."""
-        for rid in list(self._open):
-            self._open[rid].fields["outcome"] = "cancelled"
-            record = self._open.pop(rid)
-            record.fields["hooks"] = record.decisions
-            record.fields["duration_ms"] = int((time.monotonic() - record.started) * 1000)
-            log.info("request", extra={"fields": record.fields})
+        """The session is over: plan steps still open end as cancelled (its requests' records end
+        with their requests)."""
+        steps, self._steps = self._steps, {}
+        for record in steps.values():
+            record.cancelled()
 
 
 def refused(session: str, peer: str, error: ProtocolError) -> None:

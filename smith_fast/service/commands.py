@@ -9,53 +9,87 @@ handler below, or in a module of its own), plus its schema, its v0 shape and its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
-from ..tools import Pending, ToolOutcome
+from ..tools import ToolOutcome
 from . import launch
 from .execution import Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
-__all__ = ["CommandSpec", "COMMANDS", "Control", "Handler", "RequestControl", "shell_exec", "run_tool"]
+if TYPE_CHECKING:
+    from .sinks import EventSink
+
+__all__ = ["CommandSpec", "COMMANDS", "Control", "ControlTarget", "Handler", "RequestControl", "shell_exec", "run_tool"]
 
 Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
 """Runs one request of its kind: ``handler(execution, request_id, request)``; raises
 :class:`~smith_fast.errors.ProtocolError` to end it with an error."""
 
 
+class ControlTarget(Protocol):
+    """What a control command can do to the running request it names (a
+    :class:`~smith_fast.service.request.Request`, a background process, a request on a NATS
+    worker). Each raises :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin,
+    no terminal, stdin buffer full); the request itself goes on."""
+
+    def cancel(self) -> None:
+        """End it as cancelled: its processes get SIGTERM, then SIGKILL after ``--kill-grace``;
+        its final events are sent, then one ``ErrorEvent`` (reason ``cancelled``) and
+        ``StateChange ERROR``. Harmless while a cancel of it is under way."""
+        ...
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        """Write ``data`` to its open stdin (or terminal); then close it if ``eof``."""
+        ...
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set its terminal size (a ShellExec run with a ``pty``)."""
+        ...
+
+
 class RequestControl(Protocol):
-    """What a control command does to a running request (a
-    :class:`~smith_fast.service.runner.RequestRunner` is one). Each raises
-    :class:`~smith_fast.errors.ProtocolError` when it cannot (unknown or finished request id, no
-    open stdin, no terminal, stdin buffer full); the request itself goes on."""
+    """Where control commands find their target (a
+    :class:`~smith_fast.service.runner.RequestRunner` is one)."""
 
-    def cancel(self, rid: str) -> None:
-        """End request ``rid`` as cancelled: its processes get SIGTERM, then SIGKILL after
-        ``--kill-grace``; its final events are sent, then one ``ErrorEvent`` (reason
-        ``cancelled``) and ``StateChange ERROR``. Harmless while a cancel of it is under way."""
+    @property
+    def sink(self) -> EventSink: ...
+
+    def target(self, rid: str, what: str) -> ControlTarget | None:
+        """The running request (or background process) ``rid`` names, for a command that would
+        ``what`` it (``cancel``, ``write stdin to``: the phrase of its errors); None when there
+        is nothing to do (a Cancel of a request that ended cancelled).
+
+        Raises:
+            ProtocolError: ``rid`` names nothing running (``not_running``, ``unknown_request``),
+                or a background process the session may not steer.
+        """
         ...
 
-    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
-        """Write ``data`` to the open stdin (or terminal) of ShellExec ``rid``; then close it if ``eof``."""
+
+class Admitted(Protocol):
+    """What a :data:`Now` shortcut sees of its request (:class:`~smith_fast.service.request.Request`)."""
+
+    id: str
+    command: Any
+
+    def answer_at_once(self, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
+        """``PROCESSING``, its ``ToolResult`` and ``READY`` in one write."""
         ...
 
-    def resize(self, rid: str, rows: int, cols: int) -> None:
-        """Set the terminal size of ShellExec ``rid`` (run with a ``pty``)."""
-        ...
 
-
-Now = Callable[[Execution, str, Any], "bool | Callable[[Execution, str, Any], Coroutine[Any, Any, Any]] | None"]
-"""Runs one request at once where it can: ``now(execution, request_id, request)`` returns True when
-it sent everything (``PROCESSING``, its events, ``READY``) and wrote its audit line; a handler to
-go on with when it started but did not end (the runner then runs it as any request: ``PROCESSING``
-first, so nothing may have been sent yet); None when it cannot run it so (the row's handler runs)."""
+Now = Callable[[Execution, Admitted], "bool | Callable[[Execution, str, Any], Coroutine[Any, Any, Any]] | None"]
+"""Runs one request in the step that read it where it can: ``now(execution, request)`` returns True
+when it ended (:meth:`Request.answer_at_once <smith_fast.service.request.Request.answer_at_once>`)
+and wrote its audit line; a handler to go on with when it started but did not end (the runner then
+runs it as any request: ``PROCESSING`` first, so nothing may have been sent yet); None when it
+cannot run it so (the row's handler runs)."""
 
 Control = Callable[[RequestControl, Any], None]
 """What a control command does: ``control(runner, request)`` (the request names its target's id)."""
@@ -78,12 +112,9 @@ class CommandSpec:
             does, which the session hands to its runner at once instead of starting a request.
             Such a command has no states of its own; what it cannot do is an ``ErrorEvent``
             naming the request it addressed.
-        eager: the session runs the request at once, up to its first suspension, and gives it a
-            Task only if it suspends (most tool calls end before: no Task, no loop iteration).
-            Its handler must not need ``asyncio.current_task()`` before suspending
-            (``asyncio.timeout`` does: ``await asyncio.sleep(0)`` first, see service/eager.py).
         now: a shortcut the local runner tries first, for a request it can run and answer in
-            one step with nothing configured that would watch it (no tracing; see :data:`Now`).
+            the step that read it, with nothing configured that would watch it (no tracing; see
+            :data:`Now`); otherwise a request runs as a task.
     """
 
     kind: str
@@ -93,7 +124,6 @@ class CommandSpec:
     handler: Handler | None = None
     timed: bool = False
     control: Control | None = None
-    eager: bool = False
     now: Now | None = None
 
 
@@ -141,35 +171,34 @@ def _tool_call(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> Coroutine[An
     return run_tool(ex, rid, cmd.tool, cmd.args, timeout_ms)
 
 
-def _tool_call_now(ex: Execution, rid: str, cmd: pb.ToolCallCommand) -> bool | Handler | None:
-    """A call of an inline tool (``fs.read``) with no timeout and no tool hooks: the tool runs at
-    once, and when it ends in that step its three events go out in one write. What it sends and
-    logs is what :func:`run_tool` and the runner would (the same events in the same order, the
-    same audit line)."""
-    if cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms:
-        return None  # asyncio.timeout needs a task
+def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
+    """A tool call with no tool hooks, started at once: when the tool ends in that step (a small
+    ``fs.read``), ``PROCESSING``, its ``ToolResult`` and ``READY`` go out in one write; when it goes
+    on, the rest runs as any request. What it sends and logs is what :func:`run_tool` and the runner
+    would (the same events in the same order, the same audit line)."""
     hooks = ex.hooks
     if hooks.handles("before_tool_call") or hooks.handles("after_tool_result"):
         return None
-    tool = cmd.tool
-    outcome = ex.core.tools.call_now(tool, cmd.args, ex.core.tool_context)
-    if outcome is None:
-        return None
-    if type(outcome) is Pending:
-        pending = outcome
+    cmd: pb.ToolCallCommand = request.command.tool_call
+    timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
+    tool, rid = cmd.tool, request.id
+    step = ex.core.tools.start(tool, cmd.args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    if step is None:
+        return None  # an unknown tool: run_tool says so, after PROCESSING
+    if type(step) is not ToolOutcome:
+        going_on: Awaitable[ToolOutcome] = step  # type: ignore[assignment]  # the other member
 
         async def finish(ex: Execution, rid: str, _cmd: pb.ToolCallCommand) -> None:
             ex.audit.note(rid, tool=tool)
-            done = await pending.finish()
+            done = await going_on
             ex.audit.note(rid, success=done.success)
             ex.sink.tool_result(rid, done.success, done.result, done.error, done.duration_ms)
 
         return finish
-    assert type(outcome) is ToolOutcome
     # The events first: the front's flush is then scheduled before the log's, so the answer goes
     # out before the audit line is written (as on the normal path, where PROCESSING comes first).
-    ex.sink.tool_done(rid, outcome.success, outcome.result, outcome.error, outcome.duration_ms)
-    ex.audit.tool_ended(rid, tool, outcome.success, outcome.duration_ms)
+    request.answer_at_once(step.success, step.result, step.error, step.duration_ms)
+    ex.audit.tool_ended(rid, tool, step.success, step.duration_ms)
     return True
 
 
@@ -235,15 +264,21 @@ def _background_capability(_cmd: object) -> int:
 
 
 def _cancel(runner: RequestControl, cmd: pb.CancelCommand) -> None:
-    runner.cancel(cmd.request_id)
+    target = runner.target(cmd.request_id, "cancel")
+    if target is not None:
+        target.cancel()
 
 
 def _stdin(runner: RequestControl, cmd: pb.StdinCommand) -> None:
-    runner.write_stdin(cmd.request_id, cmd.data, cmd.eof)
+    target = runner.target(cmd.request_id, "write stdin to")
+    if target is not None:
+        target.write_stdin(cmd.data, cmd.eof)
 
 
 def _resize(runner: RequestControl, cmd: pb.ResizeCommand) -> None:
-    runner.resize(cmd.request_id, cmd.rows, cmd.cols)
+    target = runner.target(cmd.request_id, "resize")
+    if target is not None:
+        target.resize(cmd.rows, cmd.cols)
 
 
 def _stdin_size(cmd: pb.StdinCommand) -> int:
@@ -263,7 +298,7 @@ COMMANDS: Mapping[str, CommandSpec] = {
     for spec in (
         _spec("handshake"),
         _spec("shell_exec", needs=_shell_capability, size=command_size, handler=shell_exec, timed=True),
-        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, eager=True, now=_tool_call_now),
+        _spec("tool_call", size=tool_call_size, handler=_tool_call, timed=True, now=_tool_call_now),
         _spec("hook_load", needs=_hook_capability, handler=_hook_load),
         _spec("plan", size=plan_size, handler=_plan),
         _spec("shutdown"),

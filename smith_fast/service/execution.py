@@ -7,6 +7,7 @@ against these protocols, not against the session or the core, so they import nei
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -89,6 +90,12 @@ class Execution(Protocol):
     def hooks(self) -> SessionHooks: ...
 
     @property
+    def tool_context(self) -> ToolContext:
+        """The context of a tool call answered in one step: its processes run for the ToolCall
+        being run (a call through the hooks binds its own: ``commands.run_tool``)."""
+        ...
+
+    @property
     def audit(self) -> Audit:
         """The session's audit records: what each request ran, what the hooks said, how it ended."""
         ...
@@ -99,7 +106,7 @@ class Execution(Protocol):
         ...
 
     @property
-    def spans(self) -> dict[str, tracing.SpanHandle]:
+    def spans(self) -> Mapping[str, tracing.SpanHandle]:
         """Request id → its command span (only while tracing is granted)."""
         ...
 

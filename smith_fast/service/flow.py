@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .config import Limits
 
-__all__ = ["OutputBudget", "reservation"]
+__all__ = ["OutputBudget", "SessionFlow", "reservation"]
 
 MIN_RESERVATION = 4096  # any request: its state changes and errors, at least
 
@@ -129,3 +129,59 @@ class OutputBudget:
             waiting.popleft()
             self.reserved += size
             future.set_result(None)
+
+
+class SessionFlow:
+    """The flow control of one session (this module's doc): its output budget, whether its peer
+    reads, whether the peer's commands are read.
+
+    Args:
+        limit: ``--max-session-buffer``.
+        unsent: the bytes held for the peer right now (the front's; a parked session's retained).
+        hold_input: the front's: stop (True) or resume (False) reading the peer's commands.
+    """
+
+    __slots__ = ("budget", "paused", "waiting_bytes", "_reading", "_hold", "_held")
+
+    def __init__(self, limit: int, unsent: Callable[[], int], hold_input: Callable[[bool], None] | None) -> None:
+        self.budget = OutputBudget(limit, unsent)
+        self.paused = False  # the peer is not reading (the front said so)
+        self.waiting_bytes = 0  # of the commands waiting for the budget
+        self._reading = asyncio.Event()  # clear while paused
+        self._reading.set()
+        self._hold = hold_input
+        self._held = False
+
+    @property
+    def free(self) -> bool:
+        """Nothing holds or waits for the budget and the peer reads: a request may start and end
+        in one step (reserving and releasing the budget would be nothing)."""
+        budget = self.budget
+        return not (budget.waiting or budget.reserved or self.paused)
+
+    def bind(self, hold_input: Callable[[bool], None] | None) -> None:
+        """The session is carried by another connection (None: by none, while parked)."""
+        self._hold = hold_input
+        self._held = False
+
+    def set_paused(self, paused: bool) -> None:
+        """The peer stopped (True) or resumed (False) reading: no request starts meanwhile."""
+        self.paused = paused
+        if paused:
+            self._reading.clear()
+        else:
+            self._reading.set()
+        self.budget.set_paused(paused)
+
+    async def reading(self) -> None:
+        """Return once the peer reads."""
+        await self._reading.wait()
+
+    def update(self) -> None:
+        """Hold the peer's input while it is not reading, or while the commands waiting for the
+        budget hold more than a quarter of it; a peer that reads can still send what addresses
+        the running requests while a few wait."""
+        held = self.paused or self.waiting_bytes > self.budget.limit // 4
+        if held != self._held and self._hold is not None:
+            self._held = held
+            self._hold(held)

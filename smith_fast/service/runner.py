@@ -20,25 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from . import launch
 from .audit import Audit
-from .commands import Handler, RequestControl
+from .commands import ControlTarget, Handler, RequestControl
 from .execution import Execution, ExecutionCore
-from .shell_exec import terminal_size
+from .request import EarlyInput, Request, RequestState
+from .request_table import RequestTable
 from .session_hooks import SessionHooks
 
 if TYPE_CHECKING:
     from ..hooks import Hook, HookLimits
-    from ..process import ShellProcess
-    from .commands import CommandSpec
+    from ..process import Collected, ShellProcess
+    from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
     from .session_hooks import HookShelf
     from .sinks import EventSink
@@ -49,9 +49,8 @@ log = get_logger("smith_fast.session")
 
 # The request a handler runs for (set in LocalRunner.run; the tasks a handler starts inherit it), so
 # that a process started for a plan's step belongs to the plan a Cancel names.
-_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("smith_fast_request", default=None)
-_STOPPING: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
-_ENDED_KEPT = 1024  # recently ended request ids, so a late Cancel gets "has ended", not "unknown"
+_REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar("smith_fast_request", default=None)
+
 
 
 def _raising(exc: Exception) -> Handler:
@@ -59,23 +58,6 @@ def _raising(exc: Exception) -> Handler:
         raise exc
 
     return handler
-
-
-def _not_running(rid: str, what: str, ended: bool) -> ProtocolError:
-    if ended:
-        return ProtocolError(f"request {rid} has already ended; nothing to {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "not_running"})
-    return ProtocolError(
-        f"no request {rid} is running in this session; nothing to {what}", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "unknown_request"}
-    )
-
-
-@dataclass(slots=True)
-class _EarlyInput:
-    """What a peer sent a ShellExec with open stdin before its process started (hooks run first)."""
-
-    data: bytearray = field(default_factory=bytearray)
-    eof: bool = False
-    size: tuple[int, int] | None = None
 
 
 class RequestHost(Protocol):
@@ -116,14 +98,10 @@ class RequestHost(Protocol):
         """Report (and count) an error with the request it names."""
         ...
 
-    def is_running(self, rid: str) -> bool:
-        """Request ``rid`` was admitted and has not ended (its task may not have started yet: a
-        Cancel or stdin in the same read as its command)."""
+    @property
+    def requests(self) -> RequestTable:
+        """The session's requests."""
         ...
-
-    def task(self, rid: str) -> asyncio.Task[None] | None:
-        """The task running request ``rid``; None when there is none (not running, or running
-        eagerly, before its first suspension: see ``CommandSpec.eager``)."""
 
     async def reading(self) -> None:
         """Return once the peer reads (at once unless the session is paused)."""
@@ -143,19 +121,14 @@ class RequestHost(Protocol):
 
 
 class RequestRunner(RequestControl, Protocol):
-    """Runs the admitted requests of one session, and steers the running ones (cancel, stdin,
-    resize: :class:`~smith_fast.service.commands.RequestControl`).
+    """Runs the admitted requests of one session, and finds the running ones a control command
+    names (:class:`~smith_fast.service.commands.RequestControl`)."""
 
-    A runner may also offer ``run_now(spec, rid, command) -> bool`` (:meth:`LocalRunner.run_now`):
-    for a row with a ``now`` shortcut the session tries it first, without a coroutine, and calls
-    :meth:`run` only when it returns False.
-    """
-
-    async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
-        """Run one request until its terminal state was sent.
-
-        The session made sure it may run (``command`` holds a request of ``spec.kind`` with id
-        ``rid``); cancelling the awaiting task ends it (shutdown, teardown).
+    def start(self, request: Request, at_once: bool) -> Coroutine[Any, Any, None] | None:
+        """Start admitted ``request``: None when it ended here (the one-step shortcut of its row,
+        tried only when ``at_once``: nothing holds the output budget and the peer reads), else
+        the coroutine that runs it until its terminal state was sent, which the session runs as
+        a task (cancelling it ends the request: shutdown, teardown).
         """
         ...
 
@@ -207,17 +180,15 @@ class LocalRunner:
         self.core = core
         self._host = host
         self.sink = host.sink
+        self.requests = host.requests
         self.processes: set[ShellProcess] = set()
-        self.spans: dict[str, tracing.SpanHandle] = {}  # request id -> its command span
-        self.audit = Audit(host.session_id, host.peer)
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs requests on (known at the first)
-        self._running: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task running it (None: eager)
-        self._cancelling: dict[str, asyncio.Task[None] | None] = {}  # request id -> the task stopping it (None: not started yet)
-        self._ended: OrderedDict[str, bool] = OrderedDict()  # recently ended id -> it was cancelled
-        self._owned: dict[str, set[ShellProcess]] = {}  # request id -> the processes started for it
-        self._interactive: dict[str, ShellProcess] = {}  # ShellExec id -> its process with open stdin
-        self._early: dict[str, _EarlyInput] = {}  # ShellExec id with open stdin -> input before its process
-        self._going_on: dict[str, Handler] = {}  # request id -> how run goes on with what run_now started
+        self.spans = self.requests.spans()  # request id -> its command span (while tracing is granted)
+        # The tool context of the calls answered in one step: its processes are those of the
+        # request the call runs for (the tool of a ToolCall that no hook renamed), found when one
+        # starts, so that no context is copied per call. A call with tool hooks, or a plan's
+        # step, gets a context bound to its id and tool (commands.run_tool).
+        self.tool_context = core.tool_context.with_process_runner(self._current_call_process)
+        self.audit = Audit(host.session_id, host.peer, self.requests.audit_record)
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,
@@ -239,268 +210,101 @@ class LocalRunner:
     def shutting(self) -> bool:
         return self._host.shutting
 
-    async def run(self, spec: CommandSpec, rid: str, command: pb.Command) -> None:
-        host = self._host
-        sink = self.sink
-        handler = spec.handler
-        assert handler is not None  # the session starts only rows with a handler
-        session_span = host.span
-        going_on = self._going_on.pop(rid, None) if self._going_on else None
-        if going_on is not None:
-            handler = going_on  # run_now started it
-        elif spec.now is not None:
-            step = self._now(spec, rid, command)
+    def start(self, request: Request, at_once: bool) -> Coroutine[Any, Any, None] | None:
+        spec = request.spec
+        assert spec is not None and spec.handler is not None  # the session starts only rows with a handler
+        now = spec.now
+        if now is not None and at_once and self._host.span is tracing.NOOP:
+            try:
+                step = now(self, request)
+            except Exception as exc:  # a bug of ours: reported by run, as a handler's
+                return self.run(request, _raising(exc))
             if step is True:
-                return
-            if step is not None:
-                handler = step  # started, not ended: it goes on as any request
-        sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
-        span = session_span.command_span(spec.kind, rid) if session_span is not tracing.NOOP else tracing.NOOP
-        if span is not tracing.NOOP:
-            self.spans[rid] = span
-        self.audit.begin(rid, spec.kind)
-        request = getattr(command, spec.kind)
-        if spec.kind == "shell_exec" and (request.open_stdin or request.HasField("pty")):
-            self._early.setdefault(rid, _EarlyInput())
-        elif self._early.pop(rid, None) is not None:  # stdin sent before it started, but it has none
+                return None
+            if step is not None and step is not False:
+                return self.run(request, step)  # started, not ended: it goes on as any request
+        return self.run(request, spec.handler)
+
+    async def run(self, request: Request, handler: Handler) -> None:
+        """Run ``request`` with ``handler`` until its terminal state was sent."""
+        host = self._host
+        spec = request.spec
+        assert spec is not None
+        rid = request.id
+        self.sink.state_change(pb.SERVICE_STATE_PROCESSING, rid)
+        session_span = host.span
+        if session_span is not tracing.NOOP:
+            request.span = session_span.command_span(spec.kind, rid)
+        request.audit = self.audit.open(rid, spec.kind)
+        cmd = getattr(request.command, spec.kind)
+        if spec.kind == "shell_exec" and (cmd.open_stdin or cmd.HasField("pty")):
+            if request.early is None:
+                request.early = EarlyInput()
+        elif request.early is not None:  # stdin sent before it started, but it has none
+            request.early = None
             host.protocol_error(ProtocolError(
                 f"request {rid} has no open stdin: its ShellExec was sent without open_stdin or pty; the data was not written",
                 pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"},
             ))
-        # None while the session runs it eagerly (Session._start): nothing can cancel it before it
-        # suspends, and then its task is the session's (cancel asks for it).
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        self._running[rid] = asyncio.current_task(loop)  # the loop given: no getpid() per call
-        token = _REQUEST.set(rid)
+        token = _REQUEST.set(request)
         try:
-            if rid in self._cancelling:  # cancelled before it started
+            if request.state is RequestState.CANCELLING:  # cancelled before it started
                 raise ProtocolError("request cancelled before it started", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
-            await handler(self, rid, request)
+            request.state = RequestState.RUNNING
+            await handler(self, rid, cmd)
         except ProtocolError as exc:
-            if rid in self._cancelling:
-                self._cancelled(rid, span)
-            else:
-                exc.request_id = exc.request_id or rid
-                self.audit.end(rid, exc)
-                span.fail(pb.ErrorCode.Name(exc.code), str(exc))
-                # The audit line says how it ended (a hook block as a block): not a "protocol error".
-                host.report_error(exc.code, str(exc), exc.request_id, exc.details)
-                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            request.finish(exc)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()  # a cancellation arrives only in a task
             assert task is not None
-            if rid in self._cancelling and not host.closing and not host.shutting and task.cancelling() <= 1:
+            if request.state is RequestState.CANCELLING and not host.closing and not host.shutting and task.cancelling() <= 1:
                 task.uncancel()  # our own Cancel: the request ends here, the session goes on
-                self._cancelled(rid, span)
+                request.finish()
                 return
-            self.audit.end(rid, exc)
-            if not host.closing:  # shutdown, not disconnect: somebody is listening
-                host.report_error(pb.ERROR_CODE_UNSPECIFIED, "request cancelled: the session is shutting down", rid, {"reason": "cancelled"})
-                sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            request.finish(exc)
             raise
         except Exception as exc:  # a bug of ours: report it, keep the session
-            self.audit.end(rid, exc)
             log.exception("request failed", extra={"fields": {"peer": host.peer, "request_id": rid}})
-            host.report_error(pb.ERROR_CODE_INTERNAL_ERROR, f"internal error: {type(exc).__name__}: {exc}", rid)
-            sink.state_change(pb.SERVICE_STATE_ERROR, rid)
+            request.finish(exc)
         else:
-            if rid in self._cancelling:  # it ended after the Cancel came: cancelled all the same
-                self._cancelled(rid, span)
-            else:
-                self.audit.end(rid)
-                sink.state_change(pb.SERVICE_STATE_READY, rid)
+            request.finish()
         finally:
             _REQUEST.reset(token)
-            self._running.pop(rid, None)
-            self._early.pop(rid, None)
-            self._ended[rid] = self._cancelling.pop(rid, None) is not None
-            if len(self._ended) > _ENDED_KEPT:
-                self._ended.popitem(last=False)
-            if span is not tracing.NOOP:
-                self.spans.pop(rid, None)
-                span.end()
-
-    def run_now(self, spec: CommandSpec, rid: str, command: pb.Command) -> bool:
-        """Run a request of a row with a ``now`` shortcut in this step, without a coroutine, when
-        it can (what ``run`` does first); the session calls it when nothing else holds the output
-        budget. True: it ended, its terminal state sent. False: :meth:`run` it, which goes on
-        with what this started, if anything."""
-        step = self._now(spec, rid, command)
-        if step is True:
-            return True
-        if step is not None:
-            self._going_on[rid] = step
-        return False
-
-    def _now(self, spec: CommandSpec, rid: str, command: pb.Command) -> Literal[True] | Handler | None:
-        """The row's shortcut (a small fs.read), where nothing watches the request (tracing, a
-        Cancel or stdin sent before it): True when it ended, its handler's replacement when it
-        started and goes on, None when it did not run."""
-        now = spec.now
-        if now is None or self._host.span is not tracing.NOOP or rid in self._cancelling or rid in self._early:
-            return None
-        try:
-            step = now(self, rid, getattr(command, spec.kind))
-        except Exception as exc:  # a bug of ours: reported by run, as a handler's
-            return _raising(exc)
-        if step is True:
-            self._ended[rid] = False
-            if len(self._ended) > _ENDED_KEPT:
-                self._ended.popitem(last=False)
-            return True
-        return None if step is None or step is False else step
-
-    def _cancelled(self, rid: str, span: tracing.SpanHandle) -> None:
-        """The one terminal state of a request ended by a Cancel."""
-        message = f"request {rid} cancelled by the peer"
-        span.fail("cancelled", message)
-        self.audit.end(rid, ProtocolError(message, pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"}))
-        self._host.report_error(pb.ERROR_CODE_UNSPECIFIED, message, rid, {"reason": "cancelled"})
-        self.sink.state_change(pb.SERVICE_STATE_ERROR, rid)
 
     # ---- control: commands on a running request (RequestControl) ----------------------------------
 
-    def cancel(self, rid: str) -> None:
-        if rid in self._cancelling:
-            return  # a second Cancel while the first is under way
-        task = self._running.get(rid)
-        if task is None and rid in self._running:  # started eagerly, now suspended in the session's task
-            task = self._host.task(rid)
-        if task is None:
-            if self._host.is_running(rid):  # admitted, its task not started yet: it ends at its start
-                self._cancelling[rid] = None
-                return
-            if self._background(rid):  # not this session's request: a background process
-                self.core.background.cancel(rid)
-                return
-            if self._ended.get(rid):
-                return  # already cancelled and ended: cancelling twice is harmless
-            raise _not_running(rid, "cancel", rid in self._ended)
-        stopping = self._cancelling[rid] = asyncio.get_running_loop().create_task(self._stop(rid, task))
-        _STOPPING.add(stopping)
-        stopping.add_done_callback(_STOPPING.discard)
-
-    async def _stop(self, rid: str, task: asyncio.Task[None]) -> None:
-        """SIGTERM to the request's process groups, SIGKILL after ``--kill-grace``; the handler
-        then sends their final output and ends (as cancelled, ``run``). A request without a process
-        of its own (a tool call, a hook load, a plan between steps) has its task cancelled."""
-        grace = self.core.limits.kill_grace
-        procs = list(self._owned.get(rid, ()))
-        if procs:
-            await asyncio.gather(*(p.terminate(grace) for p in procs), return_exceptions=True)
-            await asyncio.wait([task], timeout=grace)
-        if not task.done():
-            task.cancel()
+    def target(self, rid: str, what: str) -> ControlTarget | None:
+        return self.requests.resolve(rid, what, self.core.background, self._host.granted)
 
     def wants(self, addition: str) -> bool:
         return addition in self._host.accepted
 
     def cancelling(self) -> bool:
         """Whether the request this runs for (a handler's context) is being cancelled."""
-        rid = _REQUEST.get()
-        return rid is not None and rid in self._cancelling
-
-    def _input_target(self, rid: str, what: str) -> ShellProcess | _EarlyInput:
-        proc = self._interactive.get(rid)
-        if proc is not None:
-            return proc
-        early = self._early.get(rid)
-        if early is not None:
-            return early
-        if rid not in self._running and self._host.is_running(rid):  # its task has not started yet
-            early = self._early[rid] = _EarlyInput()
-            return early
-        if rid not in self._running and self._background(rid) and (proc := self.core.background.process(rid)) is not None:
-            return proc  # (one without stdin or a terminal: refused by the caller)
-        if rid in self._running and what == "resize":  # as for a command with open stdin only
-            raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
-        if rid in self._running:
-            raise ProtocolError(
-                f"request {rid} has no open stdin: {what} needs a ShellExec sent with open_stdin or pty",
-                pb.ERROR_CODE_UNSPECIFIED,
-                rid,
-                {"reason": "stdin_closed"},
-            )
-        raise _not_running(rid, what, rid in self._ended)
-
-    def _background(self, rid: str) -> bool:
-        """Whether ``rid`` is a background process (any session's, service/background.py); steering
-        it takes what starting it took, ``shell_exec`` granted."""
-        found = rid in self.core.background
-        if found and pb.CAPABILITY_SHELL_EXEC not in self._host.granted:
-            raise ProtocolError(
-                f"background process {rid} can be steered only by a session granted shell_exec in its handshake",
-                pb.ERROR_CODE_INVALID_CAPABILITY, rid, {"reason": "capability_required", "capability": "shell_exec"},
-            )
-        return found
-
-    def write_stdin(self, rid: str, data: bytes, eof: bool) -> None:
-        target = self._input_target(rid, "write stdin to")
-        limit = self.core.limits.max_stdin_buffer
-        if isinstance(target, _EarlyInput):
-            if data and (target.eof or len(target.data) + len(data) > limit):
-                raise self._stdin_refused(rid, len(target.data), limit, target.eof)
-            target.data += data
-            target.eof = target.eof or eof
-            return
-        if data:
-            if not target.stdin_open:
-                raise self._stdin_refused(rid, 0, limit, True)
-            if not target.write_stdin(data):
-                raise self._stdin_refused(rid, target.stdin_buffered, limit, False)
-        if eof:
-            target.close_stdin()
-
-    @staticmethod
-    def _stdin_refused(rid: str, buffered: int, limit: int, closed: bool) -> ProtocolError:
-        if closed:
-            return ProtocolError(f"the stdin of request {rid} is closed; the data was not written", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "stdin_closed"})
-        return ProtocolError(
-            f"the stdin of request {rid} is full: the command has not read {buffered} bytes "
-            f"(max --max-stdin-buffer {limit}); this StdinCommand was refused whole, send it again once it reads",
-            pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-            rid,
-            {"reason": "stdin_full"},
-        )
-
-    def resize(self, rid: str, rows: int, cols: int) -> None:
-        target = self._input_target(rid, "resize")
-        size = terminal_size(rows, cols, rid)
-        if isinstance(target, _EarlyInput):
-            target.size = size
-        elif not target.is_pty:
-            raise ProtocolError(f"request {rid} has no terminal: send its ShellExec with pty to resize it", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "no_terminal"})
-        else:
-            target.resize(*size)
+        request = _REQUEST.get()
+        return request is not None and request.state is RequestState.CANCELLING
 
     # ---- the processes of the running requests (Execution) --------------------------------------
 
+    async def _current_call_process(self, spec: ProcessRequest) -> Collected:
+        """``ToolContext.run_process`` of :attr:`tool_context`: through the choke point, for the
+        ToolCall this runs for; refused outside one (a task the tool left behind)."""
+        request = _REQUEST.get()
+        if request is None or request.spec is None or request.spec.kind != "tool_call":
+            raise ProtocolError("a tool started a process outside its call; it was not run", pb.ERROR_CODE_INTERNAL_ERROR)
+        return await launch.collect(self, request.id, spec, origin=request.command.tool_call.tool)
+
     def process_started(self, rid: str, proc: ShellProcess) -> None:
         self.processes.add(proc)
-        self._owned.setdefault(_REQUEST.get() or rid, set()).add(proc)
-        early = self._early.pop(rid, None)
-        if early is None or not (proc.stdin_open or proc.is_pty):
-            return
-        self._interactive[rid] = proc
-        if early.size is not None and proc.is_pty:
-            proc.resize(*early.size)
-        if early.data:
-            proc.write_stdin(bytes(early.data))  # within the limit, which is the process's too
-        if early.eof:
-            proc.close_stdin()
+        owner = _REQUEST.get() or self.requests.get(rid)
+        if owner is not None:
+            owner.process_started(rid, proc)
 
     def process_ended(self, rid: str, proc: ShellProcess) -> None:
         self.processes.discard(proc)
-        owner = _REQUEST.get() or rid
-        owned = self._owned.get(owner)
-        if owned is not None:
-            owned.discard(proc)
-            if not owned:
-                del self._owned[owner]
-        if self._interactive.get(rid) is proc:
-            del self._interactive[rid]
+        owner = _REQUEST.get() or self.requests.get(rid)
+        if owner is not None:
+            owner.process_ended(proc)
 
     async def reading(self) -> None:
         await self._host.reading()
@@ -522,7 +326,6 @@ class LocalRunner:
             proc.close()
 
     def end(self) -> None:
-        self._going_on.clear()  # started by run_now, never run (cancelled waiting for the budget)
         self.audit.close()
         if self.hooks.owns_hooks:
             asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from smith_fast.tools.builtin import builtin_tools, default_registry, tools_list_tool
 from smith_fast.tools.plugins import ENTRY_POINT_GROUP, load_entry_point_tools
-from smith_fast.tools.registry import Handler, Pending, Tool, ToolOutcome, ToolRegistry, encode_result
+from smith_fast.tools.registry import Handler, Tool, ToolOutcome, ToolRegistry, encode_result
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import DEFAULT_MAX_OUTPUT, ProcessRequest, RunProcess, ToolContext
 
@@ -30,7 +30,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ArgumentError",
     "Handler",
-    "Pending",
     "ProcessRequest",
     "RunProcess",
     "Tool",

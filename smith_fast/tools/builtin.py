@@ -32,7 +32,7 @@ def tools_list_tool(registry: ToolRegistry) -> Tool:
     # left alone once registered, as the validators compiled from them are).
     cache: list[Any] = [(), b""]
 
-    async def _list(args: Any, ctx: ToolContext) -> dict[str, Any]:
+    def _list(args: Any, ctx: ToolContext) -> dict[str, Any]:
         tools = registry.tools()
         listing = {
             "tools": [{"name": tool.name, "description": tool.description, "schema": tool.schema} for tool in tools]
@@ -51,7 +51,6 @@ def tools_list_tool(registry: ToolRegistry) -> Tool:
         ),
         schema=LIST_SCHEMA,
         handler=_list,
-        eager=True,
     )
 
 

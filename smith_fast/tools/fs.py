@@ -19,6 +19,7 @@ import secrets
 import stat
 import threading
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 from smith_fast.errors import ProtocolError
@@ -65,7 +66,9 @@ READ_SCHEMA: dict[str, Any] = {
 INLINE_READ = 64 * 1024
 
 
-async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+    # A plain function: a small read ends in the step that read the call (the registry answers it
+    # at once); a large one goes on in a worker thread (an awaitable the registry awaits).
     offset: int = args.get("offset", 0)
     length: int | None = args.get("length")
     encoding: str = args.get("encoding", "utf-8")
@@ -83,10 +86,20 @@ async def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             data = _pread(fd, n, offset, size)
         finally:
             os.close(fd)
-    else:
-        # The thread owns the fd from here and closes it: a cancelled call returns at once, and
-        # the fd stays open until the thread's read is done.
-        data = await asyncio.to_thread(_pread_and_close, fd, n, offset, size)
+        return _read_result(data, name, size, offset, length, rest, encoding)
+    return _read_in_thread(fd, n, name, size, offset, length, rest, encoding)
+
+
+async def _read_in_thread(
+    fd: int, n: int, name: str, size: int, offset: int, length: int | None, rest: int, encoding: str
+) -> dict[str, Any]:
+    # The thread owns the fd from here and closes it: a cancelled call returns at once, and
+    # the fd stays open until the thread's read is done.
+    data = await asyncio.to_thread(_pread_and_close, fd, n, offset, size)
+    return _read_result(data, name, size, offset, length, rest, encoding)
+
+
+def _read_result(data: bytes, name: str, size: int, offset: int, length: int | None, rest: int, encoding: str) -> dict[str, Any]:
     wanted = rest if length is None or length > rest else length
     got = len(data)
     truncated = got < wanted
@@ -169,8 +182,6 @@ FS_READ = Tool(
     ),
     schema=READ_SCHEMA,
     handler=_read,
-    eager=True,
-    inline=True,  # starts no process, sends no event; a small read ends in its first step
 )
 
 
@@ -287,7 +298,6 @@ FS_WRITE = Tool(
     ),
     schema=WRITE_SCHEMA,
     handler=_write,
-    eager=True,
 )
 
 
@@ -409,5 +419,4 @@ FS_LIST = Tool(
     ),
     schema=LIST_SCHEMA,
     handler=_list,
-    eager=True,
 )

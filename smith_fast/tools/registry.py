@@ -10,14 +10,13 @@ import asyncio
 import json
 import re
 import time
-from types import CoroutineType
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
-from smith_fast.service.eager import resume
 
 try:
     import orjson
@@ -26,9 +25,10 @@ except ImportError:  # pragma: no cover - optional dependency: json serves alone
 from smith_fast.tools.schema import ArgumentError, Validator, compile_validator, decode_args, validate
 from smith_fast.tools.workspace import ToolContext
 
-__all__ = ["Handler", "Pending", "Tool", "ToolOutcome", "ToolRegistry"]
+__all__ = ["Handler", "Tool", "ToolOutcome", "ToolRegistry"]
 
-Handler = Callable[[Any, ToolContext], Awaitable[Any]]
+Handler = Callable[[Any, ToolContext], "Awaitable[Any] | Any"]
+"""``handler(args, ctx)``: the result, or an awaitable of it (an ``async def``)."""
 
 # Dotted names in the style of the built-ins (``fs.read``); no spaces or slashes, so a name can
 # appear in logs, metrics labels and error messages unquoted.
@@ -45,23 +45,19 @@ class Tool:
         name: the identifier clients call it by, e.g. ``fs.read``.
         description: one line saying what it does.
         schema: the JSON Schema of the arguments value.
-        handler: ``async (args, ctx) -> result``; receives the validated arguments and returns a
-            JSON-serializable value. Raising :class:`~smith_fast.tools.schema.ArgumentError` or any
+        handler: ``(args, ctx) -> result``, an ``async def`` or a plain function; receives the
+            validated arguments and returns a JSON-serializable value, or (a plain function) an
+            awaitable of it when it has to wait. A plain function is called where its request is
+            admitted, before the request has a task: a call that returns its value ends in that
+            step, answered at once. Raising :class:`~smith_fast.tools.schema.ArgumentError` or any
             other exception fails the call with that message; raising
             :class:`~smith_fast.errors.ProtocolError` turns the call into a protocol error.
-        eager: the handler may start before its request has a task (service/eager.py): it needs
-            none (no anyio, no ``asyncio.timeout``, no task groups) until it first waits. Off for a
-            tool that does not say so: it then starts in a task of its own, as a request that waits.
-        inline: the handler starts no process (needs no ``ctx.run_process``) and sends no event,
-            so the service may run it at once with its shared context (:meth:`ToolRegistry.call_now`).
     """
 
     name: str
     description: str
     schema: Mapping[str, Any]
     handler: Handler
-    eager: bool = False
-    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,40 +75,6 @@ class ToolOutcome:
     result: bytes
     error: str | None
     duration_ms: int
-
-
-_AWAIT = object()  # Pending's "not started: await it" (a coroutine's first yield may be None)
-
-
-class Pending:
-    """An inline call that did not end in its first step (:meth:`ToolRegistry.call_now`):
-    :meth:`finish` goes on from where it suspended, or raises the protocol error it raised."""
-
-    __slots__ = ("_coro", "_waiting", "_start", "_error")
-
-    def __init__(self, coro: Awaitable[Any] | None, waiting: Any, start: float, error: ProtocolError | None = None) -> None:
-        self._coro = coro
-        self._waiting = waiting
-        self._start = start
-        self._error = error
-
-    async def finish(self) -> ToolOutcome:
-        """The outcome, as :meth:`ToolRegistry.call` would have given it."""
-        if self._error is not None:
-            raise self._error
-        coro = self._coro
-        assert coro is not None
-        try:
-            if self._waiting is _AWAIT:
-                result = await coro
-            else:
-                assert isinstance(coro, Coroutine)
-                result = await resume(coro, self._waiting)
-        except ProtocolError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
-            return _failed(exc, self._start)
-        return _succeeded(result, self._start)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,71 +170,45 @@ class ToolRegistry:
                 ``ERROR_CODE_EXECUTION_TIMEOUT`` when ``timeout`` expired (the tool has been
                 cancelled and has finished cleaning up by then).
         """
-        start = time.perf_counter()
-        entry = self._entry(name)
-        try:
-            value = decode_args(args)
-            validate(entry.validator, value)
-        except ArgumentError as exc:
-            return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
-        if asyncio.current_task() is None and (timeout is not None or not entry.tool.eager):
-            # Started eagerly (service/eager.py): asyncio.timeout needs a task, and so may what a
-            # tool that did not say otherwise awaits (a mounted MCP server's anyio client).
-            await asyncio.sleep(0)
-        if timeout is None:
-            return await _run(entry.tool, value, ctx, start)
-        deadline = asyncio.timeout(timeout)
-        try:
-            async with deadline:
-                return await _run(entry.tool, value, ctx, start)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            elapsed = _elapsed_ms(start)
-            raise ProtocolError(
-                f"tool {name!r} timed out after {elapsed} ms",
-                smith_pb2.ERROR_CODE_EXECUTION_TIMEOUT,
-                details={"tool": name, "timeout_ms": str(round(timeout * 1000)), "duration_ms": str(elapsed)},
-            ) from None
+        self._entry(name)  # an unknown tool is a protocol error, not a failed call
+        step = self.start(name, args, ctx, timeout=timeout)
+        assert step is not None
+        if isinstance(step, ToolOutcome):
+            return step
+        return await step
 
-    def call_now(self, name: str, args: bytes, ctx: ToolContext) -> ToolOutcome | Pending | None:
-        """Run an :attr:`~Tool.inline` tool with no timeout at once, up to its first suspension.
+    def start(
+        self, name: str, args: bytes, ctx: ToolContext, *, timeout: float | None = None
+    ) -> ToolOutcome | Awaitable[ToolOutcome] | None:
+        """Start a call: what :meth:`call` does, as far as it gets without waiting.
 
-        What :meth:`call` does, without a coroutine of its own, for the caller that can finish
-        a request in one step when the tool does (``fs.read`` of a small file).
+        The arguments are decoded and checked and the handler is called; a plain-function
+        handler that returns its value ends the call here. Nothing is sent and no task is needed,
+        so the service answers such a call in the step that read it.
 
         Returns:
-            The outcome when the call ended in its first step; a :class:`Pending` when it
-            suspended or raised a protocol error (its ``finish`` goes on, or raises it); None
-            when ``name`` is not an inline tool (unknown included): :meth:`call` it.
+            The outcome when the call ended here; an awaitable giving it (or raising the
+            :class:`~smith_fast.errors.ProtocolError` the handler raised) when it goes on; None
+            for an unknown tool (:meth:`call` raises for it).
         """
-        start = time.perf_counter()
+        begun = time.perf_counter()
         entry = self._entries.get(name)
-        if entry is None or not entry.tool.inline:
+        if entry is None:
             return None
         try:
             value = decode_args(args)
             validate(entry.validator, value)
         except ArgumentError as exc:
-            return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
+            return ToolOutcome(False, b"", str(exc), _elapsed_ms(begun))
         try:
-            call = entry.tool.handler(value, ctx)
+            result = entry.tool.handler(value, ctx)
         except ProtocolError as exc:
-            return Pending(None, None, start, exc)
-        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
-            return _failed(exc, start)
-        if type(call) is not CoroutineType:  # a handler returning another awaitable: awaited in finish
-            return Pending(call, _AWAIT, start)
-        coro: Coroutine[Any, Any, Any] = call
-        try:
-            waiting = coro.send(None)
-        except StopIteration as stop:
-            return _succeeded(stop.value, start)
-        except ProtocolError as exc:
-            return Pending(None, None, start, exc)
-        except Exception as exc:  # noqa: BLE001 - as _run: a broken tool fails its call
-            return _failed(exc, start)
-        return Pending(coro, waiting, start)
+            return _raise(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken tool must fail its call, not the service
+            return _failed(exc, begun)
+        if type(result) is not dict and inspect.isawaitable(result):  # a dict: the common value, at once
+            return _finish(name, result, begun, timeout)
+        return _succeeded(result, begun)
 
     def _entry(self, name: str) -> _Entry:
         try:
@@ -284,7 +220,7 @@ class ToolRegistry:
 
 
 def _succeeded(result: Any, start: float) -> ToolOutcome:
-    """The outcome of a handler that returned ``result`` (what :func:`_run` makes of it)."""
+    """The outcome of a handler that returned ``result`` (what :func:`_settle` makes of it)."""
     try:
         encoded = result.encoded if type(result) is _Encoded else encode_result(result)
     except Exception as exc:  # noqa: BLE001 - an unencodable result fails its call
@@ -298,24 +234,44 @@ def _failed(exc: Exception, start: float) -> ToolOutcome:
     return ToolOutcome(False, b"", message, _elapsed_ms(start))
 
 
-async def _run(tool: Tool, value: Any, ctx: ToolContext, start: float) -> ToolOutcome:
+async def _raise(exc: ProtocolError) -> ToolOutcome:
+    raise exc
+
+
+async def _finish(name: str, awaitable: Awaitable[Any], start: float, timeout: float | None) -> ToolOutcome:
+    """The rest of a call whose handler returned an awaitable, under ``timeout``."""
+    if timeout is None:
+        return await _settle(awaitable, start)
+    deadline = asyncio.timeout(timeout)
+    try:
+        async with deadline:
+            return await _settle(awaitable, start)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        elapsed = _elapsed_ms(start)
+        raise ProtocolError(
+            f"tool {name!r} timed out after {elapsed} ms",
+            smith_pb2.ERROR_CODE_EXECUTION_TIMEOUT,
+            details={"tool": name, "timeout_ms": str(round(timeout * 1000)), "duration_ms": str(elapsed)},
+        ) from None
+
+
+async def _settle(awaitable: Awaitable[Any], start: float) -> ToolOutcome:
     # CancelledError is a BaseException and passes through: the timeout (or the caller) owns it.
     try:
-        result = await tool.handler(value, ctx)
-        encoded = result.encoded if type(result) is _Encoded else encode_result(result)
+        result = await awaitable
     except ProtocolError:
         raise
-    except ArgumentError as exc:
-        return ToolOutcome(False, b"", str(exc), _elapsed_ms(start))
     except Exception as exc:  # noqa: BLE001 - a broken tool must fail its call, not the service
-        return ToolOutcome(False, b"", _describe(exc), _elapsed_ms(start))
-    return ToolOutcome(True, encoded, None, _elapsed_ms(start))
+        return _failed(exc, start)
+    return _succeeded(result, start)
 
 
 class _Encoded(dict[str, Any]):
     """A result that brings its JSON encoding along (``tools.list`` caches its encoding).
 
-    It is the plain ``dict`` to anyone calling the handler directly; only :func:`_run`, right
+    It is the plain ``dict`` to anyone calling the handler directly; only :func:`_succeeded`, right
     after the handler returned it, takes ``encoded`` instead of encoding the dict again.
     """
 
