@@ -46,10 +46,12 @@ class SmithProcess:
         argv: the ``smith_fast`` command line.
         env: variables added to this process's environment.
         keep: how many stderr lines to keep (all when None).
+        cwd: its working directory (the repository's by default).
     """
 
     def __init__(self, tmp: pathlib.Path, *argv: str, env: dict[str, str] | None = None,
-                 keep: int | None = None) -> None:
+                 keep: int | None = None, cwd: pathlib.Path | None = None) -> None:
+        self.cwd = cwd or ROOT
         self.sock_path = str(tmp / "smith.sock")
         self.argv = [sys.executable, "-m", "smith_fast", *argv]
         self.env = dict(os.environ, **(env or {}))
@@ -84,7 +86,7 @@ class SmithProcess:
         """Start the process and the thread collecting its stderr; the event is set once it is ready
         or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, cwd=ROOT, env=self.env)
+                                     stderr=subprocess.PIPE, cwd=self.cwd, env=self.env)
         assert self.proc.stderr is not None
         try:
             # A server logging a line per request must not block on a full pipe while the pump

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ import pytest
 from smith_fast.client import Client, SmithError
 from smith_fast.sandbox import HELPER, HIDE_ENV, MIN_LANDLOCK_ABI, Sandbox, kernel_features
 
-from harness.server import ServerProcess, ServerStartError
+from harness.server import ServerProcess, ServerStartError, SmithProcess
 
 EACCES = "Permission denied"
 EROFS = "Read-only file system"
@@ -350,6 +351,24 @@ async def test_rustc_and_rust_hooks_run_sandboxed(tmp_path: pathlib.Path) -> Non
 
 
 # -- the sandbox program itself (csrc/sandbox_exec.c) ---------------------------------------------
+
+
+def test_the_service_starts_from_a_directory_the_sandbox_hides(tmp_path: pathlib.Path) -> None:
+    """A service started from a directory under /tmp (a checkout there): the commands' /tmp is a
+    private one, so that directory is not in their view; the start-up probe runs in the root
+    instead, and the service starts and runs commands there."""
+    elsewhere = tmp_path / "checkout"
+    elsewhere.mkdir()
+    root = tmp_path / "root"
+    root.mkdir()
+    srv = SmithProcess(tmp_path, "serve", "--unix", str(tmp_path / "smith.sock"), "--root", str(root), cwd=elsewhere)
+    try:
+        srv.start()
+        done = subprocess.run([sys.executable, "-m", "smith_fast", "exec", "--connect", srv.unix, "--", "pwd"],
+                              capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout.strip()) == (0, str(root)), done.stderr
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("network", ["on", "off", "loopback"])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..pb import smith_pb2 as pb
-from ..service.sinks import EventSink, Recording, now_ms
+from ..service.sinks import EventSink, Recording, as_text, now_ms
 from . import protocol
 
 __all__ = ["Call", "Channel", "McpSink", "CallHost"]
@@ -146,12 +146,8 @@ class McpSink(EventSink):
 
     def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
         # An MCP result carries text: raw output (an attach or ShellExec asking for bytes) is kept
-        # as text, invalid UTF-8 replaced, as v0 peers get it.
-        text = str(data, "utf-8", "replace")
-        if fd == 1:
-            self.shell_output(request_id, stdout=text)
-        else:
-            self.shell_output(request_id, stderr=text)
+        # as text, as v0 peers get it.
+        as_text(self, request_id, fd, data)
 
     def tool_result(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         if self._recording is not None:

@@ -34,6 +34,7 @@ from ..service.metrics import Figure
 from .batching import CommandBatcher, Stored, batch_limit, split_events
 from .config import NatsConfig, is_token
 from .control import request_subject
+from . import jetstream
 from .jetstream import (
     Publisher,
     PullFeed,
@@ -419,13 +420,7 @@ class Bridge:
         if self.js is not None and not self.durable:  # a fixed id's consumer waits for the next process
             with contextlib.suppress(Exception):
                 await self.js.delete_consumer(self.config.event_stream, self.config.gateway_consumer(self.gateway_id))
-        if self.publisher is not None:
-            await self.publisher.close()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 5)
-            with contextlib.suppress(Exception):
-                await self.nc.close()
+        await jetstream.close(self.nc, self.publisher)
 
     def _disconnected(self) -> None:
         self.counters.connected = False

@@ -34,7 +34,7 @@ from ..logs import get_logger
 from .config import NatsConfig
 
 __all__ = [
-    "round_trip", "connect", "ensure_streams", "ensure_journal_stream", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size",
+    "close", "round_trip", "connect", "ensure_streams", "ensure_journal_stream", "ensure_worker_consumer", "ensure_gateway_consumer", "message_size",
     "PullFeed", "Publisher", "PublishError", "PayloadTooLarge",
 ]
 
@@ -130,6 +130,19 @@ async def connect(
                 log.warning("nats unreachable, retrying",
                             extra={"fields": {"name": name, "servers": list(config.servers), "error": repr(exc), "retry_interval": wait}})
             await asyncio.sleep(wait)
+
+
+async def close(nc: NATS | None, publisher: Publisher | None) -> None:
+    """The end of a process's NATS connection: its publisher's queue first (what it holds is sent
+    or failed), then a bounded drain (subscriptions finish what they were handed), then the close;
+    a server already gone makes none of them wait or raise."""
+    if publisher is not None:
+        await publisher.close()
+    if nc is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), 5)
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 async def round_trip(nc: NATS, timeout: float = 2.0) -> float:

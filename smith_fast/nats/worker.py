@@ -52,6 +52,7 @@ from .batching import EventOutbox, split_commands
 from .config import NatsConfig
 from .control import ControlHold, WorkerControls, interactive
 from .hooks_bucket import HooksBucket
+from . import jetstream
 from .jetstream import Publisher, PullFeed, connect, ensure_streams, ensure_worker_consumer, round_trip
 from .leases import Lapse, Leases, takeover_subject
 from .metrics import NatsCounters, worker_figures
@@ -193,13 +194,7 @@ class Worker:
         await self._ack_all(acks)  # what finished is not run again elsewhere
         if self.feed is not None:
             await self.feed.close()
-        if self.publisher is not None:
-            await self.publisher.close()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.drain(), 5)
-            with contextlib.suppress(Exception):
-                await self.nc.close()
+        await jetstream.close(self.nc, self.publisher)
         log.info("stopped", extra={"fields": {"worker": self.name, "completed": self.completed}})
 
     def _disconnected(self) -> None:

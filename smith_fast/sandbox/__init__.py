@@ -275,7 +275,10 @@ class Sandbox:
             )
         probe = [*self.wrapper, *self._policy(), *(a for p in self.writable() for a in ("--write", p)), "--probe"]
         try:
-            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+            # In the root, where commands run: the service's own directory may be out of the
+            # command's view (a checkout under the private /tmp), and is none of the probe's business.
+            cwd = self.root if os.path.isdir(self.root) else "/"
+            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd=cwd)
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxUnavailable(f"the sandbox program {probe[0]!r} does not run: {exc}") from None
         if done.returncode != 0:

@@ -31,7 +31,8 @@ from ..jsonl import JsonlCodec
 from ..pb import smith_pb2
 from ..sequencing import Sequencer
 
-__all__ = ["EventSink", "Recording", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
+__all__ = [
+    "EventSink", "Recording", "as_text", "V0Sink", "V1Sink", "now_ms", "BATCH_MAX_EVENTS", "BATCH_MAX_BYTES"]
 
 _EVENT_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["event"].number
 _BATCH_FIELD = smith_pb2.Envelope.DESCRIPTOR.fields_by_name["batch_event"].number
@@ -373,12 +374,7 @@ class V0Sink(EventSink):
         self._write(self._codec.shell_output(request_id, stdout, stderr, exit_code, finished))
 
     def shell_output_bytes(self, request_id: str, fd: int, data: bytes | memoryview) -> None:
-        # v0 has no bytes (its ShellExec cannot ask for them): text, invalid UTF-8 replaced
-        text = str(data, "utf-8", "replace")
-        if fd == 1:
-            self.shell_output(request_id, stdout=text)
-        else:
-            self.shell_output(request_id, stderr=text)
+        as_text(self, request_id, fd, data)  # v0 has no bytes (its ShellExec cannot ask for them)
 
     def tool_result(
         self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int
@@ -398,3 +394,12 @@ class V0Sink(EventSink):
         details: Mapping[str, str] | None = None,
     ) -> None:
         self._write(self._codec.error(code, message, request_id, now_ms()))
+
+
+def as_text(sink: EventSink, request_id: str, fd: int, data: bytes | memoryview) -> None:
+    """Raw output sent as text to a peer that has no bytes (v0, MCP): invalid UTF-8 replaced."""
+    text = str(data, "utf-8", "replace")
+    if fd == 1:
+        sink.shell_output(request_id, stdout=text)
+    else:
+        sink.shell_output(request_id, stderr=text)
