@@ -26,7 +26,9 @@ from smith_fast.pb import smith_pb2 as pb
 from .peers import V0Peer, V1Peer, kind, terminal
 from harness.server import ServerProcess, host_pids, pid_alive, wait_until
 
-PY = sys.executable
+# The interpreter itself, not the venv's link to it: a command sees the host read-only but a
+# private /tmp, and a checkout (its .venv) under /tmp is out of its view.
+PY = os.path.realpath(sys.executable)
 _DAEMONIZE = (
     "import os, sys, time\n"
     "if os.fork(): sys.exit(0)\n"

@@ -115,7 +115,7 @@ def test_the_policies_share_their_handled_rights(root: pathlib.Path, tmp_path: p
     # the one function that knows them.
     out = tmp_path / "rulesets.jsonl"
     for argv in (["--write", str(root)], ["--only-read", str(root)]):
-        subprocess.run([HELPER, "--ruleset-out", str(out), *argv, "--", "/bin/true"], check=True, capture_output=True)
+        subprocess.run([HELPER, "--ruleset-out", str(out), *argv, "--", "/bin/true"], check=True, capture_output=True, cwd="/")
     command, reads = recorded(out)
     assert command["abi"] == reads["abi"] and command["handled_fs"] == reads["handled_fs"]
     assert command["scoped"] == reads["scoped"]

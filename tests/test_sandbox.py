@@ -379,24 +379,24 @@ def test_the_sandbox_program_enforces_the_policy(tmp_path: pathlib.Path, network
     script = f"touch {outside('wrapper')}; echo in > inside; cat inside; echo > /dev/null && echo dev"
     done = subprocess.run([*prefix, "/bin/sh", "-c", script], capture_output=True, text=True, cwd=root)
     assert done.stdout == "in\ndev\n" and refused(done.stderr)
-    done = subprocess.run([*prefix, "/bin/sh", "-c", OWN_LOOPBACK], capture_output=True, text=True)
+    done = subprocess.run([*prefix, "/bin/sh", "-c", OWN_LOOPBACK], capture_output=True, text=True, cwd=root)
     assert (done.returncode == 0) == (network != "off"), done.stderr
 
 
 def test_the_sandbox_program_leaves_sigpipe_to_the_command() -> None:
     # `yes | head` must end quietly, as it does unsandboxed.
     done = subprocess.run([HELPER, "--fs", "on", "--", "/bin/sh", "-c", "yes | head -c 5"],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, cwd="/")
     assert (done.returncode, done.stdout, done.stderr) == (0, "y\ny\ny", "")
 
 
 def test_the_sandbox_program_fails_closed() -> None:
     # Nothing runs when it cannot do what it was asked: a bad argument, a missing program.
-    done = subprocess.run([HELPER, "--network", "sideways", "--", "/bin/sh", "-c", "echo ran"], capture_output=True, text=True)
+    done = subprocess.run([HELPER, "--network", "sideways", "--", "/bin/sh", "-c", "echo ran"], capture_output=True, text=True, cwd="/")
     assert done.returncode == 2 and done.stdout == "" and "usage" in done.stderr
-    done = subprocess.run([HELPER, "--write", "/proc/1", "--", "/bin/sh", "-c", "echo ran"], capture_output=True, text=True)
+    done = subprocess.run([HELPER, "--write", "/proc/1", "--", "/bin/sh", "-c", "echo ran"], capture_output=True, text=True, cwd="/")
     assert done.returncode == 2 and done.stdout == "" and "usage" in done.stderr
-    done = subprocess.run([HELPER, "--", "/nonexistent/program"], capture_output=True, text=True)
+    done = subprocess.run([HELPER, "--", "/nonexistent/program"], capture_output=True, text=True, cwd="/")
     assert done.returncode == 127 and done.stderr.startswith("smith-fast sandbox: cannot run /nonexistent/program")
 
 
@@ -405,7 +405,7 @@ def test_the_sandbox_program_ends_as_its_command_ends(how: str) -> None:
     # The service sees the monitor: its status must be the command's, a signal included, and a
     # signal sent to its process group reaches the command (the init forwards it).
     script = {"exit": "exit 3", "signal": "kill -TERM $$", "killed": "trap 'exit 7' TERM; echo ready; sleep 60 & wait"}[how]
-    proc = subprocess.Popen([HELPER, "--", "/bin/sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen([HELPER, "--", "/bin/sh", "-c", script], stdout=subprocess.PIPE, start_new_session=True, cwd="/")
     if how == "killed":
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         os.killpg(proc.pid, signal.SIGTERM)

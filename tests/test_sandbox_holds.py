@@ -94,7 +94,8 @@ def _digest(path: str) -> str:
 async def test_a_command_cannot_replace_what_the_service_runs_or_take_its_socket(server: ServerProcess) -> None:
     helper = _digest(HELPER)
     code, _, err = await _run(server, f"printf '#!/bin/sh\\nid > /tmp/pwned\\n' > x && chmod +x x && mv x {HELPER}; cp x {HELPER}")
-    assert code != 0 and "Read-only file system" in err and _digest(HELPER) == helper
+    # read-only in the command's view, or not in it at all (an installation under the private /tmp)
+    assert code != 0 and ("Read-only file system" in err or "No such file" in err) and _digest(HELPER) == helper
     async with await _client(server) as client:
         with pytest.raises(SmithError, match="PERMISSION_DENIED"):
             await client.call_tool("fs.write", {"path": HELPER, "content": "#!/bin/sh\n"})
