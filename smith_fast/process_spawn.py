@@ -59,6 +59,26 @@ def close_quietly(*fds: int) -> None:
             pass
 
 
+# What a failed start raises (bad cwd, missing program, NUL in an argument, Popen's own checks).
+_SPAWN_ERRORS = (OSError, ValueError, TypeError, subprocess.SubprocessError)
+
+
+def _popen_in(cell: containment.Cell, argv: list[str], stdin: int, stdout: int, stderr: int, cwd: str | None,
+              environ: dict[str, str], usage_w: int) -> subprocess.Popen[bytes]:
+    """Start ``argv`` born in ``cell``'s cgroup (it cannot fork out before it is put there), in a
+    session of its own. Synchronous on purpose: Popen vforks and returns once exec succeeded
+    (~1 ms, see bench_process's spawn group); an executor hop would cost more than it saves."""
+    with cell.joined():
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, close_fds=True,
+                                pass_fds=(usage_w,) if usage_w >= 0 else (), start_new_session=True)
+
+
+def _give_up(cell: containment.Cell, *fds: int) -> None:
+    """A start that failed: its descriptors closed, its cell given back."""
+    close_quietly(*fds)
+    cell.release()
+
+
 @dataclass(slots=True)
 class Spawned:
     """A command just started.
@@ -180,27 +200,12 @@ def spawn(
         if sandbox is not None and sandbox.active:
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w)
-        # Synchronous on purpose: Popen vforks and returns once exec succeeded (~1 ms, see
-        # bench_process's spawn group); an executor hop would cost more than it saves.
-        with cell.joined():  # born in its cgroup: it cannot fork out before it is put there
-            child = subprocess.Popen(
-                argv,
-                stdin=in_r if stdin else subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=cwd,
-                env=environ,
-                close_fds=True,
-                pass_fds=(usage_w,) if usage_w >= 0 else (),
-                start_new_session=True,
-            )
-    except (OSError, ValueError, TypeError) as exc:
-        close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
-        cell.release()
+        child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w)
+    except _SPAWN_ERRORS as exc:
+        _give_up(cell, out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None
     except BaseException:
-        close_quietly(out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
-        cell.release()
+        _give_up(cell, out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise
     if usage_w >= 0:
         os.close(usage_w)
@@ -246,25 +251,12 @@ def _spawn_pty(
             argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w)
         else:
             argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
-        with cell.joined():  # born in its cgroup, as a piped command is
-            popen = subprocess.Popen(
-                argv,
-                stdin=slave,
-                stdout=slave,
-                stderr=slave,
-                cwd=cwd,
-                env=environ,
-                close_fds=True,
-                pass_fds=(usage_w,) if usage_w >= 0 else (),
-                start_new_session=True,
-            )
-    except (OSError, ValueError, TypeError, subprocess.SubprocessError) as exc:
-        close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
-        cell.release()
+        popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w)
+    except _SPAWN_ERRORS as exc:
+        _give_up(cell, master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None
     except BaseException:
-        close_quietly(master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
-        cell.release()
+        _give_up(cell, master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise
     if usage_w >= 0:
         os.close(usage_w)
