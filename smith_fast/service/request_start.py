@@ -128,7 +128,7 @@ class RequestStarter:
     def adopt(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
         """Count request ``rid``, which runs already (elsewhere), as live until ``work`` ends."""
         requests = self._session.requests
-        request = requests.live[rid] = Request(requests.host, rid, None, None)
+        request = requests.adopt(rid)
         task = request.task = self._loop.create_task(work)
         task.add_done_callback(functools.partial(_forget, requests, request))
 

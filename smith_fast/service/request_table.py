@@ -61,11 +61,10 @@ class RequestTable:
             what its requests' controls are bounded by).
     """
 
-    __slots__ = ("host", "_host", "_limits", "live", "_ended", "owed")
+    __slots__ = ("_host", "_limits", "live", "_ended", "owed")
 
     def __init__(self, host: TableHost, limits: Limits) -> None:
-        self.host: Terminal = host  # what a request's end is sent through
-        self._host = host
+        self._host = host  # what a request's end is sent through
         self._limits = limits
         self.live: dict[str, Request] = {}
         self._ended: collections.OrderedDict[str, bool] = collections.OrderedDict()  # id -> it was cancelled
@@ -113,8 +112,16 @@ class RequestTable:
 
     def ended(self, request: Request) -> None:
         """``request`` sent its terminal state: among the ended ids (it stays live until its task is done)."""
+        self._remember(request.id, request.cancelled)
+
+    def adopt(self, rid: str) -> Request:
+        """A request already running elsewhere (a gateway's forwarded one), live here until its end."""
+        request = self.live[rid] = Request(self._host, rid, None, None)
+        return request
+
+    def _remember(self, rid: str, cancelled: bool) -> None:
         ended = self._ended
-        ended[request.id] = request.cancelled
+        ended[rid] = cancelled
         if len(ended) > ENDED_KEPT:
             ended.popitem(last=False)
 
@@ -125,10 +132,7 @@ class RequestTable:
             del live[rid]
         if request.state is not RequestState.ENDED:
             request.state = RequestState.ENDED
-            ended = self._ended
-            ended[rid] = request.cancelled
-            if len(ended) > ENDED_KEPT:
-                ended.popitem(last=False)
+            self._remember(rid, request.cancelled)
 
     def owe_unstarted(self) -> None:
         """A resume's replay was taken: the requests read but not started are owed (:attr:`owed`)."""
