@@ -245,6 +245,10 @@ class BackgroundTable:
     def __contains__(self, pid: object) -> bool:
         return pid in self._entries
 
+    def ids(self) -> list[str]:
+        """The ids of the processes kept, running or exited, oldest first."""
+        return list(self._entries)
+
     def process(self, pid: str) -> ShellProcess | None:
         entry = self._entries.get(pid)
         return entry.proc if entry is not None else None

@@ -106,12 +106,19 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
 
 
 class Backend(abc.ABC):
-    """Where a core's requests run when not in this process, and what that changes of the core's
-    answers (``smith-fast gateway``: on NATS workers, :class:`smith_fast.nats.gateway.Gateway`).
+    """What a core serves besides its own sessions, and what that changes of its answers: a NATS
+    gateway (its sessions live on workers: :class:`smith_fast.nats.gateway.Gateway`) or a NATS
+    worker (:class:`smith_fast.nats.worker.Worker`).
 
-    The core calls it; what runs the requests composes the core (``ServiceCore(backend=...)``)
-    rather than subclassing it. Its requests' runner comes with ``ServiceCore(runner=...)``.
+    The core calls it; what it stands for composes the core (``ServiceCore(backend=...)``) rather
+    than subclassing it.
     """
+
+    runs_commands: bool = False
+    """Commands run in this process (a worker): the sandbox must be usable here."""
+
+    route: str = ""
+    """What the resume tokens of its sessions start with (a worker's id: smith_fast.service.resume)."""
 
     @abc.abstractmethod
     def unavailable(self) -> str | None:
@@ -121,18 +128,8 @@ class Backend(abc.ABC):
     def service_info(self) -> dict[str, str]:
         """What a handshake's ``service_info`` says of it, besides what the core says."""
 
-    @abc.abstractmethod
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on (a gateway may also journal it)."""
-
-    @abc.abstractmethod
-    def carried_on(self, sessions: Sequence[Session]) -> list[Session] | None:
-        """At shutdown: which of ``sessions`` outlive this process (handed over to the next one:
-        they are not shut down); None when it hands nothing over (a plain shutdown)."""
-
-    @abc.abstractmethod
-    async def hand_over(self, sessions: list[Session]) -> None:
-        """Hand ``sessions`` (what :meth:`carried_on` returned) over, once every other session is shut down."""
+    async def stop(self) -> None:
+        """The service stops: called first by :meth:`ServiceCore.shutdown` (a gateway ends its relays)."""
 
 
 class ServiceCore:
@@ -167,7 +164,7 @@ class ServiceCore:
             hidden=tuple(path for _, path in private), tmp_size=config.limits.max_tmp_per_command,
             file_size=config.limits.max_file_size,
         )
-        self.runs_locally = runner is None
+        self.runs_locally = backend is None or backend.runs_commands
         if self.runs_locally:
             if self.sandbox.confines_files and not config.allow_service_files_in_root:
                 clash = service_files_in(str(root), [*_installation(), *private])
@@ -212,7 +209,7 @@ class ServiceCore:
         )
         self.sessions: set[Session] = set()
         # dropped sessions kept for a resume; as many as connections may be open
-        self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections)
+        self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections, backend.route if backend is not None else "")
         self.running_processes = 0
         self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False
@@ -237,12 +234,6 @@ class ServiceCore:
         else:
             self.capabilities = self.capabilities - {capability}
 
-    def hold_resumes(self, holding: bool) -> None:
-        """While ``holding``, a resume naming no session known here is told to try again in a
-        moment, not that its session is gone: the sessions of the process before this one are
-        being taken over (a gateway restarting with its ``--gateway-id``)."""
-        self.parked.restoring = holding
-
     def watch_health(self, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` whenever :meth:`unavailable` may have changed (the gRPC health service)."""
         self._health_watchers.append(watcher)
@@ -263,12 +254,6 @@ class ServiceCore:
             The session.
         """
         return Session(self, sink, runner=self.make_runner, **kwargs)
-
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
-        fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
-        if self._backend is not None:
-            self._backend.made_resumable(session)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
@@ -349,14 +334,11 @@ class ServiceCore:
         self.running_processes -= 1
 
     async def shutdown(self) -> None:
-        """Shut every session down (SHUTTING, requests cancelled, final events flushed), but those
-        the backend hands over to the next process (:meth:`Backend.carried_on`)."""
-        kept = None if self._backend is None else self._backend.carried_on(list(self.sessions))
+        """Shut every session down (SHUTTING, requests cancelled, final events flushed)."""
         self.shutting_down = True
+        if self._backend is not None:
+            await self._backend.stop()
         await asyncio.gather(
-            *(s.shutdown() for s in list(self.sessions) if kept is None or s not in kept),
-            self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
+            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
         )
-        if kept is not None and self._backend is not None:
-            await self._backend.hand_over(kept)
         self.closed.set()

@@ -88,9 +88,6 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]: ...
 
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on (a gateway also journals it in NATS)."""
-
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]: ...
@@ -591,25 +588,10 @@ class Session:
         """Carry on over ``front`` (:meth:`SessionResume.reattach <smith_fast.service.session_resume.SessionResume.reattach>`)."""
         self._resume.reattach(front, after, token)
 
-    def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
-        """Take over a session a gateway's previous process handed over (:meth:`SessionResume.restore
-        <smith_fast.service.session_resume.SessionResume.restore>`); False: it ended at once."""
-        return self._resume.restore(key, granted, accepted, units, interval_ms)
-
     def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
         """A request that runs already (a restored session's, on a worker): it counts as admitted
         here until ``work`` ends, as one this session started would."""
         self._starter.adopt(rid, work)
-
-    def hand_over(self) -> None:
-        """The service stops and the next process takes this session over (a gateway with a fixed
-        ``--gateway-id``: smith_fast.nats.journal): its requests go on where they run, the peer is
-        told nothing, its connection is dropped so that it resumes on the next process. What it
-        wrote so far is in the journal already (or on its way: the gateway waits for it)."""
-        if self._closing:
-            return
-        self._over(handed_over=True)
-        log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self.requests)}})
 
 
 def _nothing() -> None:

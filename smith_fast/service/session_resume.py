@@ -101,7 +101,6 @@ class ResumeCore(Protocol):
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]: ...
 
-    def made_resumable(self, session: Any) -> None: ...
 
 
 class SessionResume:
@@ -140,7 +139,6 @@ class SessionResume:
         if session.recorder is not None:  # its Ready carries the token to the peer, never to the recording
             session.recorder.conceal(token)
         session.sink.tap(retention.record)
-        core.made_resumable(session)
         return token
 
     def park(self) -> bool:
@@ -177,13 +175,6 @@ class SessionResume:
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
             other = session.core.parked.find(hs.resume_token)
-            if other is None and session.core.parked.restoring:
-                raise ResumeRefused(
-                    "this service is still taking over the sessions of the process before it (a gateway restarting "
-                    "with the same --gateway-id); send the resume handshake again in a moment",
-                    "resume_not_ready",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
             if not isinstance(other, type(session)) or other is session or other.closing:
                 raise ResumeRefused(
                     "the resume token names no session that can be resumed here (a wrong token, an ended session, "
@@ -240,28 +231,6 @@ class SessionResume:
         if session.paused:
             session.resume()
         log.info("session resumed", extra={"fields": {"peer": session.peer, "after": after, "replayed": len(units), "took_over": old is not None}})
-
-    def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
-        """Take over a session the process before this one handed over (a gateway restarting with
-        the same ``--gateway-id``: smith_fast.nats.journal): handshaken as it was, what it sent
-        retained, parked for ``--resume-window`` until its peer resumes it here. False: it could
-        not be parked (too many are) and ended at once."""
-        session = self._session
-        front = self.front
-        assert front is not None and self.resumable is None
-        session.granted, session.handshaken, session.authenticated = granted, True, True
-        retention = Retention(session.core.limits.max_session_buffer, session.pause, framed=session.sink.framed)
-        for unit in units:
-            retention.record(unit)
-        self.resumable = Resumable("", key, retention, front)
-        session.core.parked.adopt(key, session)
-        session.sink.tap(retention.record)
-        session.core.made_resumable(session)
-        session.apply_accepted(accepted, interval_ms)
-        if self.park():
-            return True
-        session.lost()
-        return False
 
     def _resumed(self, token: str, replayed: int) -> bytes:
         """The answer to a resume handshake: outside the session's sequence (0), never retained."""

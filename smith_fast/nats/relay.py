@@ -1,0 +1,150 @@
+"""The relay between a gateway and a worker: subjects, the message format, publishing from sync code.
+
+A frontend's session lives on one worker; its gateway moves the frontend's bytes to that worker and
+the session's bytes back, one core NATS message per loop tick each way (PROTOCOL.md, "Scale-out
+over NATS"). Nothing here is stored by the server: a message lost on the way (a NATS server
+restart) is seen as a gap in the per-direction sequence and ends the relay (``relay_lost``), which
+a resumable session survives like any dropped connection.
+
+A relay message is ``seq`` (varint, per direction and connection, from 1), ``kind`` (one byte),
+then the body: :data:`DATA` carries stream bytes exactly as the frontend wrote them or as the
+session wrote them; :data:`CLOSE` a UTF-8 reason; the four flow-control kinds have no body.
+Headers are not used on this path (one parse less per message on both sides).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from .._varint import decode as decode_varint
+from .._varint import encode as encode_varint
+from ..logs import get_logger
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+__all__ = [
+    "CLOSE", "DATA", "KINDS", "READ_PAUSE", "READ_RESUME", "WRITE_PAUSE", "WRITE_RESUME",
+    "Subjects", "is_id", "pack", "publish_now", "unpack",
+]
+
+log = get_logger("smith_fast.nats")
+
+DATA = 1
+CLOSE = 2
+READ_PAUSE = 3  # the receiver stops reading its peer's input (the sender's session holds its input)
+READ_RESUME = 4
+WRITE_PAUSE = 5  # the frontend does not take what is written: the receiving session pauses its output
+WRITE_RESUME = 6
+KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME})
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+
+
+def is_id(text: str) -> bool:
+    """Whether ``text`` can name a gateway, worker or connection in a subject (one token, no wildcards)."""
+    return bool(_ID.match(text))
+
+
+def pack(seq: int, kind: int, body: bytes = b"") -> bytes:
+    """One relay message."""
+    return encode_varint(seq) + bytes((kind,)) + body
+
+
+def unpack(data: bytes) -> tuple[int, int, memoryview]:
+    """``(seq, kind, body)`` of one relay message.
+
+    Raises:
+        ValueError: not a relay message (bad varint, unknown kind).
+    """
+    seq, at = decode_varint(data, 0)
+    if at >= len(data) or data[at] not in KINDS:
+        raise ValueError("not a relay message")
+    return seq, data[at], memoryview(data)[at + 1 :]
+
+
+class Subjects:
+    """The subjects of one deployment (``prefix``, default ``smith``); see PROTOCOL.md for the roles
+    that may publish and subscribe to each (``smith-fast nats-auth`` writes them as permissions)."""
+
+    __slots__ = ("prefix",)
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    @property
+    def presence(self) -> str:
+        return f"{self.prefix}.presence"
+
+    @property
+    def presence_query(self) -> str:
+        return f"{self.prefix}.presence.query"
+
+    def open(self, worker: str, gateway: str) -> str:
+        """A gateway asks ``worker`` to open a session's relay (request/reply)."""
+        return f"{self.prefix}.w.{worker}.open.{gateway}"
+
+    def open_filter(self, worker: str) -> str:
+        return f"{self.prefix}.w.{worker}.open.*"
+
+    def to_worker(self, worker: str, gateway: str, conn: str) -> str:
+        return f"{self.prefix}.s.{worker}.{gateway}.{conn}"
+
+    def to_worker_filter(self, worker: str) -> str:
+        return f"{self.prefix}.s.{worker}.>"
+
+    def to_gateway(self, gateway: str, worker: str, conn: str) -> str:
+        return f"{self.prefix}.g.{gateway}.{worker}.{conn}"
+
+    def to_gateway_filter(self, gateway: str) -> str:
+        return f"{self.prefix}.g.{gateway}.>"
+
+    def heartbeat(self, gateway: str) -> str:
+        return f"{self.prefix}.hb.{gateway}"
+
+    def heartbeat_filter(self) -> str:
+        return f"{self.prefix}.hb.*"
+
+    def processes(self, worker: str) -> str:
+        """A gateway asks ``worker`` for its background processes (request/reply)."""
+        return f"{self.prefix}.ps.{worker}"
+
+
+def publish_now(nc: NATS, subject: str, payload: bytes) -> bool:
+    """Publish from synchronous code, without a task per message.
+
+    ``Client.publish`` is a coroutine that only suspends when its 64 MiB pending buffer is full
+    (it then waits for the flush); it is stepped here by hand, and only a suspended one is handed
+    to the loop. False: the connection is closed or the message cannot be sent (over the
+    server's payload limit, or the buffer is full while disconnected).
+    """
+    coro = nc.publish(subject, payload)
+    try:
+        waiting = coro.send(None)
+    except StopIteration:
+        return True
+    except Exception as exc:  # nats.errors.Error (closed, too large, buffer full): nothing was queued
+        log.debug("publish failed", extra={"fields": {"subject": subject, "error": repr(exc)}})
+        return False
+    asyncio.ensure_future(_finish(coro, waiting))
+    return True
+
+
+async def _finish(coro: Coroutine[Any, Any, None], waiting: Any) -> None:
+    """Drive a publish that suspended on ``waiting`` (an asyncio future) to its end."""
+    while True:
+        try:
+            await waiting
+        except Exception as exc:
+            try:
+                waiting = coro.throw(exc)
+            except (StopIteration, Exception):
+                return
+            continue
+        try:
+            waiting = coro.send(None)
+        except (StopIteration, Exception):
+            return
