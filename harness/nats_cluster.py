@@ -100,14 +100,17 @@ def wait_gateway(gateway: SmithProcess, workers: int = 0, timeout: float = 20.0)
 
 
 class Cluster:
-    """A NATS server, ``workers`` workers and one gateway (Unix, TCP and gRPC listeners).
+    """A NATS server, ``workers`` workers (ids ``w0``, ``w1`` ...) and one gateway (Unix and TCP listeners).
 
     Args:
         tmp: a directory of its own (store, sockets, workspace).
         workers: how many workers.
-        nats_args: NATS options every process gets (``--ack-wait`` ...).
+        nats_args: NATS options every process gets (``--presence-interval`` ...).
         worker_args: extra worker options.
         gateway_args: extra gateway options.
+        roots: each worker serves a directory of its own (``root/w0`` ...), as on separate machines;
+            else they share ``root``.
+        labels: per worker index, its ``--label``s.
     """
 
     def __init__(
@@ -119,26 +122,40 @@ class Cluster:
         worker_args: tuple[str, ...] = (),
         gateway_args: tuple[str, ...] = (),
         loop: str = "uvloop",
+        roots: bool = False,
+        labels: dict[int, tuple[str, ...]] | None = None,
     ) -> None:
         self.tmp = tmp
         self.root = tmp / "root"
         self.root.mkdir(exist_ok=True)
+        self.roots = roots
+        self.labels = labels or {}
         self.nats = NatsServer(tmp / "store")
         self.nats_args = ("--nats", self.nats.url, *nats_args)
-        self.worker_args = ("--root", str(self.root), "--loop", loop, "--log-level", "debug", *worker_args)
+        self.worker_args = ("--loop", loop, "--log-level", "debug", *worker_args)
         self.workers: list[SmithProcess] = []
         self.count = workers
         (tmp / "gw").mkdir(exist_ok=True)
         self.gateway = SmithProcess(
             tmp / "gw", "gateway", *self.nats_args, "--unix", str(tmp / "gw" / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--grpc", "127.0.0.1:0", "--loop", loop, "--log-level", "debug", *gateway_args,
+            "--loop", loop, "--log-level", "debug", *gateway_args,
         )
 
-    def add_worker(self) -> SmithProcess:
+    def worker_root(self, n: int) -> pathlib.Path:
+        """The directory worker ``n`` serves."""
+        if not self.roots:
+            return self.root
+        root = self.root / f"w{n}"
+        root.mkdir(exist_ok=True)
+        return root
+
+    def add_worker(self, *extra: str) -> SmithProcess:
         n = len(self.workers)
         wdir = self.tmp / f"w{n}"
         wdir.mkdir(exist_ok=True)
-        worker = SmithProcess(wdir, "worker", *self.nats_args, *self.worker_args).start()
+        labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]
+        worker = SmithProcess(wdir, "worker", *self.nats_args, "--worker-id", f"w{n}", "--root", str(self.worker_root(n)),
+                              *labels, *self.worker_args, *extra).start()
         self.workers.append(worker)
         return worker
 
@@ -177,7 +194,3 @@ class Cluster:
     @property
     def tcp(self) -> str:
         return self.gateway.tcp
-
-    @property
-    def grpc(self) -> str:
-        return self.gateway.grpc

@@ -60,7 +60,10 @@ def unpack(data: bytes) -> tuple[int, int, memoryview]:
     Raises:
         ValueError: not a relay message (bad varint, unknown kind).
     """
-    seq, at = decode_varint(data, 0)
+    try:
+        seq, at = decode_varint(data[:10], 0)
+    except IndexError:  # the varint runs off the end
+        raise ValueError("not a relay message") from None
     if at >= len(data) or data[at] not in KINDS:
         raise ValueError("not a relay message")
     return seq, data[at], memoryview(data)[at + 1 :]

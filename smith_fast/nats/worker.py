@@ -34,6 +34,7 @@ from nats.aio.msg import Msg
 
 from .._version import __version__
 from ..logs import get_logger
+from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
 from ..service.connection import Connection
 from ..service.core import Backend, ServiceCore
@@ -118,6 +119,7 @@ class Worker(Backend):
         self.max_sessions = max_sessions
         self.drain_timeout = drain_timeout
         self.core = ServiceCore(config, loop_name=loop_name, backend=self)
+        self.core.offer(pb.CAPABILITY_NATS, True)  # its sessions are served through NATS (if --capabilities permits)
         self.nc: NATS | None = None
         self.relays: dict[tuple[str, str], RelayTransport] = {}  # (gateway, connection) -> its transport
         self.heard: dict[str, float] = {}  # gateway -> when its last heartbeat came (monotonic)
