@@ -40,6 +40,7 @@ from .errors import (
     LandlockError,
     ListenError,
     LogFormatError,
+    NatsCredentialError,
     NotASmithService,
     PayloadTooLarge,
     PlanError,
@@ -91,6 +92,7 @@ __all__ = [
     "HeadError",
     "HttpError",
     "GatewayIdInUse",
+    "NatsCredentialError",
     "PublishError",
     "PayloadTooLarge",
 ]

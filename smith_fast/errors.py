@@ -18,6 +18,7 @@
     │                       └── NotASmithService       ... something else answers at the address
     ├── AddressError (ValueError)                      the client: an address of no known form
     ├── GatewayIdInUse                                 a NATS gateway: its --gateway-id is taken
+    ├── NatsCredentialError (ValueError)               a NATS key file that cannot be written or used
     ├── PublishError ── PayloadTooLarge                a NATS gateway: a command could not be queued
     └── (the HTTP fronts')
 
@@ -61,6 +62,7 @@ __all__ = [
     "NotASmithService",
     "AddressError",
     "GatewayIdInUse",
+    "NatsCredentialError",
     "PublishError",
     "PayloadTooLarge",
 ]
@@ -412,6 +414,12 @@ class AddressError(SmithFastError, ValueError):
 
 class GatewayIdInUse(SmithFastError):
     """Another gateway process runs with this ``--gateway-id`` on the same NATS."""
+
+
+class NatsCredentialError(SmithFastError, ValueError):
+    """A NATS key or credentials file (``smith-fast nats-auth``, ``--nats-nkey``, ``--nats-creds``)
+    that cannot be written or used: unreadable, open to other users, not a key. The message names
+    the file; a ValueError so that the commands print it as one line, as any bad option."""
 
 
 class PublishError(SmithFastError):

@@ -250,6 +250,9 @@ def test_nats_extra_runs_a_worker_and_a_gateway(nats_venv: Venv, tmp_path: pathl
         codes = gateway.stop(), worker.stop()
         nats.stop()
     assert codes == (0, 0), gateway.log.read_text()[-3000:] + worker.log.read_text()[-3000:]
+    # the extra brings nkeys too: nats-auth makes the keys
+    made = nats_venv.run("nats-auth", "--gateways", "g", "--workers", "w", "--out", str(tmp_path / "auth"))
+    assert made.returncode == 0 and (tmp_path / "auth" / "worker-w.nk").read_text().startswith("SU"), made.stderr
 
 
 def test_mcp_extra_mounts_another_server(mcp_venv: Venv) -> None:
