@@ -111,6 +111,9 @@ class Cluster:
         roots: each worker serves a directory of its own (``root/w0`` ...), as on separate machines;
             else they share ``root``.
         labels: per worker index, its ``--label``s.
+        auth: nats-server requires credentials, each process has its own nkey and the permissions
+            of its role (``smith-fast nats-auth``), as README's deployment does; False: anyone may
+            connect (what the warning at start is about).
     """
 
     def __init__(
@@ -124,13 +127,24 @@ class Cluster:
         loop: str = "uvloop",
         roots: bool = False,
         labels: dict[int, tuple[str, ...]] | None = None,
+        auth: bool = True,
     ) -> None:
         self.tmp = tmp
+        self.keys: pathlib.Path | None = None
+        extra: tuple[str, ...] = ()
+        gateway_identity: tuple[str, ...] = ()
+        if auth:
+            from smith_fast.nats.auth import write_auth
+
+            self.keys = tmp / "keys"
+            write_auth(self.keys, ["g0", "g1"], [f"w{i}" for i in range(workers + 4)])  # room for workers added later
+            extra = ("-c", str(self.keys / "nats.conf"))
+            gateway_identity = ("--gateway-id", "g0", "--nats-nkey", str(self.keys / "gateway-g0.nk"))
         self.root = tmp / "root"
         self.root.mkdir(exist_ok=True)
         self.roots = roots
         self.labels = labels or {}
-        self.nats = NatsServer(tmp / "store")
+        self.nats = NatsServer(tmp / "store", extra=extra)
         self.nats_args = ("--nats", self.nats.url, *nats_args)
         self.worker_args = ("--loop", loop, "--log-level", "debug", *worker_args)
         self.workers: list[SmithProcess] = []
@@ -138,7 +152,7 @@ class Cluster:
         (tmp / "gw").mkdir(exist_ok=True)
         self.gateway = SmithProcess(
             tmp / "gw", "gateway", *self.nats_args, "--unix", str(tmp / "gw" / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--loop", loop, "--log-level", "debug", *gateway_args,
+            "--loop", loop, "--log-level", "debug", *gateway_identity, *gateway_args,
         )
 
     def worker_root(self, n: int) -> pathlib.Path:
@@ -154,8 +168,9 @@ class Cluster:
         wdir = self.tmp / f"w{n}"
         wdir.mkdir(exist_ok=True)
         labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]
+        key = ("--nats-nkey", str(self.keys / f"worker-w{n}.nk")) if self.keys is not None else ()
         worker = SmithProcess(wdir, "worker", *self.nats_args, "--worker-id", f"w{n}", "--root", str(self.worker_root(n)),
-                              *labels, *self.worker_args, *extra).start()
+                              *key, *labels, *self.worker_args, *extra).start()
         self.workers.append(worker)
         return worker
 

@@ -348,7 +348,8 @@ def _check_creds(path: str) -> None:
         raise NatsCredentialError(f"--nats-creds {path}: not a NATS credentials file (a user JWT and an NKEY SEED block)")
 
 
-def _key_identity(nkey: str | None) -> tuple[str, str] | None:
+def key_identity(nkey: str | None) -> tuple[str, str] | None:
+    """``(role, id)`` a key file's name says (``worker-w1.nk``), or None."""
     match = _KEY_NAME.match(os.path.basename(nkey)) if nkey else None
     return (match.group(1), match.group(2)) if match else None
 
@@ -395,7 +396,7 @@ def connect_options(
     options: ConnectOptions = {}
     if nkey:
         read_seed(nkey)
-        named = _key_identity(nkey)
+        named = key_identity(nkey)
         if named is not None and role in ROLES:
             if named[0] != role:
                 raise NatsCredentialError(f"--nats-nkey {nkey}: the key of {named[0]} {named[1]}, given to a {role}")

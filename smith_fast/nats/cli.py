@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import pathlib
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -95,11 +97,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = nats_config.from_arguments(args)
         config.ssl_context()  # an unreadable TLS file stops the start here, before any listener opens
-        options = auth.connect_options(args)
+        named = auth.key_identity(args.nats_nkey)
+        id_flag = "worker_id" if args.command == "worker" else "gateway_id"
+        if named is not None and named[0] == args.command and getattr(args, id_flag) is None:
+            setattr(args, id_flag, named[1])  # the id its key (and so its permissions) were made for
+        options = dict(auth.connect_options(args, role=args.command, identity=getattr(args, id_flag)))
         extra: dict[str, Any] = {}
         if args.command == "worker" and args.concurrency is not None:
             extra["max_processes"] = max(args.concurrency, 1)
         service = service_config(args, args.command, **extra)
+        # whoever reads a key file is that process on NATS: no command may read one
+        hidden = tuple(pathlib.Path(p) for p in auth.private_paths(args))
+        if hidden:
+            service = dataclasses.replace(service, sandbox_deny_read=(*service.sandbox_deny_read, *hidden))
         labels = parse_labels(",".join(args.label), "--label") if args.command == "worker" else {}
         if args.command == "gateway" and (refused := _refused_listeners(args)) is not None:
             raise ValueError(refused)
@@ -108,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for flag in nats_config.retired_flags(args):
         log.warning("retired option ignored", extra={"fields": {"option": flag, "why": "sessions are placed on workers; nothing is queued in NATS"}})
-    if not options and not config.credentials():
-        auth.warn_without_credentials(config.servers, args.command)
+    auth.warn_without_credentials(config.servers, args.command, args)
     if args.command == "worker":
         return run_service("worker", lambda loop_name: _worker(args, service, config, options, labels, loop_name), args.loop)
     return run_service("gateway", lambda loop_name: _gateway(args, service, config, options, loop_name), args.loop)
