@@ -132,14 +132,12 @@ class Cluster:
         self.tmp = tmp
         self.keys: pathlib.Path | None = None
         extra: tuple[str, ...] = ()
-        gateway_identity: tuple[str, ...] = ()
         if auth:
             from smith_fast.nats.auth import write_auth
 
             self.keys = tmp / "keys"
             write_auth(self.keys, ["g0", "g1"], [f"w{i}" for i in range(workers + 4)])  # room for workers added later
             extra = ("-c", str(self.keys / "nats.conf"))
-            gateway_identity = ("--gateway-id", "g0", "--nats-nkey", str(self.keys / "gateway-g0.nk"))
         self.root = tmp / "root"
         self.root.mkdir(exist_ok=True)
         self.roots = roots
@@ -149,11 +147,25 @@ class Cluster:
         self.worker_args = ("--loop", loop, "--log-level", "debug", *worker_args)
         self.workers: list[SmithProcess] = []
         self.count = workers
-        (tmp / "gw").mkdir(exist_ok=True)
-        self.gateway = SmithProcess(
-            tmp / "gw", "gateway", *self.nats_args, "--unix", str(tmp / "gw" / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--loop", loop, "--log-level", "debug", *gateway_identity, *gateway_args,
+        self.loop = loop
+        self.gateway_args = gateway_args
+        self.gateways: list[SmithProcess] = []
+        self.gateway = self.make_gateway()
+
+    def make_gateway(self) -> SmithProcess:
+        """One more gateway (``g0``, ``g1``; not started), with its own Unix socket and TCP port."""
+        n = len(self.gateways)
+        gdir = self.tmp / ("gw" if n == 0 else f"gw{n}")
+        gdir.mkdir(exist_ok=True)
+        identity = ("--gateway-id", f"g{n}")
+        if self.keys is not None:
+            identity += ("--nats-nkey", str(self.keys / f"gateway-g{n}.nk"))
+        gateway = SmithProcess(
+            gdir, "gateway", *self.nats_args, "--unix", str(gdir / "smith.sock"), "--tcp", "127.0.0.1:0",
+            "--loop", self.loop, "--log-level", "debug", *identity, *self.gateway_args,
         )
+        self.gateways.append(gateway)
+        return gateway
 
     def worker_root(self, n: int) -> pathlib.Path:
         """The directory worker ``n`` serves."""
@@ -193,7 +205,9 @@ class Cluster:
     def stop(self) -> dict[str, int]:
         """Stop everything (SIGTERM); returns the exit codes of the processes that were still running."""
         codes = {}
-        for name, proc in [("gateway", self.gateway), *((f"worker{i}", w) for i, w in enumerate(self.workers))]:
+        procs = [*((f"gateway{i}" if i else "gateway", g) for i, g in enumerate(self.gateways)),
+                 *((f"worker{i}", w) for i, w in enumerate(self.workers))]
+        for name, proc in procs:
             if proc.proc is not None:
                 running = proc.proc.poll() is None
                 code = proc.stop()

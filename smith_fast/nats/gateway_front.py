@@ -385,8 +385,10 @@ class RelayConnection(asyncio.BufferedProtocol):
                 buf.clear()
         if ids:
             open_ids = self.open_ids
+            longest = self._limits.max_request_id_size
             for rid in ids:
-                open_ids[rid] = None
+                if len(rid) <= longest or len(rid.encode()) <= longest:  # a longer one is refused without a terminal state
+                    open_ids[rid] = None
             while len(open_ids) > _OPEN_IDS_MAX:
                 del open_ids[next(iter(open_ids))]
 
