@@ -114,6 +114,7 @@ class Cluster:
         auth: nats-server requires credentials, each process has its own nkey and the permissions
             of its role (``smith-fast nats-auth``), as README's deployment does; False: anyone may
             connect (what the warning at start is about).
+        keys: where ``smith-fast nats-auth`` writes the configuration and keys (default ``tmp/keys``).
     """
 
     def __init__(
@@ -128,6 +129,7 @@ class Cluster:
         roots: bool = False,
         labels: dict[int, tuple[str, ...]] | None = None,
         auth: bool = True,
+        keys: pathlib.Path | None = None,
     ) -> None:
         self.tmp = tmp
         self.keys: pathlib.Path | None = None
@@ -135,7 +137,7 @@ class Cluster:
         if auth:
             from smith_fast.nats.auth import write_auth
 
-            self.keys = tmp / "keys"
+            self.keys = keys or tmp / "keys"
             write_auth(self.keys, ["g0", "g1"], [f"w{i}" for i in range(workers + 4)])  # room for workers added later
             extra = ("-c", str(self.keys / "nats.conf"))
         self.root = tmp / "root"

@@ -134,6 +134,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._out_seq = 0
         self._in_seq = 0
         self.open_ids: dict[str, None] = {}  # requests started and not ended, oldest first
+        self._answered = False  # the session's Ready went by (v1)
+        self.resumable = False  # its Ready carried a resume token
         self._sequence = 0  # the last Envelope.sequence the frontend got
         self._refused = False
         self._timer: asyncio.TimerHandle | None = None
@@ -405,12 +407,13 @@ class RelayConnection(asyncio.BufferedProtocol):
             return
         if seq != self._in_seq + 1:
             log.warning("relay lost", extra={"fields": {"peer": self.peer, "worker": self.worker, "expected": self._in_seq + 1, "got": seq}})
-            self._send(CLOSE, b"relay_lost")
-            self._close()
+            self.relay_lost()
             return
         self._in_seq = seq
         if kind == DATA:
             if self._version == 1:
+                if not self._answered:
+                    self._look_for_ready(body)
                 last, ended = relaypeek.event_marks(body)
                 if last > self._sequence:
                     self._sequence = last
@@ -427,6 +430,8 @@ class RelayConnection(asyncio.BufferedProtocol):
             if reason in ("end", "taken_over"):
                 self.state = State.ENDED  # the session said everything it had to
                 self._close()
+            elif reason == "relay_lost":
+                self.relay_lost()
             else:
                 self.end_session(reason)
         elif kind == READ_PAUSE:
@@ -435,6 +440,35 @@ class RelayConnection(asyncio.BufferedProtocol):
         elif kind == READ_RESUME:
             self._worker_holds = False
             self._hold(False)
+
+    def _look_for_ready(self, body: memoryview) -> None:
+        """Read the session's first envelopes (once per connection) for its Ready: whether it can
+        be resumed decides what a lost relay means for the frontend (:meth:`relay_lost`)."""
+        try:
+            frames = FrameDecoder(self._limits.max_frame_size).feed(body)
+        except FramingError:
+            return
+        for frame in frames:
+            try:
+                env = pb.Envelope.FromString(frame)
+            except DecodeError:
+                return
+            if env.WhichOneof("payload") == "event" and env.event.WhichOneof("event_type") == "ready":
+                self._answered = True
+                self.resumable = bool(env.event.ready.resume_token)
+                return
+
+    def relay_lost(self) -> None:
+        """Messages between the gateway and the worker were lost (a NATS server restart): the relay
+        cannot go on. A resumable session is left to its peer, which resumes it through any gateway
+        (its worker keeps it parked, and replays what was lost); any other ends here, each open
+        request with its terminal state (the worker drops it as a dropped connection)."""
+        if self.resumable:
+            self._send(CLOSE, b"relay_lost")
+            self.state = State.ENDED
+            self._close()
+        else:
+            self.end_session("relay_lost")
 
     def end_session(self, reason: str, message: str | None = None) -> None:
         """The worker is gone (or stopped, or the relay lost messages): end each open request with
@@ -555,7 +589,10 @@ class RelayConnection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         """The gateway stops: a resumable session parks on its worker (its peer resumes through
-        any gateway), any other ends as a dropped connection does."""
+        any gateway); any other ends, each open request with its terminal state."""
+        if self.state is State.RELAYING and not self.resumable:
+            self.end_session("gateway_stopping")
+            return
         if self.state is State.RELAYING:
             self._send(CLOSE, b"gateway_stopping")
         self._close()

@@ -57,6 +57,9 @@ class RelayTransport(asyncio.Transport):
         self._held: list[memoryview] = []  # relayed while reading was paused
         self._write_paused = False
         self._piled = 0  # bytes published since the gateway said its frontend does not take them
+        # What the gateway hears when the session closes: "end" (it ended), or why the worker ended
+        # it ("worker_stopping": the gateway then tells the frontend to start a new session).
+        self.close_reason = "end"
 
     # ---- asyncio.Transport ---------------------------------------------------------------------
 
@@ -115,7 +118,7 @@ class RelayTransport(asyncio.Transport):
 
     def close(self) -> None:
         """The session is over (its output is written): tell the gateway, which closes the frontend."""
-        self.end("end")
+        self.end(self.close_reason)
 
     def abort(self) -> None:
         """The session resumed over another connection (another gateway): this relay ends at once."""

@@ -164,6 +164,8 @@ class Worker(Backend):
         running = sum(len(s.requests) for s in core.sessions)
         if running:
             log.warning("drain timeout: ending what still runs", extra={"fields": {"requests": running}})
+        for relay in self.relays.values():  # the sessions end now (core.shutdown): their frontends hear why
+            relay.close_reason = "worker_stopping"
 
     async def close(self) -> None:
         """After the core shut its sessions down: the relays end, the gateways hear this worker leave."""
@@ -302,6 +304,12 @@ class Worker(Backend):
 
     def unavailable(self) -> str | None:
         return "draining" if self.draining else None
+
+    def refusing(self) -> tuple[str, str] | None:
+        if not self.draining:
+            return None
+        return ("worker_draining", f"the worker {self.name} is stopping: it starts no new request; "
+                "its running ones end within --drain-timeout, then start a new session")
 
     def service_info(self) -> dict[str, str]:
         info = {"smith_fast.worker": self.name}

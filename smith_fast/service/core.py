@@ -128,6 +128,10 @@ class Backend(abc.ABC):
     def service_info(self) -> dict[str, str]:
         """What a handshake's ``service_info`` says of it, besides what the core says."""
 
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while sessions may start no new request (a worker draining)."""
+        return None
+
     async def stop(self) -> None:
         """The service stops: called first by :meth:`ServiceCore.shutdown` (a gateway ends its relays)."""
 
@@ -224,6 +228,10 @@ class ServiceCore:
         """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
         ``smith-fast gateway``'s backend says so without NATS or workers)."""
         return None if self._backend is None else self._backend.unavailable()
+
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while sessions may start no new request, else None (``serve``: never)."""
+        return None if self._backend is None else self._backend.refusing()
 
     def offer(self, capability: int, available: bool) -> None:
         """Grant ``capability`` from now on, if ``--capabilities`` permits it, or no longer grant it:

@@ -88,6 +88,10 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]: ...
 
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while no new request may start (a NATS worker draining), else None."""
+        ...
+
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]: ...
@@ -266,6 +270,9 @@ class Session:
                 self.refuse(error)
                 return
             assert spec is not None
+        if (refusing := self.core.refusing()) is not None:  # a NATS worker draining: no new request
+            self.refuse(ProtocolError(refusing[1], pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid, {"reason": refusing[0]}))
+            return
         self._starter.start(rid or "", spec, command)
 
     def cancel(self, rid: str) -> None:
