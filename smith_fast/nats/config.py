@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Mapping
 from typing import TypedDict
 
-from ..options import add_options, format_duration, option, parse_duration, values
+from ..options import add_options, option, values
 
 __all__ = ["NatsConfig", "NatsCredentials", "add_arguments", "from_arguments", "is_token", "retired_flags"]
 

@@ -257,10 +257,14 @@ class Gateway(Backend):
     # ---- Backend ----------------------------------------------------------------------------------
 
     def unavailable(self) -> str | None:
-        if not self._ready or not self.connected:
-            return "nats_unavailable"
+        servers = ", ".join(self.config.servers)
+        if not self._ready:
+            return f"NATS is unreachable at {servers}; the gateway keeps retrying (every {self.config.reconnect_wait:g}s)"
+        if not self.connected:
+            return f"the connection to NATS at {servers} was lost; reconnecting every {self.config.reconnect_wait:g}s"
         if not self.workers.alive():
-            return "no_workers"
+            return (f"no worker is alive (none announced itself in the last {self.workers.expiry:g}s); "
+                    "a new session waits for one (--queue-timeout)")
         return None
 
     def service_info(self) -> dict[str, str]:

@@ -42,6 +42,7 @@ from ..jsonl import JsonlCodec
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.auth import TOKEN_KEY, token_matches
+from ..service.health import health_response
 from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
 from ..service.sinks import now_ms
 from .placement import PLACEMENT_KEY, parse_labels
@@ -57,6 +58,7 @@ __all__ = ["RelayConnection", "RelayHost", "Placed"]
 
 log = get_logger("smith_fast.gateway")
 
+_HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 _OPEN_IDS_MAX = 65536  # request ids tracked per connection at most (ids that never end are dropped oldest first)
 
 
@@ -246,6 +248,18 @@ class RelayConnection(asyncio.BufferedProtocol):
             env = pb.Envelope.FromString(frame)
         except DecodeError:
             env = None
+        if env is not None and env.WhichOneof("payload") == "health_check_request":
+            # Answered here, before any session is placed: whether the gateway can place one (NATS
+            # reached, a worker alive) is what a probe of the gateway asks.
+            self._sequence += 1
+            ts = now_ms()
+            answer = health_response(self._core, env.health_check_request.service_name).SerializeToString()
+            if self._writer is not None:
+                self._writer.write(events.encode_envelope(ts, self._sequence, _HEALTH_RESPONSE, answer))
+            del self._raw[:end]
+            if self._raw:
+                self._read_handshake()
+            return
         hs = env.command.handshake if env is not None and env.WhichOneof("payload") == "command" and env.command.WhichOneof("command_type") == "handshake" else None
         if hs is None:
             if token is not None:
