@@ -35,9 +35,9 @@ Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
 
 class ControlTarget(Protocol):
     """What a control command can do to the running request it names (a
-    :class:`~smith_fast.service.request.Request`, a background process, a request on a NATS
-    worker). Each raises :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin,
-    no terminal, stdin buffer full); the request itself goes on."""
+    :class:`~smith_fast.service.request.Request` or a background process). Each raises
+    :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin, no terminal, stdin
+    buffer full); the request itself goes on."""
 
     def cancel(self) -> None:
         """End it as cancelled: its processes get SIGTERM, then SIGKILL after ``--kill-grace``;

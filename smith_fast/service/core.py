@@ -142,18 +142,19 @@ class ServiceCore:
     Args:
         config: the service configuration.
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
-        runner: makes each session's request runner (default: requests run here; ``smith-fast
-            gateway`` passes one that forwards them to workers).
-        backend: where the requests run when not here (with ``runner``): its health, its part of
-            ``service_info``, what becomes of resumable sessions (:class:`Backend`).
+        backend: the NATS side of ``smith-fast gateway`` or ``worker`` (:class:`Backend`): its
+            health, its part of ``service_info``, what resume tokens start with, what stops
+            first; None for ``serve``. A gateway's core runs no command (it relays each
+            connection to a worker), so its sandbox is not checked.
+        sockets: the service's Unix socket paths, hidden from every command.
 
     Raises:
         SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
             need (fail closed: nothing is served).
     """
 
-    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None,
-                 backend: Backend | None = None, sockets: Sequence[str] = ()) -> None:
+    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", backend: Backend | None = None,
+                 sockets: Sequence[str] = ()) -> None:
         self.config = config
         self._backend = backend
         self.limits = config.limits
@@ -221,7 +222,7 @@ class ServiceCore:
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
-        self.make_runner: RunnerFactory = runner or local_runner(self)
+        self.make_runner: RunnerFactory = local_runner(self)
         self._health_watchers: list[Callable[[], None]] = []
 
     def unavailable(self) -> str | None:

@@ -114,11 +114,6 @@ class RequestTable:
         """``request`` sent its terminal state: among the ended ids (it stays live until its task is done)."""
         self._remember(request.id, request.cancelled)
 
-    def adopt(self, rid: str) -> Request:
-        """A request already running elsewhere (a gateway's forwarded one), live here until its end."""
-        request = self.live[rid] = Request(self._host, rid, None, None)
-        return request
-
     def _remember(self, rid: str, cancelled: bool) -> None:
         ended = self._ended
         ended[rid] = cancelled
@@ -126,7 +121,8 @@ class RequestTable:
             ended.popitem(last=False)
 
     def forget(self, request: Request) -> None:
-        """``request``'s task is done: no longer live (one whose end a worker sent is ended now)."""
+        """``request``'s task is done: no longer live (one cancelled before it ran, which sent no
+        terminal state, is ended now)."""
         rid, live = request.id, self.live
         if live.get(rid) is request:
             del live[rid]

@@ -256,8 +256,7 @@ class Resumable:
     """A resumable session's resume state: its token, ring, and the fronts it is written through.
 
     Attributes:
-        token: ``Ready.resume_token`` ("" for a session restored from a journal until its peer
-            presents the token again).
+        token: ``Ready.resume_token``.
         key: what :class:`ParkedSessions` keeps it under (:func:`token_key` of the token).
         retention: its ring.
         origin: the front its sink was made on (whose ``write`` the sink calls, and which passes

@@ -1,6 +1,5 @@
 """A session's side of resume (PROTOCOL.md, "Resume"): offered in the handshake, parked when its
-connection drops, re-attached to the connection that presents its token, restored from a gateway's
-journal, handed over to the next gateway process.
+connection drops, re-attached to the connection that presents its token.
 
 :class:`SessionResume` is one per session and owns what resume needs of it: the connection that
 carries it (a :class:`~smith_fast.service.resume.Front`) and, once offered, its
@@ -82,7 +81,7 @@ class Carried(Protocol):
 
     def now(self) -> float: ...
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None: ...
+    def reattach(self, front: Front, after: int) -> None: ...
 
 
 class ResumeCore(Protocol):
@@ -187,14 +186,14 @@ class SessionResume:
                     "resume_unsupported",
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
-            other.reattach(self.front, hs.resume_after, hs.resume_token)
+            other.reattach(self.front, hs.resume_after)
         except ResumeRefused as exc:
             log.warning("resume refused", extra={"fields": {"peer": session.peer, "error": str(exc)}})
             session.protocol_error(exc)
             return
         session.end_quietly()
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None:
+    def reattach(self, front: Front, after: int) -> None:
         """Carry on over ``front``: answer ``Ready(resumed)``, send what was retained after
         sequence ``after``, then go on live. A session still carried by another connection (one
         that has not noticed its peer is gone) is taken from it.
@@ -218,8 +217,6 @@ class SessionResume:
         if old is not None:
             old.release()
         session.core.parked.unpark(resumable.key)
-        if token:  # a restored session learns its token back from its peer (only its key was kept)
-            resumable.token = token
         session.carry_over(front)
         front.carry(session)
         resumable.retention.attach()
