@@ -167,21 +167,16 @@ def launch_cluster(tmp: pathlib.Path, root: pathlib.Path, workers: int, quota: c
     """nats-server, ``workers`` workers (each in its own CPU cell when ``quota`` is given, cells
     ``first`` ...) and a gateway, all launched at once; :func:`ready_cluster` waits for them."""
     tmp.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(tmp, workers=0)
-    # the tests' processes log at debug; here that would be measured too (info: little but "ready")
-    cluster.worker_args = ("--root", str(root), "--loop", "uvloop", "--log-level", "info")
-    cluster.gateway.argv = [a if a != "debug" else "info" for a in cluster.gateway.argv]
-    cluster.count = workers
+    # the tests' processes log at debug; here that would be measured too (info: little but "ready").
+    # With credentials and per-role permissions, as README's deployment: nkeys cost nothing per message.
+    cluster = Cluster(tmp, workers=workers, log_level="info", worker_args=("--root", str(root)))
     try:
         cluster.nats.start()
         for i in range(workers):
-            wdir = tmp / f"w{i}"
-            wdir.mkdir(exist_ok=True)
-            worker = SmithProcess(wdir, "worker", *cluster.nats_args, *cluster.worker_args)
+            worker = cluster.make_worker()
             if quota is not None:
                 worker.argv[:0] = quota.prefix(first + i)
             worker.launch()
-            cluster.workers.append(worker)
         cluster.gateway.launch()
     except BaseException:
         cluster.stop()

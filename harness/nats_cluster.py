@@ -115,6 +115,7 @@ class Cluster:
             of its role (``smith-fast nats-auth``), as README's deployment does; False: anyone may
             connect (what the warning at start is about).
         keys: where ``smith-fast nats-auth`` writes the configuration and keys (default ``tmp/keys``).
+        log_level: the processes' ``--log-level`` (a benchmark measures less logging with ``info``).
     """
 
     def __init__(
@@ -130,6 +131,7 @@ class Cluster:
         labels: dict[int, tuple[str, ...]] | None = None,
         auth: bool = True,
         keys: pathlib.Path | None = None,
+        log_level: str = "debug",
     ) -> None:
         self.tmp = tmp
         self.keys: pathlib.Path | None = None
@@ -146,7 +148,8 @@ class Cluster:
         self.labels = labels or {}
         self.nats = NatsServer(tmp / "store", extra=extra)
         self.nats_args = ("--nats", self.nats.url, *nats_args)
-        self.worker_args = ("--loop", loop, "--log-level", "debug", *worker_args)
+        self.log_level = log_level
+        self.worker_args = ("--loop", loop, "--log-level", log_level, *worker_args)
         self.workers: list[SmithProcess] = []
         self.count = workers
         self.loop = loop
@@ -164,7 +167,7 @@ class Cluster:
             identity += ("--nats-nkey", str(self.keys / f"gateway-g{n}.nk"))
         gateway = SmithProcess(
             gdir, "gateway", *self.nats_args, "--unix", str(gdir / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--loop", self.loop, "--log-level", "debug", *identity, *self.gateway_args,
+            "--loop", self.loop, "--log-level", self.log_level, *identity, *self.gateway_args,
         )
         self.gateways.append(gateway)
         return gateway
@@ -177,16 +180,20 @@ class Cluster:
         root.mkdir(exist_ok=True)
         return root
 
-    def add_worker(self, *extra: str) -> SmithProcess:
+    def make_worker(self, *extra: str) -> SmithProcess:
+        """The next worker (``w<n>``, with its key and labels), counted but not started."""
         n = len(self.workers)
         wdir = self.tmp / f"w{n}"
         wdir.mkdir(exist_ok=True)
         labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]
         key = ("--nats-nkey", str(self.keys / f"worker-w{n}.nk")) if self.keys is not None else ()
         worker = SmithProcess(wdir, "worker", *self.nats_args, "--worker-id", f"w{n}", "--root", str(self.worker_root(n)),
-                              *key, *labels, *self.worker_args, *extra).start()
+                              *key, *labels, *self.worker_args, *extra)
         self.workers.append(worker)
         return worker
+
+    def add_worker(self, *extra: str) -> SmithProcess:
+        return self.make_worker(*extra).start()
 
     def start(self) -> Cluster:
         try:

@@ -36,7 +36,6 @@ from smith_fast.pb import smith_pb2 as pb
 def test_nats_config_and_subjects() -> None:
     config = NatsConfig(prefix="acme.smith")
     subjects = Subjects(config.prefix)
-    assert subjects.open("w1", "g1") == "acme.smith.w.w1.open.g1"
     assert subjects.to_worker("w1", "g1", "c1") == "acme.smith.s.w1.g1.c1"
     assert subjects.to_gateway("g1", "w1", "c1") == "acme.smith.g.g1.w1.c1"
     assert subjects.to_worker_filter("w1") == "acme.smith.s.w1.>"
@@ -52,7 +51,7 @@ def test_relay_messages_round_trip_and_refuse_garbage() -> None:
     for seq, kind, body in [(1, relay.DATA, b"abc"), (300, relay.CLOSE, b"end"), (2**40, relay.READ_PAUSE, b"")]:
         got = relay.unpack(relay.pack(seq, kind, body))
         assert (got[0], got[1], bytes(got[2])) == (seq, kind, body)
-    for garbage in [b"", b"\x01", b"\x01\x09", b"\xff\xff"]:
+    for garbage in [b"", b"\x01", b"\x01\x0a", b"\xff\xff"]:
         with pytest.raises(ValueError):
             relay.unpack(garbage)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -230,25 +229,21 @@ class Gateway(Backend):
                 tried.clear()  # a refusal may not hold any more (a worker had a slot freed)
 
     async def _open(self, nc: NATS, worker: str, conn: RelayConnection) -> Opened | None:
-        request = json.dumps({
-            "gateway": self.gateway_id, "conn": conn.conn_id, "protocol": f"v{conn.version}", "peer": conn.peer,
-            "first_sequence": conn.first_sequence,
-        }).encode()
-        self.relays[conn.conn_id] = conn  # before the answer: the worker may write at once
+        """Offer ``conn``'s session to ``worker``: its OPEN and the frontend's bytes go at once, the
+        answer is awaited (``OPENED``, or ``REFUSED``/silence: None, another worker is tried)."""
+        self.relays[conn.conn_id] = conn
+        subject = self.subjects.to_worker(worker, self.gateway_id, conn.conn_id)
+        answer = conn.offer(worker, subject, nc)
         try:
-            reply = await nc.request(self.subjects.open(worker, self.gateway_id), request, timeout=_OPEN_TIMEOUT)
-            answer = json.loads(reply.data)
-        except Exception as exc:  # a timeout, no responder, a bad answer: another worker is tried
-            log.warning("worker did not open the session", extra={"fields": {"worker": worker, "error": repr(exc)}})
-            self.relays.pop(conn.conn_id, None)
-            return None
-        if not isinstance(answer, dict) or answer.get("ok") is not True:
-            reason = answer.get("reason") if isinstance(answer, dict) else None
-            log.info("worker refused the session", extra={"fields": {"worker": worker, "reason": reason}})
-            self.relays.pop(conn.conn_id, None)
-            return None
-        conn.worker = worker  # the relay's messages are accepted from this worker from now on
-        return Opened(worker, self.subjects.to_worker(worker, self.gateway_id, conn.conn_id))
+            refusal = await asyncio.wait_for(answer, _OPEN_TIMEOUT)
+        except asyncio.TimeoutError:
+            refusal = "no answer"
+        if refusal is None:
+            return Opened(worker, subject)
+        log.info("worker did not take the session", extra={"fields": {"worker": worker, "reason": refusal}})
+        conn.withdraw()
+        self.relays.pop(conn.conn_id, None)
+        return None
 
     def forget(self, conn: RelayConnection) -> None:
         if self.relays.get(conn.conn_id) is conn:

@@ -46,7 +46,7 @@ from ..service.health import health_response
 from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
 from ..service.sinks import now_ms
 from .placement import PLACEMENT_KEY, parse_labels
-from .relay import CLOSE, DATA, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
+from .relay import CLOSE, DATA, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -136,6 +136,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._out_seq = 0
         self._in_seq = 0
         self.open_ids: dict[str, None] = {}  # requests started and not ended, oldest first
+        self._answer: asyncio.Future[str | None] | None = None  # the worker's answer to OPEN, while placing
+        self._offered = 0  # bytes of _raw sent behind the OPEN
+        self._head = 0  # bytes of _raw that are the (rewritten) first frame
         self._answered = False  # the session's Ready went by (v1)
         self.resumable = False  # its Ready carried a resume token
         self._sequence = 0  # the last Envelope.sequence the frontend got
@@ -316,20 +319,41 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._placing = self._loop.create_task(self._place(wanted, route, len(head)))
 
     async def _place(self, wanted: Mapping[str, str], route: str | None, head: int) -> None:
+        self._head = head
         outcome = await self.host.place(self, wanted, route)
-        if self.state is not State.PLACING:
-            return
-        if isinstance(outcome, str):
+        if self.state is State.PLACING and isinstance(outcome, str):
             self._placement_failed(outcome, head)
-            return
-        self.worker, self._subject = outcome.worker, outcome.subject
+
+    def _opened(self) -> None:
+        """The worker took the session (its OPENED): relay from now on. Done in the same step as
+        the answer is read, so that nothing the worker writes next is read as still placing."""
         self.state = State.RELAYING
         pending, self._raw = bytes(self._raw), bytearray()
-        self._peek_in(memoryview(pending)[head:])
-        self._send(DATA, pending)
+        self._peek_in(memoryview(pending)[self._head :])
+        if len(pending) > self._offered:  # what the frontend sent while the worker answered
+            self._send(DATA, pending[self._offered :])
         if self._reading_held and not self._worker_holds:
             self._hold(False)
         log.debug("relaying", extra={"fields": {"peer": self.peer, "worker": self.worker, "conn": self.conn_id}})
+
+    def offer(self, worker: str, subject: str, nc: NATS) -> asyncio.Future[str | None]:
+        """Open the session on ``worker``: OPEN, then what the frontend sent so far, at once; the
+        future is the worker's answer (None: it took the session; else why not)."""
+        self.worker, self._subject = worker, subject
+        self._out_seq = self._in_seq = 0
+        self._answer = self._loop.create_future()
+        opening = {"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence}
+        self._send(OPEN, json.dumps(opening).encode())
+        self._offered = len(self._raw)
+        self._send(DATA, bytes(self._raw))
+        return self._answer
+
+    def withdraw(self) -> None:
+        """The worker did not take the session (or did not answer): forget it; another is tried."""
+        if self._answer is not None and not self._answer.done():
+            self._answer.cancel()
+        self._send(CLOSE, b"withdrawn")  # should its answer come late, the session there ends
+        self.worker, self._subject, self._answer = "", "", None
 
     def _placement_failed(self, reason: str, head: int) -> None:
         """No worker took the session: say why; the connection stays for another handshake."""
@@ -413,11 +437,20 @@ class RelayConnection(asyncio.BufferedProtocol):
 
     def received(self, data: bytes) -> None:
         """One relay message from the worker."""
-        if self.state is not State.RELAYING:
+        state = self.state
+        if state is not State.RELAYING and state is not State.PLACING:
             return
         try:
             seq, kind, body = unpack(data)
         except ValueError:
+            return
+        if state is State.PLACING:
+            answer = self._answer
+            if seq == 1 and answer is not None and not answer.done() and kind in (OPENED, REFUSED):
+                self._in_seq = 1
+                if kind == OPENED:
+                    self._opened()
+                answer.set_result(None if kind == OPENED else bytes(body).decode("utf-8", "replace"))
             return
         if seq != self._in_seq + 1:
             log.warning("relay lost", extra={"fields": {"peer": self.peer, "worker": self.worker, "expected": self._in_seq + 1, "got": seq}})

@@ -7,9 +7,13 @@ restart) is seen as a gap in the per-direction sequence and ends the relay (``re
 a resumable session survives like any dropped connection.
 
 A relay message is ``seq`` (varint, per direction and connection, from 1), ``kind`` (one byte),
-then the body: :data:`DATA` carries stream bytes exactly as the frontend wrote them or as the
-session wrote them; :data:`CLOSE` a UTF-8 reason; the four flow-control kinds have no body.
-Headers are not used on this path (one parse less per message on both sides).
+then the body: :data:`OPEN` (the gateway's first message: the connection's protocol, peer and first
+sequence number, JSON) and the worker's answer :data:`OPENED` or :data:`REFUSED`; :data:`DATA`
+carries stream bytes exactly as the frontend wrote them or as the session wrote them; :data:`CLOSE`
+a UTF-8 reason; the four flow-control kinds have no body. The gateway sends the frontend's first
+bytes right behind its OPEN, without waiting for the answer (a session starts in one hop); a
+refusal makes it send them again to another worker. Headers are not used on this path (one parse
+less per message on both sides).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
-    "CLOSE", "DATA", "KINDS", "READ_PAUSE", "READ_RESUME", "WRITE_PAUSE", "WRITE_RESUME",
+    "CLOSE", "DATA", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
     "Subjects", "is_id", "pack", "publish_now", "unpack",
 ]
 
@@ -39,7 +43,10 @@ READ_PAUSE = 3  # the receiver stops reading its peer's input (the sender's sess
 READ_RESUME = 4
 WRITE_PAUSE = 5  # the frontend does not take what is written: the receiving session pauses its output
 WRITE_RESUME = 6
-KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME})
+OPEN = 7  # gateway -> worker, the first message of a connection: JSON (protocol, peer, first sequence)
+OPENED = 8  # worker -> gateway, the answer: the session is there (JSON: the worker's id)
+REFUSED = 9  # worker -> gateway, the answer: not here (UTF-8 reason: worker_draining, max_sessions ...)
+KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, OPEN, OPENED, REFUSED})
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 
@@ -85,13 +92,6 @@ class Subjects:
     @property
     def presence_query(self) -> str:
         return f"{self.prefix}.presence.query"
-
-    def open(self, worker: str, gateway: str) -> str:
-        """A gateway asks ``worker`` to open a session's relay (request/reply)."""
-        return f"{self.prefix}.w.{worker}.open.{gateway}"
-
-    def open_filter(self, worker: str) -> str:
-        return f"{self.prefix}.w.{worker}.open.*"
 
     def to_worker(self, worker: str, gateway: str, conn: str) -> str:
         return f"{self.prefix}.s.{worker}.{gateway}.{conn}"

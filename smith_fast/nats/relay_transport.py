@@ -39,9 +39,11 @@ class RelayTransport(asyncio.Transport):
         peer: the frontend as the gateway saw it (``get_extra_info("peername")``).
         max_payload: the largest message the server takes; longer writes are split.
         gone: called once the connection is over (the worker forgets it).
+        first_in, first_out: the sequence numbers already used each way (the OPEN and its answer).
     """
 
-    def __init__(self, nc: NATS, subject: str, peer: str, max_payload: int, gone: Callable[[RelayTransport], None]) -> None:
+    def __init__(self, nc: NATS, subject: str, peer: str, max_payload: int, gone: Callable[[RelayTransport], None], *,
+                 first_in: int = 0, first_out: int = 0) -> None:
         super().__init__()
         self._nc = nc
         self.subject = subject
@@ -49,8 +51,8 @@ class RelayTransport(asyncio.Transport):
         self._chunk = max(1024, max_payload - 64)  # room for the relay header and the protocol line
         self._gone = gone
         self._protocol: asyncio.BufferedProtocol | None = None
-        self._out_seq = 0
-        self._in_seq = 0
+        self._out_seq = first_out
+        self._in_seq = first_in
         self._closing = False
         self._lost = False
         self._reading = True

@@ -1,7 +1,8 @@
 """``smith-fast worker``: serve the sessions gateways place here, as ``smith-fast serve`` would.
 
-A gateway places each frontend session on one worker (smith_fast.nats.placement) and asks it to
-open the session (``<prefix>.w.<worker>.open.<gateway>``, request/reply). The worker answers with a
+A gateway places each frontend session on one worker (smith_fast.nats.placement) and opens it
+there with the first relay message of the connection (``OPEN``, smith_fast.nats.relay). The worker
+answers ``OPENED`` and serves it with a
 :class:`~smith_fast.service.connection.Connection` of its own core over a
 :class:`~smith_fast.nats.relay_transport.RelayTransport`: the same code as a socket of ``serve``,
 so the session's sequencing, limits, hooks, sandbox, audit, resume retention and background
@@ -43,7 +44,7 @@ from .config import NatsConfig
 from .connect import close, connect, round_trip
 from .metrics import worker_figures
 from .presence import Announcement
-from .relay import Subjects, is_id
+from .relay import OPEN, OPENED, REFUSED, Subjects, is_id, pack, publish_now, unpack
 from .relay_transport import RelayTransport
 
 if TYPE_CHECKING:
@@ -140,7 +141,6 @@ class Worker(Backend):
                            on_reconnect=self._reconnected, options=self._connect_options)
         self.nc = nc
         self.connected = True
-        await nc.subscribe(subjects.open_filter(self.name), cb=self._open)
         await nc.subscribe(subjects.to_worker_filter(self.name), cb=self._relayed)
         await nc.subscribe(subjects.heartbeat_filter(), cb=self._heartbeat)
         await nc.subscribe(subjects.presence_query, cb=self._queried)
@@ -192,46 +192,36 @@ class Worker(Backend):
 
     # ---- sessions ---------------------------------------------------------------------------------
 
-    async def _open(self, msg: Msg) -> None:
-        gateway = msg.subject.rpartition(".")[2]
+    def _open(self, gateway: str, conn_id: str, data: bytes) -> None:
+        """A gateway's OPEN (the first message on a connection's subject): take the session, or say
+        why not. What the gateway sent behind it is read by the new connection, or dropped."""
         try:
-            request = json.loads(msg.data)
-            conn_id = str(request["conn"])
+            seq, kind, body = unpack(data)
+            if kind != OPEN or seq != 1:
+                return  # a late message of a connection that ended here, or behind a refused OPEN
+            request = json.loads(bytes(body))
             protocol = _PROTOCOLS[str(request["protocol"])]
             first_sequence = max(1, int(request.get("first_sequence", 1)))
             peer = str(request.get("peer", "?"))[:200]
-        except (ValueError, KeyError, TypeError):
-            await self._answer(msg, {"ok": False, "reason": "invalid_request"})
-            return
-        if str(request.get("gateway")) != gateway or not is_id(conn_id):
-            await self._answer(msg, {"ok": False, "reason": "invalid_request"})
-            return
-        if self.draining:
-            await self._answer(msg, {"ok": False, "reason": "worker_draining"})
-            return
-        if len(self.core.sessions) >= self.max_sessions:
-            await self._answer(msg, {"ok": False, "reason": "max_sessions"})
+        except (ValueError, KeyError, TypeError, AttributeError):
             return
         nc = self.nc
-        assert nc is not None
-        key = (gateway, conn_id)
-        if key in self.relays:
-            await self._answer(msg, {"ok": False, "reason": "duplicate"})
+        if nc is None or not is_id(gateway) or not is_id(conn_id):
             return
-        transport = RelayTransport(nc, self.subjects.to_gateway(gateway, self.name, conn_id), peer, nc.max_payload,
-                                   lambda t: self._forget(key, t))
+        subject = self.subjects.to_gateway(gateway, self.name, conn_id)
+        refusal = "worker_draining" if self.draining else "max_sessions" if len(self.core.sessions) >= self.max_sessions else None
+        if refusal is not None:
+            publish_now(nc, subject, pack(1, REFUSED, refusal.encode()))
+            return
+        key = (gateway, conn_id)
+        transport = RelayTransport(nc, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1)
         conn = Connection(self.core, protocol=protocol, peer=f"nats:{gateway}/{peer}", first_sequence=first_sequence)
         transport.set_protocol(conn)
         self.relays[key] = transport
         self.heard.setdefault(gateway, time.monotonic())
         self.opened += 1
+        publish_now(nc, subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()))
         conn.connection_made(transport)
-        await self._answer(msg, {"ok": True, "worker": self.name})
-
-    async def _answer(self, msg: Msg, answer: dict[str, Any]) -> None:
-        if msg.reply and self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.publish(msg.reply, json.dumps(answer).encode())
 
     def _forget(self, key: tuple[str, str], transport: RelayTransport) -> None:
         if self.relays.get(key) is transport:
@@ -240,9 +230,12 @@ class Worker(Backend):
     async def _relayed(self, msg: Msg) -> None:
         # <prefix>.s.<worker>.<gateway>.<conn>: only the gateway that opened a connection writes to it
         head, _, conn_id = msg.subject.rpartition(".")
-        transport = self.relays.get((head.rpartition(".")[2], conn_id))
+        gateway = head.rpartition(".")[2]
+        transport = self.relays.get((gateway, conn_id))
         if transport is not None:
             transport.received(msg.data)
+        else:
+            self._open(gateway, conn_id, msg.data)
 
     async def _heartbeat(self, msg: Msg) -> None:
         self.heard[msg.subject.rpartition(".")[2]] = time.monotonic()
