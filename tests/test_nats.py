@@ -509,3 +509,18 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
     result = subprocess.run([sys.executable, "-m", "smith_fast", "gateway", "--nats", nats.url, "--nats-tls-cert", pki["client.pem"]],
                             capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
     assert result.returncode == 2 and "--nats-tls-cert and --nats-tls-key go together" in result.stderr, result.stderr
+
+
+def test_a_file_of_requests_on_a_gateways_stdin_runs_to_its_end(cluster: Cluster, tmp_path: pathlib.Path) -> None:
+    """``gateway --stdio < requests.bin``: the file's end is not the peer leaving (its requests
+    finish on the worker, then the gateway exits 0), as with ``serve --stdio``."""
+    from .test_stdio_files import _v1_done, _v1_requests
+
+    (tmp_path / "requests").write_bytes(_v1_requests())
+    assert cluster.keys is not None
+    argv = [sys.executable, "-m", "smith_fast", "gateway", "--stdio", "--nats", cluster.nats.url, "--gateway-id", "g1",
+            "--nats-nkey", str(cluster.keys / "gateway-g1.nk"), "--log-level", "warning"]
+    with open(tmp_path / "requests", "rb") as stdin:
+        done = subprocess.run(argv, stdin=stdin, capture_output=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert _v1_done(done.stdout), done.stdout

@@ -46,7 +46,7 @@ from ..service.health import health_response
 from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
 from ..service.sinks import now_ms
 from .placement import PLACEMENT_KEY, parse_labels
-from .relay import CLOSE, DATA, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
+from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -119,6 +119,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.protocol = protocol
         self.peer = peer or "?"
         self.trusted = trusted
+        self._finish_on_eof = finish_on_eof
+        self._eof = False  # the input ended (a file) before the session was placed
         self._gate = None if trusted else gate
         self._writer = writer
         self._on_closed = on_closed
@@ -195,7 +197,14 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._read_handshake()
 
     def eof_received(self) -> bool:
-        return False
+        if not self._finish_on_eof or self.state is State.ENDED:
+            return False
+        # A file of requests ended: they run to their end, then the worker closes (told once placed).
+        if self.state is State.RELAYING:
+            self._send(EOF)
+        else:
+            self._eof = True
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state is State.ENDED:
@@ -246,7 +255,7 @@ class RelayConnection(asyncio.BufferedProtocol):
             self._first_v0(bytes(raw[: newline + 1]), newline + 1)
 
     def _first_v1(self, frame: bytes, end: int) -> None:
-        token = self._core.config.token
+        token = None if self.trusted else self._core.config.token  # whoever holds stdio started the gateway
         try:
             env = pb.Envelope.FromString(frame)
         except DecodeError:
@@ -288,7 +297,7 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._start_placing(frame, end, wanted, route)
 
     def _first_v0(self, line: bytes, end: int) -> None:
-        token = self._core.config.token
+        token = None if self.trusted else self._core.config.token
         if token is None:
             self._start_placing(line, end, {}, None)
             return
@@ -332,6 +341,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._peek_in(memoryview(pending)[self._head :])
         if len(pending) > self._offered:  # what the frontend sent while the worker answered
             self._send(DATA, pending[self._offered :])
+        if self._eof:
+            self._send(EOF)
         if self._reading_held and not self._worker_holds:
             self._hold(False)
         log.debug("relaying", extra={"fields": {"peer": self.peer, "worker": self.worker, "conn": self.conn_id}})
@@ -371,6 +382,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.state = State.HANDSHAKE
         self._raw = self._raw[head:]
         self.say_error(code, message, {"reason": reason})
+        if self._eof:  # nothing more will come: no other handshake
+            self._close()
+            return
         self._hold(False)
         if self._raw:
             self._read_handshake()
@@ -407,10 +421,9 @@ class RelayConnection(asyncio.BufferedProtocol):
                 peek = self._peek = FrameDecoder(self._limits.max_frame_size)
             try:
                 frames = peek.feed(data)
-            except FramingError as exc:  # the worker's connection closes on it; nothing more to read here
+            except FramingError as exc:  # the worker's connection closes on it; nothing more to peek
                 frames = exc.frames
                 self._peek = FrameDecoder(1)
-                self._peek_broken()
             for frame in frames:
                 ids += relaypeek.command_ids(frame)
         else:
@@ -431,9 +444,6 @@ class RelayConnection(asyncio.BufferedProtocol):
                     open_ids[rid] = None
             while len(open_ids) > _OPEN_IDS_MAX:
                 del open_ids[next(iter(open_ids))]
-
-    def _peek_broken(self) -> None:
-        """The frontend's framing broke: the worker ends the session; nothing more to peek."""
 
     def received(self, data: bytes) -> None:
         """One relay message from the worker."""

@@ -118,9 +118,10 @@ class LiveSet:
         return gone
 
     def alive(self) -> list[Announcement]:
-        """The live workers' latest announcements, by id."""
-        self.expire()
-        return [ann for _, (_, ann) in sorted(self._workers.items())]
+        """The live workers' latest announcements, by id. A silent one is left out but not dropped:
+        :meth:`expire` drops it, and its caller acts on each worker gone (ends its sessions)."""
+        now = self._clock()
+        return [ann for _, (seen, ann) in sorted(self._workers.items()) if now - seen <= self.expiry]
 
     def __len__(self) -> int:
         return len(self.alive())

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
-    "CLOSE", "DATA", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
+    "CLOSE", "DATA", "EOF", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
     "Subjects", "is_id", "pack", "publish_now", "unpack",
 ]
 
@@ -46,7 +46,8 @@ WRITE_RESUME = 6
 OPEN = 7  # gateway -> worker, the first message of a connection: JSON (protocol, peer, first sequence)
 OPENED = 8  # worker -> gateway, the answer: the session is there (JSON: the worker's id)
 REFUSED = 9  # worker -> gateway, the answer: not here (UTF-8 reason: worker_draining, max_sessions ...)
-KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, OPEN, OPENED, REFUSED})
+EOF = 10  # gateway -> worker: the frontend sends nothing more but still reads (a file on a gateway's stdin)
+KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, OPEN, OPENED, REFUSED, EOF})
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 

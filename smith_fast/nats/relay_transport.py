@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..logs import get_logger
-from .relay import CLOSE, DATA, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
+from .relay import CLOSE, DATA, EOF, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -155,6 +155,9 @@ class RelayTransport(asyncio.Transport):
                 self._feed(body)
             else:
                 self._held.append(body)
+        elif kind == EOF:  # the frontend sends nothing more, but reads: its requests may end first
+            if self._protocol is not None and not self._protocol.eof_received():
+                self.end("end")
         elif kind == CLOSE:  # the frontend left (or its gateway stops): a dropped connection
             self._closing = True
             self._connection_lost()

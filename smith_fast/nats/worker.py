@@ -215,7 +215,8 @@ class Worker(Backend):
             return
         key = (gateway, conn_id)
         transport = RelayTransport(nc, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1)
-        conn = Connection(self.core, protocol=protocol, peer=f"nats:{gateway}/{peer}", first_sequence=first_sequence)
+        # finish_on_eof: an EOF is relayed only for a gateway's stdin that is a file (its requests end first)
+        conn = Connection(self.core, protocol=protocol, peer=f"nats:{gateway}/{peer}", first_sequence=first_sequence, finish_on_eof=True)
         transport.set_protocol(conn)
         self.relays[key] = transport
         self.heard.setdefault(gateway, time.monotonic())
