@@ -277,7 +277,9 @@ async def connect(server: NatsServer, keys: pathlib.Path) -> AsyncIterator[Conne
             refusals.append(str(exc).lower())
 
         args = _args(role, "--nats-nkey", str(keys / f"{role}-{ident}.nk"))
-        options = auth.connect_options(args, identity=ident, environ={})
+        options = dict(auth.connect_options(args, identity=ident, environ={}))
+        if role == "worker":
+            options["inbox_prefix"] = f"_INBOX.{ident}"  # as smith_fast.nats.worker sets it
         nc = await nats.connect(server.url, error_cb=on_error, allow_reconnect=False, connect_timeout=5, **options)
         opened.append(nc)
         return Peer(nc, refusals)
@@ -382,6 +384,31 @@ async def test_a_worker_cannot_speak_for_another_worker_nor_read_a_gateway(conne
     await asyncio.sleep(0.2)
     assert w2_sessions.empty() and w2_opens.empty() and g1_bytes.empty()
     assert w1.nc.is_connected  # refused, not disconnected
+
+
+async def test_a_worker_asks_another_about_its_background_processes_and_reads_only_its_own_answers(connect: Connect) -> None:
+    """Workers see each other's background processes (smith_fast.nats.processes): W1 asks on
+    smith.ps.W2 and gets W2's answer on its own inbox, and hears W2's announcements; it cannot
+    take W2's requests nor read the answers W2 is sent."""
+    w1, w2 = await connect("worker", "W1"), await connect("worker", "W2")
+    w1_presence = await _receiver(w1, "smith.presence")
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"listed:" + msg.data)
+
+    await w2.nc.subscribe("smith.ps.W2", cb=answer)
+    await w2.nc.flush()
+    reply = await w1.nc.request("smith.ps.W2", b'{"op":"list"}\n', timeout=5)
+    assert reply.data == b'listed:{"op":"list"}\n' and reply.subject.startswith("_INBOX.W1.")
+    await w2.nc.publish("smith.presence", b'{"worker":"W2"}')
+    assert (await asyncio.wait_for(w1_presence.get(), 5)).data == b'{"worker":"W2"}'
+    await w1.nc.subscribe("smith.ps.W2")
+    await w1.refused("subscription", "smith.ps.W2")
+    await w1.nc.subscribe("_INBOX.W2.>")
+    await w1.refused("subscription", "_INBOX.W2.>")
+    await w1.nc.publish("smith.presence.query", b"")  # asking every worker to announce is a gateway's
+    await w1.refused("publish", "smith.presence.query")
+    assert w2.refusals == [] and w1.nc.is_connected
 
 
 async def test_a_gateway_cannot_read_or_send_as_another_gateway(connect: Connect) -> None:
