@@ -101,7 +101,7 @@ def test_nats_auth_with_tls_and_a_port(tmp_path: pathlib.Path) -> None:
                        "--tls-key", str(tmp_path / "key.pem"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     text = (out / "nats.conf").read_text()
-    assert "port: 4443" in text and f'cert_file: "{tmp_path}/cert.pem"' in text and '"corp.smith.w.*.open.G1"' in text
+    assert "port: 4443" in text and f'cert_file: "{tmp_path}/cert.pem"' in text and '"corp.smith.s.*.G1.>"' in text
     assert check_config(out / "nats.conf").returncode == 0
 
 
@@ -277,7 +277,9 @@ async def connect(server: NatsServer, keys: pathlib.Path) -> AsyncIterator[Conne
             refusals.append(str(exc).lower())
 
         args = _args(role, "--nats-nkey", str(keys / f"{role}-{ident}.nk"))
-        options = auth.connect_options(args, identity=ident, environ={})
+        options = dict(auth.connect_options(args, identity=ident, environ={}))
+        if role == "worker":
+            options["inbox_prefix"] = f"_INBOX.{ident}"  # as smith_fast.nats.worker sets it
         nc = await nats.connect(server.url, error_cb=on_error, allow_reconnect=False, connect_timeout=5, **options)
         opened.append(nc)
         return Peer(nc, refusals)
@@ -311,11 +313,6 @@ async def test_anonymous_and_unknown_keys_are_refused(server: NatsServer, tmp_pa
 
 async def test_gateway_opens_a_session_on_a_worker_and_bytes_flow_both_ways(connect: Connect) -> None:
     gateway, worker = await connect("gateway", "G1"), await connect("worker", "W1")
-
-    async def answer(msg: Msg) -> None:
-        await msg.respond(b"opened:" + msg.data)
-
-    await worker.nc.subscribe("smith.w.W1.open.G1", cb=answer)
     to_worker = await _receiver(worker, "smith.s.W1.>")
 
     async def announce(msg: Msg) -> None:
@@ -325,51 +322,26 @@ async def test_gateway_opens_a_session_on_a_worker_and_bytes_flow_both_ways(conn
     to_gateway = await _receiver(gateway, "smith.g.G1.>")
     presence = await _receiver(gateway, "smith.presence")
     await worker.nc.flush()
-    # request/reply with the gateway's inbox prefix: the worker answers on _INBOX.G1.…
-    reply = await gateway.nc.request("smith.w.W1.open.G1", b'{"conn":"C1"}', timeout=5)
-    assert reply.data == b'opened:{"conn":"C1"}' and reply.subject.startswith("_INBOX.G1.")
-    await gateway.nc.publish("smith.s.W1.G1.C1", b"\x01\x01frontend")
-    await worker.nc.publish("smith.g.G1.W1.C1", b"\x01\x01session")
+    # the gateway's OPEN and the frontend's bytes on the connection's subject; the worker's answer
+    # and the session's bytes on the gateway's
+    await gateway.nc.publish("smith.s.W1.G1.C1", b"\x01\x07{}")
+    await gateway.nc.publish("smith.s.W1.G1.C1", b"\x02\x01frontend")
+    await worker.nc.publish("smith.g.G1.W1.C1", b"\x01\x08{}")
+    await worker.nc.publish("smith.g.G1.W1.C1", b"\x02\x01session")
     await gateway.nc.publish("smith.presence.query", b"")
-    assert (await asyncio.wait_for(to_worker.get(), 5)).data == b"\x01\x01frontend"
-    assert (await asyncio.wait_for(to_gateway.get(), 5)).data == b"\x01\x01session"
+    assert [(await asyncio.wait_for(to_worker.get(), 5)).data for _ in range(2)] == [b"\x01\x07{}", b"\x02\x01frontend"]
+    assert [(await asyncio.wait_for(to_gateway.get(), 5)).data for _ in range(2)] == [b"\x01\x08{}", b"\x02\x01session"]
     assert (await asyncio.wait_for(presence.get(), 5)).data == b'{"worker":"W1"}'
     assert gateway.refusals == [] and worker.refusals == []
-
-
-async def test_a_gateway_without_its_inbox_prefix_gets_no_reply(connect: Connect, server: NatsServer, keys: pathlib.Path) -> None:
-    """Why connect_options sets inbox_prefix: nats-py's default _INBOX.<random> is not the gateway's to read."""
-    worker = await connect("worker", "W1")
-
-    async def answer(msg: Msg) -> None:
-        await msg.respond(b"opened")
-
-    await worker.nc.subscribe("smith.w.W1.open.G1", cb=answer)
-    await worker.nc.flush()
-    refusals: list[str] = []
-
-    async def on_error(exc: Exception) -> None:
-        refusals.append(str(exc).lower())
-
-    nc = await nats.connect(server.url, error_cb=on_error, allow_reconnect=False, nkeys_seed=str(keys / "gateway-G1.nk"))
-    try:
-        with pytest.raises(nats.errors.TimeoutError):
-            await nc.request("smith.w.W1.open.G1", b"", timeout=1)
-        assert any('permissions violation for subscription to "_inbox.' in r for r in refusals), refusals
-    finally:
-        await nc.close()
 
 
 async def test_a_worker_cannot_speak_for_another_worker_nor_read_a_gateway(connect: Connect) -> None:
     w1, w2, gateway = await connect("worker", "W1"), await connect("worker", "W2"), await connect("gateway", "G1")
     w2_sessions = await _receiver(w2, "smith.s.W2.>")
-    w2_opens = await _receiver(w2, "smith.w.W2.>")
     g1_bytes = await _receiver(gateway, "smith.g.G1.>")
-    # W1 feeding W2's session, opening a session on W2, posing as W2 towards a gateway
+    # W1 feeding (or opening) a session on W2, posing as W2 towards a gateway
     await w1.nc.publish("smith.s.W2.G1.x", b"forged")
     await w1.refused("publish", "smith.s.W2.G1.x")
-    await w1.nc.publish("smith.w.W2.open.G1", b"forged")
-    await w1.refused("publish", "smith.w.W2.open.G1")
     await w1.nc.publish("smith.g.G1.W2.C1", b"forged")
     await w1.refused("publish", "smith.g.G1.W2.C1")
     # nor can it read what a gateway is sent, W2's sessions, or answer a request it was not sent
@@ -380,22 +352,44 @@ async def test_a_worker_cannot_speak_for_another_worker_nor_read_a_gateway(conne
     await w1.nc.publish("_INBOX.G1.forged.1", b"forged")
     await w1.refused("publish", "_INBOX.G1.forged.1")
     await asyncio.sleep(0.2)
-    assert w2_sessions.empty() and w2_opens.empty() and g1_bytes.empty()
+    assert w2_sessions.empty() and g1_bytes.empty()
     assert w1.nc.is_connected  # refused, not disconnected
+
+
+async def test_a_worker_asks_another_about_its_background_processes_and_reads_only_its_own_answers(connect: Connect) -> None:
+    """Workers see each other's background processes (smith_fast.nats.processes): W1 asks on
+    smith.ps.W2 and gets W2's answer on its own inbox, and hears W2's announcements; it cannot
+    take W2's requests nor read the answers W2 is sent."""
+    w1, w2 = await connect("worker", "W1"), await connect("worker", "W2")
+    w1_presence = await _receiver(w1, "smith.presence")
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"listed:" + msg.data)
+
+    await w2.nc.subscribe("smith.ps.W2", cb=answer)
+    await w2.nc.flush()
+    reply = await w1.nc.request("smith.ps.W2", b'{"op":"list"}\n', timeout=5)
+    assert reply.data == b'listed:{"op":"list"}\n' and reply.subject.startswith("_INBOX.W1.")
+    await w2.nc.publish("smith.presence", b'{"worker":"W2"}')
+    assert (await asyncio.wait_for(w1_presence.get(), 5)).data == b'{"worker":"W2"}'
+    await w1.nc.subscribe("smith.ps.W2")
+    await w1.refused("subscription", "smith.ps.W2")
+    await w1.nc.subscribe("_INBOX.W2.>")
+    await w1.refused("subscription", "_INBOX.W2.>")
+    await w1.nc.publish("smith.presence.query", b"")  # asking every worker to announce is a gateway's
+    await w1.refused("publish", "smith.presence.query")
+    assert w2.refusals == [] and w1.nc.is_connected
 
 
 async def test_a_gateway_cannot_read_or_send_as_another_gateway(connect: Connect) -> None:
     g1, g2, worker = await connect("gateway", "G1"), await connect("gateway", "G2"), await connect("worker", "W1")
     sessions = await _receiver(worker, "smith.s.W1.>")
-    opens = await _receiver(worker, "smith.w.W1.>")
     await g2.nc.subscribe("smith.g.G1.>")
     await g2.refused("subscription", "smith.g.G1.>")
     await g2.nc.subscribe("_INBOX.G1.>")
     await g2.refused("subscription", "_INBOX.G1.>")
     await g2.nc.publish("smith.s.W1.G1.x", b"forged")
     await g2.refused("publish", "smith.s.W1.G1.x")
-    await g2.nc.publish("smith.w.W1.open.G1", b"forged")
-    await g2.refused("publish", "smith.w.W1.open.G1")
     await g2.nc.publish("smith.hb.G1", b"")
     await g2.refused("publish", "smith.hb.G1")
     # a gateway is no worker either: it cannot announce one nor answer as one
@@ -406,7 +400,7 @@ async def test_a_gateway_cannot_read_or_send_as_another_gateway(connect: Connect
     # what G1 itself sends arrives: the refusals above are about G2, not the subjects
     await g1.nc.publish("smith.s.W1.G1.C1", b"real")
     assert (await asyncio.wait_for(sessions.get(), 5)).data == b"real"
-    assert sessions.empty() and opens.empty()
+    assert sessions.empty()
 
 
 @pytest.mark.parametrize(("role", "ident"), [("gateway", "G1"), ("worker", "W1")])

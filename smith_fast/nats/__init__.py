@@ -9,7 +9,8 @@ permissions), :mod:`.connect` (a connection that never gives up), :mod:`.relay` 
 the relay message), :mod:`.presence` (the workers' announcements), :mod:`.placement` (where a
 session goes), :mod:`.metrics`, :mod:`.cli` (the two subcommands). The gateway: :mod:`.gateway`
 and :mod:`.gateway_front` (one relayed connection). A worker: :mod:`.worker` and
-:mod:`.relay_transport` (a relayed connection as an asyncio transport).
+:mod:`.relay_transport` (a relayed connection as an asyncio transport), :mod:`.processes` (every
+worker's background processes, for its sessions).
 
 Needs the ``nats-py`` package (``pip install smith-fast[nats]``); nothing here imports it until a
 worker or a gateway starts, so the rest of smith-fast works without it.

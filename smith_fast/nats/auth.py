@@ -96,19 +96,32 @@ class Permissions(TypedDict):
 
 
 def permissions(identity: Identity, prefix: str = "smith") -> Permissions:
-    """The allow-lists of ``identity``: the relay's roles table, with ``prefix`` for ``P``."""
+    """The allow-lists of ``identity``: the relay's roles table, with ``prefix`` for ``P``.
+
+    A worker may also ask the other workers about their background processes (publish
+    ``P.ps.*``, its answers on ``_INBOX.<id>.>``) and hear their announcements (``P.presence``),
+    so that its sessions see the fleet's background processes as ``serve``'s sessions see the
+    service's (smith_fast.nats.processes). So a compromised worker can list every worker's
+    background processes (their commands, pids, retained output) and cancel them, write their
+    stdin and resize their terminals. That is accepted: it is what any session of ``serve``
+    granted ``shell_exec`` may do to any background process of its service, and such a worker
+    already runs every command of the sessions placed on it. It still cannot start anything on
+    another worker nor read another worker's sessions (no ``P.s.*``: a session is opened there
+    with an OPEN on it), nor speak for a gateway or another worker.
+    """
     p, i = prefix, identity.id
     if identity.role == "gateway":
         return {
-            "publish": [f"{p}.w.*.open.{i}", f"{p}.s.*.{i}.>", f"{p}.presence.query", f"{p}.hb.{i}", f"{p}.ps.*"],
+            "publish": [f"{p}.s.*.{i}.>", f"{p}.presence.query", f"{p}.hb.{i}"],
             # nats-py's request inbox is _INBOX.<i>.<nuid>.<token> with inbox_prefix=_INBOX.<i>
             "subscribe": [f"{p}.presence", f"{p}.g.{i}.>", f"_INBOX.{i}.>"],
             "allow_responses": False,
         }
     return {
-        # a worker answers requests (open, ps) only on the reply subject it was given
-        "publish": [f"{p}.g.*.{i}.>", f"{p}.presence"],
-        "subscribe": [f"{p}.w.{i}.>", f"{p}.s.{i}.>", f"{p}.presence.query", f"{p}.hb.*", f"{p}.ps.{i}"],
+        # a worker answers requests (ps) only on the reply subject it was given; it asks the
+        # others about their background processes, its answers on _INBOX.<i>.> (inbox_prefix)
+        "publish": [f"{p}.g.*.{i}.>", f"{p}.presence", f"{p}.ps.*"],
+        "subscribe": [f"{p}.s.{i}.>", f"{p}.presence.query", f"{p}.hb.*", f"{p}.ps.{i}", f"{p}.presence", f"_INBOX.{i}.>"],
         "allow_responses": True,
     }
 
@@ -377,7 +390,8 @@ def connect_options(
     Returns:
         ``nkeys_seed`` or ``user_credentials`` (the path), and for a gateway ``inbox_prefix``
         ``_INBOX.<id>``: its subscribe permission is ``_INBOX.<id>.>``, so nats-py's default
-        ``_INBOX.<random>`` replies would be refused.
+        ``_INBOX.<random>`` replies would be refused (a worker sets its own from its id,
+        smith_fast.nats.worker).
 
     Raises:
         NatsCredentialError: a key file is unreadable, open to others, not a key, is another

@@ -15,6 +15,8 @@ Around the sessions the worker:
 * hears each gateway's heartbeat, and takes the sessions of a gateway silent for
   ``--gateway-lease`` as dropped connections (a resumable one parks and can be resumed through
   any gateway; its resume token starts with this worker's id, which leads gateways here);
+* answers other workers about its background processes and asks them about theirs, so its
+  sessions see the fleet's as ``serve``'s see the service's (smith_fast.nats.processes);
 * on SIGTERM, drains: takes no new session, lets running requests finish for ``--drain-timeout``,
   then ends the sessions (their requests end once each, their gateways say ``worker_stopping``).
 """
@@ -44,6 +46,7 @@ from .config import NatsConfig
 from .connect import close, connect, round_trip
 from .metrics import worker_figures
 from .presence import Announcement
+from .processes import FleetProcesses
 from .relay import OPEN, OPENED, REFUSED, Subjects, is_id, pack, publish_now, unpack
 from .relay_transport import RelayTransport
 
@@ -121,6 +124,8 @@ class Worker(Backend):
         self.drain_timeout = drain_timeout
         self.core = ServiceCore(config, loop_name=loop_name, backend=self)
         self.core.offer(pb.CAPABILITY_NATS, True)  # its sessions are served through NATS (if --capabilities permits)
+        # its sessions see every worker's background processes, as serve's see the service's
+        self.processes = self.core.background = FleetProcesses(config.limits, self.name, self.subjects, nats_config.presence_interval)
         self.nc: NATS | None = None
         self.relays: dict[tuple[str, str], RelayTransport] = {}  # (gateway, connection) -> its transport
         self.heard: dict[str, float] = {}  # gateway -> when its last heartbeat came (monotonic)
@@ -137,13 +142,15 @@ class Worker(Backend):
     async def start(self) -> None:
         """Connect, subscribe, announce: from now on gateways place sessions here."""
         config, subjects = self.config, self.subjects
+        options = {"inbox_prefix": f"_INBOX.{self.name}", **self._connect_options}  # its permissions name _INBOX.<worker>.>
         nc = await connect(config, name=f"smith-fast worker {self.name}", on_disconnect=self._disconnected,
-                           on_reconnect=self._reconnected, options=self._connect_options)
+                           on_reconnect=self._reconnected, options=options)
         self.nc = nc
         self.connected = True
         await nc.subscribe(subjects.to_worker_filter(self.name), cb=self._relayed)
         await nc.subscribe(subjects.heartbeat_filter(), cb=self._heartbeat)
         await nc.subscribe(subjects.presence_query, cb=self._queried)
+        await self.processes.listen(nc, self.announcement)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._announce_forever()))
         self._tasks.append(loop.create_task(self._leases()))
@@ -172,6 +179,7 @@ class Worker(Backend):
         for relay in list(self.relays.values()):
             relay.end("worker_stopping")
         await self._announce(leaving=True)
+        self.processes.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
