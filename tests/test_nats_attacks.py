@@ -17,6 +17,7 @@ import nats
 import pytest
 
 from harness.nats_cluster import Cluster
+from smith_fast._varint import decode as decode_varint
 from smith_fast.client import Client
 from smith_fast.nats import relay
 
@@ -101,9 +102,16 @@ async def test_the_frontend_token_never_travels_and_a_resume_token_only_between_
     assert not [s for s, data in seen if token.encode() in data], "the frontend token travelled on NATS"
     carrying = {s.rsplit(".", 1)[0] for s, data in seen if resume_token.encode() in data}
     assert carrying == {"smith.g.g0.w0"}, carrying  # only the worker's answer to its gateway
-    opened = [json.loads(bytes(body)) for s, data in seen if s.startswith("smith.s.w0.g0.")
+    opened = [_opening(body) for s, data in seen if s.startswith("smith.s.w0.g0.")
               for _, kind, body in [relay.unpack(data)] if kind == relay.OPEN]
     assert opened and all("token" not in o for o in opened)
+
+
+def _opening(body: memoryview) -> dict[str, object]:
+    """The JSON of an OPEN's body (a varint size, then it; the frontend's first bytes follow)."""
+    size, at = decode_varint(bytes(body[:10]))
+    opening: dict[str, object] = json.loads(bytes(body[at : at + size]))
+    return opening
 
 
 async def test_a_worker_identity_cannot_open_sessions_on_another_worker(guarded: Cluster) -> None:
@@ -117,7 +125,8 @@ async def test_a_worker_identity_cannot_open_sessions_on_another_worker(guarded:
 
     nc = await nats.connect(guarded.nats.url, nkeys_seed=str(guarded.keys / "worker-w1.nk"), error_cb=note)
     try:
-        opening = relay.pack(1, relay.OPEN, json.dumps({"protocol": "v1", "peer": "x", "first_sequence": 1}).encode())
+        request = json.dumps({"protocol": "v1", "peer": "x", "first_sequence": 1}).encode()
+        opening = relay.pack(1, relay.OPEN, bytes([len(request)]) + request)
         await nc.publish("smith.s.w0.g0.intruder", opening)  # the server drops it: not a gateway's subject
         await nc.flush()
         await asyncio.sleep(0.3)

@@ -353,10 +353,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.worker, self._subject = worker, subject
         self._out_seq = self._in_seq = 0
         self._answer = self._loop.create_future()
-        opening = {"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence}
-        self._send(OPEN, json.dumps(opening).encode())
+        opening = json.dumps({"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence}).encode()
         self._offered = len(self._raw)
-        self._send(DATA, bytes(self._raw))
+        self._send(OPEN, encode_varint(len(opening)) + opening + self._raw)  # one message: the session starts in one hop
         return self._answer
 
     def withdraw(self) -> None:

@@ -7,12 +7,13 @@ restart) is seen as a gap in the per-direction sequence and ends the relay (``re
 a resumable session survives like any dropped connection.
 
 A relay message is ``seq`` (varint, per direction and connection, from 1), ``kind`` (one byte),
-then the body: :data:`OPEN` (the gateway's first message: the connection's protocol, peer and first
-sequence number, JSON) and the worker's answer :data:`OPENED` or :data:`REFUSED`; :data:`DATA`
+then the body: :data:`OPEN` (the gateway's first message: a varint size and that many bytes of
+JSON — the connection's protocol, peer and first sequence number — then the frontend's first
+bytes) and the worker's answer :data:`OPENED` or :data:`REFUSED`; :data:`DATA`
 carries stream bytes exactly as the frontend wrote them or as the session wrote them; :data:`CLOSE`
-a UTF-8 reason; the four flow-control kinds have no body. The gateway sends the frontend's first
-bytes right behind its OPEN, without waiting for the answer (a session starts in one hop); a
-refusal makes it send them again to another worker. Headers are not used on this path (one parse
+a UTF-8 reason; the four flow-control kinds and :data:`EOF` have no body. The frontend's first
+bytes travel in the OPEN, without waiting for an answer (a session starts in one hop); a refusal
+makes the gateway send them again to another worker. Headers are not used on this path (one parse
 less per message on both sides).
 """
 
@@ -43,7 +44,7 @@ READ_PAUSE = 3  # the receiver stops reading its peer's input (the sender's sess
 READ_RESUME = 4
 WRITE_PAUSE = 5  # the frontend does not take what is written: the receiving session pauses its output
 WRITE_RESUME = 6
-OPEN = 7  # gateway -> worker, the first message of a connection: JSON (protocol, peer, first sequence)
+OPEN = 7  # gateway -> worker, a connection's first message: varint size, JSON (protocol, peer, first sequence), first bytes
 OPENED = 8  # worker -> gateway, the answer: the session is there (JSON: the worker's id)
 REFUSED = 9  # worker -> gateway, the answer: not here (UTF-8 reason: worker_draining, max_sessions ...)
 EOF = 10  # gateway -> worker: the frontend sends nothing more but still reads (a file on a gateway's stdin)

@@ -177,6 +177,13 @@ class RelayTransport(asyncio.Transport):
             self._closing = True
             self._connection_lost()
 
+    def feed(self, body: memoryview) -> None:
+        """Bytes of the frontend that came inside the OPEN (its first ones)."""
+        if self._reading and not self._held:
+            self._feed(body)
+        else:
+            self._held.append(body)
+
     def _feed(self, body: memoryview) -> None:
         protocol = self._protocol
         if protocol is None:

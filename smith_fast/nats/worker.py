@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 
 from .._version import __version__
+from .._varint import decode as decode_varint
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
@@ -207,11 +208,13 @@ class Worker(Backend):
             seq, kind, body = unpack(data)
             if kind != OPEN or seq != 1:
                 return  # a late message of a connection that ended here, or behind a refused OPEN
-            request = json.loads(bytes(body))
+            size, at = decode_varint(body[:10])  # OPEN: the opening (JSON), then the frontend's first bytes
+            request = json.loads(bytes(body[at : at + size]))
+            first = body[at + size :]
             protocol = _PROTOCOLS[str(request["protocol"])]
             first_sequence = max(1, int(request.get("first_sequence", 1)))
             peer = str(request.get("peer", "?"))[:200]
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError):
             return
         nc = self.nc
         if nc is None or not is_id(gateway) or not is_id(conn_id):
@@ -231,6 +234,8 @@ class Worker(Backend):
         self.opened += 1
         publish_now(nc, subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()))
         conn.connection_made(transport)
+        if first:
+            transport.feed(first)
 
     def _forget(self, key: tuple[str, str], transport: RelayTransport) -> None:
         if self.relays.get(key) is transport:
