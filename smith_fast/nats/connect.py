@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats
@@ -114,10 +114,15 @@ async def connect(
             await asyncio.sleep(wait)
 
 
-async def close(nc: NATS | None) -> None:
-    """The end of a process's NATS connection: a bounded drain (subscriptions finish what they
-    were handed, what was published is flushed), then the close; a server already gone makes
-    neither wait nor raise."""
+async def close(nc: NATS | None, tasks: Sequence[asyncio.Task[None]] = ()) -> None:
+    """The end of a process's NATS connection: its ``tasks`` (heartbeats, announcements) cancelled,
+    a bounded drain (subscriptions finish what they were handed, what was published is flushed),
+    then the close; a server already gone makes neither wait nor raise."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
     if nc is not None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.drain(), 5)

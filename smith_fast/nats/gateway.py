@@ -117,12 +117,7 @@ class Gateway(Backend):
         self._tasks.append(loop.create_task(self._expiries()))
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await close(self.nc)
+        await close(self.nc, self._tasks)
         self.nc = None
 
     def _disconnected(self) -> None:

@@ -181,12 +181,7 @@ class Worker(Backend):
             relay.end("worker_stopping")
         await self._announce(leaving=True)
         self.processes.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await close(self.nc)
+        await close(self.nc, self._tasks)
         log.info("stopped", extra={"fields": {"worker": self.name, "sessions": self.opened}})
 
     def _disconnected(self) -> None:
