@@ -31,7 +31,6 @@ from .errors import (
     EncodeError,
     FrameTooLarge,
     FramingError,
-    GatewayIdInUse,
     HeadError,
     HookFailure,
     HttpError,
@@ -42,10 +41,8 @@ from .errors import (
     LogFormatError,
     NatsCredentialError,
     NotASmithService,
-    PayloadTooLarge,
     PlanError,
     ProtocolError,
-    PublishError,
     ResumeRefused,
     SandboxError,
     SandboxUnavailable,
@@ -91,10 +88,7 @@ __all__ = [
     "HttpRefused",
     "HeadError",
     "HttpError",
-    "GatewayIdInUse",
     "NatsCredentialError",
-    "PublishError",
-    "PayloadTooLarge",
 ]
 
 _FROM_CLIENT = frozenset({"Client", "GrpcClient"})

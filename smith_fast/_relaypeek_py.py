@@ -261,7 +261,7 @@ def _as_bytes(what: str, data: object) -> bytes:
     if type(data) is bytes:
         return data
     try:
-        view = memoryview(data)  # type: ignore[arg-type]
+        view = memoryview(data)  # type: ignore[arg-type]  # any object: what is no buffer raises below
     except TypeError:
         raise _not_bytes(what, data) from None
     if not view.contiguous:

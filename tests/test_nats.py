@@ -51,7 +51,7 @@ def test_relay_messages_round_trip_and_refuse_garbage() -> None:
     for seq, kind, body in [(1, relay.DATA, b"abc"), (300, relay.CLOSE, b"end"), (2**40, relay.READ_PAUSE, b"")]:
         got = relay.unpack(relay.pack(seq, kind, body))
         assert (got[0], got[1], bytes(got[2])) == (seq, kind, body)
-    for garbage in [b"", b"\x01", b"\x01\x0a", b"\xff\xff"]:
+    for garbage in [b"", b"\x01", b"\x01\x7f", b"\xff\xff"]:
         with pytest.raises(ValueError):
             relay.unpack(garbage)
 

@@ -181,7 +181,7 @@ class RelayConnection(asyncio.BufferedProtocol):
         state = self.state
         if state is State.RELAYING:
             self._peek_in(data)
-            self._send(DATA, bytes(data))
+            self._send_data(bytes(data))
             return
         if state is State.ENDED:
             return
@@ -340,7 +340,7 @@ class RelayConnection(asyncio.BufferedProtocol):
         pending, self._raw = bytes(self._raw), bytearray()
         self._peek_in(memoryview(pending)[self._head :])
         if len(pending) > self._offered:  # what the frontend sent while the worker answered
-            self._send(DATA, pending[self._offered :])
+            self._send_data(pending[self._offered :])
         if self._eof:
             self._send(EOF)
         if self._reading_held and not self._worker_holds:
@@ -355,7 +355,10 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._answer = self._loop.create_future()
         opening = json.dumps({"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence}).encode()
         self._offered = len(self._raw)
-        self._send(OPEN, encode_varint(len(opening)) + opening + self._raw)  # one message: the session starts in one hop
+        head = encode_varint(len(opening)) + opening
+        room = max(0, self._chunk() - len(head))
+        self._send(OPEN, head + self._raw[:room])  # one message (most often): the session starts in one hop
+        self._send_data(bytes(self._raw[room:]))
         return self._answer
 
     def withdraw(self) -> None:
@@ -569,6 +572,22 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.open_ids.clear()
         self._close()
 
+    def _chunk(self) -> int:
+        """The most stream bytes one relay message carries: the server's payload limit, less room
+        for the relay header (a larger message would be refused, and the session hang)."""
+        nc = self.host.nc
+        return max(1024, (nc.max_payload if nc is not None else 1 << 20) - 64)
+
+    def _send_data(self, data: bytes) -> None:
+        chunk = self._chunk()
+        if len(data) <= chunk:
+            if data:
+                self._send(DATA, data)
+            return
+        view = memoryview(data)
+        for at in range(0, len(data), chunk):
+            self._send(DATA, bytes(view[at : at + chunk]))
+
     def _send(self, kind: int, body: bytes = b"") -> None:
         nc = self.host.nc
         if nc is None or not self._subject:
@@ -639,7 +658,7 @@ class RelayConnection(asyncio.BufferedProtocol):
             if held:
                 transport.pause_reading()  # type: ignore[attr-defined]  # a ReadTransport here
             else:
-                transport.resume_reading()  # type: ignore[attr-defined]
+                transport.resume_reading()  # type: ignore[attr-defined]  # likewise
         except (AttributeError, RuntimeError):
             pass
 
