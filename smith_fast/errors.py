@@ -411,5 +411,3 @@ class NatsCredentialError(SmithFastError, ValueError):
     """A NATS key or credentials file (``smith-fast nats-auth``, ``--nats-nkey``, ``--nats-creds``)
     that cannot be written or used: unreadable, open to other users, not a key. The message names
     the file; a ValueError so that the commands print it as one line, as any bad option."""
-
-

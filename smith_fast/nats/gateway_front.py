@@ -9,8 +9,9 @@ One :class:`RelayConnection` per frontend connection (Unix, TCP, stdio), a lifec
     that it never travels on NATS. Its ``client_info["smith_fast.placement"]`` names the labels
     the worker must have; a resume token names its worker (``<worker>.<secret>``).
 ``PLACING``
-    The gateway picks a worker and asks it to open the session (one request/reply). What the
-    frontend sends meanwhile is kept (bounded by ``--max-session-buffer``, then not read). No worker
+    The gateway picks a worker and opens the session there: its OPEN carries the frontend's first
+    bytes, the worker answers OPENED or REFUSED (then another worker is tried). What the frontend
+    sends meanwhile is kept (bounded by ``--max-session-buffer``, then not read). No worker
     fits: a ``LogEvent`` after ``--queue-notice``, ``RESOURCE_EXHAUSTED`` (``no_worker``) after
     ``--queue-timeout``, and the connection stays for another handshake.
 ``RELAYING``

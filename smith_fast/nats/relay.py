@@ -114,7 +114,7 @@ class Subjects:
         return f"{self.prefix}.hb.*"
 
     def processes(self, worker: str) -> str:
-        """A gateway asks ``worker`` for its background processes (request/reply)."""
+        """Another worker asks ``worker`` about its background processes (request/reply)."""
         return f"{self.prefix}.ps.{worker}"
 
 
