@@ -151,6 +151,7 @@ class Cluster:
         self.log_level = log_level
         self.worker_args = ("--loop", loop, "--log-level", log_level, *worker_args)
         self.workers: list[SmithProcess] = []
+        self._made = 0  # workers made so far: the next one's id
         self.count = workers
         self.loop = loop
         self.gateway_args = gateway_args
@@ -181,8 +182,10 @@ class Cluster:
         return root
 
     def make_worker(self, *extra: str) -> SmithProcess:
-        """The next worker (``w<n>``, with its key and labels), counted but not started."""
-        n = len(self.workers)
+        """The next worker (``w<n>``, with its key and labels), counted but not started; ``n`` is
+        never used twice (two processes with one worker id would both take its sessions)."""
+        n = self._made
+        self._made += 1
         wdir = self.tmp / f"w{n}"
         wdir.mkdir(exist_ok=True)
         labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]

@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from harness.nats_cluster import Cluster, wait_gateway
-from harness.server import host_pids, pid_alive, wait_until
+from harness.server import SmithProcess, host_pids, pid_alive, wait_until
 from smith_fast.client import Client
 from smith_fast.errors import ConnectionClosed, SmithError
 from smith_fast.pb import smith_pb2 as pb
@@ -230,5 +230,31 @@ async def test_a_nats_server_restart_carries_on_or_ends_with_a_reason(tmp_path: 
         finally:
             await resumable.close()
             await plain.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_second_worker_with_the_same_id_stops_and_the_first_serves_on(tmp_path: pathlib.Path) -> None:
+    """Two processes announcing one worker id would both answer its sessions' OPENs: the one
+    started later says so and stops; the first keeps its sessions."""
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST).start()
+    try:
+        async with await Client.connect(cluster.unix) as client:
+            await client.handshake(["shell_exec"])
+            first = cluster.workers[0]
+            assert cluster.keys is not None
+            (tmp_path / "twin").mkdir()
+            twin = SmithProcess(tmp_path / "twin", "worker", *cluster.nats_args, "--worker-id", "w0", "--root", str(cluster.root),
+                                "--nats-nkey", str(cluster.keys / "worker-w0.nk"), "--log-level", "debug")
+            twin.launch()
+            assert twin.proc is not None
+            assert await asyncio.to_thread(twin.proc.wait, 20) == 2
+            assert "--worker-id w0 is in use by a worker that runs already" in "\n".join(twin.raw_stderr)
+            assert first.proc is not None and first.proc.poll() is None
+            assert (await client.run("echo still")).stdout == b"still\n"
+        async with await Client.connect(cluster.unix) as client:
+            ready = await client.handshake(["shell_exec"])
+            assert ready.service_info["smith_fast.worker"] == "w0"
+            assert (await client.run("echo fresh")).stdout == b"fresh\n"
     finally:
         cluster.stop()

@@ -376,8 +376,6 @@ async def test_a_worker_asks_another_about_its_background_processes_and_reads_on
     await w1.refused("subscription", "smith.ps.W2")
     await w1.nc.subscribe("_INBOX.W2.>")
     await w1.refused("subscription", "_INBOX.W2.>")
-    await w1.nc.publish("smith.presence.query", b"")  # asking every worker to announce is a gateway's
-    await w1.refused("publish", "smith.presence.query")
     assert w2.refusals == [] and w1.nc.is_connected
 
 

@@ -120,7 +120,8 @@ def permissions(identity: Identity, prefix: str = "smith") -> Permissions:
     return {
         # a worker answers requests (ps) only on the reply subject it was given; it asks the
         # others about their background processes, its answers on _INBOX.<i>.> (inbox_prefix)
-        "publish": [f"{p}.g.*.{i}.>", f"{p}.presence", f"{p}.ps.*"],
+        # presence.query: at its start, whether a worker with its id runs already (two would both serve)
+        "publish": [f"{p}.g.*.{i}.>", f"{p}.presence", f"{p}.presence.query", f"{p}.ps.*"],
         "subscribe": [f"{p}.s.{i}.>", f"{p}.presence.query", f"{p}.hb.*", f"{p}.ps.{i}", f"{p}.presence", f"_INBOX.{i}.>"],
         "allow_responses": True,
     }

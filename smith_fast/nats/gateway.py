@@ -135,13 +135,13 @@ class Gateway(Backend):
             log.warning("bad announcement", extra={"fields": {"error": str(exc)}})
             return
         known = ann.worker in {a.worker for a in self.workers.alive()}
-        self.workers.heard(ann)
+        changed = self.workers.heard(ann)
         self.placement.heard(ann.worker)
-        if ann.leaving:
+        if ann.leaving and changed:  # (not another process that announced this id for a moment, and stops)
             log.info("worker left", extra={"fields": {"worker": ann.worker}})
             self._worker_gone(ann.worker, "worker_stopping")
             self.core.health_changed()
-        elif not known:
+        elif not known and not ann.leaving:
             log.info("worker joined", extra={"fields": {"worker": ann.worker, "labels": ann.labels, "max_sessions": ann.max_sessions}})
             self.core.health_changed()
         self._changed.set()

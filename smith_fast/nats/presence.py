@@ -40,6 +40,9 @@ class Announcement:
         leaving: its last announcement: it stops now.
         background: the ids of its background processes, running or exited (``smith-fast ps``
             through a gateway asks the workers that list some).
+        instance: a random id of its process, and ``started`` when it started (Unix seconds): two
+            processes announcing one worker id are a mistake (both would take its sessions), which
+            the one started later sees and stops for.
     """
 
     worker: str
@@ -55,6 +58,8 @@ class Announcement:
     rtt: float = 0.0
     leaving: bool = False
     background: tuple[str, ...] = ()
+    instance: str = ""
+    started: float = 0.0
 
     def encode(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":")).encode()
@@ -102,7 +107,12 @@ class LiveSet:
         self._workers: dict[str, tuple[float, Announcement]] = {}
 
     def heard(self, ann: Announcement) -> bool:
-        """Take an announcement in; True when the set of live workers changed."""
+        """Take an announcement in; True when the set of live workers changed. Of two processes
+        announcing one worker id (a mistake the later one stops for), the earlier one counts."""
+        seen = self._workers.get(ann.worker)
+        if (seen is not None and seen[1].instance and ann.instance and seen[1].instance != ann.instance
+                and seen[1].started <= ann.started and self._clock() - seen[0] <= self.expiry):
+            return False
         if ann.leaving:
             return self._workers.pop(ann.worker, None) is not None
         known = ann.worker in self._workers

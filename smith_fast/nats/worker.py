@@ -28,6 +28,8 @@ import contextlib
 import json
 import os
 import re
+import secrets
+import signal
 import socket
 import time
 from collections.abc import Mapping
@@ -37,6 +39,7 @@ from nats.aio.msg import Msg
 
 from .._version import __version__
 from .._varint import decode as decode_varint
+from ..errors import StartupError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.config import ServiceConfig
@@ -134,6 +137,9 @@ class Worker(Backend):
         self.connected = False
         self.opened = 0
         self.rtt = 0.0
+        self.instance = secrets.token_hex(8)
+        self.started = time.time()
+        self.duplicate: str | None = None  # another process announces this worker id (it started first)
         self._connect_options = dict(connect_options or {})
         self._tasks: list[asyncio.Task[None]] = []
         self.core.metrics.add_source(self)
@@ -148,9 +154,17 @@ class Worker(Backend):
                            on_reconnect=self._reconnected, options=options)
         self.nc = nc
         self.connected = True
+        # Before taking any session: is this id already in use? The workers running answer a query
+        # at once; one of them with this id means two processes would answer its sessions' OPENs.
+        await nc.subscribe(subjects.presence, cb=self._same_id)
+        await nc.subscribe(subjects.presence_query, cb=self._queried)
+        await nc.publish(subjects.presence_query, b"")
+        await asyncio.sleep(min(0.25, config.presence_interval))
+        if self.duplicate is not None:
+            raise StartupError(f"--worker-id {self.name} is in use by a worker that runs already (instance {self.duplicate}); "
+                               "give every worker its own id (and its own key: smith-fast nats-auth --workers ...)")
         await nc.subscribe(subjects.to_worker_filter(self.name), cb=self._relayed)
         await nc.subscribe(subjects.heartbeat_filter(), cb=self._heartbeat)
-        await nc.subscribe(subjects.presence_query, cb=self._queried)
         await self.processes.listen(nc, self.announcement)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._announce_forever()))
@@ -270,6 +284,22 @@ class Worker(Backend):
 
     # ---- presence ---------------------------------------------------------------------------------
 
+    async def _same_id(self, msg: Msg) -> None:
+        """Two processes announcing this worker id would both take its sessions (each OPEN answered
+        twice): the one started later stops, saying why."""
+        try:
+            ann = Announcement.decode(msg.data)
+        except ValueError:
+            return
+        if ann.worker != self.name or ann.instance in ("", self.instance) or self.duplicate is not None:
+            return
+        if (ann.started, ann.instance) < (self.started, self.instance):  # it was there first
+            self.duplicate = ann.instance
+            if self._tasks:  # serving already (both started at once): stop as on SIGTERM, saying why
+                log.error("another worker runs with this --worker-id: stopping", extra={"fields": {
+                    "worker": self.name, "other_instance": ann.instance, "remedy": "give every worker its own --worker-id"}})
+                os.kill(os.getpid(), signal.SIGTERM)
+
     def announcement(self, leaving: bool = False) -> Announcement:
         core = self.core
         available, total = _memory()
@@ -277,11 +307,12 @@ class Worker(Backend):
             worker=self.name, version=__version__, capacity=core.limits.max_processes, running=core.running_processes,
             sessions=len(core.sessions), max_sessions=self.max_sessions, mem_available=available, mem_total=total,
             labels=self.labels, draining=self.draining, rtt=self.rtt, leaving=leaving, background=tuple(core.background.ids()),
+            instance=self.instance, started=self.started,
         )
 
     async def _announce(self, leaving: bool = False) -> None:
         nc = self.nc
-        if nc is None or not nc.is_connected:
+        if nc is None or not nc.is_connected or self.duplicate is not None:  # the other process is that worker
             return
         with contextlib.suppress(Exception):
             await nc.publish(self.subjects.presence, self.announcement(leaving).encode())
