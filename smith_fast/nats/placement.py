@@ -10,8 +10,8 @@ presence announcements (smith_fast.nats.presence):
 * **load**: the fuller of its process slots and its session slots, plus half the share of its
   memory in use; a session placed here since the worker's last announcement counts as one more
   (several sessions arriving at once do not all go to the same worker);
-* of the two least loaded that fit, one at random (the power of two choices: several gateways
-  placing at once do not all pick the same worker).
+* the least loaded that fits; of equally loaded ones, one at random (several gateways placing at
+  once, each counting what it placed, do not all pick the same worker).
 """
 
 from __future__ import annotations
@@ -74,17 +74,15 @@ class Placement:
         processes = ann.running / ann.capacity if ann.capacity > 0 else 0.0
         sessions = (ann.sessions + placed) / ann.max_sessions if ann.max_sessions > 0 else 0.0
         memory = 1.0 - ann.mem_available / ann.mem_total if ann.mem_total > 0 else 0.0
-        return max(processes, sessions) + 0.5 * memory + 0.001 * placed
+        return max(processes, sessions) + 0.5 * memory
 
     def choose(self, workers: Iterable[Announcement], wanted: Mapping[str, str], exclude: Iterable[str] = ()) -> str | None:
         """The worker for a new session, or None when none fits; it counts as placed there."""
         skip = set(exclude)
-        fitting = sorted((self.load(a), a.worker) for a in workers if a.worker not in skip and self.fits(a, wanted))
+        fitting = [(self.load(a), a.worker) for a in workers if a.worker not in skip and self.fits(a, wanted)]
         if not fitting:
             return None
-        best = fitting[:2]
-        if len(best) == 2 and best[1][0] - best[0][0] > 0.25:  # a clearly emptier worker wins outright
-            best = best[:1]
-        worker = self._rng.choice(best)[1]
+        least = min(load for load, _ in fitting)
+        worker = self._rng.choice([w for load, w in fitting if load <= least + 1e-9])
         self._placed[worker] = self._placed.get(worker, 0) + 1
         return worker
