@@ -1,310 +1,581 @@
-"""End to end: commands/s and events/s through ``smith-fast gateway`` + 1, + 2 and + 3 ``smith-fast
-worker``s over a real nats-server (JetStream, file storage), next to a direct ``smith-fast serve``,
-all on this machine, in one run.
+"""Scale-out by session placement: ``smith-fast gateway`` + ``smith-fast worker``\\ s over a real
+nats-server, next to a direct ``smith-fast serve``, all on this machine, in one run.
 
-Four topologies, the same client and the same bytes on the frontend's wire:
+``python -m bench.bench_nats [--quick] [--json PATH]``; ``make bench`` runs it too and puts its
+figures in the report (``bench/report/nats.py``). Every client is the SDK's
+(:class:`smith_fast.client.Client`) over a Unix socket; the processes are started as the tests start
+them (``harness/nats_cluster.py``), only by their command lines (``gateway --nats URL --unix PATH``,
+``worker --nats URL --root DIR``), so the benchmark measures whatever the gateway and the worker do
+inside. Three figures, each side by side within the run, as ratios (the machine is shared: compare
+within one run, never across runs):
 
-* ``serve``: one ``smith-fast serve``;
-* ``gateway+N``: nats-server, one gateway, N workers (N = 1, 2, 3);
-* ``gateway+1r``: as ``gateway+1``, the gateway with a fixed ``--gateway-id`` and the client's
-  session resumable (``accept: resume``): every envelope is journaled in NATS before the client
-  gets it (smith_fast/nats/journal.py), what a gateway restart costs while nothing restarts;
-* ``gateway+2b``: as ``gateway+2``, the gateway with ``--max-session-buffer 256M``: each forwarded
-  tool call reserves ``--tool-max-output`` (1 MiB) of its session's output budget while it is in
-  flight (what bounds a gateway's memory for a peer that does not read), so with the default 16 MiB
-  a session has ~15 calls in flight and the gateway's batches stay small.
+1. **pipelined calls**: ``fs.read`` of the report's 72 B file (``bench/report/workloads.py``), 64
+   in flight on one session (as the report's ``pipelined`` case, there with its own driver), through
+   ``serve`` and through ``gateway + 1 worker``, repetitions interleaved (the order rotates): calls/s,
+   the ratio, and the CPU per call of each process (utime + stime from ``/proc/PID/stat``, summed over
+   the measured repetitions, divided by their calls).
+2. **scaling**: 16 sessions, each running CPU-bound commands one after another (a ``python3 -c``
+   loop of about 50 ms of CPU, calibrated here at the start), through one gateway to 1, 2 and 4
+   workers, each worker confined to a quarter of a CPU in a cgroup of its own (``bench/cpu_quota.py``:
+   the worker and every command it runs): commands/s at each, and the ratio 4/1 (target >= 3.2).
+   Each repetition runs a fixed number of commands per session and ends when the last one has:
+   with 16 commands sharing a quarter of a CPU, each takes seconds, and they end in bursts that a
+   time window would cut at random. Each worker's CPU in the run (its own and its commands') shows
+   how evenly the sessions were placed.
+3. **session start**: from ``Client.connect`` to the handshake's Ready, a fresh connection each time,
+   through ``serve`` and through ``gateway + 1 worker`` (interleaved): p50 and the ratio (target <= 2x).
 
-Three workloads, each over the gateway's (or serve's) Unix socket, v1, from a plain blocking socket
-(the driver below parses every envelope, as a client must):
-
-* ``tools``: 1,000 pipelined ``fs.read`` calls, 64 in flight: commands/s (3 events each);
-* ``shell``: 300 pipelined ``true`` shell commands, 32 in flight: commands/s (a process each);
-* ``events``: one ``seq 1 100000`` at ``--chunk-size 32`` (~18,400 ShellOutput events): events/s.
-
-Where the time goes: each entry also records the CPU seconds every process of the topology
-(and the driver, this process) spent per command or per event during the measured rounds, from /proc, and the
-NATS messages per command or event (nats-server's ``/varz`` ``in_msgs`` and ``out_msgs``: messages
-clients published to the server and messages it delivered to clients, JetStream acknowledgements
-and pull requests included). The summary gives each topology's best and median round and its
-ratio to ``serve`` (medians): the machine is shared, so compare within one run.
-
-Run: ``.venv/bin/pytest bench/bench_nats.py --benchmark-only -p no:cacheprovider``
-(``-k tools`` for the tool calls alone).
+It prints a table and the ratios, and writes the figures as JSON with ``--json``. ``--quick`` keeps
+the whole run under a minute on 2 cores; the full run takes a few.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
 import json
 import os
 import pathlib
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
-import urllib.request
-import socket
-import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-import pytest
+from harness.nats_cluster import Cluster
+from harness.server import ServerProcess, SmithProcess
+from smith_fast.client import Client
 
-from harness.nats_cluster import Cluster, free_port
-from harness.server import ServerProcess
-from smith_fast.framing import FrameDecoder, encode_frame
-from smith_fast.pb import smith_pb2 as pb
+from . import cpu_quota
+from .report.stats import percentile
+from .report.workloads import SMALL, SMALL_TEXT
 
-from ._summary import print_summary
+__all__ = ["SCALES", "BenchScale", "main", "measure", "render"]
 
-TOOL_CALLS = 1000
-TOOL_WINDOW = 64
-SHELLS = 300
-SHELL_WINDOW = 32
-EVENTS_COMMAND = "seq 1 100000"
-CHUNK_SIZE = "32"
-_TERMINAL = (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR)
-ROUNDS = 5
-_RESULTS: list[str] = []
-_RATES: dict[tuple[str, str], tuple[float, float, str]] = {}  # (workload, topology): best, median rate, unit
-TOPOLOGIES = ["serve", "gateway+1", "gateway+1r", "gateway+2", "gateway+2b", "gateway+3"]
-
-
-class Topology:
-    """What runs one topology: the address a client connects to and the pids to account CPU for."""
-
-    def __init__(self, name: str, tmp: pathlib.Path) -> None:
-        self.name = name
-        self.serve: ServerProcess | None = None
-        self.cluster: Cluster | None = None
-        self.monitor: str | None = None  # nats-server's monitoring endpoint
-        self.resume = name.endswith("r")  # the session is journaled (gateway with --gateway-id)
-        if name == "serve":
-            self.serve = ServerProcess(tmp, "--chunk-size", CHUNK_SIZE, log_level="info").start()
-            self.path = self.serve.sock_path
-            self.root = self.serve.root
-        else:
-            workers = int(name.rpartition("+")[2].rstrip("rb"))
-            gateway_args = ("--gateway-id", "bench") if self.resume else ()
-            if name.endswith("b"):
-                gateway_args += ("--max-session-buffer", "256M")
-            self.cluster = Cluster(
-                tmp, workers=workers, worker_args=("--chunk-size", CHUNK_SIZE, "--concurrency", "64"),
-                gateway_args=gateway_args,
-            )
-            # the processes log at debug for the tests; here that would be measured too (info: "ready" only)
-            self.cluster.worker_args = tuple(a if a != "debug" else "info" for a in self.cluster.worker_args)
-            self.cluster.gateway.argv = [a if a != "debug" else "info" for a in self.cluster.gateway.argv]
-            port = free_port()
-            self.cluster.nats.extra = ("-m", str(port))
-            self.monitor = f"http://127.0.0.1:{port}/varz"
-            self.cluster.start()
-            self.path = str(tmp / "gw" / "smith.sock")
-            self.root = self.cluster.root
-        (self.root / "small.txt").write_text("a small file\n")
-
-    def pids(self) -> dict[str, int]:
-        if self.serve is not None:
-            return {"serve": self.serve.pid}
-        assert self.cluster is not None and self.cluster.nats.proc is not None
-        pids = {"gateway": self.cluster.gateway.pid, "nats-server": self.cluster.nats.proc.pid}
-        for i, worker in enumerate(self.cluster.workers):
-            pids[f"worker{i + 1}"] = worker.pid
-        return pids
-
-    def messages(self) -> tuple[int, int]:
-        """(in_msgs, out_msgs) of nats-server so far; (0, 0) without one."""
-        if self.monitor is None:
-            return 0, 0
-        with urllib.request.urlopen(self.monitor, timeout=10) as answer:
-            varz = json.load(answer)
-        return int(varz["in_msgs"]), int(varz["out_msgs"])
-
-    def stop(self) -> None:
-        if self.serve is not None:
-            self.serve.stop()
-        if self.cluster is not None:
-            self.cluster.stop()
-
-
-@pytest.fixture(scope="module", params=TOPOLOGIES)
-def topology(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
-    topo = Topology(request.param, tmp_path_factory.mktemp(f"bench-nats-{request.param.replace('+', '-')}"))
-    yield topo
-    topo.stop()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _print_summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    lines = []
-    if _RESULTS:
-        lines = ["\n\nbest round; CPU per unit by process (the driver in brackets); NATS messages per unit (in/out of nats-server):",
-                 *_RESULTS, "", "median of rounds, and its ratio to serve's median (best in brackets):"]
-        for (workload, name), (best, median, unit) in _RATES.items():
-            direct = _RATES.get((workload, "serve"))
-            ratio = f"{median / direct[1]:6.2f}x  ({best / direct[0]:.2f}x)" if direct else ""
-            lines.append(f"  {workload:7s} {name:10s} {median:>10,.0f} {unit}s/s  {ratio}")
-    print_summary(request, lines)
-    _RESULTS.clear()
-    _RATES.clear()
-
-
+PROG = "python -m bench.bench_nats"
+WINDOW = 64
+SESSIONS = 16
+WORKER_COUNTS = (1, 2, 4)
+QUOTA = 0.25  # of one CPU, per worker (cpu.max 25000 100000)
+COMMAND_CPU = 0.050  # seconds of CPU each scaling command is calibrated to
+SCALING_TARGET = 3.2  # commands/s at 4 workers over 1 worker, at least
+START_TARGET = 2.0  # session start p50 through the gateway over serve, at most
+_READ_ARGS = b'{"path":"%s"}' % SMALL.encode()
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (10 ms resolution)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+@dataclass(frozen=True)
+class BenchScale:
+    """The sizes of one run.
+
+    Attributes:
+        name: ``quick`` or ``full``.
+        calls: pipelined calls per repetition.
+        reps: measured repetitions of the pipelined calls (after one warm-up).
+        commands: commands per session per scaling repetition.
+        scaling_reps: scaling repetitions (each runs every worker count once).
+        starts: session starts per topology per round.
+        start_rounds: rounds of session starts.
+    """
+
+    name: str
+    calls: int
+    reps: int
+    commands: int
+    scaling_reps: int
+    starts: int
+    start_rounds: int
 
 
-class _Cpu:
-    """CPU seconds of a topology's processes (and of this client) between two points."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.start = {name: _cpu_seconds(pid) for name, pid in pids.items()}
-        self.client = time.process_time()
-
-    def per_unit(self, units: int) -> dict[str, float]:
-        """Microseconds of CPU per unit, by process."""
-        return {name: (_cpu_seconds(pid) - self.start[name]) / units * 1e6 for name, pid in self.pids.items()}
-
-    def client_per_unit(self, units: int) -> float:
-        """Microseconds of this process's CPU per unit (the driver: encoding, parsing every event)."""
-        return (time.process_time() - self.client) / units * 1e6
+SCALES = {
+    "quick": BenchScale("quick", calls=2000, reps=3, commands=2, scaling_reps=1, starts=20, start_rounds=3),
+    "full": BenchScale("full", calls=4000, reps=5, commands=3, scaling_reps=3, starts=20, start_rounds=5),
+}
 
 
-class _Client:
-    """A handshaken v1 session over a blocking Unix socket."""
-
-    def __init__(self, path: str, resume: bool = False) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(120)
-        self.sock.connect(path)
-        self.frames = FrameDecoder(1 << 26)
-        hs = pb.Envelope()
-        hs.command.handshake.version = 1
-        hs.command.handshake.capabilities.append(pb.CAPABILITY_SHELL_EXEC)
-        if resume:
-            hs.command.handshake.client_info["smith_fast.accept"] = "resume"
-        self.sock.sendall(encode_frame(hs.SerializeToString()))
-        while not any(e.WhichOneof("event_type") == "state_change" and e.state_change.state == pb.SERVICE_STATE_READY
-                      and not e.state_change.HasField("request_id") for e in self.recv()):
-            pass
-
-    def recv(self) -> list[pb.Event]:
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise RuntimeError("the service closed the connection")
-        return [pb.Envelope.FromString(frame).event for frame in self.frames.feed(data)]
-
-    def close(self) -> None:
-        self.sock.close()
+# --- processes -----------------------------------------------------------------------------------
 
 
-def _encode(command: pb.Command) -> bytes:
-    env = pb.Envelope()
-    env.command.CopyFrom(command)
-    return encode_frame(env.SerializeToString())
-
-
-def _pipelined(client: _Client, commands: list[pb.Command], window: int) -> tuple[int, int]:
-    """Send ``commands`` keeping ``window`` in flight; returns (events, bytes of output/results)
-    once every one ended READY."""
-    frames = [_encode(c) for c in commands]
-    n = len(frames)
-    sent = min(window, n)
-    client.sock.sendall(b"".join(frames[:sent]))
-    done = events = payload = 0
-    while done < n:
-        freed = 0
-        for event in client.recv():
-            events += 1
-            kind = event.WhichOneof("event_type")
-            if kind == "state_change" and event.state_change.state in _TERMINAL and event.state_change.HasField("request_id"):
-                if event.state_change.state != pb.SERVICE_STATE_READY:
-                    raise RuntimeError(f"request failed: {event}")
-                done += 1
-                freed += 1
-            elif kind == "shell_output":
-                payload += len(event.shell_output.stdout)
-                if event.shell_output.finished and event.shell_output.exit_code != 0:
-                    raise RuntimeError(f"command failed: {event}")
-            elif kind == "tool_result":
-                if not event.tool_result.success:
-                    raise RuntimeError(f"tool failed: {event.tool_result.error}")
-                payload += len(event.tool_result.result)
-            elif kind == "error":
-                raise RuntimeError(event.error.message)
-        if freed and sent < n:
-            k = min(freed, n - sent)
-            client.sock.sendall(b"".join(frames[sent : sent + k]))
-            sent += k
-    return events, payload
-
-
-def _tool_calls(n: int) -> list[pb.Command]:
-    out = []
-    for _ in range(n):
-        cmd = pb.Command()
-        cmd.tool_call.request_id = str(uuid.uuid4())
-        cmd.tool_call.tool = "fs.read"
-        cmd.tool_call.args = b'{"path": "small.txt"}'
-        out.append(cmd)
-    return out
-
-
-def _shells(n: int, command: str) -> list[pb.Command]:
-    out = []
-    for _ in range(n):
-        cmd = pb.Command()
-        cmd.shell_exec.request_id = str(uuid.uuid4())
-        cmd.shell_exec.command = command
-        out.append(cmd)
-    return out
-
-
-_SEQ_BYTES = len("".join(f"{i}\n" for i in range(1, 100001)))
-
-
-@pytest.mark.parametrize("workload", ["tools", "shell", "events"])
-def test_nats_scale_out(benchmark, topology: Topology, workload: str) -> None:  # type: ignore[no-untyped-def]
-    benchmark.group = workload
-    benchmark.name = topology.name
-    client = _Client(topology.path, topology.resume)
-    counted: list[int] = []
-
-    def once() -> None:
-        if workload == "tools":
-            events, _ = _pipelined(client, _tool_calls(TOOL_CALLS), TOOL_WINDOW)
-        elif workload == "shell":
-            events, _ = _pipelined(client, _shells(SHELLS, "true"), SHELL_WINDOW)
-        else:
-            events, size = _pipelined(client, _shells(1, EVENTS_COMMAND), 1)
-            assert size == _SEQ_BYTES
-        counted.append(events)
-
-    once()  # warm up (outside the CPU and message accounting)
-    counted.clear()
-    cpu = _Cpu(topology.pids())
-    msgs_before = topology.messages()
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """(own, waited-for children's) CPU seconds of process ``pid`` so far: utime + stime and
+    cutime + cstime from ``/proc/PID/stat`` (10 ms ticks); (0, 0) once it is gone."""
     try:
-        benchmark.pedantic(once, rounds=ROUNDS, iterations=1)
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK, (int(fields[13]) + int(fields[14])) / _CLK_TCK
+
+
+@dataclass
+class Topology:
+    """One running topology: where a client connects and whose CPU is accounted."""
+
+    name: str
+    address: str
+    pids: dict[str, int]
+    stop: Callable[[], object]
+    workers: list[SmithProcess] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen[bytes] | None] = field(default_factory=dict)
+
+    def gone(self) -> str:
+        """Which of its processes ended, and how (empty while all run)."""
+        out = []
+        for name, proc in self.procs.items():
+            code = None if proc is None else proc.poll()
+            if code is not None:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                out.append(f"{name} (pid {proc.pid if proc else '?'}) {how}")
+        return "; ".join(out)
+
+
+async def guarded(topology: Topology, work: Awaitable[T], timeout: float) -> T:
+    """Await ``work``, failing early when a process of ``topology`` ends (a request it held would
+    otherwise be waited for for ever) or after ``timeout`` seconds."""
+    task = asyncio.ensure_future(work)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=1.0)
+            if done:
+                return task.result()
+            gone = topology.gone()
+            if gone:
+                raise RuntimeError(f"{topology.name}: {gone} during the run (a signal means something outside this benchmark)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topology.name}: not done within {timeout:.0f} s")
     finally:
-        client.close()
-    msgs_after = topology.messages()
-    data = benchmark.stats.stats.data
-    best, median = min(data), statistics.median(data)
-    unit, units = ("event", counted[-1]) if workload == "events" else ("command", TOOL_CALLS if workload == "tools" else SHELLS)
-    rate = units / best
-    total = sum(counted) if workload == "events" else units * len(counted)
-    per = cpu.per_unit(total)
-    client_cpu = cpu.client_per_unit(total)
-    msgs_in, msgs_out = ((msgs_after[0] - msgs_before[0]) / total, (msgs_after[1] - msgs_before[1]) / total)
-    benchmark.extra_info.update({f"{unit}s_per_s": round(rate), f"median_{unit}s_per_s": round(units / median),
-                                 "events_per_round": counted[-1],
-                                 f"cpu_us_per_{unit}_client": round(client_cpu, 1),
-                                 f"nats_msgs_in_per_{unit}": round(msgs_in, 2), f"nats_msgs_out_per_{unit}": round(msgs_out, 2),
-                                 **{f"cpu_us_per_{unit}_{k}": round(v, 1) for k, v in per.items()}})
-    _RATES[(workload, topology.name)] = (rate, units / median, unit)
-    where = ", ".join(f"{k} {v:.1f}" for k, v in per.items()) + f" (client {client_cpu:.1f})"
-    nats = f"   NATS msgs/{unit}: {msgs_in:.2f} in {msgs_out:.2f} out" if topology.monitor else ""
-    _RESULTS.append(f"  {workload:7s} {topology.name:10s} {rate:>10,.0f} {unit}s/s  {counted[-1] / best:>9,.0f} events/s   CPU µs/{unit}: {where}{nats}")
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def start_serve(tmp: pathlib.Path, root: pathlib.Path) -> Topology:
+    server = ServerProcess(tmp / "serve", log_level="info", tcp=False, root=root, keep=2000)
+    (tmp / "serve").mkdir(exist_ok=True)
+    server.start(60)
+    return Topology("serve", server.unix, {"serve": server.pid}, server.stop, procs={"serve": server.proc})
+
+
+def launch_cluster(tmp: pathlib.Path, root: pathlib.Path, workers: int, quota: cpu_quota.Quota | None, first: int = 0) -> Cluster:
+    """nats-server, ``workers`` workers (each in its own CPU cell when ``quota`` is given, cells
+    ``first`` ...) and a gateway, all launched at once; :func:`ready_cluster` waits for them."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    # the tests' processes log at debug; here that would be measured too (info: little but "ready").
+    # With credentials and per-role permissions, as README's deployment: nkeys cost nothing per message.
+    cluster = Cluster(tmp, workers=workers, log_level="info", worker_args=("--root", str(root)))
+    try:
+        cluster.nats.start()
+        for i in range(workers):
+            worker = cluster.make_worker()
+            if quota is not None:
+                worker.argv[:0] = quota.prefix(first + i)
+            worker.launch()
+        cluster.gateway.launch()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def ready_cluster(name: str, cluster: Cluster, quota: cpu_quota.Quota | None = None, first: int = 0) -> Topology:
+    """Wait until ``cluster`` (from :func:`launch_cluster`) is up and knows its workers."""
+    try:
+        for proc in [*cluster.workers, cluster.gateway]:
+            proc.wait_ready(90)  # a worker confined to a quarter of a CPU imports slowly
+        cluster.wait_connected(cluster.count, timeout=90)
+    except BaseException:
+        cluster.stop()
+        raise
+    pids = {"gateway": cluster.gateway.pid}
+    for i, worker in enumerate(cluster.workers):
+        pids[f"worker{i + 1}"] = worker.pid
+        if quota is not None:
+            quota.adopt(first + i, worker.pid)
+    assert cluster.nats.proc is not None
+    pids["nats-server"] = cluster.nats.proc.pid
+    procs = {"gateway": cluster.gateway.proc, "nats-server": cluster.nats.proc}
+    procs.update({f"worker{i + 1}": w.proc for i, w in enumerate(cluster.workers)})
+    return Topology(name, cluster.unix, pids, cluster.stop, list(cluster.workers), procs)
+
+
+async def _session(address: str) -> Client:
+    client = await Client.connect(address)
+    await client.handshake(timeout=60)
+    return client
+
+
+async def probe(topology: Topology, timeout: float = 60.0) -> None:
+    """Read the 72 B file through ``topology`` until it answers right (or raise after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client = await _session(topology.address)
+            try:
+                result = await client.call_tool("fs.read", raw_args=_READ_ARGS)
+            finally:
+                await client.close()
+            if result.success and SMALL_TEXT.encode() in result.result.replace(b"\\n", b"\n"):
+                return
+            problem = f"fs.read answered {result.error or result.result[:200]!r}"
+        except Exception as exc:  # not up yet: the gateway may not have heard of its workers
+            problem = f"{type(exc).__name__}: {exc}"
+        gone = topology.gone()
+        if gone or time.monotonic() > deadline:
+            raise RuntimeError(f"{topology.name} does not answer an fs.read: {problem}" + (f" ({gone})" if gone else ""))
+        await asyncio.sleep(0.25)
+
+
+# --- 1. pipelined calls ---------------------------------------------------------------------------
+
+
+async def pipelined(client: Client, calls: int, window: int) -> float:
+    """``calls`` ``fs.read`` calls on ``client``, ``window`` in flight; seconds from the first sent to
+    the last answered."""
+    per, extra = divmod(calls, window)
+
+    async def lane(n: int) -> None:
+        for _ in range(n):
+            result = await client.call_tool("fs.read", raw_args=_READ_ARGS)
+            if not result.success:
+                raise RuntimeError(f"fs.read failed: {result.error}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(lane(per + (i < extra)) for i in range(window)))
+    return time.perf_counter() - started
+
+
+async def measure_pipelined(topologies: list[Topology], scale: BenchScale) -> dict[str, Any]:
+    clients = {t.name: await _session(t.address) for t in topologies}
+    rates: dict[str, list[float]] = {t.name: [] for t in topologies}
+    cpu: dict[str, dict[str, float]] = {t.name: dict.fromkeys(t.pids, 0.0) for t in topologies}
+    try:
+        for rep in range(scale.reps + 1):  # the first is the warm-up
+            order = topologies[rep % len(topologies):] + topologies[: rep % len(topologies)]
+            for t in order:
+                before = {k: proc_cpu(pid)[0] for k, pid in t.pids.items()}
+                seconds = await guarded(t, pipelined(clients[t.name], scale.calls, WINDOW), 60 + scale.calls / 100)
+                if rep:
+                    rates[t.name].append(scale.calls / seconds)
+                    for k, pid in t.pids.items():
+                        cpu[t.name][k] += proc_cpu(pid)[0] - before[k]
+    finally:
+        for client in clients.values():
+            await client.close()
+    calls = scale.calls * scale.reps
+    out: dict[str, Any] = {"calls": scale.calls, "window": WINDOW, "reps": scale.reps, "file_bytes": len(SMALL_TEXT)}
+    for t in topologies:
+        out[t.name] = {"calls_per_s": [round(r) for r in rates[t.name]], "median": statistics.median(rates[t.name]),
+                       "cpu_us_per_call": {k: v / calls * 1e6 for k, v in cpu[t.name].items()}}
+    first, second = topologies[0].name, topologies[1].name
+    out["ratio"] = out[second]["median"] / out[first]["median"]
+    out["ratio_of"] = f"{second} / {first}"
+    return out
+
+
+# --- 3. session start -----------------------------------------------------------------------------
+
+
+async def session_starts(topologies: list[Topology], scale: BenchScale) -> dict[str, Any]:
+    times: dict[str, list[float]] = {t.name: [] for t in topologies}
+    for rnd in range(scale.start_rounds + 1):  # the first is the warm-up
+        order = topologies[rnd % len(topologies):] + topologies[: rnd % len(topologies)]
+        for t in order:
+            for _ in range(scale.starts):
+                started = time.perf_counter()
+                client = await guarded(t, _session(t.address), 60)
+                took = time.perf_counter() - started
+                await client.close()
+                if rnd:
+                    times[t.name].append(took)
+    out: dict[str, Any] = {"starts": scale.starts * scale.start_rounds, "target": START_TARGET}
+    for t in topologies:
+        ordered = sorted(times[t.name])
+        out[t.name] = {"p50_ms": percentile(ordered, 0.5) * 1e3, "p90_ms": percentile(ordered, 0.9) * 1e3}
+    first, second = topologies[0].name, topologies[1].name
+    out["ratio"] = out[second]["p50_ms"] / out[first]["p50_ms"]
+    out["ratio_of"] = f"{second} / {first}"
+    out["met"] = out["ratio"] <= START_TARGET
+    return out
+
+
+# --- 2. scaling -----------------------------------------------------------------------------------
+
+
+def python3() -> str:
+    """The interpreter the commands run: this one's real file (the venv's ``python3`` is a link that
+    a sandboxed command may not see, and a ``python3`` on PATH may be a slow shim)."""
+    return os.path.realpath(sys.executable)
+
+
+def command_for(iterations: int) -> str:
+    return f"{python3()} -S -c 'for i in range({iterations}): pass'"
+
+
+def _child_cpu(argv: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def calibrate(target: float = COMMAND_CPU) -> tuple[int, float]:
+    """Iterations of the command's loop for ``target`` seconds of CPU in all (start-up included),
+    and the CPU seconds it then took here, unconfined and outside the sandbox."""
+    exe = python3()
+    startup = min(_child_cpu([exe, "-S", "-c", "pass"]) for _ in range(3))
+    probe_n = 1_000_000
+    per = max(1e-9, (min(_child_cpu([exe, "-S", "-c", f"for i in range({probe_n}): pass"]) for _ in range(2)) - startup) / probe_n)
+    iterations = max(10_000, round((target - startup) / per))
+    took = statistics.median(_child_cpu([exe, "-S", "-c", f"for i in range({iterations}): pass"]) for _ in range(3))
+    return iterations, took
+
+
+async def scaling_rep(clients: list[Client], command: str, commands: int) -> float:
+    """Every session runs ``commands`` commands one after another; seconds until the last ended."""
+
+    async def session(client: Client) -> None:
+        for _ in range(commands):
+            result = await client.run(command)
+            if result.exit_code != 0:
+                raise RuntimeError(f"the command failed ({result.exit_code}): {result.stderr[-500:]!r}")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(session(c) for c in clients))
+    return time.perf_counter() - started
+
+
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> its live children's pids, from one pass over /proc."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                rest = pathlib.Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if rest[0] != "Z":
+                out.setdefault(int(rest[1]), []).append(int(entry))
+    return out
+
+
+def _descendants(children: dict[int, list[int]], pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, ())]
+        found += frontier
+    return found
+
+
+async def _watch_cells(topology: Topology, quota: cpu_quota.Quota, first: int, seen: dict[str, int], stop: asyncio.Event) -> None:
+    """While commands run, check that each worker's descendants (its commands) are in its cell."""
+    while not stop.is_set():
+        children = _children()
+        for i, worker in enumerate(topology.workers):
+            for pid in _descendants(children, worker.pid):
+                inside = quota.inside(first + i, pid)
+                if inside is not None:
+                    seen["inside" if inside else "outside"] += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+
+
+def _worker_cpu(quota: cpu_quota.Quota, index: int, pid: int) -> float:
+    """CPU seconds of a worker and its commands (its cell's), else its own and its waited-for children's."""
+    used = quota.usage(index)
+    return used if used is not None else sum(proc_cpu(pid))
+
+
+async def measure_scaling(topologies: dict[int, Topology], quota: cpu_quota.Quota, firsts: dict[int, int],
+                          scale: BenchScale, command: str) -> dict[str, Any]:
+    sessions = {n: [await _session(t.address) for _ in range(SESSIONS)] for n, t in topologies.items()}
+    for n, clients in sessions.items():  # the warm-up: a process spawned on every session, at no CPU cost
+        await guarded(topologies[n], asyncio.gather(*(c.run("true") for c in clients)), 120)
+    rates: dict[int, list[float]] = {n: [] for n in topologies}
+    worker_cpu: dict[int, list[float]] = {n: [0.0] * n for n in topologies}
+    seen = {"inside": 0, "outside": 0}
+    throttled_before = {i: quota.throttled(i) for i in quota.cells}
+    counts = list(topologies)
+    try:
+        for rep in range(scale.scaling_reps):
+            for n in counts[rep % len(counts):] + counts[: rep % len(counts)]:
+                t = topologies[n]
+                before = [_worker_cpu(quota, firsts[n] + i, w.pid) for i, w in enumerate(t.workers)]
+                stop = asyncio.Event()
+                watcher = asyncio.ensure_future(_watch_cells(t, quota, firsts[n], seen, stop)) if quota.confines else None
+                try:
+                    expected = SESSIONS * scale.commands * COMMAND_CPU / (n * QUOTA)
+                    seconds = await guarded(t, scaling_rep(sessions[n], command, scale.commands), 120 + 10 * expected)
+                finally:
+                    stop.set()
+                    if watcher is not None:
+                        await watcher
+                rates[n].append(SESSIONS * scale.commands / seconds)
+                for i, w in enumerate(t.workers):
+                    worker_cpu[n][i] += _worker_cpu(quota, firsts[n] + i, w.pid) - before[i]
+    finally:
+        for clients in sessions.values():
+            for client in clients:
+                await client.close()
+    out: dict[str, Any] = {
+        "sessions": SESSIONS, "commands_per_session": scale.commands, "reps": scale.scaling_reps, "command": command,
+        "quota": {"fraction": quota.fraction, "method": quota.method, "detail": quota.detail,
+                  "commands_seen_inside": seen["inside"], "commands_seen_outside": seen["outside"],
+                  "throttled_periods": {str(i): (quota.throttled(i) or 0) - (throttled_before.get(i) or 0)
+                                        for i in quota.cells if quota.throttled(i) is not None}},
+        "target": SCALING_TARGET,
+        "worker_cpu_source": "cell" if quota.usage(firsts[min(topologies)]) is not None else "process",
+    }
+    for n in topologies:
+        out[str(n)] = {"commands_per_s": [round(r, 2) for r in rates[n]], "median": statistics.median(rates[n]),
+                       "worker_cpu_s": [round(c, 2) for c in worker_cpu[n]]}
+    out["ratio"] = out[str(max(topologies))]["median"] / out[str(min(topologies))]["median"]
+    out["ratio_of"] = f"{max(topologies)} workers / {min(topologies)}"
+    out["met"] = out["ratio"] >= SCALING_TARGET if quota.confines else None
+    return out
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+async def _measure(tmp: pathlib.Path, scale: BenchScale, say: Callable[[str], None]) -> dict[str, Any]:
+    root = tmp / "root"
+    root.mkdir()
+    (root / SMALL).write_text(SMALL_TEXT)
+    result: dict[str, Any] = {"scale": scale.name}
+    iterations, took = calibrate()
+    command = command_for(iterations)
+    result["command_cpu_ms_unconfined"] = took * 1e3
+    quota = cpu_quota.find(QUOTA)
+    say(f"CPU confinement: {quota.method}: {quota.detail}")
+    stops: list[Callable[[], object]] = []
+    try:
+        # everything is launched at once (idle processes cost nothing), then waited for: start-up
+        # of confined workers is slow, and would otherwise add up
+        firsts: dict[int, int] = {}
+        clusters: dict[int, Cluster] = {}
+        index = 0
+        for n in WORKER_COUNTS:
+            firsts[n] = index
+            clusters[n] = launch_cluster(tmp / f"scale{n}", root, n, quota if quota.confines else None, index)
+            stops.append(clusters[n].stop)
+            index += n
+        plain = launch_cluster(tmp / "plain", root, 1, None)
+        stops.append(plain.stop)
+        serve = start_serve(tmp, root)
+        stops.append(serve.stop)
+        gateway = ready_cluster("gateway+1", plain)
+        scaled = {n: ready_cluster(f"gateway+{n} (confined)", c, quota if quota.confines else None, firsts[n])
+                  for n, c in clusters.items()}
+        for t in (serve, gateway, *scaled.values()):
+            await probe(t)
+        say("pipelined fs.read ...")
+        result["pipelined"] = await measure_pipelined([serve, gateway], scale)
+        say("session start ...")
+        result["session_start"] = await session_starts([serve, gateway], scale)
+        say(f"scaling: {SESSIONS} sessions, {scale.commands} command(s) each, 1/2/4 workers ...")
+        result["scaling"] = await measure_scaling(scaled, quota, firsts, scale, command)
+    finally:
+        for stop in reversed(stops):
+            with contextlib.suppress(Exception):
+                stop()
+        quota.cleanup()
+    return result
+
+
+def measure(scale: BenchScale, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every figure at ``scale``; the JSON-ready result (:func:`render` prints it)."""
+    tell = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    load = os.getloadavg()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="smith-fast-bench-nats-") as tmp:
+        result = _run(_measure(pathlib.Path(tmp), scale, tell))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["load_average"] = {"start": [round(x, 2) for x in load], "end": [round(x, 2) for x in os.getloadavg()]}
+    result["cpus"] = os.cpu_count()
+    return result
+
+
+def _run(coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)  # type: ignore[arg-type]  # a coroutine, typed as its awaitable face
+    return uvloop.run(coro)  # type: ignore[arg-type]  # the same
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _n(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _verdict(met: bool | None) -> str:
+    return {True: "met", False: "NOT met", None: "not decided (no CPU confinement)"}[met]
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """The result as plain-text lines: three tables and their ratios."""
+    out = [f"NATS scale-out by session placement ({result['scale']}, {result.get('wall_s', '?')} s, {result.get('cpus')} CPUs, "
+           f"load average {' '.join(map(str, result.get('load_average', {}).get('start', [])))} at the start)", ""]
+    p = result["pipelined"]
+    names = [k for k in p if isinstance(p[k], dict)]
+    procs = list(dict.fromkeys(k for n in names for k in p[n]["cpu_us_per_call"]))
+    out.append(f"1. pipelined fs.read of {p['file_bytes']} B, {p['window']} in flight, SDK client, {p['calls']:,} calls "
+               f"x {p['reps']} repetitions (interleaved)")
+    out.append(f"   {'topology':12s} {'calls/s':>10s}  {'range':>17s}   CPU µs/call: " + "  ".join(f"{k:>11s}" for k in procs))
+    for n in names:
+        rates, cpu = p[n]["calls_per_s"], p[n]["cpu_us_per_call"]
+        out.append(f"   {n:12s} {_n(p[n]['median']):>10s}  {_n(min(rates)) + '-' + _n(max(rates)):>17s}                "
+                   + "  ".join(f"{_n(cpu[k]) if k in cpu else '-':>11s}" for k in procs))
+    out += [f"   ratio {p['ratio_of']}: {p['ratio']:.3f}x the calls/s", ""]
+    s = result["scaling"]
+    q = s["quota"]
+    out.append(f"2. scaling: {s['sessions']} sessions x {s['commands_per_session']} CPU-bound command(s) x {s['reps']} repetition(s), "
+               f"one gateway, each worker confined to {q['fraction']:g} CPU ({q['method']})")
+    out.append(f"   command: {s['command']} ({result['command_cpu_ms_unconfined']:.0f} ms of CPU here, unconfined, outside the sandbox)")
+    whose = "its cell's: itself and its commands" if s.get("worker_cpu_source") == "cell" else "its own and its reaped children's"
+    out.append(f"   {'workers':8s} {'commands/s':>10s}  {'x 1 worker':>10s}   CPU s per worker in the runs ({whose})")
+    counts = [k for k in s if k.isdigit()]
+    base = s[counts[0]]["median"]
+    for k in counts:
+        out.append(f"   {k:8s} {_n(s[k]['median']):>10s}  {s[k]['median'] / base:>9.2f}x   {', '.join(f'{c:.1f}' for c in s[k]['worker_cpu_s'])}")
+    out.append(f"   ratio {s['ratio_of']}: {s['ratio']:.2f}x (target >= {s['target']:g}): {_verdict(s['met'])}")
+    if q["method"] == "none":
+        out.append(f"   NO CPU CONFINEMENT: {q['detail']}; the workers shared the machine's CPUs, the ratio says little")
+    else:
+        out.append(f"   confinement: {q['detail']}")
+        out.append(f"   commands seen in their worker's cell: {q['commands_seen_inside']} samples inside, "
+                   f"{q['commands_seen_outside']} outside; throttled periods per cell: "
+                   + ", ".join(f"{v}" for v in q["throttled_periods"].values()))
+    out.append("")
+    st = result["session_start"]
+    out.append(f"3. session start, Client.connect to Ready, a fresh connection each ({st['starts']} per topology, interleaved)")
+    for n in [k for k in st if isinstance(st[k], dict)]:
+        out.append(f"   {n:12s} p50 {st[n]['p50_ms']:7.2f} ms   p90 {st[n]['p90_ms']:7.2f} ms")
+    out.append(f"   ratio {st['ratio_of']}: {st['ratio']:.2f}x the p50 (target <= {st['target']:g}x): {_verdict(st['met'])}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="smaller figures, under a minute on 2 cores")
+    p.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the figures there as JSON")
+    args = p.parse_args(argv)
+    result = measure(SCALES["quick" if args.quick else "full"])
+    print("\n".join(render(result)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,5 +6,6 @@ from harness.twins import (  # noqa: F401  (fixtures)
     events,
     framing,
     impl,
+    relaypeek,
     sequencing,
 )

@@ -100,14 +100,22 @@ def wait_gateway(gateway: SmithProcess, workers: int = 0, timeout: float = 20.0)
 
 
 class Cluster:
-    """A NATS server, ``workers`` workers and one gateway (Unix, TCP and gRPC listeners).
+    """A NATS server, ``workers`` workers (ids ``w0``, ``w1`` ...) and one gateway (Unix and TCP listeners).
 
     Args:
         tmp: a directory of its own (store, sockets, workspace).
         workers: how many workers.
-        nats_args: NATS options every process gets (``--ack-wait`` ...).
+        nats_args: NATS options every process gets (``--presence-interval`` ...).
         worker_args: extra worker options.
         gateway_args: extra gateway options.
+        roots: each worker serves a directory of its own (``root/w0`` ...), as on separate machines;
+            else they share ``root``.
+        labels: per worker index, its ``--label``s.
+        auth: nats-server requires credentials, each process has its own nkey and the permissions
+            of its role (``smith-fast nats-auth``), as README's deployment does; False: anyone may
+            connect (what the warning at start is about).
+        keys: where ``smith-fast nats-auth`` writes the configuration and keys (default ``tmp/keys``).
+        log_level: the processes' ``--log-level`` (a benchmark measures less logging with ``info``).
     """
 
     def __init__(
@@ -119,28 +127,76 @@ class Cluster:
         worker_args: tuple[str, ...] = (),
         gateway_args: tuple[str, ...] = (),
         loop: str = "uvloop",
+        roots: bool = False,
+        labels: dict[int, tuple[str, ...]] | None = None,
+        auth: bool = True,
+        keys: pathlib.Path | None = None,
+        log_level: str = "debug",
     ) -> None:
         self.tmp = tmp
+        self.keys: pathlib.Path | None = None
+        extra: tuple[str, ...] = ()
+        if auth:
+            from smith_fast.nats.auth import write_auth
+
+            self.keys = keys or tmp / "keys"
+            write_auth(self.keys, ["g0", "g1"], [f"w{i}" for i in range(workers + 4)])  # room for workers added later
+            extra = ("-c", str(self.keys / "nats.conf"))
         self.root = tmp / "root"
         self.root.mkdir(exist_ok=True)
-        self.nats = NatsServer(tmp / "store")
+        self.roots = roots
+        self.labels = labels or {}
+        self.nats = NatsServer(tmp / "store", extra=extra)
         self.nats_args = ("--nats", self.nats.url, *nats_args)
-        self.worker_args = ("--root", str(self.root), "--loop", loop, "--log-level", "debug", *worker_args)
+        self.log_level = log_level
+        self.worker_args = ("--loop", loop, "--log-level", log_level, *worker_args)
         self.workers: list[SmithProcess] = []
+        self._made = 0  # workers made so far: the next one's id
         self.count = workers
-        (tmp / "gw").mkdir(exist_ok=True)
-        self.gateway = SmithProcess(
-            tmp / "gw", "gateway", *self.nats_args, "--unix", str(tmp / "gw" / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--grpc", "127.0.0.1:0", "--loop", loop, "--log-level", "debug", *gateway_args,
-        )
+        self.loop = loop
+        self.gateway_args = gateway_args
+        self.gateways: list[SmithProcess] = []
+        self.gateway = self.make_gateway()
 
-    def add_worker(self) -> SmithProcess:
-        n = len(self.workers)
+    def make_gateway(self) -> SmithProcess:
+        """One more gateway (``g0``, ``g1``; not started), with its own Unix socket and TCP port."""
+        n = len(self.gateways)
+        gdir = self.tmp / ("gw" if n == 0 else f"gw{n}")
+        gdir.mkdir(exist_ok=True)
+        identity = ("--gateway-id", f"g{n}")
+        if self.keys is not None:
+            identity += ("--nats-nkey", str(self.keys / f"gateway-g{n}.nk"))
+        gateway = SmithProcess(
+            gdir, "gateway", *self.nats_args, "--unix", str(gdir / "smith.sock"), "--tcp", "127.0.0.1:0",
+            "--loop", self.loop, "--log-level", self.log_level, *identity, *self.gateway_args,
+        )
+        self.gateways.append(gateway)
+        return gateway
+
+    def worker_root(self, n: int) -> pathlib.Path:
+        """The directory worker ``n`` serves."""
+        if not self.roots:
+            return self.root
+        root = self.root / f"w{n}"
+        root.mkdir(exist_ok=True)
+        return root
+
+    def make_worker(self, *extra: str) -> SmithProcess:
+        """The next worker (``w<n>``, with its key and labels), counted but not started; ``n`` is
+        never used twice (two processes with one worker id would both take its sessions)."""
+        n = self._made
+        self._made += 1
         wdir = self.tmp / f"w{n}"
         wdir.mkdir(exist_ok=True)
-        worker = SmithProcess(wdir, "worker", *self.nats_args, *self.worker_args).start()
+        labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]
+        key = ("--nats-nkey", str(self.keys / f"worker-w{n}.nk")) if self.keys is not None else ()
+        worker = SmithProcess(wdir, "worker", *self.nats_args, "--worker-id", f"w{n}", "--root", str(self.worker_root(n)),
+                              *key, *labels, *self.worker_args, *extra)
         self.workers.append(worker)
         return worker
+
+    def add_worker(self, *extra: str) -> SmithProcess:
+        return self.make_worker(*extra).start()
 
     def start(self) -> Cluster:
         try:
@@ -161,7 +217,9 @@ class Cluster:
     def stop(self) -> dict[str, int]:
         """Stop everything (SIGTERM); returns the exit codes of the processes that were still running."""
         codes = {}
-        for name, proc in [("gateway", self.gateway), *((f"worker{i}", w) for i, w in enumerate(self.workers))]:
+        procs = [*((f"gateway{i}" if i else "gateway", g) for i, g in enumerate(self.gateways)),
+                 *((f"worker{i}", w) for i, w in enumerate(self.workers))]
+        for name, proc in procs:
             if proc.proc is not None:
                 running = proc.proc.poll() is None
                 code = proc.stop()
@@ -177,7 +235,3 @@ class Cluster:
     @property
     def tcp(self) -> str:
         return self.gateway.tcp
-
-    @property
-    def grpc(self) -> str:
-        return self.gateway.grpc

@@ -17,7 +17,7 @@ import pytest
 
 from smith_fast._compat import NO_EXTENSIONS
 
-__all__ = ["IMPLEMENTATIONS", "chunking", "coalescing", "events", "framing", "impl", "sequencing", "twin"]
+__all__ = ["IMPLEMENTATIONS", "chunking", "coalescing", "events", "framing", "impl", "relaypeek", "sequencing", "twin"]
 
 IMPLEMENTATIONS = ["py"] if NO_EXTENSIONS else ["c", "py"]
 
@@ -55,3 +55,8 @@ def coalescing(impl: str) -> ModuleType:
 @pytest.fixture(scope="session")
 def events(impl: str) -> ModuleType:
     return twin("events", impl)
+
+
+@pytest.fixture(scope="session")
+def relaypeek(impl: str) -> ModuleType:
+    return twin("relaypeek", impl)

@@ -31,7 +31,6 @@ from .errors import (
     EncodeError,
     FrameTooLarge,
     FramingError,
-    GatewayIdInUse,
     HeadError,
     HookFailure,
     HttpError,
@@ -40,11 +39,10 @@ from .errors import (
     LandlockError,
     ListenError,
     LogFormatError,
+    NatsCredentialError,
     NotASmithService,
-    PayloadTooLarge,
     PlanError,
     ProtocolError,
-    PublishError,
     ResumeRefused,
     SandboxError,
     SandboxUnavailable,
@@ -90,9 +88,7 @@ __all__ = [
     "HttpRefused",
     "HeadError",
     "HttpError",
-    "GatewayIdInUse",
-    "PublishError",
-    "PayloadTooLarge",
+    "NatsCredentialError",
 ]
 
 _FROM_CLIENT = frozenset({"Client", "GrpcClient"})

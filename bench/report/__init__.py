@@ -13,6 +13,7 @@ Modules: ``wire`` (encoding commands, decoding events into small views), ``drive
 socket drivers), ``grpc_client`` (grpc.aio drivers), ``stdio`` (the JSON-RPC stdio driver and the
 no-server reference), ``floor_server`` (the floor, run as a child), ``contenders``, ``workloads``,
 ``runner``, ``stats``, ``summary`` (the opening summary, generated from the figures), ``render``
-(Markdown and JSON), ``charts`` (matplotlib, from requirements-dev.txt), ``meta``, ``__main__``
-(the command line).
+(Markdown and JSON), ``charts`` (matplotlib, from requirements-dev.txt), ``meta``, ``nats`` (the
+NATS scale-out section: ``bench/bench_nats.py`` run after the contenders), ``__main__`` (the
+command line).
 """

@@ -13,6 +13,7 @@ import sys
 import time
 
 from . import meta as meta_mod
+from . import nats as nats_section
 from .contenders import CONTENDERS
 from .render import to_json, to_markdown
 from .runner import Report
@@ -41,7 +42,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
     p.add_argument("--contenders", help="comma list of contenders to run (default all)")
     p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, seq, spawn, latency, pipelined, sessions, "
-                   "size, chunk)")
+                   "size, chunk, nats)")
+    p.add_argument("--no-nats", action="store_true", help="skip the NATS scale-out section (bench/bench_nats.py: serve against a "
+                   "gateway and 1, 2, 4 workers; needs nats-server)")
     p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return p
@@ -76,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     load_before = meta_mod.load_average()
     started = time.perf_counter()
     report = run_report(scale, contenders, only=only)
+    if nats_section.wanted(args.scale, only, args.no_nats):
+        nats_section.run(report, args.scale)
     wall = time.perf_counter() - started
     report.meta = {
         **facts,
@@ -86,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     }
     command = PROG + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
     charts: list[str] = []
-    if not args.no_charts:
+    if not args.no_charts and report.cases:  # `--only nats`: no contender figures to chart
         from .charts import draw
 
         charts = draw(report, out)
@@ -94,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "report.json").write_text(to_json(report))
     _print_headline(report)
     print(f"\nwrote {out / 'report.md'}, report.json{''.join(', ' + c for c in charts)} in {wall:.0f} s")
-    return 1 if report.failures else 0
+    return 1 if report.failures or report.nats_failure else 0
 
 
 def _print_headline(report: Report) -> None:

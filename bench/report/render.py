@@ -173,6 +173,9 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
         out += [*_table(header, rows), ""]
     out += _mcp_section(report)
     out += _ladder_sections(report)
+    from .nats import markdown as nats_markdown  # it imports this module
+
+    out += nats_markdown(report)
     out += _contenders_section(report)
     out += _details(report)
     out += _machine(report)
@@ -335,5 +338,6 @@ def to_json(report: Report) -> str:
         "samples": [{"case": k[0], "contender": k[1], "repetitions": v} for k, v in report.samples.items()],
         "failures": [{"case": k[0], "contender": k[1], "error": v} for k, v in report.failures.items()],
         "service_info": report.service_info,
+        "nats": report.nats if report.nats is not None else {"failure": report.nats_failure} if report.nats_failure else None,
     }
     return json.dumps(data, indent=1, ensure_ascii=False)

@@ -21,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .contenders import Client, Contender, Endpoint
 from .drivers import cpu_seconds_of
@@ -44,6 +45,8 @@ class Report:
         failures: ``(case key, contender name) -> what went wrong``.
         service_info: ``contender name -> the Ready.service_info of its server``.
         meta: machine, versions, load, times (filled by ``bench.report.meta``).
+        nats: the NATS scale-out figures (``bench.report.nats``), None when not measured.
+        nats_failure: why they are missing, when that run failed.
     """
 
     scale: Scale
@@ -53,6 +56,8 @@ class Report:
     failures: dict[tuple[str, str], str] = field(default_factory=dict)
     service_info: dict[str, dict[str, str]] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
+    nats: dict[str, Any] | None = None
+    nats_failure: str | None = None
 
     def summary(self, case: str, contender: str, key: str) -> Summary | None:
         """The summary of figure ``key`` of ``case`` for ``contender``; None when not measured."""

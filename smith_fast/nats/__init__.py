@@ -1,16 +1,16 @@
-"""Scale-out over NATS JetStream: ``smith-fast gateway`` in front, ``smith-fast worker``s behind.
+"""Scale-out over NATS: ``smith-fast gateway`` in front, ``smith-fast worker``s behind.
 
-A gateway accepts frontends exactly as ``smith-fast serve`` does and forwards their requests into
-a JetStream work queue; any number of workers run them and publish their events back. The design,
-subjects, headers and delivery guarantees are in PROTOCOL.md, "Scale-out over NATS".
+A gateway accepts frontends exactly as ``smith-fast serve`` does, places each session on one
+worker and relays its bytes there over core NATS; the worker runs the session with ``serve``'s own
+code. The design, subjects, roles and guarantees are in PROTOCOL.md, "Scale-out over NATS".
 
-Modules: :mod:`.config` (names and limits), :mod:`.wire` (headers, message ids, the gateway's
-per-request deduplication), :mod:`.jetstream` (connection, streams, pull feed, reliable
-publisher), :mod:`.cli` (the two subcommands). The gateway: :mod:`.gateway` (a ServiceCore and
-its Backend), :mod:`.bridge` (its NATS side), :mod:`.forwarding` (the request runner),
-:mod:`.remote` (one forwarded request). A worker: :mod:`.worker`, :mod:`.publication` (a
-command's events out), :mod:`.worker_sessions` (what a gateway session keeps on a worker),
-:mod:`.hooks_bucket` (the hook sources all workers share).
+Modules: :mod:`.config` (servers, prefix, intervals), :mod:`.auth` (NATS identities and their
+permissions), :mod:`.connect` (a connection that never gives up), :mod:`.relay` (subjects and
+the relay message), :mod:`.presence` (the workers' announcements), :mod:`.placement` (where a
+session goes), :mod:`.metrics`, :mod:`.cli` (the two subcommands). The gateway: :mod:`.gateway`
+and :mod:`.gateway_front` (one relayed connection). A worker: :mod:`.worker` and
+:mod:`.relay_transport` (a relayed connection as an asyncio transport), :mod:`.processes` (every
+worker's background processes, for its sessions).
 
 Needs the ``nats-py`` package (``pip install smith-fast[nats]``); nothing here imports it until a
 worker or a gateway starts, so the rest of smith-fast works without it.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import pathlib
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -14,7 +16,9 @@ from ..options import DURATIONS, SIZES, HelpFormatter, parse_duration
 from ..service import lifecycle
 from ..service.config import ServiceConfig
 from ..startup import add_listen_options, add_service_options, listen_config, run_service, service_config
+from . import auth
 from . import config as nats_config
+from .placement import parse_labels
 
 __all__ = ["add_parsers", "run"]
 
@@ -24,15 +28,15 @@ log = get_logger("smith_fast.nats.cli")
 _EXAMPLES = {
     "worker": """examples:
   smith-fast worker --nats nats://127.0.0.1:4222 --root /srv/work
-  smith-fast worker --nats nats://a:4222,nats://b:4222 --concurrency 16 --drain-timeout 30s
-  SMITH_NATS_TOKEN=... smith-fast worker --nats tls://nats.internal:4222 --nats-tls-ca ca.pem
+  smith-fast worker --nats nats://a:4222,nats://b:4222 --label zone=b --label gpu=1 --max-sessions 64
+  smith-fast worker --worker-id w1 --nats-nkey /etc/smith/worker-w1.nk --nats tls://nats.internal:4222
   smith-fast worker --metrics 127.0.0.1:9465          # its own smith_fast_nats_* figures
 """,
     "gateway": """examples:
   smith-fast gateway --nats nats://127.0.0.1:4222 --unix /run/smith.sock
-  smith-fast gateway --tcp 127.0.0.1:7878 --grpc --metrics
+  smith-fast gateway --gateway-id gw1 --nats-nkey /etc/smith/gateway-gw1.nk --tcp 127.0.0.1:7878 --metrics
   SMITH_TOKEN=... smith-fast gateway --tcp 0.0.0.0:7878 --allow-remote
-  smith-fast gateway --unix /run/smith.sock --queue-notice 5s --queue-timeout 10m   # fail what waits too long
+  smith-fast gateway --unix /run/smith.sock --queue-notice 5s --queue-timeout 2m   # how long a session waits for a worker
 """,
 }
 
@@ -41,17 +45,22 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Add the ``worker`` and ``gateway`` subcommands."""
     worker = sub.add_parser(
         "worker",
-        help="run commands from a NATS JetStream work queue",
-        description="Take commands of gateway sessions from the JetStream command stream, run them as "
-        "`serve` would, publish their events. Run any number, on any machines. SIGTERM lets running "
-        "commands finish (up to --drain-timeout), then hands the rest back to the stream. "
+        help="serve the sessions NATS gateways place on it",
+        description="Serve, as `serve` would, the sessions that gateways place on this worker over NATS: each "
+        "session lives on one worker for its lifetime (its files, processes and hooks are here). Run any number, "
+        "on any machines. SIGTERM: no new session; running requests get --drain-timeout, then the sessions end. "
         f"{DURATIONS}; {SIZES}.",
         epilog=_EXAMPLES["worker"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
     nats_config.add_arguments(worker, "worker")
-    worker.add_argument("--concurrency", type=int, default=64, metavar="N", help="commands run at once (default 64)")
+    auth.add_auth_arguments(worker)
+    worker.add_argument("--worker-id", metavar="ID", help="this worker's id: its subjects and NATS identity (default HOST-PID)")
+    worker.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                        help="what a session may ask its worker to have (client_info smith_fast.placement); repeatable")
+    worker.add_argument("--max-sessions", type=int, default=256, metavar="N", help="sessions served at once (default 256)")
+    worker.add_argument("--concurrency", type=int, default=None, metavar="N", help=argparse.SUPPRESS)  # retired: --max-processes
     worker.add_argument("--drain-timeout", type=parse_duration, default=10.0, metavar="DURATION",
-                        help="on SIGTERM, how long running commands may still take (default 10s)")
+                        help="on SIGTERM, how long running requests may still take (default 10s)")
     worker.add_argument("--metrics", action="append", default=[], nargs="?", const="127.0.0.1:9464", metavar="HOST:PORT",
                         help="serve Prometheus metrics (with the smith_fast_nats_* figures) at http://HOST:PORT/metrics "
                              "(default 127.0.0.1:9464; repeatable)")
@@ -60,16 +69,27 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     gateway = sub.add_parser(
         "gateway",
-        help="accept frontends and forward their commands to workers over NATS",
-        description="Accept v1 and v0 frontends on the usual listeners (with none given: TCP 127.0.0.1:7878) "
-        "and forward their requests to `smith-fast worker`s through NATS JetStream; events come back in "
-        f"order, each request's final event exactly once. {DURATIONS}; {SIZES}.",
+        help="accept frontends and place each session on a worker over NATS",
+        description="Accept v1 and v0 frontends on the usual listeners (with none given: TCP 127.0.0.1:7878), "
+        "check their token, place each session on one `smith-fast worker` (by its labels and load) and relay it "
+        f"there over NATS. {DURATIONS}; {SIZES}.",
         epilog=_EXAMPLES["gateway"], formatter_class=HelpFormatter, allow_abbrev=False,
     )
     add_listen_options(gateway)
     nats_config.add_arguments(gateway, "gateway")
-    gateway.add_argument("--gateway-id", metavar="ID", help="names this gateway's event subjects and consumer (default: a fresh id)")
+    auth.add_auth_arguments(gateway)
+    gateway.add_argument("--gateway-id", metavar="ID", help="this gateway's id: its subjects and NATS identity (default: a fresh id)")
     add_service_options(gateway, "gateway")
+
+
+def _refused_listeners(args: argparse.Namespace) -> str | None:
+    """The gateway relays byte streams; MCP and gRPC are not relayed (yet): they run on ``serve``."""
+    for flag, given in (("--grpc", getattr(args, "grpc", None)), ("--mcp", getattr(args, "mcp", False)),
+                        ("--mcp-http", getattr(args, "mcp_http", None))):
+        if given:
+            return (f"{flag} is not offered by the gateway: it relays Smith v1/v0 over Unix, TCP and stdio. Serve MCP or gRPC "
+                    "frontends with `smith-fast serve`, or connect them through a Unix or TCP listener")
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,13 +97,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = nats_config.from_arguments(args)
         config.ssl_context()  # an unreadable TLS file stops the start here, before any listener opens
-        service = service_config(args, args.command, **({"max_requests": max(args.concurrency, 1)} if args.command == "worker" else {}))
+        named = auth.key_identity(args.nats_nkey)
+        id_flag = "worker_id" if args.command == "worker" else "gateway_id"
+        if named is not None and named[0] == args.command and getattr(args, id_flag) is None:
+            setattr(args, id_flag, named[1])  # the id its key (and so its permissions) were made for
+        options = dict(auth.connect_options(args, role=args.command, identity=getattr(args, id_flag)))
+        extra: dict[str, Any] = {}
+        if args.command == "worker" and args.concurrency is not None:
+            extra["max_processes"] = max(args.concurrency, 1)
+        service = service_config(args, args.command, **extra)
+        # whoever reads a key file is that process on NATS: no command may read one
+        hidden = tuple(pathlib.Path(p) for p in auth.private_paths(args))
+        if hidden:
+            service = dataclasses.replace(service, sandbox_deny_read=(*service.sandbox_deny_read, *hidden))
+        labels = parse_labels(",".join(args.label), "--label") if args.command == "worker" else {}
+        if args.command == "gateway" and (refused := _refused_listeners(args)) is not None:
+            raise ValueError(refused)
     except ValueError as exc:
         print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
         return 2
+    for flag in nats_config.retired_flags(args):
+        log.warning("retired option ignored", extra={"fields": {"option": flag, "why": "sessions are placed on workers; nothing is queued in NATS"}})
+    auth.warn_without_credentials(config.servers, args.command, args)
     if args.command == "worker":
-        return run_service("worker", lambda loop_name: _worker(args, service, config, loop_name), args.loop)
-    return run_service("gateway", lambda loop_name: _gateway(args, service, config, loop_name), args.loop)
+        return run_service("worker", lambda loop_name: _worker(args, service, config, options, labels, loop_name), args.loop)
+    return run_service("gateway", lambda loop_name: _gateway(args, service, config, options, loop_name), args.loop)
 
 
 async def _started(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
@@ -106,18 +144,19 @@ async def _started(start: Coroutine[Any, Any, None], stop: asyncio.Event) -> boo
     return False
 
 
-async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats_config.NatsConfig, loop_name: str) -> int:
-    from ..service.core import ServiceCore
+async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats_config.NatsConfig, options: dict[str, Any],
+                  labels: dict[str, str], loop_name: str) -> int:
+    from ..service.server import ListenError, check_listen_address, mount_servers
     from .worker import Worker
 
-    from ..service.server import ListenError, check_listen_address, mount_servers
-
-    core = ServiceCore(service, loop_name=loop_name)
     try:
+        worker = Worker(service, config, loop_name=loop_name, worker_id=args.worker_id, labels=labels, max_sessions=args.max_sessions,
+                        drain_timeout=args.drain_timeout, connect_options=options)
         hosts = [check_listen_address(addr, "metrics", args.allow_remote) for addr in args.metrics]
-    except ListenError as exc:
+    except (ListenError, ValueError) as exc:
         print(f"smith-fast worker: {exc}", file=sys.stderr)
         return 2
+    core = worker.core
     metrics = None
     if hosts:
         from ..service.prometheus import MetricsServer  # prometheus_client only when asked for
@@ -126,7 +165,6 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
     async with lifecycle.running(core, service.hook_files, runs_commands=True):
         stop = lifecycle.stop_on_signals()
         mounted = await mount_servers(core, service)
-        worker = Worker(core, config, concurrency=args.concurrency, drain_timeout=args.drain_timeout)
         try:
             if metrics is not None:
                 for host, port in hosts:
@@ -137,25 +175,33 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
             if metrics is not None:
                 metrics.close()
             await worker.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(core.shutdown(), timeout=service.limits.kill_grace + 5)
+            await worker.close()
             for server in mounted:
                 await server.close()
     return 0
 
 
-async def _gateway(args: argparse.Namespace, service: ServiceConfig, config: nats_config.NatsConfig, loop_name: str) -> int:
+async def _gateway(args: argparse.Namespace, service: ServiceConfig, config: nats_config.NatsConfig, options: dict[str, Any],
+                   loop_name: str) -> int:
     from ..service.server import serve
     from .gateway import Gateway
 
     listen = listen_config(args)
-    gateway = Gateway(service, config, loop_name=loop_name, gateway_id=args.gateway_id)
-    # Listen at once, NATS or not: until it is reached, health says why the gateway cannot
-    # serve and each command gets an ErrorEvent saying so, instead of a missing socket.
-    bridging = asyncio.ensure_future(gateway.bridge.run())
     try:
-        return await serve(service, listen, loop_name=loop_name, core=gateway.core)
+        gateway = Gateway(service, config, loop_name=loop_name, gateway_id=args.gateway_id, connect_options=options)
+    except ValueError as exc:
+        print(f"smith-fast gateway: {exc}", file=sys.stderr)
+        return 2
+    # Listen at once, NATS or not: until it is reached, health says why the gateway cannot serve
+    # and a session waits for it (up to --queue-timeout), instead of a missing socket.
+    running = asyncio.ensure_future(gateway.run())
+    try:
+        return await serve(service, listen, loop_name=loop_name, core=gateway.core, front=gateway.front)
     finally:
-        if not bridging.done():
-            bridging.cancel()
+        if not running.done():
+            running.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await bridging
-        await gateway.bridge.close()
+            await running
+        await gateway.close()

@@ -27,7 +27,7 @@ import codecs
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ProtocolError
 from ..logs import get_logger
@@ -38,9 +38,9 @@ from .spawn import spawn
 
 if TYPE_CHECKING:
     from .config import Limits
-    from .execution import Execution
+    from .execution import ControlTarget, Execution
 
-__all__ = ["BackgroundTable", "Background", "Ring", "COMMAND_SHOWN"]
+__all__ = ["BackgroundTable", "Background", "Output", "Ring", "COMMAND_SHOWN", "follow", "unknown_process"]
 
 _log = get_logger("smith_fast.background")
 
@@ -168,6 +168,20 @@ class Background:
             return "exited"
         return "stopping" if self.stopping else "running"
 
+    @property
+    def first(self) -> int:
+        return self.ring.first
+
+    @property
+    def next(self) -> int:
+        return self.ring.next
+
+    def read(self, offset: int, size: int) -> list[tuple[int, int, bytes]]:
+        return self.ring.read(offset, size)
+
+    async def more(self) -> None:
+        await asyncio.shield(self.changed())  # shared by its attaches: one detaching must not cancel it for the others
+
     def _wake(self) -> None:
         if not self._changed.done():
             self._changed.set_result(None)
@@ -215,7 +229,8 @@ def _send_chunk(ex: Execution, rid: str, fd: int, data: str | bytes, offset: int
     ex.sink.event(pb.Event(shell_output=so))
 
 
-def _unknown(pid: str, rid: str | None) -> ProtocolError:
+def unknown_process(pid: str, rid: str | None) -> ProtocolError:
+    """What naming no background process in an Attach says."""
     return ProtocolError(
         f"no background process {pid} on this service (smith-fast ps lists them)", pb.ERROR_CODE_UNSPECIFIED, rid,
         {"reason": "unknown_process", "process_id": pid},
@@ -244,6 +259,10 @@ class BackgroundTable:
 
     def __contains__(self, pid: object) -> bool:
         return pid in self._entries
+
+    def ids(self) -> list[str]:
+        """The ids of the processes kept, running or exited, oldest first."""
+        return list(self._entries)
 
     def process(self, pid: str) -> ShellProcess | None:
         entry = self._entries.get(pid)
@@ -382,12 +401,17 @@ class BackgroundTable:
 
     # ---- control --------------------------------------------------------------------------------
 
+    def elsewhere(self, pid: str, report: Callable[[ProtocolError], None]) -> ControlTarget | None:
+        """Cancel, Stdin and Resize of ``pid`` when it is not in this table: None here (a NATS
+        worker's table finds it on another worker, smith_fast.nats.processes)."""
+        return None
+
     def cancel(self, pid: str) -> None:
         """SIGTERM its process group, SIGKILL after ``--kill-grace`` (harmless when it ended or a
         cancel is under way); attached requests get its final output and exit."""
         entry = self._entries.get(pid)
         if entry is None:
-            raise _unknown(pid, pid)
+            raise unknown_process(pid, pid)
         if not entry.running or entry.stopping or entry.proc is None:
             return
         entry.stopping = True
@@ -413,61 +437,99 @@ class BackgroundTable:
         pid = cmd.process_id
         entry = self._entries.get(pid)
         if entry is None:
-            raise _unknown(pid, rid)
-        binary = cmd.binary_output and ex.sink.version == 1
-        chunk = ex.core.limits.chunk_size
-        cursor = min(cmd.from_offset, entry.ring.next)
-        decoders = {STDOUT: codecs.getincrementaldecoder("utf-8")("replace"), STDERR: codecs.getincrementaldecoder("utf-8")("replace")}
-        acked = 0
-        wants_acks = ex.sink.version == 1 and entry.proc is not None and entry.proc.stdin_open
+            raise unknown_process(pid, rid)
         entry.attached += 1
         try:
-            while True:
-                await ex.reading()  # a peer that does not read: the ring keeps (and drops), nothing piles up here
-                first = entry.ring.first
-                if cursor < first:
-                    ex.sink.log(
-                        pb.LOG_LEVEL_WARN,
-                        f"output of {pid} before offset {first} was dropped (--background-buffer); attached from {first}, "
-                        f"{first - cursor} bytes lost",
-                        rid,
-                        {"reason": "output_dropped", "process_id": pid, "requested_offset": str(cursor), "start_offset": str(first)},
-                    )
-                    cursor = first
-                pieces = entry.ring.read(cursor, chunk * _ATTACH_BURST)
-                for offset, fd, data in pieces:
-                    for at in range(0, len(data), chunk):
-                        self._send(ex, rid, fd, data[at : at + chunk], offset + at, binary, decoders)
-                    cursor = offset + len(data)
-                if wants_acks and entry.stdin_taken > acked:
-                    acked = entry.stdin_taken
-                    ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(request_id=rid, stdin_written=acked)))
-                if pieces:
-                    await asyncio.sleep(0)
-                    continue
-                if entry.exit_code is not None and cursor >= entry.ring.next:
-                    tail = {fd: d.decode(b"", final=True) for fd, d in decoders.items()} if not binary else {}
-                    for fd, text in tail.items():
-                        if text:
-                            _send_chunk(ex, rid, fd, text, cursor)
-                    ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(
-                        request_id=rid, exit_code=entry.exit_code, finished=True, offset=entry.ring.next)))
-                    return
-                await asyncio.shield(entry.changed())  # shared by its attaches: one detaching must not cancel it for the others
+            await follow(ex, rid, cmd, entry, entry.proc is not None and entry.proc.stdin_open)
         finally:
             entry.attached -= 1
-
-    @staticmethod
-    def _send(ex: Execution, rid: str, fd: int, data: bytes, offset: int, binary: bool, decoders: Mapping[int, codecs.IncrementalDecoder]) -> None:
-        if binary:
-            _send_chunk(ex, rid, fd, data, offset)
-            return
-        decoder = decoders[fd]
-        held = len(decoder.getstate()[0])  # bytes of a character cut by the previous piece: this text starts there
-        text = decoder.decode(data)
-        if text:
-            _send_chunk(ex, rid, fd, text, offset - held)
 
     async def list_processes(self, ex: Execution, rid: str, _cmd: pb.ListProcessesCommand) -> None:
         """ListProcessesCommand ``rid``: one ``ProcessListEvent``, then ``READY``."""
         ex.sink.event(pb.Event(process_list=pb.ProcessListEvent(request_id=rid, processes=self.processes())))
+
+
+class Output(Protocol):
+    """A background process's output as an attach follows it: its ring here
+    (:class:`Background`), or one held by another NATS worker (smith_fast.nats.processes)."""
+
+    @property
+    def first(self) -> int:
+        """The oldest offset still retained."""
+        ...
+
+    @property
+    def next(self) -> int:
+        """The offset of the next byte it writes."""
+        ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def stdin_taken(self) -> int:
+        """Bytes of its stdin it has read so far."""
+        ...
+
+    def read(self, offset: int, size: int) -> list[tuple[int, int, bytes]]:
+        """As :meth:`Ring.read`."""
+        ...
+
+    async def more(self) -> None:
+        """Return once there may be more output, more stdin taken, or the exit."""
+        ...
+
+
+async def follow(ex: Execution, rid: str, cmd: pb.AttachCommand, output: Output, stdin_open: bool) -> None:
+    """Send ``output`` as AttachCommand ``rid`` asks (:meth:`BackgroundTable.attach`), until the exit."""
+    pid = cmd.process_id
+    binary = cmd.binary_output and ex.sink.version == 1
+    chunk = ex.core.limits.chunk_size
+    cursor = min(cmd.from_offset, output.next)
+    decoders = {STDOUT: codecs.getincrementaldecoder("utf-8")("replace"), STDERR: codecs.getincrementaldecoder("utf-8")("replace")}
+    acked = 0
+    wants_acks = ex.sink.version == 1 and stdin_open
+    while True:
+        await ex.reading()  # a peer that does not read: the ring keeps (and drops), nothing piles up here
+        first = output.first
+        if cursor < first:
+            ex.sink.log(
+                pb.LOG_LEVEL_WARN,
+                f"output of {pid} before offset {first} was dropped (--background-buffer); attached from {first}, "
+                f"{first - cursor} bytes lost",
+                rid,
+                {"reason": "output_dropped", "process_id": pid, "requested_offset": str(cursor), "start_offset": str(first)},
+            )
+            cursor = first
+        pieces = output.read(cursor, chunk * _ATTACH_BURST)
+        for offset, fd, data in pieces:
+            for at in range(0, len(data), chunk):
+                _send(ex, rid, fd, data[at : at + chunk], offset + at, binary, decoders)
+            cursor = offset + len(data)
+        if wants_acks and output.stdin_taken > acked:
+            acked = output.stdin_taken
+            ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(request_id=rid, stdin_written=acked)))
+        if pieces:
+            await asyncio.sleep(0)
+            continue
+        if output.exit_code is not None and cursor >= output.next:
+            tail = {fd: d.decode(b"", final=True) for fd, d in decoders.items()} if not binary else {}
+            for fd, text in tail.items():
+                if text:
+                    _send_chunk(ex, rid, fd, text, cursor)
+            ex.sink.event(pb.Event(shell_output=pb.ShellOutputEvent(
+                request_id=rid, exit_code=output.exit_code, finished=True, offset=output.next)))
+            return
+        await output.more()
+
+
+def _send(ex: Execution, rid: str, fd: int, data: bytes, offset: int, binary: bool, decoders: Mapping[int, codecs.IncrementalDecoder]) -> None:
+    if binary:
+        _send_chunk(ex, rid, fd, data, offset)
+        return
+    decoder = decoders[fd]
+    held = len(decoder.getstate()[0])  # bytes of a character cut by the previous piece: this text starts there
+    text = decoder.decode(data)
+    if text:
+        _send_chunk(ex, rid, fd, text, offset - held)
+

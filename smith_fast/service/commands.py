@@ -20,7 +20,7 @@ from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
 from ..tools import ToolOutcome
 from . import launch
-from .execution import Execution
+from .execution import ControlTarget, Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
 if TYPE_CHECKING:
@@ -31,27 +31,6 @@ __all__ = ["CommandSpec", "COMMANDS", "Control", "ControlTarget", "Handler", "Re
 Handler = Callable[[Execution, str, Any], Coroutine[Any, Any, Any]]
 """Runs one request of its kind: ``handler(execution, request_id, request)``; raises
 :class:`~smith_fast.errors.ProtocolError` to end it with an error."""
-
-
-class ControlTarget(Protocol):
-    """What a control command can do to the running request it names (a
-    :class:`~smith_fast.service.request.Request`, a background process, a request on a NATS
-    worker). Each raises :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin,
-    no terminal, stdin buffer full); the request itself goes on."""
-
-    def cancel(self) -> None:
-        """End it as cancelled: its processes get SIGTERM, then SIGKILL after ``--kill-grace``;
-        its final events are sent, then one ``ErrorEvent`` (reason ``cancelled``) and
-        ``StateChange ERROR``. Harmless while a cancel of it is under way."""
-        ...
-
-    def write_stdin(self, data: bytes, eof: bool) -> None:
-        """Write ``data`` to its open stdin (or terminal); then close it if ``eof``."""
-        ...
-
-    def resize(self, rows: int, cols: int) -> None:
-        """Set its terminal size (a ShellExec run with a ``pty``)."""
-        ...
 
 
 class RequestControl(Protocol):

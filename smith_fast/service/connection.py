@@ -111,6 +111,8 @@ class Connection(asyncio.BufferedProtocol):
             it on arrival; None: not counted.
         finish_on_eof: the end of the input means the peer sends nothing more, not that it left
             (stdin is a file): the running requests end, then the session closes.
+        first_sequence: the sequence number of the session's first envelope (a NATS gateway may
+            have said something to the peer before the worker's session took over).
     """
 
     def __init__(
@@ -124,8 +126,10 @@ class Connection(asyncio.BufferedProtocol):
         trusted: bool = False,
         finish_on_eof: bool = False,
         gate: ConnectionGate | None = None,
+        first_sequence: int = 1,
     ) -> None:
         self.core = core
+        self._first_sequence = first_sequence
         self._gate = None if trusted else gate
         self.trusted = trusted
         self._finish_on_eof = finish_on_eof
@@ -273,7 +277,7 @@ class Connection(asyncio.BufferedProtocol):
         self._io = self.core.metrics.io[f"v{version}"]
         sink: EventSink
         if version == 1:
-            sink = V1Sink(self.write, notify=self._schedule_flush, write_frames=self.write)
+            sink = V1Sink(self.write, notify=self._schedule_flush, write_frames=self.write, first_sequence=self._first_sequence)
             self._decoder = FrameDecoder(self.core.limits.max_frame_size)
             self._feed = self._feed_v1
         else:

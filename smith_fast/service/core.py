@@ -106,12 +106,19 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
 
 
 class Backend(abc.ABC):
-    """Where a core's requests run when not in this process, and what that changes of the core's
-    answers (``smith-fast gateway``: on NATS workers, :class:`smith_fast.nats.gateway.Gateway`).
+    """What a core serves besides its own sessions, and what that changes of its answers: a NATS
+    gateway (its sessions live on workers: :class:`smith_fast.nats.gateway.Gateway`) or a NATS
+    worker (:class:`smith_fast.nats.worker.Worker`).
 
-    The core calls it; what runs the requests composes the core (``ServiceCore(backend=...)``)
-    rather than subclassing it. Its requests' runner comes with ``ServiceCore(runner=...)``.
+    The core calls it; what it stands for composes the core (``ServiceCore(backend=...)``) rather
+    than subclassing it.
     """
+
+    runs_commands: bool = False
+    """Commands run in this process (a worker): the sandbox must be usable here."""
+
+    route: str = ""
+    """What the resume tokens of its sessions start with (a worker's id: smith_fast.service.resume)."""
 
     @abc.abstractmethod
     def unavailable(self) -> str | None:
@@ -121,18 +128,12 @@ class Backend(abc.ABC):
     def service_info(self) -> dict[str, str]:
         """What a handshake's ``service_info`` says of it, besides what the core says."""
 
-    @abc.abstractmethod
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on (a gateway may also journal it)."""
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while sessions may start no new request (a worker draining)."""
+        return None
 
-    @abc.abstractmethod
-    def carried_on(self, sessions: Sequence[Session]) -> list[Session] | None:
-        """At shutdown: which of ``sessions`` outlive this process (handed over to the next one:
-        they are not shut down); None when it hands nothing over (a plain shutdown)."""
-
-    @abc.abstractmethod
-    async def hand_over(self, sessions: list[Session]) -> None:
-        """Hand ``sessions`` (what :meth:`carried_on` returned) over, once every other session is shut down."""
+    async def stop(self) -> None:
+        """The service stops: called first by :meth:`ServiceCore.shutdown` (a gateway ends its relays)."""
 
 
 class ServiceCore:
@@ -141,18 +142,19 @@ class ServiceCore:
     Args:
         config: the service configuration.
         loop_name: ``uvloop`` or ``asyncio``, reported in ``ReadyEvent.service_info``.
-        runner: makes each session's request runner (default: requests run here; ``smith-fast
-            gateway`` passes one that forwards them to workers).
-        backend: where the requests run when not here (with ``runner``): its health, its part of
-            ``service_info``, what becomes of resumable sessions (:class:`Backend`).
+        backend: the NATS side of ``smith-fast gateway`` or ``worker`` (:class:`Backend`): its
+            health, its part of ``service_info``, what resume tokens start with, what stops
+            first; None for ``serve``. A gateway's core runs no command (it relays each
+            connection to a worker), so its sandbox is not checked.
+        sockets: the service's Unix socket paths, hidden from every command.
 
     Raises:
         SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
             need (fail closed: nothing is served).
     """
 
-    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", runner: RunnerFactory | None = None,
-                 backend: Backend | None = None, sockets: Sequence[str] = ()) -> None:
+    def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", backend: Backend | None = None,
+                 sockets: Sequence[str] = ()) -> None:
         self.config = config
         self._backend = backend
         self.limits = config.limits
@@ -167,7 +169,7 @@ class ServiceCore:
             hidden=tuple(path for _, path in private), tmp_size=config.limits.max_tmp_per_command,
             file_size=config.limits.max_file_size,
         )
-        self.runs_locally = runner is None
+        self.runs_locally = backend is None or backend.runs_commands
         if self.runs_locally:
             if self.sandbox.confines_files and not config.allow_service_files_in_root:
                 clash = service_files_in(str(root), [*_installation(), *private])
@@ -212,7 +214,7 @@ class ServiceCore:
         )
         self.sessions: set[Session] = set()
         # dropped sessions kept for a resume; as many as connections may be open
-        self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections)
+        self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections, backend.route if backend is not None else "")
         self.running_processes = 0
         self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False
@@ -220,13 +222,17 @@ class ServiceCore:
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
         self.health_sampler = ResourceSampler()  # CPU % of in-stream health checks: since the last one
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
-        self.make_runner: RunnerFactory = runner or local_runner(self)
+        self.make_runner: RunnerFactory = local_runner(self)
         self._health_watchers: list[Callable[[], None]] = []
 
     def unavailable(self) -> str | None:
         """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
         ``smith-fast gateway``'s backend says so without NATS or workers)."""
         return None if self._backend is None else self._backend.unavailable()
+
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while sessions may start no new request, else None (``serve``: never)."""
+        return None if self._backend is None else self._backend.refusing()
 
     def offer(self, capability: int, available: bool) -> None:
         """Grant ``capability`` from now on, if ``--capabilities`` permits it, or no longer grant it:
@@ -236,12 +242,6 @@ class ServiceCore:
             self.capabilities = self.capabilities | ({capability} & self.permitted)
         else:
             self.capabilities = self.capabilities - {capability}
-
-    def hold_resumes(self, holding: bool) -> None:
-        """While ``holding``, a resume naming no session known here is told to try again in a
-        moment, not that its session is gone: the sessions of the process before this one are
-        being taken over (a gateway restarting with its ``--gateway-id``)."""
-        self.parked.restoring = holding
 
     def watch_health(self, watcher: Callable[[], None]) -> None:
         """Call ``watcher`` whenever :meth:`unavailable` may have changed (the gRPC health service)."""
@@ -263,12 +263,6 @@ class ServiceCore:
             The session.
         """
         return Session(self, sink, runner=self.make_runner, **kwargs)
-
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on; nothing more here (a NATS gateway with a
-        fixed ``--gateway-id`` journals it too: smith_fast.nats.journal)."""
-        if self._backend is not None:
-            self._backend.made_resumable(session)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
         """Capability negotiation (PROTOCOL.md, "Negotiation"): requested ∩ available, in request order.
@@ -349,14 +343,11 @@ class ServiceCore:
         self.running_processes -= 1
 
     async def shutdown(self) -> None:
-        """Shut every session down (SHUTTING, requests cancelled, final events flushed), but those
-        the backend hands over to the next process (:meth:`Backend.carried_on`)."""
-        kept = None if self._backend is None else self._backend.carried_on(list(self.sessions))
+        """Shut every session down (SHUTTING, requests cancelled, final events flushed)."""
         self.shutting_down = True
+        if self._backend is not None:
+            await self._backend.stop()
         await asyncio.gather(
-            *(s.shutdown() for s in list(self.sessions) if kept is None or s not in kept),
-            self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
+            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
         )
-        if kept is not None and self._backend is not None:
-            await self._backend.hand_over(kept)
         self.closed.set()

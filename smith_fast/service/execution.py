@@ -7,11 +7,12 @@ against these protocols, not against the session or the core, so they import nei
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .. import tracing
+    from ..errors import ProtocolError
     from ..plan import Planner
     from ..process import ShellProcess
     from ..tools import ToolContext, ToolRegistry
@@ -21,7 +22,28 @@ if TYPE_CHECKING:
     from .session_hooks import SessionHooks
     from .sinks import EventSink
 
-__all__ = ["BackgroundProcesses", "Execution", "ExecutionCore"]
+__all__ = ["BackgroundProcesses", "ControlTarget", "Execution", "ExecutionCore"]
+
+
+class ControlTarget(Protocol):
+    """What a control command can do to the running request it names (a
+    :class:`~smith_fast.service.request.Request` or a background process). Each raises
+    :class:`~smith_fast.errors.ProtocolError` when it cannot (no open stdin, no terminal, stdin
+    buffer full); the request itself goes on."""
+
+    def cancel(self) -> None:
+        """End it as cancelled: its processes get SIGTERM, then SIGKILL after ``--kill-grace``;
+        its final events are sent, then one ``ErrorEvent`` (reason ``cancelled``) and
+        ``StateChange ERROR``. Harmless while a cancel of it is under way."""
+        ...
+
+    def write_stdin(self, data: bytes, eof: bool) -> None:
+        """Write ``data`` to its open stdin (or terminal); then close it if ``eof``."""
+        ...
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set its terminal size (a ShellExec run with a ``pty``)."""
+        ...
 
 
 class BackgroundProcesses(Protocol):
@@ -42,6 +64,12 @@ class BackgroundProcesses(Protocol):
         ...
 
     def cancel(self, pid: str) -> None: ...
+
+    def elsewhere(self, pid: str, report: Callable[[ProtocolError], None]) -> ControlTarget | None:
+        """What Cancel, Stdin and Resize naming ``pid``, a background process not held here, act
+        on: None on ``serve``; on a NATS worker, another worker's process (answered later: what it
+        refuses goes to ``report``)."""
+        ...
 
 
 class ExecutionCore(Protocol):

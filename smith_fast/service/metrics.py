@@ -99,7 +99,7 @@ class Figure:
 
 
 class FigureSource(Protocol):
-    """Figures read at each report, from a part the core does not know (the NATS bridge)."""
+    """Figures read at each report, from a part the core does not know (a NATS gateway or worker)."""
 
     def figures(self) -> Iterable[Figure]: ...
 

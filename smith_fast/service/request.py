@@ -40,7 +40,7 @@ class RequestState(enum.Enum):
     ADMITTED = "admitted"  # read and admitted; nothing sent yet
     RUNNING = "running"  # PROCESSING sent, its handler runs
     CANCELLING = "cancelling"  # a Cancel came: it ends as cancelled
-    ENDED = "ended"  # its terminal state was sent (or it ended on a worker)
+    ENDED = "ended"  # its terminal state was sent (or its task ended without one: cancelled before it ran)
 
 
 class Terminal(Protocol):

@@ -125,13 +125,6 @@ class RequestStarter:
             flow.waiting_bytes -= held
             session.update_input()
 
-    def adopt(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
-        """Count request ``rid``, which runs already (elsewhere), as live until ``work`` ends."""
-        requests = self._session.requests
-        request = requests.adopt(rid)
-        task = request.task = self._loop.create_task(work)
-        task.add_done_callback(functools.partial(_forget, requests, request))
-
 
 def _forget(requests: RequestTable, request: Request, _task: asyncio.Task[None]) -> None:
     requests.forget(request)

@@ -21,9 +21,9 @@ from .shell_exec import terminal_size
 if TYPE_CHECKING:
     from ..process import ShellProcess
     from .audit import AuditRecord
-    from .commands import CommandSpec, ControlTarget
+    from .commands import CommandSpec
     from .config import Limits
-    from .execution import BackgroundProcesses
+    from .execution import BackgroundProcesses, ControlTarget
 
 __all__ = ["ENDED_KEPT", "BackgroundTarget", "RequestTable", "TableHost", "not_running"]
 
@@ -114,11 +114,6 @@ class RequestTable:
         """``request`` sent its terminal state: among the ended ids (it stays live until its task is done)."""
         self._remember(request.id, request.cancelled)
 
-    def adopt(self, rid: str) -> Request:
-        """A request already running elsewhere (a gateway's forwarded one), live here until its end."""
-        request = self.live[rid] = Request(self._host, rid, None, None)
-        return request
-
     def _remember(self, rid: str, cancelled: bool) -> None:
         ended = self._ended
         ended[rid] = cancelled
@@ -126,7 +121,8 @@ class RequestTable:
             ended.popitem(last=False)
 
     def forget(self, request: Request) -> None:
-        """``request``'s task is done: no longer live (one whose end a worker sent is ended now)."""
+        """``request``'s task is done: no longer live (one cancelled before it ran, which sent no
+        terminal state, is ended now)."""
         rid, live = request.id, self.live
         if live.get(rid) is request:
             del live[rid]
@@ -140,7 +136,7 @@ class RequestTable:
 
     def resolve(self, rid: str, what: str, background: BackgroundProcesses | None, granted: frozenset[int]) -> ControlTarget | None:
         """What a control command that would ``what`` ``rid`` addresses: the live request, else a
-        background process of the service, else nothing (None: a Cancel of a request that ended
+        background process of the service (on a NATS worker: of any worker), else nothing (None: a Cancel of a request that ended
         cancelled, which is harmless).
 
         Raises:
@@ -151,14 +147,16 @@ class RequestTable:
         request = self.live.get(rid)
         if request is not None and request.state is not RequestState.ENDED:
             return request
-        if request is None and background is not None and rid in background:
+        if request is None and background is not None and (
+            (held := rid in background) or (elsewhere := background.elsewhere(rid, self._host.protocol_error)) is not None
+        ):
             if pb.CAPABILITY_SHELL_EXEC not in granted:
                 # steering a background process takes what starting it took
                 raise ProtocolError(
                     f"background process {rid} can be steered only by a session granted shell_exec in its handshake",
                     pb.ERROR_CODE_INVALID_CAPABILITY, rid, {"reason": "capability_required", "capability": "shell_exec"},
                 )
-            return BackgroundTarget(background, rid, self._limits.max_stdin_buffer)
+            return BackgroundTarget(background, rid, self._limits.max_stdin_buffer) if held else elsewhere
         if what == "cancel" and self._ended.get(rid, False):
             return None  # already cancelled and ended: cancelling twice is harmless
         raise not_running(rid, what, rid in self._ended or request is not None)

@@ -35,7 +35,7 @@ from ..errors import ResumeRefused
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 
-__all__ = ["RESUME", "DetachedFront", "Front", "ParkedSessions", "Parkable", "Resumable", "ResumeRefused", "Retention", "sequence_of", "token_key"]
+__all__ = ["RESUME", "Front", "ParkedSessions", "Parkable", "Resumable", "ResumeRefused", "Retention", "sequence_of", "token_key"]
 
 log = get_logger("smith_fast.resume")
 
@@ -75,64 +75,9 @@ class Front(Protocol):
         """Another connection took the session over: drop this one without parking it again."""
 
 
-class DetachedFront:
-    """The front a session restored in another process is made on (smith_fast.nats.journal): no
-    connection of its own; what its sink writes goes to whichever front carries it, or nowhere
-    while it is parked (its ring has it).
-
-    Args:
-        framed: the units carry a length prefix (the session was on a socket, not gRPC).
-    """
-
-    def __init__(self, framed: bool) -> None:
-        self.framed = framed
-        self.flush_batch: Callable[[], None] = _nothing  # the sink's, set once it is made
-        self._onward: Front | None = None
-        self._flush_scheduled = False
-
-    def write(self, data: bytes) -> None:
-        if self._onward is not None:
-            self._onward.write(data)
-
-    def notify(self) -> None:
-        """The sink batched an event: send the batch at the end of this loop iteration."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        self.flush_batch()
-
-    def close(self) -> None:
-        if self._onward is not None:
-            self._onward.close()
-
-    def unsent(self) -> int:
-        return self._onward.unsent() if self._onward is not None else 0
-
-    def hold_input(self, held: bool) -> None:
-        if self._onward is not None:
-            self._onward.hold_input(held)
-
-    def forward(self, to: Front | None) -> None:
-        self._onward = to
-
-    def carry(self, session: object) -> None:
-        """It never reads: whoever resumes the session carries it."""
-
-    def release(self) -> None:
-        self._onward = None
-
-
-def _nothing() -> None:
-    pass
-
-
 def token_key(token: str) -> str:
-    """What a resume token is kept under: its SHA-256 (hex). A token is never stored, in memory or
-    in a gateway's journal in NATS (smith_fast.nats.journal), so reading those does not let
-    anybody take a session over."""
+    """What a resume token is kept under: its SHA-256 (hex). A token is never stored, so reading
+    the service's memory or anything it writes does not let anybody take a session over."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -255,16 +200,16 @@ class ParkedSessions:
     Args:
         window: ``--resume-window`` seconds (0: nothing is resumable).
         limit: at most this many parked at once (``--max-connections``): one more is torn down.
+        route: what each token starts with, before a ``.``: a NATS worker's id, so that a resume
+            through any gateway reaches the worker the session lives on ("" for none).
     """
 
-    def __init__(self, window: float, limit: int) -> None:
+    def __init__(self, window: float, limit: int, route: str = "") -> None:
         self.window = window
         self.limit = limit
+        self._prefix = f"{route}." if route else ""
         self._sessions: dict[str, Parkable] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        # True while the sessions of the process before this one are being taken over: a resume
-        # naming none of those known yet is told to try again, not that its session is gone.
-        self.restoring = False
 
     def __len__(self) -> int:
         """Sessions parked now."""
@@ -272,15 +217,10 @@ class ParkedSessions:
 
     def issue(self, session: Parkable) -> tuple[str, str]:
         """A new unguessable token for ``session``, and the key it is kept under."""
-        token = secrets.token_urlsafe(24)
+        token = self._prefix + secrets.token_urlsafe(24)
         key = token_key(token)
         self._sessions[key] = session
         return token, key
-
-    def adopt(self, key: str, session: Parkable) -> None:
-        """Keep ``session`` under the key of a token issued elsewhere (by a gateway process that
-        handed its sessions over: smith_fast.nats.journal)."""
-        self._sessions[key] = session
 
     def park(self, key: str) -> bool:
         """Start the window of the session kept under ``key``; False when too many are parked."""
@@ -316,8 +256,7 @@ class Resumable:
     """A resumable session's resume state: its token, ring, and the fronts it is written through.
 
     Attributes:
-        token: ``Ready.resume_token`` ("" for a session restored from a journal until its peer
-            presents the token again).
+        token: ``Ready.resume_token``.
         key: what :class:`ParkedSessions` keeps it under (:func:`token_key` of the token).
         retention: its ring.
         origin: the front its sink was made on (whose ``write`` the sink calls, and which passes

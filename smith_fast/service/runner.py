@@ -2,25 +2,21 @@
 
 A :class:`~smith_fast.service.session.Session` keeps the protocol state (handshake, grants, token,
 flow control, teardown) and admits each request (capability, size, request id, ``--max-requests``);
-what happens to an admitted request is its :class:`RequestRunner`'s business:
+what happens to an admitted request is its :class:`RequestRunner`'s business. :class:`LocalRunner`
+(``serve``, and a NATS worker, which serves each relayed session as ``serve`` does) runs it here with
+the handler of its row in :data:`~smith_fast.service.commands.COMMANDS`: ``PROCESSING``, the
+handler's events, then ``READY`` or its error and ``ERROR``.
 
-* :class:`LocalRunner` (``serve``, a NATS worker) runs it here with the handler of its row in
-  :data:`~smith_fast.service.commands.COMMANDS`: ``PROCESSING``, the handler's events, then
-  ``READY`` or its error and ``ERROR``;
-* ``smith_fast.nats.gateway.NatsRunner`` (``gateway``) forwards the command to the workers and
-  passes their events through.
-
-A runner is made per session by the core's runner factory (``ServiceCore(runner=...)``) from the
-session's :class:`RequestHost` view. What a later command does to a *running* request (cancel,
-stdin, resize, attach) belongs here too: a method on :class:`RequestRunner`, implemented once per
-runner.
+A runner is made per session (:func:`local_runner`, the core's factory) from the session's
+:class:`RequestHost` view. What a later command does to a *running* request (cancel, stdin,
+resize, attach) belongs here too: a method on :class:`RequestRunner`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
@@ -40,7 +36,6 @@ if TYPE_CHECKING:
     from ..process import Collected, ShellProcess
     from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
-    from .session_hooks import HookShelf
     from .sinks import EventSink
 
 __all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "local_runner"]
@@ -115,10 +110,6 @@ class RequestHost(Protocol):
         """Report an error, then its request's terminal ``ERROR`` state."""
         ...
 
-    def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
-        """Count request ``rid``, which runs already (elsewhere), as running until ``work`` ends."""
-        ...
-
 
 class RequestRunner(RequestControl, Protocol):
     """Runs the admitted requests of one session, and finds the running ones a control command
@@ -154,7 +145,7 @@ class RequestRunner(RequestControl, Protocol):
 
 
 RunnerFactory = Callable[[RequestHost], RequestRunner]
-"""Makes the runner of a new session (``ServiceCore(runner=...)``)."""
+"""Makes the runner of a new session (``ServiceCore.make_runner``)."""
 
 
 class LocalRunner:
@@ -164,19 +155,9 @@ class LocalRunner:
     Args:
         core: tools, limits, planner, process slots, global hooks.
         host: the session.
-        hooks: the session's hooks to start with (a NATS worker passes the gateway session's).
-        shelf: keeps the hooks this session loads beyond it (a NATS worker's session state); then
-            the shelf, not this runner, closes them.
     """
 
-    def __init__(
-        self,
-        core: RunnerCore,
-        host: RequestHost,
-        *,
-        hooks: Sequence[Hook] = (),
-        shelf: HookShelf | None = None,
-    ) -> None:
+    def __init__(self, core: RunnerCore, host: RequestHost) -> None:
         self.core = core
         self._host = host
         self.sink = host.sink
@@ -197,8 +178,6 @@ class LocalRunner:
             count=core.metrics.hook_decision,
             spans=self.spans,
             peer=host.peer,
-            hooks=hooks,
-            shelf=shelf,
             decided=self.audit.decision,
         )
 

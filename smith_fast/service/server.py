@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ListenError
 from ..logs import get_logger
@@ -195,23 +197,33 @@ def _unix_socket(path: str, backlog: int) -> socket.socket:
     return sock
 
 
-async def _open_stdio(core: ServiceCore, config: ServiceConfig, closed: asyncio.Event) -> Connection:
+class StreamFront(Protocol):
+    """What a Unix, TCP or stdio listener makes per connection: a
+    :class:`~smith_fast.service.connection.Connection` (``serve``), or a NATS gateway's relay."""
+
+    def __call__(
+        self, *, protocol: str = "auto", on_closed: Callable[[], None] | None = None, peer: str | None = None,
+        trusted: bool = False, finish_on_eof: bool = False, gate: ConnectionGate | None = None,
+    ) -> asyncio.BufferedProtocol: ...
+
+
+async def _open_stdio(front: StreamFront, config: ServiceConfig, closed: asyncio.Event) -> None:
     stdio = take_stdio()
     # trusted: whoever holds the pipes started the service (no token, limit or deadlines). A file
     # on stdin ends without its writer going away: the requests it holds run to their end.
-    conn = Connection(core, protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True,
-                      finish_on_eof=stdio.input_is_file)
-    conn._writer = await stdio.write_to(StdoutProtocol(conn.pause_writing, conn.resume_writing, conn.connection_lost))  # noqa: SLF001 (set before any byte is read)
+    conn = front(protocol=config.protocol, on_closed=closed.set, peer="stdio", trusted=True, finish_on_eof=stdio.input_is_file)
+    conn._writer = await stdio.write_to(StdoutProtocol(conn.pause_writing, conn.resume_writing, conn.connection_lost))  # type: ignore[attr-defined]  # noqa: SLF001 (both fronts have it; set before any byte is read)
     await stdio.read_into(conn)
-    return conn
 
 
-async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, core: ServiceCore | None = None) -> int:
+async def serve(
+    config: ServiceConfig, listen: ListenConfig, *, loop_name: str, core: ServiceCore | None = None, front: StreamFront | None = None,
+) -> int:
     """Run the service until SIGTERM/SIGINT (or, stdio only, until the parent closes the pipe).
 
-    ``core`` replaces the core built from ``config``: every listener then makes its sessions with
-    ``core.new_session`` (``smith-fast gateway`` passes one whose sessions forward to workers, and
-    runs no commands itself: no child guard then).
+    ``core`` replaces the core built from ``config`` (``smith-fast gateway`` passes its own, which
+    runs no commands itself: no child guard then), and ``front`` what its stream listeners make per
+    connection (the gateway's relay; default: a :class:`Connection` of ``core``).
     """
     # Refuse a bad address or TLS setting before anything is bound.
     if listen.mcp and listen.stdio:
@@ -228,7 +240,7 @@ async def serve(config: ServiceConfig, listen: ListenConfig, *, loop_name: str, 
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
         mounted = await mount_servers(core, config)
         try:
-            return await _listen(core, config, listen, loop_name)
+            return await _listen(core, config, listen, loop_name, front or functools.partial(Connection, core))
         finally:
             for server in mounted:
                 await server.close()
@@ -260,7 +272,7 @@ async def mount_servers(core: ServiceCore, config: ServiceConfig) -> list[Mounte
     return await mount_all(core.tools, config.mcp_servers)
 
 
-async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str) -> int:
+async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str, front: StreamFront) -> int:
     """Open every listener, serve until stopped, close them and end the sessions."""
     loop = asyncio.get_running_loop()
     stop = lifecycle.stop_on_signals()
@@ -271,8 +283,8 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
     mcp_servers: list[McpHttpServer] = []
     gate = ConnectionGate(config.limits.max_connections, max_waiting=MAX_REFUSING)
 
-    def factory() -> Connection:
-        return Connection(core, protocol=config.protocol, gate=gate)
+    def factory() -> asyncio.BufferedProtocol:
+        return front(protocol=config.protocol, gate=gate)
 
     # asyncio (and uvloop) call listen() again when serving starts, with their own default unless told
     backlog = listen_backlog(config.limits.max_connections)
@@ -303,7 +315,7 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
         metrics_server = await _open_metrics(core, listen, mcp_servers)
     if listen.stdio:
         log.info("listening", extra={"fields": {"address": "stdio"}})
-        await _open_stdio(core, config, stop)
+        await _open_stdio(front, config, stop)
     if listen.mcp:
         from ..mcp.stdio import open_mcp_stdio
 

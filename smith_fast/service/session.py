@@ -4,16 +4,16 @@ The connection decodes commands (v1 frames or v0 lines) into ``smith_pb2.Command
 them to :meth:`Session.handle`; everything the session says goes out through its
 :class:`~smith_fast.service.sinks.EventSink`. What a command needs (capability, size limit,
 handler) is its row in :data:`~smith_fast.service.commands.COMMANDS`; an admitted request runs as a
-task of its own through the session's :class:`~smith_fast.service.runner.RequestRunner` (here, or
-on a NATS worker), so the events of different requests interleave, each carrying its request_id.
-Protocol-independent.
+task of its own through the session's :class:`~smith_fast.service.runner.RequestRunner`, so the
+events of different requests interleave, each carrying its request_id. Protocol-independent (a NATS
+worker serves a relayed connection with this same session).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, MutableSet, Sequence
+from collections.abc import Callable, Mapping, MutableSet, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import DecodeError
@@ -88,8 +88,9 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]: ...
 
-    def made_resumable(self, session: Session) -> None:
-        """``session`` retains what it writes from now on (a gateway also journals it in NATS)."""
+    def refusing(self) -> tuple[str, str] | None:
+        """``(reason, message)`` while no new request may start (a NATS worker draining), else None."""
+        ...
 
     def service_info(
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
@@ -105,10 +106,7 @@ class Session:
         close: called once the session is over and its output flushed (closes the transport).
         runner: makes the runner of the session's requests (``core.new_session`` passes the core's).
         peer: a printable peer name for logs.
-        protocol: the metrics label of its front: ``v1``, ``v0`` (socket or stdio), ``grpc`` or ``nats``.
-        granted: the capabilities of a handshake answered elsewhere: the session starts
-            handshaken with them (a NATS worker's session, whose gateway answered the handshake).
-        span: the session's span to start with (a NATS worker's: the gateway session's).
+        protocol: the metrics label of its front: ``v1``, ``v0`` (socket or stdio), ``grpc`` or ``mcp``.
         unsent: the bytes its front still holds for the peer (the transport's write buffer, a
             gRPC queue), counted against ``--max-session-buffer`` (:mod:`~smith_fast.service.flow`).
         hold_input: called with True when the peer's commands should no longer be read (the peer
@@ -116,8 +114,6 @@ class Session:
             with False when they may be again.
         front: the connection as a :class:`~smith_fast.service.resume.Front`, when the session
             can be resumed over another one after it dropped (Unix, TCP, gRPC; not stdio).
-        session_id: its id (default: a new UUID; a session restored from a gateway's journal
-            keeps the one it had).
     """
 
     def __init__(
@@ -129,21 +125,18 @@ class Session:
         runner: RunnerFactory,
         peer: str = "?",
         protocol: str | None = None,
-        granted: frozenset[int] | None = None,
-        span: tracing.SpanHandle = tracing.NOOP,
         unsent: Callable[[], int] = lambda: 0,
         hold_input: Callable[[bool], None] | None = None,
         front: Front | None = None,
-        session_id: str | None = None,
     ) -> None:
         self.core = core
         self.sink = sink
         self.peer = peer
         self.version = sink.version
         self.protocol = protocol or f"v{sink.version}"
-        self.granted: frozenset[int] = granted or frozenset()
+        self.granted: frozenset[int] = frozenset()
         self.accepted: frozenset[str] = frozenset()
-        self.handshaken = granted is not None
+        self.handshaken = False
         self.shutting = False
         self._unsent = unsent
         self.flow = SessionFlow(core.limits.max_session_buffer, self._pending, hold_input)
@@ -154,7 +147,7 @@ class Session:
         self._reporter: MetricsReporter | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
-        self.session_id = session_id or str(uuid.uuid4())
+        self.session_id = str(uuid.uuid4())
         # With a token configured, nothing but a handshake presenting it is served (auth.py); the
         # front sets this for peers it trusts otherwise (stdio, a gRPC call's metadata).
         self.authenticated = core.config.token is None
@@ -162,7 +155,7 @@ class Session:
         self.presented_token: str | None = None  # v0 has no client_info: the connection puts it here
         self._loop = asyncio.get_running_loop()
         self.last_active = self._loop.time()  # of the last message received or request ended (Deadlines)
-        self.span = span  # the session's span when tracing is granted
+        self.span: tracing.SpanHandle = tracing.NOOP  # the session's span once tracing is granted
         self.recorder: SessionRecorder | None = None
         self.runner: RequestRunner = runner(self)
         if core.config.record_dir is not None:
@@ -269,6 +262,9 @@ class Session:
                 self.refuse(error)
                 return
             assert spec is not None
+        if (refusing := self.core.refusing()) is not None:  # a NATS worker draining: no new request
+            self.refuse(ProtocolError(refusing[1], pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid, {"reason": refusing[0]}))
+            return
         self._starter.start(rid or "", spec, command)
 
     def cancel(self, rid: str) -> None:
@@ -454,23 +450,20 @@ class Session:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _over(self, *, kill: bool = False, close: bool = True, handed_over: bool = False) -> None:
-        """The end every way shares: the session leaves the core and nothing is sent after this;
-        with ``kill`` what runs is killed, with ``kill`` or ``handed_over`` its tasks are
-        cancelled; with ``close`` what is batched is flushed and the transport closed; then the
-        session log is closed. Its runner is told it ended, unless the next process takes the
-        session over (:meth:`hand_over`)."""
+    def _over(self, *, kill: bool = False, close: bool = True) -> None:
+        """The end every way shares: the session leaves the core, its runner is told it ended and
+        nothing is sent after this; with ``kill`` what runs is killed and its tasks cancelled;
+        with ``close`` what is batched is flushed and the transport closed; then the session log
+        is closed."""
         if not self._closing:
             self._closing = True
             self.core.sessions.discard(self)
             if self._resume.resumable is not None:
                 self.core.parked.forget(self._resume.resumable.key)
-            if not handed_over:
-                self.runner.end()
+            self.runner.end()
             self.span.end()
         if kill:
             self.runner.kill()
-        if kill or handed_over:
             for task in self._running_tasks():
                 task.cancel()
         if close:
@@ -587,29 +580,9 @@ class Session:
         """``--resume-window`` passed without a resume: end as a dropped connection always did."""
         self.lost()
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None:
+    def reattach(self, front: Front, after: int) -> None:
         """Carry on over ``front`` (:meth:`SessionResume.reattach <smith_fast.service.session_resume.SessionResume.reattach>`)."""
-        self._resume.reattach(front, after, token)
-
-    def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
-        """Take over a session a gateway's previous process handed over (:meth:`SessionResume.restore
-        <smith_fast.service.session_resume.SessionResume.restore>`); False: it ended at once."""
-        return self._resume.restore(key, granted, accepted, units, interval_ms)
-
-    def adopt_request(self, rid: str, work: Coroutine[Any, Any, None]) -> None:
-        """A request that runs already (a restored session's, on a worker): it counts as admitted
-        here until ``work`` ends, as one this session started would."""
-        self._starter.adopt(rid, work)
-
-    def hand_over(self) -> None:
-        """The service stops and the next process takes this session over (a gateway with a fixed
-        ``--gateway-id``: smith_fast.nats.journal): its requests go on where they run, the peer is
-        told nothing, its connection is dropped so that it resumes on the next process. What it
-        wrote so far is in the journal already (or on its way: the gateway waits for it)."""
-        if self._closing:
-            return
-        self._over(handed_over=True)
-        log.info("session handed over", extra={"fields": {"peer": self.peer, "session": self.session_id, "requests": len(self.requests)}})
+        self._resume.reattach(front, after)
 
 
 def _nothing() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProtocolError
 from ..hooks import ChainResult, Hook, HookChain, HookLoadError, hook_action, load_action, load_hook
@@ -21,22 +21,9 @@ if TYPE_CHECKING:
     from .. import tracing
     from ..hooks import HookLimits
 
-__all__ = ["SessionHooks", "HookShelf", "blocked"]
+__all__ = ["SessionHooks", "blocked"]
 
 log = get_logger("smith_fast.policy")
-
-
-class HookShelf(Protocol):
-    """Keeps the hooks a session loads beyond the session (a NATS worker shares them between the
-    commands of one gateway session, and with the other workers)."""
-
-    async def adopt(self, cmd: pb.HookLoadCommand, hook: Hook) -> Hook:
-        """The hook to keep for ``cmd``: ``hook``, or one loaded for it before (then close ``hook``)."""
-        ...
-
-    async def store(self, rid: str, cmd: pb.HookLoadCommand) -> None:
-        """Keep ``cmd``'s source where other workers find it; raise ProtocolError when that failed."""
-        ...
 
 
 def blocked(result: ChainResult, what: str, rid: str) -> ProtocolError:
@@ -61,9 +48,6 @@ class SessionHooks:
         count: counts one hook decision (``allow``, ``block``, ``transform``).
         spans: request id → its command span, where decisions are recorded.
         peer: names the session in logs.
-        hooks: session hooks loaded before (a NATS worker's command starts with its session's).
-        shelf: keeps loaded hooks beyond the session and then owns them: :meth:`close` leaves
-            them alone.
         decided: told every decision that is reported (request id, trigger, action, hook id,
             reason): the audit trail.
     """
@@ -78,8 +62,6 @@ class SessionHooks:
         count: Callable[[str], None],
         spans: Mapping[str, tracing.SpanHandle],
         peer: str,
-        hooks: Sequence[Hook] = (),
-        shelf: HookShelf | None = None,
         decided: Callable[[str, str, str, str | None, str | None], None] | None = None,
     ) -> None:
         self._global = global_hooks
@@ -89,15 +71,14 @@ class SessionHooks:
         self._count = count
         self._spans = spans
         self._peer = peer
-        self._shelf = shelf
         self._decided = decided
-        self.own: list[Hook] = list(hooks)
+        self.own: list[Hook] = []
         self._chain = self._build()
 
     @property
     def owns_hooks(self) -> bool:
-        """Whether closing the session closes its hooks (it loaded some, and no shelf keeps them)."""
-        return self._shelf is None and bool(self.own)
+        """Whether closing the session closes hooks (it loaded some)."""
+        return bool(self.own)
 
     def _build(self) -> HookChain:
         return HookChain([*self._global, *self.own], failure=self._failure)  # type: ignore[arg-type]  # ServiceConfig.hook_failure is a str the CLI restricts to closed/open
@@ -127,12 +108,6 @@ class SessionHooks:
         self._chain = self._build()
         self._report(rid, load_action(hook))
         log.info("hook loaded", extra={"fields": {"peer": self._peer, "hook_id": hook.id, "triggers": sorted(hook.triggers)}})
-        if self._shelf is not None:
-            kept = await self._shelf.adopt(cmd, hook)
-            if kept is not hook:
-                self.own[-1] = kept
-                self._chain = self._build()
-            await self._shelf.store(rid, cmd)
 
     def _admit_hook(self, rid: str) -> HookLimits:
         """The limits one more session hook loads under, within ``--max-hooks-per-session`` and
@@ -241,9 +216,7 @@ class SessionHooks:
         return None if result.action == "block" else str(result.payload["text"])
 
     async def close(self) -> None:
-        """Close the session's hooks (unless a shelf keeps them)."""
-        if self._shelf is not None:
-            return
+        """Close the session's hooks."""
         for hook in self.own:
             await hook.close()
         self.own.clear()

@@ -1,6 +1,5 @@
 """A session's side of resume (PROTOCOL.md, "Resume"): offered in the handshake, parked when its
-connection drops, re-attached to the connection that presents its token, restored from a gateway's
-journal, handed over to the next gateway process.
+connection drops, re-attached to the connection that presents its token.
 
 :class:`SessionResume` is one per session and owns what resume needs of it: the connection that
 carries it (a :class:`~smith_fast.service.resume.Front`) and, once offered, its
@@ -82,7 +81,7 @@ class Carried(Protocol):
 
     def now(self) -> float: ...
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None: ...
+    def reattach(self, front: Front, after: int) -> None: ...
 
 
 class ResumeCore(Protocol):
@@ -101,7 +100,6 @@ class ResumeCore(Protocol):
         self, version: int, granted: list[int], accepted: Sequence[str] = (), interval_ms: int = DEFAULT_METRICS_INTERVAL_MS
     ) -> dict[str, str]: ...
 
-    def made_resumable(self, session: Any) -> None: ...
 
 
 class SessionResume:
@@ -140,7 +138,6 @@ class SessionResume:
         if session.recorder is not None:  # its Ready carries the token to the peer, never to the recording
             session.recorder.conceal(token)
         session.sink.tap(retention.record)
-        core.made_resumable(session)
         return token
 
     def park(self) -> bool:
@@ -177,13 +174,6 @@ class SessionResume:
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
             other = session.core.parked.find(hs.resume_token)
-            if other is None and session.core.parked.restoring:
-                raise ResumeRefused(
-                    "this service is still taking over the sessions of the process before it (a gateway restarting "
-                    "with the same --gateway-id); send the resume handshake again in a moment",
-                    "resume_not_ready",
-                    pb.ERROR_CODE_UNSPECIFIED,
-                )
             if not isinstance(other, type(session)) or other is session or other.closing:
                 raise ResumeRefused(
                     "the resume token names no session that can be resumed here (a wrong token, an ended session, "
@@ -196,14 +186,14 @@ class SessionResume:
                     "resume_unsupported",
                     pb.ERROR_CODE_UNSPECIFIED,
                 )
-            other.reattach(self.front, hs.resume_after, hs.resume_token)
+            other.reattach(self.front, hs.resume_after)
         except ResumeRefused as exc:
             log.warning("resume refused", extra={"fields": {"peer": session.peer, "error": str(exc)}})
             session.protocol_error(exc)
             return
         session.end_quietly()
 
-    def reattach(self, front: Front, after: int, token: str = "") -> None:
+    def reattach(self, front: Front, after: int) -> None:
         """Carry on over ``front``: answer ``Ready(resumed)``, send what was retained after
         sequence ``after``, then go on live. A session still carried by another connection (one
         that has not noticed its peer is gone) is taken from it.
@@ -227,8 +217,6 @@ class SessionResume:
         if old is not None:
             old.release()
         session.core.parked.unpark(resumable.key)
-        if token:  # a restored session learns its token back from its peer (only its key was kept)
-            resumable.token = token
         session.carry_over(front)
         front.carry(session)
         resumable.retention.attach()
@@ -240,28 +228,6 @@ class SessionResume:
         if session.paused:
             session.resume()
         log.info("session resumed", extra={"fields": {"peer": session.peer, "after": after, "replayed": len(units), "took_over": old is not None}})
-
-    def restore(self, key: str, granted: frozenset[int], accepted: frozenset[str], units: Sequence[bytes], interval_ms: int) -> bool:
-        """Take over a session the process before this one handed over (a gateway restarting with
-        the same ``--gateway-id``: smith_fast.nats.journal): handshaken as it was, what it sent
-        retained, parked for ``--resume-window`` until its peer resumes it here. False: it could
-        not be parked (too many are) and ended at once."""
-        session = self._session
-        front = self.front
-        assert front is not None and self.resumable is None
-        session.granted, session.handshaken, session.authenticated = granted, True, True
-        retention = Retention(session.core.limits.max_session_buffer, session.pause, framed=session.sink.framed)
-        for unit in units:
-            retention.record(unit)
-        self.resumable = Resumable("", key, retention, front)
-        session.core.parked.adopt(key, session)
-        session.sink.tap(retention.record)
-        session.core.made_resumable(session)
-        session.apply_accepted(accepted, interval_ms)
-        if self.park():
-            return True
-        session.lost()
-        return False
 
     def _resumed(self, token: str, replayed: int) -> bytes:
         """The answer to a resume handshake: outside the session's sequence (0), never retained."""

@@ -79,11 +79,6 @@ class EventSink(ABC):
 
         self._write = tapped
 
-    def interpose(self, stage: Callable[[Callable[[bytes], None]], Callable[[bytes], None]]) -> None:
-        """Pass every written unit through ``stage(write)`` instead of ``write`` (what was written
-        so far, taps included): a gateway's journal holds units until NATS stored them."""
-        self._write = stage(self._write)
-
     @abstractmethod
     def record_to(self, recording: Recording) -> None:
         """Record every written unit as the v1 ``Envelope`` it is or carries."""
@@ -164,8 +159,8 @@ class V1Sink(EventSink):
         write_frames: ``write_frames(data, n)`` writes ``n`` framed envelopes at once (the socket
             front's write, which counts frames); with it, a tool call that ran in one step leaves
             as one write (:meth:`tool_done`) while nothing batches or records.
-        first_sequence: the sequence number of the first envelope (a session restored from a
-            gateway's journal goes on where it was).
+        first_sequence: the sequence number of the first envelope (a NATS worker's session goes
+            on after what the gateway said to the peer itself).
     """
 
     version = 1
@@ -206,11 +201,6 @@ class V1Sink(EventSink):
     def tap(self, observer: Callable[[bytes], None]) -> None:
         super().tap(observer)
         self._write_frames = None  # the observer sees (records) each envelope by itself
-        self._route()
-
-    def interpose(self, stage: Callable[[Callable[[bytes], None]], Callable[[bytes], None]]) -> None:
-        super().interpose(stage)
-        self._write_frames = None  # the stage takes each envelope by itself
         self._route()
 
     @property

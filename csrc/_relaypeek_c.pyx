@@ -1,0 +1,436 @@
+# cython: language_level=3, freethreading_compatible=False
+"""Request ids and terminal states read off relayed v1 bytes: the compiled twin of ``_relaypeek_py``.
+
+The walk runs on a ``const unsigned char*`` acquired once per call, with no object made but the ids
+it returns. It follows the one span of each message the normal encoders write; a message field
+sent again (which the runtime merges with the earlier one) is rare enough to hand the whole frame
+to the Python twin, which reads merged messages. Behaviour and public API are those of
+``_relaypeek_py``, which is the specification (and the typing source).
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport uint32_t, uint64_t
+
+# The merged-message reader and the error builder are the twin's, so the two cannot drift.
+from smith_fast._relaypeek_py import _frame_marks, _not_bytes
+from smith_fast._relaypeek_py import command_ids as _merged_command_ids
+
+__all__ = ["command_ids", "event_marks"]
+
+cdef enum:
+    _OK = 0
+    _BAD = 1  # bytes the runtime would refuse
+    _MERGED = 2  # a message field sent again: the Python twin reads the frame
+    _DEPTH = 100  # upb's: groups nested 100 deep in an Envelope, one less per message level
+
+# Oneof members and field sets as bit masks over field numbers (all below 32)
+cdef enum:
+    _PAYLOADS = (1 << 10) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 16) | (1 << 17) | (1 << 18)
+    _COMMAND_MEMBERS = 0xFFE  # 1..11
+    _REQUESTS = (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 10) | (1 << 11)
+    _EVENT_MEMBERS = 0x7FE  # 1..10
+    _SEQUENCE = 2
+    _COMMAND = 10
+    _EVENT = 11
+    _BATCH_COMMAND = 12
+    _BATCH_EVENT = 13
+    _STATE_CHANGE = 2
+
+ctypedef const unsigned char* Bytes
+
+
+cdef struct Field:
+    uint32_t number
+    int wire  # 0 or 2: the others are stepped over
+    uint64_t value
+    Py_ssize_t a, b  # the span of a length-delimited value
+
+
+cdef inline bint _member(uint32_t number, uint32_t mask) noexcept nogil:
+    return number < 32 and (mask >> number) & 1
+
+
+cdef inline bint _varint(Bytes p, Py_ssize_t* pos, Py_ssize_t end, int most, uint64_t* out) noexcept nogil:
+    """The varint at ``p[pos]`` of at most ``most`` bytes, cut to 64 bits; False when it is longer
+    or runs off the end."""
+    cdef uint64_t value = 0
+    cdef int shift = 0
+    cdef Py_ssize_t i = pos[0]
+    cdef Py_ssize_t stop = i + most
+    cdef unsigned char b
+    if stop > end:
+        stop = end
+    while i < stop:
+        b = p[i]
+        i += 1
+        value |= (<uint64_t>(b & 0x7F)) << shift
+        if b < 0x80:
+            pos[0] = i
+            out[0] = value
+            return True
+        shift += 7
+    return False
+
+
+cdef int _skip(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint32_t number, int wire, int depth) noexcept nogil:
+    """Step over the value of a field of wire type 1, 5 or 3 (a group, to its end tag); -1 when malformed."""
+    cdef uint64_t tag, value
+    cdef uint32_t inner
+    if wire == 1 or wire == 5:
+        value = 8 if wire == 1 else 4
+        if <uint64_t>(end - pos[0]) < value:
+            return -1
+        pos[0] += value
+        return 0
+    if wire != 3 or depth == 0:  # an end tag without its start, wire types 6 and 7; too deep
+        return -1
+    while True:
+        if pos[0] >= end:
+            return -1
+        if not _varint(p, pos, end, 5, &tag) or tag > 0xFFFFFFFFULL:
+            return -1
+        inner = <uint32_t>(tag >> 3)
+        wire = tag & 7
+        if inner == 0:
+            return -1
+        if wire == 4:
+            return 0 if inner == number else -1
+        if wire == 0:
+            if not _varint(p, pos, end, 10, &value):
+                return -1
+        elif wire == 2:
+            if not _varint(p, pos, end, 5, &value) or value > <uint64_t>(end - pos[0]):
+                return -1
+            pos[0] += value
+        elif _skip(p, pos, end, inner, wire, depth - 1) < 0:
+            return -1
+
+
+cdef int _next(Bytes p, Py_ssize_t* pos, Py_ssize_t end, int depth, Field* f) noexcept nogil:
+    """The next varint or length-delimited field of ``p[pos:end]`` into ``f``: 1; 0 at the end; -1
+    when malformed. Fixed-width fields and groups are stepped over."""
+    cdef uint64_t tag, size
+    cdef int wire
+    while pos[0] < end:
+        tag = p[pos[0]]
+        if tag < 0x80:
+            pos[0] += 1
+        elif not _varint(p, pos, end, 5, &tag) or tag > 0xFFFFFFFFULL:
+            return -1
+        f.number = <uint32_t>(tag >> 3)
+        wire = tag & 7
+        if f.number == 0:
+            return -1
+        if wire == 2:
+            if not _varint(p, pos, end, 5, &size) or size > <uint64_t>(end - pos[0]):
+                return -1
+            f.wire = 2
+            f.a = pos[0]
+            f.b = pos[0] + <Py_ssize_t>size
+            pos[0] = f.b
+            return 1
+        if wire == 0:
+            if not _varint(p, pos, end, 10, &f.value):
+                return -1
+            f.wire = 0
+            return 1
+        if _skip(p, pos, end, f.number, wire, depth) < 0:
+            return -1
+    return 0
+
+
+cdef int _oneof(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, uint32_t members,
+                uint32_t* chosen, int* runs, Py_ssize_t* a, Py_ssize_t* b) noexcept nogil:
+    """The oneof member the message ``p[start:end]`` ends with, how many times it came since it was
+    chosen, and the span of its last value; ``_BAD`` when malformed."""
+    cdef Field f
+    cdef Py_ssize_t pos = start
+    cdef int r
+    chosen[0] = 0
+    runs[0] = 0
+    while True:
+        r = _next(p, &pos, end, depth, &f)
+        if r == 0:
+            return _OK
+        if r < 0:
+            return _BAD
+        if f.wire == 2 and _member(f.number, members):
+            if f.number != chosen[0]:
+                chosen[0] = f.number
+                runs[0] = 0
+            runs[0] += 1
+            a[0] = f.a
+            b[0] = f.b
+
+
+cdef int _envelope(Bytes p, Py_ssize_t start, Py_ssize_t end, uint64_t* sequence,
+                   uint32_t* chosen, int* runs, Py_ssize_t* a, Py_ssize_t* b) noexcept nogil:
+    """An Envelope: its sequence, its payload member, how often it came, its last span."""
+    cdef Field f
+    cdef Py_ssize_t pos = start
+    cdef int r
+    sequence[0] = 0
+    chosen[0] = 0
+    runs[0] = 0
+    while True:
+        r = _next(p, &pos, end, _DEPTH, &f)
+        if r == 0:
+            return _OK
+        if r < 0:
+            return _BAD
+        if f.wire == 2:
+            if _member(f.number, _PAYLOADS):
+                if f.number != chosen[0]:
+                    chosen[0] = f.number
+                    runs[0] = 0
+                runs[0] += 1
+                a[0] = f.a
+                b[0] = f.b
+        elif f.number == _SEQUENCE:
+            sequence[0] = f.value
+
+
+cdef object _text(Bytes p, Field* f):
+    """The UTF-8 text of ``f``'s span; None when it is not valid UTF-8 (the runtime refuses the
+    message: every occurrence of a string field is checked, not only the last)."""
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p + f.a, f.b - f.a, NULL)
+    except UnicodeDecodeError:
+        return None
+
+
+cdef int _request_id(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list ids) except -1:
+    """A Command in ``p[start:end]``: appends its request's id (when it is a request with one)."""
+    cdef uint32_t chosen
+    cdef int runs, r
+    cdef Py_ssize_t a = 0, b = 0
+    cdef Field f
+    cdef object rid = ""
+    if _oneof(p, start, end, depth, _COMMAND_MEMBERS, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    if not _member(chosen, _REQUESTS):
+        return _OK
+    if runs > 1:
+        return _MERGED
+    start = a
+    while True:
+        r = _next(p, &start, b, depth - 1, &f)
+        if r == 0:
+            break
+        if r < 0:
+            return _BAD
+        if f.number == 1 and f.wire == 2:
+            rid = _text(p, &f)
+            if rid is None:
+                return _BAD
+    if rid:
+        ids.append(rid)
+    return _OK
+
+
+cdef int _ids(Bytes p, Py_ssize_t n, list ids) except -1:
+    cdef uint64_t sequence
+    cdef uint32_t chosen
+    cdef int runs, r
+    cdef Py_ssize_t a = 0, b = 0
+    cdef Field f
+    if _envelope(p, 0, n, &sequence, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    if chosen != _COMMAND and chosen != _BATCH_COMMAND:
+        return _OK
+    if runs > 1:
+        return _MERGED
+    if chosen == _COMMAND:
+        return _request_id(p, a, b, _DEPTH - 1, ids)
+    while True:
+        r = _next(p, &a, b, _DEPTH - 1, &f)
+        if r == 0:
+            return _OK
+        if r < 0:
+            return _BAD
+        if f.number == 1 and f.wire == 2:
+            r = _request_id(p, f.a, f.b, _DEPTH - 2, ids)
+            if r != _OK:
+                return r
+
+
+cdef int _terminal(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list ended) except -1:
+    """An Event in ``p[start:end]``: appends the request id its terminal state ends, if it is one."""
+    cdef uint32_t chosen
+    cdef int runs, r
+    cdef Py_ssize_t a = 0, b = 0
+    cdef Field f
+    cdef object rid = ""
+    cdef uint64_t state = 0
+    if _oneof(p, start, end, depth, _EVENT_MEMBERS, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    if chosen != _STATE_CHANGE:
+        return _OK
+    if runs > 1:
+        return _MERGED
+    while True:
+        r = _next(p, &a, b, depth - 1, &f)
+        if r == 0:
+            break
+        if r < 0:
+            return _BAD
+        if f.number == 1:
+            if f.wire == 2:
+                rid = _text(p, &f)
+                if rid is None:
+                    return _BAD
+        elif f.number == 2 and f.wire == 0:
+            state = f.value & 0xFFFFFFFFULL  # an enum is an int32
+    if (state == 2 or state == 4) and rid:  # SERVICE_STATE_READY, SERVICE_STATE_ERROR
+        ended.append(rid)
+    return _OK
+
+
+cdef int _marks(Bytes p, Py_ssize_t start, Py_ssize_t end, uint64_t* sequence, list ended) except -1:
+    """One Envelope in ``p[start:end]``: its sequence, and its terminal states' ids into ``ended``."""
+    cdef uint32_t chosen
+    cdef int runs, r
+    cdef Py_ssize_t a = 0, b = 0
+    cdef Field f
+    if _envelope(p, start, end, sequence, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    if chosen != _EVENT and chosen != _BATCH_EVENT:
+        return _OK
+    if runs > 1:
+        return _MERGED
+    if chosen == _EVENT:
+        return _terminal(p, a, b, _DEPTH - 1, ended)
+    while True:
+        r = _next(p, &a, b, _DEPTH - 1, &f)
+        if r == 0:
+            return _OK
+        if r < 0:
+            return _BAD
+        if f.number == 1 and f.wire == 2:
+            r = _terminal(p, f.a, f.b, _DEPTH - 2, ended)
+            if r != _OK:
+                return r
+
+
+def command_ids(frame):
+    """The ids of the requests one v1 ``Envelope`` from a frontend starts, in order.
+
+    A request is a ``Command`` that runs and ends with one terminal ``StateChange`` (``READY`` or
+    ``ERROR``) carrying its id: ``plan``, ``tool_call``, ``hook_load``, ``shell_exec``,
+    ``list_processes`` and ``attach``, alone (``Envelope.command``) or in a ``BatchCommand``. An
+    empty id is skipped (the service cannot end it). Everything else gives nothing: events, health
+    checks, the handshake, shutdown, ``cancel``/``stdin``/``resize`` (no states of their own), and
+    bytes that are no ``Envelope``. An id may come again while its request runs (the service then
+    refuses the duplicate without a terminal state), so a caller keeps a set. A request the service
+    refuses before it runs still ends with ``ERROR``, except one whose id is longer than
+    ``--max-request-id-size``: that id gets no terminal state.
+
+    Args:
+        frame: one ``Envelope``, without its length prefix; any contiguous bytes-like object.
+
+    Returns:
+        The request ids; never raises on any bytes.
+
+    Raises:
+        TypeError: ``frame`` is not a contiguous bytes-like object.
+    """
+    cdef Py_buffer view
+    cdef list ids = []
+    cdef int r
+    try:
+        PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
+    except (TypeError, BufferError):
+        raise _not_bytes("command_ids", frame) from None
+    try:
+        r = _ids(<Bytes>view.buf, view.len, ids)
+    finally:
+        PyBuffer_Release(&view)
+    if r == _OK:
+        return ids
+    if r == _MERGED:
+        return _merged_command_ids(frame)
+    return []
+
+
+def event_marks(buf):
+    """The last sequence and the ended request ids in what a session wrote.
+
+    Args:
+        buf: zero or more complete length-prefixed v1 ``Envelope``s, as the service writes them.
+
+    Returns:
+        ``(sequence, ended)``: the largest ``Envelope.sequence`` seen (0 when none), and the
+        request ids of the terminal states (``StateChange`` ``READY`` or ``ERROR`` with a non-empty
+        ``request_id``, alone or in a ``BatchEvent``), in order. Never raises on any bytes: it stops
+        at the first frame that is malformed or incomplete, with what the frames before it held.
+
+    Raises:
+        TypeError: ``buf`` is not a contiguous bytes-like object.
+    """
+    cdef Py_buffer view
+    cdef list ended = []
+    cdef Py_ssize_t pos = 0, end, before
+    cdef uint64_t size, sequence, top = 0
+    cdef Bytes p
+    cdef int r
+    try:
+        PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    except (TypeError, BufferError):
+        raise _not_bytes("event_marks", buf) from None
+    try:
+        p = <Bytes>view.buf
+        end = view.len
+        while pos < end:
+            size = p[pos]
+            if size < 0x80:
+                pos += 1
+            elif not _wide_prefix(p, &pos, end, &size):
+                break
+            if size > 0xFFFFFFFFULL or size > <uint64_t>(end - pos):  # a length prefix is 32 bits wide at most
+                break
+            before = len(ended)
+            r = _marks(p, pos, pos + <Py_ssize_t>size, &sequence, ended)
+            if r == _MERGED:
+                del ended[before:]
+                marks = _frame_marks(PyBytes_FromStringAndSize(<const char*>p + pos, <Py_ssize_t>size))
+                if marks is None:
+                    break
+                sequence = marks[0]
+                ended += marks[1]
+            elif r != _OK:
+                del ended[before:]
+                break
+            if sequence > top:
+                top = sequence
+            pos += <Py_ssize_t>size
+    finally:
+        PyBuffer_Release(&view)
+    return top, ended
+
+
+cdef inline bint _wide_prefix(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint64_t* size) noexcept nogil:
+    """A length prefix of two to ten bytes; one whose value needs more than 35 bits reads as
+    ``2**32`` (too wide, as it is). False when it is longer than ten bytes or runs off the end."""
+    cdef uint64_t value = 0
+    cdef bint wide = False
+    cdef Py_ssize_t i = pos[0]
+    cdef Py_ssize_t stop = i + 10
+    cdef int group = 0
+    cdef unsigned char b
+    if stop > end:
+        stop = end
+    while i < stop:
+        b = p[i]
+        i += 1
+        if group < 5:
+            value |= (<uint64_t>(b & 0x7F)) << (7 * group)
+        elif b & 0x7F:
+            wide = True
+        group += 1
+        if b < 0x80:
+            pos[0] = i
+            size[0] = (<uint64_t>1 << 32) if wide else value
+            return True
+    return False

@@ -1,0 +1,164 @@
+"""A session lives on one worker: placement by labels and load, and consistency across calls.
+
+Real nats-server (with nkeys and per-role permissions), real gateway and worker processes, driven
+by the SDK; plus unit tests of :class:`~smith_fast.nats.placement.Placement` on announcements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import pathlib
+import random
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from harness.nats_cluster import Cluster
+from smith_fast.client import Client, SmithError
+from smith_fast.nats.placement import Placement, parse_labels
+from smith_fast.nats.presence import Announcement
+from smith_fast.pb import smith_pb2 as pb
+
+FAST = ("--presence-interval", "0.3")
+
+# ---- placement, on announcements --------------------------------------------------------------------
+
+
+def _ann(worker: str, **kw: object) -> Announcement:
+    base: dict[str, object] = {"version": "0.1.0", "capacity": 64, "max_sessions": 10}
+    base.update(kw)
+    return Announcement(worker=worker, **base)  # type: ignore[arg-type]
+
+
+def test_labels_parse_and_refuse_what_is_no_pair() -> None:
+    assert parse_labels("zone=b, gpu=1,,") == {"zone": "b", "gpu": "1"}
+    assert parse_labels("") == {}
+    for bad in ["zone", "=b", "a=1,b"]:
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            parse_labels(bad)
+
+
+def test_placement_fits_labels_slots_versions_and_draining() -> None:
+    placement = Placement(random.Random(1))
+    workers = [
+        _ann("a", labels={"zone": "a"}),
+        _ann("b", labels={"zone": "b"}, sessions=10),  # full
+        _ann("c", labels={"zone": "b"}),
+        _ann("d", labels={"zone": "b"}, draining=True),
+        _ann("e", labels={"zone": "b"}, version="9.0.0"),  # another major version: another protocol
+    ]
+    assert placement.choose(workers, {"zone": "b"}) == "c"
+    assert placement.choose(workers, {"zone": "x"}) is None
+    assert placement.choose(workers, {"zone": "b"}, exclude={"c"}) is None
+
+
+def test_placement_prefers_the_emptier_and_counts_what_it_placed() -> None:
+    placement = Placement(random.Random(7))
+    workers = [_ann("a", sessions=8), _ann("b", sessions=0), _ann("c", running=60, capacity=64)]
+    assert placement.choose(workers, {}) == "b"
+    # sessions placed since the last announcements count: 10 new sessions spread, not all on b
+    got = collections.Counter(placement.choose(workers, {}) for _ in range(9))
+    assert got["b"] < 9 and got["a"] >= 1, got
+    placement.heard("b")  # b announced: what was placed there is in its figures now
+    assert placement.load(workers[1]) == 0.0
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three workers serving different directories (as on three machines), labelled by zone."""
+    tmp = tmp_path_factory.mktemp("nats-sessions")
+    c = Cluster(tmp, workers=3, nats_args=FAST, roots=True, labels={0: ("zone=a",), 1: ("zone=b",), 2: ("zone=c",)},
+                gateway_args=("--queue-timeout", "1", "--queue-notice", "0.3", "--metrics", "127.0.0.1:0")).start()
+    yield c
+    codes = c.stop()
+    assert set(codes.values()) == {0}, codes
+
+
+async def test_write_then_read_then_exec_is_consistent_100_of_100(spread: Cluster) -> None:
+    async with await Client.connect(spread.unix) as client:
+        ready = await client.handshake(["shell_exec"])
+        worker = ready.service_info["smith_fast.worker"]
+        consistent = 0
+        for i in range(100):
+            text = f"round {i}"
+            written = await client.call_tool("fs.write", {"path": "f.txt", "content": text})
+            assert written.success
+            cat = await client.run("cat f.txt")
+            pid = await client.run("sh -c 'echo $$ > pid; cat pid'")
+            consistent += cat.stdout == text.encode() and pid.exit_code == 0 and pid.stdout.strip().isdigit()
+        assert consistent == 100
+        # everything landed in its worker's directory, none in the others'
+        n = int(worker.removeprefix("w"))
+        assert (spread.worker_root(n) / "f.txt").read_text() == "round 99"
+        assert [m for m in range(3) if m != n and (spread.worker_root(m) / "f.txt").exists()] == []
+
+
+async def test_a_handshake_asking_for_a_label_lands_on_a_worker_that_has_it(spread: Cluster) -> None:
+    for zone, worker in [("b", "w1"), ("c", "w2"), ("a", "w0")]:
+        async with await Client.connect(spread.unix) as client:
+            ready = await client.handshake(["shell_exec"], client_info={"smith_fast.placement": f"zone={zone}"})
+            assert ready.service_info["smith_fast.worker"] == worker
+            assert ready.service_info["smith_fast.labels"] == f"zone={zone}"
+
+
+async def test_no_worker_with_the_label_a_notice_then_no_worker_and_the_connection_stays(spread: Cluster) -> None:
+    async with await Client.connect(spread.unix) as client:
+        with pytest.raises(SmithError) as info:
+            await client.handshake(["shell_exec"], client_info={"smith_fast.placement": "zone=mars"})
+        assert info.value.code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and info.value.details["reason"] == "no_worker"
+        notices = client.notices
+        assert [n.fields["reason"] for n in notices] == ["placing"] and notices[0].level == pb.LOG_LEVEL_WARN
+        # the same connection: a handshake that fits is placed
+        ready = await client.handshake(["shell_exec"], client_info={"smith_fast.placement": "zone=a"})
+        assert ready.service_info["smith_fast.worker"] == "w0"
+        assert (await client.run("echo hi")).stdout == b"hi\n"
+
+
+async def test_sessions_spread_over_the_workers_and_the_gateway_counts_them(spread: Cluster) -> None:
+    clients = [await Client.connect(spread.unix) for _ in range(12)]
+    try:
+        placed = collections.Counter()
+        for client in clients:
+            ready = await client.handshake(["shell_exec"])
+            placed[ready.service_info["smith_fast.worker"]] += 1
+        assert set(placed) == {"w0", "w1", "w2"} and max(placed.values()) - min(placed.values()) <= 3, placed
+        url = spread.gateway.metrics_url
+        assert url is not None
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+        relayed = {line.split('"')[1]: float(line.split()[-1]) for line in body.splitlines()
+                   if line.startswith("smith_fast_nats_sessions{")}
+        assert all(relayed[w] >= placed[w] for w in placed), (relayed, placed)
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def test_a_worker_runs_only_what_it_was_opened_for(spread: Cluster, tmp_path: pathlib.Path) -> None:
+    """A relay message for a connection no gateway opened is dropped: nothing runs, the worker carries on."""
+    import nats
+
+    assert spread.keys is not None
+    nc = await nats.connect(spread.nats.url, nkeys_seed=str(spread.keys / "gateway-g1.nk"), inbox_prefix="_INBOX.g1")
+    try:
+        marker = spread.worker_root(0) / "never"
+        env = pb.Envelope()
+        env.command.shell_exec.request_id = "x"
+        env.command.shell_exec.command = f"touch {marker}"
+        body = env.SerializeToString()
+        from smith_fast.framing import encode_varint
+        from smith_fast.nats import relay
+
+        await nc.publish("smith.s.w0.g1.nosuchconn", relay.pack(1, relay.DATA, encode_varint(len(body)) + body))
+        await nc.flush()
+        await asyncio.sleep(0.5)
+        assert not marker.exists()
+    finally:
+        await nc.close()
+    async with await Client.connect(spread.unix) as client:
+        await client.handshake(["shell_exec"], client_info={"smith_fast.placement": "zone=a"})
+        assert (await client.run("echo still")).stdout == b"still\n"
