@@ -35,41 +35,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from smith_fast.containment import cgroup_dir, cgroup_mounts, cgroup_paths
+
 __all__ = ["NONE", "Quota", "find"]
 
 PERIOD_US = 100_000
-
-
-def _mounts() -> list[tuple[str, str, str, set[str]]]:
-    """(mount point, root inside the hierarchy, fs type, mount options) of each cgroup mount."""
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rfields = left.split(), right.split()
-            if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
-                continue
-            found.append((fields[4].replace("\\040", " "), fields[3], rfields[0], set(rfields[2].split(","))))
-    return found
-
-
-def _own_paths(pid: int | str = "self") -> dict[str, str]:
-    """Hierarchy key (``""`` for v2, else each v1 controller) -> the cgroup path of ``pid`` in it."""
-    out: dict[str, str] = {}
-    for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if not controllers:
-            out[""] = path
-        for name in controllers.split(","):
-            if name:
-                out[name] = path
-    return out
-
-
-def _dir_for(point: str, root: str, path: str) -> str:
-    if root != "/" and (path == root or path.startswith(root + "/")):
-        path = path[len(root):]
-    return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
 
 
 def _write(path: str, text: str) -> None:
@@ -133,7 +103,7 @@ class Quota:
 
     def _path_of(self, pid: int) -> str | None:
         try:
-            return _own_paths(pid).get(self.key)
+            return cgroup_paths(pid).get(self.key)
         except (OSError, ValueError):
             return None
 
@@ -205,7 +175,7 @@ def _cgroup2(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str], 
     if v2 is None or "" not in own:
         notes.append("no cgroup v2 hierarchy")
         return None
-    home = _dir_for(v2[0], v2[1], own[""])
+    home = cgroup_dir(v2[0], v2[1], own[""])
     try:
         offered = pathlib.Path(home, "cgroup.controllers").read_text().split()
         enabled = pathlib.Path(home, "cgroup.subtree_control").read_text().split()
@@ -241,7 +211,7 @@ def _cgroup1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str], 
     if v1 is None or "cpu" not in own:
         notes.append("no cgroup v1 cpu hierarchy")
         return None
-    home = _dir_for(v1[0], v1[1], own["cpu"])
+    home = cgroup_dir(v1[0], v1[1], own["cpu"])
     probe = f"{home}/smith-bench-probe-{os.getpid()}"
     try:
         os.mkdir(probe)
@@ -256,7 +226,7 @@ def _cgroup1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str], 
                   key="cpu", base=home, mount=(v1[0], v1[1]))
     acct = next((m for m in mounts if m[2] == "cgroup" and "cpuacct" in m[3]), None)
     if acct is not None and "cpu" not in acct[3] and "cpuacct" in own:  # cpuacct mounted apart: a cell there too
-        where = _dir_for(acct[0], acct[1], own["cpuacct"])
+        where = cgroup_dir(acct[0], acct[1], own["cpuacct"])
         if os.access(where, os.W_OK):
             quota.acct = where
             quota.detail += f", CPU accounted in cells under {where}"
@@ -284,7 +254,7 @@ def find(fraction: float = 0.25) -> Quota:
     when none does: its ``detail`` then says what each attempt ran into)."""
     notes: list[str] = []
     try:
-        mounts, own = _mounts(), _own_paths()
+        mounts, own = cgroup_mounts(), cgroup_paths()
     except (OSError, ValueError) as exc:
         mounts, own = [], {}
         notes.append(f"cannot read this process's cgroups ({exc})")

@@ -56,6 +56,10 @@ from collections.abc import Iterator
 
 __all__ = [
     "CommandLimits",
+    "cgroup_dir",
+    "cgroup_mounts",
+    "cgroup_paths",
+    "memory_bound",
     "Cell",
     "Usage",
     "LIMIT_FLAGS",
@@ -171,7 +175,7 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
-def _mounts() -> list[tuple[str, str, str, set[str]]]:
+def cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
     """(mount point, root inside the hierarchy, fs type, v1 controllers) of each cgroup mount."""
     found = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
@@ -185,10 +189,10 @@ def _mounts() -> list[tuple[str, str, str, set[str]]]:
     return found
 
 
-def _own_paths() -> dict[str, str]:
-    """Hierarchy key (``""`` for v2, else a v1 controller) -> our cgroup path in it."""
+def cgroup_paths(pid: int | str = "self") -> dict[str, str]:
+    """Hierarchy key (``""`` for v2, else a v1 controller) -> the cgroup path of ``pid`` in it."""
     out: dict[str, str] = {}
-    for line in _read("/proc/self/cgroup").splitlines():
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         if not controllers:
             out[""] = path
@@ -198,10 +202,37 @@ def _own_paths() -> dict[str, str]:
     return out
 
 
-def _dir_for(point: str, root: str, path: str) -> str:
+def cgroup_dir(point: str, root: str, path: str) -> str:
+    """The directory of cgroup ``path`` in a hierarchy mounted at ``point`` from its ``root``."""
     if root != "/" and (path == root or path.startswith(root + "/")):
         path = path[len(root):]
     return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
+
+
+_UNBOUNDED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63
+
+
+def memory_bound() -> tuple[int, int] | None:
+    """``(limit, in use)`` bytes of this process's memory cgroup (v2 ``memory.max``, or v1
+    ``memory.limit_in_bytes``), or None when it has no limit or none can be read."""
+    try:
+        own, mounts = cgroup_paths(), cgroup_mounts()
+    except (OSError, ValueError):
+        return None
+    for point, root, kind, controllers in mounts:
+        if kind == "cgroup2" and "" in own:  # (a hybrid layout's v2 tree may not offer memory: then v1's)
+            files = cgroup_dir(point, root, own[""]), "memory.max", "memory.current"
+        elif kind == "cgroup" and "memory" in controllers and "memory" in own:
+            files = cgroup_dir(point, root, own["memory"]), "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        try:
+            limit, used = _read(f"{files[0]}/{files[1]}").strip(), int(_read(f"{files[0]}/{files[2]}"))
+        except (OSError, ValueError):
+            continue
+        if limit != "max" and limit.isdigit() and int(limit) < _UNBOUNDED:
+            return int(limit), used
+    return None
 
 
 def _make_parent(base: str) -> str | None:
@@ -217,7 +248,7 @@ def _make_parent(base: str) -> str | None:
 
 def _discover() -> list[_Tree]:
     try:
-        mounts, own = _mounts(), _own_paths()
+        mounts, own = cgroup_mounts(), cgroup_paths()
     except (OSError, ValueError):
         return []
     trees: list[_Tree] = []
@@ -225,7 +256,7 @@ def _discover() -> list[_Tree]:
     for point, root, kind, _ in mounts:
         if kind != "cgroup2" or "" not in own or trees:
             continue
-        home = _dir_for(point, root, own[""])
+        home = cgroup_dir(point, root, own[""])
         parent = _make_parent(home)
         if parent is None:
             continue
@@ -244,7 +275,7 @@ def _discover() -> list[_Tree]:
             continue
         for point, root, kind, names in mounts:
             if kind == "cgroup" and name in names:
-                home = _dir_for(point, root, own[name])
+                home = cgroup_dir(point, root, own[name])
                 parent = _make_parent(home)
                 if parent is not None:
                     trees.append(_Tree(parent, home, False, frozenset({name})))

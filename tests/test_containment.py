@@ -288,3 +288,27 @@ def test_without_cgroups_usage_comes_from_rusage() -> None:
     assert usage.source == "rusage" and usage.pids_peak == 0 and usage.limit_hit is None
     assert usage.cpu_user_us + usage.cpu_system_us >= 250_000
     assert usage.memory_peak_bytes == usage.max_rss_bytes > 0
+
+
+def test_memory_bound_reads_a_cells_limit_whichever_hierarchy_holds_memory() -> None:
+    """What a NATS worker announces as its memory: a process in a cell of 256 MiB reads that limit
+    (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``: this machine's layout is hybrid), and this
+    unbounded test process reads none."""
+    import subprocess
+
+    from smith_fast import containment
+
+    bound = containment.memory_bound()
+    assert bound is None or bound[0] > 0
+    cell = containment.new_cell(containment.CommandLimits(memory=256 << 20))
+    code = "import sys; from smith_fast.containment import memory_bound; sys.stdin.readline(); print(*memory_bound())"
+    try:
+        with cell.joined():
+            child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        cell.attach(child.pid)  # the cell's limits are set now (as for a command's shell)
+        out, _ = child.communicate("go\n", timeout=60)
+    finally:
+        cell.release()
+    assert child.returncode == 0
+    limit, used = map(int, out.split())
+    assert limit == 256 << 20 and 0 < used < limit

@@ -39,6 +39,7 @@ from nats.aio.msg import Msg
 
 from .._version import __version__
 from .._varint import decode as decode_varint
+from ..containment import memory_bound
 from ..errors import StartupError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
@@ -71,19 +72,12 @@ def default_worker_id() -> str:
 
 
 def _memory() -> tuple[int, int]:
-    """(available, total) bytes: of this process's cgroup when it is bounded, else of the machine."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            path = f.read().strip().rpartition(":")[2]
-        base = f"/sys/fs/cgroup{path}"
-        with open(f"{base}/memory.max") as f:
-            limit = f.read().strip()
-        if limit != "max":
-            with open(f"{base}/memory.current") as f:
-                used = int(f.read())
-            return max(0, int(limit) - used), int(limit)
-    except (OSError, ValueError):
-        pass
+    """(available, total) bytes: of this process's memory cgroup when it is bounded (v2 or v1),
+    else of the machine."""
+    bound = memory_bound()
+    if bound is not None:
+        limit, used = bound
+        return max(0, limit - used), limit
     try:
         info = {}
         with open("/proc/meminfo") as f:
