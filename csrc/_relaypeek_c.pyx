@@ -230,20 +230,21 @@ cdef int _request_id(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list 
     return _OK
 
 
-cdef int _ids(Bytes p, Py_ssize_t n, list ids) except -1:
-    cdef uint64_t sequence
-    cdef uint32_t chosen
-    cdef int runs, r
-    cdef Py_ssize_t a = 0, b = 0
+ctypedef int (*_Reader)(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list out) except -1
+
+
+cdef int _members(Bytes p, uint32_t chosen, int runs, Py_ssize_t a, Py_ssize_t b, uint32_t one, uint32_t batch,
+                  _Reader read, list out) except -1:
+    """``read`` the Envelope member ``one`` in ``p[a:b]``, or each element of the member ``batch``:
+    the shape a command and an event share (alone, or in a Batch*)."""
     cdef Field f
-    if _envelope(p, 0, n, &sequence, &chosen, &runs, &a, &b) != _OK:
-        return _BAD
-    if chosen != _COMMAND and chosen != _BATCH_COMMAND:
+    cdef int r
+    if chosen != one and chosen != batch:
         return _OK
     if runs > 1:
         return _MERGED
-    if chosen == _COMMAND:
-        return _request_id(p, a, b, _DEPTH - 1, ids)
+    if chosen == one:
+        return read(p, a, b, _DEPTH - 1, out)
     while True:
         r = _next(p, &a, b, _DEPTH - 1, &f)
         if r == 0:
@@ -251,9 +252,19 @@ cdef int _ids(Bytes p, Py_ssize_t n, list ids) except -1:
         if r < 0:
             return _BAD
         if f.number == 1 and f.wire == 2:
-            r = _request_id(p, f.a, f.b, _DEPTH - 2, ids)
+            r = read(p, f.a, f.b, _DEPTH - 2, out)
             if r != _OK:
                 return r
+
+
+cdef int _ids(Bytes p, Py_ssize_t n, list ids) except -1:
+    cdef uint64_t sequence
+    cdef uint32_t chosen
+    cdef int runs
+    cdef Py_ssize_t a = 0, b = 0
+    if _envelope(p, 0, n, &sequence, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    return _members(p, chosen, runs, a, b, _COMMAND, _BATCH_COMMAND, _request_id, ids)
 
 
 cdef int _terminal(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list ended) except -1:
@@ -291,27 +302,11 @@ cdef int _terminal(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list en
 cdef int _marks(Bytes p, Py_ssize_t start, Py_ssize_t end, uint64_t* sequence, list ended) except -1:
     """One Envelope in ``p[start:end]``: its sequence, and its terminal states' ids into ``ended``."""
     cdef uint32_t chosen
-    cdef int runs, r
+    cdef int runs
     cdef Py_ssize_t a = 0, b = 0
-    cdef Field f
     if _envelope(p, start, end, sequence, &chosen, &runs, &a, &b) != _OK:
         return _BAD
-    if chosen != _EVENT and chosen != _BATCH_EVENT:
-        return _OK
-    if runs > 1:
-        return _MERGED
-    if chosen == _EVENT:
-        return _terminal(p, a, b, _DEPTH - 1, ended)
-    while True:
-        r = _next(p, &a, b, _DEPTH - 1, &f)
-        if r == 0:
-            return _OK
-        if r < 0:
-            return _BAD
-        if f.number == 1 and f.wire == 2:
-            r = _terminal(p, f.a, f.b, _DEPTH - 2, ended)
-            if r != _OK:
-                return r
+    return _members(p, chosen, runs, a, b, _EVENT, _BATCH_EVENT, _terminal, ended)
 
 
 def command_ids(frame):

@@ -30,6 +30,8 @@ the rare frame that repeats a message field back to :func:`_frame_ids` and :func
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .errors import FramingError
 
 __all__ = ["command_ids", "event_marks"]
@@ -195,22 +197,24 @@ def _request_id(data: bytes, spans: list[tuple[int, int]], depth: int) -> str:
     return rid
 
 
+def _members(data: bytes, chosen: int, run: list[tuple[int, int]], one: int, batch: int,
+             read: Callable[[bytes, list[tuple[int, int]], int], str]) -> list[str]:
+    """What ``read`` finds (non-empty) in the Envelope member ``one``, or in each element of the
+    member ``batch``: the shape a command and an event share (alone, or in a Batch*)."""
+    if chosen == one:
+        found = [read(data, run, _DEPTH - 1)]
+    elif chosen == batch:
+        found = [read(data, [(a, b)], _DEPTH - 2) for start, stop in run
+                 for number, wire, a, b in _fields(data, start, stop, _DEPTH - 1) if number == _ELEMENTS and wire == 2]
+    else:
+        return []
+    return [rid for rid in found if rid]
+
+
 def _frame_ids(data: bytes) -> list[str]:
     """:func:`command_ids` of bytes; raises ``_Malformed``."""
     _, chosen, run = _envelope(data, len(data))
-    ids: list[str] = []
-    if chosen == _COMMAND:
-        rid = _request_id(data, run, _DEPTH - 1)
-        if rid:
-            ids.append(rid)
-    elif chosen == _BATCH_COMMAND:
-        for start, stop in run:
-            for number, wire, a, b in _fields(data, start, stop, _DEPTH - 1):
-                if number == _ELEMENTS and wire == 2:
-                    rid = _request_id(data, [(a, b)], _DEPTH - 2)
-                    if rid:
-                        ids.append(rid)
-    return ids
+    return _members(data, chosen, run, _COMMAND, _BATCH_COMMAND, _request_id)
 
 
 def _terminal(data: bytes, spans: list[tuple[int, int]], depth: int) -> str:
@@ -236,18 +240,7 @@ def _frame_marks(data: bytes, start: int = 0, end: int | None = None) -> tuple[i
         end = len(data)
     try:
         sequence, chosen, run = _envelope(data, end, start)
-        ended: list[str] = []
-        if chosen == _EVENT:
-            rid = _terminal(data, run, _DEPTH - 1)
-            if rid:
-                ended.append(rid)
-        elif chosen == _BATCH_EVENT:
-            for a0, b0 in run:
-                for number, wire, a, b in _fields(data, a0, b0, _DEPTH - 1):
-                    if number == _ELEMENTS and wire == 2:
-                        rid = _terminal(data, [(a, b)], _DEPTH - 2)
-                        if rid:
-                            ended.append(rid)
+        ended = _members(data, chosen, run, _EVENT, _BATCH_EVENT, _terminal)
     except _Malformed:
         return None
     return sequence, ended
