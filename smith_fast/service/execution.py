@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .config import Limits, ServiceConfig
     from .session_hooks import SessionHooks
     from .sinks import EventSink
+    from ..workspaces import WorkspaceOps
 
 __all__ = ["BackgroundProcesses", "ControlTarget", "Execution", "ExecutionCore"]
 
@@ -136,6 +137,11 @@ class Execution(Protocol):
     @property
     def spans(self) -> Mapping[str, tracing.SpanHandle]:
         """Request id → its command span (only while tracing is granted)."""
+        ...
+
+    @property
+    def workspace(self) -> WorkspaceOps | None:
+        """The session's workspace (``serve --workspaces``), None without one."""
         ...
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
     from .sinks import EventSink
+    from ..workspaces import WorkspaceOps
 
 __all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "local_runner"]
 
@@ -170,6 +171,7 @@ class LocalRunner:
         # step, gets a context bound to its id and tool (commands.run_tool).
         self.tool_context = core.tool_context.with_process_runner(self._current_call_process)
         self.audit = Audit(host.session_id, host.peer, self.requests.audit_record)
+        self.workspace: WorkspaceOps | None = None  # the session's, once its handshake opened one
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,

@@ -86,6 +86,20 @@ class WorkspaceOps(Protocol):
         """The template's name."""
         ...
 
+    @property
+    def recording(self) -> bool:
+        """The session accepted ``changes``: each request gets its own layer (:meth:`begin`/:meth:`end`)."""
+        ...
+
+    def begin(self, rid: str) -> None:
+        """Request ``rid`` (a ShellExec, an ``fs.write``) is about to change files: give it a layer
+        of its own when the workspace is quiet (synchronous: a mount host round trip)."""
+        ...
+
+    def end(self, rid: str) -> ChangeSet | None:
+        """Request ``rid`` ended (before its final event): what it changed, None unless recording."""
+        ...
+
     async def checkpoint(self, rid: str, label: str) -> tuple[str, int]:
         """Freeze the workspace as it is now: ``(checkpoint id, bytes the workspace holds)``."""
         ...
