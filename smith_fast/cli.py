@@ -25,7 +25,7 @@ from ._version import __version__
 from .errors import SmithFastError
 from .logs import configure
 from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration, secret
-from .startup import add_listen_options, add_service_options, listen_config, missing_package, pick_loop, run_service, service_config
+from .startup import add_listen_options, add_service_options, enter_workspaces, listen_config, missing_package, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
     from .client import Client, RemoteProcess
@@ -184,6 +184,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"smith-fast serve: {exc}", file=sys.stderr)
         return 2
     listen = listen_config(args)
+    if not enter_workspaces(config, "serve"):
+        return 2
     return run_service("serve", lambda loop_name: serve(config, listen, loop_name=loop_name), args.loop)
 
 

@@ -129,6 +129,8 @@ def service_config(args: argparse.Namespace, command: str, **overrides: Any) -> 
     config = ServiceConfig(limits=limits, **values(args, ServiceConfig, command))
     if "root" in values(args, ServiceConfig, command) and not config.root.is_dir():
         raise ValueError(f"--root {config.root}: no such directory")
+    if config.workspaces is not None:
+        config.template_map()  # a wrong --template fails the start, not a session
     return config
 
 
@@ -181,3 +183,20 @@ def run_service(command: str, main: Callable[[str], Coroutine[Any, Any, int]], l
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def enter_workspaces(config: ServiceConfig, command: str) -> bool:
+    """With ``--workspaces``: move this process into its own user and mount namespace now, while it
+    is single-threaded (:func:`smith_fast.workspaces.namespace.enter`). False (said on stderr) when
+    the kernel does not allow it."""
+    if config.workspaces is None:
+        return True
+    from .workspaces import namespace
+
+    try:
+        namespace.enter(config.workspaces)
+    except (OSError, SmithFastError) as exc:
+        print(f"smith-fast {command}: cannot start: --workspaces {config.workspaces}: {exc}", file=sys.stderr)
+        return False
+    return True
+

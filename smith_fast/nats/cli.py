@@ -15,7 +15,7 @@ from ..logs import get_logger
 from ..options import DURATIONS, SIZES, HelpFormatter, parse_duration
 from ..service import lifecycle
 from ..service.config import ServiceConfig
-from ..startup import add_listen_options, add_service_options, listen_config, run_service, service_config
+from ..startup import add_listen_options, add_service_options, enter_workspaces, listen_config, run_service, service_config
 from . import auth
 from . import config as nats_config
 from .placement import parse_labels
@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         log.warning("retired option ignored", extra={"fields": {"option": flag, "why": "sessions are placed on workers; nothing is queued in NATS"}})
     auth.warn_without_credentials(config.servers, args.command, args)
     if args.command == "worker":
+        if not enter_workspaces(service, "worker"):
+            return 2
         return run_service("worker", lambda loop_name: _worker(args, service, config, options, labels, loop_name), args.loop)
     return run_service("gateway", lambda loop_name: _gateway(args, service, config, options, loop_name), args.loop)
 

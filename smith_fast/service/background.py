@@ -141,11 +141,12 @@ class Background:
 
     __slots__ = (
         "id", "command", "proc", "ring", "started_ms", "ended_ms", "exit_code",
-        "stopping", "attached", "stdin_taken", "_changed", "_loop",
+        "stopping", "attached", "stdin_taken", "_changed", "_loop", "workspace",
     )
 
-    def __init__(self, rid: str, command: str, ring: Ring) -> None:
+    def __init__(self, rid: str, command: str, ring: Ring, workspace: str = "") -> None:
         self.id = rid
+        self.workspace = workspace  # the workspace it runs in (--workspaces), "" for the shared root
         self.command = command
         self.proc: ShellProcess | None = None
         self.ring = ring
@@ -260,6 +261,10 @@ class BackgroundTable:
     def __contains__(self, pid: object) -> bool:
         return pid in self._entries
 
+    def running_in(self, workspace: str) -> list[str]:
+        """The ids of the running background processes started in ``workspace``."""
+        return [e.id for e in self._entries.values() if e.workspace == workspace and e.ended_ms == 0 and e.exit_code is None]
+
     def ids(self) -> list[str]:
         """The ids of the processes kept, running or exited, oldest first."""
         return list(self._entries)
@@ -331,7 +336,8 @@ class BackgroundTable:
             env = {"TERM": pty.term or "xterm-256color", **env}
         if not core.acquire_process():
             raise ProtocolError(f"too many commands running (max {limits.max_processes}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
-        entry = Background(rid, cmd.command, Ring(self.limits.background_buffer, limits.chunk_size))
+        entry = Background(rid, cmd.command, Ring(self.limits.background_buffer, limits.chunk_size),
+                           ex.workspace.id if ex.workspace is not None else "")
         sandbox = core.tool_context.sandbox
         try:
             proc = await spawn(

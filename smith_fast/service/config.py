@@ -107,6 +107,12 @@ class Limits:
         record_max_bytes: the most the session recordings may hold together, in bytes
             (``--record-max-bytes``; :class:`~smith_fast.replay.RecordingStore`): the oldest finished
             recordings are removed to make room; 0 means no bound.
+        max_workspace_bytes, max_workspaces, max_checkpoints, max_undo, max_diff_bytes,
+            warm_workspaces, checkpoint_ttl: the bounds of ``--workspaces`` (:mod:`smith_fast.workspaces`):
+            bytes a session's workspace holds besides its template (a tmpfs: past it, ``ENOSPC``), sessions
+            with a workspace at once, checkpoints per session, requests that can still be undone, unified
+            diff text per Diff, workspaces mounted ahead per template, and how long the checkpoints of an
+            ended session stay usable.
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -214,6 +220,28 @@ class Limits:
     resume_window: float = option(
         30.0, flag="--resume-window", unit="seconds", commands=_FRONTS, group=_LIMITS,
         help="a dropped v1 session that asked for resume keeps running this long for its peer to reconnect; 0 = off")
+    max_workspace_bytes: int = option(
+        1 << 30, flag="--max-workspace-bytes", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="with --workspaces: what one session's workspace may hold besides its template (its writes and checkpoints, in RAM: "
+             "a tmpfs); a command that writes past it gets ENOSPC")
+    max_workspaces: int = option(
+        1000, flag="--max-workspaces", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="with --workspaces: sessions with a workspace at once; one more handshake: RESOURCE_EXHAUSTED (reason max_workspaces)")
+    max_checkpoints: int = option(
+        32, flag="--max-checkpoints", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="checkpoints one session may take; one more: RESOURCE_EXHAUSTED (reason max_checkpoints)")
+    max_undo: int = option(
+        64, flag="--max-undo", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="requests of a session whose changes can still be undone (the newest); an older one: reason undo_expired")
+    max_diff_bytes: int = option(
+        1 << 20, flag="--max-diff-bytes", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="unified diff text one Diff answers at most (its max_diff_bytes is capped to it); past it: truncated")
+    warm_workspaces: int = option(
+        2, flag="--warm-workspaces", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="workspaces kept mounted ahead per template, so that a handshake does not wait for the mounts; 0 = none")
+    checkpoint_ttl: float = option(
+        3600.0, flag="--checkpoint-ttl", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="how long the checkpoints of a session that ended can still be forked, restored or diffed")
     record_max_bytes: int = option(
         256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="session recordings kept together; past it the oldest finished ones are removed (rotation), "
@@ -255,6 +283,9 @@ class ServiceConfig:
             "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
         network: their network (``--network``): ``on``, ``off`` or ``loopback``.
         sandbox_deny_read: paths those processes may not read (``--sandbox-deny-read``).
+        workspaces: the directory of the sessions' workspaces (``--workspaces``), None for one
+            shared root.
+        templates: ``NAME=PATH`` of the templates (``--template``), the first the default.
     """
 
     root: pathlib.Path = option(
@@ -330,6 +361,14 @@ class ServiceConfig:
         (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
         help="commands may not read PATH (e.g. ~/.ssh, or ROOT/.env): it is an empty, unreadable file or directory in "
         "their view, and the file tools refuse it")
+    workspaces: pathlib.Path | None = option(
+        None, flag="--workspaces", unit="path", metavar="DIR", commands=_RUNNERS, group=_GENERAL,
+        help="give each session a copy-on-write workspace of its own under DIR, made from a --template (the root of its "
+             "tools, its commands' cwd, the only place they write), with checkpoints, fork, diff and undo; see README, Workspaces")
+    templates: tuple[str, ...] = option(
+        (), flag="--template", unit="text", repeat=True, metavar="NAME=PATH", commands=_RUNNERS, group=_GENERAL,
+        help="a template a session may start from (client_info smith_fast.template=NAME); the first is the default; "
+             "without one, --root is the template 'default'")
     allow_service_files_in_root: bool = option(
         False, flag="--allow-service-files-in-root", unit="switch", commands=_RUNNERS, group=_SECURITY,
         help="start even when --root holds the service's own installation, socket, recordings or state: commands can "
@@ -339,3 +378,25 @@ class ServiceConfig:
     def recordings_dir(self) -> pathlib.Path:
         """Where sessions are recorded: ``--record DIR``, else ``--state-dir``'s ``recordings``."""
         return self.record_dir if self.record_dir is not None else self.state_dir / "recordings"
+
+    def template_map(self) -> dict[str, pathlib.Path]:
+        """``--template NAME=PATH`` as a dict in the order given (the first is the default); without
+        any, ``--root`` as the template ``default``.
+
+        Raises:
+            ValueError: a value without ``=``, an empty or repeated name, a path that is not a directory.
+        """
+        if not self.templates:
+            return {"default": self.root.resolve()}
+        out: dict[str, pathlib.Path] = {}
+        for text in self.templates:
+            name, sep, path = text.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--template {text!r}: expected NAME=PATH")
+            if name in out:
+                raise ValueError(f"--template {name}: given twice")
+            where = pathlib.Path(path).expanduser().resolve()
+            if not where.is_dir():
+                raise ValueError(f"--template {name}={path}: no such directory")
+            out[name] = where
+        return out

@@ -42,6 +42,7 @@ from .runner import RunnerFactory, local_runner
 from .session import Session
 
 if TYPE_CHECKING:
+    from ..workspaces.store import WorkspaceStore
     from .sinks import EventSink
 
 __all__ = [
@@ -103,6 +104,23 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
     if config.record_dir is not None:
         out.append(("its recordings", str(config.record_dir)))
     return out
+
+
+def _workspace_store(config: ServiceConfig, sandbox: Sandbox, context: ToolContext, route: str) -> WorkspaceStore:
+    """The store of ``--workspaces``: the process entered its namespace at start-up (:func:`smith_fast.workspaces.namespace.enter`)."""
+    from ..errors import SandboxUnavailable
+    from ..workspaces import namespace
+    from ..workspaces.store import WorkspaceStore
+
+    assert config.workspaces is not None
+    if config.sandbox != "workspace-write":
+        raise SandboxUnavailable(f"--workspaces needs --sandbox workspace-write (not {config.sandbox}): without the sandbox's "
+                                 "view a command of one session would see every other session's workspace")
+    host = namespace.current()
+    if host is None:
+        raise SandboxUnavailable("--workspaces: this process has not entered its own mount namespace (smith_fast.workspaces.namespace.enter "
+                                 "runs at start-up, before the event loop)")
+    return WorkspaceStore(config.workspaces, config.template_map(), config.limits, host, sandbox, context, route)
 
 
 class Backend(abc.ABC):
@@ -189,12 +207,16 @@ class ServiceCore:
             sandbox=self.sandbox,
             command_limits=config.limits.command_limits(),
         )
+        self.workspaces: WorkspaceStore | None = None
+        if config.workspaces is not None and self.runs_locally:
+            self.workspaces = _workspace_store(config, self.sandbox, self.tool_context, backend.route if backend is not None else "")
         kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
         self.capabilities: frozenset[int] = self.permitted & frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
             | ({smith_pb2.CAPABILITY_HOOKS_JS} if "js" in kinds else set())
             | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
+            | ({smith_pb2.CAPABILITY_WORKSPACES} if self.workspaces is not None else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
         self.hook_limits = HookLimits(
@@ -350,4 +372,6 @@ class ServiceCore:
         await asyncio.gather(
             *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
         )
+        if self.workspaces is not None:
+            self.workspaces.close()
         self.closed.set()

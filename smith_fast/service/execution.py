@@ -60,6 +60,10 @@ class BackgroundProcesses(Protocol):
 
     def __contains__(self, pid: object) -> bool: ...
 
+    def running_in(self, workspace: str) -> list[str]:
+        """The ids of the running background processes started in ``workspace``."""
+        ...
+
     def process(self, pid: str) -> ShellProcess | None:
         """Its process (for stdin and resizes), None when there is no background process ``pid``."""
         ...

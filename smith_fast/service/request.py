@@ -36,6 +36,10 @@ __all__ = ["EarlyInput", "Request", "RequestState", "Terminal", "write_input", "
 _STOPPING: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
 
 
+_CANCELLED_BY = {"restored": "the session restored its workspace to a checkpoint"}
+"""How a cancel that the peer did not send itself is worded, by reason."""
+
+
 class RequestState(enum.Enum):
     ADMITTED = "admitted"  # read and admitted; nothing sent yet
     RUNNING = "running"  # PROCESSING sent, its handler runs
@@ -84,7 +88,7 @@ class Request:
 
     __slots__ = (
         "_host", "_limits", "id", "spec", "command", "state", "task", "span", "audit", "early", "processes",
-        "stdin_target", "cancelled",
+        "stdin_target", "cancelled", "cancel_reason",
     )
 
     def __init__(self, host: Terminal, rid: str, spec: CommandSpec | None, command: Any, limits: Limits | None = None) -> None:
@@ -101,6 +105,7 @@ class Request:
         self.processes: set[ShellProcess] | None = None  # started for it (a plan's steps' included)
         self.stdin_target: ShellProcess | None = None  # its process with open stdin or a pty
         self.cancelled = False  # it ended by a Cancel
+        self.cancel_reason = "cancelled"  # what its ErrorEvent says when cancelled: a Restore says "restored"
 
     @property
     def ended(self) -> bool:
@@ -108,12 +113,14 @@ class Request:
 
     # ---- control ------------------------------------------------------------------------------
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "cancelled") -> None:
         """End it as cancelled: its processes get SIGTERM, SIGKILL after ``--kill-grace``, then its
-        task is cancelled; one not started yet ends as cancelled when it starts. Harmless twice."""
+        task is cancelled; one not started yet ends as cancelled when it starts. Harmless twice.
+        ``reason``: its ErrorEvent's ``details.reason`` (a Restore of the workspace: ``restored``)."""
         state = self.state
         if state is RequestState.CANCELLING or state is RequestState.ENDED:
             return
+        self.cancel_reason = reason
         self.state = RequestState.CANCELLING
         if state is RequestState.ADMITTED or self.task is None:
             return
@@ -219,8 +226,9 @@ class Request:
         host, rid, span = self._host, self.id, self.span
         self.cancelled = self.state is RequestState.CANCELLING
         if self.cancelled and not isinstance(error, asyncio.CancelledError):
-            message = f"request {rid} cancelled by the peer"
-            error = ProtocolError(message, pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "cancelled"})
+            reason = self.cancel_reason
+            message = f"request {rid} cancelled by the peer" if reason == "cancelled" else f"request {rid} cancelled: {_CANCELLED_BY.get(reason, reason)}"
+            error = ProtocolError(message, pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": reason})
             span.fail("cancelled", message)
         self.state = RequestState.ENDED
         self.stdin_target = None
@@ -230,7 +238,7 @@ class Request:
         if error is None:
             host.sink.state_change(pb.SERVICE_STATE_READY, rid)
         elif isinstance(error, ProtocolError):
-            if error.details.get("reason") != "cancelled" or not self.cancelled:
+            if not self.cancelled:
                 span.fail(pb.ErrorCode.Name(error.code), str(error))
             # The audit line says how it ended (a hook block as a block): not a "protocol error".
             host.report_error(error.code, str(error), error.request_id or rid, error.details)

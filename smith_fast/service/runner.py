@@ -37,9 +37,14 @@ if TYPE_CHECKING:
     from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
     from .sinks import EventSink
+    from ..tools import ToolContext, ToolRegistry
     from ..workspaces import WorkspaceOps
+    from ..workspaces.workspace import Workspace
+    from ..plan import Planner
+    from .config import Limits, ServiceConfig
+    from .execution import BackgroundProcesses
 
-__all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "local_runner"]
+__all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "WorkspaceScope", "local_runner"]
 
 log = get_logger("smith_fast.session")
 
@@ -144,6 +149,10 @@ class RequestRunner(RequestControl, Protocol):
         """The session is over (every way it ends passes here once): release what it held."""
         ...
 
+    def use_workspace(self, workspace: Workspace) -> None:
+        """Run the session's requests in ``workspace`` from now on (its handshake opened it)."""
+        ...
+
 
 RunnerFactory = Callable[[RequestHost], RequestRunner]
 """Makes the runner of a new session (``ServiceCore.make_runner``)."""
@@ -159,7 +168,7 @@ class LocalRunner:
     """
 
     def __init__(self, core: RunnerCore, host: RequestHost) -> None:
-        self.core = core
+        self.core: RunnerCore = core
         self._host = host
         self.sink = host.sink
         self.requests = host.requests
@@ -182,6 +191,17 @@ class LocalRunner:
             peer=host.peer,
             decided=self.audit.decision,
         )
+
+    def use_workspace(self, workspace: Workspace) -> None:
+        """Run the session's requests in ``workspace`` from now on (its handshake opened it): its
+        root and sandbox instead of the core's, again after each remount of it."""
+        self.workspace = workspace
+        self.core = WorkspaceScope(self.core, workspace)
+        self._rebind(workspace.tool_context)
+        workspace.watch(self._rebind)
+
+    def _rebind(self, context: ToolContext) -> None:
+        self.tool_context = context.with_process_runner(self._current_call_process)
 
     @property
     def paused(self) -> bool:
@@ -323,6 +343,63 @@ class RunnerCore(ExecutionCore, Protocol):
 
     @property
     def metrics(self) -> ServiceMetrics: ...
+
+
+class WorkspaceScope:
+    """A core as the requests of a session with a workspace see it: the core's, but for the tool
+    context (the workspace's root, its sandbox), which changes at each remount of the workspace."""
+
+    __slots__ = ("_core", "_workspace")
+
+    def __init__(self, core: RunnerCore, workspace: Workspace) -> None:
+        self._core = core
+        self._workspace = workspace
+
+    @property
+    def tool_context(self) -> ToolContext:
+        return self._workspace.tool_context
+
+    @property
+    def config(self) -> ServiceConfig:
+        return self._core.config
+
+    @property
+    def limits(self) -> Limits:
+        return self._core.limits
+
+    @property
+    def tools(self) -> ToolRegistry:
+        return self._core.tools
+
+    @property
+    def planner(self) -> Planner:
+        return self._core.planner
+
+    @property
+    def capabilities(self) -> frozenset[int]:
+        return self._core.capabilities
+
+    @property
+    def background(self) -> BackgroundProcesses:
+        return self._core.background
+
+    @property
+    def global_hooks(self) -> list[Hook]:
+        return self._core.global_hooks
+
+    @property
+    def hook_limits(self) -> HookLimits:
+        return self._core.hook_limits
+
+    @property
+    def metrics(self) -> ServiceMetrics:
+        return self._core.metrics
+
+    def acquire_process(self) -> bool:
+        return self._core.acquire_process()
+
+    def release_process(self) -> None:
+        self._core.release_process()
 
 
 def local_runner(core: RunnerCore) -> RunnerFactory:

@@ -23,6 +23,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
+from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
@@ -44,11 +45,15 @@ from .resume import RESUME, Front, ParkedSessions, Resumable
 from .session_batches import Batches
 from .session_reports import MetricsReporter, close_recording, loggable, open_recording
 from .session_resume import SessionResume
+from .session_workspace import SessionWorkspaceView
 from .sizes import too_large
 from .sinks import EventSink
 
 if TYPE_CHECKING:
+    from ..workspaces.store import WorkspaceStore
+    from ..workspaces.workspace import Workspace
     from .config import Limits, ServiceConfig
+    from .execution import BackgroundProcesses
     from .runner import RequestRunner, RunnerFactory
 
 __all__ = ["Session", "SessionCore"]
@@ -75,6 +80,14 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     @property
     def sessions(self) -> MutableSet[Session]: ...
+
+    @property
+    def workspaces(self) -> WorkspaceStore | None:
+        """The sessions' workspaces (``--workspaces``), None for one shared root."""
+        ...
+
+    @property
+    def background(self) -> BackgroundProcesses: ...
 
     @property
     def parked(self) -> ParkedSessions:
@@ -158,6 +171,7 @@ class Session:
         self.span: tracing.SpanHandle = tracing.NOOP  # the session's span once tracing is granted
         self.recorder: SessionRecorder | None = None
         self.runner: RequestRunner = runner(self)
+        self.workspace: Workspace | None = None  # its own (serve --workspaces), from its handshake on
         if core.config.record_dir is not None:
             self._start_recording()
         core.sessions.add(self)
@@ -345,6 +359,18 @@ class Session:
             accepted.remove(RESUME)
             warnings.append((f"{ACCEPT_KEY}: resume is not available here (stdio cannot resume; --resume-window 0 turns it off)",
                              {"key": ACCEPT_KEY, "ignored": RESUME}))
+        store = self.core.workspaces
+        if store is not None and self.workspace is None:
+            info_keys = hs.client_info
+            try:
+                self.workspace = store.open(SessionWorkspaceView(self.requests, self.core.background),
+                                            info_keys.get(TEMPLATE_KEY), info_keys.get(FORK_KEY))
+            except ProtocolError as exc:  # no Ready: the connection may try another handshake
+                self.protocol_error(exc)
+                return
+            self.runner.use_workspace(self.workspace)
+        if self.workspace is not None:
+            self.workspace.recording = "changes" in accepted
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
@@ -361,6 +387,8 @@ class Session:
         info = self.core.service_info(self.version, granted, accepted, interval_ms)
         if self.recorder is not None:
             info["smith_fast.recording"] = str(self.recorder.path)
+        if self.workspace is not None:
+            info.update(self.workspace.info())
         self.sink.event(ready_event(self.core, self.version, granted, info, token))
         self.sink.state_change(pb.SERVICE_STATE_READY)
         for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them
@@ -466,6 +494,8 @@ class Session:
             self.runner.kill()
             for task in self._running_tasks():
                 task.cancel()
+        if self.workspace is not None and not self.workspace.closed:
+            self.workspace.close()  # its processes were killed (or ended): their views of it go with them
         if close:
             self.sink.flush_batch()
             self._close()

@@ -23,7 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-__all__ = ["ChangeKind", "FileChange", "ChangeSet", "WorkspaceOps", "CHANGE_KINDS"]
+__all__ = ["ChangeKind", "FileChange", "ChangeSet", "WorkspaceOps", "CHANGE_KINDS", "TEMPLATE_KEY", "FORK_KEY"]
+
+TEMPLATE_KEY = "smith_fast.template"
+"""The handshake's ``client_info`` key naming the template of the session's workspace."""
+FORK_KEY = "smith_fast.fork"
+"""The handshake's ``client_info`` key naming the checkpoint a session starts from."""
 
 ChangeKind = Literal["added", "modified", "deleted"]
 CHANGE_KINDS: tuple[ChangeKind, ...] = ("added", "modified", "deleted")

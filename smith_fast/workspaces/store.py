@@ -1,0 +1,374 @@
+"""The core's workspaces: templates, volumes, checkpoints, the warm pool, bounds, start-up cleanup.
+
+On disk (``--workspaces DIR``)::
+
+    DIR/.lock             flock: one service per DIR; at start whatever an earlier one left is removed
+    DIR/s/<vid>/          a volume: a tmpfs of --max-workspace-bytes mounted by the mount host
+            root/         the session's overlay (lowerdir = its layers, top first, then the template)
+            upper.N/ work.N/   the overlay's upper and work directories (N grows at each freeze)
+            layers/N/     frozen uppers: checkpoints and per-request layers, never written again
+
+A volume outlives its session while a checkpoint or another session's chain uses one of its layers
+(``Volume.holders``): a fork's lower layers live in the volume of the session it was forked from.
+The mounts live in the service's own mount namespace (:mod:`.namespace`), so they vanish with it,
+even after a SIGKILL; the next start removes the empty directories left on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import pathlib
+import secrets
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import ProtocolError
+from ..logs import get_logger
+from ..pb import smith_pb2 as pb
+from . import FORK_KEY, TEMPLATE_KEY
+
+if TYPE_CHECKING:
+    from ..sandbox import Sandbox
+    from ..tools import ToolContext
+    from .mount_host import MountHost
+    from .workspace import SessionView, Workspace
+
+__all__ = ["Checkpoint", "Layer", "Template", "Volume", "WorkspaceLimits", "WorkspaceStore"]
+
+log = get_logger("smith_fast.workspaces")
+
+
+_INODES_PER_MIB = 256  # the volume's inode bound: about one inode per 4 KiB of --max-workspace-bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """An operator's template: used in place as the lowest, read-only layer of its workspaces."""
+
+    name: str
+    path: str
+
+
+class Volume:
+    """One tmpfs under ``DIR/s``: a session's writable storage, its upper and its frozen layers."""
+
+    __slots__ = ("path", "holders", "_next")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.holders = 0  # its workspace, checkpoints and chains of other workspaces using its layers
+        self._next = 0
+
+    def fresh(self, kind: str) -> str:
+        """A new directory name in the volume (``upper``, ``work``, ``layers/`` …), made."""
+        self._next += 1
+        path = f"{self.path}/{kind}{self._next}"
+        os.mkdir(path, 0o755)
+        return path
+
+    def used(self) -> int:
+        """Bytes the volume holds (its tmpfs's used blocks)."""
+        st = os.statvfs(self.path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A frozen upper: a directory in ``volume`` that nothing writes to again."""
+
+    path: str
+    volume: Volume = field(compare=False)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A workspace frozen at a moment: its template and its chain of layers (top first)."""
+
+    id: str
+    template: Template
+    chain: tuple[Layer, ...]
+    owner: str  # the workspace id that took it
+    label: str = ""
+    expiry: asyncio.TimerHandle | None = None  # set once its workspace ended (--checkpoint-ttl)
+
+
+@dataclass(slots=True)
+class _Warm:
+    """A workspace mounted ahead of any handshake (``--warm-workspaces``)."""
+
+    volume: Volume
+    upper: str
+    work: str
+
+
+class WorkspaceLimits(Protocol):
+    """The bounds a store applies (:class:`~smith_fast.service.config.Limits` is one)."""
+
+    @property
+    def max_workspace_bytes(self) -> int: ...
+
+    @property
+    def max_workspaces(self) -> int: ...
+
+    @property
+    def max_checkpoints(self) -> int: ...
+
+    @property
+    def max_undo(self) -> int: ...
+
+    @property
+    def max_diff_bytes(self) -> int: ...
+
+    @property
+    def warm_workspaces(self) -> int: ...
+
+    @property
+    def checkpoint_ttl(self) -> float: ...
+
+    @property
+    def kill_grace(self) -> float: ...
+
+
+class WorkspaceStore:
+    """Every workspace of one service.
+
+    Args:
+        top: ``--workspaces DIR``.
+        templates: name → directory (``--template``), the first the default.
+        limits: the bounds.
+        host: the mount host (:func:`.namespace.enter` made it at start-up).
+        sandbox: the core's sandbox, narrowed per workspace (:meth:`Sandbox.for_workspace`).
+        context: the core's tool context, copied per workspace with its root and sandbox.
+        route: what checkpoint ids start with (a NATS worker's id: a fork is placed on the worker
+            that holds its layers); "" on ``serve``.
+
+    Raises:
+        StartupError: another service uses ``DIR``.
+    """
+
+    def __init__(self, top: pathlib.Path, templates: Mapping[str, pathlib.Path], limits: WorkspaceLimits, host: MountHost,
+                 sandbox: Sandbox, context: ToolContext, route: str = "") -> None:
+        from ..errors import StartupError
+
+        self.limits = limits
+        self.top = str(top.resolve())
+        self.host = host
+        self.route = route
+        self.templates = {name: Template(name, str(path)) for name, path in templates.items()}
+        self.default = next(iter(self.templates.values()))
+        self.sandbox = sandbox
+        self.context = context
+        self.workspaces: set[Workspace] = set()
+        self.checkpoints: dict[str, Checkpoint] = {}  # an index by id: each is held by its chain's volumes
+        self._warm: dict[str, list[_Warm]] = {name: [] for name in self.templates}
+        self._filling: set[str] = set()
+        os.makedirs(self.top, mode=0o700, exist_ok=True)
+        self._lock = os.open(f"{self.top}/.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise StartupError(f"--workspaces {self.top}: another smith-fast service uses it; give each service its own directory") from None
+        self._sweep()
+
+    # ---- lifecycle of the store ---------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        """Remove what an earlier service left in ``DIR/s`` (its mounts went with its namespace: what
+        is left are the empty directories they were mounted on)."""
+        sessions = f"{self.top}/s"
+        if os.path.isdir(sessions):
+            for name in os.listdir(sessions):
+                shutil.rmtree(f"{sessions}/{name}", ignore_errors=True)
+                if os.path.lexists(f"{sessions}/{name}"):  # something mounted there after all, or a work dir
+                    self.host.call("rmtree", path=f"{sessions}/{name}")
+        os.makedirs(sessions, mode=0o700, exist_ok=True)
+
+    def hidden(self) -> tuple[str, ...]:
+        """The templates' host paths: covered in every command's view (a command sees its template
+        only through its own workspace, so it cannot write the original)."""
+        return tuple(t.path for t in self.templates.values())
+
+    def close(self) -> None:
+        """The service stops: every mount goes with its namespace; only the lock is released."""
+        for ws in list(self.workspaces):
+            ws.close()
+        os.close(self._lock)
+
+    # ---- volumes ------------------------------------------------------------------------------
+
+    def new_volume(self) -> Volume:
+        """A fresh tmpfs of ``--max-workspace-bytes`` under ``DIR/s``."""
+        vid = secrets.token_hex(6)
+        path = f"{self.top}/s/{vid}"
+        os.mkdir(path, 0o700)
+        size = self.limits.max_workspace_bytes
+        try:
+            self.host.call("tmpfs", path=path, size_bytes=size, inodes=max(1024, (size >> 20) * _INODES_PER_MIB))
+        except BaseException:
+            os.rmdir(path)
+            raise
+        volume = Volume(path)
+        os.mkdir(f"{path}/root", 0o755)
+        os.mkdir(f"{path}/layers", 0o755)
+        return volume
+
+    def hold(self, volumes: Iterable[Volume]) -> None:
+        for volume in set(volumes):
+            volume.holders += 1
+
+    def drop(self, volumes: Iterable[Volume]) -> None:
+        """Let go of ``volumes``; one that nobody holds any more is unmounted (its memory freed)."""
+        for volume in set(volumes):
+            volume.holders -= 1
+            if volume.holders <= 0:
+                try:
+                    self.host.call("umount", path=volume.path)
+                    os.rmdir(volume.path)
+                except OSError as exc:  # the next start removes it
+                    log.warning("a workspace volume could not be removed", extra={"fields": {"path": volume.path, "error": str(exc)}})
+
+    @staticmethod
+    def volumes(chain: Sequence[Layer]) -> set[Volume]:
+        return {layer.volume for layer in chain}
+
+    def mount(self, root: str, chain: Sequence[Layer], template: Template, upper: str, work: str, *, replace: bool) -> None:
+        """Mount (or replace) the overlay at ``root``: ``chain`` (top first) over ``template``."""
+        lowers = [layer.path for layer in chain] + [template.path]
+        self.host.call("replace" if replace else "overlay", target=root, lowers=lowers, upper=upper, work=work)
+
+    # ---- sessions -----------------------------------------------------------------------------
+
+    def open(self, session: SessionView, template_name: str | None, fork: str | None) -> Workspace:
+        """The workspace of a session starting now (its handshake).
+
+        Raises:
+            ProtocolError: an unknown template (``unknown_template``) or checkpoint
+                (``unknown_checkpoint``), ``--max-workspaces`` reached (``max_workspaces``), the
+                mounts failed (``workspace_failed``).
+        """
+        from .workspace import Workspace
+
+        if len(self.workspaces) >= self.limits.max_workspaces:
+            raise ProtocolError(
+                f"this service has {len(self.workspaces)} workspaces, its limit (--max-workspaces); try again later",
+                pb.ERROR_CODE_RESOURCE_EXHAUSTED, details={"reason": "max_workspaces"},
+            )
+        chain: tuple[Layer, ...] = ()
+        if fork:
+            checkpoint = self.checkpoints.get(fork)
+            if checkpoint is None:
+                raise ProtocolError(f"{FORK_KEY}: no checkpoint {fork!r} here (expired, or taken on another service)",
+                                    pb.ERROR_CODE_UNSPECIFIED, details={"reason": "unknown_checkpoint"})
+            template, chain = checkpoint.template, checkpoint.chain
+        elif template_name:
+            found = self.templates.get(template_name)
+            if found is None:
+                raise ProtocolError(
+                    f"{TEMPLATE_KEY}: no template {template_name!r} here; this service has {', '.join(sorted(self.templates))}",
+                    pb.ERROR_CODE_UNSPECIFIED, details={"reason": "unknown_template", "templates": ",".join(sorted(self.templates))},
+                )
+            template = found
+        else:
+            template = self.default
+        try:
+            warm = self._take(template) if not chain else None
+            if warm is None:
+                volume = self.new_volume()
+                upper, work = volume.fresh("upper"), volume.fresh("work")
+                try:
+                    self.mount(f"{volume.path}/root", chain, template, upper, work, replace=False)
+                except BaseException:
+                    volume.holders = 1
+                    self.drop([volume])
+                    raise
+                warm = _Warm(volume, upper, work)
+        except OSError as exc:
+            log.error("a workspace could not be made", extra={"fields": {"error": str(exc)}})
+            raise ProtocolError(f"the workspace could not be made: {exc}", pb.ERROR_CODE_INTERNAL_ERROR,
+                                details={"reason": "workspace_failed"}) from None
+        self.hold([warm.volume])
+        self.hold(self.volumes(chain))
+        ws = Workspace(self, session, warm.volume, template, list(chain), warm.upper, warm.work)
+        self.workspaces.add(ws)
+        self._refill(template)
+        return ws
+
+    def ended(self, ws: Workspace) -> None:
+        """``ws``'s session is over: its checkpoints stay usable for ``--checkpoint-ttl``."""
+        self.workspaces.discard(ws)
+        loop = asyncio.get_running_loop()
+        for checkpoint in list(self.checkpoints.values()):
+            if checkpoint.owner == ws.id and checkpoint.expiry is None:
+                checkpoint.expiry = loop.call_later(self.limits.checkpoint_ttl, self.forget, checkpoint.id)
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def add_checkpoint(self, owner: str, template: Template, chain: Sequence[Layer], label: str) -> Checkpoint:
+        secret = secrets.token_urlsafe(12)
+        cid = f"ck_{self.route}.{secret}" if self.route else f"ck_{secret}"
+        checkpoint = Checkpoint(cid, template, tuple(chain), owner, label)
+        self.checkpoints[cid] = checkpoint
+        self.hold(self.volumes(checkpoint.chain))
+        return checkpoint
+
+    def owned(self, owner: str) -> list[Checkpoint]:
+        return [c for c in self.checkpoints.values() if c.owner == owner]
+
+    def forget(self, cid: str) -> None:
+        checkpoint = self.checkpoints.pop(cid, None)
+        if checkpoint is not None:
+            if checkpoint.expiry is not None:
+                checkpoint.expiry.cancel()
+            self.drop(self.volumes(checkpoint.chain))
+
+    # ---- the warm pool ------------------------------------------------------------------------
+
+    def _take(self, template: Template) -> _Warm | None:
+        pool = self._warm.get(template.name)
+        return pool.pop() if pool else None
+
+    def _refill(self, template: Template) -> None:
+        """Mount workspaces ahead in a thread (the mount host's round trips block), up to ``--warm-workspaces``."""
+        if self.limits.warm_workspaces <= 0 or template.name in self._filling:
+            return
+        self._filling.add(template.name)
+        loop = asyncio.get_running_loop()
+
+        async def fill() -> None:
+            pool = self._warm[template.name]
+            try:
+                while len(pool) < self.limits.warm_workspaces:
+                    pool.append(await asyncio.to_thread(self._prepare, template))
+            except OSError as exc:
+                log.warning("a warm workspace could not be made", extra={"fields": {"error": str(exc)}})
+            finally:
+                self._filling.discard(template.name)
+
+        task = loop.create_task(fill())
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+
+    def _prepare(self, template: Template) -> _Warm:
+        volume = self.new_volume()
+        upper, work = volume.fresh("upper"), volume.fresh("work")
+        try:
+            self.mount(f"{volume.path}/root", (), template, upper, work, replace=False)
+        except BaseException:
+            volume.holders = 1
+            self.drop([volume])
+            raise
+        return _Warm(volume, upper, work)
+
+    def warm(self) -> None:
+        """Start filling every template's pool (at start-up)."""
+        for template in self.templates.values():
+            self._refill(template)
+
+
+_TASKS: set[asyncio.Task[None]] = set()
+

@@ -1,0 +1,326 @@
+"""One session's workspace: its overlay, its chain of layers, checkpoints, restore, diff, undo, and
+the layer of each request when the peer asked for ``changes``.
+
+A *freeze* turns the live upper directory into a frozen layer: rename it within the volume (the
+same tmpfs: O(1)), make a fresh upper and work directory, and replace the overlay at the root with
+one whose lower chain is one layer longer. It is done only while the workspace is *quiet* (no other
+request of the session runs, no background process of it writes): the frozen directory must never
+be written again. Checkpoint, per-request layers and Undo are freezes; Restore and fork mount a
+checkpoint's chain under a fresh upper.
+
+After each remount the root is another mount: the tool context (whose root fd pins a mount) is
+made again and handed to :meth:`Workspace.watch`'s callbacks (the session's runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import ProtocolError
+from ..pb import smith_pb2 as pb
+from . import ChangeSet, layers
+
+if TYPE_CHECKING:
+    from ..sandbox import Sandbox
+    from ..tools import ToolContext
+    from .store import Layer, Template, Volume, WorkspaceStore
+
+__all__ = ["SessionView", "Workspace"]
+
+
+class SessionView(Protocol):
+    """What a workspace sees of its session."""
+
+    def live(self) -> list[str]:
+        """The ids of the session's requests that have not ended."""
+        ...
+
+    def cancel(self, rid: str, reason: str) -> None:
+        """Cancel live request ``rid``; its ErrorEvent says ``reason``."""
+        ...
+
+    async def settle(self, rids: Sequence[str], timeout: float) -> None:
+        """Return once requests ``rids`` ended (or ``timeout`` passed)."""
+        ...
+
+    def background(self, workspace: str) -> list[str]:
+        """The running background processes started in workspace ``workspace``."""
+        ...
+
+    def stop_background(self, pids: Sequence[str]) -> None:
+        """Cancel background processes ``pids``."""
+        ...
+
+
+class _Segment:
+    """The requests whose changes went into one upper: one request alone, or several that ran at once."""
+
+    __slots__ = ("rids", "layer", "shared")
+
+    def __init__(self, rid: str) -> None:
+        self.rids = {rid}
+        self.layer: Layer | None = None  # once frozen
+        self.shared = False
+
+
+def _busy(what: str, running: Sequence[str]) -> ProtocolError:
+    return ProtocolError(
+        f"{what} needs the workspace quiet, and {', '.join(running)} still run{'s' if len(running) == 1 else ''}: wait for "
+        "them (or cancel them) and send it again",
+        pb.ERROR_CODE_RESOURCE_EXHAUSTED, details={"reason": "workspace_busy", "running": ",".join(running)},
+    )
+
+
+class Workspace:
+    """A session's copy-on-write workspace (:class:`~smith_fast.workspaces.WorkspaceOps`)."""
+
+    def __init__(self, store: WorkspaceStore, session: SessionView, volume: Volume, template: Template,
+                 chain: list[Layer], upper: str, work: str) -> None:
+        self._store = store
+        self._session = session
+        self.volume = volume
+        self.id = os.path.basename(volume.path)
+        self._template = template
+        self.chain = chain  # frozen layers, top first (the template below them)
+        self.upper = upper
+        self.work = work
+        self.root = f"{volume.path}/root"
+        self.recording = False  # set by the session when the peer accepted "changes"
+        self.sandbox: Sandbox = store.sandbox.for_workspace(self.root, store.top, store.hidden())
+        self.tool_context = self._context()
+        self._watchers: list[Callable[[ToolContext], None]] = []
+        self._segment: _Segment | None = None  # the live upper's, while a recorded request wrote there
+        self._segments: collections.OrderedDict[str, _Segment] = collections.OrderedDict()  # request id → its segment
+        self._forgotten: set[str] = set()  # ids whose layers went (--max-undo, a restore): undo_expired
+        self._trash: list[str] = []  # work directories of replaced overlays (their 000 dirs need the mount host)
+        self.closed = False
+
+    @property
+    def template(self) -> str:
+        return self._template.name
+
+    def _context(self) -> ToolContext:
+        import dataclasses
+
+        return dataclasses.replace(self._store.context, root=self.root, sandbox=self.sandbox)  # type: ignore[arg-type]
+
+    def watch(self, callback: Callable[[ToolContext], None]) -> None:
+        """Call ``callback`` with the new tool context after every remount of the root."""
+        self._watchers.append(callback)
+
+    def info(self) -> dict[str, str]:
+        """What ``Ready.service_info`` says of it."""
+        return {"smith_fast.workspace": self.id, "smith_fast.template": self._template.name, "smith_fast.workspace_root": self.root}
+
+    # ---- freezing -----------------------------------------------------------------------------
+
+    def _lowers(self, chain: Sequence[Layer] | None = None) -> list[str]:
+        return [layer.path for layer in (self.chain if chain is None else chain)] + [self._template.path]
+
+    def _upper_empty(self) -> bool:
+        with os.scandir(self.upper) as it:
+            return next(it, None) is None
+
+    def _remount(self, chain: list[Layer]) -> None:
+        """Mount ``chain`` under a fresh upper at the root, replacing what was there."""
+        upper, work = self.volume.fresh("upper"), self.volume.fresh("work")
+        self._store.mount(self.root, chain, self._template, upper, work, replace=True)
+        self._trash.append(self.work)
+        self.upper, self.work = upper, work
+        self.chain = chain
+        self.tool_context = self._context()
+        for callback in self._watchers:
+            callback(self.tool_context)
+        if len(self._trash) >= 32:
+            self._empty_trash()
+
+    def _empty_trash(self) -> None:
+        trash, self._trash = self._trash, []
+        for path in trash:
+            try:
+                self._store.host.call("rmtree", path=path)
+            except OSError:
+                pass
+
+    def _freeze(self) -> Layer | None:
+        """The live upper becomes the top frozen layer (nothing when it is empty)."""
+        from .store import Layer
+
+        if self._upper_empty():
+            if self._segment is not None:  # wrote nothing: its layer is "none", as if frozen empty
+                self._segment = None
+            return None
+        layer_path = self.volume.fresh("layers/")
+        os.rmdir(layer_path)
+        os.rename(self.upper, layer_path)
+        layer = Layer(layer_path, self.volume)
+        try:
+            self._remount([layer, *self.chain])
+        except BaseException:
+            os.rename(layer_path, self.upper)
+            raise
+        if self._segment is not None:
+            self._segment.layer = layer
+            self._segment = None
+        return layer
+
+    def _others(self, rid: str) -> list[str]:
+        return [r for r in self._session.live() if r != rid]
+
+    def _quiet(self, rid: str) -> list[str]:
+        """What keeps the workspace from being quiet for ``rid``: other live requests, background processes."""
+        return self._others(rid) + self._session.background(self.id)
+
+    # ---- per-request layers (WorkspaceOps.begin/end) -------------------------------------------
+
+    def begin(self, rid: str) -> None:
+        if not self.recording or self.closed:
+            return
+        live = self._session.live()
+        writing = [r for r in live if r != rid and self._segment is not None and self._segments.get(r) is self._segment]
+        background = self._session.background(self.id)
+        if not writing and not background:
+            self._freeze()  # what the previous request left in the upper becomes its layer
+            self._segment = _Segment(rid)
+        elif self._segment is None:  # only a background process writes meanwhile: its writes mix in
+            self._segment = _Segment(rid)
+            self._segment.shared = True
+        else:  # another request is writing into the live upper: they share it
+            self._segment.rids.add(rid)
+            self._segment.shared = True
+        self._segments[rid] = self._segment
+        self._segments.move_to_end(rid)
+        while len(self._segments) > self._store.limits.max_undo:
+            old, _ = self._segments.popitem(last=False)
+            self._forgotten.add(old)
+
+    def end(self, rid: str) -> ChangeSet | None:
+        segment = self._segments.get(rid)
+        if not self.recording or segment is None or self.closed:
+            return None
+        if segment.layer is None and segment is not self._segment:
+            return ChangeSet()  # frozen while empty: it wrote nothing
+        if segment.layer is not None:
+            index = self.chain.index(segment.layer) if segment.layer in self.chain else -1
+            if index < 0:
+                return None
+            top, below = segment.layer.path, self._lowers(self.chain[index + 1 :])
+        else:
+            top, below = self.upper, self._lowers()
+        changes = layers.layer_changes(top, below)
+        if segment.shared:
+            return ChangeSet(changes.changes, exact=False, shared_with=tuple(sorted(segment.rids - {rid})), truncated=changes.truncated)
+        return changes
+
+    # ---- commands (WorkspaceOps) ----------------------------------------------------------------
+
+    async def checkpoint(self, rid: str, label: str) -> tuple[str, int]:
+        running = self._quiet(rid)
+        if running:
+            raise _busy("a Checkpoint", running)
+        limit = self._store.limits.max_checkpoints
+        if len(self._store.owned(self.id)) >= limit:
+            raise ProtocolError(f"this session has {limit} checkpoints, its limit (--max-checkpoints)",
+                                pb.ERROR_CODE_RESOURCE_EXHAUSTED, details={"reason": "max_checkpoints"})
+        self._freeze()
+        checkpoint = self._store.add_checkpoint(self.id, self._template, self.chain, label)
+        return checkpoint.id, self.volume.used()
+
+    def _checkpoint(self, cid: str) -> tuple[Template, tuple[Layer, ...]]:
+        found = self._store.checkpoints.get(cid)
+        if found is None:
+            raise ProtocolError(f"no checkpoint {cid!r} here (expired, or taken on another service)", pb.ERROR_CODE_UNSPECIFIED,
+                                details={"reason": "unknown_checkpoint"})
+        return found.template, found.chain
+
+    async def restore(self, rid: str, checkpoint_id: str) -> list[str]:
+        template, chain = self._checkpoint(checkpoint_id)
+        cancelled = self._others(rid)
+        for other in cancelled:
+            self._session.cancel(other, "restored")
+        background = self._session.background(self.id)
+        self._session.stop_background(background)
+        grace = self._store.limits.kill_grace
+        await self._session.settle(cancelled, grace + 5.0)
+        for _ in range(int((grace + 5.0) / 0.05)):
+            if not self._session.background(self.id):
+                break
+            await asyncio.sleep(0.05)
+        old = self.chain
+        self._store.hold(self._store.volumes(chain))
+        self._template = template
+        self._trash.append(self.upper)
+        self._remount(list(chain))
+        self._store.drop(self._store.volumes(old))
+        self._segment = None
+        self._forgotten.update(self._segments)
+        self._segments.clear()
+        return cancelled + background
+
+    async def diff(self, from_id: str, to_id: str | None, max_diff_bytes: int, paths: Sequence[str]) -> ChangeSet:
+        limit = self._store.limits.max_diff_bytes
+        budget = min(max_diff_bytes, limit) if max_diff_bytes else limit
+        from_template, from_chain = self._checkpoint(from_id)
+        a = [layer.path for layer in from_chain] + [from_template.path]
+        if to_id:
+            to_template, to_chain = self._checkpoint(to_id)
+            b = [layer.path for layer in to_chain] + [to_template.path]
+        else:
+            b = [self.upper, *self._lowers()]
+        return await asyncio.to_thread(layers.diff, a, b, max_diff_bytes=budget, paths=paths)
+
+    async def undo(self, rid: str, target: str, force: bool) -> tuple[ChangeSet, list[str]]:
+        if not self.recording:
+            raise ProtocolError("Undo needs the changes of each request: send smith_fast.accept=changes in the handshake",
+                                pb.ERROR_CODE_UNSPECIFIED, details={"reason": "changes_not_recorded"})
+        segment = self._segments.get(target)
+        if segment is None:
+            if target in self._forgotten:
+                raise ProtocolError(f"request {target} is too old to undo (--max-undo, or a Restore since)", pb.ERROR_CODE_UNSPECIFIED,
+                                    target, {"reason": "undo_expired"})
+            raise ProtocolError(f"no request {target} changed this workspace", pb.ERROR_CODE_UNSPECIFIED, target,
+                                {"reason": "unknown_request"})
+        if segment.shared:
+            raise ProtocolError(
+                f"request {target} ran at the same time as {', '.join(sorted(segment.rids - {target}))}: its changes cannot be told "
+                "apart from theirs", pb.ERROR_CODE_UNSPECIFIED, target, {"reason": "changes_shared"},
+            )
+        running = self._quiet(rid)
+        if running:
+            raise _busy("an Undo", running)
+        if segment.layer is None and segment is self._segment:
+            self._freeze()
+        self.begin(rid)  # the undo's own layer: itself undoable
+        if segment.layer is None or segment.layer not in self.chain:
+            return ChangeSet(), []  # it wrote nothing
+        index = self.chain.index(segment.layer)
+        below = self._lowers(self.chain[index + 1 :])
+        later = [layer.path for layer in self.chain[:index]]
+        changed = layers.layer_changes(segment.layer.path, below)
+        conflicts = [c.path for c in changed.changes if any(os.path.lexists(f"{top}/{c.path}") for top in later)]
+        skip = set() if force else set(conflicts)
+        # deepest paths last when putting back (a directory before its content), removals deepest first
+        wanted = [c.path for c in changed.changes if c.path not in skip]
+        await asyncio.to_thread(layers.restore_paths, self.root, wanted, below)
+        made = self.end(rid) or ChangeSet()
+        return made, conflicts
+
+    # ---- end --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The session is over: unmount its root; its volume goes once no checkpoint or fork uses it."""
+        if self.closed:
+            return
+        self.closed = True
+        store = self._store
+        try:
+            store.host.call("umount", path=self.root)
+        except OSError:
+            pass
+        store.ended(self)
+        store.drop(store.volumes(self.chain))
+        store.drop([self.volume])
