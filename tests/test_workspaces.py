@@ -1,0 +1,450 @@
+"""A workspace per session (``serve --workspaces``), end to end against real services: sessions from
+templates, isolation between them (as attacks), checkpoint → change → restore byte-exact, 50 forks
+of one checkpoint, diff, what each request changed and Undo, and the bounds.
+
+The workspaces, templates and victims live under /var/tmp: a command's /tmp is a private tmpfs, so
+anything under the host's /tmp would be out of its view by accident and an attack on it would
+prove nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pathlib
+import shutil
+import signal
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from smith_fast.client import Client
+from smith_fast.errors import SmithError
+from smith_fast.pb import smith_pb2 as pb
+
+from harness.server import ServerProcess, wait_until
+
+T = TypeVar("T")
+CAPS = ["shell_exec", "workspaces"]
+
+
+def arun(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def places() -> Iterator[dict[str, pathlib.Path]]:
+    base = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-ws-", dir="/var/tmp"))
+    out = {name: base / name for name in ("root", "py", "big", "ws", "srv")}
+    for path in out.values():
+        path.mkdir()
+    (out["py"] / "main.py").write_text("print('template')\n")
+    (out["py"] / "pkg").mkdir()
+    (out["py"] / "pkg" / "mod.py").write_text("x = 1\n")
+    (out["big"] / "big.txt").write_text("big\n")
+    (out["root"] / "README").write_text("root template\n")
+    yield out
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def start(places: dict[str, pathlib.Path], *extra: str, ws: pathlib.Path | None = None) -> ServerProcess:
+    return ServerProcess(
+        places["srv"] / uuid.uuid4().hex[:8], "--workspaces", str(ws or places["ws"]), "--template", f"py={places['py']}",
+        "--template", f"big={places['big']}", "--kill-grace", "0.5s", *extra, root=places["root"], tcp=False, log_level="info",
+    ).start()
+
+
+@pytest.fixture(scope="module")
+def server(places: dict[str, pathlib.Path]) -> Iterator[ServerProcess]:
+    (places["srv"]).mkdir(exist_ok=True)
+    srv = start(places, "--max-workspace-bytes", "64M")
+    yield srv
+    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+async def session(srv: ServerProcess, template: str | None = None, fork: str | None = None, accept: tuple[str, ...] = (),
+                  resume: bool = False) -> tuple[Client, pb.ReadyEvent]:
+    client = await Client.connect(srv.unix, resume=resume)
+    info = {"client": "test"}
+    if template:
+        info["smith_fast.template"] = template
+    if fork:
+        info["smith_fast.fork"] = fork
+    ready = await client.handshake(CAPS, client_info=info, accept=accept)
+    return client, ready
+
+
+async def sh(client: Client, command: str, rid: str | None = None) -> tuple[int, str, str, pb.ShellOutputEvent | None]:
+    """Run ``command``: its exit code, stdout, stderr and its final ShellOutputEvent."""
+    out, err, final, code = [], [], None, -1
+    async for event in client.shell_exec(command, request_id=rid):
+        if event.WhichOneof("event_type") == "shell_output":
+            so = event.shell_output
+            out.append(so.stdout)
+            err.append(so.stderr)
+            if so.finished:
+                final, code = so, so.exit_code
+    return code, "".join(out), "".join(err), final
+
+
+def changes_of(final: Any) -> dict[str, tuple[str, int]]:
+    kinds = {pb.CHANGE_KIND_ADDED: "added", pb.CHANGE_KIND_MODIFIED: "modified", pb.CHANGE_KIND_DELETED: "deleted"}
+    return {c.path: (kinds[c.kind], c.size) for c in final.changes.changes}
+
+
+# ---- a workspace per session ------------------------------------------------------------------
+
+
+def test_each_session_writes_its_own_copy_of_the_template(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    async def main() -> None:
+        a, ready_a = await session(server, "py")
+        b, ready_b = await session(server, "py")
+        info_a, info_b = ready_a.service_info, ready_b.service_info
+        assert info_a["smith_fast.template"] == info_b["smith_fast.template"] == "py"
+        assert info_a["smith_fast.workspace"] != info_b["smith_fast.workspace"]
+        assert "workspaces" in info_a["granted_capabilities"]
+        for client, text in ((a, "from a"), (b, "from b")):
+            assert (await sh(client, f"echo '{text}' > f.txt; echo x >> main.py"))[0] == 0
+        assert (await sh(a, "cat f.txt; cat main.py"))[1] == "from a\nprint('template')\nx\n"
+        assert (await sh(b, "cat f.txt"))[1] == "from b\n"
+        read = await a.call_tool("fs.read", {"path": "f.txt"})
+        assert read.success and b"from a" in read.result
+        assert (places["py"] / "main.py").read_text() == "print('template')\n"  # the template is untouched
+        assert not (places["py"] / "f.txt").exists()
+        _, default = await session(server)
+        assert default.service_info["smith_fast.template"] == "py"  # the first --template is the default
+        await a.close()
+        await b.close()
+
+    arun(main())
+
+
+def test_an_unknown_template_is_refused_and_the_connection_stays(server: ServerProcess) -> None:
+    async def main() -> None:
+        client = await Client.connect(server.unix)
+        with pytest.raises(SmithError) as caught:
+            await client.handshake(CAPS, client_info={"smith_fast.template": "nope"})
+        assert caught.value.details.get("reason") == "unknown_template"
+        ready = await client.handshake(CAPS, client_info={"smith_fast.template": "big"})
+        assert ready.service_info["smith_fast.template"] == "big"
+        assert (await sh(client, "cat big.txt"))[1] == "big\n"
+        await client.close()
+
+    arun(main())
+
+
+# ---- isolation between sessions (attacks) --------------------------------------------------------
+
+
+def test_a_session_cannot_reach_another_sessions_workspace_or_the_templates(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    async def main() -> None:
+        victim, ready_v = await session(server, "py")
+        assert (await sh(victim, "echo secret-of-b > secret"))[0] == 0
+        b_root = ready_v.service_info["smith_fast.workspace_root"]
+        attacker, ready_a = await session(server, "py")
+        a_root = ready_a.service_info["smith_fast.workspace_root"]
+        ws = str(places["ws"])
+        attempts = [
+            f"cat {b_root}/secret",
+            f"cat ../../{os.path.basename(os.path.dirname(b_root))}/root/secret",
+            f"ls {ws}/s | grep -v -x {os.path.basename(os.path.dirname(a_root))}",
+            "cat /proc/*/root" + b_root + "/secret",
+            f"ln {b_root}/secret stolen && cat stolen",
+            f"cat {places['py']}/main.py",
+            f"echo pwned > {places['py']}/main.py",
+            f"unshare -Urm sh -c 'umount {ws} 2>/dev/null || umount -l {ws}; cat {b_root}/secret'",
+            f"mount --bind {b_root} x 2>/dev/null && cat x/secret",
+            "find / -name secret -path '*root*' 2>/dev/null | xargs cat 2>/dev/null",
+        ]
+        for attempt in attempts:
+            code, out, err, _ = await sh(attacker, attempt)
+            assert "secret-of-b" not in out + err, attempt
+            assert "print('template')" not in out or "main.py" not in attempt, attempt
+        # the file tools: a symlink to the other workspace, and a path leaving the root
+        assert (await sh(attacker, f"ln -s {b_root}/secret link"))[0] == 0
+        for path in ("link", f"{b_root}/secret", "../../../" + b_root + "/secret", f"{places['py']}/main.py"):
+            try:
+                result = await attacker.call_tool("fs.read", {"path": path})
+            except SmithError as exc:
+                assert "secret-of-b" not in str(exc)
+            else:
+                assert not result.success or b"secret-of-b" not in result.result
+        try:
+            wrote = await attacker.call_tool("fs.write", {"path": "link", "content": "overwritten"})
+        except SmithError:
+            pass
+        else:
+            assert not wrote.success
+        assert (await sh(victim, "cat secret"))[1] == "secret-of-b\n"
+        assert (places["py"] / "main.py").read_text() == "print('template')\n"
+        await attacker.close()
+        await victim.close()
+
+    arun(main())
+
+
+# ---- checkpoint, restore, fork, diff -------------------------------------------------------------
+
+TREE = """
+mkdir -p d/empty d/sub keep gone && echo one > d/sub/a.txt && printf 'bin\\000ary' > d/bin &&
+ln -s sub/a.txt d/rel && ln -s /etc/hostname d/abs && ln -s nowhere d/dangling &&
+echo linked > h1 && ln h1 h2 && chmod 600 h1 && chmod 2755 keep && echo bye > gone/f && echo doomed > doomed &&
+touch -d '2001-02-03 04:05:06.123456789' d/sub/a.txt
+"""
+CHANGE = """
+rm -rf gone doomed d/empty && echo two >> d/sub/a.txt && chmod 644 h1 && echo new > new.txt && mkdir -p made/deep &&
+ln -sf elsewhere d/rel && rm h2 && echo other > h2 && mv main.py moved.py
+"""
+SNAPSHOT = r"""
+find . -mindepth 1 | LC_ALL=C sort | while read -r p; do
+  if [ -L "$p" ]; then echo "$p L $(readlink "$p")";
+  elif [ -d "$p" ]; then echo "$p D $(stat -c %a "$p")";
+  else echo "$p F $(stat -c '%a %s %h %Y' "$p") $(sha256sum < "$p" | cut -c1-16)"; fi
+done; stat -c %i h1 h2 | uniq | wc -l
+"""
+
+
+def test_checkpoint_change_restore_is_byte_exact(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py")
+        assert (await sh(client, TREE))[0] == 0
+        before = (await sh(client, SNAPSHOT))[1]
+        checkpoint = await client.checkpoint()
+        assert (await sh(client, CHANGE))[0] == 0, (await sh(client, CHANGE))[2]
+        assert (await sh(client, SNAPSHOT))[1] != before
+        await client.restore(checkpoint)
+        assert (await sh(client, SNAPSHOT))[1] == before
+        # and again, after more changes: a checkpoint stays valid whatever came after it
+        assert (await sh(client, "echo later > later.txt"))[0] == 0
+        later = await client.checkpoint()
+        await client.restore(checkpoint)
+        assert (await sh(client, "test -e later.txt; echo $?"))[1] == "1\n"
+        await client.restore(later)
+        assert (await sh(client, "cat later.txt"))[1] == "later\n"
+        await client.close()
+
+    arun(main())
+
+
+def test_restore_cancels_what_runs_with_reason_restored(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py")
+        checkpoint = await client.checkpoint()
+        proc = await client.start("while true; do echo x >> grows; sleep 0.05; done")
+        assert await wait_async(lambda: sh(client, "test -s grows && echo yes"), "yes\n")
+        cancelled = await client.restore(checkpoint)
+        assert proc.request_id in cancelled
+        with pytest.raises(SmithError) as caught:
+            await proc.wait()
+        assert caught.value.details.get("reason") == "restored"
+        assert (await sh(client, "test -e grows; echo $?"))[1] == "1\n"
+        await client.close()
+
+    arun(main())
+
+
+async def wait_async(probe: Callable[[], Awaitable[tuple[int, str, str, Any]]], want: str, timeout: float = 10.0) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if (await probe())[1] == want:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_a_checkpoint_is_refused_while_another_request_runs(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py")
+        proc = await client.start("sleep 30")
+        with pytest.raises(SmithError) as caught:
+            await client.checkpoint()
+        assert caught.value.details.get("reason") == "workspace_busy"
+        assert proc.request_id in caught.value.details.get("running", "")
+        proc.cancel()
+        with pytest.raises(SmithError):
+            await proc.wait()
+        assert await client.checkpoint()
+        await client.close()
+
+    arun(main())
+
+
+def test_fifty_forks_of_one_checkpoint_see_only_their_own_writes(server: ServerProcess) -> None:
+    async def main() -> None:
+        origin, _ = await session(server, "py")
+        assert (await sh(origin, "echo base > base.txt"))[0] == 0
+        checkpoint = await origin.checkpoint()
+
+        async def attempt(i: int) -> str:
+            client, ready = await session(server, fork=checkpoint)
+            assert ready.service_info["smith_fast.template"] == "py"
+            code, out, err, _ = await sh(client, f"echo mine-{i} > mine.txt; cat base.txt; ls; cat mine.txt")
+            await client.close()
+            assert code == 0, err
+            return out
+
+        outs = await asyncio.gather(*(attempt(i) for i in range(50)))
+        for i, out in enumerate(outs):
+            assert out.count("mine-") == 1 and f"mine-{i}\n" in out and out.startswith("base\n"), out
+        assert (await sh(origin, "test -e mine.txt; echo $?"))[1] == "1\n"
+        await origin.close()
+
+    arun(main())
+
+
+def test_diff_names_what_was_added_modified_and_deleted(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py")
+        assert (await sh(client, "echo keep > keep.txt; echo old > change.txt; echo bye > gone.txt; seq 1 200000 > big.txt"))[0] == 0
+        first = await client.checkpoint()
+        assert (await sh(client, "echo new > new.txt; echo changed > change.txt; rm gone.txt; seq 2 200001 > big.txt"))[0] == 0
+        second = await client.checkpoint()
+        changes = {c.path: c for c in await client.diff(first, second)}
+        assert {p: c.kind for p, c in changes.items()} == {"new.txt": "added", "change.txt": "modified", "gone.txt": "deleted",
+                                                             "big.txt": "modified"}
+        assert changes["new.txt"].size == 4 and changes["gone.txt"].old_size == 4
+        assert "-old\n+changed" in changes["change.txt"].unified_diff
+        live = {c.path: c.kind for c in await client.diff(first)}  # to the workspace now
+        assert live == {p: c.kind for p, c in changes.items()}
+        small = await client.diff(first, second, max_diff_bytes=100)
+        assert all(len(c.unified_diff) <= 100 for c in small)
+        await client.close()
+
+    arun(main())
+
+
+# ---- what a request changed; Undo ----------------------------------------------------------------
+
+
+def test_each_command_reports_what_it_changed_and_can_be_undone(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py", accept=("changes",))
+        assert (await sh(client, "echo b > b; echo c > c"))[0] == 0
+        rid = str(uuid.uuid4())
+        code, _, _, final = await sh(client, "touch a; echo x >> b; rm c; mkdir d; ln -s a e", rid=rid)
+        assert code == 0 and final is not None
+        assert changes_of(final) == {"a": ("added", 0), "b": ("modified", 4), "c": ("deleted", 0), "d": ("added", final.changes.changes[3].size),
+                                     "e": ("added", 1)}
+        assert final.changes.exact
+        written = await client.call_tool("fs.write", {"path": "w.txt", "content": "hello"})
+        assert written.success and [(c.path, c.kind) for c in written.changes.changes] == [("w.txt", pb.CHANGE_KIND_ADDED)]
+        undone = await client.undo(rid)
+        assert sorted(undone.conflicts) == []
+        assert (await sh(client, "ls; cat b"))[1] == "b\nc\nmain.py\npkg\nw.txt\nb\n"
+        # a later request touched the same path: left alone unless forced
+        r1 = str(uuid.uuid4())
+        assert (await sh(client, "echo one > shared", rid=r1))[0] == 0
+        assert (await sh(client, "echo two >> shared"))[0] == 0
+        result = await client.undo(r1)
+        assert result.conflicts == ["shared"]
+        assert (await sh(client, "cat shared"))[1] == "one\ntwo\n"
+        forced = await client.undo(r1, force=True)
+        assert forced.conflicts == ["shared"]
+        assert (await sh(client, "test -e shared; echo $?"))[1] == "1\n"
+        await client.close()
+
+    arun(main())
+
+
+def test_two_commands_at_once_share_a_layer(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py", accept=("changes",))
+        go = "go-" + uuid.uuid4().hex
+        first = asyncio.ensure_future(sh(client, f"echo 1 > one; while [ ! -e {go} ]; do sleep 0.02; done"))
+        await asyncio.sleep(0.3)
+        second = await sh(client, f"echo 2 > two; touch {go}")
+        done = await first
+        assert second[3] is not None and done[3] is not None
+        assert not second[3].changes.exact and not done[3].changes.exact
+        with pytest.raises(SmithError) as caught:
+            await client.undo(str(uuid.uuid4()))
+        assert caught.value.details.get("reason") == "unknown_request"
+        await client.close()
+
+    arun(main())
+
+
+# ---- bounds --------------------------------------------------------------------------------------
+
+
+def test_writing_past_the_bound_is_enospc_and_touches_nobody_else(server: ServerProcess) -> None:
+    async def main() -> None:
+        client, _ = await session(server, "py")
+        other, _ = await session(server, "py")
+        code, _, err, _ = await sh(client, "dd if=/dev/zero of=fill bs=1M count=100")
+        assert code != 0 and "No space left on device" in err
+        assert (await sh(other, "dd if=/dev/zero of=fine bs=1M count=8 2>/dev/null; wc -c < fine"))[1] == "8388608\n"
+        assert (await sh(client, "rm fill; echo ok > after"))[0] == 0
+        await client.close()
+        await other.close()
+
+    arun(main())
+
+
+def test_max_workspaces_and_what_a_killed_service_leaves(places: dict[str, pathlib.Path]) -> None:
+    ws = places["ws"].parent / "ws-bounds"
+    srv = start(places, "--max-workspaces", "2", "--warm-workspaces", "0", ws=ws)
+
+    async def main() -> None:
+        a, _ = await session(srv)
+        b, _ = await session(srv)
+        client = await Client.connect(srv.unix)
+        with pytest.raises(SmithError) as caught:
+            await client.handshake(CAPS)
+        assert caught.value.details.get("reason") == "max_workspaces"
+        await a.close()
+        assert wait_until(lambda: len(os.listdir(ws / "s")) == 1, 5)
+        await client.close()
+        await b.close()
+
+    try:
+        arun(main())
+    finally:
+        srv.stop(signal.SIGKILL)
+    again = start(places, "--warm-workspaces", "0", ws=ws)
+    try:
+        assert os.listdir(ws / "s") == []  # what the killed service left is gone
+    finally:
+        assert again.stop() == 0
+
+
+def test_a_resumed_session_finds_its_workspace(places: dict[str, pathlib.Path]) -> None:
+    ws = places["ws"].parent / "ws-resume"
+    srv = start(places, "--resume-window", "1s", ws=ws)
+
+    async def main() -> None:
+        client, ready = await session(srv, "py", resume=True)
+        workspace = ready.service_info["smith_fast.workspace"]
+        assert (await sh(client, "echo kept > kept.txt"))[0] == 0
+        client._writer.transport.abort()  # the connection drops (the SDK's own transport)
+        while not client.resumes:
+            await asyncio.sleep(0.01)
+        assert (await sh(client, "cat kept.txt"))[1] == "kept\n"  # resumed: same workspace
+        await client.close()
+        assert wait_until(lambda: workspace not in os.listdir(ws / "s"), 10)
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0
+
+
+def test_no_workspace_without_the_flag(tmp_path: pathlib.Path) -> None:
+    srv = ServerProcess(tmp_path, tcp=False).start()
+
+    async def main() -> None:
+        client = await Client.connect(srv.unix)
+        ready = await client.handshake(["shell_exec", "workspaces"])
+        assert "smith_fast.workspace" not in ready.service_info
+        assert "workspaces" not in ready.service_info["granted_capabilities"]
+        await client.close()
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0
+
