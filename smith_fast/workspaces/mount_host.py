@@ -8,7 +8,8 @@ instead, over a ``SOCK_SEQPACKET`` socket pair: one JSON message per request, on
 * ``ping()``: nothing (what a round trip costs).
 * ``tmpfs(path, size_bytes, inodes)``: a tmpfs (``nosuid,nodev``, mode 0755) at ``path``.
 * ``overlay(target, lowers, upper, work)``: an overlay (``userxattr``; ``lowers`` top first) at
-  ``target``; read-only when ``upper`` is None (lowers only: a view of a checkpoint).
+  ``target``; read-only when ``upper`` is None (lowers only: a view of a checkpoint; of one layer,
+  a read-only bind mount of it, since overlayfs wants two).
 * ``replace(target, lowers, upper, work)``: the same overlay built detached, then put in place of
   the one at ``target`` (beneath it, then the old one detached: no moment without a mount there).
 * ``umount(path)``: detach what is mounted at ``path``.
@@ -48,7 +49,8 @@ MAX_LAYERS = 500
 """overlayfs's limit on lower layers (``OVL_MAX_STACK``)."""
 
 # The new mount API, by number: the same on every architecture.
-_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT = 428, 429, 430, 431, 432
+_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+_OPEN_TREE_CLONE, _AT_EMPTY_PATH = 1, 0x1000
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_BENEATH = 0x4, 0x200
 _MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
@@ -125,11 +127,26 @@ def overlay_problem(lowers: Sequence[str], upper: str | None, work: str | None) 
     return None
 
 
+def _read_only_bind(path: str) -> int:
+    """A detached read-only copy of the mount at ``path`` (an fd for move_mount)."""
+    mnt = _syscall(_OPEN_TREE, ctypes.c_int(-100), os.fsencode(path), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC))
+    if mnt < 0:
+        raise _fail(f"open_tree {path}")
+    attr = (ctypes.c_uint64 * 4)(_MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, 0)
+    if _syscall(_MOUNT_SETATTR, mnt, b"", ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(ctypes.sizeof(attr))) != 0:
+        os.close(mnt)
+        raise _fail(f"mount_setattr {path}")
+    return mnt
+
+
 def _build_overlay(lowers: Sequence[str], upper: str | None, work: str | None) -> int:
     """A detached overlay mount (an fd for move_mount)."""
     problem = overlay_problem(lowers, upper, work)
     if problem:
         raise _Refused(problem, errno.EINVAL)
+    if upper is None and len(lowers) == 1:
+        # overlayfs wants two lower layers without an upper; a view of one layer is that layer.
+        return _read_only_bind(lowers[0])
     fs = _syscall(_FSOPEN, b"overlay", ctypes.c_uint(1))  # FSOPEN_CLOEXEC
     if fs < 0:
         if ctypes.get_errno() == errno.ENODEV:

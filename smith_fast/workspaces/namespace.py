@@ -1,7 +1,7 @@
 """The workspaces' namespace: :func:`enter`, called once by ``serve --workspaces`` at start-up.
 
 The service moves into a user and mount namespace of its own (its uid and gid mapped onto
-themselves: files keep their owners), where it may mount overlays without being root on the host.
+themselves, but for root's uid: :data:`ROOT_INSIDE`; files keep their owners), where it may mount overlays without being root on the host.
 It forks the *mount host* (:mod:`.mount_host`), the one process that keeps the namespace's
 capabilities, and then drops every capability itself, for good (securebits locked, bounding set
 empty): neither the service nor anything it starts can mount, unmount or remount anything; it asks
@@ -22,7 +22,14 @@ from collections.abc import Sequence
 from ..errors import MountError, StartupError, WorkspacesUnavailable
 from .mount_host import MountHost, start_child
 
-__all__ = ["enter", "drop_capabilities", "capabilities"]
+__all__ = ["enter", "drop_capabilities", "capabilities", "ROOT_INSIDE"]
+
+ROOT_INSIDE = 65533
+"""The uid host root has in the namespace, when the service runs as root (every other uid keeps its
+number). Not 0: since Linux 5.12 a process may map its namespace's uid 0 into a new user namespace
+only with CAP_SETFCAP (a namespaced file capability of that uid would hold on the host), and the
+sandbox program, started by the service that holds no capability, maps its caller's uid into each
+command's namespace. Files keep their owners: host root's files show as this uid, and are its."""
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
@@ -95,6 +102,7 @@ def _userns_off() -> str:
 
 def _unshare() -> None:
     uid, gid = os.geteuid(), os.getegid()
+    inside = ROOT_INSIDE if uid == 0 else uid
     if _libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
         code = ctypes.get_errno()
         why = _userns_off() or f"unshare(CLONE_NEWUSER|CLONE_NEWNS): {os.strerror(code)}"
@@ -105,7 +113,7 @@ def _unshare() -> None:
         )
     try:
         _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/uid_map", f"{inside} {uid} 1")
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
     except OSError as exc:
         raise WorkspacesUnavailable(f"--workspaces cannot map its ids in its user namespace: {exc}") from None
