@@ -29,6 +29,7 @@ import asyncio
 import ctypes
 import errno
 import os
+import re
 import shutil
 import signal
 import socket
@@ -194,11 +195,12 @@ def _is_mount_point(path: str) -> bool:
 
 
 def _mounts_beneath(path: str) -> list[str]:
-    """Mount points at or beneath ``path`` (from mountinfo; octal escapes of spaces kept as they are)."""
+    """Mount points at or beneath ``path`` (from mountinfo)."""
     found = []
     with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            point = line.split(b" ", 5)[4].decode("utf-8", "replace")
+            # mountinfo escapes space, tab, newline and backslash as \ooo (octal)
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split(b" ", 5)[4].decode("utf-8", "replace"))
             if point == path or point.startswith(path + "/"):
                 found.append(point)
     return found
