@@ -1,7 +1,7 @@
 /* sandbox-exec: every process the service starts for a peer starts through this program.
  *
- *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] [--network on|off|loopback]
- *                [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
+ *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off]
+ *                [--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
  *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
@@ -38,10 +38,19 @@
  * kept); with --fs on a private /tmp (a tmpfs of --tmp-size bytes, which is the command's TMPDIR); every
  * --hide path covered by an empty, unreadable file or directory.
  *
+ * --cover DIR (absolute, repeatable): DIR is covered by an empty read-only tmpfs (noexec),
+ * in which only the --write and --read directories that lie beneath DIR are made (the path to each,
+ * then the directory itself attached): DIR is the service's workspaces directory, and a command of one
+ * session sees its own workspace root there and nothing else (other sessions, layers, templates).
+ * The cover is made read-only after the attaches, not recursively: the --write trees stay writable.
+ * Like every mount of the view it is locked to the init's user namespace: a command cannot unmount it,
+ * not even from a user namespace of its own.
+ *
  * The second form is Landlock alone (landlock_policy.h's LL_READS), for a process a file tool starts
  * (fs.search's rg): no namespace, no fork, one exec. PROGRAM may read and list only beneath the
  * --only-read directories, run only itself (and the dynamic loader's files), write, bind and
- * connect nowhere.
+ * connect nowhere. When it is started with capabilities (uid 0 of the service's own user namespace,
+ * under --workspaces, may hold some there) they are dropped first, as for a command.
  *
  * Any failure before the command runs: one line on stderr and exit status 126 (127: PROGRAM not
  * found); nothing runs with fewer walls than asked for. --probe builds everything, drops into the
@@ -108,6 +117,8 @@ static struct {
     int nread;
     const char **hide;
     int nhide;
+    const char *cover[MAX_WRITE]; /* --cover: tmpfs over DIR, holding only the write/read dirs beneath it */
+    int ncover;
     const char *only[MAX_WRITE]; /* --only-read: the LL_READS form */
     int nonly;
     int view; /* an option of the first form was given */
@@ -198,6 +209,13 @@ static int under(const char *path, const char *top) {
     return strncmp(path, top, n) == 0 && (path[n] == '\0' || path[n] == '/');
 }
 
+/* Whether path lies beneath (or is) a --cover directory. */
+static int covered(const char *path) {
+    for (int c = 0; c < o.ncover; c++)
+        if (under(path, o.cover[c])) return 1;
+    return 0;
+}
+
 static void mount_view(void) {
     static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
     enum { NNODES = sizeof nodes / sizeof *nodes };
@@ -224,12 +242,14 @@ static void mount_view(void) {
     if (o.tty_name[0]) console = clone_tree(o.tty_name, 0);
     for (int w = 0; w < o.nwrite; w++) {
         if (strcmp(o.write[w], "/") == 0) whole_root = 1;
-        write_tree[w] = o.fs && !whole_root ? clone_tree(o.write[w], 1) : -1;
-        if (o.fs && !whole_root && write_tree[w] < 0 && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.write[w]);
+        int keep = !whole_root && (o.fs || covered(o.write[w])); /* with --fs off, only what a cover would hide */
+        write_tree[w] = keep ? clone_tree(o.write[w], 1) : -1;
+        if (keep && write_tree[w] < 0 && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.write[w]);
     }
     for (int r = 0; r < o.nread; r++) {
-        read_tree[r] = o.fs && under(o.read[r], "/tmp") ? clone_tree(o.read[r], 1) : -1;
-        if (read_tree[r] < 0 && o.fs && under(o.read[r], "/tmp") && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.read[r]);
+        int keep = (o.fs && under(o.read[r], "/tmp")) || covered(o.read[r]);
+        read_tree[r] = keep ? clone_tree(o.read[r], 1) : -1;
+        if (read_tree[r] < 0 && keep && errno != ENOENT) die(FAILED, "cannot restrict the command: open_tree", o.read[r]);
     }
     uint64_t walls = MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_ | (o.fs && !whole_root ? MOUNT_ATTR_RDONLY_ : 0);
     if (setattr(AT_FDCWD, "/", AT_RECURSIVE_, walls) != 0) die(FAILED, "cannot restrict the command: mount_setattr(/)", "");
@@ -280,14 +300,37 @@ static void mount_view(void) {
         if (read_tree[r] < 0) continue;
         if (setattr(read_tree[r], "", AT_EMPTY_PATH | AT_RECURSIVE_, MOUNT_ATTR_RDONLY_ | MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_) != 0)
             die(FAILED, "cannot restrict the command: mount_setattr", o.read[r]);
+    }
+    /* --read dirs in the fresh /tmp; those beneath a cover are attached once it is there. */
+    for (int r = 0; r < o.nread; r++) {
+        if (read_tree[r] < 0 || covered(o.read[r])) continue;
         mkdirs(o.read[r]);
+        attach(read_tree[r], o.read[r]);
+        read_tree[r] = -1;
+    }
+    for (int c = 0; c < o.ncover; c++) {
+        if (o.fs && under(o.cover[c], "/tmp")) mkdirs(o.cover[c]);
+        struct stat st;
+        if (stat(o.cover[c], &st) != 0) die(FAILED, "cannot restrict the command: --cover", o.cover[c]);
+        if (!S_ISDIR(st.st_mode)) {
+            errno = ENOTDIR;
+            die(FAILED, "cannot restrict the command: --cover", o.cover[c]);
+        }
+        mount_tmpfs(o.cover[c], "mode=0755,size=64k,nr_inodes=4096", MS_NOEXEC);
+    }
+    for (int r = 0; r < o.nread; r++) {
+        if (read_tree[r] < 0) continue;
+        mkdirs(o.read[r]); /* its place in the cover */
         attach(read_tree[r], o.read[r]);
     }
     for (int w = 0; w < o.nwrite; w++) {
         if (write_tree[w] < 0 || strcmp(o.write[w], "/") == 0) continue;
-        if (under(o.write[w], "/tmp")) mkdirs(o.write[w]); /* its place in the fresh /tmp */
+        if (under(o.write[w], "/tmp") || covered(o.write[w])) mkdirs(o.write[w]); /* its place in the fresh /tmp or a cover */
         attach(write_tree[w], o.write[w]);
     }
+    for (int c = 0; c < o.ncover; c++)
+        if (setattr(AT_FDCWD, o.cover[c], 0, MOUNT_ATTR_RDONLY_ | MOUNT_ATTR_NOSUID_ | MOUNT_ATTR_NODEV_ | MOUNT_ATTR_NOEXEC_) != 0)
+            die(FAILED, "cannot restrict the command: mount_setattr(--cover)", o.cover[c]);
     if (o.nhide) {
         int mask = make_mask();
         for (int h = 0; h < o.nhide; h++) hide(mask, o.hide[h]);
@@ -352,6 +395,16 @@ static void drop_capabilities(void) {
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof data);
     if (syscall(SYS_capset, &head, data) != 0) die(FAILED, "cannot restrict the command: capset", "");
+}
+
+/* Whether this process holds any capability (permitted): an unprivileged caller holds none, and
+ * could not set securebits; uid 0 of the service's user namespace (--workspaces) may hold some. */
+static int has_capabilities(void) {
+    struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &head, data) != 0) die(FAILED, "cannot restrict the command: capget", "");
+    return data[0].permitted != 0 || data[1].permitted != 0;
 }
 
 /* --ruleset-out: one JSON line, {"policy", "abi", "handled_fs", "handled_net", "scoped",
@@ -548,7 +601,7 @@ static unsigned long long parse_size(const char *text, int *ok) {
 
 static void usage(const char *at) {
     fprintf(stderr,
-            "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--fs on|off] "
+            "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
             "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG... (at %s)\n", at ? at : "the end");
@@ -583,6 +636,7 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--write") == 0 && v[0] == '/' && o.nwrite < MAX_WRITE) o.write[o.nwrite++] = v;
         else if (strcmp(a, "--read") == 0 && v[0] == '/' && o.nread < MAX_WRITE) o.read[o.nread++] = v;
         else if (strcmp(a, "--hide") == 0 && v[0] == '/') o.hide[o.nhide++] = v;
+        else if (strcmp(a, "--cover") == 0 && v[0] == '/' && strcmp(v, "/") != 0 && o.ncover < MAX_WRITE) o.cover[o.ncover++] = v;
         else if (strcmp(a, "--fs") == 0 && (!strcmp(v, "on") || !strcmp(v, "off"))) o.fs = strcmp(v, "on") == 0;
         else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback"))) network = v;
         else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
@@ -595,6 +649,7 @@ int main(int argc, char **argv) {
         if (o.view) usage("--only-read with an option of the namespaces' form");
         if (i >= argc || argv[i][0] != '/') usage("--only-read needs PROGRAM as an absolute path");
         o.argv = argv + i;
+        if (has_capabilities()) drop_capabilities();
         confine(LL_READS, o.only, o.nonly);
         set_rlimits();
         if (o.probe) _exit(0);
@@ -604,6 +659,9 @@ int main(int argc, char **argv) {
     for (int w = 0; w < o.nwrite; w++)
         if (under(o.write[w], "/proc") || under(o.write[w], "/dev") || under(o.write[w], "/sys"))
             usage(o.write[w]);
+    for (int c = 0; c < o.ncover; c++)
+        if (under(o.cover[c], "/proc") || under(o.cover[c], "/dev") || under(o.cover[c], "/sys") || under(o.cover[c], "/run"))
+            usage(o.cover[c]);
     o.argv = argv + i;
     o.net_off = strcmp(network, "off") == 0;
     o.net_on = strcmp(network, "on") == 0;

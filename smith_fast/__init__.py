@@ -37,6 +37,7 @@ from .errors import (
     HttpRefused,
     HookLoadError,
     LandlockError,
+    MountError,
     ListenError,
     LogFormatError,
     NatsCredentialError,
@@ -50,6 +51,7 @@ from .errors import (
     SmithFastError,
     StartupError,
     UnsafeRoot,
+    WorkspacesUnavailable,
 )
 
 # Not typing.TYPE_CHECKING: importing typing would cost `import smith_fast` more than the rest of it.
@@ -83,6 +85,8 @@ __all__ = [
     "SandboxUnavailable",
     "UnsafeRoot",
     "LandlockError",
+    "WorkspacesUnavailable",
+    "MountError",
     "ListenError",
     "StartupError",
     "HttpRefused",

@@ -11,7 +11,9 @@
     ├── LogFormatError (ValueError)                    a file that is not a session log
     ├── SandboxError                                   the sandbox of the processes started for peers
     │   ├── SandboxUnavailable ── UnsafeRoot           ... cannot be had: the service refuses to start
-    │   └── LandlockError (OSError)                    ... a process could not be confined
+    │   │   └── WorkspacesUnavailable                  ... nor the workspaces' namespace and overlays
+    │   ├── LandlockError (OSError)                    ... a process could not be confined
+    │   └── MountError (OSError)                       ... the mount host refused or failed a mount
     ├── ListenError, StartupError                      the service cannot start as configured
     ├── SmithError                                     the client: the service answered with an ErrorEvent
     ├── ConnectionClosed ── ConnectError (OSError)     the client: the connection ended, or never was
@@ -51,6 +53,8 @@ __all__ = [
     "SandboxUnavailable",
     "UnsafeRoot",
     "LandlockError",
+    "WorkspacesUnavailable",
+    "MountError",
     "ListenError",
     "StartupError",
     # client and NATS
@@ -319,6 +323,18 @@ class UnsafeRoot(SandboxUnavailable):
 class LandlockError(SandboxError, OSError):
     """A process could not be confined by Landlock as asked (the sandbox program said why); it
     did not run. ``errno`` and ``strerror`` as for any :class:`OSError`."""
+
+
+class WorkspacesUnavailable(SandboxUnavailable):
+    """``serve --workspaces`` cannot be had on this kernel or in this configuration (user
+    namespaces off, no overlayfs, a kernel without ``lowerdir+``); the message says what is
+    missing. The service refuses to start."""
+
+
+class MountError(SandboxError, OSError):
+    """The workspaces' mount host refused a request (a path outside its directory) or the kernel
+    failed it; ``errno`` and ``strerror`` as for any :class:`OSError`, the message the host's."""
+
 # ---- HTTP ---------------------------------------------------------------------------------------
 # The shared HTTP/1.1 server (smith_fast/http: the MCP front, /metrics) and the planner's client.
 

@@ -36,7 +36,7 @@ import pathlib
 import platform
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import SandboxUnavailable, UnsafeRoot
 
@@ -139,6 +139,9 @@ class Sandbox:
             covered by an empty, unreadable file or directory in their view; needs a mode other
             than ``off``. Resolved on construction.
         hidden: the service's own files (its sockets, recordings, state), covered the same way.
+        cover: directories covered by an empty read-only tmpfs in a command's view, in which only
+            the root is put back when it lies beneath one (``--workspaces DIR``: a session's
+            command sees its own workspace and nothing else of DIR). Resolved on construction.
         tmp_size: bytes the private ``/tmp`` and ``/dev/shm`` may each hold (``--max-tmp-per-command``).
         file_size: the largest file a command may write, bytes (``RLIMIT_FSIZE``; 0: no limit).
         reap: the sandbox program waits for its namespaces' teardown before it ends. It need not:
@@ -153,6 +156,7 @@ class Sandbox:
     wrapper: tuple[str, ...] = field(default=(HELPER,), compare=False)
     deny_read: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
+    cover: tuple[str, ...] = ()
     tmp_size: int = DEFAULT_TMP_SIZE
     file_size: int = 0
     reap: bool = field(default=_ADOPTS_ORPHANS, compare=False)
@@ -168,6 +172,16 @@ class Sandbox:
             raise ValueError("the private /tmp needs a positive size, and a file size limit cannot be negative")
         object.__setattr__(self, "deny_read", tuple(os.path.realpath(p) for p in self.deny_read))
         object.__setattr__(self, "hidden", tuple(os.path.realpath(p) for p in self.hidden))
+        object.__setattr__(self, "cover", tuple(os.path.realpath(p) for p in self.cover))
+        if "/" in self.cover:
+            raise ValueError("a sandbox cannot cover / (cover the workspaces directory)")
+
+    def for_workspace(self, root: str, cover: str, hidden: Sequence[str]) -> Sandbox:
+        """This sandbox for a session's workspace: ``root`` (its overlay's mount point) is the root
+        commands write in (or read, in read-only mode), ``cover`` (the workspaces directory) is
+        covered so that nothing else of it is in their view, and ``hidden`` (the templates' host
+        paths, which a command could otherwise read in place) are hidden too."""
+        return replace(self, root=os.path.realpath(root), cover=(*self.cover, cover), hidden=(*self.hidden, *hidden))
 
     @property
     def active(self) -> bool:
@@ -223,7 +237,9 @@ class Sandbox:
         if self.file_size:
             out += ["--file-size", str(self.file_size)]
         if self.mode == "read-only":
-            out += ["--read", self.root]  # kept in view when it lies under the private /tmp
+            out += ["--read", self.root]  # kept in view when it lies under the private /tmp or a cover
+        for path in self.cover:
+            out += ["--cover", path]
         for path in (*self.deny_read, *self.hidden):
             out += ["--hide", path]
         return out
