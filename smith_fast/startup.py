@@ -194,7 +194,7 @@ def enter_workspaces(config: ServiceConfig, command: str) -> bool:
     from .workspaces import namespace
 
     try:
-        namespace.enter(config.workspaces)
+        namespace.enter(config.workspaces, tuple(config.template_map().values()))
     except (OSError, SmithFastError) as exc:
         print(f"smith-fast {command}: cannot start: --workspaces {config.workspaces}: {exc}", file=sys.stderr)
         return False

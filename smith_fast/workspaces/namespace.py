@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from ..errors import MountError, StartupError, WorkspacesUnavailable
 from .mount_host import MountHost, start_child
 
-__all__ = ["enter", "drop_capabilities", "capabilities", "ROOT_INSIDE"]
+__all__ = ["enter", "current", "drop_capabilities", "capabilities", "ROOT_INSIDE"]
 
 ROOT_INSIDE = 65533
 """The uid host root has in the namespace, when the service runs as root (every other uid keeps its
@@ -160,6 +160,15 @@ def _probe(host: MountHost) -> None:
             pass
 
 
+_CURRENT: MountHost | None = None
+"""The mount host of this process, once it entered its namespace (a fact of the process: at most one)."""
+
+
+def current() -> MountHost | None:
+    """The mount host :func:`enter` started in this process, None before (or without) it."""
+    return _CURRENT
+
+
 def enter(top: pathlib.Path, lower_roots: Sequence[pathlib.Path] = ()) -> MountHost:
     """Move this process into the workspaces' namespace and start its mount host.
 
@@ -199,4 +208,6 @@ def enter(top: pathlib.Path, lower_roots: Sequence[pathlib.Path] = ()) -> MountH
     except BaseException:
         host.close()
         raise
+    global _CURRENT
+    _CURRENT = host
     return host
