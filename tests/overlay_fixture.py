@@ -32,6 +32,7 @@ _FSCONFIG_SET_STRING = 1
 _FSCONFIG_CMD_CREATE = 6
 _MOVE_MOUNT_F_EMPTY_PATH = 4
 _AT_FDCWD = -100
+_CAP_VERSION_3 = 0x20080522
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -67,7 +68,9 @@ def _mount_overlay(lowers: Sequence[str], upper: str, work: str, target: str) ->
                 f"fsconfig lowerdir+ {layer}",
             )
         for key, value in ((b"upperdir", upper), (b"workdir", work)):
-            _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key, os.fsencode(value), 0), f"fsconfig {key!r}")
+            _check(
+                _libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_STRING, key, os.fsencode(value), 0), f"fsconfig {key!r}"
+            )
         _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_SET_FLAG, b"userxattr", None, 0), "fsconfig userxattr")
         _check(_libc.syscall(_SYS_FSCONFIG, fs, _FSCONFIG_CMD_CREATE, None, None, 0), "fsconfig create")
         mnt = _check(_libc.syscall(_SYS_FSMOUNT, fs, 0, 0), "fsmount")
@@ -82,10 +85,19 @@ def _mount_overlay(lowers: Sequence[str], upper: str, work: str, target: str) ->
         os.close(fs)
 
 
-def on_overlay(lowers: Sequence[str], upper: str, fn: Callable[[str], Any], *, work: str | None = None) -> Any:
+def _drop_capabilities() -> None:
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice, all empty
+    _check(_libc.capset(header, data), "capset")
+
+
+def on_overlay(
+    lowers: Sequence[str], upper: str, fn: Callable[[str], Any], *, work: str | None = None, drop_caps: bool = False
+) -> Any:
     """Mount ``upper`` over ``lowers`` (top first) in a child's own namespaces, run ``fn(mount point)``
     there, unmount: what ``fn`` returned (picklable). ``upper`` is created if missing; the work
-    and mount directories are made next to it (``work`` may name the work dir)."""
+    and mount directories are made next to it (``work`` may name the work dir). ``drop_caps``:
+    ``fn`` runs without any capability, as the service does (the namespace's end unmounts)."""
     os.makedirs(upper, exist_ok=True)
     base = os.path.dirname(os.path.abspath(upper))
     name = os.path.basename(upper)
@@ -101,10 +113,14 @@ def on_overlay(lowers: Sequence[str], upper: str, fn: Callable[[str], Any], *, w
             os.close(r)
             _enter_namespace()
             _mount_overlay(lowers, upper, work, target)
-            try:
+            if drop_caps:
+                _drop_capabilities()
                 payload = pickle.dumps((True, fn(target)))
-            finally:
-                _check(_libc.umount2(os.fsencode(target), 0), "umount")
+            else:
+                try:
+                    payload = pickle.dumps((True, fn(target)))
+                finally:
+                    _check(_libc.umount2(os.fsencode(target), 0), "umount")
             code = 0
         except BaseException:
             payload = pickle.dumps((False, traceback.format_exc()))

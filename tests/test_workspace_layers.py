@@ -209,20 +209,20 @@ def test_layer_changes_of_opaque_dirs_replacements_and_renames_match_the_kernels
 
 
 def test_layer_changes_over_a_stack_of_frozen_layers(tmp_path: Path) -> None:
-    t = make(tmp_path / "T", {"a/x": "x", "a/y": "y", "b": "b", "o/hidden/h": "h", "o/kept": "k"})
+    t = make(tmp_path / "T", {"a/x": "x", "a/y": "y", "b": "b", "p/o/hidden/h": "h", "p/o/kept": "k"})
     l1, l2 = tmp_path / "L1", tmp_path / "L2"
 
     def first(m: str) -> None:
         os.unlink(f"{m}/a/x")
         Path(f"{m}/a/n").write_text("n")
-        shutil.rmtree(f"{m}/o")  # opaque in L1: T's o/hidden must not come back in L2's deletion
-        os.mkdir(f"{m}/o")
-        Path(f"{m}/o/new").write_text("new")
+        shutil.rmtree(f"{m}/p/o")  # opaque in L1: T's p/o/hidden must not come back in L2's deletion
+        os.mkdir(f"{m}/p/o")
+        Path(f"{m}/p/o/new").write_text("new")
 
     mid = layer([t], l1, first)
 
     def ops(m: str) -> None:
-        shutil.rmtree(f"{m}/o")
+        shutil.rmtree(f"{m}/p")
         Path(f"{m}/a/x").write_text("back")  # over L1's whiteout: an opaque-making create
         os.unlink(f"{m}/a/n")  # a whiteout over an upper file
         shutil.rmtree(f"{m}/a")  # then all of it
@@ -232,7 +232,7 @@ def test_layer_changes_over_a_stack_of_frozen_layers(tmp_path: Path) -> None:
     after = layer([l1, t], l2, ops)
     got = layer_changes(str(l2), [str(l1), str(t)])
     assert facts(got) == oracle(mid, after)
-    assert [c.path for c in got.changes if c.path.startswith("o")] == ["o", "o/new"]
+    assert [c.path for c in got.changes if c.path.startswith("p")] == ["p", "p/o", "p/o/new"]
 
 
 def test_diff_walks_only_the_layers_the_chains_do_not_share(tmp_path: Path) -> None:
@@ -373,9 +373,10 @@ def test_merge_of_two_layers_shows_the_same_tree(tmp_path: Path) -> None:
 def test_restore_paths_puts_a_request_back(tmp_path: Path) -> None:
     t = make(
         tmp_path / "T",
-        {"f": "orig", "gone": "g", "d/x": "x", "d/y": "y", "s@": "f", "dir2file/in": "i", "keep": "k"},
+        {"f": "orig", "gone": "g", "d/x": "x", "d/y": "y", "s@": "f", "dir2file/in": "i", "keep": "k", "ro/f": "r"},
     )
     os.chmod(t / "f", 0o640)
+    os.chmod(t / "ro", 0o555)  # filled again before its mode is put back
     os.utime(t / "f", ns=(1_000_000_000, 2_000_000_000))
     original = tree(str(t))
     l1, live = tmp_path / "L1", tmp_path / "U"
@@ -394,12 +395,16 @@ def test_restore_paths_puts_a_request_back(tmp_path: Path) -> None:
         Path(f"{m}/dir2file").write_text("file now")
         Path(f"{m}/new").write_text("new")
         os.makedirs(f"{m}/newdir/sub")
+        os.chmod(f"{m}/ro", 0o755)
+        shutil.rmtree(f"{m}/ro")
 
     layer([t], l1, request)
     changed = layer_changes(str(l1), [str(t)])
     paths = [c.path for c in changed.changes]
 
     def undo(m: str) -> tuple[Any, ...]:
+        # no capability left, as in the service: a directory's mode binds (ro must be filled first)
+        assert "CapEff:\t0000000000000000" in Path("/proc/self/status").read_text()
         refused = None
         try:
             restore_paths(m, ["d/x"], [str(t)])  # its parent is a symlink now: refused, not followed
@@ -409,7 +414,7 @@ def test_restore_paths_puts_a_request_back(tmp_path: Path) -> None:
         again = restore_paths(m, paths, [str(t)])
         return refused, got, again, tree(m)
 
-    refused, got, again, after = on_overlay([str(l1), str(t)], str(live), undo)
+    refused, got, again, after = on_overlay([str(l1), str(t)], str(live), undo, drop_caps=True)
     assert refused == errno.ELOOP
     assert list(outside.iterdir()) == []
     assert after == original
@@ -426,6 +431,8 @@ def test_restore_paths_puts_a_request_back(tmp_path: Path) -> None:
         "gone": "added",
         "new": "deleted",
         "newdir": "deleted",
+        "ro": "added",
+        "ro/f": "added",
         "s": "modified",
     }
     assert FileChange("f", "modified", size=4, old_size=15, file_type="file") in got.changes

@@ -28,6 +28,7 @@ from __future__ import annotations
 import difflib
 import errno
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Iterator, Sequence
@@ -85,7 +86,7 @@ def is_opaque(path: str) -> bool:
     try:
         return os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) == b"y"
     except OSError as exc:
-        if exc.errno in _NO_XATTR:
+        if exc.errno in _NO_XATTR or exc.errno in _GONE:  # gone from a live upper meanwhile
             return False
         raise
 
@@ -117,11 +118,22 @@ def _lstat(path: str) -> os.stat_result | None:
 
 
 def _scan(path: str) -> dict[str, os.stat_result]:
-    """The entries of the directory ``path``, ``lstat``-ed."""
+    """The entries of the directory ``path``, ``lstat``-ed.
+
+    A live upper changes while it is read (a diff against the workspace now): what vanished
+    meanwhile is left out, as if read a moment later.
+    """
     out: dict[str, os.stat_result] = {}
-    with os.scandir(path) as it:
-        for entry in it:
-            out[entry.name] = entry.stat(follow_symlinks=False)
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    out[entry.name] = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+    except OSError as exc:
+        if exc.errno not in _GONE:
+            raise
     _scanned[0] += len(out)
     return out
 
@@ -264,8 +276,11 @@ def _same_streams(a: BinaryIO, b: BinaryIO) -> bool:
 
 
 def _same_bytes(a: str, b: str) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        return _same_streams(fa, fb)
+    try:
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            return _same_streams(fa, fb)
+    except FileNotFoundError:  # replaced in a live upper meanwhile: not the same file
+        return False
 
 
 def _same(a: _Found, b: _Found) -> bool:
@@ -676,10 +691,20 @@ def restore_paths(target_root: str, paths: Sequence[str], before: Sequence[str])
     try:
         out = _Changes(1 << 62)
         done: set[str] = set()
+        modes: dict[str, int] = {}
         for path in paths:
             rel = normal_path(path)
             if rel:
-                _restore(root, rel, before, out, done)
+                _restore(root, rel, before, out, done, modes)
+        # Directory modes last, deepest first: one without write permission (0o555) is still
+        # filled above, as the service holds no capability that would bypass the mode.
+        for rel in sorted(modes, key=path_key, reverse=True):
+            parent, _, name = rel.rpartition("/")
+            dirfd = _open_dir(root, parent)
+            try:
+                os.chmod(name, modes[rel], dir_fd=dirfd, follow_symlinks=False)
+            finally:
+                os.close(dirfd)
         items = sorted(out.items, key=lambda c: path_key(c.path))
         return ChangeSet(changes=tuple(items))
     finally:
@@ -690,7 +715,7 @@ def _open_dir(root: int, rel: str) -> int:
     return open_beneath(root, rel or ".", os.O_PATH | os.O_DIRECTORY, follow=False)
 
 
-def _restore(root: int, rel: str, before: Sequence[str], out: _Changes, done: set[str]) -> None:
+def _restore(root: int, rel: str, before: Sequence[str], out: _Changes, done: set[str], modes: dict[str, int]) -> None:
     if rel in done:
         return
     done.add(rel)
@@ -703,10 +728,10 @@ def _restore(root: int, rel: str, before: Sequence[str], out: _Changes, done: se
             raise
         if want is None:
             return  # no parent directory: the name is absent already
-        _restore(root, parent, before, out, done)
+        _restore(root, parent, before, out, done, modes)
         dirfd = _open_dir(root, parent)
     try:
-        _restore_at(dirfd, name, rel, want, out)
+        _restore_at(dirfd, name, rel, want, out, modes)
     finally:
         os.close(dirfd)
 
@@ -747,7 +772,7 @@ def _remove(dirfd: int, name: str, st: os.stat_result) -> None:
         os.unlink(name, dir_fd=dirfd)
 
 
-def _restore_at(dirfd: int, name: str, rel: str, want: _Found | None, out: _Changes) -> None:
+def _restore_at(dirfd: int, name: str, rel: str, want: _Found | None, out: _Changes, modes: dict[str, int]) -> None:
     now = _fd_found(dirfd, name)
     if want is None:
         if now is not None:
@@ -762,7 +787,7 @@ def _restore_at(dirfd: int, name: str, rel: str, want: _Found | None, out: _Chan
             _remove(dirfd, name, now.st)
         if now is None or not now.is_dir:
             os.mkdir(name, 0o700, dir_fd=dirfd)
-        os.chmod(name, stat.S_IMODE(mode), dir_fd=dirfd, follow_symlinks=False)
+        modes[rel] = stat.S_IMODE(mode)
     else:
         if now is not None and now.is_dir:
             _remove(dirfd, name, now.st)
@@ -772,12 +797,8 @@ def _restore_at(dirfd: int, name: str, rel: str, want: _Found | None, out: _Chan
 
 def _replace(dirfd: int, name: str, want: _Found) -> None:
     """A new entry like ``want`` made under a temporary name, renamed over ``name``."""
-    tmp = f".{name[:200]}.smith-restore-{os.getpid()}"
+    tmp = f".smith-restore-{os.getpid()}-{secrets.token_hex(4)}"
     mode = want.st.st_mode
-    try:
-        os.unlink(tmp, dir_fd=dirfd)  # left by a restore that died
-    except FileNotFoundError:
-        pass
     try:
         if stat.S_ISLNK(mode):
             os.symlink(os.readlink(want.path), tmp, dir_fd=dirfd)
