@@ -439,7 +439,7 @@ def test_restore_paths_puts_a_request_back(tmp_path: Path) -> None:
 
 
 def test_layer_changes_of_a_small_layer_over_a_big_template_reads_only_the_layer(tmp_path: Path) -> None:
-    t = make(tmp_path / "T", {f"d{i // 1000}/f{i}": "x" for i in range(10_000)})
+    t = make(tmp_path / "T", {f"d{i // 300}/f{i}": "x" for i in range(3_000)})
     u = tmp_path / "U"
     layer([t], u, lambda m: [Path(f"{m}/d{i}/new{i}").write_text("n") for i in range(10)] and None)
     scanned = layers.entries_scanned()
