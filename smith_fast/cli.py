@@ -43,11 +43,9 @@ EXAMPLES = {
   smith-fast serve --stdio --timeout 30s --max-output 8M  # one session on stdin/stdout""",
     "exec": """\
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
-  smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
   tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
   smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)
-  smith-fast exec --connect 127.0.0.1:7878 --template py --checkpoint 'pip install -e .'   # prints checkpoint: ID
-  smith-fast exec --connect 127.0.0.1:7878 --fork ID --keep-session 'make test'  # prints session: HANDLE""",
+  smith-fast exec --connect 127.0.0.1:7878 --template py --checkpoint --keep-session make  # prints checkpoint:, session:""",
     "call": """\
   smith-fast call tools.list
   smith-fast call --connect unix:/run/smith.sock fs.read '{"path": "README.md"}'

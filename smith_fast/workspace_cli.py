@@ -25,23 +25,24 @@ __all__ = ["EXAMPLES", "add_parsers", "parse_session", "run", "session_handle", 
 
 EXAMPLES = {
     "checkpoint": """\
-  s=$(smith-fast exec --connect 127.0.0.1:7878 --keep-session 'make' 2>&1 >/dev/null | sed -n 's/^session: //p')
-  smith-fast checkpoint --connect 127.0.0.1:7878 --session $s --label built   # prints the checkpoint id
-  smith-fast exec --connect 127.0.0.1:7878 --fork CHECKPOINT 'make test'      # a new session from it""",
+  smith-fast checkpoint --connect 127.0.0.1:7878 --session $s --label built   # prints the checkpoint's id
+  smith-fast checkpoint --connect unix:/run/smith.sock --session $s           # $s: what exec --keep-session printed""",
     "restore": """\
-  smith-fast restore --connect 127.0.0.1:7878 --session $s 5f0c...   # back to that checkpoint""",
+  smith-fast restore --connect 127.0.0.1:7878 --session $s 5f0c2a...          # back to that checkpoint
+  smith-fast restore --connect unix:/run/smith.sock --session $s $(cat ck)    # prints the requests it cancelled""",
     "diff": """\
   smith-fast diff --connect 127.0.0.1:7878 CK1 CK2                    # two checkpoints: no session needed
   smith-fast diff --connect 127.0.0.1:7878 --session $s CK1 --patch   # CK1 to the session's workspace now
   smith-fast diff --connect 127.0.0.1:7878 CK1 CK2 --path src --max-diff 64K""",
     "undo": """\
-  smith-fast undo --connect 127.0.0.1:7878 --session $s 0b9e...       # what that request changed, put back
-  smith-fast undo --connect 127.0.0.1:7878 --session $s 0b9e... --force""",
+  smith-fast undo --connect 127.0.0.1:7878 --session $s 0b9e41...     # what that request changed, put back
+  smith-fast undo --connect 127.0.0.1:7878 --session $s 0b9e41... --force""",
 }
 
 _HELP = {
     "checkpoint": ("freeze a session's workspace as a checkpoint",
-                   "Freeze the workspace of session --session as it is now and print the checkpoint's id (stdout). "
+                   "Freeze the workspace of session --session (the HANDLE `smith-fast exec --keep-session` printed after `session: `) "
+                   "as it is now and print the checkpoint's id (stdout). "
                    "Restore it with `smith-fast restore`, compare with `smith-fast diff`, or start a new session from it "
                    "with `smith-fast exec --fork ID`."),
     "restore": ("put a session's workspace back to a checkpoint",
