@@ -28,9 +28,10 @@ cdef enum:
 # Oneof members and field sets as bit masks over field numbers (all below 32)
 cdef enum:
     _PAYLOADS = (1 << 10) | (1 << 11) | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 16) | (1 << 17) | (1 << 18)
-    _COMMAND_MEMBERS = 0xFFE  # 1..11
-    _REQUESTS = (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 10) | (1 << 11)
-    _EVENT_MEMBERS = 0x7FE  # 1..10
+    _COMMAND_MEMBERS = 0xFFFE  # 1..15
+    _REQUESTS = ((1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 10) | (1 << 11)
+                 | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 15))  # ... attach, checkpoint, restore, diff, undo
+    _EVENT_MEMBERS = 0xFFE  # 1..11 (a WorkspaceEvent, 11, ends no request: its READY does)
     _SEQUENCE = 2
     _COMMAND = 10
     _EVENT = 11
@@ -314,7 +315,8 @@ def command_ids(frame):
 
     A request is a ``Command`` that runs and ends with one terminal ``StateChange`` (``READY`` or
     ``ERROR``) carrying its id: ``plan``, ``tool_call``, ``hook_load``, ``shell_exec``,
-    ``list_processes`` and ``attach``, alone (``Envelope.command``) or in a ``BatchCommand``. An
+    ``list_processes``, ``attach``, ``checkpoint``, ``restore``, ``diff`` and ``undo``, alone
+    (``Envelope.command``) or in a ``BatchCommand``. An
     empty id is skipped (the service cannot end it). Everything else gives nothing: events, health
     checks, the handshake, shutdown, ``cancel``/``stdin``/``resize`` (no states of their own), and
     bytes that are no ``Envelope``. An id may come again while its request runs (the service then

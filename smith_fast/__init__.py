@@ -57,7 +57,7 @@ from .errors import (
 # Not typing.TYPE_CHECKING: importing typing would cost `import smith_fast` more than the rest of it.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .client import Client, GrpcClient
+    from .client import Change, Client, GrpcClient, UndoResult
 
 __all__ = [
     "__version__",
@@ -69,6 +69,9 @@ __all__ = [
     "ConnectError",
     "NotASmithService",
     "AddressError",
+    # what a session's workspace changed (client_workspace.py; imported with the client)
+    "Change",
+    "UndoResult",
     # the errors
     "SmithFastError",
     "FramingError",
@@ -95,7 +98,7 @@ __all__ = [
     "NatsCredentialError",
 ]
 
-_FROM_CLIENT = frozenset({"Client", "GrpcClient"})
+_FROM_CLIENT = frozenset({"Client", "GrpcClient", "Change", "UndoResult"})
 
 
 def __getattr__(name: str) -> object:

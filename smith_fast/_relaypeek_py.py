@@ -49,12 +49,13 @@ _PAYLOADS = frozenset({10, 11, 12, 13, 14, 16, 17, 18})  # its `payload` oneof
 # Command: its `command_type` oneof, and the members that are requests: they run, and end with one
 # terminal StateChange (service/commands.py COMMANDS, a row with a handler). The others are the
 # handshake, shutdown and the control commands (cancel, stdin, resize), which have no states.
-_COMMAND_MEMBERS = frozenset(range(1, 12))
-_REQUESTS = frozenset({2, 3, 4, 5, 10, 11})  # plan, tool_call, hook_load, shell_exec, list_processes, attach
+_COMMAND_MEMBERS = frozenset(range(1, 16))
+# plan, tool_call, hook_load, shell_exec, list_processes, attach, checkpoint, restore, diff, undo
+_REQUESTS = frozenset({2, 3, 4, 5, 10, 11, 12, 13, 14, 15})
 _REQUEST_ID = 1  # field 1 of every one of them, and of StateChangeEvent
 _ELEMENTS = 1  # BatchCommand.commands, BatchEvent.events
-# Event: its `event_type` oneof
-_EVENT_MEMBERS = frozenset(range(1, 11))
+# Event: its `event_type` oneof (a WorkspaceEvent, 11, answers a request but ends none: its READY does)
+_EVENT_MEMBERS = frozenset(range(1, 12))
 _STATE_CHANGE = 2
 _STATE = 2  # StateChangeEvent.state
 _TERMINAL = frozenset({2, 4})  # SERVICE_STATE_READY, SERVICE_STATE_ERROR
@@ -267,7 +268,8 @@ def command_ids(frame: bytes | bytearray | memoryview) -> list[str]:
 
     A request is a ``Command`` that runs and ends with one terminal ``StateChange`` (``READY`` or
     ``ERROR``) carrying its id: ``plan``, ``tool_call``, ``hook_load``, ``shell_exec``,
-    ``list_processes`` and ``attach``, alone (``Envelope.command``) or in a ``BatchCommand``. An
+    ``list_processes``, ``attach``, ``checkpoint``, ``restore``, ``diff`` and ``undo``, alone
+    (``Envelope.command``) or in a ``BatchCommand``. An
     empty id is skipped (the service cannot end it). Everything else gives nothing: events, health
     checks, the handshake, shutdown, ``cancel``/``stdin``/``resize`` (no states of their own), and
     bytes that are no ``Envelope``. An id may come again while its request runs (the service then

@@ -1,5 +1,5 @@
-"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health``, ``ps``, ``attach``, ``kill`` (and ``replay``,
-``worker``, ``gateway`` from their packages).
+"""The ``smith-fast`` command: ``serve``, ``exec``, ``call``, ``ping``, ``health``, ``ps``, ``attach``, ``kill``,
+``checkpoint``, ``restore``, ``diff``, ``undo`` (and ``replay``, ``worker``, ``gateway`` from their packages).
 
 It behaves like the Unix tools it sits beside: ``exec`` takes the rest of the line as the command
 (``smith-fast exec ls -l``, as ``ssh host ls -l``), a closed stdout ends it quietly, user errors are one
@@ -43,9 +43,9 @@ EXAMPLES = {
   smith-fast serve --stdio --timeout 30s --max-output 8M  # one session on stdin/stdout""",
     "exec": """\
   smith-fast exec --connect unix:/run/smith.sock 'make -j2 2>&1 | tail'
-  smith-fast exec --connect 127.0.0.1:7878 --timeout 5s --env CI=1 -- ./run-tests -v
   tar c src | smith-fast exec 'tar t | wc -l'             # stdin is forwarded; output is byte-exact
-  smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)""",
+  smith-fast exec -t python3                              # interactive, on a pseudo-terminal (as ssh -t)
+  smith-fast exec --connect 127.0.0.1:7878 --template py --checkpoint --keep-session make  # prints checkpoint:, session:""",
     "call": """\
   smith-fast call tools.list
   smith-fast call --connect unix:/run/smith.sock fs.read '{"path": "README.md"}'
@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-d", "--detach", "--background", dest="detach", action="store_true",
                     help="run COMMAND as a background process of the service and print its id (as docker run -d); "
                     "it outlives this command: smith-fast ps, attach ID, kill ID (needs --connect)")
+    ws = ex.add_argument_group("workspaces (a service started with --workspaces; PROTOCOL.md, \"Workspaces\")")
+    ws.add_argument("--template", metavar="NAME", help="the session's workspace is a copy of this template (default: the service's)")
+    ws.add_argument("--fork", metavar="CHECKPOINT", help="the session's workspace starts as this checkpoint instead")
+    ws.add_argument("--checkpoint", action="store_true",
+                    help="after COMMAND, freeze the workspace as a checkpoint and print `checkpoint: ID` on stderr (for --fork)")
+    ws.add_argument("--keep-session", action="store_true",
+                    help="leave the session parked instead of ending it and print `session: HANDLE` (and `request: ID`) on stderr, "
+                    "for checkpoint, restore, diff and undo --session HANDLE (it waits for the service's --resume-window)")
+    ws.add_argument("--session", metavar="HANDLE",
+                    help="run COMMAND in this parked session (what --keep-session printed) instead of a new one; it is parked again")
     ex.add_argument("--cwd", help="working directory on the service side")
     ex.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     ex.add_argument("--shell", help="shell to run COMMAND with (default /bin/sh)")
@@ -164,9 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .nats import auth as nats_auth
 
     nats_auth.add_parser(sub)
-    from . import background_cli
+    from . import background_cli, workspace_cli
 
     background_cli.add_parsers(sub, _client_options)
+    workspace_cli.add_parsers(sub, _client_options)
     return parser
 
 
@@ -196,7 +207,8 @@ async def _client(args: argparse.Namespace) -> Client:
     token = client_token(args)
     if args.connect:
         # resume: a dropped connection (a restarting gateway) is reconnected and carried on
-        return await Client.connect(args.connect, protocol=args.protocol, token=token, resume=True)
+        return await Client.connect(args.connect, protocol=args.protocol, token=token, resume=True,
+                                    template=getattr(args, "template", None), fork=getattr(args, "fork", None))
     return await Client.spawn("--log-level", "warning", protocol=args.protocol, token=token)
 
 
@@ -223,19 +235,65 @@ async def _exec(args: argparse.Namespace) -> int:
         print("smith-fast exec: -d needs --connect ADDR: a background process lives in a running service "
               "(without --connect, exec runs a service of its own that ends with it)", file=sys.stderr)
         return 2
+    refused = _workspace_refusal(args)
+    if refused:
+        print(f"smith-fast exec: {refused}", file=sys.stderr)
+        return 2
     client = await _client(args)
+    keep = args.keep_session or args.session is not None
+    parked = False
     try:
-        await _handshake(client, args, ["shell_exec"])
+        if args.session is not None:
+            from . import workspace_cli
+
+            await workspace_cli.resume(client, args.session, args.connect_timeout)
+        elif _uses_workspace(args):
+            # changes: the session records what each request changed, so that `undo` can put it back
+            await _handshake(client, args, ["shell_exec", "workspaces"], accept=["changes"] if keep else [])
+        else:
+            await _handshake(client, args, ["shell_exec"])
         if args.detach:
             print(await client.background(" ".join(words), cwd=args.cwd, env=env,
                                           shell=args.shell, timeout_ms=args.timeout_ms))
             return 0
-        return await _exec_command(client, " ".join(words), args, env)
+        code = await _exec_command(client, " ".join(words), args, env)
+        if args.checkpoint and code < 128:  # not when it was interrupted (Ctrl-C, SIGTERM)
+            print(f"checkpoint: {await client.checkpoint()}", file=sys.stderr)
+        if keep:
+            from . import workspace_cli
+
+            await workspace_cli.park(client)
+            parked = True
+        return code
     except SmithError as exc:
         print(f"smith-fast: {exc}", file=sys.stderr)
         return 1
     finally:
-        await client.close()  # on a closed stdout too: the service then stops the command
+        if not parked:
+            await client.close()  # on a closed stdout too: the service then stops the command
+
+
+def _uses_workspace(args: argparse.Namespace) -> bool:
+    return bool(args.template or args.fork or args.checkpoint or args.keep_session)
+
+
+def _workspace_refusal(args: argparse.Namespace) -> str | None:
+    """Why exec's workspace options cannot be used as given (a sentence), or None."""
+    used = [flag for flag, on in (("--template", args.template), ("--fork", args.fork), ("--checkpoint", args.checkpoint),
+                                  ("--keep-session", args.keep_session), ("--session", args.session)) if on]
+    if not used:
+        return None
+    if not args.connect:
+        return f"{used[0]} needs --connect ADDR: workspaces live in a running service started with --workspaces"
+    if args.protocol != "v1":
+        return f"{used[0]} needs protocol v1 (workspaces are v1 only)"
+    if args.template and args.fork:
+        return "give --template or --fork, not both: a fork's workspace is a copy of its checkpoint"
+    if args.session and (args.template or args.fork):
+        return "--session runs in an existing session, whose workspace is already made: drop --template/--fork"
+    if args.detach and (args.keep_session or args.session or args.checkpoint):
+        return "-d does not go with --keep-session, --session or --checkpoint (a background process outlives its request)"
+    return None
 
 
 _STOP_SIGNALS: dict[int, str] = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
@@ -251,6 +309,8 @@ async def _exec_command(client: Client, command: str, args: argparse.Namespace, 
     forward = args.tty or not stdin_tty
     pty = window_size(0, 1, 2) if args.tty else None
     proc = await client.start(command, stdin=forward, pty=pty, cwd=args.cwd, env=env, shell=args.shell, timeout_ms=args.timeout_ms)
+    if args.keep_session or args.session is not None:
+        print(f"request: {proc.request_id}", file=sys.stderr)  # what `smith-fast undo` names
     stopped: list[int] = []
 
     def stop(sig: int) -> None:  # Ctrl-C (without -t), SIGTERM, SIGHUP: cancel it on the service
@@ -463,6 +523,16 @@ def _background_command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
 
 for _name in ("ps", "attach", "kill"):
     _CLIENTS[_name] = _background_command
+
+
+def _workspace_command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
+    from . import workspace_cli
+
+    return workspace_cli.run(args, _client, _handshake)
+
+
+for _name in ("checkpoint", "restore", "diff", "undo"):
+    _CLIENTS[_name] = _workspace_command
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -30,6 +30,17 @@ reconnects, resumes its session (PROTOCOL.md, "Resume") and sends again the requ
 never read, so an ``async for`` over a request's events goes on as if nothing happened::
 
     client = await Client.connect("tcp:host:7878", resume=True)
+
+A service with workspaces (``serve --workspaces DIR``; PROTOCOL.md, "Workspaces") gives the session a
+copy-on-write copy of a template: checkpoint it, fork from a checkpoint, diff, undo a request::
+
+    client = await Client.connect("unix:/run/smith.sock", template="python")   # or fork=checkpoint_id
+    await client.handshake(["shell_exec", "workspaces"], accept=["changes"])
+    before = await client.checkpoint("clean")
+    result = await client.run("make")                    # result.changes: what make changed
+    for change in await client.diff(before):              # Change(path, kind, size, ...)
+        print(change.letter, change.path)
+    await client.restore(before)
 """
 
 from __future__ import annotations
@@ -46,6 +57,18 @@ from typing import TYPE_CHECKING, Any, cast
 from .addresses import ADDRESS_FORMS, format_address, parse_address, unreachable
 from .client_link import Link, StreamLink, open_stream
 from .client_wire import TOKEN_KEY, Wire, event_request_id
+from .client_workspace import (
+    FORK_KEY,
+    TEMPLATE_KEY,
+    WORKSPACE_KEY,
+    Change,
+    UndoResult,
+    changes_of,
+    checkpoint_command,
+    diff_command,
+    restore_command,
+    undo_command,
+)
 from .errors import AddressError, ConnectError, ConnectionClosed, NotASmithService, SmithError, SmithFastError
 from .framing import FrameDecoder
 from .grpc_link import GrpcLink, grpc_channel
@@ -65,8 +88,10 @@ __all__ = [
     "ConnectError",
     "NotASmithService",
     "AddressError",
+    "Change",
     "Chunk",
     "InputWait",
+    "UndoResult",
     "RemoteProcess",
     "RunResult",
     "ToolOutput",
@@ -142,6 +167,8 @@ class Client:
         self.accepted: frozenset[str] = frozenset()
         self.warnings: list[pb.ErrorEvent] = []
         self.notices: list[pb.LogEvent] = []  # said while a handshake waited for its answer (a gateway placing the session)
+        self.diff_truncated = False  # the last diff() was cut at a limit (its list or its unified diffs)
+        self.workspace_info: dict[str, str] = {}  # handshake client_info: smith_fast.template / smith_fast.fork (connect)
         self._wire = wire = Wire(link, protocol, address=address, token=token, resume=resume, resume_via=tuple(resume_via))
         self.events = wire.events  # None once the connection ended
         self.metrics = wire.metrics
@@ -172,12 +199,28 @@ class Client:
         """How many times the session was resumed over a new connection."""
         return self._wire.resumes
 
+    @property
+    def workspace(self) -> str | None:
+        """The session's workspace id (``Ready.service_info["smith_fast.workspace"]``), once the
+        handshake is answered by a service with workspaces; else None."""
+        return self._service_info(WORKSPACE_KEY)
+
+    @property
+    def template(self) -> str | None:
+        """The template the session's workspace is a copy of (``service_info["smith_fast.template"]``)."""
+        return self._service_info(TEMPLATE_KEY)
+
+    def _service_info(self, key: str) -> str | None:
+        if self.ready is None:
+            return None
+        return self.ready.service_info.get(key) or None
+
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
     async def connect(
         cls, address: str, *, protocol: str = "v1", tls_ca: bytes | None = None, token: str | None = None, resume: bool = False,
-        resume_via: Sequence[str] = (),
+        resume_via: Sequence[str] = (), template: str | None = None, fork: str | None = None,
     ) -> Client:
         """Connect to ``unix:PATH``, ``tcp:HOST:PORT``, ``HOST:PORT`` or ``grpc:HOST:PORT``.
 
@@ -194,6 +237,10 @@ class Client:
             resume_via: more addresses of the same service, tried in turn with ``address`` when
                 resuming: a scale-out's other gateways (any gateway leads a resume to the worker
                 the session lives on).
+            template: with a service that has workspaces (``serve --workspaces``), the template the
+                session's workspace is a copy of (the handshake's ``client_info["smith_fast.template"]``;
+                None: the service's default).
+            fork: instead, a checkpoint id: the workspace starts as that checkpoint (``smith_fast.fork``).
 
         Returns:
             The connected client (a :class:`GrpcClient` for ``grpc:`` addresses).
@@ -209,13 +256,19 @@ class Client:
         if kind == "grpc" and isinstance(target, str):  # a grpc target is always the HOST:PORT text
             if protocol != "v1":
                 raise ValueError("gRPC carries protocol v1 only")
-            return GrpcClient(grpc_channel(target, tls_ca), token=token, address=name)
-        try:
-            reader, writer = await open_stream(target)
-        except OSError as exc:
-            raise unreachable(name, exc) from exc
-        via = [format_address(*parse_address(a)) for a in resume_via]  # a bad one fails now, not at the drop
-        return cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume, resume_via=via)
+            client: Client = GrpcClient(grpc_channel(target, tls_ca), token=token, address=name)
+        else:
+            try:
+                reader, writer = await open_stream(target)
+            except OSError as exc:
+                raise unreachable(name, exc) from exc
+            via = [format_address(*parse_address(a)) for a in resume_via]  # a bad one fails now, not at the drop
+            client = cls(reader, writer, protocol=protocol, token=token, address=name, resume=resume, resume_via=via)
+        if template is not None:
+            client.workspace_info[TEMPLATE_KEY] = template
+        if fork is not None:
+            client.workspace_info[FORK_KEY] = fork
+        return client
 
     @classmethod
     async def spawn(
@@ -310,8 +363,9 @@ class Client:
             capabilities: capability names (``shell_exec`` ...) or numbers to ask for.
             client_info: ``HandshakeCommand.client_info`` (v1 only).
             version: the protocol version to ask for (default: the connection's).
-            accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``, ``usage``.
-                What the service granted is in :attr:`accepted` afterwards.
+            accept: Envelope additions to ask for (v1): ``batch_event``, ``health``, ``metrics``, ``usage``,
+                ``resume``, ``changes`` (what each request changed in the session's workspace:
+                :attr:`RunResult.changes`). What the service granted is in :attr:`accepted` afterwards.
             metrics_interval_ms: how often to send metrics reports, with ``metrics``.
             timeout: seconds to wait for the service's first answer on this connection; None
                 waits as long as it takes.
@@ -327,6 +381,7 @@ class Client:
         hs.version = (1 if self.protocol == "v1" else 0) if version is None else version
         hs.capabilities.extend(_capability(c) for c in capabilities)
         hs.client_info.update(client_info or {"client": "smith-fast-sdk"})
+        hs.client_info.update(self.workspace_info)
         accept = list(accept)
         if self.resume and "resume" not in accept:
             accept.append("resume")
@@ -657,6 +712,106 @@ class Client:
         if result is None:
             raise ConnectionClosed("the request ended without a ToolResult")
         return result
+
+    # ---- workspaces (PROTOCOL.md, "Workspaces") --------------------------------------------------
+
+    async def checkpoint(self, label: str = "") -> str:
+        """Freeze the session's workspace as it is now; returns the checkpoint's id (to
+        :meth:`restore`, :meth:`diff`, or fork a new session from: ``connect(fork=...)``).
+
+        Raises:
+            SmithError: no workspace (``no_workspace``), ``max_checkpoints``, ``workspace_busy`` ...
+        """
+        return (await self._workspace_request(checkpoint_command(label))).checkpoint_id
+
+    async def restore(self, checkpoint_id: str) -> list[str]:
+        """Put the session's workspace back as it was at ``checkpoint_id``. The session's running
+        requests are cancelled first (each ends with reason ``restored``) and its background
+        processes killed; returns their ids.
+
+        Raises:
+            SmithError: ``unknown_checkpoint``, ``no_workspace`` ...
+        """
+        return list((await self._workspace_request(restore_command(checkpoint_id))).cancelled)
+
+    async def diff(self, from_id: str, to_id: str | None = None, *, max_diff_bytes: int = 0, paths: Sequence[str] = ()) -> list[Change]:
+        """What differs from checkpoint ``from_id`` to checkpoint ``to_id`` (None: the workspace
+        now), sorted by path; text files with their unified diff, up to ``max_diff_bytes`` in all
+        (0: the service's default, which also caps it); only beneath ``paths`` when given.
+
+        Raises:
+            SmithError: ``unknown_checkpoint``, ``no_workspace`` ...
+            ValueError: ``max_diff_bytes`` out of range.
+        """
+        answer = await self._workspace_request(diff_command(from_id, to_id, max_diff_bytes=max_diff_bytes, paths=paths))
+        self.diff_truncated = answer.truncated
+        return changes_of(answer.changes)
+
+    async def undo(self, request_id: str, *, force: bool = False) -> UndoResult:
+        """Put back what request ``request_id`` (a ShellExec or an ``fs.write`` of this session)
+        changed. A path a later request changed too is left alone and listed in ``conflicts``,
+        unless ``force``.
+
+        Raises:
+            SmithError: ``changes_not_recorded`` (the session did not accept ``changes``),
+                ``undo_expired``, ``changes_shared``, ``unknown_request`` ...
+        """
+        answer = await self._workspace_request(undo_command(request_id, force=force))
+        return UndoResult(changes_of(answer.changes), list(answer.conflicts))
+
+    async def _workspace_request(self, cmd: pb.Command) -> pb.WorkspaceEvent:
+        kind = cmd.WhichOneof("command_type")
+        assert kind is not None
+        rid: str = getattr(cmd, kind).request_id
+        answer: pb.WorkspaceEvent | None = None
+        async for event in self._request(rid, cmd):
+            if event.WhichOneof("event_type") == "workspace":
+                answer = event.workspace
+        if answer is None:
+            raise ConnectionClosed("the request ended without a WorkspaceEvent")
+        return answer
+
+    # ---- parking a session (PROTOCOL.md, "Resume") -----------------------------------------------
+
+    async def park(self) -> str:
+        """Close this connection but not the session: it waits, parked, for the service's
+        ``--resume-window`` (its workspace, its checkpoints with it) until a connection resumes it
+        with :meth:`resume_session`. Returns its resume token; :attr:`last_sequence` is what to
+        resume after.
+
+        Raises:
+            ValueError: the session is not resumable (connect with ``resume=True``, v1 over Unix or TCP).
+        """
+        token = self.resume_token
+        if not token:
+            raise ValueError("this session cannot be parked: connect with resume=True (v1 over Unix or TCP) and handshake first")
+        await self.close()  # no Shutdown: a dropped resumable session is parked, not ended
+        return token
+
+    async def resume_session(self, token: str, after: int = 0, *, timeout: float | None = None) -> pb.ReadyEvent:
+        """Carry on a parked session (:meth:`park`) over this new connection, instead of a
+        :meth:`handshake`: its ``Ready`` (``resumed``), then what it sent after sequence ``after``
+        (the events of requests that are not this client's go to :attr:`events`).
+
+        Raises:
+            SmithError: refused: ``resume_unknown`` (a wrong token, or its window passed),
+                ``resume_gap`` (what follows ``after`` is no longer kept), ``resume_invalid`` ...
+            ValueError: this is a v0 connection.
+        """
+        if self.protocol != "v1":
+            raise ValueError("resume is protocol v1 only")
+        if self.address is not None and isinstance(self._wire.link, StreamLink):
+            self.resume = self._wire.resume = True  # so that it can be parked again, and survive a drop
+        self._wire.resume_token = token  # from now on the sequence of what arrives is counted
+        cmd = pb.Command(handshake=pb.HandshakeCommand(version=1, resume_token=token, resume_after=after))
+        if self.token is not None:
+            cmd.handshake.client_info[TOKEN_KEY] = self.token
+        self.send(cmd)
+        try:
+            return await asyncio.wait_for(self._await_ready(), timeout)
+        except BaseException:
+            self._wire.resume_token = ""
+            raise
 
     async def health_check(self, service_name: str = "") -> pb.HealthCheckResponse:
         """Ask the service in-stream how it is (needs ``accept=["health"]`` in the handshake).

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .client_workspace import Change, changes_of
 from .errors import SmithFastError
 from .pb import smith_pb2 as pb
 
@@ -149,11 +150,16 @@ class InputWait:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What :meth:`Client.run` collected (as :class:`subprocess.CompletedProcess`)."""
+    """What :meth:`Client.run` collected (as :class:`subprocess.CompletedProcess`).
+
+    ``changes``: what the command changed in the session's workspace, when the client accepted
+    ``changes`` in its handshake and the service recorded them (PROTOCOL.md, "Workspaces"); else None.
+    """
 
     exit_code: int
     stdout: bytes
     stderr: bytes
+    changes: list[Change] | None = None
 
     @property
     def text(self) -> str:
@@ -171,6 +177,8 @@ class ToolOutput:
         raw: ``result`` as sent.
         error: the tool's error message when it failed.
         duration_ms: how long it ran.
+        changes: what an ``fs.write`` changed in the session's workspace, for a client that
+            accepted ``changes`` (PROTOCOL.md, "Workspaces"); else None.
     """
 
     success: bool
@@ -178,11 +186,13 @@ class ToolOutput:
     raw: bytes
     error: str | None
     duration_ms: int
+    changes: list[Change] | None = None
 
     @classmethod
     def of(cls, result: pb.ToolResultEvent) -> ToolOutput:
         value = json.loads(result.result) if result.result else None
-        return cls(result.success, value, result.result, result.error if result.HasField("error") else None, result.duration_ms)
+        changes = changes_of(result.changes.changes) if result.HasField("changes") else None
+        return cls(result.success, value, result.result, result.error if result.HasField("error") else None, result.duration_ms, changes)
 
 
 # ---- a running command ----------------------------------------------------------------------------
@@ -215,6 +225,10 @@ class RemoteProcess:
 
     Attributes:
         exit_code: set once the command exited (negative: killed by that signal).
+        changes: what it changed in the session's workspace, from its final event (a client that
+            accepted ``changes``; PROTOCOL.md, "Workspaces"); None until then, or without.
+        changes_exact: False when another request ran at the same time, so that its changes may
+            be mixed in.
         control_errors: what the service refused of :meth:`write` / :meth:`resize` (``stdin_full``:
             the command has not read ``--max-stdin-buffer`` bytes yet; the request goes on).
         waiting_for_input: the service's latest "waiting for input" notice while it holds: the
@@ -245,6 +259,8 @@ class RemoteProcess:
         self._done_cb = done
         self._window = window
         self.exit_code: int | None = None
+        self.changes: list[Change] | None = None
+        self.changes_exact = True
         self.control_errors: list[pb.ErrorEvent] = []
         self.waiting_for_input: InputWait | None = None
         self.input_waits: list[InputWait] = []
@@ -289,6 +305,9 @@ class RemoteProcess:
                 self.waiting_for_input = None
             if (code := exit_code_of(event)) is not None:
                 self.exit_code = code
+            if so.HasField("changes"):  # the final event, to a client that accepted them
+                self.changes = changes_of(so.changes.changes)
+                self.changes_exact = so.changes.exact
             if so.HasField("stdin_written"):
                 self._stdin_taken = max(self._stdin_taken, so.stdin_written)
         elif kind == "error":
@@ -432,7 +451,7 @@ class RemoteProcess:
         """The output not read with ``async for`` (stdout and stderr joined)."""
         out = b"".join(c.data for c in self._buffer if c.stream == "stdout")
         err = b"".join(c.data for c in self._buffer if c.stream == "stderr")
-        return RunResult(self.exit_code if self.exit_code is not None else 0, out, err)
+        return RunResult(self.exit_code if self.exit_code is not None else 0, out, err, self.changes)
 
     async def aclose(self) -> None:
         """Cancel the command unless it ended (detach from an attached one), and wait for its end

@@ -221,7 +221,7 @@ def test_a_startup_error_is_printed_once(tmp_path: pathlib.Path) -> None:
             assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("smith-fast serve: "), (args, res.stderr)
 
 
-HELP_COMMANDS = ["serve", "exec", "call", "ping", "health", "replay", "worker", "gateway", "nats-auth"]
+HELP_COMMANDS = ["serve", "exec", "call", "ping", "health", "replay", "worker", "gateway", "nats-auth", "checkpoint", "restore", "diff", "undo"]
 
 
 @pytest.mark.parametrize("command", HELP_COMMANDS)

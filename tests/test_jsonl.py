@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from smith_fast.errors import EncodeError, FrameTooLarge, ProtocolError
 from smith_fast.jsonl import DEFAULT_MAX_LINE_SIZE, MAX_NESTING, JsonlCodec, LineDecoder
 from smith_fast.pb import smith_pb2 as pb
+from smith_fast.jsonl._fields import COMMANDS_BY_ONEOF, V1_ONLY_COMMANDS, V1_ONLY_EVENTS
 
 BACKENDS = ["json", "orjson"]
 CODECS = {name: JsonlCodec(name) for name in BACKENDS}
@@ -292,8 +293,26 @@ def test_decode_event_golden(codec: JsonlCodec, name: str, event: pb.Event, line
 def test_every_variant_has_a_golden_line() -> None:
     commands = {c.WhichOneof("command_type") for _, c, _ in GOLDEN_COMMANDS}
     events = {e.WhichOneof("event_type") for _, e, _ in GOLDEN_EVENTS}
-    assert commands == {f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields}
-    assert events == {f.name for f in pb.Event.DESCRIPTOR.oneofs_by_name["event_type"].fields}
+    assert commands == {f.name for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields} - V1_ONLY_COMMANDS
+    assert events == {f.name for f in pb.Event.DESCRIPTOR.oneofs_by_name["event_type"].fields} - V1_ONLY_EVENTS
+
+
+def test_v1_only_members_have_no_v0_variant(codec: JsonlCodec) -> None:
+    # The workspace commands and their answer (PROTOCOL.md, "Workspaces") are v1 only: nothing
+    # encodes them as a line, and a v0 peer's line naming one is an unknown command.
+    assert V1_ONLY_COMMANDS == {"checkpoint", "restore", "diff", "undo"} and V1_ONLY_EVENTS == {"workspace"}
+    for kind in V1_ONLY_COMMANDS:
+        assert kind not in COMMANDS_BY_ONEOF
+        command = pb.Command(**{kind: {"request_id": "r1"}})
+        with pytest.raises(EncodeError, match="v1 only"):
+            codec.encode_command(command)
+    with pytest.raises(EncodeError, match="v1 only"):
+        codec.encode_event(pb.Event(workspace=pb.WorkspaceEvent(request_id="r1", checkpoint_id="c1")))
+    rid = "6f1c2a4e-8d3b-4c5a-9e7f-0a1b2c3d4e5f"
+    for name in ("Checkpoint", "Restore", "Diff", "Undo"):
+        with pytest.raises(ProtocolError) as refused:
+            codec.decode_command(b'{"type":"%s","data":{"request_id":"%s"}}\n' % (name.encode(), rid.encode()))
+        assert refused.value.details["reason"] == "unknown_command" and refused.value.request_id == rid
 
 
 def test_lines_are_one_compact_json_object(codec: JsonlCodec) -> None:

@@ -28,7 +28,7 @@ from smith_fast._varint import encode as varint
 from smith_fast.errors import FramingError
 from smith_fast.framing import FrameDecoder, encode_frame, encode_frames
 from smith_fast.jsonl import JsonlCodec
-from smith_fast.jsonl._fields import COMMANDS_BY_ONEOF
+from smith_fast.jsonl._fields import COMMANDS_BY_ONEOF, V1_ONLY_COMMANDS
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.service.commands import COMMANDS
 from smith_fast.service.sinks import V0Sink, V1Sink
@@ -142,9 +142,35 @@ def test_twins_share_one_api(impl: str) -> None:
 def test_request_kinds_are_the_commands_table_ones() -> None:
     """The peek's list of requests is the command table's: a row with a handler and no control."""
     numbers = {pb.Command.DESCRIPTOR.fields_by_name[kind].number for kind in REQUEST_KINDS}
-    assert REQUEST_KINDS == {"plan", "tool_call", "hook_load", "shell_exec", "list_processes", "attach"}
+    assert REQUEST_KINDS == {"plan", "tool_call", "hook_load", "shell_exec", "list_processes", "attach", "checkpoint", "restore", "diff", "undo"}
     assert set(_relaypeek_py._REQUESTS) == numbers
-    assert _relaypeek_v0._REQUESTS == {COMMANDS_BY_ONEOF[kind][0] for kind in REQUEST_KINDS}
+    # v0 has the requests it has variants for (the workspace commands are v1 only)
+    assert _relaypeek_v0._REQUESTS == {COMMANDS_BY_ONEOF[kind][0] for kind in REQUEST_KINDS if kind in COMMANDS_BY_ONEOF}
+    assert {kind for kind in REQUEST_KINDS if kind not in COMMANDS_BY_ONEOF} == V1_ONLY_COMMANDS
+
+
+def test_oneof_members_are_the_schemas() -> None:
+    """Every member of Command's and Event's oneof is a member to the peek: one it did not know
+    would be stepped over as unknown, and the member before it taken for the message's."""
+    commands = {f.number for f in pb.Command.DESCRIPTOR.oneofs_by_name["command_type"].fields}
+    events = {f.number for f in pb.Event.DESCRIPTOR.oneofs_by_name["event_type"].fields}
+    assert set(_relaypeek_py._COMMAND_MEMBERS) == commands
+    assert set(_relaypeek_py._EVENT_MEMBERS) == events
+
+
+def test_a_workspace_event_ends_no_request(relaypeek: ModuleType) -> None:
+    """The answer to a Checkpoint (and Restore, Diff, Undo) is no terminal state: its READY is; and
+    a StateChange followed by a WorkspaceEvent in one Event is the WorkspaceEvent (the oneof's last)."""
+    answer = pb.Envelope(sequence=4, event=pb.Event(workspace=pb.WorkspaceEvent(
+        request_id="c1", checkpoint_id="k1", changes=[pb.FileChange(path="a", kind=pb.CHANGE_KIND_ADDED)]))).SerializeToString()
+    ready = state("c1", pb.SERVICE_STATE_READY, sequence=5)
+    assert relaypeek.event_marks(encode_frames([answer, ready])) == (5, ["c1"])
+    assert relaypeek.event_marks(encode_frame(answer)) == (4, [])
+    inner = pb.Event(state_change=pb.StateChangeEvent(request_id="c1", state=pb.SERVICE_STATE_READY)).SerializeToString()
+    then = pb.Event(workspace=pb.WorkspaceEvent(request_id="c1")).SerializeToString()
+    mixed = pb.Envelope(sequence=6).SerializeToString() + field(11, 2, inner + then)
+    assert pb.Envelope.FromString(mixed).event.WhichOneof("event_type") == "workspace"
+    assert relaypeek.event_marks(encode_frame(mixed)) == (6, []) == expected_marks(encode_frame(mixed))[0]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -157,7 +183,7 @@ def test_a_request_gives_its_id_and_nothing_else_does(relaypeek: ModuleType, kin
 
 
 def test_a_batch_gives_its_requests_ids_in_order(relaypeek: ModuleType) -> None:
-    ids = ["été-1", "请求-2", "🚀-3", "a" * 300]
+    ids = ["été-1", "请求-2", "🚀-3", "a" * 300, "ck-5", "rs-6", "df-7", "un-8"]
     batch = [
         command("shell_exec", ids[0]),
         command("cancel", "not-a-start"),
@@ -168,6 +194,10 @@ def test_a_batch_gives_its_requests_ids_in_order(relaypeek: ModuleType) -> None:
         command("handshake"),
         command("list_processes", ids[3]),
         pb.Command(),  # an empty command
+        pb.Command(checkpoint=pb.CheckpointCommand(request_id=ids[4], label="before")),
+        pb.Command(restore=pb.RestoreCommand(request_id=ids[5], checkpoint_id="k1")),
+        pb.Command(diff=pb.DiffCommand(request_id=ids[6], from_id="k1", paths=["src"])),
+        pb.Command(undo=pb.UndoCommand(request_id=ids[7], target_request_id="r1", force=True)),
     ]
     frame = envelope(batch, sequence=3)
     assert relaypeek.command_ids(frame) == ids == expected_ids(frame)
@@ -480,6 +510,12 @@ def _line(obj: object) -> bytes:
 def test_v0_command_lines() -> None:
     rid = str(uuid.uuid4())
     for kind in ALL_KINDS:
+        if kind in V1_ONLY_COMMANDS:
+            # no v0 variant: a line naming one is an unknown command, refused with ERROR, so it
+            # starts its id as any refused line does
+            name = kind.capitalize()
+            assert facade.v0_command_ids(_line({"type": name, "data": {"request_id": rid}})) == [rid], kind
+            continue
         line = _codec.encode_command(command(kind, rid))
         assert _relaypeek_v0.v0_command_ids(line) == ([rid] if kind in REQUEST_KINDS else []), kind
         assert facade.v0_command_ids(memoryview(line.rstrip(b"\n"))) == _relaypeek_v0.v0_command_ids(line)

@@ -173,7 +173,10 @@ class JsonlCodec:
         which = message.WhichOneof(oneof)
         if which is None:
             raise EncodeError(f"{type(message).__name__} has no {oneof} set")
-        name, _, fields = table[which]
+        variant = table.get(which)
+        if variant is None:  # V1_ONLY_COMMANDS, V1_ONLY_EVENTS
+            raise EncodeError(f"{type(message).__name__}.{which} is protocol v1 only: v0 has no variant for it")
+        name, _, fields = variant
         if fields is None:
             return self._dumps_line({"type": name})
         msg = getattr(message, which)
@@ -194,7 +197,8 @@ class JsonlCodec:
 
         Raises:
             EncodeError: no event is set, or an enum value has no v0 name (e.g. ``*_UNSPECIFIED``
-                states, levels and capabilities), or ``HookResult.action`` is missing.
+                states, levels and capabilities), or ``HookResult.action`` is missing, or the event
+                is v1 only (``V1_ONLY_EVENTS``).
         """
         return self._encode(event, "event_type", EVENTS_BY_ONEOF)
 
@@ -202,7 +206,8 @@ class JsonlCodec:
         """Encode a v1 ``Command`` as one v0 line ending in ``\\n`` (the SDK side).
 
         Raises:
-            EncodeError: no command is set, or a capability has no v0 name.
+            EncodeError: no command is set, or a capability has no v0 name, or the command is v1
+                only (``V1_ONLY_COMMANDS``).
         """
         return self._encode(command, "command_type", COMMANDS_BY_ONEOF)
 

@@ -17,7 +17,7 @@ from ..errors import EncodeError, ProtocolError
 from ..pb import smith_pb2 as pb
 from ._backends import Backend, json_value
 
-__all__ = ["CAPABILITIES", "COMMANDS_BY_NAME", "COMMANDS_BY_ONEOF", "ERROR_CODE_NAMES", "EVENTS_BY_NAME",
+__all__ = ["CAPABILITIES", "COMMANDS_BY_NAME", "COMMANDS_BY_ONEOF", "ERROR_CODE_NAMES", "EVENTS_BY_NAME", "V1_ONLY_COMMANDS", "V1_ONLY_EVENTS",
            "EVENTS_BY_ONEOF", "LEVEL_NAMES", "MISSING", "STATE_NAMES", "Variant", "describe", "invalid",
            "no_v0_name", "read_request_id"]
 
@@ -460,6 +460,10 @@ _EVENTS: tuple[Variant, ...] = (
     # smith-fast addition (PROTOCOL.md, "Background processes")
     _variant("ProcessList", "process_list", ("request_id", _UUID), ("processes", _PROCESSES)),
 )  # fmt: skip
+# The members v0 has no variant for (PROTOCOL.md, "Workspaces"): a v0 peer cannot send them (its line
+# is an unknown command, as any other), and what answers them is never sent to one.
+V1_ONLY_COMMANDS = frozenset({"checkpoint", "restore", "diff", "undo"})
+V1_ONLY_EVENTS = frozenset({"workspace"})
 COMMANDS_BY_NAME = {v[0]: v for v in _COMMANDS}
 COMMANDS_BY_ONEOF = {v[1]: v for v in _COMMANDS}
 EVENTS_BY_NAME = {v[0]: v for v in _EVENTS}

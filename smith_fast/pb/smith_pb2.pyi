@@ -16,6 +16,7 @@ class Capability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CAPABILITY_REPLAY: _ClassVar[Capability]
     CAPABILITY_NATS: _ClassVar[Capability]
     CAPABILITY_TRACING: _ClassVar[Capability]
+    CAPABILITY_WORKSPACES: _ClassVar[Capability]
 
 class ServiceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,13 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
     ERROR_CODE_RESOURCE_EXHAUSTED: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL_ERROR: _ClassVar[ErrorCode]
+
+class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANGE_KIND_UNSPECIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_ADDED: _ClassVar[ChangeKind]
+    CHANGE_KIND_MODIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_DELETED: _ClassVar[ChangeKind]
 CAPABILITY_UNSPECIFIED: Capability
 CAPABILITY_SHELL_EXEC: Capability
 CAPABILITY_HOOKS_JS: Capability
@@ -59,6 +67,7 @@ CAPABILITY_HOOKS_RUST: Capability
 CAPABILITY_REPLAY: Capability
 CAPABILITY_NATS: Capability
 CAPABILITY_TRACING: Capability
+CAPABILITY_WORKSPACES: Capability
 SERVICE_STATE_UNSPECIFIED: ServiceState
 SERVICE_STATE_STARTING: ServiceState
 SERVICE_STATE_READY: ServiceState
@@ -83,6 +92,10 @@ ERROR_CODE_EXECUTION_TIMEOUT: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode
 ERROR_CODE_INTERNAL_ERROR: ErrorCode
+CHANGE_KIND_UNSPECIFIED: ChangeKind
+CHANGE_KIND_ADDED: ChangeKind
+CHANGE_KIND_MODIFIED: ChangeKind
+CHANGE_KIND_DELETED: ChangeKind
 
 class Envelope(_message.Message):
     __slots__ = ("timestamp", "sequence", "command", "event", "batch_command", "batch_event", "health_check_request", "health_check_response", "metrics", "resource_usage")
@@ -109,7 +122,7 @@ class Envelope(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., sequence: _Optional[int] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., event: _Optional[_Union[Event, _Mapping]] = ..., batch_command: _Optional[_Union[BatchCommand, _Mapping]] = ..., batch_event: _Optional[_Union[BatchEvent, _Mapping]] = ..., health_check_request: _Optional[_Union[HealthCheckRequest, _Mapping]] = ..., health_check_response: _Optional[_Union[HealthCheckResponse, _Mapping]] = ..., metrics: _Optional[_Union[MetricsEvent, _Mapping]] = ..., resource_usage: _Optional[_Union[ResourceUsageEvent, _Mapping]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown", "cancel", "stdin", "resize", "list_processes", "attach")
+    __slots__ = ("handshake", "plan", "tool_call", "hook_load", "shell_exec", "shutdown", "cancel", "stdin", "resize", "list_processes", "attach", "checkpoint", "restore", "diff", "undo")
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +134,10 @@ class Command(_message.Message):
     RESIZE_FIELD_NUMBER: _ClassVar[int]
     LIST_PROCESSES_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
     handshake: HandshakeCommand
     plan: PlanCommand
     tool_call: ToolCallCommand
@@ -132,7 +149,11 @@ class Command(_message.Message):
     resize: ResizeCommand
     list_processes: ListProcessesCommand
     attach: AttachCommand
-    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ..., list_processes: _Optional[_Union[ListProcessesCommand, _Mapping]] = ..., attach: _Optional[_Union[AttachCommand, _Mapping]] = ...) -> None: ...
+    checkpoint: CheckpointCommand
+    restore: RestoreCommand
+    diff: DiffCommand
+    undo: UndoCommand
+    def __init__(self, handshake: _Optional[_Union[HandshakeCommand, _Mapping]] = ..., plan: _Optional[_Union[PlanCommand, _Mapping]] = ..., tool_call: _Optional[_Union[ToolCallCommand, _Mapping]] = ..., hook_load: _Optional[_Union[HookLoadCommand, _Mapping]] = ..., shell_exec: _Optional[_Union[ShellExecCommand, _Mapping]] = ..., shutdown: _Optional[_Union[ShutdownCommand, _Mapping]] = ..., cancel: _Optional[_Union[CancelCommand, _Mapping]] = ..., stdin: _Optional[_Union[StdinCommand, _Mapping]] = ..., resize: _Optional[_Union[ResizeCommand, _Mapping]] = ..., list_processes: _Optional[_Union[ListProcessesCommand, _Mapping]] = ..., attach: _Optional[_Union[AttachCommand, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointCommand, _Mapping]] = ..., restore: _Optional[_Union[RestoreCommand, _Mapping]] = ..., diff: _Optional[_Union[DiffCommand, _Mapping]] = ..., undo: _Optional[_Union[UndoCommand, _Mapping]] = ...) -> None: ...
 
 class HandshakeCommand(_message.Message):
     __slots__ = ("version", "capabilities", "client_info", "resume_token", "resume_after")
@@ -279,12 +300,98 @@ class AttachCommand(_message.Message):
     binary_output: bool
     def __init__(self, request_id: _Optional[str] = ..., process_id: _Optional[str] = ..., from_offset: _Optional[int] = ..., binary_output: _Optional[bool] = ...) -> None: ...
 
+class CheckpointCommand(_message.Message):
+    __slots__ = ("request_id", "label")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    label: str
+    def __init__(self, request_id: _Optional[str] = ..., label: _Optional[str] = ...) -> None: ...
+
+class RestoreCommand(_message.Message):
+    __slots__ = ("request_id", "checkpoint_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    checkpoint_id: str
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class DiffCommand(_message.Message):
+    __slots__ = ("request_id", "from_id", "to_id", "max_diff_bytes", "paths")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_DIFF_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    from_id: str
+    to_id: str
+    max_diff_bytes: int
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., from_id: _Optional[str] = ..., to_id: _Optional[str] = ..., max_diff_bytes: _Optional[int] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class UndoCommand(_message.Message):
+    __slots__ = ("request_id", "target_request_id", "force")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    target_request_id: str
+    force: bool
+    def __init__(self, request_id: _Optional[str] = ..., target_request_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class WorkspaceEvent(_message.Message):
+    __slots__ = ("request_id", "checkpoint_id", "changes", "conflicts", "truncated", "workspace_bytes", "cancelled")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    CONFLICTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    checkpoint_id: str
+    changes: _containers.RepeatedCompositeFieldContainer[FileChange]
+    conflicts: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    workspace_bytes: int
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., changes: _Optional[_Iterable[_Union[FileChange, _Mapping]]] = ..., conflicts: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ..., workspace_bytes: _Optional[int] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FileChanges(_message.Message):
+    __slots__ = ("changes", "exact", "shared_with", "truncated")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_WITH_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[FileChange]
+    exact: bool
+    shared_with: _containers.RepeatedScalarFieldContainer[str]
+    truncated: bool
+    def __init__(self, changes: _Optional[_Iterable[_Union[FileChange, _Mapping]]] = ..., exact: _Optional[bool] = ..., shared_with: _Optional[_Iterable[str]] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class FileChange(_message.Message):
+    __slots__ = ("path", "kind", "size", "file_type", "unified_diff", "old_size")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    FILE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    UNIFIED_DIFF_FIELD_NUMBER: _ClassVar[int]
+    OLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    kind: ChangeKind
+    size: int
+    file_type: str
+    unified_diff: str
+    old_size: int
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., size: _Optional[int] = ..., file_type: _Optional[str] = ..., unified_diff: _Optional[str] = ..., old_size: _Optional[int] = ...) -> None: ...
+
 class ShutdownCommand(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("ready", "state_change", "log", "token_usage", "shell_output", "tool_result", "hook_result", "graph_delta", "error", "process_list")
+    __slots__ = ("ready", "state_change", "log", "token_usage", "shell_output", "tool_result", "hook_result", "graph_delta", "error", "process_list", "workspace")
     READY_FIELD_NUMBER: _ClassVar[int]
     STATE_CHANGE_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +402,7 @@ class Event(_message.Message):
     GRAPH_DELTA_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     PROCESS_LIST_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     ready: ReadyEvent
     state_change: StateChangeEvent
     log: LogEvent
@@ -305,7 +413,8 @@ class Event(_message.Message):
     graph_delta: GraphDeltaEvent
     error: ErrorEvent
     process_list: ProcessListEvent
-    def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., process_list: _Optional[_Union[ProcessListEvent, _Mapping]] = ...) -> None: ...
+    workspace: WorkspaceEvent
+    def __init__(self, ready: _Optional[_Union[ReadyEvent, _Mapping]] = ..., state_change: _Optional[_Union[StateChangeEvent, _Mapping]] = ..., log: _Optional[_Union[LogEvent, _Mapping]] = ..., token_usage: _Optional[_Union[TokenUsageEvent, _Mapping]] = ..., shell_output: _Optional[_Union[ShellOutputEvent, _Mapping]] = ..., tool_result: _Optional[_Union[ToolResultEvent, _Mapping]] = ..., hook_result: _Optional[_Union[HookResultEvent, _Mapping]] = ..., graph_delta: _Optional[_Union[GraphDeltaEvent, _Mapping]] = ..., error: _Optional[_Union[ErrorEvent, _Mapping]] = ..., process_list: _Optional[_Union[ProcessListEvent, _Mapping]] = ..., workspace: _Optional[_Union[WorkspaceEvent, _Mapping]] = ...) -> None: ...
 
 class ReadyEvent(_message.Message):
     __slots__ = ("version", "capabilities", "service_id", "service_info", "resume_token", "resumed")
@@ -374,7 +483,7 @@ class TokenUsageEvent(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tokens_used: _Optional[int] = ..., tokens_remaining: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ShellOutputEvent(_message.Message):
-    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written", "offset")
+    __slots__ = ("request_id", "stdout", "stderr", "exit_code", "finished", "stdout_bytes", "stderr_bytes", "stdin_written", "offset", "changes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STDOUT_FIELD_NUMBER: _ClassVar[int]
     STDERR_FIELD_NUMBER: _ClassVar[int]
@@ -384,6 +493,7 @@ class ShellOutputEvent(_message.Message):
     STDERR_BYTES_FIELD_NUMBER: _ClassVar[int]
     STDIN_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     stdout: str
     stderr: str
@@ -393,7 +503,8 @@ class ShellOutputEvent(_message.Message):
     stderr_bytes: bytes
     stdin_written: int
     offset: int
-    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+    changes: FileChanges
+    def __init__(self, request_id: _Optional[str] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., exit_code: _Optional[int] = ..., finished: _Optional[bool] = ..., stdout_bytes: _Optional[bytes] = ..., stderr_bytes: _Optional[bytes] = ..., stdin_written: _Optional[int] = ..., offset: _Optional[int] = ..., changes: _Optional[_Union[FileChanges, _Mapping]] = ...) -> None: ...
 
 class ProcessListEvent(_message.Message):
     __slots__ = ("request_id", "processes")
@@ -434,18 +545,20 @@ class BackgroundProcess(_message.Message):
     def __init__(self, id: _Optional[str] = ..., command: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., pid: _Optional[int] = ..., started_ms: _Optional[int] = ..., ended_ms: _Optional[int] = ..., first_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., retained: _Optional[int] = ..., attached: _Optional[int] = ..., stdin_open: _Optional[bool] = ..., pty: _Optional[bool] = ...) -> None: ...
 
 class ToolResultEvent(_message.Message):
-    __slots__ = ("request_id", "success", "result", "error", "duration_ms")
+    __slots__ = ("request_id", "success", "result", "error", "duration_ms", "changes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     success: bool
     result: bytes
     error: str
     duration_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., success: _Optional[bool] = ..., result: _Optional[bytes] = ..., error: _Optional[str] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    changes: FileChanges
+    def __init__(self, request_id: _Optional[str] = ..., success: _Optional[bool] = ..., result: _Optional[bytes] = ..., error: _Optional[str] = ..., duration_ms: _Optional[int] = ..., changes: _Optional[_Union[FileChanges, _Mapping]] = ...) -> None: ...
 
 class HookResultEvent(_message.Message):
     __slots__ = ("request_id", "action")

@@ -19,7 +19,7 @@ from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
 from ..plan import PlanOptions, Step, run_plan_command
 from ..tools import ToolOutcome
-from . import launch
+from . import launch, workspace_commands
 from .execution import ControlTarget, Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
@@ -135,12 +135,20 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
         span.set(tracing.ATTR_TOOL, tool)
     core = ex.core
     context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
-    outcome = await core.tools.call(tool, args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    # the tool as the hooks left it: an fs.write gets a layer of its own (PROTOCOL.md, "Workspaces")
+    ws = workspace_commands.begin(ex, rid) if tool in workspace_commands.RECORDED_TOOLS else None
+    try:
+        outcome = await core.tools.call(tool, args, context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    finally:
+        changes = workspace_commands.end(ex, ws, rid)
     success, result, error = outcome.success, outcome.result, outcome.error
     if hooks.handles("after_tool_result"):
         success, result, error = await hooks.after_tool_result(rid, tool, success, result, error)
     ex.audit.note(rid, success=success)
-    ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
+    if changes is None:
+        ex.sink.tool_result(rid, success, result, error, outcome.duration_ms)
+    else:
+        ex.sink.tool_result_changes(rid, success, result, error, outcome.duration_ms, changes)
     return ToolOutcome(success, result, error, outcome.duration_ms)
 
 
@@ -161,18 +169,34 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
     cmd: pb.ToolCallCommand = request.command.tool_call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
     tool, rid = cmd.tool, request.id
-    step = ex.core.tools.start(tool, cmd.args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    # An fs.write in a session that records changes: its own layer, from before it starts until it
+    # ended (PROTOCOL.md, "Workspaces"); its ToolResult then carries what it changed.
+    ws = workspace_commands.begin(ex, rid) if tool in workspace_commands.RECORDED_TOOLS else None
+    try:
+        step = ex.core.tools.start(tool, cmd.args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+    except BaseException:
+        workspace_commands.end(ex, ws, rid)
+        raise
     if step is None:
+        workspace_commands.end(ex, ws, rid)  # run_tool begins again
         return None  # an unknown tool: run_tool says so, after PROCESSING
-    if type(step) is not ToolOutcome:
-        going_on: Awaitable[ToolOutcome] = step  # type: ignore[assignment]  # the other member
+    if ws is not None or type(step) is not ToolOutcome:
+        going_on: Awaitable[ToolOutcome] | ToolOutcome = step
 
         async def finish(ex: Execution, rid: str, _cmd: pb.ToolCallCommand) -> None:
             ex.audit.note(rid, tool=tool)
-            done = await going_on
+            try:
+                done = going_on if isinstance(going_on, ToolOutcome) else await going_on
+            finally:
+                changes = workspace_commands.end(ex, ws, rid)
             ex.audit.note(rid, success=done.success)
-            ex.sink.tool_result(rid, done.success, done.result, done.error, done.duration_ms)
+            if changes is None:
+                ex.sink.tool_result(rid, done.success, done.result, done.error, done.duration_ms)
+            else:
+                ex.sink.tool_result_changes(rid, done.success, done.result, done.error, done.duration_ms, changes)
 
+        # A recorded call goes on as a request even when it ended now: its ToolResult is not the
+        # one-write answer's (which has no changes), and the runner sends PROCESSING first.
         return finish
     # The events first: the front's flush is then scheduled before the log's, so the answer goes
     # out before the audit line is written (as on the normal path, where PROCESSING comes first).
@@ -286,5 +310,10 @@ COMMANDS: Mapping[str, CommandSpec] = {
         _spec("resize", control=_resize),
         _spec("list_processes", needs=_background_capability, handler=_list_processes),
         _spec("attach", needs=_background_capability, handler=_attach),
+        # PROTOCOL.md, "Workspaces" (v1 only: no v0 name)
+        _spec("checkpoint", needs=workspace_commands.needs_workspaces, handler=workspace_commands.checkpoint, timed=True),
+        _spec("restore", needs=workspace_commands.needs_workspaces, handler=workspace_commands.restore, timed=True),
+        _spec("diff", needs=workspace_commands.needs_workspaces, handler=workspace_commands.diff, timed=True),
+        _spec("undo", needs=workspace_commands.needs_workspaces, handler=workspace_commands.undo, timed=True),
     )
 }

@@ -31,7 +31,7 @@ __all__ = [
 
 SUPPORTED_VERSIONS = (1, 0)  # in order of preference (PROTOCOL.md, "Negotiation")
 # What a v1 peer may ask for in its handshake's client_info (PROTOCOL.md, "Envelope additions").
-ACCEPTABLE = ("batch_event", "health", "metrics", "usage", "resume")
+ACCEPTABLE = ("batch_event", "health", "metrics", "usage", "resume", "changes")
 # Handshake client_info keys of the Envelope additions (PROTOCOL.md, "Asking for the additions").
 ACCEPT_KEY = "smith_fast.accept"
 INTERVAL_KEY = "smith_fast.metrics_interval_ms"

@@ -35,10 +35,12 @@ from ..logs import get_logger
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
+from . import workspace_commands
 from .input_wait import InputWatch, notifier
 from .spawn import spawn
 
 if TYPE_CHECKING:
+    from ..workspaces import WorkspaceOps
     from .execution import Execution
 
 __all__ = ["limit_error", "report_usage", "run_shell_exec", "terminal_size", "working_directory"]
@@ -348,6 +350,19 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
     proc: ShellProcess | None = None
     sandbox = core.tool_context.sandbox
     confined = sandbox is not None and sandbox.confines_files
+    # The session's workspace while it records this command's changes (a layer of its own from
+    # before the spawn until it exited: PROTOCOL.md, "Workspaces"); None once ended.
+    recording: WorkspaceOps | None = None
+
+    def exited(code: int) -> None:
+        """The final ShellOutput, with what the command changed for a peer that asked."""
+        nonlocal recording
+        taken, recording = recording, None
+        changes = workspace_commands.end(session, taken, rid)
+        if changes is None:
+            session.sink.shell_output(rid, exit_code=code, finished=True)
+        else:
+            session.sink.shell_exit_changes(rid, code, changes)
 
     async def final(code: int) -> None:
         if watch is not None:
@@ -355,11 +370,12 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
         output.finish()
         await output.settle()
         acks.ended = True
-        session.sink.shell_output(rid, exit_code=code, finished=True)
+        exited(code)
         if proc is not None and proc.usage is not None:
             report_usage(session, rid, proc.usage, to_peer=session.wants("usage"))
 
     try:
+        recording = workspace_commands.begin(session, rid)
         proc = await spawn(
             cmd.command,
             shell=cmd.shell if cmd.HasField("shell") else None,
@@ -395,7 +411,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             # Cancelling wait() killed the group; still say how it ended if anyone listens.
             output.finish()
             acks.ended = True
-            session.sink.shell_output(rid, exit_code=proc.returncode if proc.returncode is not None else -9, finished=True)
+            exited(proc.returncode if proc.returncode is not None else -9)
             raise
         await final(code)
         if session.cancelling():
@@ -410,6 +426,8 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             )
         return code
     finally:
+        if recording is not None:  # it never exited (it did not start): its layer ends all the same
+            workspace_commands.end(session, recording, rid)
         if watch is not None:
             watch.stop()
         if proc is not None:

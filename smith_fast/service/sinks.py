@@ -112,6 +112,18 @@ class EventSink(ABC):
     ) -> None:
         """A tool call's result."""
 
+    def shell_exit_changes(self, request_id: str, exit_code: int, changes: smith_pb2.FileChanges) -> None:
+        """A command's final ``ShellOutput`` with what it changed in the session's workspace (to a
+        peer that accepted ``changes``; PROTOCOL.md, "Workspaces"). A sink whose peer cannot carry
+        them sends the final event without them."""
+        self.shell_output(request_id, exit_code=exit_code, finished=True)
+
+    def tool_result_changes(
+        self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int, changes: smith_pb2.FileChanges
+    ) -> None:
+        """An ``fs.write``'s ``ToolResult`` with what it changed (as :meth:`shell_exit_changes`)."""
+        self.tool_result(request_id, success, result, error, duration_ms)
+
     def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         """A tool call that ran in one step: its ``PROCESSING``, its ``ToolResult`` and its ``READY``."""
         self.state_change(smith_pb2.SERVICE_STATE_PROCESSING, request_id)
@@ -289,6 +301,19 @@ class V1Sink(EventSink):
     ) -> None:
         ts, seq = self._stamp()
         self._out(events.encode_tool_result(ts, seq, request_id, success, result, error, duration_ms, framed=self._frame))
+
+    # The two events with changes are built with protobuf: only a peer that accepted ``changes``
+    # gets them, once per request, so the hot encoders (events.py and its twin) need not know them.
+
+    def shell_exit_changes(self, request_id: str, exit_code: int, changes: smith_pb2.FileChanges) -> None:
+        self.event(smith_pb2.Event(shell_output=smith_pb2.ShellOutputEvent(
+            request_id=request_id, exit_code=exit_code, finished=True, changes=changes)))
+
+    def tool_result_changes(
+        self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int, changes: smith_pb2.FileChanges
+    ) -> None:
+        self.event(smith_pb2.Event(tool_result=smith_pb2.ToolResultEvent(
+            request_id=request_id, success=success, result=result, error=error, duration_ms=duration_ms, changes=changes)))
 
     def tool_done(self, request_id: str, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         write = self._frames
