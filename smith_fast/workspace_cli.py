@@ -105,7 +105,13 @@ async def resume(client: Client, handle: str, timeout: float) -> None:
 
 
 async def park(client: Client) -> None:
-    """Leave the session parked again and say on stderr how to come back to it."""
+    """Leave the session parked again and say on stderr how to come back to it.
+
+    Raises:
+        ValueError: the service did not make the session resumable (its ``--resume-window`` is 0).
+    """
+    if not client.resume_token:
+        raise ValueError("the service cannot keep this session (is its --resume-window 0?): it ended with this command")
     handle = session_handle(client)
     await client.park()
     print(f"session: {handle}", file=sys.stderr)

@@ -111,7 +111,7 @@ async def test_negotiate_v1(server: ServerProcess) -> None:
     assert meta["service_name"] == "smith-fast" and meta["negotiated_version"] == "1"
     assert meta["granted_capabilities"] == "shell_exec" and meta["rejected_capabilities"] == "nats"
     assert meta["available_capabilities"] == "hooks_js,hooks_rust,replay,shell_exec,tracing"
-    assert meta["smith_fast.acceptable"] == "batch_event,health,metrics,usage,resume"
+    assert meta["smith_fast.acceptable"] == "batch_event,health,metrics,usage,resume,changes"
     assert meta["event_loop"] == server.argv[server.argv.index("--loop") + 1]
     assert meta["implementation"] in ("c", "py") and meta["protobuf_support"] == "true"
 

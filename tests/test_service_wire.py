@@ -246,7 +246,7 @@ def test_v1_unknown_command_type_is_reported(server: ServerProcess) -> None:
     # a Command whose oneof member is a field number this service does not know (from a newer peer)
     env = pb.Envelope(timestamp=1, sequence=2)
     env.command.SetInParent()
-    raw = env.SerializeToString()[:-2] + bytes([0x52, 0x03, 0x7A, 0x01, 0x00])  # command { field 15: {0x00} } (7-9: process control)
+    raw = env.SerializeToString()[:-2] + bytes([0x52, 0x04, 0xA2, 0x01, 0x01, 0x00])  # command { field 20: {0x00} } (1-15 are known)
     peer.sock.sendall(_VarintBytes(len(raw)) + raw)
     err = peer.until(lambda e: e.event.WhichOneof("event_type") == "error")[-1].event.error
     assert "no command_type" in err.message and err.details["reason"] == "malformed"
