@@ -187,16 +187,16 @@ def client_token(args: argparse.Namespace) -> str | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .service.server import serve
-
     try:
         config = service_config(args, "serve")
     except ValueError as exc:
         print(f"smith-fast serve: {exc}", file=sys.stderr)
         return 2
     listen = listen_config(args)
-    if not enter_workspaces(config, "serve"):
+    if not enter_workspaces(config, "serve"):  # before the import below: quickjs starts a thread when imported
         return 2
+    from .service.server import serve
+
     return run_service("serve", lambda loop_name: serve(config, listen, loop_name=loop_name), args.loop)
 
 

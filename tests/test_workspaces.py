@@ -51,8 +51,10 @@ def places() -> Iterator[dict[str, pathlib.Path]]:
 
 
 def start(places: dict[str, pathlib.Path], *extra: str, ws: pathlib.Path | None = None) -> ServerProcess:
+    tmp = places["srv"] / uuid.uuid4().hex[:8]
+    tmp.mkdir(parents=True)
     return ServerProcess(
-        places["srv"] / uuid.uuid4().hex[:8], "--workspaces", str(ws or places["ws"]), "--template", f"py={places['py']}",
+        tmp, "--workspaces", str(ws or places["ws"]), "--template", f"py={places['py']}",
         "--template", f"big={places['big']}", "--kill-grace", "0.5s", *extra, root=places["root"], tcp=False, log_level="info",
     ).start()
 

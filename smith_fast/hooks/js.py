@@ -26,10 +26,19 @@ from typing import Any
 
 from .model import Decision, Hook, HookFailure, HookLimits, HookLoadError, clip, decode_decision, dumps, loads, log
 
-try:
-    import quickjs as _quickjs
-except ImportError:  # pragma: no cover - a runtime dependency; available_kinds() reports it
-    _quickjs = None  # type: ignore[assignment]  # None marks it missing; every use checks for it
+import importlib.util
+from types import ModuleType
+
+_QUICKJS: list[ModuleType] = []  # the quickjs module once imported: importing it starts a thread, so
+# not at start-up (a service with --workspaces enters its user namespace single-threaded first)
+
+
+def _engine() -> Any:
+    if not _QUICKJS:
+        import quickjs
+
+        _QUICKJS.append(quickjs)
+    return _QUICKJS[0]
 
 __all__ = ["JS_FUNCTIONS", "JsHook", "engine_available", "load_js", "load_js_async"]
 
@@ -93,7 +102,7 @@ _DETECT = "[" + ", ".join(f'typeof {name} === "function"' for name in JS_FUNCTIO
 
 def engine_available() -> bool:
     """Whether the QuickJS bindings import."""
-    return _quickjs is not None
+    return bool(_QUICKJS) or importlib.util.find_spec("quickjs") is not None
 
 
 def _summary(message: str) -> str:
@@ -108,7 +117,7 @@ class JsHook(Hook):
     kind = "js"
 
     def __init__(self, source: str, limits: HookLimits, hook_id: str | None = None) -> None:
-        if _quickjs is None:
+        if not engine_available():
             raise HookLoadError("JavaScript hooks need the quickjs-ng package, which is not installed")
         if "\0" in source:  # the engine takes a C string: its ValueError would reach the peer as an internal error
             raise HookLoadError(f"the JavaScript hook holds a NUL character (offset {source.index(chr(0))}), which a script may not")
@@ -135,14 +144,14 @@ class JsHook(Hook):
 
     def _build(self) -> list[str]:
         """A fresh context with the hook's script run in it; returns the triggers it defines."""
-        ctx = _quickjs.Context()
+        ctx = _engine().Context()
         ctx.set_memory_limit(self.limits.memory_bytes)
         ctx.set_time_limit(self.limits.call_timeout)
         ctx.eval(_PRELUDE)
         try:
             ctx.eval(self._source)
             defined = ctx.eval(_DETECT).split(",")
-        except _quickjs.JSException as exc:
+        except _engine().JSException as exc:
             # StackOverflow is a JSException too; "interrupted" is the time limit, hit at top level.
             raise HookLoadError("the JavaScript hook does not load", str(exc).strip()) from None
         triggers = [t for t, d in zip(JS_FUNCTIONS, defined) if d == "true"]
@@ -185,11 +194,11 @@ class JsHook(Hook):
             raise HookFailure(self.id, trigger, f"its payload is not JSON ({exc})") from None
         try:
             out = fn(text)
-        except _quickjs.StackOverflow as exc:
+        except _engine().StackOverflow as exc:
             self._flush_console()
             self._reset()
             raise HookFailure(self.id, trigger, f"overflowed its stack: {_summary(str(exc))}") from None
-        except _quickjs.JSException as exc:
+        except _engine().JSException as exc:
             self._flush_console()
             message = str(exc)
             if message.startswith("InternalError: interrupted"):

@@ -281,13 +281,13 @@ class Workspace:
         if segment is None:
             if target in self._forgotten:
                 raise ProtocolError(f"request {target} is too old to undo (--max-undo, or a Restore since)", pb.ERROR_CODE_UNSPECIFIED,
-                                    target, {"reason": "undo_expired"})
-            raise ProtocolError(f"no request {target} changed this workspace", pb.ERROR_CODE_UNSPECIFIED, target,
-                                {"reason": "unknown_request"})
+                                    details={"reason": "undo_expired", "target": target})
+            raise ProtocolError(f"no request {target} changed this workspace", pb.ERROR_CODE_UNSPECIFIED,
+                                details={"reason": "unknown_request", "target": target})
         if segment.shared:
             raise ProtocolError(
                 f"request {target} ran at the same time as {', '.join(sorted(segment.rids - {target}))}: its changes cannot be told "
-                "apart from theirs", pb.ERROR_CODE_UNSPECIFIED, target, {"reason": "changes_shared"},
+                "apart from theirs", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "changes_shared", "target": target},
             )
         running = self._quiet(rid)
         if running:
