@@ -450,3 +450,35 @@ def test_no_workspace_without_the_flag(tmp_path: pathlib.Path) -> None:
     finally:
         assert srv.stop() == 0
 
+
+
+def test_many_recorded_commands_keep_the_layer_stack_bounded(places: dict[str, pathlib.Path]) -> None:
+    """Each recorded command freezes a layer; past --max-undo the oldest are merged (overlayfs
+    takes at most 500 layers): every file stays, the newest requests can still be undone, the oldest not."""
+    ws = places["ws"].parent / "ws-undo"
+    srv = start(places, "--max-undo", "4", "--warm-workspaces", "0", ws=ws)
+
+    async def main() -> None:
+        client, _ = await session(srv, "py", accept=("changes",))
+        rids = [str(uuid.uuid4()) for _ in range(40)]
+        for i, rid in enumerate(rids):
+            assert (await sh(client, f"echo {i} > f{i}; echo {i} >> all", rid=rid))[0] == 0
+        code, out, _, _ = await sh(client, "cat all | wc -l; ls | grep -c '^f'")
+        assert out == "40\n40\n"
+        with pytest.raises(SmithError) as caught:
+            await client.undo(rids[0])
+        assert caught.value.details.get("reason") == "undo_expired"
+        undone = await client.undo(rids[-1])
+        assert [c.path for c in undone.changes] == ["all", "f39"] and undone.conflicts == []
+        assert (await sh(client, "test -e f39; echo $?; wc -l < all"))[1] == "1\n39\n"
+        mounts = pathlib.Path(f"/proc/{srv.pid}/mountinfo").read_text()
+        roots = [line for line in mounts.splitlines() if " overlay " in line and str(ws) in line]
+        assert roots, mounts[-2000:]
+        layers_mounted = [line.count("/layers/") for line in roots]
+        assert layers_mounted and 4 <= max(layers_mounted) <= 4 + 8 + 1, layers_mounted  # --max-undo + the spare ones
+        await client.close()
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0

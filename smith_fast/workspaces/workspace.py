@@ -56,6 +56,10 @@ class SessionView(Protocol):
         ...
 
 
+_SPARE_LAYERS = 8
+"""Frozen layers beyond ``--max-undo`` (checkpoints between requests) before the oldest are merged."""
+
+
 class _Segment:
     """The requests whose changes went into one upper: one request alone, or several that ran at once."""
 
@@ -158,8 +162,9 @@ class Workspace:
         os.rmdir(layer_path)
         os.rename(self.upper, layer_path)
         layer = Layer(layer_path, self.volume)
+        chain = self._compacted([layer, *self.chain])
         try:
-            self._remount([layer, *self.chain])
+            self._remount(chain)
         except BaseException:
             os.rename(layer_path, self.upper)
             raise
@@ -167,6 +172,32 @@ class Workspace:
             self._segment.layer = layer
             self._segment = None
         return layer
+
+    def _compacted(self, chain: list[Layer]) -> list[Layer]:
+        """``chain`` with its two oldest adjacent layers of this workspace's own volume merged into
+        one while it is longer than ``--max-undo`` allows (each recorded request adds a layer, and
+        overlayfs takes at most 500): hard links, no data copied; the requests whose layers were
+        merged can no longer be undone. Checkpoints keep the layers they named."""
+        from .store import Layer
+
+        room = self._store.limits.max_undo + _SPARE_LAYERS
+        while len(chain) > room:
+            for i in range(len(chain) - 2, -1, -1):  # from the bottom: the oldest pair first
+                newer, older = chain[i], chain[i + 1]
+                if newer.volume is self.volume and older.volume is self.volume:
+                    break
+            else:
+                return chain  # nothing of its own to merge (a fork's inherited layers): as it is
+            out = self.volume.fresh("layers/")
+            os.rmdir(out)
+            layers.merge(older.path, newer.path, out)
+            merged = Layer(out, self.volume)
+            chain = [*chain[:i], merged, *chain[i + 2 :]]
+            for rid, segment in list(self._segments.items()):
+                if segment.layer is newer or segment.layer is older:
+                    del self._segments[rid]
+                    self._forgotten.add(rid)
+        return chain
 
     def _others(self, rid: str) -> list[str]:
         return [r for r in self._session.live() if r != rid]
