@@ -482,3 +482,30 @@ def test_many_recorded_commands_keep_the_layer_stack_bounded(places: dict[str, p
         arun(main())
     finally:
         assert srv.stop() == 0
+
+
+def test_a_checkpoint_outlives_its_session_for_the_ttl_then_goes_with_its_memory(places: dict[str, pathlib.Path]) -> None:
+    ws = places["ws"].parent / "ws-ttl"
+    srv = start(places, "--checkpoint-ttl", "1.5s", "--warm-workspaces", "0", ws=ws)
+
+    async def main() -> None:
+        origin, ready = await session(srv, "py")
+        volume = ready.service_info["smith_fast.workspace"]
+        assert (await sh(origin, "echo kept > kept"))[0] == 0
+        checkpoint = await origin.checkpoint()
+        await origin.close()
+        fork, _ = await session(srv, fork=checkpoint)  # its session ended: the checkpoint is still there
+        assert (await sh(fork, "cat kept"))[1] == "kept\n"
+        await fork.close()
+        await asyncio.sleep(2.0)
+        late = await Client.connect(srv.unix)
+        with pytest.raises(SmithError) as caught:
+            await late.handshake(CAPS, client_info={"smith_fast.fork": checkpoint})
+        assert caught.value.details.get("reason") == "unknown_checkpoint"
+        await late.close()
+        assert wait_until(lambda: volume not in os.listdir(ws / "s"), 5)  # its tmpfs unmounted, its directory gone
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0

@@ -46,6 +46,7 @@ from ..service.auth import TOKEN_KEY, token_matches
 from ..service.health import health_response
 from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
 from ..service.sinks import now_ms
+from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .placement import PLACEMENT_KEY, parse_labels
 from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
 
@@ -294,7 +295,13 @@ class RelayConnection(asyncio.BufferedProtocol):
         except ValueError as exc:
             self._refuse_handshake(end, pb.ERROR_CODE_UNSPECIFIED, f"client_info[{PLACEMENT_KEY!r}]: {exc}", {"reason": "invalid_field"})
             return
+        template = hs.client_info.get(TEMPLATE_KEY)
+        if template:
+            wanted[TEMPLATE_KEY] = template  # a worker that has it (Announcement.templates)
         route = hs.resume_token.partition(".")[0] if hs.resume_token else None
+        fork = hs.client_info.get(FORK_KEY, "")
+        if route is None and fork.startswith("ck_") and "." in fork:
+            route = fork[3:].partition(".")[0]  # a fork's layers live on the worker that took the checkpoint
         self._start_placing(frame, end, wanted, route)
 
     def _first_v0(self, line: bytes, end: int) -> None:

@@ -5,8 +5,9 @@ resume retention are there), so the choice is made once, at its handshake, from 
 presence announcements (smith_fast.nats.presence):
 
 * **fits**: not draining, the same major version, every ``KEY=VALUE`` the handshake asked for in
-  ``client_info["smith_fast.placement"]`` among its ``--label``s, a session slot free
-  (``--max-sessions``);
+  ``client_info["smith_fast.placement"]`` among its ``--label``s, the workspace template it names
+  (``smith_fast.template``) among its templates, a session slot free (``--max-sessions``); a resume,
+  or a fork of a checkpoint (its id names the worker that holds its layers), goes to that worker;
 * **load**: the fuller of its process slots and its session slots, plus half the share of its
   memory in use; a session placed here since the worker's last announcement counts as one more
   (several sessions arriving at once do not all go to the same worker);
@@ -20,6 +21,7 @@ import random
 from collections.abc import Iterable, Mapping
 
 from .._version import __version__
+from ..workspaces import TEMPLATE_KEY
 from .presence import Announcement
 
 __all__ = ["PLACEMENT_KEY", "Placement", "parse_labels"]
@@ -65,8 +67,9 @@ class Placement:
     def fits(self, ann: Announcement, wanted: Mapping[str, str]) -> bool:
         if ann.draining or ann.leaving or _major(ann.version) != _major(__version__):
             return False
-        if any(ann.labels.get(key) != value for key, value in wanted.items()):
-            return False
+        for key, value in wanted.items():
+            if not (value in ann.templates if key == TEMPLATE_KEY else ann.labels.get(key) == value):
+                return False
         return ann.max_sessions <= 0 or ann.sessions + self._placed.get(ann.worker, 0) < ann.max_sessions
 
     def load(self, ann: Announcement) -> float:

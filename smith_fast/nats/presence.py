@@ -35,6 +35,8 @@ class Announcement:
         mem_available, mem_total: bytes of memory it may still use, and in all (its cgroup's
             ``memory.max``, else the machine's); 0 when unknown.
         labels: ``worker --label KEY=VALUE``: what a handshake's ``smith_fast.placement`` may ask for.
+        templates: the names of its workspace templates (``worker --workspaces --template``): a
+            handshake's ``smith_fast.template`` is placed on a worker that has it.
         draining: it stops (SIGTERM): it takes no new session.
         rtt: its last measured NATS round trip, in seconds (0 before the first).
         leaving: its last announcement: it stops now.
@@ -54,6 +56,7 @@ class Announcement:
     mem_available: int = 0
     mem_total: int = 0
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    templates: tuple[str, ...] = ()
     draining: bool = False
     rtt: float = 0.0
     leaving: bool = False
@@ -83,7 +86,10 @@ class Announcement:
             labels = kept.pop("labels", {})
             if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
                 raise TypeError("labels is not an object of strings")
-            ann = cls(**kept, labels=labels, background=tuple(background))
+            templates = kept.pop("templates", [])
+            if not isinstance(templates, list) or not all(isinstance(t, str) for t in templates):
+                raise TypeError("templates is not a list of names")
+            ann = cls(**kept, labels=labels, background=tuple(background), templates=tuple(templates))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a worker announcement: {exc}") from None
         numbers = (ann.capacity, ann.running, ann.sessions, ann.max_sessions, ann.mem_available, ann.mem_total)

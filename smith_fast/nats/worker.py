@@ -300,7 +300,8 @@ class Worker(Backend):
         return Announcement(
             worker=self.name, version=__version__, capacity=core.limits.max_processes, running=core.running_processes,
             sessions=len(core.sessions), max_sessions=self.max_sessions, mem_available=available, mem_total=total,
-            labels=self.labels, draining=self.draining, rtt=self.rtt, leaving=leaving, background=tuple(core.background.ids()),
+            labels=self.labels, templates=tuple(core.workspaces.templates) if core.workspaces is not None else (),
+            draining=self.draining, rtt=self.rtt, leaving=leaving, background=tuple(core.background.ids()),
             instance=self.instance, started=self.started,
         )
 

@@ -122,6 +122,11 @@ class Workspace:
 
     # ---- freezing -----------------------------------------------------------------------------
 
+    def _inherited(self, chain: Sequence[Layer]) -> set[Volume]:
+        """The volumes of ``chain`` but this workspace's own: what it holds for its chain (its own
+        volume it holds once, for its whole life)."""
+        return self._store.volumes(chain) - {self.volume}
+
     def _lowers(self, chain: Sequence[Layer] | None = None) -> list[str]:
         return [layer.path for layer in (self.chain if chain is None else chain)] + [self._template.path]
 
@@ -282,11 +287,11 @@ class Workspace:
                 break
             await asyncio.sleep(0.05)
         old = self.chain
-        self._store.hold(self._store.volumes(chain))
+        self._store.hold(self._inherited(chain))
         self._template = template
         self._trash.append(self.upper)
         self._remount(list(chain))
-        self._store.drop(self._store.volumes(old))
+        self._store.drop(self._inherited(old))
         self._segment = None
         self._forgotten.update(self._segments)
         self._segments.clear()
@@ -353,5 +358,5 @@ class Workspace:
         except OSError:
             pass
         store.ended(self)
-        store.drop(store.volumes(self.chain))
+        store.drop(self._inherited(self.chain))
         store.drop([self.volume])
