@@ -101,7 +101,7 @@ def changes_of(final: Any) -> dict[str, tuple[str, int]]:
 
 
 def test_each_session_writes_its_own_copy_of_the_template(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
-    async def main() -> None:
+    async def main() -> str:
         a, ready_a = await session(server, "py")
         b, ready_b = await session(server, "py")
         info_a, info_b = ready_a.service_info, ready_b.service_info
@@ -120,8 +120,12 @@ def test_each_session_writes_its_own_copy_of_the_template(server: ServerProcess,
         assert default.service_info["smith_fast.template"] == "py"  # the first --template is the default
         await a.close()
         await b.close()
+        return info_a["smith_fast.workspace"]
 
-    arun(main())
+    workspace = arun(main())
+    # the audit line of each request names the workspace it ran in
+    assert wait_until(lambda: any(r.get("event") == "request" and r.get("workspace") == workspace and r.get("kind") == "tool_call"
+                                  for r in server.logs), 5)
 
 
 def test_an_unknown_template_is_refused_and_the_connection_stays(server: ServerProcess) -> None:
@@ -509,3 +513,39 @@ def test_a_checkpoint_outlives_its_session_for_the_ttl_then_goes_with_its_memory
         arun(main())
     finally:
         assert srv.stop() == 0
+
+
+def test_an_mcp_session_gets_a_workspace_of_its_own(places: dict[str, pathlib.Path]) -> None:
+    """Two MCP clients (the official SDK, over stdio) of services on one --workspaces directory
+    each work in their own copy of the template."""
+    import json
+    import sys
+
+    from mcp import StdioServerParameters
+    from mcp.client.client import Client as McpClient
+    from mcp.client.stdio import stdio_client
+
+    from harness.server import ROOT
+
+    ws = places["ws"].parent / "ws-mcp"
+
+    async def one(n: int) -> tuple[str, str]:
+        args = ["-m", "smith_fast", "serve", "--mcp", "--root", str(places["root"]), "--workspaces", str(ws / str(n)),
+                "--template", f"py={places['py']}"]
+        params = StdioServerParameters(command=sys.executable, args=args, cwd=str(ROOT))
+        with open(ws.parent / f"mcp-{n}.log", "w") as errlog:
+            async with McpClient(stdio_client(params, errlog=errlog)) as client:
+                wrote = await client.call_tool("fs.write", {"path": "mine.txt", "content": f"session {n}"})
+                assert not wrote.is_error, wrote.content
+                ran = await client.call_tool("shell", {"command": "cat mine.txt; echo; cat main.py; pwd"})
+                read = await client.call_tool("fs.read", {"path": "mine.txt"})
+                return ran.content[0].text, json.loads(read.content[0].text)["content"]  # type: ignore[union-attr]
+
+    async def main() -> None:
+        (a_ran, a_read), (b_ran, b_read) = await asyncio.gather(one(1), one(2))
+        assert "session 1" in a_ran and "session 2" not in a_ran and "print('template')" in a_ran and str(ws / "1") in a_ran
+        assert "session 2" in b_ran and "session 1" not in b_ran
+        assert (a_read, b_read) == ("session 1", "session 2")
+        assert not (places["py"] / "mine.txt").exists() and not (places["root"] / "mine.txt").exists()
+
+    arun(main())

@@ -117,17 +117,20 @@ class Audit:
         find: the open record of running request ``rid``, if any.
     """
 
-    __slots__ = ("_session", "_peer", "_find", "_steps")
+    __slots__ = ("_session", "_peer", "_find", "_steps", "workspace")
 
     def __init__(self, session: str, peer: str, find: Callable[[str], AuditRecord | None] = lambda _rid: None) -> None:
         self._session = session
         self._peer = peer
         self._find = find
         self._steps: dict[str, AuditRecord] = {}
+        self.workspace = ""  # the session's workspace id (serve --workspaces), in every line once set
 
     def open(self, rid: str, kind: str, *, parent: str | None = None) -> AuditRecord:
         """The record of a request (or a plan step) that starts."""
         fields: dict[str, Any] = {"session": self._session, "peer": self._peer, "kind": kind, "request_id": rid}
+        if self.workspace:
+            fields["workspace"] = self.workspace
         if parent is not None:
             fields["parent"] = parent
         return AuditRecord(fields)
@@ -142,10 +145,13 @@ class Audit:
     def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
         """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
         :meth:`open`, :meth:`note` of ``tool`` and ``success`` and the end write, in one go."""
-        log_fields(log, logging.INFO, "request", {
+        fields: dict[str, Any] = {
             "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
             "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
-        })
+        }
+        if self.workspace:
+            fields["workspace"] = self.workspace
+        log_fields(log, logging.INFO, "request", fields)
 
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""

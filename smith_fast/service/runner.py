@@ -196,6 +196,7 @@ class LocalRunner:
         """Run the session's requests in ``workspace`` from now on (its handshake opened it): its
         root and sandbox instead of the core's, again after each remount of it."""
         self.workspace = workspace
+        self.audit.workspace = workspace.id
         self.core = WorkspaceScope(self.core, workspace)
         self._rebind(workspace.tool_context)
         workspace.watch(self._rebind)
