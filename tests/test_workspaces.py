@@ -549,3 +549,24 @@ def test_an_mcp_session_gets_a_workspace_of_its_own(places: dict[str, pathlib.Pa
         assert not (places["py"] / "mine.txt").exists() and not (places["root"] / "mine.txt").exists()
 
     arun(main())
+
+
+def test_read_only_sandbox_and_sandbox_off(places: dict[str, pathlib.Path], tmp_path: pathlib.Path) -> None:
+    """--sandbox read-only: commands read their workspace and write nowhere; --sandbox off cannot
+    keep sessions apart, so the service refuses to start with it."""
+    srv = start(places, "--sandbox", "read-only", "--warm-workspaces", "0", ws=places["ws"].parent / "ws-ro")
+
+    async def main() -> None:
+        client, _ = await session(srv, "py")
+        assert (await sh(client, "cat main.py"))[1] == "print('template')\n"
+        code, _, err, _ = await sh(client, "echo x > new.txt")
+        assert code != 0 and "Read-only" in err
+        await client.close()
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0
+    off = ServerProcess(tmp_path, "--workspaces", str(places["ws"].parent / "ws-off"), "--sandbox", "off", tcp=False)
+    with pytest.raises(Exception, match="needs the sandbox"):
+        off.start()

@@ -113,9 +113,9 @@ def _workspace_store(config: ServiceConfig, sandbox: Sandbox, context: ToolConte
     from ..workspaces.store import WorkspaceStore
 
     assert config.workspaces is not None
-    if config.sandbox != "workspace-write":
-        raise SandboxUnavailable(f"--workspaces needs --sandbox workspace-write (not {config.sandbox}): without the sandbox's "
-                                 "view a command of one session would see every other session's workspace")
+    if not sandbox.confines_files:
+        raise SandboxUnavailable(f"--workspaces needs the sandbox (--sandbox workspace-write or read-only, not {config.sandbox}): "
+                                 "without its view a command of one session would see every other session's workspace")
     host = namespace.current()
     if host is None:
         raise SandboxUnavailable("--workspaces: this process has not entered its own mount namespace (smith_fast.workspaces.namespace.enter "
