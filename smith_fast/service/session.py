@@ -24,6 +24,7 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
 from ..workspaces import FORK_KEY, TEMPLATE_KEY
+from ..workspaces.workspace import open_workspace
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
@@ -363,8 +364,8 @@ class Session:
         if store is not None and self.workspace is None:
             info_keys = hs.client_info
             try:
-                self.workspace = store.open(SessionWorkspaceView(self.requests, self.core.background),
-                                            info_keys.get(TEMPLATE_KEY), info_keys.get(FORK_KEY))
+                self.workspace = open_workspace(store, SessionWorkspaceView(self.requests, self.core.background),
+                                                info_keys.get(TEMPLATE_KEY), info_keys.get(FORK_KEY))
             except ProtocolError as exc:  # no Ready: the connection may try another handshake
                 self.protocol_error(exc)
                 return

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
+
+from ..client_workspace import Change, ChangeKind
 
 __all__ = ["ChangeKind", "FileChange", "ChangeSet", "WorkspaceOps", "CHANGE_KINDS", "TEMPLATE_KEY", "FORK_KEY"]
 
@@ -30,29 +32,11 @@ TEMPLATE_KEY = "smith_fast.template"
 FORK_KEY = "smith_fast.fork"
 """The handshake's ``client_info`` key naming the checkpoint a session starts from."""
 
-ChangeKind = Literal["added", "modified", "deleted"]
 CHANGE_KINDS: tuple[ChangeKind, ...] = ("added", "modified", "deleted")
 
-
-@dataclass(frozen=True, slots=True)
-class FileChange:
-    """One path that differs between two states of a workspace.
-
-    Attributes:
-        path: POSIX path relative to the workspace root (no leading ``/``, no ``..``).
-        kind: ``added``, ``modified`` or ``deleted``.
-        size: its size in bytes after the change (0 when deleted; a symlink: the target's length).
-        old_size: its size before (0 when added).
-        file_type: ``file``, ``dir``, ``symlink`` or ``other`` (after the change; before, when deleted).
-        unified_diff: Diff only: a unified diff for a text file (UTF-8, no NUL) within the limit, else "".
-    """
-
-    path: str
-    kind: ChangeKind
-    size: int = 0
-    old_size: int = 0
-    file_type: str = "file"
-    unified_diff: str = ""
+FileChange = Change
+"""One path that differs between two states of a workspace: the SDK's :class:`~smith_fast.client_workspace.Change`
+(one value from the layers that compute it to the peer that reads it)."""
 
 
 @dataclass(frozen=True, slots=True)

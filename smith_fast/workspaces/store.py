@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ..sandbox import Sandbox
     from ..tools import ToolContext
     from .mount_host import MountHost
-    from .workspace import SessionView, Workspace
 
 __all__ = ["Checkpoint", "Layer", "Template", "Volume", "WorkspaceLimits", "WorkspaceStore"]
 
@@ -133,6 +132,15 @@ class WorkspaceLimits(Protocol):
     def kill_grace(self) -> float: ...
 
 
+class OpenWorkspace(Protocol):
+    """What the store knows of a session's workspace (:class:`~.workspace.Workspace`)."""
+
+    @property
+    def id(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
 class WorkspaceStore:
     """Every workspace of one service.
 
@@ -162,7 +170,7 @@ class WorkspaceStore:
         self.default = next(iter(self.templates.values()))
         self.sandbox = sandbox
         self.context = context
-        self.workspaces: set[Workspace] = set()
+        self.workspaces: set[OpenWorkspace] = set()
         self.checkpoints: dict[str, Checkpoint] = {}  # an index by id: each is held by its chain's volumes
         self._warm: dict[str, list[_Warm]] = {name: [] for name in self.templates}
         self._filling: set[str] = set()
@@ -243,16 +251,16 @@ class WorkspaceStore:
 
     # ---- sessions -----------------------------------------------------------------------------
 
-    def open(self, session: SessionView, template_name: str | None, fork: str | None) -> Workspace:
-        """The workspace of a session starting now (its handshake).
+    def open(self, template_name: str | None, fork: str | None) -> tuple[Volume, Template, tuple[Layer, ...], str, str]:
+        """The mounted parts of a session's workspace starting now (its handshake):
+        ``(volume, template, chain, upper, work)``, held (:func:`.workspace.open_workspace` makes the
+        :class:`~.workspace.Workspace` of them and :meth:`add` s it).
 
         Raises:
             ProtocolError: an unknown template (``unknown_template``) or checkpoint
                 (``unknown_checkpoint``), ``--max-workspaces`` reached (``max_workspaces``), the
                 mounts failed (``workspace_failed``).
         """
-        from .workspace import Workspace
-
         if len(self.workspaces) >= self.limits.max_workspaces:
             raise ProtocolError(
                 f"this service has {len(self.workspaces)} workspaces, its limit (--max-workspaces); try again later",
@@ -293,12 +301,13 @@ class WorkspaceStore:
                                 details={"reason": "workspace_failed"}) from None
         self.hold([warm.volume])
         self.hold(self.volumes(chain))
-        ws = Workspace(self, session, warm.volume, template, list(chain), warm.upper, warm.work)
-        self.workspaces.add(ws)
         self._refill(template)
-        return ws
+        return warm.volume, template, chain, warm.upper, warm.work
 
-    def ended(self, ws: Workspace) -> None:
+    def add(self, ws: OpenWorkspace) -> None:
+        self.workspaces.add(ws)
+
+    def ended(self, ws: OpenWorkspace) -> None:
         """``ws``'s session is over: its checkpoints stay usable for ``--checkpoint-ttl``."""
         self.workspaces.discard(ws)
         loop = asyncio.get_running_loop()

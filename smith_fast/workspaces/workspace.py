@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..tools import ToolContext
     from .store import Layer, Template, Volume, WorkspaceStore
 
-__all__ = ["SessionView", "Workspace"]
+__all__ = ["SessionView", "Workspace", "open_workspace"]
 
 
 class SessionView(Protocol):
@@ -360,3 +360,16 @@ class Workspace:
         store.ended(self)
         store.drop(self._inherited(self.chain))
         store.drop([self.volume])
+
+
+def open_workspace(store: WorkspaceStore, session: SessionView, template: str | None, fork: str | None) -> Workspace:
+    """The workspace of a session starting now (its handshake), from ``template`` or checkpoint ``fork``.
+
+    Raises:
+        ProtocolError: what :meth:`WorkspaceStore.open` refuses.
+    """
+    volume, found, chain, upper, work = store.open(template, fork)
+    ws = Workspace(store, session, volume, found, list(chain), upper, work)
+    store.add(ws)
+    return ws
+
