@@ -114,6 +114,10 @@ def test_each_session_writes_its_own_copy_of_the_template(server: ServerProcess,
         assert (await sh(b, "cat f.txt"))[1] == "from b\n"
         read = await a.call_tool("fs.read", {"path": "f.txt"})
         assert read.success and b"from a" in read.result
+        found = await a.call_tool("fs.search", {"pattern": "from [ab]"})  # rg, confined beneath the workspace
+        assert found.success and b"f.txt" in found.result and b"from a" in found.result and b"from b" not in found.result
+        ran = await b.call_tool("shell.run", {"command": "cat f.txt"})
+        assert ran.success and b"from b" in ran.result
         assert (places["py"] / "main.py").read_text() == "print('template')\n"  # the template is untouched
         assert not (places["py"] / "f.txt").exists()
         _, default = await session(server)
