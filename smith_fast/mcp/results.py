@@ -156,7 +156,7 @@ class StreamKeeper:
         tail_lines = tail.count("\n") + (0 if tail.endswith("\n") or not tail else 1)
         cut_lines = max(0, self.lines - head_lines - tail_lines)
         cut_bytes = max(0, self.bytes - len(head.encode()) - len(tail.encode()))
-        cut = {
+        cut: dict[str, object] = {
             "head_lines": head_lines,
             "tail_lines": tail_lines,
             "cut_lines": cut_lines,
