@@ -228,7 +228,7 @@ def test_initialize_each_revision(revision: str, tmp_path: pathlib.Path) -> None
     assert result.protocol_version == (revision if revision in protocol.REVISIONS else protocol.LATEST)
     assert result.server_info.name == "smith-fast"
     listed = mcp_types.ListToolsResult.model_validate(answers[1]["result"])
-    assert [t.name for t in listed.tools] == [*BUILTINS, "shell"]
+    assert [t.name for t in listed.tools] == [n for n in BUILTINS if n not in protocol.HIDDEN_TOOLS] + ["shell"]
 
 
 def test_jsonrpc_errors(tmp_path: pathlib.Path) -> None:
