@@ -71,11 +71,15 @@ def markdown(report: Report) -> list[str]:
             "interleaved); `cp -a` of the template for scale:", "", "| service | p50 ms ↓ | p90 ms ↓ |", "|---|--:|--:|"]
     for n in [k for k in st if isinstance(st[k], dict) and "p90_ms" in st[k]]:
         out.append(_row(f"`{n}`", st[n]))
+    sp = st["spaced"]
+    for n in [k for k in sp if isinstance(sp[k], dict)]:
+        out.append(_row(f"`{n}`, {sp['spacing_ms']:g} ms apart", sp[n]))
     cp = st["copy"]
     out += [f"| `cp -a` of the template (p50 of {cp['runs']}) | {fmt(cp['p50_ms'])} | — |", "",
             f"`{st['ratio_of']}`: ×{st['ratio']:.2f} the p50 (target ≤ {st['target']:g}x): {_verdict(st['met'])}. "
             f"`cp -a` / `{st['ratio_of'].split(' / ')[0]}`: ×{st['copy_ratio']:,.0f} (target ≥ {st['copy_target']:g}x): "
-            f"{_verdict(st['copy_met'])}.", ""]
+            f"{_verdict(st['copy_met'])}. The starts {sp['spacing_ms']:g} ms apart ({sp['starts']} per service; the service quiet "
+            f"at each: the last session's workspace unmounted, the warm pool refilled): ×{sp['ratio']:.2f}.", ""]
     cf = r["checkpoint_fork"]
     out += [f"Checkpoint (`client.checkpoint()` round trip) and fork (connect + handshake with `fork=ID` to Ready), the same "
             f"small change written before each, {cf['reps']} of each per template, interleaved:", "",
@@ -101,5 +105,8 @@ def markdown(report: Report) -> list[str]:
     out += [f"What a request changed: `{c['command']}` in the {c['template']} template, a session that accepted `changes` "
             f"and one that did not (same service, interleaved, {c['reps']} runs each), request to final event:", "",
             "| session | p50 ms ↓ | p90 ms ↓ |", "|---|--:|--:|", _row("`changes`", c["changes"]), _row("no `changes`", c["no changes"]),
-            "", f"`{c['ratio_of']}`: ×{c['ratio']:.2f} the p50 (target ≤ {c['target']:g}x): {_verdict(c['met'])}.", ""]
+            "", f"`{c['ratio_of']}`: ×{c['ratio']:.2f} the p50 (target ≤ {c['target']:g}x): {_verdict(c['met'])}. "
+            f"The first {c['quarter']} runs' p50 against the last {c['quarter']}'s: `changes` {fmt(c['changes']['early_p50_ms'])} → "
+            f"{fmt(c['changes']['late_p50_ms'])} ms, no `changes` {fmt(c['no changes']['early_p50_ms'])} → "
+            f"{fmt(c['no changes']['late_p50_ms'])} ms.", ""]
     return out
