@@ -574,6 +574,25 @@ async def changes_cost(service: Service, scale: BenchScale) -> dict[str, Any]:
 # --- 3. many sessions -------------------------------------------------------------------------------
 
 
+def open_fds(pid: int) -> int:
+    """Open file descriptors of process ``pid`` (-1 when they cannot be listed)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def proc_nofile(pid: int) -> int:
+    """The soft open-file limit of process ``pid`` (-1 when unreadable)."""
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
+
+
 def overlay_mounts(pid: int) -> int:
     """Overlay mounts in process ``pid``'s mount namespace (the service's workspaces)."""
     try:
@@ -589,7 +608,7 @@ async def many_sessions(service: Service, cell: MemoryCell, scale: BenchScale) -
         raise RuntimeError("the warm-up session's command failed")
     await warm.close()
     await asyncio.sleep(1.0)  # its workspace released, the warm pool refilled
-    rss_before, mem_before, mounts_before = vm_rss_kib(pid), cell.usage(), overlay_mounts(pid)
+    rss_before, mem_before, mounts_before, fds_before = vm_rss_kib(pid), cell.usage(), overlay_mounts(pid), open_fds(pid)
     gate = asyncio.Semaphore(OPEN_CONCURRENCY)
     clients: list[Client] = []
 
@@ -606,7 +625,7 @@ async def many_sessions(service: Service, cell: MemoryCell, scale: BenchScale) -
         await guarded(service, asyncio.gather(*(one(i) for i in range(scale.sessions))), 600)
         wall = time.perf_counter() - started
         await asyncio.sleep(2.0)  # idle: every command reaped, the warm pool refilled
-        rss_after, mem_after, mounts_after = vm_rss_kib(pid), cell.usage(), overlay_mounts(pid)
+        rss_after, mem_after, mounts_after, fds_after = vm_rss_kib(pid), cell.usage(), overlay_mounts(pid), open_fds(pid)
         # all still there: one answer each, and their workspaces still mounted
         alive = sum(await guarded(service, asyncio.gather(*(_answers(c, gate) for c in clients)), 300))
     finally:
@@ -616,6 +635,9 @@ async def many_sessions(service: Service, cell: MemoryCell, scale: BenchScale) -
         "sessions": n, "concurrency": OPEN_CONCURRENCY, "template": BIG.label, "open_wall_s": wall,
         "rss_kib": {"before": rss_before, "after": rss_after}, "rss_kib_per_session": (rss_after - rss_before) / n,
         "overlay_mounts": {"before": mounts_before, "after": mounts_after}, "alive_at_end": alive,
+        # the service does not raise its own RLIMIT_NOFILE: what an idle session holds says how many fit under it
+        "fds": {"before": fds_before, "after": fds_after, "per_session": (fds_after - fds_before) / n,
+                "soft_limit": proc_nofile(pid)},
         "memory_cgroup": cell.detail,
     }
     if mem_before is not None and mem_after is not None:
@@ -754,6 +776,9 @@ def render(result: dict[str, Any]) -> list[str]:
     out.append(f"3. {m['sessions']} sessions alive at once, each its own workspace and command, opened {m['concurrency']} at a time")
     out.append(f"   open + handshake + command, all of them: {m['open_wall_s']:.1f} s; overlay mounts {m['overlay_mounts']['before']} "
                f"-> {m['overlay_mounts']['after']}; {m['alive_at_end']} answered at the end")
+    fd = m["fds"]
+    out.append(f"   service file descriptors {fd['before']} -> {fd['after']}: {fd['per_session']:.1f} per idle session "
+               f"(its soft limit: {fd['soft_limit']}, inherited: the service does not raise it)")
     out.append(f"   service RSS {m['rss_kib']['before'] / 1024:.1f} -> {m['rss_kib']['after'] / 1024:.1f} MiB: "
                f"{m['rss_kib_per_session']:.1f} KiB per idle session")
     if "cgroup_kib_per_session" in m:

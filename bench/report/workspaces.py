@@ -100,6 +100,9 @@ def markdown(report: Report) -> list[str]:
                     f"memory cgroup ({m['memory_cgroup']}; KiB per session: {parts}).")
     else:
         out[-1] += f"; kernel side n/a ({m['memory_cgroup']})."
+    fd = m["fds"]
+    out[-1] += (f" File descriptors of the service: {fd['per_session']:.1f} per idle session ({fd['before']} → {fd['after']}; "
+                f"its soft limit {fd['soft_limit']}, inherited: it does not raise its own).")
     out.append("")
     c = r["changes"]
     out += [f"What a request changed: `{c['command']}` in the {c['template']} template, a session that accepted `changes` "
