@@ -353,13 +353,8 @@ class Workspace:
             return
         self.closed = True
         store = self._store
-        try:
-            store.host.call("umount", path=self.root)
-        except OSError:
-            pass
         store.ended(self)
-        store.drop(self._inherited(self.chain))
-        store.drop([self.volume])
+        store.release(self.root, [*self._inherited(self.chain), self.volume])
 
 
 def open_workspace(store: WorkspaceStore, session: SessionView, template: str | None, fork: str | None) -> Workspace:
