@@ -142,6 +142,10 @@ class OpenWorkspace(Protocol):
     @property
     def id(self) -> str: ...
 
+    def in_use(self) -> set[str]:
+        """The frozen layer directories it may still read."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -365,6 +369,31 @@ class WorkspaceStore:
             if checkpoint.expiry is not None:
                 checkpoint.expiry.cancel()
             self.drop(self.volumes(checkpoint.chain))
+
+    def prune(self, volume: Volume) -> None:
+        """Remove the frozen directories of ``volume`` that no workspace or checkpoint may read any
+        more (layers merged away, requests too old to undo): their memory back, in a thread (a
+        command may have made a directory of mode 000 there: the mount host removes it)."""
+        used: set[str] = set()
+        for ws in self.workspaces:
+            used |= ws.in_use()
+        for checkpoint in self.checkpoints.values():
+            used.update(layer.path for layer in checkpoint.chain)
+        top = f"{volume.path}/layers"
+        try:
+            gone = [path for path in (f"{top}/{name}" for name in os.listdir(top)) if path not in used]
+        except OSError:
+            return
+        if not gone:
+            return
+
+        def remove() -> None:
+            try:
+                self.host.call("batch", ops=[{"op": "rmtree", "path": path} for path in gone])
+            except OSError as exc:
+                log.warning("frozen layers could not be removed", extra={"fields": {"volume": volume.path, "error": str(exc)}})
+
+        asyncio.get_running_loop().run_in_executor(None, remove)
 
     # ---- the warm pool ------------------------------------------------------------------------
 
