@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -119,7 +120,7 @@ class Workspace:
     def _context(self) -> ToolContext:
         import dataclasses
 
-        return dataclasses.replace(self._store.context, root=self.root, sandbox=self.sandbox)  # type: ignore[arg-type]
+        return dataclasses.replace(self._store.context, root=pathlib.Path(self.root), sandbox=self.sandbox)
 
     def watch(self, callback: Callable[[ToolContext], None]) -> None:
         """Call ``callback`` with the new tool context after every remount of the root."""
