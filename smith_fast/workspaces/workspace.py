@@ -79,6 +79,12 @@ class _Segment:
         self.shared = False
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A background merge's failure is not an error of anyone's (its result is just not used)."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _busy(what: str, running: Sequence[str]) -> ProtocolError:
     return ProtocolError(
         f"{what} needs the workspace quiet, and {', '.join(running)} still run{'s' if len(running) == 1 else ''}: wait for "
@@ -110,6 +116,8 @@ class Workspace:
         self._forgotten: set[str] = set()  # ids whose layers went (--max-undo, a restore): undo_expired
         self._levels: dict[str, int] = {}  # frozen layer of its own → its merge level (_compacted)
         self._dropped = 0  # segments forgotten since the last prune
+        # a merge running in a thread: (newer, older, the result's directory, its level, its future)
+        self._merging: tuple[Layer, Layer, str, int, asyncio.Future[None]] | None = None
         self._trash: list[str] = []  # work directories of replaced overlays (their 000 dirs need the mount host)
         self.closed = False
 
@@ -179,7 +187,7 @@ class Workspace:
         layer = Layer(layer_path, self.volume)
         below = tuple(self.chain)
         self._levels[layer_path] = 0
-        chain = self._compacted([layer, *self.chain])
+        chain = self._compacted(self._merged([layer, *self.chain]))
         try:
             self._remount(chain)
         except BaseException:
@@ -189,14 +197,49 @@ class Workspace:
             self._segment.layer = layer
             self._segment.below = below
             self._segment = None
+        self._merge_next()
         return layer
 
+    def _merge_next(self) -> None:
+        """Start merging the newest two adjacent layers of its own of one level, in a thread, while
+        the request that follows runs (frozen layers never change): the next freeze mounts the result.
+        So the layers mount as a binary counter's digits, about log2(n), at no cost to any request."""
+        if self._merging is not None or self.closed:
+            return
+        chain, levels = self.chain, self._levels
+        for i in range(len(chain) - 1):
+            newer, older = chain[i], chain[i + 1]
+            level = levels.get(newer.path)
+            if level is not None and level == levels.get(older.path):
+                out = self.volume.name("layers/")
+                future = asyncio.get_running_loop().run_in_executor(None, layers.merge, older.path, newer.path, out)
+                future.add_done_callback(_retrieved)
+                self._merging = (newer, older, out, level + 1, future)
+                return
+
+    def _merged(self, chain: list[Layer]) -> list[Layer]:
+        """``chain`` with the pair the last :meth:`_merge_next` merged replaced by the result, once done."""
+        from .store import Layer
+
+        merging = self._merging
+        if merging is None or not merging[4].done():
+            return chain
+        self._merging = None
+        newer, older, out, level, future = merging
+        if future.cancelled() or future.exception() is not None:
+            return chain  # its directory, if any, is removed by the next prune
+        for i in range(len(chain) - 1):
+            if chain[i] == newer and chain[i + 1] == older:
+                self._levels[out] = level
+                chain[i : i + 2] = [Layer(out, self.volume)]
+                break
+        return chain
+
     def _compacted(self, chain: list[Layer]) -> list[Layer]:
-        """``chain`` with layers of this workspace's own merged as a binary counter merges: the two
-        on top while they are of one level (each merge one level up), so that n frozen layers are
-        about log2(n) mounted ones and each entry is merged log2(n) times in all; past
-        :data:`_MOUNTED_LAYERS`, the two oldest of its own. Hard links, no data copied; the frozen
-        directories stay for Undo and the checkpoints that name them."""
+        """``chain`` with its two oldest layers of its own merged while it has more than
+        :data:`_MOUNTED_LAYERS` of them (the background merges of :meth:`_merge_next` keep it far
+        below: this is the bound when requests come faster than merges). Hard links, no data copied;
+        the frozen directories stay for Undo and the checkpoints that name them."""
         from .store import Layer
 
         def merge(i: int, level: int) -> None:
@@ -208,8 +251,6 @@ class Workspace:
             chain[i : i + 2] = [Layer(out, self.volume)]
 
         levels = self._levels
-        while len(chain) >= 2 and chain[0].path in levels and chain[1].path in levels and levels[chain[0].path] == levels[chain[1].path]:
-            merge(0, levels[chain[0].path] + 1)
         while sum(1 for layer in chain if layer.volume is self.volume) > _MOUNTED_LAYERS:
             pairs = [i for i in range(len(chain) - 1) if chain[i].volume is self.volume and chain[i + 1].volume is self.volume]
             if not pairs:
@@ -219,9 +260,11 @@ class Workspace:
         return chain
 
     def in_use(self) -> set[str]:
-        """The frozen directories this workspace may still read: its mounted chain, and the layers
-        of the requests it can still undo with what lay below them."""
+        """The frozen directories this workspace may still read: its mounted chain, the layers of
+        the requests it can still undo with what lay below them, and a merge under way."""
         out = {layer.path for layer in self.chain}
+        if self._merging is not None:
+            out.update((self._merging[0].path, self._merging[1].path, self._merging[2]))
         for segment in self._segments.values():
             if segment.layer is not None:
                 out.add(segment.layer.path)
