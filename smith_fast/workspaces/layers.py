@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import collections
 import os
 import secrets
 import shutil
@@ -174,14 +175,53 @@ class _Found:
         return stat.S_ISDIR(self.st.st_mode)
 
 
-def _child(dirs: Sequence[str], name: str) -> _Found | None:
+class FrozenListings:
+    """The directories of frozen layers, each read once: a frozen layer never changes, so what a
+    request changed is told from cached listings of the layers below it, not one ``lstat`` and one
+    ``getxattr`` per layer per name. Bounded: the least recently used directories are forgotten.
+
+    Args:
+        roots: the frozen layers whose directories may be cached (a template, or a live upper, may
+            change: never cached).
+        limit: directories kept.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.roots: tuple[str, ...] = ()
+        self._limit = limit
+        self._dirs: collections.OrderedDict[str, dict[str, os.stat_result]] = collections.OrderedDict()
+        self._opaque: dict[str, bool] = {}
+
+    def covers(self, path: str) -> bool:
+        return any(path == root or path.startswith(root + "/") for root in self.roots)
+
+    def lstat(self, directory: str, name: str) -> os.stat_result | None:
+        entries = self._dirs.get(directory)
+        if entries is None:
+            entries = self._dirs[directory] = _scan(directory)
+            if len(self._dirs) > self._limit:
+                gone, _ = self._dirs.popitem(last=False)
+                self._opaque.pop(gone, None)
+        else:
+            self._dirs.move_to_end(directory)
+        return entries.get(name)
+
+    def is_opaque(self, path: str) -> bool:
+        found = self._opaque.get(path)
+        if found is None:
+            found = self._opaque[path] = is_opaque(path)
+        return found
+
+
+def _child(dirs: Sequence[str], name: str, frozen: FrozenListings | None = None) -> _Found | None:
     """``name`` in the merged directory whose layers are ``dirs``, or None when nothing shows."""
     top: str | None = None
     top_st: os.stat_result | None = None
     sub: list[str] = []
     for d in dirs:
         path = f"{d}/{name}"
-        st = _lstat(path)
+        cached = frozen is not None and frozen.covers(d)
+        st = frozen.lstat(d, name) if cached and frozen is not None else _lstat(path)
         if st is None:
             continue
         if is_whiteout(st):
@@ -191,7 +231,9 @@ def _child(dirs: Sequence[str], name: str) -> _Found | None:
         if not stat.S_ISDIR(st.st_mode):
             break  # a non-directory hides what is below; under a directory it is hidden itself
         sub.append(path)
-        if is_opaque(path):
+        if d is dirs[-1]:
+            break  # nothing below the last layer: whether it is opaque says nothing
+        if frozen.is_opaque(path) if cached and frozen is not None else is_opaque(path):
             break
     if top is None or top_st is None:
         return None
@@ -330,7 +372,7 @@ class _Changes:
             self.add(path, "added", found, None)
 
 
-def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000) -> ChangeSet:
+def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000, frozen: FrozenListings | None = None) -> ChangeSet:
     """What ``layer`` (an upper, live or frozen) changed relative to the merged view of ``below``.
 
     Walks the layer only: each of its names is looked up in ``below`` (the layers under it, top
@@ -342,20 +384,24 @@ def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000) -> C
         layer: the upper directory.
         below: the chain under it.
         limit: at most this many changes; more: the first ``limit`` and ``truncated``.
+        frozen: cached listings of the frozen layers of ``below`` (all but its last, the template).
 
     Returns:
         The changes, sorted by :func:`path_key`.
     """
     out = _Changes(limit)
     truncated = False
+    if frozen is not None:
+        frozen.roots = tuple(below[:-1])  # the template, at the bottom, may change: read it as it is
     try:
-        _layer_dir(layer, "", tuple(below), False, out)
+        _layer_dir(layer, "", tuple(below), False, out, frozen)
     except _Full:
         truncated = True
     return ChangeSet(changes=tuple(out.items), truncated=truncated)
 
 
-def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, out: _Changes) -> None:
+def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, out: _Changes,
+               frozen: FrozenListings | None = None) -> None:
     """The changes in the layer's directory ``upper`` (``prefix``: its path and a slash).
 
     ``below``: the layers of the same directory beneath; ``replaced``: the directory shows only
@@ -366,7 +412,7 @@ def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, 
     names = sorted(mine.keys() | theirs.keys()) if theirs is not None else sorted(mine)
     for name in names:
         rel = prefix + name
-        old = theirs.get(name) if theirs is not None else _child(below, name)
+        old = theirs.get(name) if theirs is not None else _child(below, name, frozen)
         st = mine.get(name)
         if st is None:  # only below, under an opaque directory
             assert old is not None
@@ -380,11 +426,11 @@ def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, 
         if stat.S_ISDIR(st.st_mode):
             if old is None or not old.is_dir:
                 out.add(rel, "added" if old is None else "modified", new, old)
-                _layer_dir(new.path, rel + "/", (), False, out)
+                _layer_dir(new.path, rel + "/", (), False, out, frozen)
             else:
                 if old.st.st_mode != st.st_mode:
                     out.add(rel, "modified", new, old)
-                _layer_dir(new.path, rel + "/", old.dirs, replaced or is_opaque(new.path), out)
+                _layer_dir(new.path, rel + "/", old.dirs, replaced or is_opaque(new.path), out, frozen)
         elif old is None:
             out.add(rel, "added", new, None)
         elif old.is_dir:

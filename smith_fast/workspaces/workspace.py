@@ -116,6 +116,7 @@ class Workspace:
         self._forgotten: set[str] = set()  # ids whose layers went (--max-undo, a restore): undo_expired
         self._levels: dict[str, int] = {}  # frozen layer of its own → its merge level (_compacted)
         self._dropped = 0  # segments forgotten since the last prune
+        self._frozen = layers.FrozenListings()  # the frozen layers' directories, read once
         # a merge running in a thread: (newer, older, the result's directory, its level, its future)
         self._merging: tuple[Layer, Layer, str, int, asyncio.Future[None]] | None = None
         self._trash: list[str] = []  # work directories of replaced overlays (their 000 dirs need the mount host)
@@ -318,7 +319,7 @@ class Workspace:
             top, below = segment.layer.path, self._lowers(segment.below)
         else:
             top, below = self.upper, self._lowers()
-        changes = layers.layer_changes(top, below)
+        changes = layers.layer_changes(top, below, frozen=self._frozen)
         if segment.shared:
             return ChangeSet(changes.changes, exact=False, shared_with=tuple(sorted(segment.rids - {rid})), truncated=changes.truncated)
         return changes
