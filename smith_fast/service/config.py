@@ -247,9 +247,9 @@ class Limits:
         help="how long the checkpoints of a session that ended can still be forked, restored or diffed")
     max_home_bytes: int = option(
         1 << 30, flag="--max-home-bytes", unit="bytes", commands=_RUNNERS, group=_LIMITS,
-        help="without --workspaces: what one session's home (HOME: npm, pip, cargo, go caches) may hold, checked before "
-             "each of its commands; a home found over it is emptied; 0 = no bound (with --workspaces the home is in "
-             "the workspace's tmpfs: --max-workspace-bytes)")
+        help="without --workspaces: what one session's home, its HOME with the npm, pip, cargo and go caches, may hold, "
+             "checked before each of its commands; a home found over it is emptied; 0 = no bound. With --workspaces the "
+             "home is in the workspace's tmpfs, within --max-workspace-bytes")
     record_max_bytes: int = option(
         256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="session recordings kept together; past it the oldest finished ones are removed (rotation), "
