@@ -294,3 +294,16 @@ async def test_with_workspaces_the_home_is_in_the_sessions_volume(places: dict[s
         assert wait_until(lambda: not os.path.exists(home), 10)
     finally:
         assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+async def test_a_background_process_keeps_its_home_until_it_ends(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    go = places["root"] / f"go-{uuid.uuid4().hex}"
+    client = await _connect(server)
+    home = (await _ok(client, 'echo "$HOME"')).strip()
+    await client.background(f'echo started > "$HOME/bg"; while [ ! -e {go} ]; do sleep 0.02; done; cat "$HOME/bg" > {go}.out')
+    await client.close()  # the session ends at once; its background process runs on, and writes its home
+    await asyncio.sleep(0.5)
+    assert pathlib.Path(home, "bg").read_text() == "started\n"
+    go.touch()
+    assert wait_until(lambda: pathlib.Path(f"{go}.out").exists() and not os.path.exists(home), 10)
+    assert pathlib.Path(f"{go}.out").read_text() == "started\n"

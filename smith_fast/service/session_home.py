@@ -13,7 +13,8 @@ its own put back. Two places, one behaviour:
 * without: ``--home-dir DIR``'s ``DIR/<random>`` (:class:`Homes`), a plain directory: there is no
   filesystem of its own to fill, so ``--max-home-bytes`` is checked before each process of the
   session starts, and a home found over it is emptied (caches come back; a LogEvent says so). It is
-  removed when the session ends, after a resume window if the session was parked.
+  removed when the session ends (after a resume window if the session was parked), or when the last
+  background process started in it ends, whichever comes later.
 """
 
 from __future__ import annotations
@@ -97,12 +98,14 @@ def remove_tree(path: str, *, keep_top: bool = False) -> None:
 class SessionHome:
     """One session's home under ``--home-dir`` (:class:`Homes`): made by :meth:`Homes.open`."""
 
-    __slots__ = ("path", "max_bytes", "_removed")
+    __slots__ = ("path", "max_bytes", "_removed", "_ended", "_holds")
 
     def __init__(self, path: str, max_bytes: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self._removed = False
+        self._ended = False
+        self._holds = 0  # background processes of the session, which outlive it
 
     async def bound(self) -> int:
         """Before a process of the session starts: empty the home when it holds more than
@@ -115,8 +118,24 @@ class SessionHome:
         await asyncio.to_thread(remove_tree, self.path, keep_top=True)
         return used
 
+    def hold(self) -> None:
+        """A background process of the session starts: the home stays until :meth:`release`."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """That background process ended: the home goes now if its session ended before it."""
+        self._holds -= 1
+        if self._ended and not self._holds:
+            self._remove()
+
     def remove(self) -> None:
-        """The session ended: remove the home, in a thread (a cargo or npm cache is many files)."""
+        """The session ended: remove the home once no background process of it runs (they outlive
+        it, and one may still be building its view of the home), in a thread (a cache is many files)."""
+        self._ended = True
+        if not self._holds:
+            self._remove()
+
+    def _remove(self) -> None:
         if self._removed:
             return
         self._removed = True
