@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import hashlib
 import os
 import pathlib
@@ -95,7 +96,8 @@ async def _connect(srv: ServerProcess) -> Client:
 
 
 def _homes(places: dict[str, pathlib.Path]) -> set[str]:
-    return {p.name for p in places["homes"].iterdir()}
+    """The homes of every service run under --home-dir (DIR/<run>/<home>)."""
+    return {home.name for run in places["homes"].iterdir() for home in run.iterdir() if home.is_dir()}
 
 
 # -- the tools -------------------------------------------------------------------------------------
@@ -197,10 +199,12 @@ async def test_a_session_sees_only_its_own_home_and_the_real_home_stays_read_onl
     async with await _connect(server) as a, await _connect(server) as b:
         home_a = (await _ok(a, 'echo secret-a > "$HOME/secret" && echo "$HOME"')).strip()
         home_b = (await _ok(b, 'echo "$HOME"')).strip()
-        assert home_a != home_b and os.path.dirname(home_a) == os.path.dirname(home_b) == str(places["homes"])
+        run = os.path.dirname(home_a)
+        assert home_a != home_b and os.path.dirname(home_b) == run and os.path.dirname(run) == str(places["homes"])
         assert (pathlib.Path(home_a) / "secret").read_text() == "secret-a\n"
         # B's view of the homes directory holds its own home only: A's is not there to read or write.
-        assert (await _ok(b, f'ls -A {places["homes"]}')).split() == [os.path.basename(home_b)]
+        assert (await _ok(b, f'ls -A {places["homes"]}')).split() == [os.path.basename(run)]
+        assert (await _ok(b, f"ls -A {run}")).split() == [os.path.basename(home_b)]
         code, _, err, _ = await _sh(b, f"cat {home_a}/secret")
         assert code != 0 and "No such file" in err
         code, _, err, _ = await _sh(b, f"echo x > {home_a}/planted")
@@ -306,3 +310,30 @@ async def test_a_background_process_keeps_its_home_until_it_ends(server: ServerP
     go.touch()
     assert wait_until(lambda: pathlib.Path(f"{go}.out").exists() and not os.path.exists(home), 10)
     assert pathlib.Path(f"{go}.out").read_text() == "started\n"
+
+
+def test_homes_a_dead_service_left_are_removed_at_start_and_a_live_ones_stay(places: dict[str, pathlib.Path]) -> None:
+    top = places["homes"]
+    dead, live = top / "deadrun", top / "liverun"
+    for run in (dead, live):
+        (run / "somehome" / "ro").mkdir(parents=True)
+        (run / ".smith-fast-run.lock").touch()
+    (dead / "somehome" / "ro").chmod(0o500)  # removed all the same
+    held = os.open(live / ".smith-fast-run.lock", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a running service holds its run directory
+        before = {p.name for p in top.iterdir()} - {"deadrun"}  # the live ones: this one, other tests' services
+        srv = _start(places)
+        try:
+            assert not dead.exists() and (live / "somehome").is_dir()
+            after = {p.name for p in top.iterdir()}
+            assert before <= after
+            mine = after - before
+            assert len(mine) == 1
+        finally:
+            assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+        assert not (top / mine.pop()).exists()  # a clean stop takes its own run directory with it
+        assert (live / "somehome").is_dir()
+    finally:
+        os.close(held)
+        shutil.rmtree(live)

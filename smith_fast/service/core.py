@@ -394,4 +394,6 @@ class ServiceCore:
         )
         if self.workspaces is not None:
             self.workspaces.close()
+        if self.homes is not None:
+            self.homes.close()  # what the sessions' ends left (a removal still under way, a process killed last)
         self.closed.set()

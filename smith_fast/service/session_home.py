@@ -20,6 +20,7 @@ its own put back. Two places, one behaviour:
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import pathlib
 import secrets
@@ -154,20 +155,64 @@ class SessionHome:
 
 
 class Homes:
-    """``--home-dir``: the directory of the homes of sessions without a workspace (made 0700)."""
+    """``--home-dir``: the directory of the homes of sessions without a workspace (made 0700).
+
+    Each service run keeps its sessions' homes in a directory of its own, ``DIR/<run>``, locked
+    (``flock``) while it runs: at start-up a run directory nobody holds is what a service that
+    died (SIGKILL, a crash) left, and is removed; one held is another service's, and stays. The
+    whole of ``DIR`` is covered in a command's view, so no other run's homes are in it either.
+    """
 
     def __init__(self, top: pathlib.Path, max_bytes: int) -> None:
         top.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(top, 0o700)  # other users of the host must not enter another user's sessions' homes
         self.top = str(top.resolve())
         self.max_bytes = max_bytes
+        self._sweep()
+        self.run = self._fresh(self.top)
+        self._lock = os.open(f"{self.run}/{_LOCK}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
 
-    def open(self) -> SessionHome:
-        """A new, empty home (0700) for a session starting now."""
+    def _sweep(self) -> None:
+        with os.scandir(self.top) as it:
+            runs = [entry.path for entry in it if entry.is_dir(follow_symlinks=False)]
+        for run in runs:
+            try:
+                fd = os.open(f"{run}/{_LOCK}", os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue  # not a run directory of ours: left alone
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live service's
+            finally:
+                os.close(fd)  # our lock, if taken, goes with it: the directory goes next
+            try:
+                remove_tree(run)
+            except OSError as exc:
+                log.warning("a dead service's homes were not removed", extra={"fields": {"path": run, "error": str(exc)}})
+
+    @staticmethod
+    def _fresh(parent: str) -> str:
         while True:
-            path = f"{self.top}/{secrets.token_hex(8)}"
+            path = f"{parent}/{secrets.token_hex(8)}"
             try:
                 os.mkdir(path, 0o700)
             except FileExistsError:
                 continue
-            return SessionHome(path, self.max_bytes)
+            return path
+
+    def open(self) -> SessionHome:
+        """A new, empty home (0700) for a session starting now."""
+        return SessionHome(self._fresh(self.run), self.max_bytes)
+
+    def close(self) -> None:
+        """The service stops: every home of this run goes, whatever still held one."""
+        try:
+            remove_tree(self.run)
+        except OSError as exc:
+            log.warning("the sessions' homes were not removed", extra={"fields": {"path": self.run, "error": str(exc)}})
+        os.close(self._lock)
+
+
+_LOCK = ".smith-fast-run.lock"
