@@ -347,3 +347,54 @@ def test_the_floor_and_the_no_server_reference_answer_like_the_others(tmp_path: 
     assert (tracker.left, tracker.output) == (0, 5)  # yes got SIGPIPE quietly, as a server's child would
     with pytest.raises(ProtocolFailure, match="exit code 3"):
         spawn.pipeline(spawn.encode([shell_exec_command("s2", "exit 3")]), Tracker((), ("s2",)), 1)
+
+
+def _bench_leftovers() -> tuple[set[str], set[int]]:
+    """The workspaces benchmark's scratch directories under /var/tmp, and the processes whose command
+    line names one (its services)."""
+    dirs = {p.name for p in pathlib.Path("/var/tmp").glob("smith-fast-bench-ws-*")}
+    procs = set()
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"smith-fast-bench-ws-" in (entry / "cmdline").read_bytes():
+                    procs.add(int(entry.name))
+            except OSError:
+                continue
+    return dirs, procs
+
+
+@pytest.mark.timeout(300)
+def test_the_workspaces_section_is_measured_and_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    # `--only workspaces` at smoke scale: bench/bench_workspaces.py's quick run, real services with
+    # workspaces, its 200 MB template generated once under /var/tmp (cached for the next runs)
+    dirs_before, procs_before = _bench_leftovers()
+    proc = subprocess.run([sys.executable, "-m", "bench.report", "--smoke", "--only", "workspaces", "--no-charts", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=290)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs_after, procs_after = _bench_leftovers()
+    assert dirs_after <= dirs_before, "its workspace directories outlived it"
+    assert procs_after <= procs_before, "its services outlived it"
+
+    data = json.loads((tmp_path / "report.json").read_text())["workspaces"]
+    assert data["templates"]["big"]["files"] == 10_000 and data["templates"]["big"]["bytes"] == 200_000_000
+    start = data["session_start"]
+    assert set(start) >= {"workspaces", "workspaces, no warm pool", "plain", "spaced", "copy"}
+    assert start["copy"]["p50_ms"] > 0 and start["met"] in (True, False)
+    for what in ("checkpoint", "fork"):
+        assert data["checkpoint_fork"][what]["big"]["p50_ms"] > 0 and data["checkpoint_fork"][what]["small"]["p50_ms"] > 0
+    many = data["many_sessions"]
+    assert many["alive_at_end"] == many["sessions"] == 100
+    assert many["overlay_mounts"]["after"] - many["overlay_mounts"]["before"] >= 100  # a workspace each, all mounted at once
+    assert many["rss_kib"]["after"] > many["rss_kib"]["before"] > 0
+    assert len(data["changes"]["changes"]["all_ms"]) == len(data["changes"]["no changes"]["all_ms"]) == data["changes"]["reps"]
+
+    markdown = (tmp_path / "report.md").read_text()
+    section = markdown[markdown.index("## Workspaces: a copy-on-write workspace per session"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [row[0] for row in _table(section, "Session start")[1:]]
+    assert rows == ["`workspaces`", "`workspaces, no warm pool`", "`plain`", "`workspaces`, 50 ms apart",
+                    "`workspaces, no warm pool`, 50 ms apart", "`plain`, 50 ms apart", "`cp -a` of the template (p50 of 2)"]
+    verdicts = re.findall(r"\*\*(met|not met)\*\*", section)
+    assert len(verdicts) == 5  # start ratio, cp -a, checkpoint, fork, changes
+    assert "100 sessions alive at once" in section and ("kernel side (kernel memory + tmpfs pages)" in section or "kernel side n/a" in section)

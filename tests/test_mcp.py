@@ -44,19 +44,19 @@ def mcp_url(proc: SmithProcess) -> str:
 
 
 @contextlib.asynccontextmanager
-async def connect(transport: str, tmp: pathlib.Path, *extra: str) -> AsyncIterator[Client]:
+async def connect(transport: str, tmp: pathlib.Path, *extra: str, **client: Any) -> AsyncIterator[Client]:
     """An SDK client connected to a fresh smith-fast over ``transport``."""
     args = ["serve", "--root", str(tmp), "--log-level", "debug", *extra]
     if transport == "stdio":
         params = StdioServerParameters(command=sys.executable, args=["-m", "smith_fast", *args, "--mcp"], cwd=str(ROOT))
         with open(tmp / "server.log", "w") as errlog:
-            async with Client(stdio_client(params, errlog=errlog)) as client:
-                yield client
+            async with Client(stdio_client(params, errlog=errlog), **client) as sdk:
+                yield sdk
         return
     proc = SmithProcess(tmp, *args, "--mcp-http", "127.0.0.1:0").start()
     try:
-        async with Client(mcp_url(proc)) as client:
-            yield client
+        async with Client(mcp_url(proc), **client) as sdk:
+            yield sdk
     finally:
         proc.stop()
 
@@ -74,7 +74,7 @@ async def test_initialize_and_list(transport: str, tmp_path: pathlib.Path) -> No
         assert caps is not None and caps.tools is not None and caps.logging is not None
         listed = (await client.list_tools()).tools
         names = [t.name for t in listed]
-        assert names == [*BUILTINS, "shell"]
+        assert names == [n for n in BUILTINS if n not in protocol.HIDDEN_TOOLS] + ["shell"]
         by_name = {t.name: t for t in listed}
         assert by_name["fs.read"].annotations is not None and by_name["fs.read"].annotations.read_only_hint is True
         assert by_name["fs.write"].annotations is not None and by_name["fs.write"].annotations.destructive_hint is True
@@ -85,7 +85,7 @@ async def test_initialize_and_list(transport: str, tmp_path: pathlib.Path) -> No
 
 
 async def test_every_builtin_tool(transport: str, tmp_path: pathlib.Path) -> None:
-    async with connect(transport, tmp_path) as client:
+    async with connect(transport, tmp_path, "--mcp-expose-all-tools") as client:
         wrote = await client.call_tool("fs.write", {"path": "notes/a.txt", "content": "alpha\nbeta\n", "create_dirs": True})
         assert not wrote.is_error, wrote.content
         assert (tmp_path / "notes" / "a.txt").read_text() == "alpha\nbeta\n"
@@ -121,18 +121,18 @@ async def test_shell_streams_progress_and_result(transport: str, tmp_path: pathl
         result = await client.call_tool(
             "shell", {"command": "echo one; sleep 0.2; echo two >&2; exit 3", "env": {"X": "1"}}, progress_callback=on_progress
         )
-        assert not result.is_error
-        assert result.structured_content == {
-            "stdout": "one\n", "stderr": "two\n", "exit_code": 3, "stdout_bytes": 4, "stderr_bytes": 4, "truncated": False,
-        }
+        assert result.is_error  # exit 3: the command did not succeed
+        sc = result.structured_content
+        assert sc is not None and (sc["stdout"], sc["stderr"], sc["exit_code"], sc["stdout_bytes"], sc["stderr_bytes"], sc["truncated"]) == (
+            "one\n", "two\n", 3, 4, 4, False)
         assert "[exit code 3]" in result.content[0].text  # type: ignore[union-attr]
         assert [m for _, m in progress] == ["one\n", "two\n"]
         assert [v for v, _ in progress] == [4, 8]
-        # large output: truncated at --tool-max-output with a marker and the byte counts
+        # large output: its head and tail within --mcp-max-result-chars, with a marker and the byte counts
         big = await client.call_tool("shell", {"command": "head -c 300000 /dev/zero | tr '\\0' x"})
         sc = big.structured_content
-        assert sc is not None and sc["truncated"] is True and sc["stdout_bytes"] == 300000 and len(sc["stdout"]) == 100000
-        assert "kept 100000 of 300000 bytes" in big.content[0].text  # type: ignore[union-attr]
+        assert sc is not None and sc["truncated"] is True and sc["stdout_bytes"] == 300000 and len(sc["stdout"]) < 30000
+        assert sc["cut"]["stdout"]["total_bytes"] == 300000 and "cut here" in sc["stdout"]
         # a timeout: the process group is stopped and the call says so
         slow = await client.call_tool("shell", {"command": "sleep 30", "timeout": 0.3})
         assert slow.is_error and "timed out" in slow.content[0].text  # type: ignore[union-attr]
@@ -228,7 +228,7 @@ def test_initialize_each_revision(revision: str, tmp_path: pathlib.Path) -> None
     assert result.protocol_version == (revision if revision in protocol.REVISIONS else protocol.LATEST)
     assert result.server_info.name == "smith-fast"
     listed = mcp_types.ListToolsResult.model_validate(answers[1]["result"])
-    assert [t.name for t in listed.tools] == [*BUILTINS, "shell"]
+    assert [t.name for t in listed.tools] == [n for n in BUILTINS if n not in protocol.HIDDEN_TOOLS] + ["shell"]
 
 
 def test_jsonrpc_errors(tmp_path: pathlib.Path) -> None:

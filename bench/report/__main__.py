@@ -14,6 +14,7 @@ import time
 
 from . import meta as meta_mod
 from . import nats as nats_section
+from . import workspaces as workspaces_section
 from .contenders import CONTENDERS
 from .render import to_json, to_markdown
 from .runner import Report
@@ -42,9 +43,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
     p.add_argument("--contenders", help="comma list of contenders to run (default all)")
     p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, seq, spawn, latency, pipelined, sessions, "
-                   "size, chunk, nats)")
+                   "size, chunk, nats, workspaces)")
     p.add_argument("--no-nats", action="store_true", help="skip the NATS scale-out section (bench/bench_nats.py: serve against a "
                    "gateway and 1, 2, 4 workers; needs nats-server)")
+    p.add_argument("--no-workspaces", action="store_true", help="skip the workspaces section (bench/bench_workspaces.py: serve "
+                   "--workspaces against a plain serve; generates its templates under /var/tmp once)")
     p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return p
@@ -81,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     report = run_report(scale, contenders, only=only)
     if nats_section.wanted(args.scale, only, args.no_nats):
         nats_section.run(report, args.scale)
+    if workspaces_section.wanted(args.scale, only, args.no_workspaces):
+        workspaces_section.run(report, args.scale)
     wall = time.perf_counter() - started
     report.meta = {
         **facts,
@@ -91,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     }
     command = PROG + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
     charts: list[str] = []
-    if not args.no_charts and report.cases:  # `--only nats`: no contender figures to chart
+    if not args.no_charts and report.cases:  # `--only nats` / `workspaces`: no contender figures to chart
         from .charts import draw
 
         charts = draw(report, out)
@@ -99,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "report.json").write_text(to_json(report))
     _print_headline(report)
     print(f"\nwrote {out / 'report.md'}, report.json{''.join(', ' + c for c in charts)} in {wall:.0f} s")
-    return 1 if report.failures or report.nats_failure else 0
+    return 1 if report.failures or report.nats_failure or report.workspaces_failure else 0
 
 
 def _print_headline(report: Report) -> None:

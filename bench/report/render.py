@@ -176,6 +176,9 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
     from .nats import markdown as nats_markdown  # it imports this module
 
     out += nats_markdown(report)
+    from .workspaces import markdown as workspaces_markdown  # the same
+
+    out += workspaces_markdown(report)
     out += _contenders_section(report)
     out += _details(report)
     out += _machine(report)
@@ -339,5 +342,7 @@ def to_json(report: Report) -> str:
         "failures": [{"case": k[0], "contender": k[1], "error": v} for k, v in report.failures.items()],
         "service_info": report.service_info,
         "nats": report.nats if report.nats is not None else {"failure": report.nats_failure} if report.nats_failure else None,
+        "workspaces": report.workspaces if report.workspaces is not None
+        else {"failure": report.workspaces_failure} if report.workspaces_failure else None,
     }
     return json.dumps(data, indent=1, ensure_ascii=False)

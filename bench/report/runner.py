@@ -47,6 +47,8 @@ class Report:
         meta: machine, versions, load, times (filled by ``bench.report.meta``).
         nats: the NATS scale-out figures (``bench.report.nats``), None when not measured.
         nats_failure: why they are missing, when that run failed.
+        workspaces: the workspaces figures (``bench.report.workspaces``), None when not measured.
+        workspaces_failure: why they are missing, when that run failed.
     """
 
     scale: Scale
@@ -58,6 +60,8 @@ class Report:
     meta: dict[str, str] = field(default_factory=dict)
     nats: dict[str, Any] | None = None
     nats_failure: str | None = None
+    workspaces: dict[str, Any] | None = None
+    workspaces_failure: str | None = None
 
     def summary(self, case: str, contender: str, key: str) -> Summary | None:
         """The summary of figure ``key`` of ``case`` for ``contender``; None when not measured."""

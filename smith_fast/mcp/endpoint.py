@@ -20,7 +20,10 @@ import orjson
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from . import protocol
-from .sink import Call, Channel, McpSink
+from .results import FOOTER_ROOM, OutputDir, shares
+from .shell_state import ShellState, new_marker, wrap
+from .shell_result import shell_result
+from .sink import Call, Channel, McpSink, ShellCall
 
 if TYPE_CHECKING:
     from ..service.core import ServiceCore
@@ -70,6 +73,10 @@ class McpEndpoint:
         self._paused = 0
         self._room = core.limits.tool_max_output
         self._listing: bytes | None = None
+        self.cancelled: set[str] = set()
+        self.shell_state = ShellState()  # where the next ``shell`` call starts (shell_state.py)
+        self._marker = new_marker()
+        self.outputs = OutputDir(core.config.state_dir)
         self.sink = McpSink(self)
         front = {} if unsent is None else {"unsent": unsent}
         self.session = core.new_session(self.sink, close=self._closed, peer=peer, protocol="mcp", **front)
@@ -127,15 +134,34 @@ class McpEndpoint:
 
     def _initialize(self, request_id: Any, params: Any, channel: Channel) -> None:
         self.revision = protocol.negotiate_revision(params.get("protocolVersion"))
-        channel.send(protocol.response(request_id, protocol.initialize_result(self.revision)), True)
+        limits = self.core.limits
+        facts = protocol.ServerFacts(
+            root=str(self.core.tool_context.root),
+            sandbox=self.core.config.sandbox,
+            network=self.core.config.network,
+            budget=limits.mcp_max_result_chars,
+            output_dir=str(self.core.config.state_dir / "mcp-output"),
+            default_timeout=limits.mcp_default_timeout,
+            max_timeout=limits.mcp_max_timeout,
+            max_output=limits.max_output,
+        )
+        channel.send(protocol.response(request_id, protocol.initialize_result(self.revision, facts)), True)
 
     def _ping(self, request_id: Any, _params: Any, channel: Channel) -> None:
         channel.send(protocol.response(request_id, {}), True)
 
     def _tools_list(self, request_id: Any, _params: Any, channel: Channel) -> None:
         if self._listing is None:  # the registry does not change while the service runs
-            self._listing = orjson.dumps(protocol.tool_listing(self.core.tools.tools()))
+            self._listing = orjson.dumps(protocol.tool_listing(self._listed()))
         channel.send(b'{"jsonrpc":"2.0","id":' + orjson.dumps(request_id) + b',"result":' + self._listing + b"}", True)
+
+    def _listed(self) -> list[Any]:
+        """The registry's tools an MCP client sees: all but the second ways to run a command and to
+        list the tools (``shell.run``, ``tools.list``), unless ``--mcp-expose-all-tools``."""
+        tools = self.core.tools.tools()
+        if self.core.config.mcp_expose_all_tools:
+            return list(tools)
+        return [t for t in tools if t.name not in protocol.HIDDEN_TOOLS]
 
     def _set_level(self, request_id: Any, params: Any, channel: Channel) -> None:
         level = params.get("level")
@@ -154,7 +180,8 @@ class McpEndpoint:
             channel.send(protocol.error_response(request_id, protocol.INVALID_PARAMS, "tools/call takes a name (string) and arguments (object)"), True)
             return
         shell = name == protocol.SHELL_TOOL
-        if not shell and name not in self.core.tools:
+        hidden = name in protocol.HIDDEN_TOOLS and not self.core.config.mcp_expose_all_tools
+        if not shell and (name not in self.core.tools or hidden):
             channel.send(protocol.error_response(request_id, protocol.INVALID_PARAMS, f"unknown tool {name!r}; tools/list names them"), True)
             return
         if request_id in self._by_id:
@@ -164,15 +191,31 @@ class McpEndpoint:
         rid = f"mcp-{self._next}"
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
+        shell_call: ShellCall | None = None
         if shell:
+            limits = self.core.limits
             try:
-                command = pb.Command(shell_exec=protocol.shell_command(rid, arguments))
+                args = protocol.shell_arguments(arguments, limits.mcp_default_timeout, limits.mcp_max_timeout)
             except ValueError as exc:
                 channel.send(protocol.response(request_id, _tool_error(f"invalid arguments: {exc}")), True)
                 return
+            state = ShellState() if args.fresh else self.shell_state
+            cmd = pb.ShellExecCommand(
+                request_id=rid,
+                command=wrap(args.command, self._marker, None if args.cwd is not None else state.cwd),
+            )
+            if args.timeout > 0:  # 0: both --mcp-default-timeout and --mcp-max-timeout are 0 (none)
+                cmd.timeout_ms = max(1, round(args.timeout * 1000))
+            if args.cwd is not None:
+                cmd.cwd = args.cwd
+            cmd.env.update(state.command_env(args.env))
+            command = pb.Command(shell_exec=cmd)
+            shell_call = ShellCall(limits.mcp_max_result_chars, self._marker, state, self.outputs, rid, args.timeout,
+                                   args.capped, args.cwd is not None)
         else:
             command = pb.Command(tool_call=protocol.tool_command(rid, name, arguments))
         self.calls[rid] = Call(request_id, shell, channel, token, self._room)
+        self.calls[rid].shell_call = shell_call
         self._by_id[request_id] = rid
         if self.session.recorder is not None:
             self.session.recorder.record_command(command)
@@ -186,6 +229,9 @@ class McpEndpoint:
         # No response is sent for a cancelled request, so the call is over for us now (a task
         # cancelled before it ran never reaches a terminal state).
         call.cancelled = True
+        if len(self.cancelled) >= 1024:  # the late events of a cancelled call come within moments
+            self.cancelled.clear()
+        self.cancelled.add(rid)
         del self.calls[rid]
         self._by_id.pop(request_id, None)
         self.cancel(rid)
@@ -202,12 +248,27 @@ class McpEndpoint:
         self._by_id.pop(call.id, None)
         if call.cancelled:
             return
-        result = _shell_result(call) if call.shell else _tool_result(call)
+        result = self._shell_result(call) if call.shell else _tool_result(call)
         call.channel.send(protocol.response(call.id, result), True)
+
+    def _shell_result(self, call: Call) -> dict[str, Any]:
+        shell = call.shell_call
+        assert shell is not None
+        after = shell.state.after(shell.splitter.sections, self.core.config.allow_env, self.core.config.env_policy)
+        dropped: list[str] = []
+        if after is not None:
+            self.shell_state, dropped = after
+        budget = self.core.limits.mcp_max_result_chars
+        out_share, err_share = shares(max(0, budget - FOOTER_ROOM), shell.out.chars, shell.err.chars)
+        stdout, out_cut = shell.out.finish(out_share, self.outputs, f"{shell.name}.stdout.txt")
+        stderr, err_cut = shell.err.finish(err_share, self.outputs, f"{shell.name}.stderr.txt")
+        return shell_result(call, stdout, stderr, out_cut, err_cut, self.shell_state, after is not None, dropped)
 
     def log(self, level: str, message: str, rid: str | None, fields: Mapping[str, str]) -> None:
         if protocol.LOG_LEVELS.index(level) < self._log_threshold or self.revision is None:
             return
+        if rid is not None and rid in self.cancelled:
+            return  # the client cancelled it: nothing about it goes back
         call = self.calls.get(rid) if rid is not None else None
         channel = call.channel if call is not None and not call.cancelled else self.notify
         if channel is None:
@@ -243,6 +304,7 @@ class McpEndpoint:
         self._closed()
 
     def _closed(self) -> None:
+        self.outputs.remove()
         close, self._close = self._close, _nothing
         close()
 
@@ -258,34 +320,14 @@ def _tool_error(message: str) -> dict[str, Any]:
 def _tool_result(call: Call) -> dict[str, Any]:
     if call.errors or not call.success:
         return _tool_error("; ".join(call.errors) or "the tool failed")
-    return {"content": [{"type": "text", "text": call.result.decode()}], "isError": False}
+    text = call.result.decode()
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": False}
+    try:
+        value = orjson.loads(call.result)
+    except orjson.JSONDecodeError:
+        return result
+    if isinstance(value, dict):  # what Claude Code and Codex show the model: the same facts as the text
+        result["structuredContent"] = value
+    return result
 
 
-def _shell_result(call: Call) -> dict[str, Any]:
-    stdout, stderr = "".join(call.out), "".join(call.err)
-    truncated = call.truncated
-    structured = {
-        "stdout": stdout,
-        "stderr": stderr,
-        "exit_code": call.exit_code,
-        "stdout_bytes": call.out_bytes,
-        "stderr_bytes": call.err_bytes,
-        "truncated": truncated,
-    }
-    text = [stdout]
-    if stderr:
-        text.append(("\n" if stdout and not stdout.endswith("\n") else "") + "[stderr]\n" + stderr)
-    if truncated:
-        kept = len(stdout.encode()) + len(stderr.encode())
-        text.append(
-            f"\n[smith-fast: output truncated: kept {kept} of {call.out_bytes + call.err_bytes} bytes "
-            f"(stdout {call.out_bytes}, stderr {call.err_bytes}); the rest is left out]"
-        )
-    for error in call.errors:
-        text.append(f"\n[error] {error}")
-    text.append(f"\n[exit code {call.exit_code}]" if call.exit_code is not None else "\n[the command did not run]")
-    return {
-        "content": [{"type": "text", "text": "".join(text)}],
-        "structuredContent": structured,
-        "isError": bool(call.errors),
-    }

@@ -10,6 +10,7 @@ follows from that, as for any other front.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -31,7 +32,11 @@ __all__ = [
     "negotiate_revision",
     "initialize_result",
     "tool_listing",
-    "shell_command",
+    "HIDDEN_TOOLS",
+    "ServerFacts",
+    "ShellArguments",
+    "instructions",
+    "shell_arguments",
     "tool_command",
     "error_message",
     "response",
@@ -64,28 +69,77 @@ SMITH_LOG_LEVEL: Final[Mapping[int, str]] = {
     pb.LOG_LEVEL_ERROR: "error",
 }
 
+# The registry's tools an MCP client does not see unless --mcp-expose-all-tools: a second way to
+# run a command (without the state ``shell`` keeps) and to list what tools/list lists.
+HIDDEN_TOOLS: Final = frozenset({"shell.run", "tools.list"})
+
 SHELL_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
         "command": {"type": "string", "description": "the command line, run by /bin/sh -c"},
-        "cwd": {"type": "string", "description": "working directory; relative to the workspace root (default: the root)"},
-        "timeout": {"type": "number", "exclusiveMinimum": 0, "description": "seconds before the process group is terminated"},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "extra environment variables"},
+        "cwd": {
+            "type": "string",
+            "description": "working directory, relative to the workspace root; default: where the previous call left off (the root at first)",
+        },
+        "timeout": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "description": "seconds (not milliseconds) before the process group is terminated; default and maximum: see the server's instructions",
+        },
+        "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "extra environment variables for this call only"},
+        "fresh": {
+            "type": "boolean",
+            "default": False,
+            "description": "start from the root and the service's environment, forgetting the directory and exported variables of earlier calls",
+        },
     },
     "required": ["command"],
     "additionalProperties": False,
 }
+_CUT = {
+    "type": ["object", "null"],
+    "description": "null: shown whole; else what the result shows of the stream and where the whole of it is",
+    "properties": {
+        "head_lines": {"type": "integer"},
+        "tail_lines": {"type": "integer"},
+        "cut_lines": {"type": "integer"},
+        "cut_bytes": {"type": "integer"},
+        "total_lines": {"type": "integer"},
+        "total_bytes": {"type": "integer"},
+        "file": {"type": ["string", "null"], "description": "the whole stream, readable with fs.read (offset/limit in lines)"},
+    },
+    "required": ["head_lines", "tail_lines", "cut_lines", "cut_bytes", "total_lines", "total_bytes", "file"],
+}
 SHELL_OUTPUT_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
-        "stdout": {"type": "string"},
+        "stdout": {"type": "string", "description": "the output, or its head and tail with a marker line where lines were cut"},
         "stderr": {"type": "string"},
         "exit_code": {"type": ["integer", "null"], "description": "negative: killed by that signal; null: it never ran"},
-        "stdout_bytes": {"type": "integer", "description": "bytes the command wrote to stdout (all of them, kept or not)"},
+        "stdout_bytes": {"type": "integer", "description": "bytes the command wrote to stdout (all of them, shown or not)"},
         "stderr_bytes": {"type": "integer"},
-        "truncated": {"type": "boolean", "description": "output beyond the result limit was left out"},
+        "truncated": {"type": "boolean", "description": "not all the output is shown here (see cut, output_capped)"},
+        "cut": {"type": "object", "properties": {"stdout": _CUT, "stderr": _CUT}, "required": ["stdout", "stderr"]},
+        "output_file": {"type": ["string", "null"], "description": "the whole output of a cut stream (stdout's if both were cut)"},
+        "output_capped": {"type": "boolean", "description": "the command wrote more than --max-output: the rest was not read"},
+        "timed_out": {"type": "boolean"},
+        "timeout_s": {"type": "number", "description": "the timeout the call ran with, in seconds"},
+        "timeout_capped": {"type": "boolean", "description": "the timeout asked for was over the maximum, which was used"},
+        "killed": {"type": "boolean", "description": "ended by a signal, a timeout, a limit or a cancel"},
+        "signal": {"type": ["integer", "null"]},
+        "kill_reason": {"type": ["string", "null"], "description": "why it was killed: timeout, limit FLAG, cancelled, or the signal"},
+        "refused": {"type": "boolean", "description": "the command did not run (a hook, the env policy, the sandbox, no process slot)"},
+        "refusal": {"type": ["string", "null"], "description": "why: hook_blocked, env_refused, cwd_outside_root …"},
+        "errors": {"type": "array", "items": {"type": "string"}},
+        "cwd": {"type": ["string", "null"], "description": "where the next call starts (null: the root)"},
+        "state_saved": {"type": "boolean", "description": "this call's directory and exported variables were kept for the next"},
+        "env_not_kept": {"type": "array", "items": {"type": "string"}, "description": "variables it exported that the env policy does not carry"},
     },
-    "required": ["stdout", "stderr", "exit_code", "stdout_bytes", "stderr_bytes", "truncated"],
+    "required": [
+        "stdout", "stderr", "exit_code", "stdout_bytes", "stderr_bytes", "truncated", "cut", "output_file", "output_capped",
+        "timed_out", "timeout_s", "timeout_capped", "killed", "signal", "kill_reason", "refused", "refusal", "errors", "cwd",
+        "state_saved", "env_not_kept",
+    ],
 }
 
 # MCP tool annotations of the built-ins (hints for clients deciding what to confirm with the user);
@@ -108,13 +162,49 @@ def negotiate_revision(requested: object) -> str:
     return requested if isinstance(requested, str) and requested in REVISIONS else LATEST
 
 
-def initialize_result(revision: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What the ``instructions`` of ``initialize`` tell the model about this service."""
+
+    root: str
+    sandbox: str
+    network: str
+    budget: int
+    output_dir: str
+    default_timeout: float
+    max_timeout: float
+    max_output: int
+
+
+def instructions(facts: ServerFacts) -> str:
+    confined = (
+        "off: commands run with the service's rights"
+        if facts.sandbox == "off"
+        else f"{facts.sandbox}: commands see the host read-only"
+        + (", may write only beneath the root" if facts.sandbox == "workspace-write" else "")
+        + " and a private /tmp"
+    )
+    return (
+        f"Tools run in the workspace root {facts.root}; fs.* paths are relative to it. "
+        f"Sandbox {confined}; network {facts.network}. "
+        "`shell` runs a command with /bin/sh; between calls of this session it keeps the working directory and the "
+        "variables you export (`\"fresh\": true` starts over from the root), and reports the directory after each command. "
+        f"Timeout: {facts.default_timeout:g} s unless the call gives `timeout` (seconds), at most {facts.max_timeout:g} s. "
+        f"A result shows at most {facts.budget} characters of output: the head and the tail of a longer stream, with a marker "
+        f"line; the whole stream goes to a file under {facts.output_dir} (its path is in the result), which fs.read reads by "
+        "lines (`offset` 1-based, `limit`) while the session lasts. "
+        f"A command's output beyond {facts.max_output} bytes is not read. "
+        "isError is true when a command exits non-zero, times out, is killed or is refused; structuredContent says which."
+    )
+
+
+def initialize_result(revision: str, facts: ServerFacts) -> dict[str, Any]:
     return {
         "protocolVersion": revision,
         # The registry is fixed once the service runs (plugins load at start-up): no listChanged.
         "capabilities": {"tools": {"listChanged": False}, "logging": {}},
         "serverInfo": {"name": "smith-fast", "title": "smith-fast", "version": __version__},
-        "instructions": "Tools run in the service's workspace; `shell` runs a command there and streams its output as progress.",
+        "instructions": instructions(facts),
     }
 
 
@@ -131,8 +221,10 @@ def tool_listing(tools: Sequence[Tool]) -> dict[str, Any]:
             "name": SHELL_TOOL,
             "title": "Run a shell command",
             "description": (
-                "Run a shell command in the workspace; output streams as progress notifications and the "
-                "result holds stdout, stderr and the exit code."
+                "Run a shell command in the workspace. The working directory and exported variables carry over "
+                "to the next call (fresh: true starts over); output streams as progress notifications; the result "
+                "holds stdout, stderr (head and tail when long, the whole in a file fs.read reads), the exit code, "
+                "whether it timed out, was killed or refused, and the directory it left."
             ),
             "inputSchema": SHELL_SCHEMA,
             "outputSchema": SHELL_OUTPUT_SCHEMA,
@@ -142,35 +234,48 @@ def tool_listing(tools: Sequence[Tool]) -> dict[str, Any]:
     return {"tools": listed}
 
 
-def shell_command(rid: str, args: Mapping[str, Any]) -> pb.ShellExecCommand:
-    """The ShellExec of a ``shell`` call.
+@dataclass(frozen=True, slots=True)
+class ShellArguments:
+    command: str
+    cwd: str | None
+    timeout: float  # seconds
+    capped: bool  # the timeout asked for was over the maximum
+    env: dict[str, str]
+    fresh: bool
+
+
+def shell_arguments(args: Mapping[str, Any], default_timeout: float, max_timeout: float) -> ShellArguments:
+    """The arguments of a ``shell`` call.
 
     Raises:
         ValueError: an argument of the wrong shape (the call then fails as a tool error).
     """
-    extra = set(args) - {"command", "cwd", "timeout", "env"}
+    extra = set(args) - set(SHELL_SCHEMA["properties"])
     if extra:
-        raise ValueError(f"unknown argument(s) {', '.join(sorted(extra))}; shell takes command, cwd, timeout, env")
+        raise ValueError(f"unknown argument(s) {', '.join(sorted(extra))}; shell takes {', '.join(SHELL_SCHEMA['properties'])}")
     command = args.get("command")
     if not isinstance(command, str) or not command:
         raise ValueError("command must be a non-empty string")
-    cmd = pb.ShellExecCommand(request_id=rid, command=command)
     cwd = args.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str):
-            raise ValueError("cwd must be a string")
-        cmd.cwd = cwd
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError("cwd must be a string")
     timeout = args.get("timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < 2**31 / 1000:
-            raise ValueError("timeout must be a positive number of seconds")
-        cmd.timeout_ms = max(1, round(timeout * 1000))
+    capped = False
+    if timeout is None:
+        timeout = default_timeout if default_timeout > 0 else max_timeout
+    elif isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < 2**31 / 1000:
+        raise ValueError("timeout must be a positive number of seconds")
+    if max_timeout > 0 and timeout > max_timeout:
+        timeout, capped = max_timeout, True
     env = args.get("env")
-    if env is not None:
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ValueError("env must be an object of strings")
-        cmd.env.update(env)
-    return cmd
+    if env is None:
+        env = {}
+    elif not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("env must be an object of strings")
+    fresh = args.get("fresh", False)
+    if not isinstance(fresh, bool):
+        raise ValueError("fresh must be a boolean")
+    return ShellArguments(command, cwd, float(timeout), capped, dict(env), fresh)
 
 
 def tool_command(rid: str, name: str, args: Mapping[str, Any]) -> pb.ToolCallCommand:

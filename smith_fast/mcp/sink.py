@@ -13,10 +13,12 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..pb import smith_pb2 as pb
+from .results import OutputDir, StreamKeeper
+from .shell_state import ShellState, StateSplitter
 from ..service.sinks import EventSink, Recording, as_text, now_ms
 from . import protocol
 
-__all__ = ["Call", "Channel", "McpSink", "CallHost"]
+__all__ = ["Call", "Channel", "McpSink", "CallHost", "ShellCall"]
 
 _TERMINAL = frozenset({pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR})
 
@@ -34,7 +36,7 @@ class Call:
 
     __slots__ = (
         "id", "shell", "channel", "token", "cancelled", "room", "out", "err", "out_bytes", "err_bytes",
-        "exit_code", "success", "result", "errors", "progress",
+        "exit_code", "success", "result", "errors", "progress", "failures", "shell_call",
     )
 
     def __init__(self, request_id: Any, shell: bool, channel: Channel, token: Any, room: int) -> None:
@@ -52,7 +54,9 @@ class Call:
         self.success = False
         self.result = b""
         self.errors: list[str] = []
+        self.failures: list[tuple[int, Mapping[str, str]]] = []  # each ErrorEvent's code and details
         self.progress = 0
+        self.shell_call: ShellCall | None = None  # a ``shell`` call's keepers and state (results.py)
 
     def add(self, parts: list[str], text: str) -> int:
         """Keep what fits of ``text`` in ``parts``; the bytes it had."""
@@ -73,10 +77,36 @@ class Call:
         return kept < self.out_bytes + self.err_bytes
 
 
+class ShellCall:
+    """What a ``shell`` call keeps besides :class:`Call`'s counts: its streams within the result
+    budget (:mod:`~smith_fast.mcp.results`), the state it started from and the sections that tell
+    the state it left (:mod:`~smith_fast.mcp.shell_state`)."""
+
+    __slots__ = ("out", "err", "splitter", "state", "files", "name", "timeout_s", "capped_timeout", "explicit_cwd")
+
+    def __init__(self, budget: int, marker: str, state: ShellState, files: OutputDir, name: str, timeout_s: float,
+                 capped_timeout: bool, explicit_cwd: bool) -> None:
+        self.out = StreamKeeper(budget)
+        self.err = StreamKeeper(budget)
+        self.splitter = StateSplitter(marker)
+        self.state = state
+        self.files = files
+        self.name = name
+        self.timeout_s = timeout_s
+        self.capped_timeout = capped_timeout
+        self.explicit_cwd = explicit_cwd
+
+    def add(self, keeper: StreamKeeper, text: str, stream: str) -> int:
+        size = len(text) if text.isascii() else len(text.encode())
+        keeper.add(text, size, self.files, f"{self.name}.{stream}.txt")
+        return size
+
+
 class CallHost(Protocol):
     """What the sink hands its findings to (:class:`~smith_fast.mcp.endpoint.McpEndpoint`)."""
 
     calls: dict[str, Call]
+    cancelled: set[str]  # request ids of calls the client cancelled
 
     def ended(self, rid: str, call: Call) -> None: ...
 
@@ -128,10 +158,21 @@ class McpSink(EventSink):
         call = self._calls.get(request_id)
         if call is None:
             return
-        if stdout:
-            call.out_bytes += call.add(call.out, stdout)
-        if stderr:
-            call.err_bytes += call.add(call.err, stderr)
+        shell = call.shell_call
+        if shell is not None:  # the MCP shell: state sections out, then kept within the budget
+            if stderr:
+                stderr = shell.splitter.feed(stderr)
+            if finished or exit_code is not None:
+                stderr = (stderr or "") + shell.splitter.flush()
+            if stdout:
+                call.out_bytes += shell.add(shell.out, stdout, "stdout")
+            if stderr:
+                call.err_bytes += shell.add(shell.err, stderr, "stderr")
+        else:
+            if stdout:
+                call.out_bytes += call.add(call.out, stdout)
+            if stderr:
+                call.err_bytes += call.add(call.err, stderr)
         if exit_code is not None:
             call.exit_code = exit_code
         if call.token is not None and (stdout or stderr) and not call.cancelled:
@@ -169,6 +210,9 @@ class McpSink(EventSink):
         call = self._calls.get(request_id) if request_id is not None else None
         if call is not None:
             call.errors.append(message)
+            call.failures.append((code, details or {}))
+        elif request_id is not None and request_id in self._host.cancelled:
+            pass  # the client cancelled it and expects no answer; an error-level log would read as a fault
         else:
             self._host.log("error", message, request_id, {"error_code": pb.ErrorCode.Name(code), **(details or {})})
 

@@ -116,6 +116,9 @@ class Limits:
         max_home_bytes: bytes a session's home may hold without ``--workspaces`` (``--max-home-bytes``;
             :mod:`smith_fast.service.session_home`): checked before each of its processes starts, a home
             over it is emptied; 0: no bound.
+        mcp_max_result_chars, mcp_default_timeout, mcp_max_timeout: the MCP ``shell`` tool's result
+            budget in characters (head and tail kept, the whole output in a file), the timeout of a call
+            that gives none, and the longest one a call may ask for (:mod:`smith_fast.mcp.results`).
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -220,6 +223,15 @@ class Limits:
     mcp_sessions_per_connection: int = option(
         8, flag="--mcp-sessions-per-connection", unit="count", commands=_FRONTS, group=_LIMITS,
         help="MCP sessions one HTTP connection may initialize; one more: 429, closed")
+    mcp_max_result_chars: int = option(
+        30_000, flag="--mcp-max-result-chars", unit="count", commands=("serve",), group=_LIMITS,
+        help="characters of output an MCP shell result shows (its head and tail, with a marker); the whole output goes to a file fs.read reads")
+    mcp_default_timeout: float = option(
+        120.0, flag="--mcp-default-timeout", unit="seconds", commands=("serve",), group=_LIMITS,
+        help="timeout of an MCP shell call that gives none; then its process group is terminated")
+    mcp_max_timeout: float = option(
+        600.0, flag="--mcp-max-timeout", unit="seconds", commands=("serve",), group=_LIMITS,
+        help="the longest timeout an MCP shell call may ask for; a longer one is cut to it")
     resume_window: float = option(
         30.0, flag="--resume-window", unit="seconds", commands=_FRONTS, group=_LIMITS,
         help="a dropped v1 session that asked for resume keeps running this long for its peer to reconnect; 0 = off")
@@ -281,6 +293,8 @@ class ServiceConfig:
             (``--mcp-allow-host``); any other is refused, against DNS rebinding.
         mcp_allow_origins: the browser origins allowed to call ``--mcp-http``
             (``--mcp-allow-origin``); a request with any other ``Origin`` is refused.
+        mcp_expose_all_tools: list ``shell.run`` and ``tools.list`` to MCP clients as well
+            (``--mcp-expose-all-tools``); by default they see ``shell`` and the file tools.
         mcp_servers: ``NAME=COMMAND`` / ``NAME=URL`` MCP servers whose tools are registered as
             ``NAME.TOOL`` at start-up (``--mcp-server``; :mod:`smith_fast.mcp.mount`).
         allow_env: request environment variables permitted although
@@ -350,6 +364,9 @@ class ServiceConfig:
     mcp_allow_origins: tuple[str, ...] = option(
         (), flag="--mcp-allow-origin", unit="text", repeat=True, metavar="ORIGIN", commands=_FRONTS, group=_SECURITY,
         help="a browser Origin (scheme://host[:port]) whose pages may call --mcp-http; any other Origin is refused with 403")
+    mcp_expose_all_tools: bool = option(
+        False, flag="--mcp-expose-all-tools", unit="switch", commands=("serve",), group=_GENERAL,
+        help="list shell.run and tools.list to MCP clients too (by default they see shell and the fs tools: one way to run a command)")
     mcp_servers: tuple[str, ...] = option(
         (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve", "worker"), group=_POLICY,
         help="mount an MCP server's tools as NAME.TOOL: a command line (spawned, supervised, spoken to over stdio) "

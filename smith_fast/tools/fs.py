@@ -19,7 +19,7 @@ import secrets
 import stat
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from smith_fast.errors import ProtocolError
@@ -29,7 +29,7 @@ from smith_fast.tools.registry import Tool
 from smith_fast.tools.schema import ArgumentError
 from smith_fast.tools.workspace import ToolContext, display_name
 
-__all__ = ["FS_READ", "FS_WRITE", "FS_LIST"]
+__all__ = ["FS_READ", "FS_WRITE", "FS_LIST", "readable_beneath"]
 
 _PATH = {"type": "string", "minLength": 1, "description": "Path relative to the workspace root."}
 _ENCODING = {
@@ -47,11 +47,24 @@ READ_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "path": _PATH,
-        "offset": {"type": "integer", "minimum": 0, "default": 0, "description": "First byte to read."},
+        "offset": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 0,
+            "description": "Without limit: the first byte to read (0-based). With limit: the first line to read (1-based).",
+        },
         "length": {
             "type": "integer",
             "minimum": 0,
             "description": "Bytes to read at most (default: up to the end, capped by the output limit).",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "description": (
+                "Read by lines: at most this many lines from line `offset` (1-based, default 1), as text "
+                "(undecodable bytes replaced); the file is read only up to the last line returned."
+            ),
         },
         "encoding": _ENCODING,
     },
@@ -72,9 +85,14 @@ def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | Coroutine[
     offset: int = args.get("offset", 0)
     length: int | None = args.get("length")
     encoding: str = args.get("encoding", "utf-8")
+    limit: int | None = args.get("limit")
     cap = ctx.max_output
     n = cap if length is None or length > cap else length
-    fd, name = ctx.open(args["path"], _READ_FLAGS)
+    if limit is not None and (length is not None or encoding != "utf-8"):
+        raise ArgumentError("limit reads lines of text: it does not go with length or encoding base64", "$.limit")
+    fd, name = _open_for_read(args["path"], ctx)
+    if limit is not None:
+        return _read_lines_call(fd, name, max(offset, 1), limit, cap)
     try:
         size = _regular_size(fd, name)
     except BaseException:
@@ -125,6 +143,119 @@ def _read_result(data: bytes, name: str, size: int, offset: int, length: int | N
 
 # O_NONBLOCK so that a FIFO in the workspace cannot hang the caller in open().
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK
+
+# Directories outside the root whose files fs.read reads by absolute path: the service's own
+# (the MCP front keeps the whole output of a command it cut there, in --state-dir, which commands
+# cannot see and which is never inside the root). Directory -> an O_PATH fd of it.
+_EXTRA_READABLE: dict[str, int] = {}
+
+
+def readable_beneath(directory: str) -> Callable[[], None]:
+    """Let ``fs.read`` read the files beneath ``directory`` (absolute, made by the service) by their
+    absolute path; the returned function takes that back. Opened beneath the directory's fd as
+    the root's files are, without following symlinks: only what the service wrote there."""
+    real = os.path.realpath(directory)
+    fd = os.open(real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    _EXTRA_READABLE[real] = fd
+
+    def forget() -> None:
+        if _EXTRA_READABLE.get(real) == fd:
+            del _EXTRA_READABLE[real]
+            os.close(fd)
+
+    return forget
+
+
+def _open_for_read(path: str, ctx: ToolContext) -> tuple[int, str]:
+    if path.startswith("/") and _EXTRA_READABLE:
+        for directory, dirfd in _EXTRA_READABLE.items():
+            if path.startswith(directory + "/"):
+                try:
+                    return open_beneath(dirfd, path[len(directory) + 1 :], _READ_FLAGS, follow=False), path
+                except FileNotFoundError:
+                    raise FileNotFoundError(f"no such file: {path!r} (the service keeps a session's outputs while it lasts)") from None
+    return ctx.open(path, _READ_FLAGS)
+
+
+_LINE_BLOCK = 64 * 1024
+
+
+def _read_lines_call(fd: int, name: str, first: int, limit: int, cap: int) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
+    try:
+        size = _regular_size(fd, name)
+    except BaseException:
+        os.close(fd)
+        raise
+    if size <= INLINE_READ:
+        try:
+            return _lines_result(name, size, first, *_read_lines(fd, first, limit, cap))
+        finally:
+            os.close(fd)
+
+    async def in_thread() -> dict[str, Any]:
+        def work() -> tuple[bytes, int, int, bool, bool]:
+            try:
+                return _read_lines(fd, first, limit, cap)
+            finally:
+                os.close(fd)
+
+        return _lines_result(name, size, first, *(await asyncio.to_thread(work)))
+
+    return in_thread()
+
+
+def _read_lines(fd: int, first: int, limit: int, cap: int) -> tuple[bytes, int, int, bool, bool]:
+    """Lines ``first`` (1-based) on, at most ``limit`` of them and ``cap`` bytes, reading block by
+    block from the start (a line's place is only known by counting the newlines before it) and no
+    further than the last line returned: memory stays one block plus what is returned, whatever
+    the file's size. Returns (the bytes, their byte offset, lines returned, more lines follow,
+    cut at ``cap``)."""
+    pos, line = 0, 1
+    while line < first:  # find where line ``first`` starts
+        block = os.pread(fd, _LINE_BLOCK, pos)
+        if not block:
+            return b"", pos, 0, False, False  # the file has fewer lines
+        i = 0
+        while line < first:
+            j = block.find(b"\n", i)
+            if j < 0:
+                break
+            line, i = line + 1, j + 1
+        pos += i if line == first else len(block)
+    start = pos
+    out = bytearray()
+    count = 0
+    while count < limit:
+        block = os.pread(fd, _LINE_BLOCK, pos)
+        if not block:
+            return bytes(out), start, count + (1 if out and not out.endswith(b"\n") else 0), False, False
+        i = 0
+        while count < limit:
+            j = block.find(b"\n", i)
+            end = len(block) if j < 0 else j + 1
+            if len(out) + end - i > cap:
+                out += block[i : i + cap - len(out)]
+                return bytes(out), start, count, True, True
+            out += block[i:end]
+            if j < 0:
+                break  # the line goes on in the next block
+            count, i = count + 1, end
+        pos += i if count == limit else len(block)
+    more = bool(os.pread(fd, 1, start + len(out)))
+    return bytes(out), start, count, more, False
+
+
+def _lines_result(name: str, size: int, first: int, data: bytes, byte_offset: int, count: int, more: bool, cut: bool) -> dict[str, Any]:
+    return {
+        "path": name,
+        "content": data.decode("utf-8", errors="replace"),
+        "size": size,
+        "offset": first,
+        "lines": count,
+        "byte_offset": byte_offset,
+        "next_offset": first + count if more else None,
+        "truncated": cut,
+    }
 
 
 def _regular_size(fd: int, name: str) -> int:
@@ -178,7 +309,9 @@ FS_READ = Tool(
     name="fs.read",
     description=(
         "Read a file (or a byte range of it) as UTF-8 text or base64; returns "
-        "{path, content, size, offset, length (bytes covered), truncated (cut by the output limit)}."
+        "{path, content, size, offset, length (bytes covered), truncated (cut by the output limit)}. "
+        "With limit, reads lines: offset is the first line (1-based) and the result is "
+        "{path, content, size, offset, lines, byte_offset, next_offset (null at the end), truncated}."
     ),
     schema=READ_SCHEMA,
     handler=_read,

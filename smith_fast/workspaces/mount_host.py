@@ -15,6 +15,9 @@ instead, over a ``SOCK_SEQPACKET`` socket pair: one JSON message per request, on
 * ``umount(path)``: detach what is mounted at ``path``.
 * ``rmtree(path)``: remove a tree (an overlay's work dir holds a mode 000 directory only a
   capable process may remove), never across a mount point.
+* ``mkdir(path)``: a directory (mode 0755), owned as the service's own would be.
+* ``batch(ops)``: several of the above in one round trip, in order; the first failure ends it
+  (a new workspace is one: its tmpfs, its directories and its overlay).
 
 Every path must be absolute and normalised and lie beneath ``top`` (lower layers may also be one
 of the directories given at start-up, the templates, used in place), with no symbolic link on the
@@ -239,6 +242,20 @@ class _Host:
     def handle(self, request: dict[str, Any]) -> None:
         op = request.get("op")
         if op == "ping":
+            return
+        if op == "batch":  # several operations in one round trip, in order; the first failure ends it
+            ops = request.get("ops")
+            if not isinstance(ops, list) or not all(isinstance(o, dict) and o.get("op") != "batch" for o in ops):
+                raise _Refused("a batch is a list of operations (no batch in a batch)", errno.EINVAL)
+            for one in ops:
+                self.handle(one)
+            return
+        if op == "mkdir":
+            path = self.path(request.get("path"), "directory")
+            try:
+                os.mkdir(path, 0o755)
+            except OSError as exc:
+                raise _Refused(f"making {path}: {exc.strerror}", exc.errno or errno.EIO) from None
             return
         if op == "tmpfs":
             path = self.path(request.get("path"), "tmpfs mount point")

@@ -64,10 +64,14 @@ class Volume:
 
     def fresh(self, kind: str) -> str:
         """A new directory name in the volume (``upper``, ``work``, ``layers/`` …), made."""
-        self._next += 1
-        path = f"{self.path}/{kind}{self._next}"
+        path = self.name(kind)
         os.mkdir(path, 0o755)
         return path
+
+    def name(self, kind: str) -> str:
+        """A new name in the volume, not made."""
+        self._next += 1
+        return f"{self.path}/{kind}{self._next}"
 
     def used(self) -> int:
         """Bytes the volume holds (its tmpfs's used blocks)."""
@@ -137,6 +141,10 @@ class OpenWorkspace(Protocol):
 
     @property
     def id(self) -> str: ...
+
+    def in_use(self) -> set[str]:
+        """The frozen layer directories it may still read."""
+        ...
 
     def close(self) -> None: ...
 
@@ -209,21 +217,54 @@ class WorkspaceStore:
 
     # ---- volumes ------------------------------------------------------------------------------
 
-    def new_volume(self) -> Volume:
-        """A fresh tmpfs of ``--max-workspace-bytes`` under ``DIR/s``."""
-        vid = secrets.token_hex(6)
-        path = f"{self.top}/s/{vid}"
+    def _made(self, chain: Sequence[Layer], template: Template) -> _Warm:
+        """A new volume with the overlay of ``chain`` over ``template`` mounted at its root: one round
+        trip to the mount host (its tmpfs, its directories, the overlay)."""
+        path = f"{self.top}/s/{secrets.token_hex(6)}"
         os.mkdir(path, 0o700)
-        size = self.limits.max_workspace_bytes
-        try:
-            self.host.call("tmpfs", path=path, size_bytes=size, inodes=max(1024, (size >> 20) * _INODES_PER_MIB))
-        except BaseException:
-            os.rmdir(path)
-            raise
         volume = Volume(path)
-        os.mkdir(f"{path}/root", 0o755)
-        os.mkdir(f"{path}/layers", 0o755)
-        return volume
+        upper, work = volume.name("upper"), volume.name("work")
+        size = self.limits.max_workspace_bytes
+        lowers = [layer.path for layer in chain] + [template.path]
+        try:
+            self.host.call("batch", ops=[
+                {"op": "tmpfs", "path": path, "size_bytes": size, "inodes": max(1024, (size >> 20) * _INODES_PER_MIB)},
+                *({"op": "mkdir", "path": d} for d in (f"{path}/root", f"{path}/layers", upper, work)),
+                {"op": "overlay", "target": f"{path}/root", "lowers": lowers, "upper": upper, "work": work},
+            ])
+        except BaseException:
+            self._remove([path], root=None)
+            raise
+        return _Warm(volume, upper, work)
+
+    def _remove(self, volumes: Sequence[str], root: str | None) -> None:
+        """Unmount (``root``'s overlay, then) ``volumes``' tmpfs and remove their directories."""
+        ops: list[dict[str, object]] = [{"op": "umount", "path": root}] if root is not None else []
+        for path in volumes:
+            ops.append({"op": "umount", "path": path})
+        try:
+            if ops:
+                self.host.call("batch", ops=ops)
+        except OSError:
+            pass  # not mounted (a volume whose tmpfs failed), or the next start removes it
+        for path in volumes:
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                log.warning("a workspace volume could not be removed", extra={"fields": {"path": path, "error": str(exc)}})
+
+    def release(self, root: str | None, volumes: Iterable[Volume]) -> None:
+        """Unmount ``root`` and let go of ``volumes``: the mount host's round trip in a thread, so that
+        a session's end never holds the loop (or a handshake) behind the mount host."""
+        gone = [v.path for v in self._let_go(volumes)]
+        if root is None and not gone:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._remove(gone, root)
+            return
+        loop.run_in_executor(None, self._remove, gone, root)
 
     def hold(self, volumes: Iterable[Volume]) -> None:
         for volume in set(volumes):
@@ -231,14 +272,16 @@ class WorkspaceStore:
 
     def drop(self, volumes: Iterable[Volume]) -> None:
         """Let go of ``volumes``; one that nobody holds any more is unmounted (its memory freed)."""
+        self.release(None, volumes)
+
+    @staticmethod
+    def _let_go(volumes: Iterable[Volume]) -> list[Volume]:
+        gone = []
         for volume in set(volumes):
             volume.holders -= 1
             if volume.holders <= 0:
-                try:
-                    self.host.call("umount", path=volume.path)
-                    os.rmdir(volume.path)
-                except OSError as exc:  # the next start removes it
-                    log.warning("a workspace volume could not be removed", extra={"fields": {"path": volume.path, "error": str(exc)}})
+                gone.append(volume)
+        return gone
 
     @staticmethod
     def volumes(chain: Sequence[Layer]) -> set[Volume]:
@@ -286,15 +329,7 @@ class WorkspaceStore:
         try:
             warm = self._take(template) if not chain else None
             if warm is None:
-                volume = self.new_volume()
-                upper, work = volume.fresh("upper"), volume.fresh("work")
-                try:
-                    self.mount(f"{volume.path}/root", chain, template, upper, work, replace=False)
-                except BaseException:
-                    volume.holders = 1
-                    self.drop([volume])
-                    raise
-                warm = _Warm(volume, upper, work)
+                warm = self._made(chain, template)
         except OSError as exc:
             log.error("a workspace could not be made", extra={"fields": {"error": str(exc)}})
             raise ProtocolError(f"the workspace could not be made: {exc}", pb.ERROR_CODE_INTERNAL_ERROR,
@@ -335,6 +370,31 @@ class WorkspaceStore:
                 checkpoint.expiry.cancel()
             self.drop(self.volumes(checkpoint.chain))
 
+    def prune(self, volume: Volume) -> None:
+        """Remove the frozen directories of ``volume`` that no workspace or checkpoint may read any
+        more (layers merged away, requests too old to undo): their memory back, in a thread (a
+        command may have made a directory of mode 000 there: the mount host removes it)."""
+        used: set[str] = set()
+        for ws in self.workspaces:
+            used |= ws.in_use()
+        for checkpoint in self.checkpoints.values():
+            used.update(layer.path for layer in checkpoint.chain)
+        top = f"{volume.path}/layers"
+        try:
+            gone = [path for path in (f"{top}/{name}" for name in os.listdir(top)) if path not in used]
+        except OSError:
+            return
+        if not gone:
+            return
+
+        def remove() -> None:
+            try:
+                self.host.call("batch", ops=[{"op": "rmtree", "path": path} for path in gone])
+            except OSError as exc:
+                log.warning("frozen layers could not be removed", extra={"fields": {"volume": volume.path, "error": str(exc)}})
+
+        asyncio.get_running_loop().run_in_executor(None, remove)
+
     # ---- the warm pool ------------------------------------------------------------------------
 
     def _take(self, template: Template) -> _Warm | None:
@@ -363,15 +423,7 @@ class WorkspaceStore:
         task.add_done_callback(_TASKS.discard)
 
     def _prepare(self, template: Template) -> _Warm:
-        volume = self.new_volume()
-        upper, work = volume.fresh("upper"), volume.fresh("work")
-        try:
-            self.mount(f"{volume.path}/root", (), template, upper, work, replace=False)
-        except BaseException:
-            volume.holders = 1
-            self.drop([volume])
-            raise
-        return _Warm(volume, upper, work)
+        return self._made((), template)
 
     def warm(self) -> None:
         """Start filling every template's pool (at start-up)."""

@@ -57,18 +57,25 @@ class SessionView(Protocol):
         ...
 
 
-_SPARE_LAYERS = 8
-"""Frozen layers beyond ``--max-undo`` (checkpoints between requests) before the oldest are merged."""
+_PRUNE_EVERY = 16
+"""Segments forgotten between two prunes of the volume's unused frozen directories."""
+
+_MOUNTED_LAYERS = 64
+"""Lower layers mounted at most besides inherited ones: past it the oldest of its own are merged
+(overlayfs takes 500, and a lookup in the workspace walks them all)."""
 
 
 class _Segment:
-    """The requests whose changes went into one upper: one request alone, or several that ran at once."""
+    """The requests whose changes went into one upper: one request alone, or several that ran at once.
+    Once frozen: its layer (a directory nothing writes again) and the mounted chain below it then,
+    which is what Undo puts back (merging later never touches either directory)."""
 
-    __slots__ = ("rids", "layer", "shared")
+    __slots__ = ("rids", "layer", "below", "shared")
 
     def __init__(self, rid: str) -> None:
         self.rids = {rid}
         self.layer: Layer | None = None  # once frozen
+        self.below: tuple[Layer, ...] = ()
         self.shared = False
 
 
@@ -105,6 +112,8 @@ class Workspace:
         self._segment: _Segment | None = None  # the live upper's, while a recorded request wrote there
         self._segments: collections.OrderedDict[str, _Segment] = collections.OrderedDict()  # request id → its segment
         self._forgotten: set[str] = set()  # ids whose layers went (--max-undo, a restore): undo_expired
+        self._levels: dict[str, int] = {}  # frozen layer of its own → its merge level (_compacted)
+        self._dropped = 0  # segments forgotten since the last prune
         self._trash: list[str] = []  # work directories of replaced overlays (their 000 dirs need the mount host)
         self.closed = False
 
@@ -172,6 +181,8 @@ class Workspace:
         os.rmdir(layer_path)
         os.rename(self.upper, layer_path)
         layer = Layer(layer_path, self.volume)
+        below = tuple(self.chain)
+        self._levels[layer_path] = 0
         chain = self._compacted([layer, *self.chain])
         try:
             self._remount(chain)
@@ -180,34 +191,53 @@ class Workspace:
             raise
         if self._segment is not None:
             self._segment.layer = layer
+            self._segment.below = below
             self._segment = None
         return layer
 
     def _compacted(self, chain: list[Layer]) -> list[Layer]:
-        """``chain`` with its two oldest adjacent layers of this workspace's own volume merged into
-        one while it is longer than ``--max-undo`` allows (each recorded request adds a layer, and
-        overlayfs takes at most 500): hard links, no data copied; the requests whose layers were
-        merged can no longer be undone. Checkpoints keep the layers they named."""
+        """``chain`` with layers of this workspace's own merged as a binary counter merges: the two
+        on top while they are of one level (each merge one level up), so that n frozen layers are
+        about log2(n) mounted ones and each entry is merged log2(n) times in all; past
+        :data:`_MOUNTED_LAYERS`, the two oldest of its own. Hard links, no data copied; the frozen
+        directories stay for Undo and the checkpoints that name them."""
         from .store import Layer
 
-        room = self._store.limits.max_undo + _SPARE_LAYERS
-        while len(chain) > room:
-            for i in range(len(chain) - 2, -1, -1):  # from the bottom: the oldest pair first
-                newer, older = chain[i], chain[i + 1]
-                if newer.volume is self.volume and older.volume is self.volume:
-                    break
-            else:
-                return chain  # nothing of its own to merge (a fork's inherited layers): as it is
+        def merge(i: int, level: int) -> None:
+            newer, older = chain[i], chain[i + 1]
             out = self.volume.fresh("layers/")
             os.rmdir(out)
             layers.merge(older.path, newer.path, out)
-            merged = Layer(out, self.volume)
-            chain = [*chain[:i], merged, *chain[i + 2 :]]
-            for rid, segment in list(self._segments.items()):
-                if segment.layer is newer or segment.layer is older:
-                    del self._segments[rid]
-                    self._forgotten.add(rid)
+            self._levels[out] = level
+            chain[i : i + 2] = [Layer(out, self.volume)]
+
+        levels = self._levels
+        while len(chain) >= 2 and chain[0].path in levels and chain[1].path in levels and levels[chain[0].path] == levels[chain[1].path]:
+            merge(0, levels[chain[0].path] + 1)
+        while sum(1 for layer in chain if layer.volume is self.volume) > _MOUNTED_LAYERS:
+            pairs = [i for i in range(len(chain) - 1) if chain[i].volume is self.volume and chain[i + 1].volume is self.volume]
+            if not pairs:
+                break
+            i = pairs[-1]
+            merge(i, max(levels.get(chain[i].path, 0), levels.get(chain[i + 1].path, 0)) + 1)
         return chain
+
+    def in_use(self) -> set[str]:
+        """The frozen directories this workspace may still read: its mounted chain, and the layers
+        of the requests it can still undo with what lay below them."""
+        out = {layer.path for layer in self.chain}
+        for segment in self._segments.values():
+            if segment.layer is not None:
+                out.add(segment.layer.path)
+                out.update(layer.path for layer in segment.below)
+        return out
+
+    def _forget(self, rid: str) -> None:
+        self._forgotten.add(rid)
+        self._dropped += 1
+        if self._dropped >= _PRUNE_EVERY:
+            self._dropped = 0
+            self._store.prune(self.volume)
 
     def _others(self, rid: str) -> list[str]:
         return [r for r in self._session.live() if r != rid]
@@ -237,7 +267,7 @@ class Workspace:
         self._segments.move_to_end(rid)
         while len(self._segments) > self._store.limits.max_undo:
             old, _ = self._segments.popitem(last=False)
-            self._forgotten.add(old)
+            self._forget(old)
 
     def end(self, rid: str) -> ChangeSet | None:
         segment = self._segments.get(rid)
@@ -246,10 +276,7 @@ class Workspace:
         if segment.layer is None and segment is not self._segment:
             return ChangeSet()  # frozen while empty: it wrote nothing
         if segment.layer is not None:
-            index = self.chain.index(segment.layer) if segment.layer in self.chain else -1
-            if index < 0:
-                return None
-            top, below = segment.layer.path, self._lowers(self.chain[index + 1 :])
+            top, below = segment.layer.path, self._lowers(segment.below)
         else:
             top, below = self.upper, self._lowers()
         changes = layers.layer_changes(top, below)
@@ -336,11 +363,12 @@ class Workspace:
         if segment.layer is None and segment is self._segment:
             self._freeze()
         self.begin(rid)  # the undo's own layer: itself undoable
-        if segment.layer is None or segment.layer not in self.chain:
+        if segment.layer is None:
             return ChangeSet(), []  # it wrote nothing
-        index = self.chain.index(segment.layer)
-        below = self._lowers(self.chain[index + 1 :])
-        later = [layer.path for layer in self.chain[:index]]
+        below = self._lowers(segment.below)
+        order = list(self._segments.values())
+        later = [s.layer.path for s in order[order.index(segment) + 1 :] if s.layer is not None and s is not segment]
+        later.append(self.upper)
         changed = layers.layer_changes(segment.layer.path, below)
         conflicts = [c.path for c in changed.changes if any(os.path.lexists(f"{top}/{c.path}") for top in later)]
         skip = set() if force else set(conflicts)
@@ -359,16 +387,11 @@ class Workspace:
         self.closed = True
         store = self._store
         try:
-            store.host.call("umount", path=self.root)
-        except OSError:
-            pass
-        try:
             remove_tree(self.home)  # its checkpoints may keep the volume; the home goes with the session
         except OSError:
             pass
         store.ended(self)
-        store.drop(self._inherited(self.chain))
-        store.drop([self.volume])
+        store.release(self.root, [*self._inherited(self.chain), self.volume])
 
 
 def open_workspace(store: WorkspaceStore, session: SessionView, template: str | None, fork: str | None) -> Workspace:

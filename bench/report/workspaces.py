@@ -1,0 +1,115 @@
+"""The report's workspaces section: ``bench/bench_workspaces.py`` run inside ``make bench``, its figures
+in ``report.json`` (``workspaces``) and a section of ``report.md``.
+
+It has services of its own (``serve --workspaces`` against a plain ``serve``), not contenders, so it
+runs after the contenders' cases, once, at the report's scale (``full`` or ``quick``; ``--smoke`` runs
+it only when ``--only workspaces`` asks for it, at the quick size).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .render import fmt
+from .runner import Report
+
+__all__ = ["GROUP", "markdown", "run", "wanted"]
+
+GROUP = "workspaces"
+
+
+def wanted(scale: str, only: list[str], skip: bool) -> bool:
+    """Whether this run measures the workspaces section: asked for by ``--only``, else at full and quick scale."""
+    if skip:
+        return False
+    if only:
+        return GROUP in only
+    return scale != "smoke"
+
+
+def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
+    """Measure it into ``report.workspaces`` (``report.workspaces_failure`` says why not, when it failed)."""
+    from .. import bench_workspaces  # the harness only when this section runs
+
+    tell = say or (lambda line: print(f"bench.report: workspaces: {line}", file=sys.stderr, flush=True))
+    try:
+        report.workspaces = bench_workspaces.measure(bench_workspaces.SCALES["full" if scale == "full" else "quick"], tell)
+    except Exception as exc:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        report.workspaces_failure = detail[:500]
+        tell(f"failed: {detail}")  # whole: a process's stderr is at its end
+        return
+    for line in bench_workspaces.render(report.workspaces):
+        tell(line)
+
+
+def _verdict(met: bool) -> str:
+    return "**met**" if met else "**not met**"
+
+
+def _row(name: str, figures: dict[str, Any]) -> str:
+    return f"| {name} | {fmt(figures['p50_ms'])} | {fmt(figures['p90_ms'])} |"
+
+
+def markdown(report: Report) -> list[str]:
+    """The section (empty when the run did not measure it)."""
+    if report.workspaces is None and report.workspaces_failure is None:
+        return []
+    out = ["## Workspaces: a copy-on-write workspace per session", ""]
+    if report.workspaces is None:
+        return [*out, f"Not measured: `{report.workspaces_failure}`.", ""]
+    r = report.workspaces
+    t = r["templates"]["big"]
+    out += [f"`python -m bench.bench_workspaces` ({r['scale']} scale, {r['wall_s']} s): `smith-fast serve --workspaces` with "
+            f"a template of {t['files']:,} files / {t['bytes'] / 1e6:.0f} MB (mostly small files, a few big), on this machine, "
+            "the SDK client (`smith_fast.client.Client`) on Unix sockets. Ratios are within this run.", ""]
+    st = r["session_start"]
+    out += [f"Session start, `Client.connect` + handshake to Ready, a fresh connection each ({st['starts']} per service, "
+            "interleaved); `cp -a` of the template for scale:", "", "| service | p50 ms ↓ | p90 ms ↓ |", "|---|--:|--:|"]
+    for n in [k for k in st if isinstance(st[k], dict) and "p90_ms" in st[k]]:
+        out.append(_row(f"`{n}`", st[n]))
+    sp = st["spaced"]
+    for n in [k for k in sp if isinstance(sp[k], dict)]:
+        out.append(_row(f"`{n}`, {sp['spacing_ms']:g} ms apart", sp[n]))
+    cp = st["copy"]
+    out += [f"| `cp -a` of the template (p50 of {cp['runs']}) | {fmt(cp['p50_ms'])} | — |", "",
+            f"`{st['ratio_of']}`: ×{st['ratio']:.2f} the p50 (target ≤ {st['target']:g}x): {_verdict(st['met'])}. "
+            f"`cp -a` / `{st['ratio_of'].split(' / ')[0]}`: ×{st['copy_ratio']:,.0f} (target ≥ {st['copy_target']:g}x): "
+            f"{_verdict(st['copy_met'])}. The starts {sp['spacing_ms']:g} ms apart ({sp['starts']} per service; the service quiet "
+            f"at each: the last session's workspace unmounted, the warm pool refilled): ×{sp['ratio']:.2f}.", ""]
+    cf = r["checkpoint_fork"]
+    out += [f"Checkpoint (`client.checkpoint()` round trip) and fork (connect + handshake with `fork=ID` to Ready), the same "
+            f"small change written before each, {cf['reps']} of each per template, interleaved:", "",
+            f"| | {cf['templates']['big']} p50 ms ↓ | {cf['templates']['small']} p50 ms ↓ | ratio | target |", "|---|--:|--:|--:|---|"]
+    for what in ("checkpoint", "fork"):
+        x = cf[what]
+        out.append(f"| {what} | {fmt(x['big']['p50_ms'])} | {fmt(x['small']['p50_ms'])} | ×{x['ratio']:.2f} | "
+                   f"≤ {cf['target']:g}x: {_verdict(x['met'])} |")
+    out.append("")
+    m = r["many_sessions"]
+    out += [f"{m['sessions']} sessions alive at once, each with its own workspace, each running `echo $i > f; cat f` and "
+            f"checking its output, opened {m['concurrency']} at a time: all of them in {m['open_wall_s']:.1f} s "
+            f"({m['alive_at_end']} still answering at the end). Idle, per session: the service's RSS "
+            f"{m['rss_kib_per_session']:.0f} KiB (`VmRSS` {m['rss_kib']['before'] / 1024:.0f} → {m['rss_kib']['after'] / 1024:.0f} MiB)"]
+    if "kernel_kib_per_session" in m:
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in m["cgroup_kib_per_session"].items())
+        out[-1] += (f"; kernel side (kernel memory + tmpfs pages) {m['kernel_kib_per_session']:.0f} KiB, from the service's "
+                    f"memory cgroup ({m['memory_cgroup']}; KiB per session: {parts}).")
+    else:
+        out[-1] += f"; kernel side n/a ({m['memory_cgroup']})."
+    fd = m["fds"]
+    out[-1] += (f" File descriptors of the service: {fd['per_session']:.1f} per idle session ({fd['before']} → {fd['after']}; "
+                f"its soft limit {fd['soft_limit']}, inherited: it does not raise its own).")
+    out.append("")
+    c = r["changes"]
+    out += [f"What a request changed: `{c['command']}` in the {c['template']} template, a session that accepted `changes` "
+            f"and one that did not (same service, interleaved, {c['reps']} runs each), request to final event:", "",
+            "| session | p50 ms ↓ | p90 ms ↓ |", "|---|--:|--:|", _row("`changes`", c["changes"]), _row("no `changes`", c["no changes"]),
+            "", f"`{c['ratio_of']}`: ×{c['ratio']:.2f} the p50 (target ≤ {c['target']:g}x): {_verdict(c['met'])}. "
+            f"The first {c['quarter']} runs' p50 against the last {c['quarter']}'s: `changes` {fmt(c['changes']['early_p50_ms'])} → "
+            f"{fmt(c['changes']['late_p50_ms'])} ms, no `changes` {fmt(c['no changes']['early_p50_ms'])} → "
+            f"{fmt(c['no changes']['late_p50_ms'])} ms.", ""]
+    return out

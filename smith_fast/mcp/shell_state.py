@@ -1,0 +1,150 @@
+"""The MCP ``shell`` tool's state between calls: the working directory and the exported variables.
+
+There is no long-lived shell (one would outlive a timeout, hold a process slot, and serialise the
+calls). Each call runs the command, as it is, after a short prologue in the same ``/bin/sh``:
+
+* the prologue writes the environment the command starts with (``env -0``) to stderr between two
+  markers, ``cd``\\ s to the directory the previous call left, and sets an ``EXIT`` trap;
+* the trap (it runs when the script ends, by ``exit`` inside the command too, and after a syntax
+  error) writes ``$PWD`` and ``env -0`` between markers, then exits with the command's status.
+
+The markers hold a random token per MCP session and NUL bytes, which text output does not
+produce; :class:`StateSplitter` takes the sections out of the stderr stream before anything else
+sees it (progress, the result), so the client sees only the command's own output. The variables
+carried to the next call are those the command set or changed (its end against its start), minus
+the shell's own (``PWD`` …) and the names the env policy refuses (those would make every later call
+be refused); they come back as the ShellExec's ``env``, so the env policy and the hooks see them as
+any request's variables. What does not update the state: a command killed (timeout, cancel,
+limits), one that ``exec``\\ s another program, sets its own ``EXIT`` trap or sends the shell's
+stderr elsewhere (``exec 2>file``): the next call starts where this one started.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from ..refused_env import refused_names
+
+__all__ = ["ShellState", "StateSplitter", "wrap"]
+
+# Variables of the shell itself or of one command's run, never carried.
+_NOT_CARRIED = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+
+
+def new_marker() -> str:
+    return f"\0smith-fast-state-{secrets.token_hex(8)}\0"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def wrap(command: str, marker: str, cwd: str | None) -> str:
+    """The script a stateful ``shell`` call runs: the prologue, then ``command`` verbatim."""
+    mark = marker.replace("\0", "\\0")  # printf's format writes the NULs
+    lines = [
+        f"printf '{mark}' >&2; env -0 >&2; printf '{mark}' >&2",
+        f"trap '__smith_rc=$?; {{ printf \"{mark}%s\\0\" \"$PWD\"; env -0; printf \"{mark}\"; }} >&2; exit $__smith_rc' EXIT",
+    ]
+    if cwd is not None:
+        q = _quote(cwd)
+        lines.append(f"cd -- {q} 2>/dev/null || printf 'smith-fast: the directory %s is gone; running in %s\\n' {q} \"$PWD\" >&2")
+    return "\n".join(lines) + "\n" + command
+
+
+class StateSplitter:
+    """Takes the marked sections out of a stream of stderr text, chunk by chunk.
+
+    Text that may be the start of a marker is held back until the next chunk tells; :meth:`flush`
+    gives it back at the end. The sections (their text) are in :attr:`sections`.
+    """
+
+    __slots__ = ("marker", "held", "inside", "sections", "_current")
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.held = ""
+        self.inside = False
+        self.sections: list[str] = []
+        self._current: list[str] = []
+
+    def feed(self, text: str) -> str:
+        """The output part of ``text`` (what is not a section)."""
+        text = self.held + text
+        self.held = ""
+        out: list[str] = []
+        marker = self.marker
+        while True:
+            at = text.find(marker)
+            if at < 0:
+                break
+            (self._current if self.inside else out).append(text[:at])
+            if self.inside:
+                self.sections.append("".join(self._current))
+                self._current = []
+            self.inside = not self.inside
+            text = text[at + len(marker) :]
+        keep = _partial(text, marker)
+        if keep:
+            self.held, text = text[-keep:], text[:-keep]
+        (self._current if self.inside else out).append(text)
+        return "".join(out)
+
+    def flush(self) -> str:
+        """What was held back and turned out to be output (the stream ended)."""
+        held, self.held = self.held, ""
+        return "" if self.inside else held
+
+
+def _partial(text: str, marker: str) -> int:
+    """The length of the longest end of ``text`` that begins ``marker``."""
+    first = marker[0]
+    start = max(0, len(text) - len(marker) + 1)
+    while True:
+        at = text.find(first, start)
+        if at < 0:
+            return 0
+        if marker.startswith(text[at:]):
+            return len(text) - at
+        start = at + 1
+
+
+def _environment(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in text.split("\0"):
+        name, eq, value = item.partition("=")
+        if eq and name:
+            env[name] = value
+    return env
+
+
+@dataclass(slots=True)
+class ShellState:
+    """What the next call of an MCP session's ``shell`` starts with.
+
+    Attributes:
+        cwd: the directory (absolute, as the command saw it); None: the root.
+        env: the variables carried (set or changed by earlier calls).
+    """
+
+    cwd: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def after(self, sections: list[str], allow: Collection[str], policy: str) -> tuple[ShellState, list[str]] | None:
+        """The state a call that started from this one left, from its two sections (None when
+        the trap did not run: the state stays); with the names the env policy keeps from carrying."""
+        if len(sections) < 2:
+            return None
+        start = _environment(sections[0])
+        cwd, _, rest = sections[1].partition("\0")
+        end = _environment(rest)
+        changed = {k: v for k, v in end.items() if k not in _NOT_CARRIED and (k in self.env or start.get(k) != v)}
+        refused = refused_names(changed, allow, policy=policy)
+        for name in refused:
+            del changed[name]
+        return ShellState(cwd or None, changed), refused
+
+    def command_env(self, extra: Mapping[str, str]) -> dict[str, str]:
+        return {**self.env, **extra}
