@@ -6,7 +6,7 @@ import functools
 import os
 import pwd
 
-__all__ = ["DEFAULT_PATH", "DEFAULT_SHELL", "base_environment"]
+__all__ = ["DEFAULT_PATH", "DEFAULT_SHELL", "HOME_VARIABLES", "base_environment", "home_environment"]
 
 DEFAULT_SHELL = "/bin/sh"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -52,3 +52,41 @@ def base_environment() -> dict[str, str]:
         "TERM": "dumb",
         "SMITH_FAST": "1",
     }
+
+
+HOME_VARIABLES: dict[str, str] = {
+    "HOME": "",
+    "XDG_CACHE_HOME": ".cache",
+    "XDG_CONFIG_HOME": ".config",
+    "XDG_DATA_HOME": ".local/share",
+    "XDG_STATE_HOME": ".local/state",
+    "npm_config_cache": ".npm",
+    "PIP_CACHE_DIR": ".cache/pip",
+    "CARGO_HOME": ".cargo",
+    "GOPATH": "go",
+    "GOCACHE": ".cache/go-build",
+}
+"""The variables a session's home sets, each a path relative to the home. Most tools derive these
+from ``HOME`` already; they are set anyway so that a tool with its own default (npm's, cargo's,
+go's) writes in the home and nowhere else."""
+
+# Tool managers whose toolchains live in the service user's real home (rustup's ``cargo`` and
+# ``rustc`` proxies, pyenv's shims): with ``HOME`` moved they would look for them in the session's
+# home and find nothing. They are pointed at the real ones, which stay read-only in a command's view.
+_TOOLCHAINS = {"RUSTUP_HOME": ".rustup", "PYENV_ROOT": ".pyenv"}
+
+
+def home_environment(home: str) -> dict[str, str]:
+    """The variables of a command whose session's home is ``home``: :data:`HOME_VARIABLES` under
+    it, plus ``RUSTUP_HOME``/``PYENV_ROOT`` when the service's environment sets them or its user's
+    real home has them (so that toolchains installed there still run)."""
+    out = {name: f"{home}/{sub}" if sub else home for name, sub in HOME_VARIABLES.items()}
+    _, real = _account(os.getuid())
+    real = os.environ.get("HOME") or real
+    for name, sub in _TOOLCHAINS.items():
+        given = os.environ.get(name)
+        if given:
+            out[name] = given
+        elif real and os.path.isdir(f"{real}/{sub}"):
+            out[name] = f"{real}/{sub}"
+    return out

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import containment
-from .command_env import DEFAULT_SHELL
+from .command_env import DEFAULT_SHELL, home_environment
 from .errors import ProtocolError
 from .pb import smith_pb2
 from .sandbox import Sandbox
@@ -152,7 +152,7 @@ def spawn(
         loop: the loop that watches its cgroup.
         shell: the shell program (looked up on ``environ``'s ``PATH`` when it has no slash).
         cwd: its working directory; None: the service's own.
-        environ: its whole environment (``TMPDIR`` is added for a sandboxed command).
+        environ: its whole environment (``TMPDIR``, and the home variables of the sandbox's home, are added for a sandboxed command).
         env: what the request asked for (a ``TMPDIR`` of its own is kept).
         pipe_size: the kernel buffer to ask for each output pipe.
         sandbox, stdin, pty, limits: as :meth:`~smith_fast.shell_process.ShellProcess.start`'s.
@@ -172,6 +172,11 @@ def spawn(
         argv = [found, "-c", command]
         if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
             environ["TMPDIR"] = sandbox.tmpdir
+        if sandbox.home is not None:
+            # The session's home (what --allow-env let the request set instead is kept)
+            for name, value in home_environment(sandbox.home).items():
+                if not (env and name in env):
+                    environ[name] = value
     if pty is not None:
         return _spawn_pty(loop, shell, command, cwd, environ, pty, sandbox, limits)
     try:

@@ -17,7 +17,10 @@ classes, not single names:
     ``openssl``, ``python3 -c 'import ssl'``, ``curl``), ``OPENSSL_ENGINES``/``OPENSSL_MODULES``,
     ``GIT_CONFIG``/``GIT_CONFIG_GLOBAL``/``GIT_CONFIG_SYSTEM``, ``HOME`` and ``XDG_CONFIG_HOME``
     (``~/.gitconfig``, ``~/.curlrc``, ``~/.npmrc`` ... from a directory the peer wrote),
-    ``PYTHONHOME``, ``CURL_HOME``, ``WGETRC``, ``PIP_CONFIG_FILE``, ``NPM_CONFIG_*``/``npm_config_*``.
+    ``PYTHONHOME``, ``CURL_HOME``, ``WGETRC``, ``PIP_CONFIG_FILE``, ``NPM_CONFIG_*``/``npm_config_*``,
+    ``CARGO_HOME`` (its ``config.toml`` names a ``rustc-wrapper``), ``RUSTUP_HOME`` (its settings name
+    the toolchain that runs), ``GOENV`` (go's env file sets ``GOFLAGS``). The service sets ``HOME``
+    and these homes itself, to the session's home (:func:`smith_fast.command_env.home_environment`).
 ``option-injection``
     settings that *are* code or a command: shell start-up (``BASH_ENV``, ``ENV``, ``ZDOTDIR``,
     ``SHELLOPTS``, ``BASHOPTS``, ``PS4``, ``PROMPT_COMMAND``, exported functions ``BASH_FUNC_*``),
@@ -28,7 +31,7 @@ classes, not single names:
     runs a command on ``git status``; ``GIT_CONFIG_PARAMETERS``) and the commands programs run
     for help (``GIT_SSH``, ``GIT_SSH_COMMAND``, ``GIT_PROXY_COMMAND``, ``GIT_EXTERNAL_DIFF``,
     ``GIT_ASKPASS``, ``SSH_ASKPASS``, ``GIT_PAGER``, ``PAGER``, ``MANPAGER``, ``GIT_EDITOR``,
-    ``EDITOR``, ``VISUAL``, ``LESSOPEN``, ``LESSCLOSE``, ``GIT_EXEC_PATH``, ``RUSTC_WRAPPER`` ...).
+    ``EDITOR``, ``VISUAL``, ``LESSOPEN``, ``LESSCLOSE``, ``GIT_EXEC_PATH``, ``RUSTC_WRAPPER``, ``GOFLAGS`` (``-toolexec``) ...).
 ``search-path``
     module search paths: ``PYTHONPATH`` (a ``sitecustomize.py`` there runs in *every*
     ``python3``, whatever it is asked to do), ``PYTHONUSERBASE``, ``NODE_PATH``, ``PERL5LIB``,
@@ -93,6 +96,7 @@ CLASSES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
             "OPENSSL_CONF", "OPENSSL_ENGINES", "OPENSSL_MODULES", "GIT_CONFIG", "GIT_CONFIG_GLOBAL",
             "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM", "GIT_TEMPLATE_DIR", "HOME", "XDG_CONFIG_HOME",
             "XDG_CONFIG_DIRS", "PYTHONHOME", "CURL_HOME", "WGETRC", "PIP_CONFIG_FILE", "INPUTRC",
+            "CARGO_HOME", "RUSTUP_HOME", "GOENV",
         }),
         ("NPM_CONFIG_", "npm_config_"),
     ),
@@ -105,7 +109,7 @@ CLASSES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
             "GIT_PROXY_COMMAND", "GIT_EXTERNAL_DIFF", "GIT_ASKPASS", "SSH_ASKPASS", "SUDO_ASKPASS",
             "GIT_PAGER", "PAGER", "MANPAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "EDITOR", "VISUAL",
             "LESSOPEN", "LESSCLOSE", "GIT_EXEC_PATH", "RSYNC_RSH", "CVS_RSH", "BROWSER", "MAKEFLAGS",
-            "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_RUSTC_WRAPPER",
+            "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_RUSTC_WRAPPER", "GOFLAGS",
         }),
         ("BASH_FUNC_", "GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"),
     ),

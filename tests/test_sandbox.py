@@ -118,7 +118,7 @@ async def test_workspace_write_refuses_writes_outside_the_root(default: ServerPr
         target = outside("touch")
         code, _, err = await _sh(client, f"touch {target}")
         assert code != 0 and refused(err) and not os.path.exists(target)
-        code, _, err = await _sh(client, 'echo pwned >> "$HOME/.bashrc"')
+        code, _, err = await _sh(client, f'echo pwned >> {places["home"]}/.bashrc')  # the service's HOME (commands get their own)
         assert code != 0 and refused(err)
         assert (places["home"] / ".bashrc").read_text() == "# theirs\n"
         code, _, err = await _sh(client, "echo out > escape/f")  # through the symlink inside the root

@@ -142,6 +142,11 @@ class Sandbox:
         cover: directories covered by an empty read-only tmpfs in a command's view, in which only
             the root is put back when it lies beneath one (``--workspaces DIR``: a session's
             command sees its own workspace and nothing else of DIR). Resolved on construction.
+        home: the session's home directory (``HOME`` and the tool caches under it,
+            :func:`smith_fast.command_env.home_environment`), writable in workspace-write mode
+            besides the root; None: commands keep the service's ``HOME`` (read-only in their view).
+            Its parent, the directory of every session's home, is in :attr:`cover`
+            (:meth:`with_home`), so a command sees its own home and no other. Resolved on construction.
         tmp_size: bytes the private ``/tmp`` and ``/dev/shm`` may each hold (``--max-tmp-per-command``).
         file_size: the largest file a command may write, bytes (``RLIMIT_FSIZE``; 0: no limit).
         reap: the sandbox program waits for its namespaces' teardown before it ends. It need not:
@@ -157,6 +162,7 @@ class Sandbox:
     deny_read: tuple[str, ...] = ()
     hidden: tuple[str, ...] = ()
     cover: tuple[str, ...] = ()
+    home: str | None = None
     tmp_size: int = DEFAULT_TMP_SIZE
     file_size: int = 0
     reap: bool = field(default=_ADOPTS_ORPHANS, compare=False)
@@ -173,6 +179,8 @@ class Sandbox:
         object.__setattr__(self, "deny_read", tuple(os.path.realpath(p) for p in self.deny_read))
         object.__setattr__(self, "hidden", tuple(os.path.realpath(p) for p in self.hidden))
         object.__setattr__(self, "cover", tuple(os.path.realpath(p) for p in self.cover))
+        if self.home is not None:
+            object.__setattr__(self, "home", os.path.realpath(self.home))
         if "/" in self.cover:
             raise ValueError("a sandbox cannot cover / (cover the workspaces directory)")
 
@@ -182,6 +190,16 @@ class Sandbox:
         covered so that nothing else of it is in their view, and ``hidden`` (the templates' host
         paths, which a command could otherwise read in place) are hidden too."""
         return replace(self, root=os.path.realpath(root), cover=(*self.cover, cover), hidden=(*self.hidden, *hidden))
+
+    def with_home(self, home: str, homes: str | None = None) -> Sandbox:
+        """This sandbox for a session whose home is ``home``, a directory of ``homes`` (the
+        directory of every session's home, covered so that a command sees only its own; None when
+        it lies beneath a directory already covered: a workspace's volume). Only in workspace-write
+        mode: read-only and off keep the service's ``HOME``."""
+        if self.mode != "workspace-write":
+            return self
+        cover = self.cover if homes is None or os.path.realpath(homes) in self.cover else (*self.cover, homes)
+        return replace(self, home=home, cover=cover)
 
     @property
     def active(self) -> bool:
@@ -198,8 +216,10 @@ class Sandbox:
         return TMPDIR if self.active and self.confines_files else None
 
     def writable(self) -> list[str]:
-        """What a command may write besides its private ``/tmp``: the root in workspace-write."""
-        return [self.root] if self.mode == "workspace-write" else []
+        """What a command may write besides its private ``/tmp``: the root (and the session's home) in workspace-write."""
+        if self.mode != "workspace-write":
+            return []
+        return [self.root] if self.home is None else [self.root, self.home]
 
     def denies(self, path: str) -> bool:
         """Whether ``path`` (absolute, resolved) is one commands and the file tools may not read."""

@@ -339,6 +339,10 @@ class BackgroundTable:
         entry = Background(rid, cmd.command, Ring(self.limits.background_buffer, limits.chunk_size),
                            ex.workspace.id if ex.workspace is not None else "")
         sandbox = core.tool_context.sandbox
+        home = ex.home  # it outlives the session: so does the home it writes (session_home.py)
+        release = core.release_process if home is None else _both(core.release_process, home.release)
+        if home is not None:
+            home.hold()
         try:
             proc = await spawn(
                 cmd.command,
@@ -355,7 +359,7 @@ class BackgroundTable:
                 limits=limits.command_limits(),
             )
         except BaseException:
-            core.release_process()
+            release()
             raise
         entry.proc = proc
         # What the peer sent for its stdin before it started (hooks run first) goes to it now; from
@@ -364,7 +368,7 @@ class BackgroundTable:
         ex.process_ended(rid, proc)
         self._entries[rid] = entry
         timeout = cmd.timeout_ms / 1000 if cmd.HasField("timeout_ms") and cmd.timeout_ms else None
-        waiter = asyncio.get_running_loop().create_task(self._watch(entry, proc, timeout, core.release_process))
+        waiter = asyncio.get_running_loop().create_task(self._watch(entry, proc, timeout, release))
         self._waiters.add(waiter)
         waiter.add_done_callback(self._waiters.discard)
         ex.audit.note(rid, background=True, pid=proc.pid)
@@ -539,3 +543,12 @@ def _send(ex: Execution, rid: str, fd: int, data: bytes, offset: int, binary: bo
     if text:
         _send_chunk(ex, rid, fd, text, offset - held)
 
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return both

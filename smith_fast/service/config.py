@@ -113,6 +113,9 @@ class Limits:
             with a workspace at once, checkpoints per session, requests that can still be undone, unified
             diff text per Diff, workspaces mounted ahead per template, and how long the checkpoints of an
             ended session stay usable.
+        max_home_bytes: bytes a session's home may hold without ``--workspaces`` (``--max-home-bytes``;
+            :mod:`smith_fast.service.session_home`): checked before each of its processes starts, a home
+            over it is emptied; 0: no bound.
         mcp_max_result_chars, mcp_default_timeout, mcp_max_timeout: the MCP ``shell`` tool's result
             budget in characters (head and tail kept, the whole output in a file), the timeout of a call
             that gives none, and the longest one a call may ask for (:mod:`smith_fast.mcp.results`).
@@ -254,6 +257,11 @@ class Limits:
     checkpoint_ttl: float = option(
         3600.0, flag="--checkpoint-ttl", unit="seconds", commands=_RUNNERS, group=_LIMITS,
         help="how long the checkpoints of a session that ended can still be forked, restored or diffed")
+    max_home_bytes: int = option(
+        1 << 30, flag="--max-home-bytes", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="without --workspaces: what one session's home, its HOME with the npm, pip, cargo and go caches, may hold, "
+             "checked before each of its commands; a home found over it is emptied; 0 = no bound. With --workspaces the "
+             "home is in the workspace's tmpfs, within --max-workspace-bytes")
     record_max_bytes: int = option(
         256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="session recordings kept together; past it the oldest finished ones are removed (rotation), "
@@ -275,6 +283,8 @@ class ServiceConfig:
             were granted ``replay``, under ``state_dir/recordings`` (:attr:`recordings_dir`).
         state_dir: the service's own directory (``--state-dir``): its recordings; never the
             workspace, and private (0700).
+        home_dir: the directory of the sessions' homes without ``--workspaces`` (``--home-dir``;
+            :mod:`smith_fast.service.session_home`); with them a home is in the session's volume.
         planner, planner_url, planner_model: the planner for PlanCommands (``--planner``).
         token: the shared secret socket and gRPC peers must present in their handshake
             (``--token``/``SMITH_TOKEN``); None lets every peer in.
@@ -328,6 +338,12 @@ class ServiceConfig:
         flag="--state-dir", unit="path", metavar="DIR", commands=_FRONTS, group=_POLICY,
         default_text="$XDG_STATE_HOME/smith-fast, else ~/.local/state/smith-fast",
         help="the service's own state: recordings of sessions granted replay go to DIR/recordings (made 0700); keep it out of --root")
+    home_dir: pathlib.Path = option(
+        default_factory=lambda: pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "smith-fast" / "homes",
+        flag="--home-dir", unit="path", metavar="DIR", commands=_RUNNERS, group=_GENERAL,
+        default_text="$XDG_CACHE_HOME/smith-fast/homes, else ~/.cache/smith-fast/homes",
+        help="without --workspaces, with --sandbox workspace-write: each session's home (HOME, the tool caches) is a "
+             "directory of DIR (made 0700), removed when the session ends; keep it out of --root and --state-dir")
     planner: str = option(
         "rules", flag="--planner", unit="choice", choices=("rules", "llm"), commands=_RUNNERS, group=_POLICY,
         help="how PlanCommands are planned; rules works offline")

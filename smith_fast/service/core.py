@@ -38,6 +38,7 @@ from .negotiation import (
     endpoint_list,
 )
 from .resume import ParkedSessions
+from .session_home import Homes
 from .runner import RunnerFactory, local_runner
 from .session import Session
 
@@ -104,6 +105,21 @@ def _private_files(config: ServiceConfig, sockets: Sequence[str]) -> list[tuple[
     if config.record_dir is not None:
         out.append(("its recordings", str(config.record_dir)))
     return out
+
+
+def _homes(config: ServiceConfig, root: pathlib.Path, private: Sequence[tuple[str, str]]) -> Homes:
+    """``--home-dir``, made, once it is known to lie apart from the root and the service's own files."""
+    top = os.path.realpath(config.home_dir)
+    clash = [f"{what} {path}" for what, path in [("the root", str(root)), *private] if _nested(top, os.path.realpath(path))]
+    if clash:
+        # Inside the root, a command would see every session's home (the root is put back over the
+        # cover); inside the state directory, the directory hidden from commands would hide the homes.
+        raise UnsafeRoot(f"--home-dir {top} overlaps {'; '.join(clash)}: give the sessions' homes a directory of their own")
+    return Homes(pathlib.Path(top), config.limits.max_home_bytes)
+
+
+def _nested(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
 
 
 def _workspace_store(config: ServiceConfig, sandbox: Sandbox, context: ToolContext, route: str) -> WorkspaceStore:
@@ -210,6 +226,10 @@ class ServiceCore:
         self.workspaces: WorkspaceStore | None = None
         if config.workspaces is not None and self.runs_locally:
             self.workspaces = _workspace_store(config, self.sandbox, self.tool_context, backend.route if backend is not None else "")
+        # Without workspaces, a session's home is a directory of --home-dir (with them, of its volume).
+        self.homes: Homes | None = None
+        if self.workspaces is None and self.runs_locally and self.sandbox.mode == "workspace-write":
+            self.homes = _homes(config, root, private)
         kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
         self.capabilities: frozenset[int] = self.permitted & frozenset(
@@ -374,4 +394,6 @@ class ServiceCore:
         )
         if self.workspaces is not None:
             self.workspaces.close()
+        if self.homes is not None:
+            self.homes.close()  # what the sessions' ends left (a removal still under way, a process killed last)
         self.closed.set()

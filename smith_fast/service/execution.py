@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..pb import smith_pb2 as pb
     from .config import Limits, ServiceConfig
     from .session_hooks import SessionHooks
+    from .session_home import SessionHome
     from .sinks import EventSink
     from ..workspaces import WorkspaceOps
 
@@ -131,6 +132,12 @@ class Execution(Protocol):
     @property
     def audit(self) -> Audit:
         """The session's audit records: what each request ran, what the hooks said, how it ended."""
+        ...
+
+    @property
+    def home(self) -> SessionHome | None:
+        """The session's home under ``--home-dir``, bounded before each process starts; None with a
+        workspace (its home is in the workspace's volume) or when commands get none."""
         ...
 
     @property

@@ -66,6 +66,11 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
     what = "env" if origin in ("shell_exec", "plan_step") else f"{origin} env"
     check_env(cmd.env, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
     refuse_nul(cmd, rid, origin)
+    if ex.home is not None and (held := await ex.home.bound()):
+        # Without --workspaces nothing fills up under a home (session_home.py): it is bounded here.
+        limit = ex.home.max_bytes
+        ex.sink.log(pb.LOG_LEVEL_WARN, f"the session's home held {held} bytes, more than --max-home-bytes {limit}: it was emptied "
+                    "(its caches and configuration) before this command", rid, {"reason": "home_emptied", "bytes": str(held)})
     env = dict(cmd.env)
     span = ex.spans.get(rid)
     if span is not None:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..tools import ProcessRequest
     from .metrics import ServiceMetrics
     from .sinks import EventSink
+    from .session_home import Homes, SessionHome
     from ..tools import ToolContext, ToolRegistry
     from ..workspaces import WorkspaceOps
     from ..workspaces.workspace import Workspace
@@ -170,6 +171,12 @@ class LocalRunner:
     def __init__(self, core: RunnerCore, host: RequestHost) -> None:
         self.core: RunnerCore = core
         self._host = host
+        # The session's own home (session_home.py); with --workspaces it is the workspace's instead.
+        self.home: SessionHome | None = None
+        if core.homes is not None:
+            self.home = core.homes.open()
+            self.core = WorkspaceScope(core, _Scoped(_with_home(core.tool_context, self.home.path, core.homes.top)))
+            core = self.core
         self.sink = host.sink
         self.requests = host.requests
         self.processes: set[ShellProcess] = set()
@@ -329,6 +336,8 @@ class LocalRunner:
 
     def end(self) -> None:
         self.audit.close()
+        if self.home is not None:
+            self.home.remove()
         if self.hooks.owns_hooks:
             asyncio.get_running_loop().create_task(self.hooks.close())  # Rust hooks' processes end with the session
 
@@ -345,14 +354,42 @@ class RunnerCore(ExecutionCore, Protocol):
     @property
     def metrics(self) -> ServiceMetrics: ...
 
+    @property
+    def homes(self) -> Homes | None:
+        """``--home-dir``'s homes (sessions without a workspace, ``--sandbox workspace-write``), else None."""
+        ...
+
+
+class _ScopeSource(Protocol):
+    @property
+    def tool_context(self) -> ToolContext: ...
+
+
+class _Scoped:
+    """A fixed tool context (a session without a workspace, with a home of its own)."""
+
+    __slots__ = ("tool_context",)
+
+    def __init__(self, context: ToolContext) -> None:
+        self.tool_context = context
+
+
+def _with_home(context: ToolContext, home: str, homes: str) -> ToolContext:
+    import dataclasses
+
+    sandbox = context.sandbox.with_home(home, homes) if context.sandbox is not None else None
+    return dataclasses.replace(context, sandbox=sandbox)
+
 
 class WorkspaceScope:
     """A core as the requests of a session with a workspace see it: the core's, but for the tool
-    context (the workspace's root, its sandbox), which changes at each remount of the workspace."""
+    context (the workspace's root, its sandbox), which changes at each remount of the workspace.
+    A session without a workspace but with a home of its own sees the core through one too (its
+    sandbox lets it write its home)."""
 
     __slots__ = ("_core", "_workspace")
 
-    def __init__(self, core: RunnerCore, workspace: Workspace) -> None:
+    def __init__(self, core: RunnerCore, workspace: _ScopeSource) -> None:
         self._core = core
         self._workspace = workspace
 
@@ -395,6 +432,10 @@ class WorkspaceScope:
     @property
     def metrics(self) -> ServiceMetrics:
         return self._core.metrics
+
+    @property
+    def homes(self) -> Homes | None:
+        return self._core.homes
 
     def acquire_process(self) -> bool:
         return self._core.acquire_process()

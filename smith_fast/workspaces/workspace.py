@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
+from ..service.session_home import remove_tree
 from . import ChangeSet, layers
 
 if TYPE_CHECKING:
@@ -108,7 +109,11 @@ class Workspace:
         self.work = work
         self.root = f"{volume.path}/root"
         self.recording = False  # set by the session when the peer accepted "changes"
-        self.sandbox: Sandbox = store.sandbox.for_workspace(self.root, store.top, store.hidden())
+        # The session's home (HOME, the tool caches: service/session_home.py) is in its volume, so the
+        # volume's tmpfs bounds it too; the workspaces directory is covered already.
+        self.home = f"{volume.path}/home"
+        os.makedirs(self.home, 0o700, exist_ok=True)
+        self.sandbox: Sandbox = store.sandbox.for_workspace(self.root, store.top, store.hidden()).with_home(self.home)
         self.tool_context = self._context()
         self._watchers: list[Callable[[ToolContext], None]] = []
         self._segment: _Segment | None = None  # the live upper's, while a recorded request wrote there
@@ -426,6 +431,10 @@ class Workspace:
             return
         self.closed = True
         store = self._store
+        try:
+            remove_tree(self.home)  # its checkpoints may keep the volume; the home goes with the session
+        except OSError:
+            pass
         store.ended(self)
         store.release(self.root, [*self._inherited(self.chain), self.volume])
 
