@@ -247,9 +247,9 @@ class FakeModels:
         for message in body.get("messages", []):
             content = message.get("content")
             if message.get("role") == "user" and isinstance(content, list):
-                for block in content:
-                    if isinstance(block, dict) and block.get("type") == "tool_result":
-                        results.append((block.get("tool_use_id", ""), block, _text_of(block.get("content")), bool(block.get("is_error", False))))
+                for part in content:
+                    if isinstance(part, dict) and part.get("type") == "tool_result":
+                        results.append((part.get("tool_use_id", ""), part, _text_of(part.get("content")), bool(part.get("is_error", False))))
         script, step, name = self._next(body, results)
         msg_id = self._call_id("msg_")
         if step is not None and name is not None:
@@ -288,9 +288,9 @@ class FakeModels:
 
     def _openai(self, handler: Any, body: Any) -> None:
         results: list[tuple[str, Any, str, bool | None]] = []
-        for item in body.get("input", []):
-            if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output"):
-                results.append((item.get("call_id", ""), item, _text_of(item.get("output")), None))
+        for entry in body.get("input", []):
+            if isinstance(entry, dict) and entry.get("type") in ("function_call_output", "custom_tool_call_output"):
+                results.append((entry.get("call_id", ""), entry, _text_of(entry.get("output")), None))
         script, step, name = self._next(body, results)
         resp_id = self._call_id("resp_")
         if step is not None and name is not None:
