@@ -130,6 +130,7 @@ def workspace(base: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.P
 def outside_dir() -> Iterator[pathlib.Path]:
     """A directory outside the root and outside /tmp (sandboxed commands get a /tmp of their own,
     and Codex lets its commands write /tmp): a write there is one the sandbox must refuse."""
+    (ROOT / "build").mkdir(exist_ok=True)
     path = pathlib.Path(tempfile.mkdtemp(prefix="frontends-", dir=ROOT / "build"))
     yield path
     shutil.rmtree(path)
