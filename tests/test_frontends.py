@@ -168,7 +168,7 @@ def claude_home(tmp_path_factory: pytest.TempPathFactory, fake: FakeModels) -> t
     root, home, state = workspace(base)
     env = claude_env(home, fake)
     # Claude Code starts the server in the project (root), so PYTHONPATH points it at this checkout.
-    added = subprocess.run([str(cli("claude")), "mcp", "add", "--scope", "user", "-e", f"PYTHONPATH={ROOT}", "smith", "--", *smith_argv(root, state)],
+    added = subprocess.run([str(cli("claude")), "mcp", "add", "smith", "--scope", "user", "-e", f"PYTHONPATH={ROOT}", "--", *smith_argv(root, state)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT)
     assert added.returncode == 0, added.stderr + added.stdout
     return base, env
