@@ -10,7 +10,8 @@ STATE     ?= $(HOME)/.local/state/smith-fast
 SOCK      ?= $(STATE)/serve.sock
 TCP       ?=
 NPM    ?= npm
-# tests/test_interop.py drives a session from Node.js (protobufjs), whose packages live here.
+# tests/test_interop.py drives a session from Node.js (protobufjs) and tests/test_frontends.py runs
+# Claude Code and the Codex CLI against serve --mcp: their npm packages (exact versions) live here.
 INTEROP := tests/interop
 
 .PHONY: serve test bench bench-quick bench-micro install clean proto
@@ -28,7 +29,8 @@ $(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/sandbox_exec.c csrc/sandb
 
 install: $(VENV)/.build
 
-# npm ci installs exactly package-lock.json, after emptying node_modules (so the stamp goes too).
+# npm ci installs exactly package-lock.json, after emptying node_modules (so the stamp goes too);
+# Claude Code's postinstall links its native binary (package.json's allowScripts lets it run).
 $(INTEROP)/node_modules/.deps: $(INTEROP)/package.json $(INTEROP)/package-lock.json
 	$(NPM) ci --prefix $(INTEROP) --no-audit --no-fund
 	touch $@
@@ -38,6 +40,7 @@ $(INTEROP)/node_modules/.deps: $(INTEROP)/package.json $(INTEROP)/package-lock.j
 serve: install
 	@mkdir -p "$(WORKSPACE)" && mkdir -p -m 700 "$(STATE)"
 	@echo "smith-fast: workspace $(WORKSPACE), serving on unix:$(SOCK)$(if $(TCP), and tcp:$(TCP)) (Ctrl-C to stop)" >&2
+	@echo "  MCP clients (README, \"MCP clients\") spawn their own: command $(abspath $(VENV))/bin/smith-fast, args serve --mcp --root $(WORKSPACE)" >&2
 ifeq ($(strip $(TCP)),)
 	@echo "  try: $(VENV)/bin/smith-fast exec --connect unix:$(SOCK) 'uname -a'" >&2
 	$(VENV)/bin/smith-fast serve --root "$(WORKSPACE)" --state-dir "$(STATE)" --unix "$(SOCK)"
