@@ -51,7 +51,15 @@ else
 	  exec $(VENV)/bin/smith-fast serve --root "$(WORKSPACE)" --state-dir "$(STATE)" --unix "$(SOCK)" --tcp "$(TCP)"
 endif
 
-test: install $(INTEROP)/node_modules/.deps
+# Tools the tests run inside the sandbox that a bare machine may lack (tests/test_tool_home.py builds
+# a Go module): Debian's packages, installed once when missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+build/.system-tools:
+	command -v go >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq golang-go; }
+	command -v go >/dev/null 2>&1 || { echo "make test: go is needed (Debian: apt-get install golang-go)" >&2; exit 1; }
+	mkdir -p build && touch $@
+
+test: install $(INTEROP)/node_modules/.deps build/.system-tools
 	$(VENV)/bin/pytest
 
 # The end-to-end report (bench/report, run from the repository root, not installed): real servers,
