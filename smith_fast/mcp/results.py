@@ -18,6 +18,8 @@ its newest :data:`KEPT_FILES` files; each is at most what ``--max-output`` lets 
 
 from __future__ import annotations
 
+import json
+
 import os
 import pathlib
 import secrets
@@ -95,7 +97,7 @@ class StreamKeeper:
         self.out: IO[bytes] | None = None
 
     def add(self, text: str, size: int, files: OutputDir, name: str) -> None:
-        self.chars += len(text)
+        self.chars += shown(text) if self.out is None else len(text)  # as the model sees it, while it may all fit
         self.bytes += size
         self.newlines += text.count("\n")
         if text:
@@ -139,7 +141,7 @@ class StreamKeeper:
             self.out = None
         if not self.tail:  # all of it is here
             whole = "".join(self.chunks)
-            if len(whole) <= share:
+            if shown(whole) <= share:
                 return whole, None
             opened = files.new_file(name)
             if opened is not None:
@@ -150,8 +152,13 @@ class StreamKeeper:
         else:
             head_src, tail_src = self.head, "".join(self.tail)
         room = max(0, share - MARKER_ROOM)
-        head = _head(head_src, room * 2 // 5)
-        tail = _tail(tail_src, room - len(head))
+        for _ in range(4):  # the budget counts characters as a model sees them: in a JSON string
+            head = _head(head_src, room * 2 // 5)
+            tail = _tail(tail_src, room - len(head))
+            over = shown(head) + shown(tail) - max(0, share - MARKER_ROOM)
+            if over <= 0:
+                break
+            room -= over
         head_lines = head.count("\n")
         tail_lines = tail.count("\n") + (0 if tail.endswith("\n") or not tail else 1)
         cut_lines = max(0, self.lines - head_lines - tail_lines)
@@ -174,6 +181,12 @@ class StreamKeeper:
             where = "the whole stream could not be kept (see the service's log)"
         marker = f"[smith-fast: {cut_lines} lines ({cut_bytes} bytes) cut here; {where}]\n"
         return head + ("" if not head or head.endswith("\n") else "\n") + marker + tail, cut
+
+
+def shown(text: str) -> int:
+    """Characters ``text`` takes as a frontend shows it to its model: a JSON string's content
+    (``structuredContent``; a newline is two characters there, ``\n``)."""
+    return len(json.dumps(text, ensure_ascii=False)) - 2
 
 
 def _head(text: str, n: int) -> str:

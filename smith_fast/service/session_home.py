@@ -96,10 +96,14 @@ def remove_tree(path: str, *, keep_top: bool = False) -> None:
                 pass
 
 
+MEASURE_EVERY = 1.0
+"""Seconds between two measurements of a home (without --workspaces, where no tmpfs bounds it)."""
+
+
 class SessionHome:
     """One session's home under ``--home-dir`` (:class:`Homes`): made by :meth:`Homes.open`."""
 
-    __slots__ = ("path", "max_bytes", "_removed", "_ended", "_holds")
+    __slots__ = ("path", "max_bytes", "_removed", "_ended", "_holds", "_measured", "_measuring", "_used")
 
     def __init__(self, path: str, max_bytes: int) -> None:
         self.path = path
@@ -107,13 +111,26 @@ class SessionHome:
         self._removed = False
         self._ended = False
         self._holds = 0  # background processes of the session, which outlive it
+        self._measured = 0.0  # loop time of the last measurement's start
+        self._measuring: asyncio.Future[int] | None = None
+        self._used = 0  # what the last measurement found
 
     async def bound(self) -> int:
-        """Before a process of the session starts: empty the home when it holds more than
-        ``--max-home-bytes``; returns the bytes it held then, 0 when it was within the bound."""
+        """Before a process of the session starts: empty the home when the last measurement found
+        it over ``--max-home-bytes``; returns the bytes it held then, 0 when it was within the bound.
+        The home is measured in a thread at most every :data:`MEASURE_EVERY` seconds, never while a
+        command waits to start (a cache of many files takes a while to walk)."""
         if not self.max_bytes or self._removed:
             return 0
-        used = await asyncio.to_thread(tree_bytes, self.path)
+        loop = asyncio.get_running_loop()
+        measuring = self._measuring
+        if measuring is not None and measuring.done():
+            self._measuring = None
+            self._used = 0 if measuring.cancelled() or measuring.exception() is not None else measuring.result()
+        if self._measuring is None and loop.time() - self._measured >= MEASURE_EVERY:
+            self._measured = loop.time()
+            self._measuring = loop.run_in_executor(None, tree_bytes, self.path)
+        used, self._used = self._used, 0
         if used <= self.max_bytes:
             return 0
         await asyncio.to_thread(remove_tree, self.path, keep_top=True)
