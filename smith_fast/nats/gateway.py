@@ -28,6 +28,7 @@ from ..service.core import Backend, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig
 from .connect import close, connect, round_trip
+from .delivery import InlineDelivery
 from .gateway_front import RelayConnection
 from .metrics import gateway_figures
 from .placement import Placement
@@ -89,6 +90,7 @@ class Gateway(Backend):
         self._connect_options = dict(connect_options or {})
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
+        self._delivery: InlineDelivery | None = None
         self.core.metrics.add_source(self)
 
     def front(self, *, protocol: str = "auto", on_closed: Any = None, peer: str | None = None, trusted: bool = False,
@@ -107,7 +109,8 @@ class Gateway(Backend):
         self.nc = nc
         self.connected = True
         await nc.subscribe(self.subjects.presence, cb=self._heard)
-        await nc.subscribe(self.subjects.to_gateway_filter(self.gateway_id), cb=self._relayed)
+        self._delivery = InlineDelivery(nc)
+        await self._delivery.subscribe(self.subjects.to_gateway_filter(self.gateway_id), self._relayed)
         await nc.publish(self.subjects.presence_query, b"")  # the workers running already answer now
         self._ready = True
         log.info("nats connected", extra={"fields": {"gateway": self.gateway_id, "servers": list(config.servers)}})
@@ -126,6 +129,8 @@ class Gateway(Backend):
 
     def _reconnected(self) -> None:
         self.connected = True
+        if self._delivery is not None:
+            self._delivery.reconnected()
         self.core.health_changed()
 
     async def _heard(self, msg: Msg) -> None:
@@ -146,14 +151,13 @@ class Gateway(Backend):
             self.core.health_changed()
         self._changed.set()
 
-    async def _relayed(self, msg: Msg) -> None:
+    def _relayed(self, subject: bytes, data: bytes) -> None:
         # <prefix>.g.<gateway>.<worker>.<conn>: the worker is checked against the connection's, so
         # that a worker cannot write into a session placed on another one.
-        worker, _, conn_id = msg.subject.rpartition(".")
-        worker = worker.rpartition(".")[2]
-        relay = self.relays.get(conn_id)
-        if relay is not None and relay.worker == worker:
-            relay.received(msg.data)
+        head, _, conn = subject.rpartition(b".")
+        relay = self.relays.get(conn.decode())
+        if relay is not None and relay.worker == head.rpartition(b".")[2].decode():
+            relay.received(data)
 
     async def _heartbeats(self) -> None:
         """The lease the workers give this gateway's sessions (``--gateway-lease``): a third of it."""

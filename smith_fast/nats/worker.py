@@ -49,6 +49,7 @@ from ..service.core import Backend, ServiceCore
 from ..service.metrics import Figure
 from .config import NatsConfig
 from .connect import close, connect, round_trip
+from .delivery import InlineDelivery
 from .metrics import worker_figures
 from .presence import Announcement
 from .processes import FleetProcesses
@@ -136,6 +137,7 @@ class Worker(Backend):
         self.duplicate: str | None = None  # another process announces this worker id (it started first)
         self._connect_options = dict(connect_options or {})
         self._tasks: list[asyncio.Task[None]] = []
+        self._delivery: InlineDelivery | None = None
         self.core.metrics.add_source(self)
 
     # ---- life cycle ------------------------------------------------------------------------------
@@ -157,7 +159,8 @@ class Worker(Backend):
         if self.duplicate is not None:
             raise StartupError(f"--worker-id {self.name} is in use by a worker that runs already (instance {self.duplicate}); "
                                "give every worker its own id (and its own key: smith-fast nats-auth --workers ...)")
-        await nc.subscribe(subjects.to_worker_filter(self.name), cb=self._relayed)
+        self._delivery = InlineDelivery(nc)
+        await self._delivery.subscribe(subjects.to_worker_filter(self.name), self._relayed)
         await nc.subscribe(subjects.heartbeat_filter(), cb=self._heartbeat)
         await self.processes.listen(nc, self.announcement)
         loop = asyncio.get_running_loop()
@@ -197,6 +200,8 @@ class Worker(Backend):
 
     def _reconnected(self) -> None:
         self.connected = True
+        if self._delivery is not None:
+            self._delivery.reconnected()
         now = time.monotonic()
         for gateway in self.heard:  # their silence while this worker was cut off is not theirs
             self.heard[gateway] = now
@@ -244,15 +249,15 @@ class Worker(Backend):
         if self.relays.get(key) is transport:
             del self.relays[key]
 
-    async def _relayed(self, msg: Msg) -> None:
+    def _relayed(self, subject: bytes, data: bytes) -> None:
         # <prefix>.s.<worker>.<gateway>.<conn>: only the gateway that opened a connection writes to it
-        head, _, conn_id = msg.subject.rpartition(".")
-        gateway = head.rpartition(".")[2]
+        head, _, conn = subject.rpartition(b".")
+        gateway, conn_id = head.rpartition(b".")[2].decode(), conn.decode()
         transport = self.relays.get((gateway, conn_id))
         if transport is not None:
-            transport.received(msg.data)
+            transport.received(data)
         else:
-            self._open(gateway, conn_id, msg.data)
+            self._open(gateway, conn_id, data)
 
     async def _heartbeat(self, msg: Msg) -> None:
         self.heard[msg.subject.rpartition(".")[2]] = time.monotonic()
