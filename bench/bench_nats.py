@@ -31,10 +31,8 @@ the whole run under a minute on 2 cores; the full run takes a few.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import os
 import pathlib
 import resource
@@ -52,6 +50,7 @@ from harness.server import ServerProcess, SmithProcess
 from smith_fast.client import Client
 
 from . import cpu_quota
+from ._cli import bench_main
 from .report.stats import percentile
 from .report.workloads import SMALL, SMALL_TEXT
 
@@ -565,16 +564,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="smaller figures, under a minute on 2 cores")
-    p.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the figures there as JSON")
-    args = p.parse_args(argv)
-    result = measure(SCALES["quick" if args.quick else "full"])
-    print("\n".join(render(result)))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    return 0
+    return bench_main(PROG, __doc__, SCALES, measure, render, "smaller figures, under a minute on 2 cores", argv)
 
 
 if __name__ == "__main__":

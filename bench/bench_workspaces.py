@@ -33,10 +33,8 @@ directories, copies) is gone when the run ends. ``--quick`` keeps it to about a 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import math
 import os
 import pathlib
@@ -56,6 +54,7 @@ from harness.server import ServerProcess
 from smith_fast.client import Client
 from smith_fast.containment import cgroup_dir, cgroup_mounts, cgroup_paths
 
+from ._cli import bench_main
 from .report.stats import percentile
 
 __all__ = ["SCALES", "BenchScale", "TemplateSpec", "main", "measure", "render", "template"]
@@ -798,16 +797,7 @@ def render(result: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="fewer repetitions and 100 sessions, about a minute on 2 cores")
-    p.add_argument("--json", type=pathlib.Path, metavar="PATH", help="write the figures there as JSON")
-    args = p.parse_args(argv)
-    result = measure(SCALES["quick" if args.quick else "full"])
-    print("\n".join(render(result)))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    return 0
+    return bench_main(PROG, __doc__, SCALES, measure, render, "fewer repetitions and 100 sessions, about a minute on 2 cores", argv)
 
 
 if __name__ == "__main__":

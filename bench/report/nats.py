@@ -8,11 +8,10 @@ it only when ``--only nats`` asks for it, at the quick size).
 
 from __future__ import annotations
 
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import section
 from .render import fmt
 from .runner import Report
 
@@ -23,27 +22,12 @@ GROUP = "nats"
 
 def wanted(scale: str, only: list[str], skip: bool) -> bool:
     """Whether this run measures the NATS section: asked for by ``--only``, else at full and quick scale."""
-    if skip:
-        return False
-    if only:
-        return GROUP in only
-    return scale != "smoke"
+    return section.wanted(GROUP, scale, only, skip)
 
 
 def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
     """Measure it into ``report.nats`` (``report.nats_failure`` says why not, when it failed)."""
-    from .. import bench_nats  # harness and nats-server only when this section runs
-
-    tell = say or (lambda line: print(f"bench.report: nats: {line}", file=sys.stderr, flush=True))
-    try:
-        report.nats = bench_nats.measure(bench_nats.SCALES["full" if scale == "full" else "quick"], tell)
-    except Exception as exc:
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        report.nats_failure = detail[:500]
-        tell(f"failed: {detail}")  # whole: a process's stderr is at its end
-        return
-    for line in bench_nats.render(report.nats):
-        tell(line)
+    section.measure_into(report, GROUP, "bench.bench_nats", scale, say)
 
 
 def _verdict(met: bool | None) -> str:

@@ -8,11 +8,10 @@ it only when ``--only workspaces`` asks for it, at the quick size).
 
 from __future__ import annotations
 
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+from . import section
 from .render import fmt
 from .runner import Report
 
@@ -23,27 +22,12 @@ GROUP = "workspaces"
 
 def wanted(scale: str, only: list[str], skip: bool) -> bool:
     """Whether this run measures the workspaces section: asked for by ``--only``, else at full and quick scale."""
-    if skip:
-        return False
-    if only:
-        return GROUP in only
-    return scale != "smoke"
+    return section.wanted(GROUP, scale, only, skip)
 
 
 def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
     """Measure it into ``report.workspaces`` (``report.workspaces_failure`` says why not, when it failed)."""
-    from .. import bench_workspaces  # the harness only when this section runs
-
-    tell = say or (lambda line: print(f"bench.report: workspaces: {line}", file=sys.stderr, flush=True))
-    try:
-        report.workspaces = bench_workspaces.measure(bench_workspaces.SCALES["full" if scale == "full" else "quick"], tell)
-    except Exception as exc:
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        report.workspaces_failure = detail[:500]
-        tell(f"failed: {detail}")  # whole: a process's stderr is at its end
-        return
-    for line in bench_workspaces.render(report.workspaces):
-        tell(line)
+    section.measure_into(report, GROUP, "bench.bench_workspaces", scale, say)
 
 
 def _verdict(met: bool) -> str:
