@@ -281,6 +281,7 @@ def test_large_output_is_bounded_and_kept_in_a_file(run: Run) -> None:
     result (Claude Code saves one to its own file and says the result "exceeds maximum allowed
     tokens"; Codex cuts out the middle)."""
     text = run.text("seq")
+    print(f"seq 100000 reached the {run.frontend} model as {len(text)} characters")
     assert len(text) < BUDGET + FRAMING, len(text)
     assert "exceeds maximum allowed tokens" not in text, text[:500]
     assert re.search(r"\b1(?:\\n|\n)2(?:\\n|\n)3\b", text) and "100000" in text, (text[:200], text[-200:])
