@@ -129,9 +129,9 @@ def workspace(base: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.P
 @pytest.fixture(scope="module")
 def outside_dir() -> Iterator[pathlib.Path]:
     """A directory outside the root and outside /tmp (sandboxed commands get a /tmp of their own,
-    and Codex lets its commands write /tmp): a write there is one the sandbox must refuse."""
-    (ROOT / "build").mkdir(exist_ok=True)
-    path = pathlib.Path(tempfile.mkdtemp(prefix="frontends-", dir=ROOT / "build"))
+    and Codex lets its commands write /tmp): a write there is one the sandbox must refuse. Under
+    /var/tmp, not the checkout: a clone may itself lie under /tmp."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-frontends-", dir="/var/tmp"))
     yield path
     shutil.rmtree(path)
 
