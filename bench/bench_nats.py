@@ -43,7 +43,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from harness.nats_cluster import Cluster
 from harness.server import ServerProcess, SmithProcess
@@ -51,6 +51,7 @@ from smith_fast.client import Client
 
 from . import cpu_quota
 from ._cli import bench_main
+from ._guard import guarded
 from .report.stats import percentile
 from .report.workloads import SMALL, SMALL_TEXT
 
@@ -66,7 +67,6 @@ SCALING_TARGET = 3.2  # commands/s at 4 workers over 1 worker, at least
 START_TARGET = 2.0  # session start p50 through the gateway over serve, at most
 _READ_ARGS = b'{"path":"%s"}' % SMALL.encode()
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -131,28 +131,6 @@ class Topology:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
                 out.append(f"{name} (pid {proc.pid if proc else '?'}) {how}")
         return "; ".join(out)
-
-
-async def guarded(topology: Topology, work: Awaitable[T], timeout: float) -> T:
-    """Await ``work``, failing early when a process of ``topology`` ends (a request it held would
-    otherwise be waited for for ever) or after ``timeout`` seconds."""
-    task = asyncio.ensure_future(work)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=1.0)
-            if done:
-                return task.result()
-            gone = topology.gone()
-            if gone:
-                raise RuntimeError(f"{topology.name}: {gone} during the run (a signal means something outside this benchmark)")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topology.name}: not done within {timeout:.0f} s")
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 def start_serve(tmp: pathlib.Path, root: pathlib.Path) -> Topology:

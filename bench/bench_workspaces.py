@@ -55,6 +55,7 @@ from smith_fast.client import Client
 from smith_fast.containment import cgroup_dir, cgroup_mounts, cgroup_paths
 
 from ._cli import bench_main
+from ._guard import guarded
 from .report.stats import percentile
 
 __all__ = ["SCALES", "BenchScale", "TemplateSpec", "main", "measure", "render", "template"]
@@ -329,28 +330,6 @@ class Service:
             return ""
         how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
         return f"{self.name} (pid {self.server.pid}) {how}: " + " / ".join(self.server.raw_stderr[-5:])
-
-
-async def guarded(service: Service, work: Awaitable[T], timeout: float = 120.0) -> T:
-    """Await ``work``, failing early when ``service`` ends (a request it held would otherwise be
-    waited for for ever) or after ``timeout`` seconds."""
-    task = asyncio.ensure_future(work)
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=1.0)
-            if done:
-                return task.result()
-            gone = service.gone()
-            if gone:
-                raise RuntimeError(f"{gone} during the run")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{service.name}: not done within {timeout:.0f} s")
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
 
 class Services:
