@@ -705,13 +705,23 @@ class Client:
         tc.args = raw_args if raw_args is not None else json.dumps({} if args is None else args).encode()
         if timeout_ms is not None:
             tc.timeout_ms = timeout_ms
-        result: pb.ToolResultEvent | None = None
-        async for event in self._request(rid, cmd):
-            if event.WhichOneof("event_type") == "tool_result":
-                result = event.tool_result
-        if result is None:
-            raise ConnectionClosed("the request ended without a ToolResult")
+        result: pb.ToolResultEvent = await self._answer(rid, cmd, "tool_result", "ToolResult")
         return result
+
+    async def _answer(self, rid: str, cmd: pb.Command, member: str, what: str) -> Any:
+        """The last ``Event.<member>`` request ``rid`` got before its terminal state.
+
+        Raises:
+            SmithError: it ended with an error.
+            ConnectionClosed: it ended without one (``what`` names it).
+        """
+        answer = None
+        async for event in self._request(rid, cmd):
+            if event.WhichOneof("event_type") == member:
+                answer = getattr(event, member)
+        if answer is None:
+            raise ConnectionClosed(f"the request ended without a {what}")
+        return answer
 
     # ---- workspaces (PROTOCOL.md, "Workspaces") --------------------------------------------------
 
@@ -763,12 +773,7 @@ class Client:
         kind = cmd.WhichOneof("command_type")
         assert kind is not None
         rid: str = getattr(cmd, kind).request_id
-        answer: pb.WorkspaceEvent | None = None
-        async for event in self._request(rid, cmd):
-            if event.WhichOneof("event_type") == "workspace":
-                answer = event.workspace
-        if answer is None:
-            raise ConnectionClosed("the request ended without a WorkspaceEvent")
+        answer: pb.WorkspaceEvent = await self._answer(rid, cmd, "workspace", "WorkspaceEvent")
         return answer
 
     # ---- parking a session (PROTOCOL.md, "Resume") -----------------------------------------------
