@@ -132,9 +132,15 @@ class Tasks(ClientExtension):
             await anyio.sleep(0.1)
 
 
+async def send(session: Any, request: mcp_types.Request[Any, Any]) -> dict[str, Any]:
+    """A tasks/* request through the SDK's session, which stamps the envelope and the headers."""
+    answer: dict[str, Any] = await session.send_request(request, ANY)
+    return answer
+
+
 async def get_task(session: Any, task_id: str, cursor: int | None = None) -> dict[str, Any]:
-    meta = {} if cursor is None else {protocol.CURSOR_KEY: cursor}
-    return await session.send_request(GetTask(params=TaskParams(taskId=task_id, _meta=meta)), ANY)  # type: ignore[no-any-return]
+    meta: Any = {} if cursor is None else {protocol.CURSOR_KEY: cursor}
+    return await send(session, GetTask(params=TaskParams(taskId=task_id, _meta=meta)))
 
 
 # ---- discover, list, call ----------------------------------------------------------------------
@@ -215,7 +221,7 @@ async def test_raw_headers_and_cache_hints(tmp_path: pathlib.Path) -> None:
             assert listed["result"]["cacheScope"] == "public"
             assert [t["name"] for t in listed["result"]["tools"]] == SHOWN
 
-            call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            call: dict[str, Any] = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                     "params": {"name": "shell", "arguments": {"command": "echo raw"}, "_meta": envelope()}}
             ran = await http.post(url, json=call, headers=headers("tools/call", "shell"))
             assert ran.status_code == 200 and ran.json()["id"] == 7
@@ -293,9 +299,8 @@ async def test_task_stdin_and_cancel(tmp_path: pathlib.Path) -> None:
         assert request["method"] == "elicitation/create" and "line" in request["params"]["requestedSchema"]["properties"]
         assert task["_meta"][protocol.OUTPUT_KEY]["stdout"] == "asking\n"
         with pytest.raises(Exception, match="must answer"):
-            await client.session.send_request(UpdateTask(params=UpdateParams(taskId=raw.task_id, inputResponses={"other": {}})), ANY)
-        ack = await client.session.send_request(
-            UpdateTask(params=UpdateParams(taskId=raw.task_id, inputResponses={key: {"action": "accept", "content": {"line": "hello"}}})), ANY)
+            await send(client.session, UpdateTask(params=UpdateParams(taskId=raw.task_id, inputResponses={"other": {}})))
+        ack = await send(client.session, UpdateTask(params=UpdateParams(taskId=raw.task_id, inputResponses={key: {"action": "accept", "content": {"line": "hello"}}})))
         assert ack["resultType"] == "complete"
         done = await _until_status(client, raw.task_id, "completed")
         assert done["result"]["structuredContent"]["stdout"] == "asking\ngot:hello\n" and not done["result"]["isError"]
@@ -303,7 +308,7 @@ async def test_task_stdin_and_cancel(tmp_path: pathlib.Path) -> None:
         marker = tmp_path / "never"
         long = await client.session.call_tool("shell", {"command": f"sleep 30; touch {marker}"}, allow_claimed=True)
         assert isinstance(long, TaskHandle)
-        await client.session.send_request(CancelTask(params=TaskParams(taskId=long.task_id)), ANY)
+        await send(client.session, CancelTask(params=TaskParams(taskId=long.task_id)))
         cancelled = await get_task(client.session, long.task_id)
         assert cancelled["status"] == "cancelled" and "result" not in cancelled
         await anyio.sleep(0.5)

@@ -170,25 +170,10 @@ class McpEndpoint:
         handler(request_id, params, channel, env)
 
     def _discover(self, request_id: Any, _params: Any, channel: Channel, _env: Envelope) -> None:
-        if not self.core.config.mcp_discover:
-            # Without --mcp-discover a negotiating client falls back to initialize (a session,
-            # and a shell that keeps its state between calls).
-            channel.send(protocol.error_response(request_id, protocol.METHOD_NOT_FOUND, "server/discover is off (serve --mcp-discover); use initialize"), True)
-            return
-        channel.send(protocol.response(request_id, protocol.discover_result(self._facts())), True)
+        channel.send(discover(self.core, request_id), True)
 
     def _facts(self) -> protocol.ServerFacts:
-        limits = self.core.limits
-        return protocol.ServerFacts(
-            root=str(self.core.tool_context.root),
-            sandbox=self.core.config.sandbox,
-            network=self.core.config.network,
-            budget=limits.mcp_max_result_chars,
-            output_dir=str(self.core.config.state_dir / "mcp-output"),
-            default_timeout=limits.mcp_default_timeout,
-            max_timeout=limits.mcp_max_timeout,
-            max_output=limits.max_output,
-        )
+        return facts(self.core)
 
     def _initialize(self, request_id: Any, params: Any, channel: Channel) -> None:
         self.revision = protocol.negotiate_revision(params.get("protocolVersion"))
@@ -344,7 +329,9 @@ class McpEndpoint:
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
-        self.tasks.add(task)
+        if not self.tasks.add(task):
+            call.task = None  # too many running tasks: answered at its end instead
+            return
         call.channel.send(protocol.response(call.id, task.handle()), True)
         call.channel = _NOWHERE  # the request is answered: tasks/get tells the rest
         self._by_id.pop(call.id, None)
@@ -357,9 +344,10 @@ class McpEndpoint:
         call.asks += 1
         call.input_key = f"stdin-{call.asks}"
         requests = {call.input_key: _stdin_request(message)}
-        task = call.task
-        if task is not None:
+        if call.task is not None:
             self._promote(rid)
+        task = call.task  # None if it could not become one
+        if task is not None:
             task.input_requests = requests
             task.touch("input_required", message)
             return
@@ -526,6 +514,30 @@ class McpEndpoint:
         self.outputs.remove()
         close, self._close = self._close, _nothing
         close()
+
+
+def facts(core: ServiceCore) -> protocol.ServerFacts:
+    """What the instructions tell about ``core``."""
+    limits = core.limits
+    return protocol.ServerFacts(
+        root=str(core.tool_context.root),
+        sandbox=core.config.sandbox,
+        network=core.config.network,
+        budget=limits.mcp_max_result_chars,
+        output_dir=str(core.config.state_dir / "mcp-output"),
+        default_timeout=limits.mcp_default_timeout,
+        max_timeout=limits.mcp_max_timeout,
+        max_output=limits.max_output,
+    )
+
+
+def discover(core: ServiceCore, request_id: Any) -> bytes:
+    """The answer to ``server/discover`` (it needs no session: the HTTP front answers it without one)."""
+    if not core.config.mcp_discover:
+        # Without --mcp-discover a negotiating client falls back to initialize (a session, and a
+        # shell that keeps its state between calls).
+        return protocol.error_response(request_id, protocol.METHOD_NOT_FOUND, "server/discover is off (serve --mcp-discover); use initialize")
+    return protocol.response(request_id, protocol.discover_result(facts(core)))
 
 
 def _nothing() -> None:

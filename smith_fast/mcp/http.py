@@ -46,8 +46,8 @@ from ..http.server import Gate, HttpConnection, HttpLimits, HttpServer, Request,
 from ..logs import get_logger
 from ..service.auth import token_matches
 from . import protocol
-from .endpoint import McpEndpoint
-from .envelope import header_mismatch, is_modern
+from .endpoint import McpEndpoint, discover
+from .envelope import EnvelopeError, envelope, header_mismatch, is_modern
 from .tasks import TaskTable
 
 if TYPE_CHECKING:
@@ -315,6 +315,15 @@ class McpHttpServer:
         mismatch = header_mismatch(req.headers, message)
         if mismatch is not None:
             conn.respond(400, protocol.error_response(request_id, protocol.HEADER_MISMATCH, mismatch), "application/json", [])
+            return
+        params = message["params"]
+        assert isinstance(params, dict)  # is_modern says so
+        if message["method"] == "server/discover":
+            # Answered without a session: negotiating clients send it first, and without
+            # --mcp-discover go on with initialize (a session of their own).
+            found = envelope(params)
+            answer = protocol.error_response(request_id, found.code, found.message, found.data) if isinstance(found, EnvelopeError) else discover(self.core, request_id)
+            conn.respond(200, answer, "application/json", [])
             return
         entry = self._stateless_entry(conn)
         self._stateless_ids += 1

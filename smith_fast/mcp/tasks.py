@@ -29,8 +29,11 @@ __all__ = ["TASK_AFTER", "TASK_TTL_MS", "POLL_MS", "OUTPUT_KEPT", "Task", "TaskT
 TASK_AFTER: Final = 1.0  # seconds a call may take before it is answered with a task instead
 TASK_TTL_MS: Final = 3_600_000  # how long a task is kept (from its creation)
 POLL_MS: Final = 500  # the polling interval suggested to clients
-OUTPUT_KEPT: Final = 1 << 20  # output bytes a task keeps for tasks/get (the oldest go first)
-MAX_TASKS: Final = 1024  # tasks kept per table; beyond, the oldest finished one goes
+OUTPUT_KEPT: Final = 256 << 10  # output bytes a task keeps for tasks/get (the oldest go first)
+# Tasks kept per table: beyond, the oldest finished one goes; when none has finished, a call is not
+# made a task (it is answered at its end, as for a client without tasks). Bounds what tasks hold
+# to MAX_TASKS * OUTPUT_KEPT (32 MiB).
+MAX_TASKS: Final = 128
 
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 
@@ -123,13 +126,16 @@ class TaskTable:
     def __init__(self) -> None:
         self.tasks: dict[str, Task] = {}
 
-    def add(self, task: Task) -> None:
+    def add(self, task: Task) -> bool:
+        """Keep ``task``; False when the table is full of running ones."""
         self.sweep()
         if len(self.tasks) >= MAX_TASKS:
             done = [t for t in self.tasks.values() if t.finished]
-            if done:
-                del self.tasks[min(done, key=lambda t: t.updated).id]
+            if not done:
+                return False
+            del self.tasks[min(done, key=lambda t: t.updated).id]
         self.tasks[task.id] = task
+        return True
 
     def get(self, task_id: object) -> Task | None:
         return self.tasks.get(task_id) if isinstance(task_id, str) else None
