@@ -46,8 +46,8 @@ __all__ = [
 
 # The initialize-handshake revisions, newest first: 2025-11-25 is what the official SDKs offer in
 # ``initialize``; the older ones are still sent by clients that have not been updated. (The
-# stateless 2026-07-28 era starts with ``server/discover``, which we answer "method not found",
-# so the SDKs fall back to ``initialize``.)
+# stateless 2026-07-28 starts with ``server/discover``, which we answer only with --mcp-discover:
+# otherwise the SDKs fall back to ``initialize``, and the shell keeps its state between calls.)
 REVISIONS: Final[tuple[str, ...]] = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST: Final[str] = REVISIONS[0]
 
