@@ -290,8 +290,13 @@ async def test_long_command_becomes_a_task(tmp_path: pathlib.Path) -> None:
 async def test_task_stdin_and_cancel(tmp_path: pathlib.Path) -> None:
     """A task whose command waits for input says input_required with a form elicitation;
     tasks/update's answer is the line its stdin gets. tasks/cancel stops a task's command."""
+    logs: list[Any] = []
+
+    async def on_log(params: mcp_types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
     async with connect("http", tmp_path, "--input-wait-notice", "0.3", extensions=[Tasks()],
-                       elicitation_callback=_never) as client:
+                       elicitation_callback=_never, logging_callback=on_log) as client:
         raw = await client.session.call_tool("shell", {"command": "echo asking; read line; echo got:$line"}, allow_claimed=True)
         assert isinstance(raw, TaskHandle), raw
         task = await _until_status(client, raw.task_id, "input_required")
@@ -315,6 +320,7 @@ async def test_task_stdin_and_cancel(tmp_path: pathlib.Path) -> None:
         assert not marker.exists()
         listed = await client.call_tool("shell", {"command": "ps -eo args"})
         assert listed.structured_content is not None and "sleep 30" not in listed.structured_content["stdout"]
+    assert logs == []  # no request asked for logs (no logLevel in its _meta)
 
 
 async def _never(_ctx: Any, _params: Any) -> Any:
@@ -341,11 +347,22 @@ async def test_input_required_round_trips(transport: str, tmp_path: pathlib.Path
         asked.append(params.message)
         return mcp_types.ElicitResult(action="accept", content={"line": f"answer{len(asked)}"})
 
-    async with connect(transport, tmp_path, "--input-wait-notice", "0.3", elicitation_callback=answer) as client:
+    logs: list[Any] = []
+
+    async def on_log(params: mcp_types.LoggingMessageNotificationParams) -> None:
+        logs.append(params.data)
+
+    async with connect(transport, tmp_path, "--input-wait-notice", "0.3", elicitation_callback=answer,
+                       log_level="info", logging_callback=on_log) as client:
         done = await client.call_tool("shell", {"command": "read a; echo first:$a; read b; echo second:$b"})
         assert done.structured_content is not None, done
         assert done.structured_content["stdout"] == "first:answer1\nsecond:answer2\n"
         assert len(asked) == 2 and all("waiting for input" in m for m in asked)
+        # the request asked for logs from info up (_meta logLevel): the notices came as well
+        notices = [d for d in logs if isinstance(d, dict) and d.get("reason") == "waiting_for_input"]
+        assert len(notices) == 2, logs
+        # each names the request it is about by the id the client gave it (over HTTP, not the front's own)
+        assert all(isinstance(d["requestId"], int) for d in notices), notices
         # without a way to answer, stdin is at its end at once, as before
     async with connect(transport, tmp_path) as plain:
         ran = await plain.call_tool("shell", {"command": "read a; echo rc=$?"})

@@ -314,6 +314,10 @@ class McpEndpoint:
             task.touch("completed", "the command ended" if not result.get("isError") else "the command failed, was killed or refused")
             return
         if call.parked is not None:  # answered input_required: the result waits for the retry
+            if len(self.parked_results) >= _PARKED_RESULTS:  # a client that never came back
+                oldest = next(iter(self.parked_results))
+                del self.parked_results[oldest]
+                self.parked.pop(oldest, None)
             self.parked_results[call.parked] = result
             return
         call.channel.send(protocol.response(call.id, result), True)
@@ -466,24 +470,27 @@ class McpEndpoint:
 
     def log(self, level: str, message: str, rid: str | None, fields: Mapping[str, str]) -> None:
         call = self.calls.get(rid) if rid is not None else None
-        if call is not None and call.modern is not None:
-            if fields.get("reason") == WAITING_FOR_INPUT and rid is not None and not call.cancelled:
-                self._input_wait(rid, call, message)
-            # 2026-07-28: logs only for a request that asked for them, from its level up
-            wanted = call.modern.log_level
-            if wanted is None or protocol.LOG_LEVELS.index(level) < protocol.LOG_LEVELS.index(wanted):
-                return
-        elif protocol.LOG_LEVELS.index(level) < self._log_threshold or self.revision is None:
+        if rid is not None and call is not None and call.modern is not None:
+            self._modern_log(level, message, rid, call, fields)
+            return
+        if protocol.LOG_LEVELS.index(level) < self._log_threshold or self.revision is None:
             return
         if rid is not None and rid in self.cancelled:
             return  # the client cancelled it: nothing about it goes back
         channel = call.channel if call is not None and not call.cancelled else self.notify
-        if channel is None:
+        if channel is not None:
+            _send_log(channel, level, message, call, fields)
+
+    def _modern_log(self, level: str, message: str, rid: str, call: Call, fields: Mapping[str, str]) -> None:
+        """A log of a 2026-07-28 call: sent only if its request asked for logs (``_meta``
+        logLevel), from that level up; a "waiting for input" notice then asks for the input."""
+        if call.cancelled:
             return
-        data: dict[str, Any] = {"message": message, **fields}
-        if call is not None:
-            data["requestId"] = call.id
-        channel.send(protocol.notification("notifications/message", {"level": level, "logger": "smith-fast", "data": data}), False)
+        wanted = call.modern.log_level if call.modern is not None else None
+        if wanted is not None and protocol.LOG_LEVELS.index(level) >= protocol.LOG_LEVELS.index(wanted):
+            _send_log(call.channel, level, message, call, fields)  # before the input_required answer ends the request
+        if fields.get("reason") == WAITING_FOR_INPUT:
+            self._input_wait(rid, call, message)
 
     # ---- flow control and the end ----------------------------------------------------------------
 
@@ -540,8 +547,20 @@ def discover(core: ServiceCore, request_id: Any) -> bytes:
     return protocol.response(request_id, protocol.discover_result(facts(core)))
 
 
+# Results of calls answered input_required that ended before their retry, kept for it: the
+# oldest goes when there are more.
+_PARKED_RESULTS = 256
+
+
 def _nothing() -> None:
     pass
+
+
+def _send_log(channel: Channel, level: str, message: str, call: Call | None, fields: Mapping[str, str]) -> None:
+    data: dict[str, Any] = {"message": message, **fields}
+    if call is not None:
+        data["requestId"] = call.id
+    channel.send(protocol.notification("notifications/message", {"level": level, "logger": "smith-fast", "data": data}), False)
 
 
 class _Nowhere:

@@ -117,15 +117,16 @@ class _Reply:
         self.headers = headers
         self.started = False
         self.done = False
-        # A stateless request's: (our id's "id":… member, the client's) to put back in the response
-        # (responses are written ``{"jsonrpc":"2.0","id":…``: the first such member is the id)
+        # A stateless request's: (our id, the client's), as JSON, to put back in its response, whose
+        # first "id" member is the id (``{"jsonrpc":"2.0","id":…``), and in its logs' "requestId".
         self.rename = rename
 
     def send(self, data: bytes, final: bool) -> None:
         if self.done:
             return
-        if self.rename is not None and final:
-            data = data.replace(self.rename[0], self.rename[1], 1)
+        if self.rename is not None:
+            key = b'"id":' if final else b'"requestId":'
+            data = data.replace(key + self.rename[0], key + self.rename[1], 1)
         conn = self.conn
         if not self.started and final:
             self.done = True
@@ -328,7 +329,7 @@ class McpHttpServer:
         entry = self._stateless_entry(conn)
         self._stateless_ids += 1
         ours = f"stateless-{self._stateless_ids}"
-        reply = _Reply(conn, [], rename=(orjson.dumps({"id": ours})[1:-1], orjson.dumps({"id": request_id})[1:-1]))
+        reply = _Reply(conn, [], rename=(orjson.dumps(ours), orjson.dumps(request_id)))
         conn.serve(entry, on_lost=lambda: entry.endpoint.handle({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ours}}, _DISCARD))
         entry.endpoint.handle({**message, "id": ours}, reply)
 
