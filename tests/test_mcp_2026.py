@@ -168,6 +168,8 @@ async def test_discover_list_call(transport: str, tmp_path: pathlib.Path) -> Non
         # ... unless it says where to go on
         third = await client.call_tool("shell", {"command": "pwd", "cwd": "sub"})
         assert third.structured_content is not None and third.structured_content["stdout"] == f"{tmp_path.resolve()}/sub\n"
+        wrong = await client.call_tool("shell", {"command": "true", "timeout": -1})
+        assert wrong.is_error and wrong.result_type == "complete"
         failed = await client.call_tool("shell", {"command": "exit 4"})
         assert failed.is_error and failed.structured_content is not None and failed.structured_content["exit_code"] == 4
         wrote = await client.call_tool("fs.write", {"path": "a.txt", "content": "alpha\n"})

@@ -235,7 +235,10 @@ class McpEndpoint:
             try:
                 args = protocol.shell_arguments(arguments, limits.mcp_default_timeout, limits.mcp_max_timeout)
             except ValueError as exc:
-                channel.send(protocol.response(request_id, _tool_error(f"invalid arguments: {exc}")), True)
+                failed = _tool_error(f"invalid arguments: {exc}")
+                if env is not None:
+                    failed["resultType"] = "complete"
+                channel.send(protocol.response(request_id, failed), True)
                 return
             # A stateless request starts from the root: no state rides between its calls.
             state = ShellState() if args.fresh or env is not None else self.shell_state
