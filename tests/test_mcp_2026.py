@@ -206,7 +206,7 @@ def headers(method: str, name: str | None = None, version: str = MODERN) -> dict
 
 
 async def test_raw_headers_and_cache_hints(tmp_path: pathlib.Path) -> None:
-    with http_server(tmp_path, "--mcp-discover") as url:
+    with http_server(tmp_path, "--mcp-discover", "--input-wait-notice", "0.3") as url:
         async with httpx2.AsyncClient() as http:
             found = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": envelope()}},
                                     headers=headers("server/discover"))
@@ -258,6 +258,24 @@ async def test_raw_headers_and_cache_hints(tmp_path: pathlib.Path) -> None:
                 gone = await http.post(url, json={"jsonrpc": "2.0", "id": 4, "method": method, "params": {"_meta": envelope()}}, headers=headers(method))
                 assert gone.json()["error"]["code"] == protocol.METHOD_NOT_FOUND, method
             assert (await http.get(url, headers=headers("x"))).status_code == 405
+
+            # input_required, raw: the command reads with a timeout and is over before the client comes
+            # back; the retry gets its result. A requestState used (or never given) is refused.
+            asks = {"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                "name": "shell", "arguments": {"command": "timeout 1 head -n 1; echo rc=$?"},
+                "_meta": envelope(**{protocol.CAPABILITIES_KEY: {"elicitation": {"form": {}}}})}}
+            first = (await http.post(url, json=asks, headers=headers("tools/call", "shell"))).json()
+            assert first["id"] == 9 and first["result"]["resultType"] == "input_required", first
+            ((key, request),) = first["result"]["inputRequests"].items()
+            assert request["params"]["mode"] == "form"
+            await anyio.sleep(1.5)
+            retry = {**asks, "id": 10, "params": {**asks["params"], "requestState": first["result"]["requestState"],
+                                                  "inputResponses": {key: {"action": "accept", "content": {"line": "late"}}}}}
+            second = (await http.post(url, json=retry, headers=headers("tools/call", "shell"))).json()
+            assert second["id"] == 10 and second["result"]["resultType"] == "complete"
+            assert second["result"]["structuredContent"]["stdout"] == "rc=124\n"  # the read timed out: the line came too late
+            again = (await http.post(url, json=retry, headers=headers("tools/call", "shell"))).json()
+            assert again["error"]["code"] == protocol.INVALID_PARAMS and "requestState" in again["error"]["message"]
             note = await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers("notifications/initialized"))
             assert note.status_code == 202
 
