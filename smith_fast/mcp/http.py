@@ -46,7 +46,9 @@ from ..http.server import Gate, HttpConnection, HttpLimits, HttpServer, Request,
 from ..logs import get_logger
 from ..service.auth import token_matches
 from . import protocol
-from .endpoint import McpEndpoint
+from .endpoint import McpEndpoint, discover
+from .envelope import EnvelopeError, envelope, header_mismatch, is_modern
+from .tasks import TaskTable
 
 if TYPE_CHECKING:
     from ..service.core import ServiceCore
@@ -108,17 +110,23 @@ class _Session:
 class _Reply:
     """The answer to one request: a JSON body, or an SSE stream once more than one message goes out."""
 
-    __slots__ = ("conn", "headers", "started", "done")
+    __slots__ = ("conn", "headers", "started", "done", "rename")
 
-    def __init__(self, conn: HttpConnection, headers: list[tuple[str, str]]) -> None:
+    def __init__(self, conn: HttpConnection, headers: list[tuple[str, str]], rename: tuple[bytes, bytes] | None = None) -> None:
         self.conn = conn
         self.headers = headers
         self.started = False
         self.done = False
+        # A stateless request's: (our id, the client's), as JSON, to put back in its response, whose
+        # first "id" member is the id (``{"jsonrpc":"2.0","id":…``), and in its logs' "requestId".
+        self.rename = rename
 
     def send(self, data: bytes, final: bool) -> None:
         if self.done:
             return
+        if self.rename is not None:
+            key = b'"id":' if final else b'"requestId":'
+            data = data.replace(key + self.rename[0], key + self.rename[1], 1)
         conn = self.conn
         if not self.started and final:
             self.done = True
@@ -176,6 +184,8 @@ class McpHttpServer:
             origins[key] = origin
         self.allow_origins = frozenset(origins)
         self.sessions: dict[str, _Session] = {}
+        self._stateless: _Session | None = None  # the endpoint of every 2026-07-28 request
+        self._stateless_ids = 0
         self._peers: dict[HttpConnection, _Peer] = {}
         self.listening: list[tuple[str, int]] = []  # (host as asked, port bound)
         self._sweeper: asyncio.Task[None] | None = None
@@ -259,6 +269,11 @@ class McpHttpServer:
     def handle(self, conn: HttpConnection, req: Request) -> None:
         """Answer one admitted request (or start answering it): through ``conn.respond`` or a :class:`_Reply`."""
         version = req.headers.get("mcp-protocol-version")
+        if version == protocol.MODERN:
+            if req.method != "POST":  # no session to stream or end in the stateless revision
+                raise HttpRefused(405, f"MCP {version} has no {req.method} on {PATH}: POST a request", headers=(("Allow", "POST"),))
+            self._stateless_post(conn, req)
+            return
         if version is not None and version not in protocol.REVISIONS:
             raise HttpRefused(400, f"MCP-Protocol-Version {version} is not supported (supported: {', '.join(protocol.REVISIONS)})")
         if req.method == "POST":
@@ -282,7 +297,56 @@ class McpHttpServer:
         entry.last_seen = time.monotonic()
         return entry
 
-    def _post(self, conn: HttpConnection, req: Request) -> None:
+    def _stateless_post(self, conn: HttpConnection, req: Request) -> None:
+        """A request of the stateless revision: its headers must agree with its body; it is served
+        by the one endpoint of such requests (their tasks outlive them), under an id of ours, since
+        ids of different clients collide; the client closing its stream cancels it."""
+        message = self._message(conn, req)
+        if message is None:
+            return
+        if "id" not in message or "method" not in message:
+            conn.respond(202, b"", None, [])  # 2026-07-28 has no client notifications: nothing to do
+            return
+        request_id = message["id"]
+        if not is_modern(message.get("params")):
+            conn.respond(400, protocol.error_response(request_id, protocol.INVALID_PARAMS,
+                                                      f"an MCP {protocol.MODERN} request carries its protocol version and client capabilities in params._meta"),
+                         "application/json", [])
+            return
+        mismatch = header_mismatch(req.headers, message)
+        if mismatch is not None:
+            conn.respond(400, protocol.error_response(request_id, protocol.HEADER_MISMATCH, mismatch), "application/json", [])
+            return
+        params = message["params"]
+        assert isinstance(params, dict)  # is_modern says so
+        if message["method"] == "server/discover":
+            # Answered without a session: negotiating clients send it first, and without
+            # --mcp-discover go on with initialize (a session of their own).
+            found = envelope(params)
+            answer = protocol.error_response(request_id, found.code, found.message, found.data) if isinstance(found, EnvelopeError) else discover(self.core, request_id)
+            conn.respond(200, answer, "application/json", [])
+            return
+        entry = self._stateless_entry(conn)
+        self._stateless_ids += 1
+        ours = f"stateless-{self._stateless_ids}"
+        reply = _Reply(conn, [], rename=(orjson.dumps(ours), orjson.dumps(request_id)))
+        conn.serve(entry, on_lost=lambda: entry.endpoint.handle({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": ours}}, _DISCARD))
+        entry.endpoint.handle({**message, "id": ours}, reply)
+
+    def _stateless_entry(self, conn: HttpConnection) -> _Session:
+        entry = self._stateless
+        if entry is None or entry.endpoint.closing:
+            entry = self._stateless = _Session("stateless")
+            entry.endpoint = McpEndpoint(self.core, peer=f"{conn.peer} (MCP {protocol.MODERN})", close=lambda: self._stateless_ended(entry),
+                                         authenticated=True, unsent=entry.unsent, tasks=TaskTable())
+        return entry
+
+    def _stateless_ended(self, entry: _Session) -> None:
+        if self._stateless is entry:
+            self._stateless = None
+
+    def _message(self, conn: HttpConnection, req: Request) -> dict[str, object] | None:
+        """The JSON-RPC message a POST carries, or None when it was answered with an error."""
         content_type = req.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
             raise HttpRefused(415, "the body must be application/json")
@@ -293,9 +357,15 @@ class McpHttpServer:
             message = orjson.loads(req.body)
         except orjson.JSONDecodeError as exc:
             conn.respond(400, protocol.error_response(None, protocol.PARSE_ERROR, f"the body is not JSON: {exc}"), "application/json", [])
-            return
+            return None
         if not isinstance(message, dict):
             conn.respond(400, protocol.error_response(None, protocol.INVALID_REQUEST, "one JSON-RPC message per POST (batches are not supported)"), "application/json", [])
+            return None
+        return message
+
+    def _post(self, conn: HttpConnection, req: Request) -> None:
+        message = self._message(conn, req)
+        if message is None:
             return
         if message.get("method") == "initialize" and "id" in message:
             entry = self._new_session(conn)

@@ -22,6 +22,7 @@ from ..tools import Tool
 __all__ = [
     "REVISIONS",
     "LATEST",
+    "MODERN",
     "PARSE_ERROR",
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
@@ -45,10 +46,27 @@ __all__ = [
 
 # The initialize-handshake revisions, newest first: 2025-11-25 is what the official SDKs offer in
 # ``initialize``; the older ones are still sent by clients that have not been updated. (The
-# stateless 2026-07-28 era starts with ``server/discover``, which we answer "method not found",
-# so the SDKs fall back to ``initialize``.)
+# stateless 2026-07-28 starts with ``server/discover``, which we answer only with --mcp-discover:
+# otherwise the SDKs fall back to ``initialize``, and the shell keeps its state between calls.)
 REVISIONS: Final[tuple[str, ...]] = ("2025-11-25", "2025-06-18", "2025-03-26")
 LATEST: Final[str] = REVISIONS[0]
+
+# The stateless revision: no initialize, no session; every request carries its protocol version
+# and the client's capabilities in ``params._meta`` (envelope.py), every result a ``resultType``.
+MODERN: Final = "2026-07-28"
+VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
+LOG_LEVEL_KEY: Final = "io.modelcontextprotocol/logLevel"
+SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
+# Ours, in ``_meta`` (a prefix outside the reserved ``*.modelcontextprotocol``/``*.mcp`` ones):
+# the output cursor a ``tasks/get`` asks from and the output it gets back.
+CURSOR_KEY: Final = "smith-fast/cursor"
+OUTPUT_KEY: Final = "smith-fast/output"
+# How long a client may cache what does not change while the service runs (tools/list,
+# server/discover): the registry is fixed at start-up, but a restart may load other plugins.
+LISTING_TTL_MS: Final = 300_000
 
 # JSON-RPC 2.0 error codes (MCP uses them as they are).
 PARSE_ERROR: Final = -32700
@@ -56,6 +74,11 @@ INVALID_REQUEST: Final = -32600
 METHOD_NOT_FOUND: Final = -32601
 INVALID_PARAMS: Final = -32602
 INTERNAL_ERROR: Final = -32603
+# The 2026-07-28 revision's own: headers that disagree with the body, a client capability a
+# request needs and did not declare, a protocol version we do not speak.
+HEADER_MISMATCH: Final = -32020
+MISSING_CLIENT_CAPABILITY: Final = -32021
+UNSUPPORTED_VERSION: Final = -32022
 
 SHELL_TOOL: Final = "shell"
 
@@ -203,9 +226,33 @@ def initialize_result(revision: str, facts: ServerFacts) -> dict[str, Any]:
         "protocolVersion": revision,
         # The registry is fixed once the service runs (plugins load at start-up): no listChanged.
         "capabilities": {"tools": {"listChanged": False}, "logging": {}},
-        "serverInfo": {"name": "smith-fast", "title": "smith-fast", "version": __version__},
+        "serverInfo": server_info(),
         "instructions": instructions(facts),
     }
+
+
+def server_info() -> dict[str, Any]:
+    return {"name": "smith-fast", "title": "smith-fast", "version": __version__}
+
+
+def discover_result(facts: ServerFacts) -> dict[str, Any]:
+    """The ``server/discover`` result: what ``initialize`` tells, for the stateless revision."""
+    return {
+        "resultType": "complete",
+        "supportedVersions": [MODERN],
+        # No logging capability: 2026-07-28 asks for logs per request (``_meta`` logLevel).
+        "capabilities": {"tools": {"listChanged": False}, "extensions": {TASKS_EXTENSION: {}}},
+        "instructions": instructions(facts) + " " + STATELESS_NOTE,
+        "ttlMs": LISTING_TTL_MS,
+        "cacheScope": "public",
+        "_meta": {SERVER_INFO_KEY: server_info()},
+    }
+
+
+STATELESS_NOTE: Final = (
+    "Requests of protocol revision 2026-07-28 are stateless: each `shell` call starts from the root and the "
+    "service's environment (pass `cwd` to go on where a call left off; its result names the directory)."
+)
 
 
 def tool_listing(tools: Sequence[Tool]) -> dict[str, Any]:

@@ -9,14 +9,19 @@ which go to the endpoint's log.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..pb import smith_pb2 as pb
 from .results import OutputDir, StreamKeeper
 from .shell_state import ShellState, StateSplitter
 from ..service.sinks import EventSink, Recording, as_text, now_ms
 from . import protocol
+
+if TYPE_CHECKING:
+    from .envelope import Envelope
+    from .tasks import Task
 
 __all__ = ["Call", "Channel", "McpSink", "CallHost", "ShellCall"]
 
@@ -37,6 +42,7 @@ class Call:
     __slots__ = (
         "id", "shell", "channel", "token", "cancelled", "room", "out", "err", "out_bytes", "err_bytes",
         "exit_code", "success", "result", "errors", "progress", "failures", "shell_call",
+        "modern", "task", "timer", "parked", "input_key", "asks",
     )
 
     def __init__(self, request_id: Any, shell: bool, channel: Channel, token: Any, room: int) -> None:
@@ -57,6 +63,15 @@ class Call:
         self.failures: list[tuple[int, Mapping[str, str]]] = []  # each ErrorEvent's code and details
         self.progress = 0
         self.shell_call: ShellCall | None = None  # a ``shell`` call's keepers and state (results.py)
+        # The stateless revision (2026-07-28): the request's envelope, the task it is or may become,
+        # the timer that makes it one, the requestState of an input_required answer, the key of
+        # the input request outstanding and how many were made.
+        self.modern: Envelope | None = None
+        self.task: Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.parked: str | None = None
+        self.input_key: str | None = None
+        self.asks = 0
 
     def add(self, parts: list[str], text: str) -> int:
         """Keep what fits of ``text`` in ``parts``; the bytes it had."""
@@ -165,9 +180,15 @@ class McpSink(EventSink):
             if finished or exit_code is not None:
                 stderr = (stderr or "") + shell.splitter.flush()
             if stdout:
-                call.out_bytes += shell.add(shell.out, stdout, "stdout")
+                size = shell.add(shell.out, stdout, "stdout")
+                call.out_bytes += size
+                if call.task is not None:
+                    call.task.output("stdout", stdout, size)
             if stderr:
-                call.err_bytes += shell.add(shell.err, stderr, "stderr")
+                size = shell.add(shell.err, stderr, "stderr")
+                call.err_bytes += size
+                if call.task is not None:
+                    call.task.output("stderr", stderr, size)
         else:
             if stdout:
                 call.out_bytes += call.add(call.out, stdout)

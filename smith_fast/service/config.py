@@ -295,6 +295,8 @@ class ServiceConfig:
             (``--mcp-allow-origin``); a request with any other ``Origin`` is refused.
         mcp_expose_all_tools: list ``shell.run`` and ``tools.list`` to MCP clients as well
             (``--mcp-expose-all-tools``); by default they see ``shell`` and the file tools.
+        mcp_discover: answer ``server/discover`` (``--mcp-discover``): negotiating clients then
+            speak the stateless 2026-07-28 revision, where the shell keeps no state between calls.
         mcp_servers: ``NAME=COMMAND`` / ``NAME=URL`` MCP servers whose tools are registered as
             ``NAME.TOOL`` at start-up (``--mcp-server``; :mod:`smith_fast.mcp.mount`).
         allow_env: request environment variables permitted although
@@ -367,6 +369,10 @@ class ServiceConfig:
     mcp_expose_all_tools: bool = option(
         False, flag="--mcp-expose-all-tools", unit="switch", commands=("serve",), group=_GENERAL,
         help="list shell.run and tools.list to MCP clients too (by default they see shell and the fs tools: one way to run a command)")
+    mcp_discover: bool = option(
+        False, flag="--mcp-discover", unit="switch", commands=("serve",), group=_GENERAL,
+        help="answer server/discover, so MCP clients that negotiate (the official SDKs do) use the stateless 2026-07-28 "
+             "revision; without it they fall back to initialize and a session (2026-07-28 requests are served either way)")
     mcp_servers: tuple[str, ...] = option(
         (), flag="--mcp-server", unit="text", repeat=True, metavar="NAME=COMMAND|URL", commands=("serve", "worker"), group=_POLICY,
         help="mount an MCP server's tools as NAME.TOOL: a command line (spawned, supervised, spoken to over stdio) "
