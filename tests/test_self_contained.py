@@ -36,6 +36,8 @@ def tracked_files() -> list[pathlib.Path]:
 def text_files() -> dict[pathlib.Path, str]:
     texts = {}
     for path in tracked_files():
+        if path.name == "package-lock.json":
+            continue  # written by npm: its "SEE LICENSE IN <file>" are the packages' words, not citations
         data = path.read_bytes()
         if b"\0" in data:
             continue  # binary: corpus seeds, charts

@@ -375,10 +375,7 @@ class _Scoped:
 
 
 def _with_home(context: ToolContext, home: str, homes: str) -> ToolContext:
-    import dataclasses
-
-    sandbox = context.sandbox.with_home(home, homes) if context.sandbox is not None else None
-    return dataclasses.replace(context, sandbox=sandbox)
+    return context.with_sandbox(context.sandbox.with_home(home, homes)) if context.sandbox is not None else context
 
 
 class WorkspaceScope:

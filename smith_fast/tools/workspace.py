@@ -145,6 +145,16 @@ class ToolContext:
         _set(new, "run_process", run)
         return new
 
+    def with_sandbox(self, sandbox: Sandbox) -> ToolContext:
+        """This context with another :attr:`sandbox` of the same denied paths (a session's own home):
+        the root's fd is shared, not opened again (a context per session would hold one each, until
+        the garbage collector finds the cycle a runner makes with it)."""
+        new = object.__new__(ToolContext)
+        for name in _CONTEXT_SLOTS:
+            _set(new, name, getattr(self, name))
+        _set(new, "sandbox", sandbox)
+        return new
+
     def resolve(self, path: str, *, must_exist: bool = True) -> pathlib.Path:
         """Resolve ``path`` inside the workspace.
 
