@@ -45,6 +45,32 @@ def _check(result: int, what: str) -> int:
     return result
 
 
+_SYS_CLONE = 56  # x86_64 (and the numbers of this machine's kind); aarch64: 220
+_SIGCHLD = 17
+
+
+def _single_threaded(w: int) -> None:
+    """Make sure this forked child is alone in its process: a user namespace is entered only by a
+    single-threaded one, and a library's at-fork hook may have started a thread here (OpenTelemetry's
+    batch processors restart their worker in every child while one is alive in the test process).
+    Then it forks once more by the system call itself, with the GIL held (PyDLL), and this
+    process only relays the grandchild's status."""
+    if len(os.listdir("/proc/self/task")) == 1:
+        return
+    raw = ctypes.PyDLL(None, use_errno=True)
+    raw.syscall.restype = ctypes.c_long
+    number = _SYS_CLONE if os.uname().machine == "x86_64" else 220
+    pid = raw.syscall(ctypes.c_long(number), ctypes.c_ulong(_SIGCHLD), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "clone")
+    if pid == 0:
+        return  # the grandchild: one thread, ours
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
 def _enter_namespace() -> None:
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS), "unshare")
@@ -111,6 +137,7 @@ def on_overlay(
         code = 1
         try:
             os.close(r)
+            _single_threaded(w)
             _enter_namespace()
             _mount_overlay(lowers, upper, work, target)
             if drop_caps:
