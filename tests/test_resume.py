@@ -438,6 +438,12 @@ def test_the_peer_sends_again_only_what_the_service_never_read(run, servers, acc
         assert "".join(req.stdout) == req.expected, request_id
 
 
+def _state(pid: int) -> str:
+    """The process's state letter (``/proc/PID/stat``: R, S, T ...)."""
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
 def test_a_request_read_as_its_session_is_taken_over_runs_once_whatever_its_copy_finds(  # type: ignore[no-untyped-def]
     run, servers, request: pytest.FixtureRequest
 ) -> None:
@@ -462,6 +468,9 @@ def test_a_request_read_as_its_session_is_taken_over_runs_once_whatever_its_copy
         assert await asyncio.to_thread(wait_until, lambda: connections() > before, 10), "the new connection was not accepted"
         request_id, marker = rid(), rid()
         os.kill(server.pid, signal.SIGSTOP)
+        # the signal is delivered, but a service busy on the other core may run on for a moment:
+        # it must be stopped (state T) before the request goes out, or it may read it alone
+        assert await asyncio.to_thread(wait_until, lambda: _state(server.pid) == "T", 10), "the service did not stop"
         try:
             old.send(shell(request_id, "echo once"))
             await old.writer.drain()
