@@ -9,35 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
-import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import anyio
 import httpx2
 import mcp_types
 import pytest
-from mcp import StdioServerParameters
 from mcp.client.client import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.stdio import stdio_client
 from pydantic import Field, TypeAdapter
 
-from harness.server import ROOT, SmithProcess
+from harness.server import SmithProcess
 from smith_fast.mcp import protocol
+
+from .test_mcp import connect as mcp_connect, mcp_url
 
 MODERN = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
 SHOWN = ["fs.list", "fs.read", "fs.search", "fs.write", "shell"]
-
-
-def mcp_url(proc: SmithProcess) -> str:
-    for record in proc.logs:
-        address = str(record.get("address", ""))
-        if record.get("event") == "listening" and address.endswith("/mcp"):
-            return address
-    raise AssertionError(f"no MCP listener in the log: {proc.raw_stderr[-20:]}")
 
 
 @contextlib.contextmanager
@@ -49,22 +39,9 @@ def http_server(tmp: pathlib.Path, *extra: str) -> Any:
         proc.stop()
 
 
-@contextlib.asynccontextmanager
-async def connect(transport: str, tmp: pathlib.Path, *extra: str, **client: Any) -> AsyncIterator[Client]:
+def connect(transport: str, tmp: pathlib.Path, *extra: str, **client: Any) -> contextlib.AbstractAsyncContextManager[Client]:
     """An SDK client (auto-negotiating unless told a mode) on a fresh smith-fast with ``--mcp-discover``."""
-    args = ["serve", "--root", str(tmp), "--log-level", "debug", "--mcp-discover", *extra]
-    if transport == "stdio":
-        params = StdioServerParameters(command=sys.executable, args=["-m", "smith_fast", *args, "--mcp"], cwd=str(ROOT))
-        with open(tmp / "server.log", "w") as errlog:
-            async with Client(stdio_client(params, errlog=errlog), **client) as sdk:
-                yield sdk
-        return
-    proc = SmithProcess(tmp, *args, "--mcp-http", "127.0.0.1:0").start()
-    try:
-        async with Client(mcp_url(proc), **client) as sdk:
-            yield sdk
-    finally:
-        proc.stop()
+    return mcp_connect(transport, tmp, "--mcp-discover", *extra, **client)
 
 
 @pytest.fixture(params=["stdio", "http"])
