@@ -352,7 +352,8 @@ class Cell:
         limits: what it may use.
     """
 
-    __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer", "_cpu_hit")
+    __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
+                 "_cpu_hit", "_limited")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -362,6 +363,7 @@ class Cell:
         self._born: set[str] = set()  # the cell dirs a spawn inside joined() was born in
         self._timer: asyncio.TimerHandle | None = None
         self._cpu_hit = False
+        self._limited = False  # the limits were set before the command was born (birth_dirs)
         self._v2: str | None = None
         self._memory: tuple[str, bool] | None = None  # (dir, is v2)
         self._pids: str | None = None
@@ -412,6 +414,16 @@ class Cell:
                         get_logger("smith_fast.containment").error(
                             "could not leave a command's cgroup", extra={"fields": {"cgroup": cell, "home": home}})
 
+    def birth_dirs(self) -> tuple[str, ...]:
+        """For a command that another process starts in this cell (a zygote's
+        ``clone3(CLONE_INTO_CGROUP)``, the v1 directories joined by the child before exec): the
+        cell's limits are set now, while it is empty, and its directories (v2 first) returned;
+        :meth:`attach` then only records the pid. No step of the service into the cell and out."""
+        self._apply_limits()
+        self._limited = True
+        self._born = set(self.dirs)
+        return self.dirs
+
     def _apply_limits(self) -> None:
         lim = self.limits
         if lim.memory > 0 and self._memory is not None:
@@ -438,7 +450,8 @@ class Cell:
             if cell not in self._born:  # a spawn outside joined(), or a hierarchy it could not enter
                 with contextlib.suppress(OSError):  # ESRCH: it exited already
                     _write(cell + "/cgroup.procs", text)
-        self._apply_limits()
+        if not self._limited:
+            self._apply_limits()
         lim = self.limits
         with contextlib.suppress(OSError, ValueError):
             if lim.cpu > 0 and self._v2 is None:  # per process, and only from here on: a fallback
@@ -592,6 +605,7 @@ def new_cell(limits: CommandLimits | None = None) -> Cell:
     if _enabled and _spares:
         cell = _spares.pop()
         cell.limits = limits or CommandLimits()
+        cell._limited = False
         cell._fallback = cell.limits.memory > 0 and cell._memory is None
         return cell
     return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])

@@ -250,6 +250,16 @@ class Sandbox:
         out += argv
         return out
 
+    def zygote_argv(self, writable: Sequence[str], control_fd: int) -> list[str]:
+        """The sandbox program as a zygote (:mod:`smith_fast.sandbox.zygote`): these walls, with
+        ``writable`` writable, built once, and the commands sent on the socket ``control_fd`` forked
+        inside (each confined as :meth:`wrap`'s command is). The argv with ``control_fd`` 0 names
+        the configuration: a session keeps one zygote per name."""
+        out = [*self.wrapper, *self._policy()]
+        for path in writable:
+            out += ["--write", path]
+        return [*out, "--zygote", str(control_fd)]
+
     def _policy(self) -> list[str]:
         out = ["--fs", "on" if self.confines_files else "off", "--network", self.network, "--tmp-size", str(self.tmp_size)]
         if self.reap:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from ..containment import CommandLimits
 from ..process import STDIN_LIMIT, ShellProcess
 from ..sandbox import Sandbox
+from ..sandbox.zygote import Zygotes
 
 __all__ = ["spawn"]
 
@@ -30,17 +31,20 @@ async def spawn(
     stdin_limit: int = STDIN_LIMIT,
     on_stdin: Callable[[int], None] | None = None,
     limits: CommandLimits | None = None,
+    zygotes: Zygotes | None = None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
     environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
     (the core's ``--sandbox``/``--network``; None only where the operator turned it off); with
     ``stdin`` or ``pty`` as :meth:`ShellProcess.start` takes them (process control), in a cgroup of its
-    own under ``limits`` (:mod:`smith_fast.containment`).
+    own under ``limits`` (:mod:`smith_fast.containment`); forked inside the session's sandbox by one
+    of ``zygotes`` (the session's, :mod:`smith_fast.sandbox.zygote`) where the command can be, else
+    with a sandbox of its own (None: always; a background process, which outlives its session).
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
     return await ShellProcess.start(
         command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
-        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
+        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits, zygotes=zygotes,
     )
