@@ -470,7 +470,6 @@ static void write_ruleset(const char *policy, const struct ll_applied *a) {
     if (write(o.ruleset_fd, ruleset_text, ruleset_len) != (ssize_t)ruleset_len) die(FAILED, "cannot restrict the command: writing --ruleset-out", "");
     close(o.ruleset_fd);
     o.ruleset_fd = -1;
-    o.zygote_fd = -1;
 }
 
 static void confine(enum ll_policy policy, const char *const *dirs, int ndirs) {
@@ -859,6 +858,7 @@ int main(int argc, char **argv) {
     o.fs = 1;
     o.tmp_size = 1ULL << 30;
     o.ruleset_fd = -1;
+    o.zygote_fd = -1;
     o.hide = calloc((size_t)argc, sizeof *o.hide);
     if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
     for (; i < argc; i++) {

@@ -59,6 +59,7 @@ __all__ = [
     "cgroup_dir",
     "cgroup_mounts",
     "cgroup_paths",
+    "cell_parents",
     "memory_bound",
     "Cell",
     "Usage",
@@ -307,6 +308,11 @@ def available() -> dict[str, object]:
     kill = "cgroup.kill" if any(t.v2 and os.path.exists(t.parent + "/cgroup.kill") for t in trees) else (
         "cgroup" if trees else "process-group")
     return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}
+
+
+def cell_parents() -> tuple[str, ...]:
+    """The directories new cells are made in (``smith-fast-PID``, one per hierarchy; none without cgroups)."""
+    return tuple(t.parent for t in _hierarchies()) if _enabled else ()
 
 
 def _rmdir(path: str) -> bool:

@@ -19,8 +19,9 @@ every capability dropped, ``no_new_privs``, Landlock, rlimits, exec (``csrc/sand
   its pid namespace. The session's commands share the zygote's private ``/tmp``; another session
   has its own.
 
-If the service dies, the zygote's monitor dies with it (``PR_SET_PDEATHSIG``), its init with the
-monitor, and the kernel ends the namespace: the child guard need not know these commands.
+If the service dies, the zygote's monitor dies with it (``PR_SET_PDEATHSIG``, and the child guard,
+to which a zygote is one process group), its init with the monitor, and the kernel ends the
+namespace; the guard removes the commands' cells. It is told nothing per command.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import struct
 import subprocess
 from collections.abc import Callable, Sequence
 
+from .. import childguard, containment
 from ..errors import SandboxError
 
 __all__ = ["MAX_REQUEST", "Forked", "Zygote", "ZygoteGone", "Zygotes"]
@@ -132,6 +134,9 @@ class Zygote:
                                            start_new_session=True)
         finally:
             far.close()
+        # If we are SIGKILLed, the guard ends the zygote (and its namespace) and the cells beneath
+        # the parents; PR_SET_PDEATHSIG would end the zygote too, but not remove the cells.
+        childguard.register(self._popen.pid, containment.cell_parents())
         near.setblocking(False)
         loop.add_reader(near.fileno(), self._readable)
 
@@ -238,6 +243,7 @@ class Zygote:
                 started.set_exception(ZygoteGone("the zygote ended"))
         for forked in exits.values():
             forked.exited(9, None)  # killed with its namespace
+        childguard.unregister(self._popen.pid)  # before it is reaped: its group id is ours till then
         self._reap()
 
     def _reap(self) -> None:
