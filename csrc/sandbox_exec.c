@@ -5,6 +5,7 @@
  *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
+ *   sandbox-exec --zygote CONTROL_FD [the first form's options but --tty and --usage-fd, no PROGRAM]
  *
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
@@ -45,6 +46,10 @@
  * The cover is made read-only after the attaches, not recursively: the --write trees stay writable.
  * Like every mount of the view it is locked to the init's user namespace: a command cannot unmount it,
  * not even from a user namespace of its own.
+ *
+ * The third form is a session's sandbox built once (a zygote, below: zygote()): the monitor and the
+ * init as in the first form, but the init forks one command per request on CONTROL_FD, each set up
+ * as the first form's command is (run_command), until the socket's EOF.
  *
  * The second form is Landlock alone (landlock_policy.h's LL_READS), for a process a file tool starts
  * (fs.search's rg): no namespace, no fork, one exec. PROGRAM may read and list only beneath the
@@ -848,7 +853,7 @@ static void usage(const char *at) {
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
             "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
-            "[--ruleset-out FILE] -- PROGRAM ARG... (at %s)\n", at ? at : "the end");
+            "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
 }
 
