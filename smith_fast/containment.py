@@ -210,6 +210,7 @@ def cgroup_dir(point: str, root: str, path: str) -> str:
     return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
 
 
+_OOM_MARGIN = 4 << 20  # a cell's peak this far below its memory limit: the limit was never reached
 _UNBOUNDED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63
 
 
@@ -359,7 +360,7 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited")
+                 "_cpu_hit", "_limited", "_io")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -371,6 +372,7 @@ class Cell:
         self._cpu_hit = False
         self._limited = False  # the limits were set before the command was born (birth_dirs)
         self._v2: str | None = None
+        self._io = False
         self._memory: tuple[str, bool] | None = None  # (dir, is v2)
         self._pids: str | None = None
         self._pid = 0
@@ -387,6 +389,7 @@ class Cell:
             self._homes.append((path, tree.home, tree.v2))
             if tree.v2:
                 self._v2 = path
+                self._io = "io" in tree.controllers  # io.stat is the io controller's
             if "memory" in tree.controllers:
                 self._memory = (path, tree.v2)
             if "pids" in tree.controllers:
@@ -425,8 +428,9 @@ class Cell:
         ``clone3(CLONE_INTO_CGROUP)``, the v1 directories joined by the child before exec): the
         cell's limits are set now, while it is empty, and its directories (v2 first) returned;
         :meth:`attach` then only records the pid. No step of the service into the cell and out."""
-        self._apply_limits()
-        self._limited = True
+        if not self._limited:
+            self._apply_limits()
+            self._limited = True
         self._born = set(self.dirs)
         return self.dirs
 
@@ -520,11 +524,10 @@ class Cell:
             cpu = _kv(self._v2 + "/cpu.stat")
             if "user_usec" in cpu:  # includes the members that were never waited for
                 user, system = max(user, cpu["user_usec"]), max(system, cpu.get("system_usec", 0))
-            io = self._v2 + "/io.stat"
-            if os.path.exists(io):
+            if self._io:
                 with contextlib.suppress(OSError):
                     rb = wb = 0
-                    for line in _read(io).splitlines():
+                    for line in _read(self._v2 + "/io.stat").splitlines():
                         for item in line.split()[1:]:
                             key, _, value = item.partition("=")
                             if key == "rbytes":
@@ -537,13 +540,19 @@ class Cell:
             held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
             if held is not None:
                 peak = held
-            events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
-            if events.get("oom_kill", 0) > 0:
-                hit = LIMIT_FLAGS["memory"]
+            # The OOM killer acts in this cell only once its charge reached the limit: a peak well
+            # below it needs no look at the events (the limit's own, or a parent's without one)
+            if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
+                events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
+                if events.get("oom_kill", 0) > 0:
+                    hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            pids_peak = _int(self._pids + "/pids.peak") or 0
-            if hit is None and self.limits.pids > 0 and _kv(self._pids + "/pids.events").get("max", 0) > 0:
-                hit = LIMIT_FLAGS["pids"]
+            seen = _int(self._pids + "/pids.peak")
+            pids_peak = seen or 0
+            # a fork refused at pids.max leaves the peak at the limit: below it, none was
+            if hit is None and self.limits.pids > 0 and (seen is None or seen >= self.limits.pids):
+                if _kv(self._pids + "/pids.events").get("max", 0) > 0:
+                    hit = LIMIT_FLAGS["pids"]
         if hit is None and self._cpu_hit:
             hit = LIMIT_FLAGS["cpu"]
         if hit is None and self.limits.cpu > 0 and self._v2 is None and returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
@@ -603,30 +612,46 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def new_cell(limits: CommandLimits | None = None) -> Cell:
+def new_cell(limits: CommandLimits | None = None, *, born_elsewhere: bool = False) -> Cell:
     """A new cell for one command, with ``limits`` applied (in the cgroups it has): the spare
-    one :func:`prepare_spare` made, if there is one."""
+    one :func:`prepare_spare` made, if there is one.
+
+    ``born_elsewhere``: the command is born in the cell by another process (a zygote, through
+    :meth:`Cell.birth_dirs`), not through :meth:`Cell.joined`; then a spare whose limits were set
+    ahead (the last such command's) is taken as it is. A spare with limits never goes to a spawn
+    through :meth:`Cell.joined`: the service would step into a limited cell."""
+    global _last_limits
     if _pending:
         _retry_pending()
-    if _enabled and _spares:
+    wanted = limits or CommandLimits()
+    if born_elsewhere:
+        _last_limits = wanted
+    # a spare with limits set goes only to a command born elsewhere with the same limits (a limit
+    # once written is not taken back)
+    if _enabled and _spares and (not _spares[-1]._limited or (born_elsewhere and _spares[-1].limits == wanted)):
         cell = _spares.pop()
-        cell.limits = limits or CommandLimits()
-        cell._limited = False
+        cell.limits = wanted
         cell._fallback = cell.limits.memory > 0 and cell._memory is None
         return cell
-    return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
+    return Cell(wanted, _hierarchies() if _enabled else [])
 
 
 _spares: list[Cell] = []
+_last_limits: CommandLimits | None = None  # those of the last command born elsewhere
 
 
 def prepare_spare() -> None:
-    """Make the next command's cell now (its directories, empty, no limits yet), while nothing
-    waits for it: :func:`new_cell` takes it. One at most; :func:`release_all` removes it."""
+    """Make the next command's cell now (its directories, empty), while nothing waits for it:
+    :func:`new_cell` takes it. When the last command was born elsewhere (a zygote's), its limits
+    are set now too, off the next command's path. One at most; :func:`release_all` removes it."""
     if _enabled and not _spares:
         trees = _hierarchies()
         if trees:
-            _spares.append(Cell(CommandLimits(), trees))
+            cell = Cell(_last_limits or CommandLimits(), trees)
+            if _last_limits is not None:
+                cell._apply_limits()
+                cell._limited = True
+            _spares.append(cell)
 
 
 def release_all(timeout: float = 1.0) -> None:

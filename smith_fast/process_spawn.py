@@ -271,7 +271,7 @@ async def spawn_forked(
         except OSError as exc:
             raise spawn_error(exc, shell, cwd) from None
     out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
-    cell = containment.new_cell(limits)
+    cell = containment.new_cell(limits, born_elsewhere=True)
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
         try:

@@ -160,9 +160,10 @@ class Zygote:
         if self._gone:
             raise ZygoteGone("the zygote ended")
         parts = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
-        body = b"\0".join(p.encode("utf-8", "surrogateescape") for p in parts) + b"\0"
-        if body.count(b"\0") != len(parts):
+        text = "\0".join(parts)
+        if text.count("\0") != len(parts) - 1:
             raise ValueError("embedded null byte")
+        body = text.encode("utf-8", "surrogateescape") + b"\0"
         if len(body) > MAX_REQUEST:
             raise ZygoteGone("the request is too large for the zygote")
         rid = next(self._ids)
