@@ -210,6 +210,9 @@ def cgroup_dir(point: str, root: str, path: str) -> str:
     return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
 
 
+_ZERO_BASE: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0)
+_MAX_SPARES = 4  # cells kept for the next commands (made ahead, or used again: Cell.recycle)
+_LEFT_CHARGED = 1 << 20  # bytes a cell may still hold charged to be used again
 _OOM_MARGIN = 4 << 20  # a cell's peak this far below its memory limit: the limit was never reached
 _UNBOUNDED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63
 
@@ -360,7 +363,7 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited", "_io")
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -377,6 +380,11 @@ class Cell:
         self._pids: str | None = None
         self._pid = 0
         self._killed = False
+        # Counters of the cell's former commands (a cell used again: recycle), subtracted from what
+        # the files say: CPU user and system us, io read and written bytes, OOM kills, refused forks.
+        self._base = _ZERO_BASE
+        self._seen = _ZERO_BASE  # what the last _usage read, the next command's base
+        self._reusable = 0  # 1: its command is born in it elsewhere (birth_dirs); 2: and was measured (recycle)
         name = f"c{next(_serial)}"
         dirs = []
         for tree in trees:
@@ -432,6 +440,7 @@ class Cell:
             self._apply_limits()
             self._limited = True
         self._born = set(self.dirs)
+        self._reusable = 1
         return self.dirs
 
     def _apply_limits(self) -> None:
@@ -495,10 +504,17 @@ class Cell:
             self._timer = None
         if self._v2 is not None and not self._hosting:
             try:
+                # A cell that may be used again is looked at first: once killed, a process cloned
+                # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
+                # compared with the parent's cgroup's), so an empty one is left unkilled.
+                if self._reusable and b"populated 0" in _read(self._v2 + "/cgroup.events").encode():
+                    return
+                self._reusable = 0
                 _write(self._v2 + "/cgroup.kill", "1")
                 return
             except OSError:  # ENOENT before Linux 5.14
                 pass
+        self._reusable = 0
         for path in self.dirs[:1]:
             _kill_members(path)
 
@@ -520,10 +536,13 @@ class Cell:
         peak = max_rss
         pids_peak = 0
         hit: str | None = None
+        base = self._base
+        seen = list(base)
         if self._v2 is not None:
             cpu = _kv(self._v2 + "/cpu.stat")
             if "user_usec" in cpu:  # includes the members that were never waited for
-                user, system = max(user, cpu["user_usec"]), max(system, cpu.get("system_usec", 0))
+                seen[0], seen[1] = cpu["user_usec"], cpu.get("system_usec", 0)
+                user, system = max(user, seen[0] - base[0]), max(system, seen[1] - base[1])
             if self._io:
                 with contextlib.suppress(OSError):
                     rb = wb = 0
@@ -534,7 +553,8 @@ class Cell:
                                 rb += int(value)
                             elif key == "wbytes":
                                 wb += int(value)
-                    read_b, write_b = max(read_b, rb), max(write_b, wb)
+                    seen[2], seen[3] = rb, wb
+                    read_b, write_b = max(read_b, rb - base[2]), max(write_b, wb - base[3])
         if self._memory is not None:
             path, v2 = self._memory
             held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
@@ -543,16 +563,21 @@ class Cell:
             # The OOM killer acts in this cell only once its charge reached the limit: a peak well
             # below it needs no look at the events (the limit's own, or a parent's without one)
             if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
-                events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
-                if events.get("oom_kill", 0) > 0:
+                seen[4] = _kv(path + ("/memory.events" if v2 else "/memory.oom_control")).get("oom_kill", 0)
+                if seen[4] > base[4]:
                     hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            seen = _int(self._pids + "/pids.peak")
-            pids_peak = seen or 0
+            most = _int(self._pids + "/pids.peak")
+            pids_peak = most or 0
+            seen[6] = most if most is not None else _UNBOUNDED
             # a fork refused at pids.max leaves the peak at the limit: below it, none was
-            if hit is None and self.limits.pids > 0 and (seen is None or seen >= self.limits.pids):
-                if _kv(self._pids + "/pids.events").get("max", 0) > 0:
+            if hit is None and self.limits.pids > 0 and (most is None or most >= self.limits.pids):
+                seen[5] = _kv(self._pids + "/pids.events").get("max", 0)
+                if seen[5] > base[5]:
                     hit = LIMIT_FLAGS["pids"]
+        self._seen = tuple(seen)
+        if self._reusable == 1:
+            self._reusable = 2
         if hit is None and self._cpu_hit:
             hit = LIMIT_FLAGS["cpu"]
         if hit is None and self.limits.cpu > 0 and self._v2 is None and returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
@@ -567,9 +592,44 @@ class Cell:
             source="cgroup" if self.dirs else "rusage", limit_hit=hit,
         )  # fmt: skip
 
+    def recycle(self) -> bool:
+        """After :meth:`finish`: make this cell the next command's, if nothing of its command is
+        left and what the next one's :class:`Usage` says will be its own: its command was born in
+        it elsewhere (a zygote's: the service never stepped in), hit no limit, ran one process at a
+        time all its life (``pids.peak`` cannot be reset: a peak of 1 before means the next
+        command's peak is exact), and the memory peak can be reset (v1; v2's ``memory.peak`` resets
+        only for one open file). The counters that cannot be reset are kept as a base
+        (:meth:`_usage` subtracts it). True: it is a spare again (three ``mkdir``, three ``rmdir``
+        and the limit writes saved); False: :meth:`release` it."""
+        if not (self._reusable == 2 and self._v2 is not None and self.dirs and not self._cpu_hit and not self._hosting
+                and len(_spares) < _MAX_SPARES):
+            return False
+        if self._pids is not None and self._seen[6] > 1:
+            return False
+        if self._memory is not None and self._memory[1]:
+            return False
+        try:
+            if b"populated 0" not in _read(self._v2 + "/cgroup.events").encode():
+                return False  # what the kill ended is still exiting
+            if self._memory is not None:
+                # what it left charged (the page cache of files it wrote) would count as the next one's
+                if (_int(self._memory[0] + "/memory.usage_in_bytes") or 0) > _LEFT_CHARGED:
+                    return False
+                _write(self._memory[0] + "/memory.max_usage_in_bytes", "0")
+        except OSError:
+            return False
+        self._base = self._seen
+        self._reusable = 0
+        self._killed = False
+        self._born = set()
+        self._pid = 0
+        _spares.append(self)
+        return True
+
     def release(self) -> None:
-        """Remove the cell's directories (killing what is left first)."""
-        if not self.dirs:
+        """Remove the cell's directories (killing what is left first), or keep it as the next
+        command's when it can be (:meth:`recycle`)."""
+        if not self.dirs or self.recycle():
             return
         if not self._killed:
             self.kill()
@@ -633,6 +693,8 @@ def new_cell(limits: CommandLimits | None = None, *, born_elsewhere: bool = Fals
         cell.limits = wanted
         cell._fallback = cell.limits.memory > 0 and cell._memory is None
         return cell
+    if _enabled and born_elsewhere and _spares and _spares[0].limits == wanted and _spares[0]._limited:
+        return _spares.pop(0)
     return Cell(wanted, _hierarchies() if _enabled else [])
 
 
