@@ -363,7 +363,7 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable")
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -373,7 +373,7 @@ class Cell:
         self._born: set[str] = set()  # the cell dirs a spawn inside joined() was born in
         self._timer: asyncio.TimerHandle | None = None
         self._cpu_hit = False
-        self._limited = False  # the limits were set before the command was born (birth_dirs)
+        self._limited = False  # the limits were set before the command was born (birth_fds)
         self._v2: str | None = None
         self._io = False
         self._memory: tuple[str, bool] | None = None  # (dir, is v2)
@@ -384,7 +384,9 @@ class Cell:
         # the files say: CPU user and system us, io read and written bytes, OOM kills, refused forks.
         self._base = _ZERO_BASE
         self._seen = _ZERO_BASE  # what the last _usage read, the next command's base
-        self._reusable = 0  # 1: its command is born in it elsewhere (birth_dirs); 2: and was measured (recycle)
+        self._reusable = 0  # 1: its command is born in it elsewhere (birth_fds); 2: and was measured (recycle)
+        self._fds: tuple[int, ...] = ()  # its directories, open while it lives (birth_fds)
+        self._emptied = False  # kill() found it empty and left it unkilled
         name = f"c{next(_serial)}"
         dirs = []
         for tree in trees:
@@ -431,17 +433,30 @@ class Cell:
                         get_logger("smith_fast.containment").error(
                             "could not leave a command's cgroup", extra={"fields": {"cgroup": cell, "home": home}})
 
-    def birth_dirs(self) -> tuple[str, ...]:
+    def birth_fds(self) -> tuple[int, ...]:
         """For a command that another process starts in this cell (a zygote's
         ``clone3(CLONE_INTO_CGROUP)``, the v1 directories joined by the child before exec): the
-        cell's limits are set now, while it is empty, and its directories (v2 first) returned;
-        :meth:`attach` then only records the pid. No step of the service into the cell and out."""
+        cell's limits are set now, while it is empty (unless they were, ahead), and its directories
+        returned open (v2 first; they stay open while the cell lives, which may be for more than
+        one command: :meth:`recycle`); :meth:`attach` then only records the pid. No step of the
+        service into the cell and out."""
         if not self._limited:
             self._apply_limits()
             self._limited = True
+        if not self._fds and self.dirs:
+            fds: list[int] = []
+            try:
+                for path in self.dirs:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._fds = tuple(fds)
         self._born = set(self.dirs)
         self._reusable = 1
-        return self.dirs
+        self._emptied = False
+        return self._fds
 
     def _apply_limits(self) -> None:
         lim = self.limits
@@ -508,6 +523,7 @@ class Cell:
                 # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
                 # compared with the parent's cgroup's), so an empty one is left unkilled.
                 if self._reusable and b"populated 0" in _read(self._v2 + "/cgroup.events").encode():
+                    self._emptied = True
                     return
                 self._reusable = 0
                 _write(self._v2 + "/cgroup.kill", "1")
@@ -609,7 +625,8 @@ class Cell:
         if self._memory is not None and self._memory[1]:
             return False
         try:
-            if b"populated 0" not in _read(self._v2 + "/cgroup.events").encode():
+            # empty when its command ended (kill() looked), and nothing enters a cell but through us
+            if not self._emptied and b"populated 0" not in _read(self._v2 + "/cgroup.events").encode():
                 return False  # what the kill ended is still exiting
             if self._memory is not None:
                 # what it left charged (the page cache of files it wrote) would count as the next one's
@@ -633,6 +650,9 @@ class Cell:
             return
         if not self._killed:
             self.kill()
+        fds, self._fds = self._fds, ()
+        for fd in fds:
+            os.close(fd)
         dirs, self.dirs = self.dirs, ()
         busy = [d for d in dirs if not _rmdir(d)]
         if busy:
@@ -677,7 +697,7 @@ def new_cell(limits: CommandLimits | None = None, *, born_elsewhere: bool = Fals
     one :func:`prepare_spare` made, if there is one.
 
     ``born_elsewhere``: the command is born in the cell by another process (a zygote, through
-    :meth:`Cell.birth_dirs`), not through :meth:`Cell.joined`; then a spare whose limits were set
+    :meth:`Cell.birth_fds`), not through :meth:`Cell.joined`; then a spare whose limits were set
     ahead (the last such command's) is taken as it is. A spare with limits never goes to a spawn
     through :meth:`Cell.joined`: the service would step into a limited cell."""
     global _last_limits

@@ -276,7 +276,7 @@ async def spawn_forked(
     try:
         try:
             forked, started = zygote.start(argv, environ, cwd or os.getcwd(), (in_r if stdin else _devnull(), out_w, err_w),
-                                           cell.birth_dirs())
+                                           cell.birth_fds())
         finally:
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
         pid = await started

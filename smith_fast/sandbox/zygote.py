@@ -145,9 +145,9 @@ class Zygote:
         return not self._gone
 
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
-              cells: Sequence[str], data_size: int = 0) -> tuple[Forked, asyncio.Future[int]]:
-        """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 (ours stay open:
-        the caller closes them); ``cells`` its cgroup directories, v2 first.
+              cells: Sequence[int], data_size: int = 0) -> tuple[Forked, asyncio.Future[int]]:
+        """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
+        cgroup directories open, v2 first (ours stay open: the caller closes them).
 
         Returns:
             the command and a future of its host pid (an ``OSError`` when the
@@ -167,19 +167,11 @@ class Zygote:
         if len(body) > MAX_REQUEST:
             raise ZygoteGone("the request is too large for the zygote")
         rid = next(self._ids)
-        fds = list(stdio)
         try:
-            for path in cells:
-                fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
             head = _HEAD.pack(ord("S"), rid, 0, 0, data_size, len(argv), len(env))
-            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-        except (BlockingIOError, OSError) as exc:
-            if isinstance(exc, FileNotFoundError) or getattr(exc, "errno", None) == errno.ENOENT:
-                raise  # a cell directory removed under us: the caller's to report
+            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *cells)))])
+        except OSError as exc:  # full (BlockingIOError), too large, or the init is gone
             raise ZygoteGone(f"the zygote did not take the command: {exc}") from None
-        finally:
-            for fd in fds[3:]:
-                os.close(fd)
         started: asyncio.Future[int] = self._loop.create_future()
         forked = Forked(self, rid, self._loop)
         self._starting[rid] = started
