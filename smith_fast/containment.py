@@ -17,6 +17,14 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
   event loop, and other spawners in threads hold :func:`spawn_guard`.
+* **Born elsewhere**: a command a session's zygote forks (:mod:`smith_fast.sandbox.zygote`) is born
+  in its cell by ``clone3(CLONE_INTO_CGROUP)`` from the cell's directories, opened once
+  (:meth:`Cell.birth_fds`); its limits are set before, while the cell is empty (for the next command
+  ahead of time, :func:`prepare_spare`), and the service never steps in.
+* **Used again**: such a cell, found empty when its command ended, is kept for the next such command
+  when what that one's :class:`Usage` says stays its own (:meth:`Cell.recycle`: one process at a
+  time all its life, a memory peak that resets, the other counters subtracted): no ``mkdir``,
+  ``rmdir`` or limit write per command.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
