@@ -22,9 +22,9 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   (:meth:`Cell.birth_fds`); its limits are set before, while the cell is empty (for the next command
   ahead of time, :func:`prepare_spare`), and the service never steps in.
 * **Used again**: such a cell, found empty when its command ended, is kept for the next such command
-  when what that one's :class:`Usage` says stays its own (:meth:`Cell.recycle`: one process at a
-  time all its life, a memory peak that resets, the other counters subtracted): no ``mkdir``,
-  ``rmdir`` or limit write per command.
+  when what that one's :class:`Usage` says stays its own (:meth:`Cell.recycle`: at most a shell and
+  its program at once all its life, a memory peak that resets, the other counters subtracted): no
+  ``mkdir``, ``rmdir`` or limit write per command.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -123,7 +123,8 @@ class Usage:
         io_read_bytes, io_write_bytes: bytes read from / written to storage (not the page cache).
         pids_peak: the most processes and threads alive at once (``pids.peak``; after a spawn
             through :meth:`Cell.joined` at least 2, the service's thread having been in the cell
-            for its instant; 1 for a command that joined by itself); 0 when unknown.
+            for its instant; 1 for a command born in its cell, or 2 in a cell used again after a
+            command that ran two: :meth:`Cell.recycle`); 0 when unknown.
         source: ``cgroup`` when the command had a cgroup, else ``rusage``.
         limit_hit: the option of the limit the command hit (:data:`LIMIT_FLAGS`), else None.
     """
@@ -218,8 +219,9 @@ def cgroup_dir(point: str, root: str, path: str) -> str:
     return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
 
 
-_ZERO_BASE: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0)
+_ZERO_BASE: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0, 0)
 _MAX_SPARES = 4  # cells kept for the next commands (made ahead, or used again: Cell.recycle)
+_REUSE_PIDS_PEAK = 2  # a shell and the program it runs: the most a cell may have held to be used again
 _LEFT_CHARGED = 1 << 20  # bytes a cell may still hold charged to be used again
 _OOM_MARGIN = 4 << 20  # a cell's peak this far below its memory limit: the limit was never reached
 _UNBOUNDED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63
@@ -389,7 +391,8 @@ class Cell:
         self._pid = 0
         self._killed = False
         # Counters of the cell's former commands (a cell used again: recycle), subtracted from what
-        # the files say: CPU user and system us, io read and written bytes, OOM kills, refused forks.
+        # the files say: CPU user and system us, io read and written bytes, OOM kills, refused forks;
+        # then (not subtracted) the lifetime pids peak and the last memory peak.
         self._base = _ZERO_BASE
         self._seen = _ZERO_BASE  # what the last _usage read, the next command's base
         self._reusable = 0  # 1: its command is born in it elsewhere (birth_fds); 2: and was measured (recycle)
@@ -583,7 +586,7 @@ class Cell:
             path, v2 = self._memory
             held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
             if held is not None:
-                peak = held
+                peak = seen[7] = held
             # The OOM killer acts in this cell only once its charge reached the limit: a peak well
             # below it needs no look at the events (the limit's own, or a parent's without one)
             if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
@@ -619,16 +622,17 @@ class Cell:
     def recycle(self) -> bool:
         """After :meth:`finish`: make this cell the next command's, if nothing of its command is
         left and what the next one's :class:`Usage` says will be its own: its command was born in
-        it elsewhere (a zygote's: the service never stepped in), hit no limit, ran one process at a
-        time all its life (``pids.peak`` cannot be reset: a peak of 1 before means the next
-        command's peak is exact), and the memory peak can be reset (v1; v2's ``memory.peak`` resets
-        only for one open file). The counters that cannot be reset are kept as a base
+        it elsewhere (a zygote's: the service never stepped in), hit no limit, never held more than
+        two processes at once all its life (a shell and what it runs: ``pids.peak`` cannot be reset,
+        so the next command's peak reads at least 2 once a command ran two, and exact above), left
+        under 1 MiB charged, and the memory peak can be reset (v1; v2's ``memory.peak`` resets only
+        for one open file). The counters that cannot be reset are kept as a base
         (:meth:`_usage` subtracts it). True: it is a spare again (three ``mkdir``, three ``rmdir``
         and the limit writes saved); False: :meth:`release` it."""
         if not (self._reusable == 2 and self._v2 is not None and self.dirs and not self._cpu_hit and not self._hosting
                 and len(_spares) < _MAX_SPARES):
             return False
-        if self._pids is not None and self._seen[6] > 1:
+        if self._pids is not None and self._seen[6] > _REUSE_PIDS_PEAK:
             return False
         if self._memory is not None and self._memory[1]:
             return False
@@ -638,7 +642,8 @@ class Cell:
                 return False  # what the kill ended is still exiting
             if self._memory is not None:
                 # what it left charged (the page cache of files it wrote) would count as the next one's
-                if (_int(self._memory[0] + "/memory.usage_in_bytes") or 0) > _LEFT_CHARGED:
+                # (what it holds now is at most its peak: a small peak needs no look)
+                if self._seen[7] > _LEFT_CHARGED and (_int(self._memory[0] + "/memory.usage_in_bytes") or 0) > _LEFT_CHARGED:
                     return False
                 _write(self._memory[0] + "/memory.max_usage_in_bytes", "0")
         except OSError:

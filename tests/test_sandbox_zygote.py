@@ -14,15 +14,20 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import sys
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from smith_fast.client import Client, SmithError
+from smith_fast.pb import smith_pb2 as pb
 from smith_fast.sandbox.zygote import MAX_REQUEST
 
+from .peers import V1Peer, kind, terminal
 from harness.server import ServerProcess, descendants, pid_alive, wait_until
+
+PY = os.path.realpath(sys.executable)
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +129,39 @@ async def test_what_the_zygote_does_not_take_starts_the_one_shot_way(server: Ser
         assert done.exit_code == 0 and init == b"sandbox-exec" and pid == b"2"  # a namespace of its own
         again = await client.run("echo ok")
         assert again.exit_code == 0 and again.stdout == b"ok\n"
+
+
+def _run_with_usage(peer: V1Peer, rid: str, command: str) -> tuple[str, dict[str, str]]:
+    peer.command(shell_exec=pb.ShellExecCommand(request_id=rid, command=command))
+    envs = peer.until(terminal(rid))
+    out = "".join(e.event.shell_output.stdout for e in envs if kind(e) == "shell_output")
+    (log,) = [e.event.log for e in envs if kind(e) == "log" and "cpu_user_us" in e.event.log.fields]
+    return out, dict(log.fields)
+
+
+def test_a_cell_used_again_reports_each_commands_own_usage(server: ServerProcess) -> None:
+    # A zygote's command that ran at most a shell and its program leaves its cell to the next (no
+    # mkdir, rmdir or limit writes); what each command's usage says stays its own all the same.
+    peer = V1Peer(server.unix)
+    try:
+        peer.handshake(**{"smith_fast.accept": "usage"})
+        cell = "grep '^0::' /proc/self/cgroup"  # the shell and grep: two processes
+        first, small = _run_with_usage(peer, "a", cell)
+        burn = f"{cell}; exec {PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass'"
+        second, burnt = _run_with_usage(peer, "b", burn)
+        third, after = _run_with_usage(peer, "c", cell)
+        assert first == second == third and "/c" in first  # one cell, three commands
+        assert int(burnt["cpu_user_us"]) + int(burnt["cpu_system_us"]) >= 350_000
+        assert int(after["cpu_user_us"]) + int(after["cpu_system_us"]) < 150_000  # not the burner's
+        assert small["pids_peak"] == burnt["pids_peak"] == after["pids_peak"] == "2"
+        assert int(after["memory_peak_bytes"]) < 8 << 20
+        # three at once: its peak is its own, and its cell is not used again (a peak cannot be
+        # reset: the next command's would read 3)
+        forked, many = _run_with_usage(peer, "d", f"{cell}; sleep 0.1 & sleep 0.1 & wait")
+        assert forked == first and int(many["pids_peak"]) >= 3
+        fresh, single = _run_with_usage(peer, "e", cell)
+        assert fresh != first and single["pids_peak"] == "2"
+        _, alone = _run_with_usage(peer, "f", "echo builtin")
+        assert alone["pids_peak"] == "2"  # at least the former command's 2, in a cell used again
+    finally:
+        peer.close()
