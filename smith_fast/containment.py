@@ -164,21 +164,23 @@ class _Tree:
     controllers: frozenset[str]  # what a cell here can use (v2: enabled in parent's subtree_control)
 
 
-def _read(path: str) -> str:
+def _read(path: str, at: int | None = None) -> str:
+    """The text of a cgroup file (``path`` relative to the directory fd ``at``, if given)."""
     # os-level: open() would add fstat, ioctl, two lseeks and another fstat to each of the four
-    # usage files read between a command's exit and its final event
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # usage files read between a command's exit and its final event; a short read is the whole of
+    # a cgroup file (its text is made at the first read), so no second read for the EOF
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=at)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.read(fd, 65536))
     finally:
         os.close(fd)
     return b"".join(chunks).decode("ascii", "replace")
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+def _write(path: str, text: str, at: int | None = None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, dir_fd=at)
     try:
         os.write(fd, text.encode())
     finally:
@@ -347,19 +349,19 @@ def _retry_pending() -> None:
 # -- a command's cell -----------------------------------------------------------------------------
 
 
-def _kv(path: str) -> dict[str, int]:
+def _kv(path: str, at: int | None = None) -> dict[str, int]:
     out: dict[str, int] = {}
     with contextlib.suppress(OSError):
-        for line in _read(path).splitlines():
+        for line in _read(path, at).splitlines():
             key, _, value = line.partition(" ")
             with contextlib.suppress(ValueError):
                 out[key] = int(value.split()[0]) if value else 0
     return out
 
 
-def _int(path: str) -> int | None:
+def _int(path: str, at: int | None = None) -> int | None:
     try:
-        return int(_read(path).split()[0])
+        return int(_read(path, at).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -373,7 +375,7 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied")
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -397,6 +399,7 @@ class Cell:
         self._seen = _ZERO_BASE  # what the last _usage read, the next command's base
         self._reusable = 0  # 1: its command is born in it elsewhere (birth_fds); 2: and was measured (recycle)
         self._fds: tuple[int, ...] = ()  # its directories, open while it lives (birth_fds)
+        self._at: dict[str, int] = {}  # directory -> its open fd: files read by name beneath it (_file)
         self._emptied = False  # kill() found it empty and left it unkilled
         name = f"c{next(_serial)}"
         dirs = []
@@ -464,10 +467,21 @@ class Cell:
                     os.close(fd)
                 raise
             self._fds = tuple(fds)
+            self._at = dict(zip(self.dirs, fds))
         self._born = set(self.dirs)
         self._reusable = 1
         self._emptied = False
         return self._fds
+
+    def _file(self, directory: str, name: str) -> tuple[str, int | None]:
+        """``(path, dir fd)`` of file ``name`` of one of the cell's directories: by name beneath its
+        open fd while it has one (no walk down the cgroup tree for each file), else the full path."""
+        at = self._at.get(directory)
+        return (name, at) if at is not None else (f"{directory}/{name}", None)
+
+    def _put(self, directory: str, name: str, text: str) -> None:
+        path, at = self._file(directory, name)
+        _write(path, text, at)
 
     def _apply_limits(self) -> None:
         lim = self.limits
@@ -533,11 +547,11 @@ class Cell:
                 # A cell that may be used again is looked at first: once killed, a process cloned
                 # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
                 # compared with the parent's cgroup's), so an empty one is left unkilled.
-                if self._reusable and b"populated 0" in _read(self._v2 + "/cgroup.events").encode():
+                if self._reusable and b"populated 0" in _read(*self._file(self._v2, "cgroup.events")).encode():
                     self._emptied = True
                     return
                 self._reusable = 0
-                _write(self._v2 + "/cgroup.kill", "1")
+                self._put(self._v2, "cgroup.kill", "1")
                 return
             except OSError:  # ENOENT before Linux 5.14
                 pass
@@ -566,14 +580,14 @@ class Cell:
         base = self._base
         seen = list(base)
         if self._v2 is not None:
-            cpu = _kv(self._v2 + "/cpu.stat")
+            cpu = _kv(*self._file(self._v2, "cpu.stat"))
             if "user_usec" in cpu:  # includes the members that were never waited for
                 seen[0], seen[1] = cpu["user_usec"], cpu.get("system_usec", 0)
                 user, system = max(user, seen[0] - base[0]), max(system, seen[1] - base[1])
             if self._io:
                 with contextlib.suppress(OSError):
                     rb = wb = 0
-                    for line in _read(self._v2 + "/io.stat").splitlines():
+                    for line in _read(*self._file(self._v2, "io.stat")).splitlines():
                         for item in line.split()[1:]:
                             key, _, value = item.partition("=")
                             if key == "rbytes":
@@ -584,22 +598,22 @@ class Cell:
                     read_b, write_b = max(read_b, rb - base[2]), max(write_b, wb - base[3])
         if self._memory is not None:
             path, v2 = self._memory
-            held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
+            held = _int(*self._file(path, "memory.peak" if v2 else "memory.max_usage_in_bytes"))
             if held is not None:
                 peak = seen[7] = held
             # The OOM killer acts in this cell only once its charge reached the limit: a peak well
             # below it needs no look at the events (the limit's own, or a parent's without one)
             if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
-                seen[4] = _kv(path + ("/memory.events" if v2 else "/memory.oom_control")).get("oom_kill", 0)
+                seen[4] = _kv(*self._file(path, "memory.events" if v2 else "memory.oom_control")).get("oom_kill", 0)
                 if seen[4] > base[4]:
                     hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            most = _int(self._pids + "/pids.peak")
+            most = _int(*self._file(self._pids, "pids.peak"))
             pids_peak = most or 0
             seen[6] = most if most is not None else _UNBOUNDED
             # a fork refused at pids.max leaves the peak at the limit: below it, none was
             if hit is None and self.limits.pids > 0 and (most is None or most >= self.limits.pids):
-                seen[5] = _kv(self._pids + "/pids.events").get("max", 0)
+                seen[5] = _kv(*self._file(self._pids, "pids.events")).get("max", 0)
                 if seen[5] > base[5]:
                     hit = LIMIT_FLAGS["pids"]
         self._seen = tuple(seen)
@@ -638,14 +652,14 @@ class Cell:
             return False
         try:
             # empty when its command ended (kill() looked), and nothing enters a cell but through us
-            if not self._emptied and b"populated 0" not in _read(self._v2 + "/cgroup.events").encode():
+            if not self._emptied and b"populated 0" not in _read(*self._file(self._v2, "cgroup.events")).encode():
                 return False  # what the kill ended is still exiting
             if self._memory is not None:
                 # what it left charged (the page cache of files it wrote) would count as the next one's
                 # (what it holds now is at most its peak: a small peak needs no look)
-                if self._seen[7] > _LEFT_CHARGED and (_int(self._memory[0] + "/memory.usage_in_bytes") or 0) > _LEFT_CHARGED:
+                if self._seen[7] > _LEFT_CHARGED and (_int(*self._file(self._memory[0], "memory.usage_in_bytes")) or 0) > _LEFT_CHARGED:
                     return False
-                _write(self._memory[0] + "/memory.max_usage_in_bytes", "0")
+                self._put(self._memory[0], "memory.max_usage_in_bytes", "0")
         except OSError:
             return False
         self._base = self._seen
@@ -663,7 +677,7 @@ class Cell:
             return
         if not self._killed:
             self.kill()
-        fds, self._fds = self._fds, ()
+        fds, self._fds, self._at = self._fds, (), {}
         for fd in fds:
             os.close(fd)
         dirs, self.dirs = self.dirs, ()
