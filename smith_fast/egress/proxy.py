@@ -1,43 +1,144 @@
-"""EgressProxy: the listener, its connections and their relays (filled in by the next commit)."""
+"""EgressProxy: one policy, served on any number of listeners (:class:`Served`, one per sandbox)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-from .attempts import Observer
+from .addresses import host_addresses
+from .attempts import Attempt, Observer, Record, Verdict
+from .connection import ANSWERED, DECIDING, RELAY, ProxyConnection
 from .limits import EgressLimits
 from .policy import EgressPolicy
-from .resolver import Resolver
+from .resolver import Resolver, SystemResolver
 
 __all__ = ["EgressProxy", "Served"]
 
 
 class Served:
-    """One listener being served: :meth:`close` stops accepting and closes its connections."""
+    """One listener being served: its connections, its bounds, its observer.
 
-    def close(self) -> None:
-        raise NotImplementedError
+    A sweeper (one timer per listener, not one per connection) closes connections that took
+    longer than the handshake timeout to name a destination, and tunnels idle for longer than the
+    idle timeout; a connection over the limit is closed at accept.
+    """
 
-    async def wait_closed(self) -> None:
-        raise NotImplementedError
+    def __init__(self, proxy: "EgressProxy", listener: socket.socket, observer: Observer,
+                 policy: EgressPolicy | None = None) -> None:
+        self.policy = proxy.policy if policy is None else policy.with_own(proxy.policy.own)
+        self.limits = proxy.limits
+        self.resolver = proxy.resolver
+        self.observer = observer
+        self.connections: set[ProxyConnection] = set()
+        self._listener = listener
+        self._address = listener.getsockname()
+        self._loop = asyncio.get_running_loop()
+        listener.setblocking(False)
+        limits = proxy.limits
+        self._tick = max(0.02, min(1.0, limits.handshake_timeout / 4, limits.idle_timeout / 4))
+        self._handshake_ticks = limits.handshake_timeout / self._tick
+        self._idle_ticks = limits.idle_timeout / self._tick
+        self._accepting = self._loop.create_task(self._accept())
+        self._sweeper = self._loop.call_later(self._tick, self._sweep)
+        self._closed = asyncio.Event()
 
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) it listens on."""
-        raise NotImplementedError
+        return (str(self._address[0]), int(self._address[1]))
+
+    async def _accept(self) -> None:
+        loop = self._loop
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(self._listener)
+            except asyncio.CancelledError:
+                raise
+            except OSError:
+                # EMFILE and kin: wait instead of spinning; the listener itself stays
+                await asyncio.sleep(0.1)
+                continue
+            if len(self.connections) >= self.limits.max_connections:
+                sock.close()
+                attempt, verdict = Attempt("", 0, "connect"), Verdict(False, "limit", "too many connections")
+                self.observer.closed(Record(attempt, None, verdict, 0, 0))
+                continue
+            connection = ProxyConnection(self)
+            self.connections.add(connection)
+            try:
+                await loop.connect_accepted_socket(lambda: connection, sock)
+            except OSError:
+                sock.close()
+                self.connections.discard(connection)
+                self.observer.closed(Record(connection.attempt, None, connection.verdict, 0, 0))
+
+    def _sweep(self) -> None:
+        for connection in list(self.connections):
+            connection.age += 1
+            connection.quiet += 1
+            if connection.phase == RELAY:
+                if connection.quiet >= self._idle_ticks:
+                    connection.close()
+            elif connection.phase < DECIDING and connection.age >= self._handshake_ticks:
+                connection.close()
+            elif connection.phase == ANSWERED and connection.quiet >= self._handshake_ticks:
+                connection.close(abort=True)  # a client that does not read our refusal
+        self._sweeper = self._loop.call_later(self._tick, self._sweep)
+
+    def ended(self, connection: ProxyConnection, record: Record) -> None:
+        """A connection's end: its one Record to the observer."""
+        self.connections.discard(connection)
+        self.observer.closed(record)
+
+    def close(self) -> None:
+        """Stop accepting and abort every connection (each still gives its Record)."""
+        if self._closed.is_set():
+            return
+        self._accepting.cancel()
+        self._sweeper.cancel()
+        self._listener.close()
+        for connection in list(self.connections):
+            connection.close(abort=True)
+        self._closed.set()
+
+    async def wait_closed(self) -> None:
+        """Until :meth:`close` was called and the accept task ended."""
+        await self._closed.wait()
+        try:
+            await self._accepting
+        except asyncio.CancelledError:
+            pass
 
 
 class EgressProxy:
-    """HTTP CONNECT, plain-HTTP forwarding and SOCKS5 on one listener, under one policy."""
+    """HTTP CONNECT, plain-HTTP forwarding and SOCKS5 on one listener, under one policy.
+
+    Args:
+        policy: the rules (narrowed per session by making one proxy per narrowed policy).
+        resolver: names to addresses (the host's resolver when None).
+        limits: the bounds (the defaults of :class:`EgressLimits` when None).
+    """
 
     def __init__(self, policy: EgressPolicy, *, resolver: Resolver | None = None,
                  limits: EgressLimits | None = None) -> None:
-        self.policy = policy
+        self.policy = policy if policy.own else policy.with_own(host_addresses())
+        self.resolver: Resolver = resolver if resolver is not None else SystemResolver()
         self.limits = limits or EgressLimits()
 
-    def serve(self, listener: socket.socket, observer: Observer) -> Served:
-        raise NotImplementedError
+    def serve(self, listener: socket.socket, observer: Observer, *, policy: EgressPolicy | None = None) -> Served:
+        """Accept on an already-listening socket (made inside the sandbox's network namespace), on the running loop.
 
-    async def start_tcp(self, host: str, port: int, observer: Observer) -> Served:
-        raise NotImplementedError
+        Args:
+            listener: a listening TCP socket; the Served owns it from here (:meth:`Served.close` closes it).
+            observer: hears every attempt, refusal and Record of this listener.
+            policy: this listener's policy instead of the proxy's (a session's
+                ``proxy.policy.narrowed(...)``); the host's own addresses are the proxy's.
+        """
+        return Served(self, listener, observer, policy)
+
+    async def start_tcp(self, host: str, port: int, observer: Observer, *,
+                        policy: EgressPolicy | None = None) -> Served:
+        """Listen on ``host:port`` (0: any free port; see :attr:`Served.address`) and serve it, as :meth:`serve`."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, port), family=family, backlog=1024)
+        return self.serve(listener, observer, policy=policy)

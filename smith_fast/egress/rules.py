@@ -108,6 +108,14 @@ def _network(text: str, pattern: str) -> IPNetwork | None:
         raise EgressRuleError(f"egress rule {pattern!r}: {text} is no address range ({exc})") from None
 
 
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
 def _port(text: str, pattern: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise EgressRuleError(f"egress rule {pattern!r}: port {text!r} is not a number from 1 to 65535")
@@ -134,9 +142,10 @@ def parse_rule(pattern: str) -> Rule:
         if network is None:
             raise EgressRuleError(f"egress rule {pattern!r}: {inner!r} is no IP address or range")
         return Rule(pattern, "address", network=network, port=port)
-    whole = _network(text, pattern) if ("/" in text or parse_address(text) is not None) else None
-    if whole is not None:
-        return Rule(pattern, "address", network=whole)
+    if _is_network(text):
+        whole = _network(text, pattern)
+        if whole is not None:
+            return Rule(pattern, "address", network=whole)
     head, colon, tail = text.rpartition(":")
     if colon:
         if ":" in head:
