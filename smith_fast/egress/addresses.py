@@ -20,7 +20,9 @@ from pathlib import Path
 
 from .rules import IPAddress, IPNetwork
 
-__all__ = ["special_kind", "host_addresses"]
+__all__ = ["special_kind", "host_addresses", "OWN"]
+
+OWN = "this host's own"
 
 _V4, _V6 = ipaddress.IPv4Network, ipaddress.IPv6Network
 
@@ -66,11 +68,11 @@ def special_kind(address: IPAddress, own: frozenset[IPAddress] = frozenset()) ->
         address: canonical (IPv4-mapped IPv6 already as IPv4: :func:`~smith_fast.egress.rules.parse_address`).
         own: the host's own addresses (:func:`host_addresses`).
     """
-    if address in own:
-        return "this host's own"
     for network, kind in SPECIAL:
         if address.version == network.version and address in network:
             return kind
+    if address in own:
+        return OWN
     if isinstance(address, ipaddress.IPv6Address):
         inner = _embedded(address)
         if inner is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import socks5
 from .attempts import Attempt, Record, Verdict, Via
@@ -57,8 +57,8 @@ class Upstream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are no asyncio.Transport subclass, but have its methods
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         owner = self.owner
@@ -104,8 +104,7 @@ class ProxyConnection(asyncio.Protocol):
     # ---- the client's transport -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.client = transport
+        self.client = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.quiet = 0

@@ -103,7 +103,8 @@ class RequestReader:
         self.upgraded = False
         self.after_head = b""   # bytes past the head of a CONNECT or Upgrade request
         self._on_body = on_body
-        self._seen = 0
+        self._seen = 0   # bytes fed while the head is not complete
+        self._size = 0   # the head's size as llhttp hands it over (a head that came in one read)
         self._parser = httptools.HttpRequestParser(self)
 
     def feed(self, data: bytes) -> str | None:
@@ -119,21 +120,21 @@ class RequestReader:
             self.after_head = data[int(upgrade.args[0]):]
         except httptools.HttpParserError as exc:
             return f"bad request ({exc})"
-        if not self.head_done and self._seen > self.max_head:
+        if self._size > self.max_head or (not self.head_done and self._seen > self.max_head):
             return "head too large"
         return None
 
     # llhttp callbacks
     def on_url(self, url: bytes) -> None:
         self.url += url
-        if len(self.url) > self.max_head:
-            raise httptools.HttpParserError("URL too long")
+        self._size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
+        self._size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
-        self.head_done = True
+        self.head_done = self._size <= self.max_head
         self.method = self._parser.get_method()
         self.version = self._parser.get_http_version().encode()
         self.chunked = any(n.lower() == b"transfer-encoding" and b"chunked" in v.lower() for n, v in self.headers)

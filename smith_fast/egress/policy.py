@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import EgressRuleError
-from .addresses import special_kind
+from .addresses import OWN, special_kind
 from .attempts import Attempt, Verdict
 from .rules import IPAddress, Rule, parse_address, parse_rule
 
@@ -191,7 +191,8 @@ class EgressPolicy:
             opened = _first(self.allow, "", address, attempt.port) is not None and all(
                 _first(n, "", address, attempt.port) is not None for n in self.narrowed_by)
             if not opened:
+                what = "an address of this host" if kind == OWN else f"a {kind} address"
                 return Verdict(False, "private-address",
-                               f"{shown}, a {kind} address (only an --egress-allow address rule such as "
+                               f"{shown}, {what} (only an --egress-allow address rule such as "
                                f"{address}/{address.max_prefixlen} opens it)")
         return None
