@@ -29,7 +29,7 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import logs
 from ..egress import (
@@ -52,13 +52,13 @@ from ..sandbox import EGRESS_PORT
 if TYPE_CHECKING:
     from ..shell_process import ShellProcess
     from .config import ServiceConfig
-    from .execution import Execution
     from .session_hooks import SessionHooks
     from .sinks import EventSink
 
 __all__ = [
     "EGRESS_ALLOW_KEY",
     "EgressHub",
+    "EgressUser",
     "RequestEgress",
     "RequestObserver",
     "SessionEgress",
@@ -130,19 +130,16 @@ class EgressHub:
     def for_session(self, session_id: str, peer: str, allow: str | None) -> SessionEgress:
         """The egress of a session whose handshake gave ``allow`` (None: the operator's list as it is).
 
-        A narrowed session gets a proxy of its own (the same resolver and bounds) under the
-        narrowed policy: the narrowing applies to the resolved addresses too, which a hook's
-        verdict on the name alone could not.
+        A narrowed session's listeners are served under the narrowed policy (the same proxy): the
+        narrowing applies to the resolved addresses too, which a hook's verdict on the name alone could not.
 
         Raises:
             EgressRuleError: ``allow`` is no list, or holds a pattern that does not parse.
         """
         if allow is None:
-            return SessionEgress(self.proxy, self.policy, session_id, peer, None)
+            return SessionEgress(self.proxy, self.proxy.policy, session_id, peer, None)
         narrowing = parse_allow_list(allow)
-        policy = self.policy.narrowed(narrowing)
-        return SessionEgress(EgressProxy(policy, resolver=self._resolver, limits=self.proxy.limits), policy, session_id,
-                             peer, narrowing)
+        return SessionEgress(self.proxy, self.proxy.policy.narrowed(narrowing), session_id, peer, narrowing)
 
 
 class SessionEgress:
@@ -169,7 +166,20 @@ class SessionEgress:
         return RequestEgress(self.proxy, self.policy, RequestObserver(self.session_id, self.peer, rid, sink, hooks))
 
 
-def open_egress(ex: Execution, rid: str) -> RequestEgress | None:
+class EgressUser(Protocol):
+    """What :func:`open_egress` needs of a session (an :class:`~smith_fast.service.execution.Execution`)."""
+
+    @property
+    def egress(self) -> SessionEgress | None: ...
+
+    @property
+    def sink(self) -> EventSink: ...
+
+    @property
+    def hooks(self) -> SessionHooks: ...
+
+
+def open_egress(ex: EgressUser, rid: str) -> RequestEgress | None:
     """The egress of a process request ``rid`` starts in session ``ex``; None without ``--network allow``."""
     egress = ex.egress
     return egress.open(rid, ex.sink, ex.hooks) if egress is not None else None
@@ -291,7 +301,7 @@ class RequestEgress:
             listener.close()
             return
         listener.setblocking(False)
-        self._served = self._proxy.serve(listener, self._observer)
+        self._served = self._proxy.serve(listener, self._observer, policy=self._policy)
 
     def close(self) -> None:
         """Stop serving (idempotent): the listener and its connections are closed."""
