@@ -33,7 +33,7 @@ import pytest
 from smith_fast.client import Client
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess
+from harness.server import ServerProcess, ServerStartError
 
 PY = "/work/main/.venv/bin/python" if os.path.exists("/work/main/.venv/bin/python") else shutil.which("python3") or "python3"
 SECRET = "real-" + uuid.uuid4().hex  # the service's value of $EGS_TEST_TOKEN: no command may see it
@@ -386,3 +386,49 @@ async def test_a_handshake_narrows_and_never_widens(server: ServerProcess, http_
         assert code == 0 and out == "hello from allowed.test\n", err
         code, out, err, logs = await _run(client, f"curl -sSf http://other.test:{http_port}/hello")
         assert code != 0 and any(log.fields.get("rule") == "not-allowed" for log in logs)  # listed, never widened
+
+
+async def test_shell_run_background_and_pty_commands_get_the_proxy_too(server: ServerProcess, http_port: int) -> None:
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        result = await client.call_tool("shell.run", {"command": f"curl -sSf http://allowed.test:{http_port}/hello"})
+        assert result.success and "hello from allowed.test" in json.loads(result.result)["stdout"], result
+        proc = await client.start(f"sleep 0.2; curl -sSf http://allowed.test:{http_port}/hello", background=True)
+        assert await proc.wait() == 0
+        assert b"hello from allowed.test" in proc.output().stdout
+        proc = await client.start(f"curl -sSf http://allowed.test:{http_port}/hello", pty=(24, 80))
+        assert await proc.wait() == 0
+        assert b"hello from allowed.test" in proc.output().stdout
+
+
+# -- start-up ----------------------------------------------------------------------------------------
+
+
+def test_egress_options_need_network_allow(places: dict[str, pathlib.Path]) -> None:
+    srv = ServerProcess(places["state"] / "refused", "--network", "loopback", "--egress-allow", "pypi.org", root=places["root"])
+    with pytest.raises(ServerStartError) as info:
+        srv.start()
+    assert "need --network allow" in str(info.value) and "Traceback" not in str(info.value)
+
+
+def test_a_secret_from_an_unset_variable_refuses_to_start(places: dict[str, pathlib.Path]) -> None:
+    srv = ServerProcess(places["state"] / "unset", "--network", "allow", "--egress-secret", "T@pypi.org=EGS_UNSET_VARIABLE",
+                        root=places["root"])
+    with pytest.raises(ServerStartError) as info:
+        srv.start()
+    assert "EGS_UNSET_VARIABLE" in str(info.value) and "Traceback" not in str(info.value)
+
+
+def test_the_worker_takes_the_same_options() -> None:
+    done = subprocess.run([PY, "-m", "smith_fast", "worker", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for flag in ("--egress-allow", "--egress-deny", "--egress-secret", "--egress-resolve"):
+        assert flag in done.stdout
+    assert "allow" in done.stdout.split("--network", 1)[1][:200]
+
+
+def test_the_sandbox_program_refuses_allow_without_its_fd() -> None:
+    from smith_fast.sandbox import HELPER
+
+    done = subprocess.run([HELPER, "--network", "allow", "--", "/bin/true"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "--network allow goes with --egress-fd FD" in done.stderr
