@@ -20,8 +20,10 @@
  * the sandbox's own namespace) are connected as asked.
  *
  * The same filter refuses what would reach a socket file without connect(): unix datagram sockets
- * (sendto() names its destination; socketpair() is unaffected), io_uring (its connect bypasses
- * seccomp) and system calls of a foreign ABI (x32, 32-bit compat), where the numbers differ.
+ * (sendto() names its destination, even on a connected pair: socket() and socketpair() of
+ * SOCK_DGRAM or SOCK_RAW, which is a datagram socket for AF_UNIX; stream and seqpacket ones ignore
+ * or refuse an address), io_uring (its connect bypasses seccomp) and system calls of a foreign ABI
+ * (x32, 32-bit compat), where the numbers differ.
  *
  * What remains: the peer of a connection the supervisor made sees the init's credentials
  * (SO_PEERCRED), not the command's; a blocking connect() to a stalled listener in the workspace
@@ -56,6 +58,7 @@
 #define UG_X32_BIT 0x40000000U
 #define SYS_pidfd_open_ 434
 #define SYS_pidfd_getfd_ 438
+#define PIDFD_THREAD_ O_EXCL /* Linux 6.9: a pidfd of a thread, not only of a thread group's leader */
 #define SYS_io_uring_setup_ 425
 #define SYS_io_uring_enter_ 426
 #define SYS_io_uring_register_ 427
@@ -80,12 +83,15 @@ static int unix_guard_install(int channel, const char **step) {
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_enter_, 1, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_register_, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 0, 5),
+        /* socket() and socketpair(): no unix datagram socket (SOCK_RAW is one too, for AF_UNIX) */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socket, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_socketpair, 0, 6),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, UG_ARG_LO(0)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 3),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_UNIX, 0, 4),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, UG_ARG_LO(1)),
         BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0xf), /* the type, without SOCK_CLOEXEC/SOCK_NONBLOCK */
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOCK_DGRAM, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOCK_DGRAM, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SOCK_RAW, 1, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EACCES),
     };
@@ -220,7 +226,10 @@ static void unix_guard_serve(int notify, const char *const *allowed, int nallowe
         rc = -EFAULT;
         goto answer;
     }
-    pidfd = (int)syscall(SYS_pidfd_open_, req->pid, 0);
+    /* req->pid is the calling thread's id: a connect() from a thread other than the leader needs a
+       thread pidfd (6.9); before that only a leader's call can be served (the others get EACCES). */
+    pidfd = (int)syscall(SYS_pidfd_open_, req->pid, PIDFD_THREAD_);
+    if (pidfd < 0 && errno == EINVAL) pidfd = (int)syscall(SYS_pidfd_open_, req->pid, 0);
     /* The pid could have been reused before pidfd_open: the notification still pending proves it was not. */
     if (pidfd < 0 || ioctl(notify, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) != 0) goto answer;
     sock = (int)syscall(SYS_pidfd_getfd_, pidfd, fd, 0);

@@ -313,9 +313,15 @@ async def test_a_unix_socket_outside_the_workspace_is_refused(server: ServerProc
     (places["root"] / "unix_own.py").write_text(
         "import os, socket, threading\ns = socket.socket(socket.AF_UNIX); s.bind('own.sock'); s.listen()\n"
         "threading.Thread(target=lambda: s.accept()[0].sendall(b'own'), daemon=True).start()\n"
-        "c = socket.socket(socket.AF_UNIX); c.connect(os.path.abspath('own.sock')); print(c.recv(10).decode()); os.unlink('own.sock')\n")
+        "c = socket.socket(socket.AF_UNIX); c.connect(os.path.abspath('own.sock')); print(c.recv(10).decode())\n"
+        "def again():\n    c = socket.socket(socket.AF_UNIX); c.connect('own.sock')\n    print('from a thread too')\n"
+        "threading.Thread(target=lambda: s.accept(), daemon=True).start()\n"
+        "t = threading.Thread(target=again); t.start(); t.join(); os.unlink('own.sock')\n")
     (places["root"] / "unix_dgram.py").write_text(
-        "import socket, sys\nsocket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', sys.argv[1])\n")
+        "import socket, sys\nfor typ in (socket.SOCK_DGRAM, socket.SOCK_RAW):\n    try:\n"
+        "        socket.socketpair(socket.AF_UNIX, typ)[0].sendto(b'x', sys.argv[1]); print('sent')\n"
+        "    except OSError as e:\n        print(e.errno)\n"
+        "socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', sys.argv[1])\n")
     async with await Client.connect(server.unix) as client:
         await client.handshake()
         code, out, err, _ = await _run(client, f"curl -sS --unix-socket {host_socket} http://x/")
@@ -328,10 +334,12 @@ async def test_a_unix_socket_outside_the_workspace_is_refused(server: ServerProc
         code, out, err, _ = await _run(client, f"ln -sf {host_socket} link.sock && curl -sS --unix-socket link.sock http://x/; rm -f link.sock")
         assert "HOST-SERVICE" not in out, out
         code, out, err, _ = await _run(client, f"{PY} unix_dgram.py {host_socket}")
-        assert code != 0 and "PermissionError" in err, err
+        assert code != 0 and out == "13\n13\n" and "PermissionError" in err, (out, err)
+        code, out, err, _ = await _run(client, f"ln {host_socket} hard.sock")  # another mount: EXDEV
+        assert code != 0 and not (places["root"] / "hard.sock").exists(), err
         # a socket of its own in the workspace still works
         code, out, err, _ = await _run(client, f"{PY} unix_own.py")
-        assert code == 0 and out == "own\n", err
+        assert code == 0 and out == "own\nfrom a thread too\n", err
 
 
 # -- secrets, hooks, narrowing ----------------------------------------------------------------------
