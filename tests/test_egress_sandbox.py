@@ -440,3 +440,26 @@ def test_the_sandbox_program_refuses_allow_without_its_fd() -> None:
 
     done = subprocess.run([HELPER, "--network", "allow", "--", "/bin/true"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "--network allow goes with --egress-fd FD" in done.stderr
+
+
+# -- through the NATS gateway: the policy is the worker's ---------------------------------------------
+
+
+async def test_through_the_gateway_the_policy_is_the_workers(tmp_path_factory: pytest.TempPathFactory, http_port: int) -> None:
+    from harness.nats_cluster import Cluster
+
+    tmp = tmp_path_factory.mktemp("egress-nats")
+    cluster = Cluster(tmp, workers=1, nats_args=("--presence-interval", "0.3"), worker_args=(
+        "--network", "allow", "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32",
+        "--egress-resolve", "allowed.test=127.0.0.1", "--egress-resolve", "other.test=127.0.0.1")).start()
+    try:
+        async with await Client.connect(cluster.unix) as client:
+            ready = await client.handshake(client_info={"smith_fast.egress_allow": "allowed.test,127.0.0.1/32"})
+            assert ready.service_info["smith_fast.network"] == "allow"
+            assert ready.service_info["smith_fast.egress_session_allow"] == "allowed.test,127.0.0.1/32"
+            code, out, err, _ = await _run(client, f"curl -sSf http://allowed.test:{http_port}/hello")
+            assert code == 0 and out == "hello from allowed.test\n", err
+            code, out, err, logs = await _run(client, f"curl -sSf http://other.test:{http_port}/hello")
+            assert code != 0 and any(log.fields.get("rule") == "not-allowed" for log in logs)
+    finally:
+        assert set(cluster.stop().values()) == {0}
