@@ -32,24 +32,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import logs
-from ..egress import (
-    Attempt,
-    EgressPolicy,
-    EgressProxy,
-    OverrideResolver,
-    Record,
-    Resolver,
-    Served,
-    SystemResolver,
-    Verdict,
-    parse_overrides,
-)
 from ..errors import EgressRuleError
 from ..logs import get_logger, log_fields
 from ..pb import smith_pb2 as pb
 from ..sandbox import EGRESS_PORT
 
+# smith_fast.egress (the proxy, ~20 ms of imports) is imported when --network allow makes an EgressHub:
+# every service imports this module, few run the proxy.
 if TYPE_CHECKING:
+    from ..egress import Attempt, EgressPolicy, EgressProxy, Record, Resolver, Served, Verdict
     from ..shell_process import ShellProcess
     from .config import ServiceConfig
     from .session_hooks import SessionHooks
@@ -120,6 +111,8 @@ class EgressHub:
     """
 
     def __init__(self, config: ServiceConfig) -> None:
+        from ..egress import EgressPolicy, EgressProxy, OverrideResolver, SystemResolver, parse_overrides
+
         self.policy = EgressPolicy.from_options(config.egress_allow, config.egress_deny, config.egress_secrets)
         for secret in self.policy.secrets:
             logs.conceal(secret.value)  # a log line that quotes it (a command's text, a peer's message) shows <redacted>
@@ -203,6 +196,8 @@ class RequestObserver:
         payload = {"host": attempt.host, "port": attempt.port, "session": self._session, "request": self._rid}
         result = await self._hooks.gate("before_connect", self._rid, payload)
         if result.action == "block":
+            from ..egress import Verdict
+
             return Verdict(False, f"hook:{result.hook_id}", result.reason or f"blocked by hook {result.hook_id}")
         return None
 
