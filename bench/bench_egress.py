@@ -13,10 +13,18 @@ compare within one run, never across runs):
 * ``direct``: curl to the origin;
 * ``http``: ``--proxy http://`` (the plain-HTTP forward: the proxy parses the request, forwards it);
 * ``connect``: ``--proxy http:// --proxytunnel`` (HTTP CONNECT, the tunnel HTTPS uses);
-* ``socks5h``: ``--proxy socks5h://`` (the name resolved by the proxy).
+* ``socks5h``: ``--proxy socks5h://`` (the name resolved by the proxy);
+* ``socat``: a reference, not the proxy: ``socat`` (C, 256 KiB reads and writes) forwarding TCP to
+  the origin, the cost of any user-space relay on this machine.
+
+Two links, each with every contender: ``loopback`` as fast as the machine goes (there every byte
+crosses the kernel's TCP stack twice through any relay, and curl, the relay and the kernel share the
+CPUs: a bound on a 2-core machine that ``socat`` shows), and ``paced``: the origin paces its sends
+(``SO_MAX_PACING_RATE``, 2 Gbit/s) as a fast network link would, where the relay's cost shows as
+lost throughput only if it cannot keep up.
 
 It prints each contender's median MB/s, its range, the proxy's CPU per MB, and the ratio of each
-proxied contender's median to ``direct``'s (target >= 0.8).
+contender's median to ``direct``'s on the same link (target >= 0.8 for the proxy's three).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import socket
 import statistics
 import subprocess
 import sys
@@ -37,7 +46,10 @@ __all__ = ["SCALES", "BenchScale", "main", "measure", "render", "origin_main", "
 
 PROG = "python -m bench.bench_egress"
 TARGET = 0.8
-CONTENDERS = ("direct", "http", "connect", "socks5h")
+CONTENDERS = ("direct", "http", "connect", "socks5h", "socat")
+PROXIED = ("http", "connect", "socks5h")
+LINKS = {"loopback": 0, "paced": 250_000_000}  # bytes/s the origin paces at (0: not at all)
+_SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 FILE = pathlib.Path("/var/tmp/smith-fast-bench-egress.bin")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -57,9 +69,9 @@ SCALES = {"quick": BenchScale("quick", 20, 3), "full": BenchScale("full", 100, 7
 # ---- the two servers, each a process of its own --------------------------------------------------
 
 
-def origin_main(path: str) -> None:
-    """Serve ``path`` to every GET on 127.0.0.1 (port printed on stdout), one thread per connection."""
-    import socket
+def origin_main(path: str, pace: str = "0") -> None:
+    """Serve ``path`` to every GET on 127.0.0.1 (port printed on stdout), one thread per connection,
+    each paced at ``pace`` bytes/s (0: as fast as it goes)."""
     import threading
 
     size = os.path.getsize(path)
@@ -67,6 +79,8 @@ def origin_main(path: str) -> None:
     print(listener.getsockname()[1], flush=True)
 
     def serve(conn: socket.socket) -> None:
+        if int(pace):
+            conn.setsockopt(socket.SOL_SOCKET, _SO_MAX_PACING_RATE, int(pace))
         with conn, open(path, "rb") as f:
             head = b""
             while b"\r\n\r\n" not in head:
@@ -113,9 +127,11 @@ def _start(code: str, *args: str) -> tuple[subprocess.Popen[str], int]:
     return process, int(process.stdout.readline())
 
 
-def _curl(contender: str, origin: int, proxy: int) -> float:
+def _curl(contender: str, origin: int, proxy: int, socat: int) -> float:
     """One download; its bytes per second as curl measured them."""
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    if contender == "socat":
+        contender, origin = "direct", socat
     via = {"direct": [], "http": ["--proxy", f"http://127.0.0.1:{proxy}"],
            "connect": ["--proxy", f"http://127.0.0.1:{proxy}", "--proxytunnel"],
            "socks5h": ["--proxy", f"socks5h://127.0.0.1:{proxy}"]}[contender]
@@ -131,37 +147,50 @@ def measure(scale: BenchScale) -> dict[str, Any]:
     size = scale.megabytes * 1_000_000
     if not FILE.exists() or FILE.stat().st_size != size:
         FILE.write_bytes(os.urandom(size))
-    origin, origin_port = _start("from bench.bench_egress import origin_main; import sys; origin_main(sys.argv[1])", str(FILE))
+    origins = {link: _start("from bench.bench_egress import origin_main; import sys; origin_main(*sys.argv[1:])",
+                            str(FILE), str(pace)) for link, pace in LINKS.items()}
+    socats = {}
+    for link, (_, port) in origins.items():
+        listener = socket.create_server(("127.0.0.1", 0))
+        socat_port = listener.getsockname()[1]
+        listener.close()
+        socats[link] = (subprocess.Popen(["socat", "-b", "262144", f"TCP-LISTEN:{socat_port},fork,reuseaddr,bind=127.0.0.1",
+                                          f"TCP:127.0.0.1:{port}"]), socat_port)
     proxy, proxy_port = _start("from bench.bench_egress import proxy_main; proxy_main()")
-    rates: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    rates: dict[str, dict[str, list[float]]] = {link: {c: [] for c in CONTENDERS} for link in LINKS}
     proxy_cpu = 0.0
     proxied_bytes = 0
     started = time.monotonic()
     try:
-        for contender in CONTENDERS:  # warm-up: page cache, the proxy's first connection
-            _curl(contender, origin_port, proxy_port)
+        time.sleep(0.3)  # socat's listeners
+        for link in LINKS:
+            for contender in CONTENDERS:  # warm-up: page cache, the proxy's first connection
+                _curl(contender, origins[link][1], proxy_port, socats[link][1])
         for rep in range(scale.reps):
             order = CONTENDERS[rep % len(CONTENDERS):] + CONTENDERS[:rep % len(CONTENDERS)]
-            for contender in order:
-                before = _cpu(proxy.pid)
-                rates[contender].append(_curl(contender, origin_port, proxy_port))
-                if contender != "direct":
-                    proxy_cpu += _cpu(proxy.pid) - before
-                    proxied_bytes += size
+            for link in LINKS:
+                for contender in order:
+                    before = _cpu(proxy.pid)
+                    rates[link][contender].append(_curl(contender, origins[link][1], proxy_port, socats[link][1]))
+                    if contender in PROXIED and link == "loopback":
+                        proxy_cpu += _cpu(proxy.pid) - before
+                        proxied_bytes += size
     finally:
-        for process in (proxy, origin):
+        for process in [proxy] + [p for p, _ in origins.values()] + [p for p, _ in socats.values()]:
             process.terminate()
             process.wait()
     result: dict[str, Any] = {"scale": scale.name, "megabytes": scale.megabytes, "reps": scale.reps,
                               "cpus": os.cpu_count(), "load_average": os.getloadavg(),
                               "wall_s": round(time.monotonic() - started, 1), "target": TARGET,
                               "proxy_cpu_ms_per_mb": 1000 * proxy_cpu / (proxied_bytes / 1e6)}
-    direct = statistics.median(rates["direct"])
-    for contender in CONTENDERS:
-        median = statistics.median(rates[contender])
-        result[contender] = {"mb_per_s": [r / 1e6 for r in rates[contender]], "median_mb_per_s": median / 1e6,
-                             "ratio": median / direct}
-    result["met"] = all(result[c]["ratio"] >= TARGET for c in CONTENDERS[1:])
+    for link in LINKS:
+        direct = statistics.median(rates[link]["direct"])
+        figures = result[link] = {"pace_mb_per_s": LINKS[link] / 1e6}
+        for contender in CONTENDERS:
+            median = statistics.median(rates[link][contender])
+            figures[contender] = {"mb_per_s": [r / 1e6 for r in rates[link][contender]], "median_mb_per_s": median / 1e6,
+                                  "ratio": median / direct}
+        figures["met"] = all(figures[c]["ratio"] >= TARGET for c in PROXIED)
     return result
 
 
@@ -169,12 +198,17 @@ def render(result: dict[str, Any]) -> list[str]:
     """The result as plain-text lines."""
     out = [f"egress proxy throughput: {result['megabytes']} MB with curl, {result['reps']} repetitions, interleaved "
            f"({result['scale']}, {result['wall_s']} s, {result['cpus']} CPUs, load {result['load_average'][0]:.2f})",
-           f"   {'contender':10s} {'MB/s':>8s}  {'range':>15s}  {'x direct':>8s}"]
-    for contender in CONTENDERS:
-        r = result[contender]
-        out.append(f"   {contender:10s} {r['median_mb_per_s']:8.0f}  {min(r['mb_per_s']):7.0f}-{max(r['mb_per_s']):<7.0f}  {r['ratio']:8.2f}")
-    out.append(f"   proxy CPU: {result['proxy_cpu_ms_per_mb']:.2f} ms per MB relayed")
-    out.append(f"   every proxied contender >= {result['target']}x direct: {'met' if result['met'] else 'NOT met'}")
+           f"   proxy CPU: {result['proxy_cpu_ms_per_mb']:.2f} ms per MB relayed (loopback)"]
+    for link in LINKS:
+        figures = result[link]
+        pace = f"origin paced at {figures['pace_mb_per_s']:.0f} MB/s" if figures["pace_mb_per_s"] else "unpaced"
+        out.append(f"   {link} ({pace}):")
+        out.append(f"      {'contender':10s} {'MB/s':>8s}  {'range':>15s}  {'x direct':>8s}")
+        for contender in CONTENDERS:
+            r = figures[contender]
+            out.append(f"      {contender:10s} {r['median_mb_per_s']:8.0f}  {min(r['mb_per_s']):7.0f}-{max(r['mb_per_s']):<7.0f}  "
+                       f"{r['ratio']:8.2f}")
+        out.append(f"      the proxy's three >= {result['target']}x direct: {'met' if figures['met'] else 'NOT met'}")
     return out
 
 

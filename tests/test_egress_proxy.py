@@ -511,10 +511,10 @@ def test_many_connections_and_the_connection_limit(run: Any) -> None:
             writer.close()
             return got
 
-        for _ in range(3):
+        for round in range(3):
             answers = await asyncio.gather(*(tunnel(i) for i in range(30)))
             assert answers == [b"ping %d" % i for i in range(30)]
-        await env.settled(90)
+            await env.settled(30 * (round + 1))  # the limit counts connections until they ended
         env.observer.records.clear()
         held = [await asyncio.open_connection("127.0.0.1", env.proxy) for _ in range(45)]
         await asyncio.sleep(0.2)
@@ -532,4 +532,52 @@ def test_socks5_refuses_other_commands_and_auth_only_clients(run: Any) -> None:
         bind = await raw(env.proxy, b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50")
         assert bind[:2] == b"\x05\x00" and bind[3] == 7  # BIND: command not supported
         await env.settled(2)
+    with_env(run, body)
+
+
+# ---- the relay --------------------------------------------------------------------------------------------
+
+
+def test_tunnel_carries_bytes_intact_both_ways_with_half_close(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+        writer.write(f"CONNECT pypi.test:{env.echo} HTTP/1.1\r\nHost: pypi.test:{env.echo}\r\n\r\n".encode() + b"early")
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 200 Connection established\r\n\r\n"
+        payload = os.urandom(3_000_000)
+
+        async def send() -> None:
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()  # half-close: the echo still answers, then closes
+
+        sent = asyncio.ensure_future(send())
+        got = await asyncio.wait_for(reader.read(-1), 10)
+        await sent
+        writer.close()
+        assert got == b"early" + payload
+        [record] = await env.settled(1)
+        assert record.bytes_up == record.bytes_down == len(payload) + 5
+    with_env(run, body)
+
+
+def test_a_reader_that_pauses_holds_its_own_tunnel_only(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+        size = 20_000_000
+        writer.write(f"GET http://pypi.test:{env.origin}/big?{size} HTTP/1.1\r\n\r\n".encode())
+        await reader.readexactly(1)  # the response started; now this client reads nothing for a while
+        code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/big?1000000")
+        assert code == 200 and len(text) == 1_000_000
+        assert env.served is not None
+        [paused] = [c for c in env.served.connections]
+        held = paused.down
+        await asyncio.sleep(0.2)
+        assert paused.down == held < size // 2  # flow control: the proxy stopped reading the origin
+        rest = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        assert rest.endswith(b"x" * 1000) and len(rest) > size
+        records = await env.settled(2)
+        assert sorted(r.bytes_down for r in records)[1] > size
     with_env(run, body)

@@ -32,7 +32,8 @@ class Served:
         self.connections: set[ProxyConnection] = set()
         self._listener = listener
         self._address = listener.getsockname()
-        self._loop = asyncio.get_running_loop()
+        self.loop = self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
         listener.setblocking(False)
         limits = proxy.limits
         self._tick = max(0.02, min(1.0, limits.handshake_timeout / 4, limits.idle_timeout / 4))
@@ -63,14 +64,13 @@ class Served:
                 attempt, verdict = Attempt("", 0, "connect"), Verdict(False, "limit", "too many connections")
                 self.observer.closed(Record(attempt, None, verdict, 0, 0))
                 continue
-            connection = ProxyConnection(self)
+            sock.setblocking(False)
+            connection = ProxyConnection(self, sock)
             self.connections.add(connection)
-            try:
-                await loop.connect_accepted_socket(lambda: connection, sock)
-            except OSError:
-                sock.close()
-                self.connections.discard(connection)
-                self.observer.closed(Record(connection.attempt, None, connection.verdict, 0, 0))
+            task = loop.create_task(connection.run())
+            connection.task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _sweep(self) -> None:
         for connection in list(self.connections):
@@ -78,11 +78,12 @@ class Served:
             connection.quiet += 1
             if connection.phase == RELAY:
                 if connection.quiet >= self._idle_ticks:
-                    connection.close()
+                    connection.task.cancel()
             elif connection.phase < DECIDING and connection.age >= self._handshake_ticks:
-                connection.close()
+                connection.task.cancel()
             elif connection.phase == ANSWERED and connection.quiet >= self._handshake_ticks:
-                connection.close(abort=True)  # a client that does not read our refusal
+                connection.task.cancel()  # a client that does not read our answer
+            # DECIDING is bounded by the hook's, the resolver's and the connect timeouts
         self._sweeper = self._loop.call_later(self._tick, self._sweep)
 
     def ended(self, connection: ProxyConnection, record: Record) -> None:
@@ -97,17 +98,14 @@ class Served:
         self._accepting.cancel()
         self._sweeper.cancel()
         self._listener.close()
-        for connection in list(self.connections):
-            connection.close(abort=True)
+        for task in list(self._tasks):
+            task.cancel()
         self._closed.set()
 
     async def wait_closed(self) -> None:
         """Until :meth:`close` was called and the accept task ended."""
         await self._closed.wait()
-        try:
-            await self._accepting
-        except asyncio.CancelledError:
-            pass
+        await asyncio.gather(self._accepting, *self._tasks, return_exceptions=True)
 
 
 class EgressProxy:
