@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from . import socks5
-from .attempts import Attempt, Record, Verdict, Via
+from .attempts import Attempt, Observer, Record, Verdict, Via
 from .http_proxy import RequestReader, Target, answer, forward_head, parse_absolute, parse_authority
 from .rules import IPAddress, parse_address
+from .limits import EgressLimits
+from .policy import EgressPolicy
+from .resolver import Resolver
 from .splice import Pump
 
-if TYPE_CHECKING:
-    from .proxy import Served
-
-__all__ = ["ProxyConnection"]
+__all__ = ["ProxyConnection", "ConnectionHost"]
 
 # Phases of a connection, in order.
 GREETING, SOCKS_REQUEST, HTTP_HEAD, DECIDING, RELAY, ANSWERED = range(6)
@@ -50,10 +50,22 @@ def _shown(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class ConnectionHost(Protocol):
+    """What a connection needs of the listener that accepted it (:class:`~.proxy.Served`)."""
+
+    loop: asyncio.AbstractEventLoop
+    policy: EgressPolicy
+    limits: EgressLimits
+    resolver: Resolver
+    observer: Observer
+
+    def ended(self, connection: "ProxyConnection", record: Record) -> None: ...
+
+
 class ProxyConnection:
     """One accepted connection and everything it leads to (see the module docstring)."""
 
-    def __init__(self, served: "Served", client: socket.socket) -> None:
+    def __init__(self, served: ConnectionHost, client: socket.socket) -> None:
         self.served = served
         self.loop = served.loop
         self.client = client
@@ -193,6 +205,9 @@ class ProxyConnection:
             return
         if request.error:
             self._fail("socks5", Verdict(False, "bad-request", "bytes that are no SOCKS5 request"), code=request.error)
+            return
+        if request.port == 0:
+            self._fail("socks5", Verdict(False, "bad-request", "port 0"), code=socks5.BAD_ADDRESS)
             return
         if request.command != 1:
             self._fail("socks5", Verdict(False, "bad-request", "only the SOCKS5 CONNECT command is served"),
