@@ -10,13 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import http.server
 import ipaddress
 import os
+import pathlib
 import re
-from collections.abc import Awaitable, Callable, Sequence
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import uvloop
 
 from smith_fast.egress import (
     Attempt,
@@ -581,3 +591,79 @@ def test_a_reader_that_pauses_holds_its_own_tunnel_only(run: Any) -> None:
         records = await env.settled(2)
         assert sorted(r.bytes_down for r in records)[1] > size
     with_env(run, body)
+
+
+# ---- real clients over plain HTTP -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_tree() -> Iterator[tuple[pathlib.Path, int]]:
+    """A directory under /var/tmp served by a static HTTP server (a thread): a bare git repository
+    (dumb HTTP) and a simple package index with one wheel; yields (directory, port)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="smith-egress-", dir="/var/tmp"))
+    env = {**CURL_ENV, "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1"}
+    src = root / "src"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True, env=env)
+    (src / "README").write_text("through the egress proxy\n")
+    subprocess.run(["git", "-C", str(src), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(root / "repo.git")], check=True, env=env)
+    subprocess.run(["git", "-C", str(root / "repo.git"), "update-server-info"], check=True, env=env)
+    wheel = root / "packages" / "demo_pkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("demo_pkg/__init__.py", "")
+        z.writestr("demo_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
+        z.writestr("demo_pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("demo_pkg-1.0.dist-info/RECORD", "")
+    index = root / "simple" / "demo-pkg"
+    index.mkdir(parents=True)
+    (index / "index.html").write_text(f'<a href="../../packages/{wheel.name}">{wheel.name}</a>\n')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]  # quiet test output
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(root)
+
+
+def test_git_and_pip_over_plain_http(http_tree: tuple[pathlib.Path, int]) -> None:
+    root, port = http_tree
+
+    async def main() -> None:
+        env = await Env().start(["pypi.test", LOOP])
+        proxy = f"http://127.0.0.1:{env.proxy}"
+        try:
+            clone = root / "clone"
+            git = await asyncio.create_subprocess_exec(
+                "git", "-c", f"http.proxy={proxy}", "clone", "-q", f"http://pypi.test:{port}/repo.git", str(clone),
+                env={**CURL_ENV, "HOME": str(root), "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"},
+                stderr=asyncio.subprocess.PIPE)
+            _, err = await git.communicate()
+            assert git.returncode == 0, err
+            assert (clone / "README").read_text() == "through the egress proxy\n"
+            pip = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
+                "--index-url", f"http://pypi.test:{port}/simple/", "--trusted-host", "pypi.test", "--proxy", proxy,
+                "-d", str(root / "wheels"), "demo-pkg", env={**CURL_ENV, "HOME": str(root)}, stderr=asyncio.subprocess.PIPE)
+            _, err = await pip.communicate()
+            assert pip.returncode == 0, err
+            assert (root / "wheels" / "demo_pkg-1.0-py3-none-any.whl").exists()
+            git_bad = await asyncio.create_subprocess_exec(
+                "git", "-c", f"http.proxy={proxy}", "ls-remote", f"http://evil.test:{port}/repo.git",
+                env={**CURL_ENV, "HOME": str(root), "GIT_TERMINAL_PROMPT": "0"}, stderr=asyncio.subprocess.PIPE)
+            _, err = await git_bad.communicate()
+            assert git_bad.returncode != 0 and b"403" in err
+            records = env.observer.records
+            assert records and all(r.attempt.via == "http" for r in records)
+            assert {r.attempt.host for r in records if r.verdict.allowed} == {"pypi.test"}
+        finally:
+            await env.stop()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
