@@ -667,3 +667,19 @@ def test_git_and_pip_over_plain_http(http_tree: tuple[pathlib.Path, int]) -> Non
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+
+
+def test_a_failing_hook_refuses_and_a_failing_observer_harms_nothing(run: Any) -> None:
+    def hook(attempt: Attempt) -> Verdict | None:
+        raise RuntimeError("the hook broke")
+
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP], hook=hook)
+        code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/")
+        assert code == 403 and b"the beforeConnect hook failed (RuntimeError)" in text
+        await env.settled(1)
+        env.observer.hook = None
+        env.observer.closed = lambda record: 1 / 0  # type: ignore[method-assign]  # a broken service side
+        for _ in range(2):
+            assert (await env.curl(f"http://pypi.test:{env.origin}/"))[0] == 200
+    with_env(run, body)

@@ -61,6 +61,8 @@ class ConnectionHost(Protocol):
 
     def ended(self, connection: "ProxyConnection", record: Record) -> None: ...
 
+    def refused(self, attempt: Attempt, verdict: Verdict) -> None: ...
+
 
 class ProxyConnection:
     """One accepted connection and everything it leads to (see the module docstring)."""
@@ -358,5 +360,5 @@ class ProxyConnection:
                 where = f" {_shown(self.attempt.host, self.attempt.port)}" if self.attempt.host else ""
                 self.out.append(answer(status, f"smith-fast egress:{where} {verdict.reason}"))
         if self.attempt.host:
-            self.served.observer.refused(self.attempt, verdict)
+            self.served.refused(self.attempt, verdict)
         self.phase = ANSWERED

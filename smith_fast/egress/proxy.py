@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
+from ..logs import get_logger, log_fields
 from .addresses import host_addresses
 from .attempts import Attempt, Observer, Record, Verdict
 from .connection import ANSWERED, DECIDING, RELAY, ProxyConnection
@@ -13,6 +15,14 @@ from .policy import EgressPolicy
 from .resolver import Resolver, SystemResolver
 
 __all__ = ["EgressProxy", "Served"]
+
+
+_log = get_logger("smith_fast.egress")
+
+
+def _observer_failed(call: str, attempt: Attempt, exc: Exception) -> None:
+    log_fields(_log, logging.ERROR, "egress observer failed",
+               {"call": call, "host": attempt.host, "port": attempt.port, "error": repr(exc)})
 
 
 class Served:
@@ -62,7 +72,11 @@ class Served:
             if len(self.connections) >= self.limits.max_connections:
                 sock.close()
                 attempt, verdict = Attempt("", 0, "connect"), Verdict(False, "limit", "too many connections")
-                self.observer.closed(Record(attempt, None, verdict, 0, 0))
+                self.refused(attempt, verdict)
+                try:
+                    self.observer.closed(Record(attempt, None, verdict, 0, 0))
+                except Exception as exc:
+                    _observer_failed("closed", attempt, exc)
                 continue
             sock.setblocking(False)
             connection = ProxyConnection(self, sock)
@@ -89,7 +103,17 @@ class Served:
     def ended(self, connection: ProxyConnection, record: Record) -> None:
         """A connection's end: its one Record to the observer."""
         self.connections.discard(connection)
-        self.observer.closed(record)
+        try:
+            self.observer.closed(record)
+        except Exception as exc:  # the service's bug must not end the proxy's bookkeeping
+            _observer_failed("closed", record.attempt, exc)
+
+    def refused(self, attempt: Attempt, verdict: Verdict) -> None:
+        """An attempt refused: to the observer."""
+        try:
+            self.observer.refused(attempt, verdict)
+        except Exception as exc:
+            _observer_failed("refused", attempt, exc)
 
     def close(self) -> None:
         """Stop accepting and abort every connection (each still gives its Record)."""
