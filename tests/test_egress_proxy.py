@@ -17,6 +17,7 @@ import os
 import pathlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -682,4 +683,29 @@ def test_a_failing_hook_refuses_and_a_failing_observer_harms_nothing(run: Any) -
         env.observer.closed = lambda record: 1 / 0  # type: ignore[method-assign]  # a broken service side
         for _ in range(2):
             assert (await env.curl(f"http://pypi.test:{env.origin}/"))[0] == 200
+    with_env(run, body)
+
+
+def test_serve_a_unix_listener(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])  # for the origin
+        path = tempfile.mktemp(prefix="smith-egress-", suffix=".sock", dir="/var/tmp")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen()
+        policy = EgressPolicy.from_options(["pypi.test", LOOP], [], [])
+        recorder = Recorder()
+        served = EgressProxy(policy, resolver=OverrideResolver({"pypi.test": ["127.0.0.1"]})).serve(listener, recorder)
+        try:
+            assert served.address == (path, 0)
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(f"GET http://pypi.test:{env.origin}/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n".encode())
+            response = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert response.startswith(b"HTTP/1.1 200 OK") and b"\r\n\r\nGET / HTTP/1.1\r\n" in response
+        finally:
+            served.close()
+            await served.wait_closed()
+            os.unlink(path)
+        assert [r.verdict.rule for r in recorder.records] == ["pypi.test"]
     with_env(run, body)

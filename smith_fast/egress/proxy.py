@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 
 from ..logs import get_logger, log_fields
@@ -55,7 +56,9 @@ class Served:
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) it listens on."""
+        """(host, port) it listens on; (path, 0) for a Unix socket."""
+        if isinstance(self._address, (str, bytes)):
+            return (os.fsdecode(self._address), 0)
         return (str(self._address[0]), int(self._address[1]))
 
     async def _accept(self) -> None:
