@@ -709,3 +709,28 @@ def test_serve_a_unix_listener(run: Any) -> None:
             os.unlink(path)
         assert [r.verdict.rule for r in recorder.records] == ["pypi.test"]
     with_env(run, body)
+
+
+def test_random_bytes_each_end_in_one_record(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP], limits=EgressLimits(handshake_timeout=0.4))
+        rng = __import__("random").Random(30)
+        blobs = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))) for _ in range(40)]
+        blobs += [b"\x05" + blob for blob in blobs[:20]]
+        blobs += [b"\x05\x01\x00\x05\x01\x00\x03\x00\x00\x50", b"\x05\x01\x00\x05\x01\x00\x09", b"CONNECT [::1 HTTP/1.1\r\n\r\n",
+                  b"CONNECT pypi.test:0 HTTP/1.1\r\n\r\n", b"GET https://pypi.test/ HTTP/1.1\r\n\r\n",
+                  b"GET http://pypi.test:99999/ HTTP/1.1\r\n\r\n", b"GET http://@/ HTTP/1.1\r\n\r\n"]
+
+        async def send(blob: bytes) -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+            writer.write(blob)
+            try:
+                await asyncio.wait_for(reader.read(), 3)
+            except ConnectionError:
+                pass
+            writer.close()
+
+        await asyncio.gather(*(send(blob) for blob in blobs))
+        records = await env.settled(len(blobs))
+        assert not any(r.verdict.allowed for r in records)
+    with_env(run, body)
