@@ -17,11 +17,11 @@ compare within one run, never across runs):
 * ``socat``: a reference, not the proxy: ``socat`` (C, 256 KiB reads and writes) forwarding TCP to
   the origin, the cost of any user-space relay on this machine.
 
-Two links, each with every contender: ``loopback`` as fast as the machine goes (there every byte
-crosses the kernel's TCP stack twice through any relay, and curl, the relay and the kernel share the
-CPUs: a bound on a 2-core machine that ``socat`` shows), and ``paced``: the origin paces its sends
-(``SO_MAX_PACING_RATE``, 2 Gbit/s) as a fast network link would, where the relay's cost shows as
-lost throughput only if it cannot keep up.
+Three links, each with every contender: ``loopback`` as fast as the machine goes (there every
+byte crosses the kernel's TCP stack twice through any relay, and curl, the relay and the kernel
+share the CPUs: a bound on a 2-core machine that ``socat`` shows), and ``paced`` / ``paced-5g``:
+the origin paces its sends (``SO_MAX_PACING_RATE``, 2 and 5 Gbit/s) as a fast network link
+would, where the relay's cost shows as lost throughput only if it cannot keep up.
 
 It prints each contender's median MB/s, its range, the proxy's CPU per MB, and the ratio of each
 contender's median to ``direct``'s on the same link (target >= 0.8 for the proxy's three).
@@ -48,7 +48,7 @@ PROG = "python -m bench.bench_egress"
 TARGET = 0.8
 CONTENDERS = ("direct", "http", "connect", "socks5h", "socat")
 PROXIED = ("http", "connect", "socks5h")
-LINKS = {"loopback": 0, "paced": 250_000_000}  # bytes/s the origin paces at (0: not at all)
+LINKS = {"loopback": 0, "paced": 250_000_000, "paced-5g": 625_000_000}  # bytes/s the origin paces at (0: not at all)
 _SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 FILE = pathlib.Path("/var/tmp/smith-fast-bench-egress.bin")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
