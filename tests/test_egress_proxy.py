@@ -83,7 +83,11 @@ async def origin_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             body = await reader.readuntil(b"0\r\n\r\n")
         target = head.split(b" ")[1]
         payload = b"x" * int(target.split(b"?")[1]) if target.startswith(b"/big?") else head + body
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
+        if target == b"/keep-alive":  # a server that would keep the connection: an interim head first
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+                         b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload))
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
         await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -733,4 +737,18 @@ def test_random_bytes_each_end_in_one_record(run: Any) -> None:
         await asyncio.gather(*(send(blob) for blob in blobs))
         records = await env.settled(len(blobs))
         assert not any(r.verdict.allowed for r in records)
+    with_env(run, body)
+
+
+def test_forwarded_responses_say_the_connection_closes(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        response = await raw(env.proxy, f"GET http://pypi.test:{env.origin}/keep-alive HTTP/1.1\r\n\r\n".encode())
+        interim, _, final = response.partition(b"\r\n\r\n")
+        assert interim == b"HTTP/1.1 100 Continue"
+        head, _, text = final.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n") == [b"HTTP/1.1 200 OK", b"Content-Length: %d" % len(text), b"Connection: close"]
+        assert text.startswith(b"GET /keep-alive HTTP/1.1\r\n")
+        [record] = await env.settled(1)
+        assert record.bytes_down == len(response)
     with_env(run, body)

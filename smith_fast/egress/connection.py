@@ -20,7 +20,7 @@ from typing import Protocol
 
 from . import socks5
 from .attempts import Attempt, Observer, Record, Verdict, Via
-from .http_proxy import RequestReader, Target, answer, forward_head, parse_absolute, parse_authority
+from .http_proxy import RequestReader, Target, answer, closing_heads, forward_head, parse_absolute, parse_authority
 from .rules import IPAddress, parse_address
 from .limits import EgressLimits
 from .policy import EgressPolicy
@@ -311,18 +311,21 @@ class ProxyConnection:
         upstream = self.upstream
         assert upstream is not None
         await self._send_pending()
-        self.down_pump = Pump(self.loop, upstream, self.client, self)
         if self.forwarding:
-            # the request's body through llhttp while the response is spliced back; the
-            # response's end (the destination closes: Connection: close) ends the connection
+            # the request's body through llhttp while the response comes back: its head
+            # rewritten to say the connection closes, the rest spliced; the response's end (the
+            # destination closes: Connection: close) ends the connection
             body = self.loop.create_task(self._forward_body())
             try:
-                error = await self.down_pump.done
+                if await self._response_head():
+                    self.down_pump = Pump(self.loop, upstream, self.client, self)
+                    error = await self.down_pump.done
+                    if error is not None:
+                        raise error
             finally:
                 body.cancel()
-            if error is not None:
-                raise error
             return
+        self.down_pump = Pump(self.loop, upstream, self.client, self)
         self.up_pump = Pump(self.loop, self.client, upstream, self)
         pending = {self.up_pump.done, self.down_pump.done}
         while pending:
@@ -331,6 +334,31 @@ class ProxyConnection:
                 error = future.result()
                 if error is not None:
                     raise error
+
+    async def _response_head(self) -> bool:
+        """Pass the response's head(s) to the client, the final one saying ``Connection: close``
+        (the proxy serves one request per connection: a client told keep-alive would send its
+        next request into a closing connection). False when the destination closed already."""
+        assert self.upstream is not None
+        data = b""
+        while True:
+            more = await self.loop.sock_recv(self.upstream, _READ)
+            self.quiet = 0
+            if not more:
+                if data:
+                    self.down += len(data)
+                    await self.loop.sock_sendall(self.client, data)
+                return False
+            data += more
+            heads, data, done = closing_heads(data, self.served.limits.max_head)
+            if heads:
+                self.down += len(heads)
+                await self.loop.sock_sendall(self.client, heads)
+            if done:
+                if data:
+                    self.down += len(data)
+                    await self.loop.sock_sendall(self.client, data)
+                return True
 
     async def _forward_body(self) -> None:
         reader = self.reader
