@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
+import http.server
 import ipaddress
 import os
+import pathlib
 import re
-from collections.abc import Awaitable, Callable, Sequence
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
+import uvloop
 
 from smith_fast.egress import (
     Attempt,
@@ -72,7 +83,11 @@ async def origin_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWri
             body = await reader.readuntil(b"0\r\n\r\n")
         target = head.split(b" ")[1]
         payload = b"x" * int(target.split(b"?")[1]) if target.startswith(b"/big?") else head + body
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
+        if target == b"/keep-alive":  # a server that would keep the connection: an interim head first
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n"
+                         b"Content-Length: %d\r\n\r\n%b" % (len(payload), payload))
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (len(payload), payload))
         await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass
@@ -511,10 +526,10 @@ def test_many_connections_and_the_connection_limit(run: Any) -> None:
             writer.close()
             return got
 
-        for _ in range(3):
+        for round in range(3):
             answers = await asyncio.gather(*(tunnel(i) for i in range(30)))
             assert answers == [b"ping %d" % i for i in range(30)]
-        await env.settled(90)
+            await env.settled(30 * (round + 1))  # the limit counts connections until they ended
         env.observer.records.clear()
         held = [await asyncio.open_connection("127.0.0.1", env.proxy) for _ in range(45)]
         await asyncio.sleep(0.2)
@@ -532,4 +547,208 @@ def test_socks5_refuses_other_commands_and_auth_only_clients(run: Any) -> None:
         bind = await raw(env.proxy, b"\x05\x01\x00\x05\x02\x00\x01\x7f\x00\x00\x01\x00\x50")
         assert bind[:2] == b"\x05\x00" and bind[3] == 7  # BIND: command not supported
         await env.settled(2)
+    with_env(run, body)
+
+
+# ---- the relay --------------------------------------------------------------------------------------------
+
+
+def test_tunnel_carries_bytes_intact_both_ways_with_half_close(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+        writer.write(f"CONNECT pypi.test:{env.echo} HTTP/1.1\r\nHost: pypi.test:{env.echo}\r\n\r\n".encode() + b"early")
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 200 Connection established\r\n\r\n"
+        payload = os.urandom(3_000_000)
+
+        async def send() -> None:
+            writer.write(payload)
+            await writer.drain()
+            writer.write_eof()  # half-close: the echo still answers, then closes
+
+        sent = asyncio.ensure_future(send())
+        got = await asyncio.wait_for(reader.read(-1), 10)
+        await sent
+        writer.close()
+        assert got == b"early" + payload
+        [record] = await env.settled(1)
+        assert record.bytes_up == record.bytes_down == len(payload) + 5
+    with_env(run, body)
+
+
+def test_a_reader_that_pauses_holds_its_own_tunnel_only(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+        size = 20_000_000
+        writer.write(f"GET http://pypi.test:{env.origin}/big?{size} HTTP/1.1\r\n\r\n".encode())
+        await reader.readexactly(1)  # the response started; now this client reads nothing for a while
+        code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/big?1000000")
+        assert code == 200 and len(text) == 1_000_000
+        assert env.served is not None
+        [paused] = [c for c in env.served.connections]
+        held = paused.down
+        await asyncio.sleep(0.2)
+        assert paused.down == held < size // 2  # flow control: the proxy stopped reading the origin
+        rest = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        assert rest.endswith(b"x" * 1000) and len(rest) > size
+        records = await env.settled(2)
+        assert sorted(r.bytes_down for r in records)[1] > size
+    with_env(run, body)
+
+
+# ---- real clients over plain HTTP -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_tree() -> Iterator[tuple[pathlib.Path, int]]:
+    """A directory under /var/tmp served by a static HTTP server (a thread): a bare git repository
+    (dumb HTTP) and a simple package index with one wheel; yields (directory, port)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="smith-egress-", dir="/var/tmp"))
+    env = {**CURL_ENV, "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1"}
+    src = root / "src"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True, env=env)
+    (src / "README").write_text("through the egress proxy\n")
+    subprocess.run(["git", "-C", str(src), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"], check=True, env=env)
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(root / "repo.git")], check=True, env=env)
+    subprocess.run(["git", "-C", str(root / "repo.git"), "update-server-info"], check=True, env=env)
+    wheel = root / "packages" / "demo_pkg-1.0-py3-none-any.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("demo_pkg/__init__.py", "")
+        z.writestr("demo_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
+        z.writestr("demo_pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("demo_pkg-1.0.dist-info/RECORD", "")
+    index = root / "simple" / "demo-pkg"
+    index.mkdir(parents=True)
+    (index / "index.html").write_text(f'<a href="../../packages/{wheel.name}">{wheel.name}</a>\n')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]  # quiet test output
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(root)
+
+
+def test_git_and_pip_over_plain_http(http_tree: tuple[pathlib.Path, int]) -> None:
+    root, port = http_tree
+
+    async def main() -> None:
+        env = await Env().start(["pypi.test", LOOP])
+        proxy = f"http://127.0.0.1:{env.proxy}"
+        try:
+            clone = root / "clone"
+            git = await asyncio.create_subprocess_exec(
+                "git", "-c", f"http.proxy={proxy}", "clone", "-q", f"http://pypi.test:{port}/repo.git", str(clone),
+                env={**CURL_ENV, "HOME": str(root), "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"},
+                stderr=asyncio.subprocess.PIPE)
+            _, err = await git.communicate()
+            assert git.returncode == 0, err
+            assert (clone / "README").read_text() == "through the egress proxy\n"
+            pip = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-cache-dir", "--disable-pip-version-check",
+                "--index-url", f"http://pypi.test:{port}/simple/", "--trusted-host", "pypi.test", "--proxy", proxy,
+                "-d", str(root / "wheels"), "demo-pkg", env={**CURL_ENV, "HOME": str(root)}, stderr=asyncio.subprocess.PIPE)
+            _, err = await pip.communicate()
+            assert pip.returncode == 0, err
+            assert (root / "wheels" / "demo_pkg-1.0-py3-none-any.whl").exists()
+            git_bad = await asyncio.create_subprocess_exec(
+                "git", "-c", f"http.proxy={proxy}", "ls-remote", f"http://evil.test:{port}/repo.git",
+                env={**CURL_ENV, "HOME": str(root), "GIT_TERMINAL_PROMPT": "0"}, stderr=asyncio.subprocess.PIPE)
+            _, err = await git_bad.communicate()
+            assert git_bad.returncode != 0 and b"403" in err
+            records = env.observer.records
+            assert records and all(r.attempt.via == "http" for r in records)
+            assert {r.attempt.host for r in records if r.verdict.allowed} == {"pypi.test"}
+        finally:
+            await env.stop()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+def test_a_failing_hook_refuses_and_a_failing_observer_harms_nothing(run: Any) -> None:
+    def hook(attempt: Attempt) -> Verdict | None:
+        raise RuntimeError("the hook broke")
+
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP], hook=hook)
+        code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/")
+        assert code == 403 and b"the beforeConnect hook failed (RuntimeError)" in text
+        await env.settled(1)
+        env.observer.hook = None
+        env.observer.closed = lambda record: 1 / 0  # type: ignore[method-assign]  # a broken service side
+        for _ in range(2):
+            assert (await env.curl(f"http://pypi.test:{env.origin}/"))[0] == 200
+    with_env(run, body)
+
+
+def test_serve_a_unix_listener(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])  # for the origin
+        path = tempfile.mktemp(prefix="smith-egress-", suffix=".sock", dir="/var/tmp")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen()
+        policy = EgressPolicy.from_options(["pypi.test", LOOP], [], [])
+        recorder = Recorder()
+        served = EgressProxy(policy, resolver=OverrideResolver({"pypi.test": ["127.0.0.1"]})).serve(listener, recorder)
+        try:
+            assert served.address == (path, 0)
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(f"GET http://pypi.test:{env.origin}/ HTTP/1.1\r\nHost: pypi.test\r\n\r\n".encode())
+            response = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert response.startswith(b"HTTP/1.1 200 OK") and b"\r\n\r\nGET / HTTP/1.1\r\n" in response
+        finally:
+            served.close()
+            await served.wait_closed()
+            os.unlink(path)
+        assert [r.verdict.rule for r in recorder.records] == ["pypi.test"]
+    with_env(run, body)
+
+
+def test_random_bytes_each_end_in_one_record(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP], limits=EgressLimits(handshake_timeout=0.4))
+        rng = __import__("random").Random(30)
+        blobs = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))) for _ in range(40)]
+        blobs += [b"\x05" + blob for blob in blobs[:20]]
+        blobs += [b"\x05\x01\x00\x05\x01\x00\x03\x00\x00\x50", b"\x05\x01\x00\x05\x01\x00\x09", b"CONNECT [::1 HTTP/1.1\r\n\r\n",
+                  b"CONNECT pypi.test:0 HTTP/1.1\r\n\r\n", b"GET https://pypi.test/ HTTP/1.1\r\n\r\n",
+                  b"GET http://pypi.test:99999/ HTTP/1.1\r\n\r\n", b"GET http://@/ HTTP/1.1\r\n\r\n"]
+
+        async def send(blob: bytes) -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", env.proxy)
+            writer.write(blob)
+            try:
+                await asyncio.wait_for(reader.read(), 3)
+            except ConnectionError:
+                pass
+            writer.close()
+
+        await asyncio.gather(*(send(blob) for blob in blobs))
+        records = await env.settled(len(blobs))
+        assert not any(r.verdict.allowed for r in records)
+    with_env(run, body)
+
+
+def test_forwarded_responses_say_the_connection_closes(run: Any) -> None:
+    async def body(env: Env) -> None:
+        await env.start(["pypi.test", LOOP])
+        response = await raw(env.proxy, f"GET http://pypi.test:{env.origin}/keep-alive HTTP/1.1\r\n\r\n".encode())
+        interim, _, final = response.partition(b"\r\n\r\n")
+        assert interim == b"HTTP/1.1 100 Continue"
+        head, _, text = final.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n") == [b"HTTP/1.1 200 OK", b"Content-Length: %d" % len(text), b"Connection: close"]
+        assert text.startswith(b"GET /keep-alive HTTP/1.1\r\n")
+        [record] = await env.settled(1)
+        assert record.bytes_down == len(response)
     with_env(run, body)

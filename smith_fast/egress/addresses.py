@@ -15,7 +15,6 @@ connects it as IPv4), and the forms that a relay might turn into IPv4: NAT64 ``6
 from __future__ import annotations
 
 import ipaddress
-import socket
 from pathlib import Path
 
 from .rules import IPAddress, IPNetwork
@@ -109,10 +108,6 @@ def host_addresses() -> frozenset[IPAddress]:
         hexa = row.split()[0] if row.split() else ""
         if len(hexa) == 32:
             found.add(ipaddress.IPv6Address(int(hexa, 16)))
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM):
-            text = str(info[4][0]).split("%")[0]
-            found.add(ipaddress.ip_address(text))
-    except (OSError, ValueError):
-        pass
+    # Not getaddrinfo(gethostname()): a resolver that hangs would hold the service's start, and
+    # the interfaces above already hold every address the host answers on.
     return frozenset(found)

@@ -39,8 +39,11 @@ class Verdict:
         allowed: whether the proxy connects.
         rule: the ``--egress-allow``/``--egress-deny`` pattern that decided, or a fixed name:
             ``"not-allowed"`` (no rule allows it), ``"private-address"`` (a resolved address in a
-            range only an address rule opens), ``"hook:<id>"`` (a beforeConnect hook),
-            ``"bad-request"``, ``"limit"`` (a bound of the proxy), ``"unresolved"``, ``"unreachable"``.
+            range only an address rule opens), ``"hook:<id>"`` (a beforeConnect hook's own name),
+            ``"hook-failed"`` (the hook raised or took too long: refused), ``"bad-request"`` (no
+            proxy request), ``"head-too-large"``, ``"limit"`` (too many connections),
+            ``"unresolved"`` (the name has no address), ``"unreachable"`` (connecting failed),
+            ``"timeout"`` (resolving or connecting took too long).
         reason: one line for a person: what was refused and why.
     """
 
@@ -56,7 +59,7 @@ class Record:
     Attributes:
         attempt: what it asked for.
         address: the address connected to, or None (refused, or connecting failed).
-        verdict: the decision (allowed, even when connecting then failed: ``address`` says).
+        verdict: how it ended: the allowing rule when it connected, else why not.
         bytes_up: bytes from the command to the destination.
         bytes_down: bytes from the destination to the command.
     """

@@ -17,7 +17,7 @@ import httptools
 
 from .rules import normal_host
 
-__all__ = ["RequestReader", "Target", "parse_authority", "parse_absolute", "forward_head", "answer"]
+__all__ = ["RequestReader", "Target", "parse_authority", "parse_absolute", "forward_head", "answer", "closing_heads"]
 
 # Headers of the hop between client and proxy, never forwarded (RFC 9110 section 7.6.1), and the
 # Host the proxy sets itself from the URL it decided on (a Host the client chose could steer a
@@ -182,6 +182,38 @@ def forward_head(reader: RequestReader, target: Target, pairs: tuple[tuple[bytes
         lines.append(b"%b: %b\r\n" % (name, value))
     lines.append(b"Connection: upgrade\r\n\r\n" if upgrade else b"Connection: close\r\n\r\n")
     return b"".join(lines)
+
+
+_RESPONSE_HOP = (b"connection:", b"keep-alive:", b"proxy-connection:")
+
+
+def closing_heads(data: bytes, limit: int) -> tuple[bytes, bytes, bool]:
+    """The complete response heads at the start of ``data``, the final one made to say
+    ``Connection: close``: (heads to send, the rest, whether the final head was among them).
+
+    Interim (1xx) heads pass unchanged, and so does ``101 Switching Protocols`` (the connection
+    becomes the upgraded protocol's). Bytes that are no response head, or a head over ``limit``,
+    are given back as "done" unchanged: they are relayed as they are, never buffered further.
+    """
+    out: list[bytes] = []
+    while True:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            if len(data) > limit or (len(data) >= 5 and not data.startswith(b"HTTP/")):
+                return b"".join(out), data, True
+            return b"".join(out), data, False
+        head, data = data[:end + 4], data[end + 4:]
+        status = head[9:12]
+        if not head.startswith(b"HTTP/1.") or not status.isdigit():
+            return b"".join(out) + head, data, True
+        if status[:1] == b"1":
+            out.append(head)
+            if status == b"101":
+                return b"".join(out), data, True
+            continue
+        lines = [line for line in head[:-4].split(b"\r\n") if not line.lower().startswith(_RESPONSE_HOP)]
+        out.append(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n")
+        return b"".join(out), data, True
 
 
 def answer(status: int, text: str) -> bytes:

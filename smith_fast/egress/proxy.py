@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
 
+from ..logs import get_logger, log_fields
 from .addresses import host_addresses
 from .attempts import Attempt, Observer, Record, Verdict
 from .connection import ANSWERED, DECIDING, RELAY, ProxyConnection
@@ -13,6 +16,14 @@ from .policy import EgressPolicy
 from .resolver import Resolver, SystemResolver
 
 __all__ = ["EgressProxy", "Served"]
+
+
+_log = get_logger("smith_fast.egress")
+
+
+def _observer_failed(call: str, attempt: Attempt, exc: Exception) -> None:
+    log_fields(_log, logging.ERROR, "egress observer failed",
+               {"call": call, "host": attempt.host, "port": attempt.port, "error": repr(exc)})
 
 
 class Served:
@@ -32,7 +43,8 @@ class Served:
         self.connections: set[ProxyConnection] = set()
         self._listener = listener
         self._address = listener.getsockname()
-        self._loop = asyncio.get_running_loop()
+        self.loop = self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
         listener.setblocking(False)
         limits = proxy.limits
         self._tick = max(0.02, min(1.0, limits.handshake_timeout / 4, limits.idle_timeout / 4))
@@ -44,7 +56,9 @@ class Served:
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) it listens on."""
+        """(host, port) it listens on; (path, 0) for a Unix socket."""
+        if isinstance(self._address, (str, bytes)):
+            return (os.fsdecode(self._address), 0)
         return (str(self._address[0]), int(self._address[1]))
 
     async def _accept(self) -> None:
@@ -61,16 +75,19 @@ class Served:
             if len(self.connections) >= self.limits.max_connections:
                 sock.close()
                 attempt, verdict = Attempt("", 0, "connect"), Verdict(False, "limit", "too many connections")
-                self.observer.closed(Record(attempt, None, verdict, 0, 0))
+                self.refused(attempt, verdict)
+                try:
+                    self.observer.closed(Record(attempt, None, verdict, 0, 0))
+                except Exception as exc:
+                    _observer_failed("closed", attempt, exc)
                 continue
-            connection = ProxyConnection(self)
+            sock.setblocking(False)
+            connection = ProxyConnection(self, sock)
             self.connections.add(connection)
-            try:
-                await loop.connect_accepted_socket(lambda: connection, sock)
-            except OSError:
-                sock.close()
-                self.connections.discard(connection)
-                self.observer.closed(Record(connection.attempt, None, connection.verdict, 0, 0))
+            task = loop.create_task(connection.run())
+            connection.task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _sweep(self) -> None:
         for connection in list(self.connections):
@@ -78,17 +95,28 @@ class Served:
             connection.quiet += 1
             if connection.phase == RELAY:
                 if connection.quiet >= self._idle_ticks:
-                    connection.close()
+                    connection.task.cancel()
             elif connection.phase < DECIDING and connection.age >= self._handshake_ticks:
-                connection.close()
+                connection.task.cancel()
             elif connection.phase == ANSWERED and connection.quiet >= self._handshake_ticks:
-                connection.close(abort=True)  # a client that does not read our refusal
+                connection.task.cancel()  # a client that does not read our answer
+            # DECIDING is bounded by the hook's, the resolver's and the connect timeouts
         self._sweeper = self._loop.call_later(self._tick, self._sweep)
 
     def ended(self, connection: ProxyConnection, record: Record) -> None:
         """A connection's end: its one Record to the observer."""
         self.connections.discard(connection)
-        self.observer.closed(record)
+        try:
+            self.observer.closed(record)
+        except Exception as exc:  # the service's bug must not end the proxy's bookkeeping
+            _observer_failed("closed", record.attempt, exc)
+
+    def refused(self, attempt: Attempt, verdict: Verdict) -> None:
+        """An attempt refused: to the observer."""
+        try:
+            self.observer.refused(attempt, verdict)
+        except Exception as exc:
+            _observer_failed("refused", attempt, exc)
 
     def close(self) -> None:
         """Stop accepting and abort every connection (each still gives its Record)."""
@@ -97,17 +125,14 @@ class Served:
         self._accepting.cancel()
         self._sweeper.cancel()
         self._listener.close()
-        for connection in list(self.connections):
-            connection.close(abort=True)
+        for task in list(self._tasks):
+            task.cancel()
         self._closed.set()
 
     async def wait_closed(self) -> None:
         """Until :meth:`close` was called and the accept task ended."""
         await self._closed.wait()
-        try:
-            await self._accepting
-        except asyncio.CancelledError:
-            pass
+        await asyncio.gather(self._accepting, *self._tasks, return_exceptions=True)
 
 
 class EgressProxy:
