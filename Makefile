@@ -57,6 +57,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 build/.system-tools:
 	command -v go >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq golang-go; }
 	command -v go >/dev/null 2>&1 || { echo "make test: go is needed (Debian: apt-get install golang-go)" >&2; exit 1; }
+	command -v socat >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq socat; }
 	mkdir -p build && touch $@
 
 test: install $(INTEROP)/node_modules/.deps build/.system-tools

@@ -182,6 +182,7 @@ class ShellProcess:
         stdin_limit: int = STDIN_LIMIT,
         on_stdin: Callable[[int], None] | None = None,
         limits: containment.CommandLimits | None = None,
+        egress_fd: int = -1,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -206,6 +207,8 @@ class ShellProcess:
             on_stdin: called with the total bytes of stdin the child's pipe (or terminal) has taken,
                 each time it took more: the peer's flow control.
             limits: what the command may use (:mod:`smith_fast.containment`); None: no limits.
+            egress_fd: with a ``--network allow`` sandbox, the unix socket the sandbox program sends
+                the command's egress listener over (:meth:`Sandbox.wrap <smith_fast.sandbox.Sandbox.wrap>`).
 
         Returns:
             The running process.
@@ -226,7 +229,7 @@ class ShellProcess:
         if env:
             environ.update(env)
         spawned = spawn(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env, pipe_size=pipe_size,
-                        sandbox=sandbox, stdin=stdin, pty=pty, limits=limits)
+                        sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
         self = cls(loop, spawned.popen, spawned.pipes, on_output, read_size)
         self._cell = spawned.cell
         self._usage_fd = spawned.usage_fd

@@ -307,7 +307,13 @@ class ServiceConfig:
             every available one except ``hooks_rust``, which is granted only when listed here.
         sandbox: how the processes started for peers are confined (``--sandbox``; PROTOCOL.md,
             "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
-        network: their network (``--network``): ``on``, ``off`` or ``loopback``.
+        network: their network (``--network``): ``on``, ``off``, ``loopback`` or ``allow`` (only through
+            the egress proxy, by name: :mod:`smith_fast.service.egress`).
+        egress_allow, egress_deny: the proxy's rules (``--egress-allow``/``--egress-deny``: names,
+            ``*.`` wildcards, optional ports, CIDRs; :mod:`smith_fast.egress.rules`).
+        egress_secrets: ``NAME@HOST=ENV`` (``--egress-secret``): the command's ``NAME`` holds a
+            placeholder the proxy replaces with ``$ENV`` in plain-HTTP requests to HOST.
+        egress_resolve: ``HOST=ADDR[,ADDR...]`` answered before DNS by the proxy (``--egress-resolve``; for tests).
         sandbox_deny_read: paths those processes may not read (``--sandbox-deny-read``).
         workspaces: the directory of the sessions' workspaces (``--workspaces``), None for one
             shared root.
@@ -394,8 +400,24 @@ class ServiceConfig:
         help="confine commands, shell.run, plan steps and Rust hooks (namespaces, a read-only view of the host, "
         "Landlock): write only the root and a private /tmp (workspace-write), only the /tmp (read-only), or anywhere (off)")
     network: str = option(
-        "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
-        help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")
+        "on", flag="--network", unit="choice", choices=("on", "off", "loopback", "allow"), commands=_RUNNERS, group=_SECURITY,
+        help="network for those processes: on, off (none, loopback included), loopback (a private loopback only) or allow "
+             "(a private loopback, and the hosts --egress-allow lets through the service's egress proxy; README, Network egress)")
+    egress_allow: tuple[str, ...] = option(
+        (), flag="--egress-allow", unit="text", repeat=True, metavar="PATTERN", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: a destination commands may reach through the proxy: a host name (pypi.org), *.name for "
+             "its subdomains, * for any name, an optional :PORT, or a CIDR (10.0.0.0/8); loopback, link-local, private and "
+             "the host's own addresses need a CIDR rule even when the name is allowed")
+    egress_deny: tuple[str, ...] = option(
+        (), flag="--egress-deny", unit="text", repeat=True, metavar="PATTERN", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: a destination refused whatever --egress-allow says (the same patterns)")
+    egress_secrets: tuple[str, ...] = option(
+        (), flag="--egress-secret", unit="text", repeat=True, metavar="NAME@HOST=ENV", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: commands get a placeholder in $NAME; the proxy puts the service's $ENV in its place in "
+             "plain-HTTP request headers to HOST only (HTTPS is opaque to it: README, Network egress)")
+    egress_resolve: tuple[str, ...] = option(
+        (), flag="--egress-resolve", unit="text", repeat=True, metavar="HOST=ADDR[,ADDR]", commands=_RUNNERS, group=_SECURITY,
+        help="the egress proxy answers HOST with these addresses before asking DNS (for tests: a made-up name for a local server)")
     sandbox_deny_read: tuple[pathlib.Path, ...] = option(
         (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
         help="commands may not read PATH (e.g. ~/.ssh, or ROOT/.env): it is an empty, unreadable file or directory in "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import framing, logs
 from .._version import __version__
+from ..errors import EgressRuleError
 from ..hooks import Hook, HookLimits, available_kinds
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
@@ -22,6 +23,7 @@ from ..tools import ToolContext, ToolRegistry, default_registry
 from .background import BackgroundTable
 from .commands import COMMANDS
 from .config import ServiceConfig
+from .egress import EgressHub
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 from .negotiation import (
     ACCEPT_KEY,
@@ -204,6 +206,13 @@ class ServiceCore:
             file_size=config.limits.max_file_size,
         )
         self.runs_locally = backend is None or backend.runs_commands
+        # --network allow: the one egress proxy of the service's commands (a gateway's are its workers').
+        self.egress: EgressHub | None = None
+        if config.network == "allow" and self.runs_locally:
+            self.egress = EgressHub(config)
+        elif config.egress_allow or config.egress_deny or config.egress_secrets or config.egress_resolve:
+            raise EgressRuleError(f"--egress-allow, --egress-deny, --egress-secret and --egress-resolve need --network allow, "
+                                  f"not --network {config.network}")
         if self.runs_locally:
             if self.sandbox.confines_files and not config.allow_service_files_in_root:
                 clash = service_files_in(str(root), [*_installation(), *private])

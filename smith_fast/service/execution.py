@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .audit import Audit
     from ..pb import smith_pb2 as pb
     from .config import Limits, ServiceConfig
+    from .egress import SessionEgress
     from .session_hooks import SessionHooks
     from .session_home import SessionHome
     from .sinks import EventSink
@@ -153,6 +154,11 @@ class Execution(Protocol):
     @property
     def workspace(self) -> WorkspaceOps | None:
         """The session's workspace (``serve --workspaces``), None without one."""
+        ...
+
+    @property
+    def egress(self) -> SessionEgress | None:
+        """The session's egress (``--network allow``: :mod:`smith_fast.service.egress`), None without it."""
         ...
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:

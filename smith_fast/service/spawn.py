@@ -9,10 +9,14 @@ view, Landlock, rlimits) wraps this call, so that no path starts a peer's proces
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..containment import CommandLimits
 from ..process import STDIN_LIMIT, ShellProcess
 from ..sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from .egress import RequestEgress
 
 __all__ = ["spawn"]
 
@@ -30,17 +34,32 @@ async def spawn(
     stdin_limit: int = STDIN_LIMIT,
     on_stdin: Callable[[int], None] | None = None,
     limits: CommandLimits | None = None,
+    egress: RequestEgress | None = None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
     environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
     (the core's ``--sandbox``/``--network``; None only where the operator turned it off); with
     ``stdin`` or ``pty`` as :meth:`ShellProcess.start` takes them (process control), in a cgroup of its
-    own under ``limits`` (:mod:`smith_fast.containment`).
+    own under ``limits`` (:mod:`smith_fast.containment`). With ``egress`` (``--network allow``:
+    :func:`smith_fast.service.egress.open_egress`), its proxy variables and secret placeholders
+    are in its environment, its listener is served while it runs, and its output is redacted.
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
-    return await ShellProcess.start(
-        command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
-        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
-    )
+    if egress is None:
+        return await ShellProcess.start(
+            command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
+            stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
+        )
+    try:
+        proc = await ShellProcess.start(
+            command, shell=shell, cwd=cwd, env={**env, **egress.environment()}, on_output=egress.redacting(on_output),
+            sandbox=sandbox, stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
+            egress_fd=egress.child_fd,
+        )
+    except BaseException:
+        egress.close()
+        raise
+    egress.follow(proc)
+    return proc
