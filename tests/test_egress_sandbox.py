@@ -23,6 +23,7 @@ import socketserver
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -60,7 +61,34 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if self.path in ("/echo-chunked", "/echo-length"):
+            self._echo(self.path == "/echo-chunked")
+            return
         super().do_GET()
+
+    def _echo(self, chunked: bool) -> None:
+        """The Authorization header echoed back in a header and twice in the body, written in
+        pieces cut inside the value (in the head, a chunk's size line and the body), each its own
+        segment: the proxy reads the value in parts."""
+        _Handler.seen.append(dict(self.headers.items()))
+        value = self.headers["Authorization"].encode()
+        half = len(value) // 2
+        text = b"got " + value + b" and " + value + b"\n"
+        if chunked:
+            body = (b"%x\r\n%b\r\n" % (8 + half, text[:8 + half]) + b"%x\r\n%b\r\n" % (len(text) - 8 - half, text[8 + half:])
+                    + b"0\r\n\r\n")
+            framing = b"Transfer-Encoding: chunked\r\n"
+        else:
+            body, framing = text, b"Content-Length: %d\r\n" % len(text)
+        raw = b"HTTP/1.1 200 OK\r\nX-Echo: " + value + b"\r\n" + framing + b"\r\n" + body
+        first = raw.index(value)
+        cuts = [first + 3, first + half, raw.index(b"\r\n\r\n") + 5, len(raw) - len(value) + 1, len(raw) - 3]
+        at = 0
+        for cut in cuts + [len(raw)]:
+            self.wfile.write(raw[at:cut])
+            self.wfile.flush()
+            time.sleep(0.03)
+            at = cut
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -354,9 +382,9 @@ async def test_a_secret_reaches_its_host_and_nowhere_else(server: ServerProcess,
         placeholder = next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("API_TOKEN="))
         assert placeholder and placeholder != SECRET
         assert "HTTP_PROXY=http://127.0.0.1:3128" in out and "http_proxy=http://127.0.0.1:3128" in out
-        # to its host: the real value arrives, and echoed back it is redacted in the output
+        # to its host: the real value arrives, and echoed back the proxy puts the placeholder back
         code, out, err, _ = await _run(client, f"curl -sS -H \"Authorization: Bearer $API_TOKEN\" http://allowed.test:{http_port}/headers")
-        assert code == 0 and SECRET not in out and "[secret API_TOKEN]" in out, (out, err)
+        assert code == 0 and SECRET not in out and json.loads(out)["Authorization"] == f"Bearer {placeholder}", (out, err)
         assert _Handler.seen[-1]["Authorization"] == f"Bearer {SECRET}"
         # to another destination (the same server by its address): the placeholder, never the value
         code, out, err, _ = await _run(
@@ -364,6 +392,53 @@ async def test_a_secret_reaches_its_host_and_nowhere_else(server: ServerProcess,
         assert code == 0 and placeholder in out, (out, err)
         assert _Handler.seen[-1]["Authorization"] == f"Bearer {placeholder}"
     assert not any(SECRET in json.dumps(r) for r in _audit(server))
+
+
+@pytest.mark.parametrize("path", ["/echo-chunked", "/echo-length"])
+async def test_a_host_echoing_the_secret_in_pieces_gives_the_command_its_placeholder(
+        server: ServerProcess, http_port: int, path: str) -> None:
+    """The command never holds the value: the proxy reads the response of a host that got secrets
+    and puts each placeholder back, across reads and chunks (the output's own redaction, which
+    would say ``[secret API_TOKEN]``, has nothing to do)."""
+    _Handler.seen.clear()
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        code, out, err, _ = await _run(client, "printenv API_TOKEN")
+        placeholder = out.strip()
+        code, out, err, _ = await _run(
+            client, f"curl -sS -D /dev/stderr -H \"Authorization: Bearer $API_TOKEN\" http://allowed.test:{http_port}{path}")
+        assert code == 0, err
+        assert _Handler.seen[-1]["Authorization"] == f"Bearer {SECRET}"  # the real value went out and came back
+        assert out == f"got Bearer {placeholder} and Bearer {placeholder}\n", (out, err)
+        assert f"X-Echo: Bearer {placeholder}" in err and SECRET not in err and "[secret" not in out + err, err
+        assert "Connection: close" in err and "Transfer-Encoding" not in err and "Content-Length" not in err, err
+
+
+async def test_a_value_split_across_reads_of_the_output_is_redacted(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    """A command that found the value elsewhere (a file here) and prints it in two writes, a pause
+    between: two reads of its pipe, each with half the value; stdout, stderr and a terminal alike."""
+    (places["root"] / "found.txt").write_text(SECRET)
+    script = ("import sys, time\n"
+              "value = open('found.txt').read()\n"
+              "for out in (sys.stdout, sys.stderr):\n"
+              "    out.write('a ' + value[:7]); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[7:] + ' b ' + value[:3]); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[3:] + ' c prompt> '); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[:5])\n")  # the stream ends on the value's start: given out at the end
+    (places["root"] / "split.py").write_text(script)
+    try:
+        async with await Client.connect(server.unix) as client:
+            await client.handshake()
+            code, out, err, _ = await _run(client, f"{PY} split.py")
+            want = f"a [secret API_TOKEN] b [secret API_TOKEN] c prompt> {SECRET[:5]}"
+            assert code == 0 and out == want and err == want, (out, err)
+            proc = await client.start(f"{PY} split.py 2>&1", pty=(24, 80))
+            assert await proc.wait() == 0
+            shown = proc.output().stdout.decode()
+            assert SECRET not in shown and shown.count("[secret API_TOKEN]") == 4, shown
+    finally:
+        (places["root"] / "found.txt").unlink()
+        (places["root"] / "split.py").unlink()
 
 
 async def test_a_before_connect_hook_blocks_a_host(server: ServerProcess, http_port: int) -> None:

@@ -9,7 +9,8 @@ which closes both sockets and gives the one Record.
 
 A forwarded plain-HTTP request is the exception in one direction: its body goes through llhttp
 (the head is rewritten, the body is re-framed, nothing after the request is forwarded); its
-response is spliced like a tunnel, and the connection ends with it.
+response is spliced like a tunnel (read by :class:`~.http_response.ResponseRedactor` instead when
+its host got secrets), and the connection ends with it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Protocol
 from . import socks5
 from .attempts import Attempt, Observer, Record, Verdict, Via
 from .http_proxy import RequestReader, Target, answer, closing_heads, forward_head, parse_absolute, parse_authority
+from .http_response import ResponseRedactor
 from .rules import IPAddress, parse_address
 from .limits import EgressLimits
 from .policy import EgressPolicy
@@ -80,6 +82,7 @@ class ProxyConnection:
         self.verdict = Verdict(False, "bad-request", "no request")
         self.address: str | None = None
         self.forwarding = False   # a plain-HTTP request: body through the reader, the end with its response
+        self.echoed: tuple[tuple[bytes, bytes], ...] = ()  # (value, placeholder) of the secrets its host got
         self.pending: list[bytes] = []  # client bytes for upstream (a body, bytes after a head)
         self.out: list[bytes] = []      # the proxy's answers to the client, sent after each read
         self.up = 0
@@ -274,8 +277,9 @@ class ProxyConnection:
             self.out.append(socks5.reply(socks5.SUCCEEDED))
         else:
             assert self.reader is not None
-            head = forward_head(self.reader, self.target, policy.substitutions(attempt.host, attempt.port))
-            self.pending.insert(0, head)
+            pairs = policy.substitutions(attempt.host, attempt.port)
+            self.pending.insert(0, forward_head(self.reader, self.target, pairs))
+            self.echoed = tuple((value, placeholder) for placeholder, value in pairs)
         self.phase = RELAY
 
     async def _dial(self, addresses: list[IPAddress], port: int) -> tuple[socket.socket, IPAddress]:
@@ -317,7 +321,9 @@ class ProxyConnection:
             # destination closes: Connection: close) ends the connection
             body = self.loop.create_task(self._forward_body())
             try:
-                if await self._response_head():
+                if self.echoed:
+                    await self._redacted_response()
+                elif await self._response_head():
                     self.down_pump = Pump(self.loop, upstream, self.client, self)
                     error = await self.down_pump.done
                     if error is not None:
@@ -359,6 +365,23 @@ class ProxyConnection:
                     self.down += len(data)
                     await self.loop.sock_sendall(self.client, data)
                 return True
+
+    async def _redacted_response(self) -> None:
+        """The response of a host that got secrets, read instead of spliced: each value it echoes
+        reaches the client as its placeholder (:class:`~.http_response.ResponseRedactor`)."""
+        assert self.upstream is not None
+        redactor = ResponseRedactor(self.echoed, self.served.limits.max_head)
+        while not redactor.done:
+            data = await self.loop.sock_recv(self.upstream, _READ)
+            self.quiet = 0
+            out = redactor.feed(data) if data else redactor.end()
+            if out is None:
+                return  # no HTTP response: nothing unread is passed on
+            if out:
+                self.down += len(out)
+                await self.loop.sock_sendall(self.client, out)
+            if not data:
+                return
 
     async def _forward_body(self) -> None:
         reader = self.reader

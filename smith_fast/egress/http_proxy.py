@@ -165,14 +165,16 @@ def _substitute_basic(value: bytes, pairs: tuple[tuple[bytes, bytes], ...]) -> b
 def forward_head(reader: RequestReader, target: Target, pairs: tuple[tuple[bytes, bytes], ...]) -> bytes:
     """The head sent upstream: origin-form, Host from the URL, hop headers dropped, ``Connection:
     close``, and each placeholder of ``pairs`` replaced by its secret in header values (inside
-    ``Authorization: Basic`` too, where git and pip put a URL's password)."""
+    ``Authorization: Basic`` too, where git and pip put a URL's password). A request that carries
+    secrets asks for ``Accept-Encoding: identity``: its response is searched for them
+    (:mod:`~.http_response`), which a compressed body would hide."""
     host = target.host if ":" not in target.host else f"[{target.host}]"
     authority = host if target.port == 80 else f"{host}:{target.port}"
     lines = [b"%b %b HTTP/%b\r\nHost: %b\r\n" % (reader.method, target.path, reader.version, authority.encode())]
     upgrade = reader.upgraded
     for name, value in reader.headers:
         lower = name.lower()
-        if lower in _HOP:
+        if lower in _HOP or (pairs and lower == b"accept-encoding"):
             continue
         if pairs:
             for placeholder, secret in pairs:
@@ -180,6 +182,8 @@ def forward_head(reader: RequestReader, target: Target, pairs: tuple[tuple[bytes
             if lower == b"authorization":
                 value = _substitute_basic(value, pairs)
         lines.append(b"%b: %b\r\n" % (name, value))
+    if pairs:
+        lines.append(b"Accept-Encoding: identity\r\n")
     lines.append(b"Connection: upgrade\r\n\r\n" if upgrade else b"Connection: close\r\n\r\n")
     return b"".join(lines)
 

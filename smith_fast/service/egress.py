@@ -18,8 +18,10 @@ it did. The pieces, from the longest-lived:
   attempt first goes through the session's ``before_connect`` hooks (a block: rule ``hook:<id>``).
 
 Secrets: a command's environment holds the placeholders only; the real values are concealed in
-every log line (:func:`smith_fast.logs.conceal`) and replaced by ``[secret NAME]`` in the output of
-a command that echoes one back (:meth:`RequestEgress.redacting`).
+every log line (:func:`smith_fast.logs.conceal`), put back to their placeholders in the plain-HTTP
+responses of the hosts that got them (:mod:`smith_fast.egress.http_response`), and replaced by
+``[secret NAME]`` in the output of a command that prints one, across reads
+(:meth:`RequestEgress.redacting`).
 """
 
 from __future__ import annotations
@@ -249,14 +251,35 @@ class RequestEgress:
         """The command's proxy variables and secret placeholders (:func:`proxy_environment`)."""
         return proxy_environment(self._policy.placeholders())
 
-    def redacting(self, on_output: Callable[[int, bytes], None]) -> Callable[[int, bytes], None]:
-        """``on_output`` with every real secret value replaced (a command that echoes what the host
-        sent back). A value split across two reads is not caught: the proxy sends it to the right
-        host only, and a host that echoes credentials is rare; the placeholders are what a command holds."""
+    def redacting(self, on_output: Callable[[int, bytes], None]
+                  ) -> tuple[Callable[[int, bytes], None], Callable[[int], None] | None]:
+        """``on_output`` with every real secret value replaced by ``[secret NAME]`` (a command that
+        echoes what a host sent back, or found the value elsewhere), and the stream-end call that
+        gives out what was held back: a value split across two reads is held until it is whole
+        (:class:`~smith_fast.egress.redacting.StreamRedactor`, one per stream). Without secrets
+        ``on_output`` itself and None: the output path is not touched."""
         if not self._policy.secrets:
-            return on_output
-        redact = self._policy.redact_bytes
-        return lambda fd, data: on_output(fd, redact(data))
+            return on_output, None
+        from ..egress.redacting import StreamRedactor
+
+        pairs = tuple((s.value.encode(), f"[secret {s.name}]".encode()) for s in self._policy.secrets)
+        streams: dict[int, StreamRedactor] = {}
+
+        def redacted(fd: int, data: bytes) -> None:
+            redactor = streams.get(fd)
+            if redactor is None:
+                redactor = streams[fd] = StreamRedactor(pairs)
+            data = redactor.feed(data)
+            if data:
+                on_output(fd, data)
+
+        def ended(fd: int) -> None:
+            redactor = streams.pop(fd, None)
+            held = redactor.end() if redactor is not None else b""
+            if held:
+                on_output(fd, held)
+
+        return redacted, ended
 
     def follow(self, proc: ShellProcess) -> None:
         """The process runs: receive its listener and serve it until the process has ended."""
