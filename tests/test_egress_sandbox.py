@@ -502,10 +502,66 @@ def test_a_secret_from_an_unset_variable_refuses_to_start(places: dict[str, path
     assert "EGS_UNSET_VARIABLE" in str(info.value) and "Traceback" not in str(info.value)
 
 
+_BOUNDS_SCRIPT = """
+import socket, sys, time
+port = int(sys.argv[1])
+# a tunnel that carries nothing: closed by the proxy after --egress-idle-timeout
+tunnel = socket.create_connection(("127.0.0.1", 3128))
+tunnel.sendall(b"CONNECT allowed.test:%d HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n" % port)
+assert tunnel.recv(1024).startswith(b"HTTP/1.1 200"), "no tunnel"
+start = time.monotonic()
+assert tunnel.recv(1024) == b""
+print("idle closed after %.1f" % (time.monotonic() - start))
+# a client that names nothing: closed after --egress-handshake-timeout
+silent = socket.create_connection(("127.0.0.1", 3128))
+start = time.monotonic()
+assert silent.recv(1024) == b""
+print("silent closed after %.1f" % (time.monotonic() - start))
+# connections over --egress-max-connections are closed at accept
+held = [socket.create_connection(("127.0.0.1", 3128)) for _ in range(2)]
+extra = socket.create_connection(("127.0.0.1", 3128))
+extra.settimeout(5)
+print("third:", extra.recv(1024) == b"")
+"""
+
+
+async def test_the_proxys_bounds_are_options(places: dict[str, pathlib.Path], http_port: int, echo_port: int) -> None:
+    """--egress-max-head, --egress-idle-timeout, --egress-handshake-timeout and --egress-max-connections
+    applied by a real serve: each bound far below its default, so only the option explains what is seen."""
+    (places["state"] / "bounds").mkdir(exist_ok=True)
+    srv = ServerProcess(
+        places["state"] / "bounds", "--network", "allow",
+        "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32", "--egress-resolve", "allowed.test=127.0.0.1",
+        "--egress-max-head", "2k", "--egress-idle-timeout", "700ms", "--egress-handshake-timeout", "700ms",
+        "--egress-max-connections", "2", root=places["root"], env={"HOME": str(places["home"])},
+    ).start()
+    (places["root"] / "bounds.py").write_text(_BOUNDS_SCRIPT)
+    try:
+        async with await Client.connect(srv.unix) as client:
+            await client.handshake()
+            code, out, err, _ = await _run(client, f"curl -sS -H 'X-Pad: {'a' * 1000}' http://allowed.test:{http_port}/hello")
+            assert code == 0 and out == "hello from allowed.test\n", err
+            code, out, err, logs = await _run(
+                client, f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'X-Pad: {'a' * 3000}' http://allowed.test:{http_port}/hello")
+            assert out == "431", (out, err)
+            code, out, err, logs = await _run(client, f"{PY} bounds.py {echo_port}")
+            assert code == 0, (out, err)
+            idle, silent, third = out.splitlines()
+            assert 0.5 < float(idle.split()[-1]) < 3 and 0.5 < float(silent.split()[-1]) < 3, out
+            assert third == "third: True", out
+            assert any(log.fields.get("rule") == "limit" for log in logs) or any(
+                r.get("rule") == "limit" for r in _audit(srv)), logs
+    finally:
+        (places["root"] / "bounds.py").unlink()
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+    assert any(r.get("rule") == "head-too-large" for r in _audit(srv))
+
+
 def test_the_worker_takes_the_same_options() -> None:
     done = subprocess.run([PY, "-m", "smith_fast", "worker", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    for flag in ("--egress-allow", "--egress-deny", "--egress-secret", "--egress-resolve"):
+    for flag in ("--egress-allow", "--egress-deny", "--egress-secret", "--egress-resolve", "--egress-max-head",
+                 "--egress-handshake-timeout", "--egress-connect-timeout", "--egress-idle-timeout", "--egress-max-connections"):
         assert flag in done.stdout
     assert "allow" in done.stdout.split("--network", 1)[1][:200]
 

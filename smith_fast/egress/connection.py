@@ -237,7 +237,7 @@ class ProxyConnection:
         verdict = policy.screen(attempt)
         if verdict is None:
             try:
-                said = await asyncio.wait_for(served.observer.before_connect(attempt), limits.handshake_timeout)
+                said = await asyncio.wait_for(served.observer.before_connect(attempt), limits.within(limits.handshake_timeout))
             except Exception as exc:  # a hook that fails refuses: never a connection no one decided on
                 said = Verdict(False, "hook-failed", f"the beforeConnect hook failed ({type(exc).__name__})")
             verdict = said if said is not None else policy.allows(attempt)
@@ -250,7 +250,7 @@ class ProxyConnection:
             addresses = [literal]
         else:
             try:
-                texts = await asyncio.wait_for(served.resolver.resolve(attempt.host), limits.connect_timeout)
+                texts = await asyncio.wait_for(served.resolver.resolve(attempt.host), limits.within(limits.connect_timeout))
             except asyncio.TimeoutError:
                 self._fail(attempt.via, Verdict(False, "timeout", f"resolving {attempt.host} timed out"))
                 return
@@ -263,7 +263,8 @@ class ProxyConnection:
             self._fail(attempt.via, refusal)
             return
         try:
-            self.upstream, address = await asyncio.wait_for(self._dial(addresses, attempt.port), limits.connect_timeout)
+            self.upstream, address = await asyncio.wait_for(self._dial(addresses, attempt.port),
+                                                            limits.within(limits.connect_timeout))
         except asyncio.TimeoutError:
             self._fail(attempt.via, Verdict(False, "timeout", f"connecting to {attempt.host} timed out"))
             return

@@ -113,14 +113,20 @@ class EgressHub:
     """
 
     def __init__(self, config: ServiceConfig) -> None:
-        from ..egress import EgressPolicy, EgressProxy, OverrideResolver, SystemResolver, parse_overrides
+        from ..egress import EgressLimits, EgressPolicy, EgressProxy, OverrideResolver, SystemResolver, parse_overrides
 
         self.policy = EgressPolicy.from_options(config.egress_allow, config.egress_deny, config.egress_secrets)
         for secret in self.policy.secrets:
             logs.conceal(secret.value)  # a log line that quotes it (a command's text, a peer's message) shows <redacted>
         self._resolver: Resolver | None = (
             OverrideResolver(parse_overrides(config.egress_resolve), SystemResolver()) if config.egress_resolve else None)
-        self.proxy = EgressProxy(self.policy, resolver=self._resolver)
+        limits = config.limits
+        if limits.egress_max_head < 1 or limits.egress_max_connections < 1:
+            raise EgressRuleError("--egress-max-head and --egress-max-connections must be at least 1")
+        self.proxy = EgressProxy(self.policy, resolver=self._resolver, limits=EgressLimits(
+            max_head=limits.egress_max_head, handshake_timeout=limits.egress_handshake_timeout,
+            connect_timeout=limits.egress_connect_timeout, idle_timeout=limits.egress_idle_timeout,
+            max_connections=limits.egress_max_connections))
 
     def for_session(self, session_id: str, peer: str, allow: str | None) -> SessionEgress:
         """The egress of a session whose handshake gave ``allow`` (None: the operator's list as it is).
