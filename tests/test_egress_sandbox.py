@@ -370,6 +370,51 @@ async def test_a_unix_socket_outside_the_workspace_is_refused(server: ServerProc
         assert code == 0 and out == "own\nfrom a thread too\n", err
 
 
+_OWN_SOCKET = """import os, socket, sys, threading
+s = socket.socket(socket.AF_UNIX); s.bind("own.sock"); s.listen()
+threading.Thread(target=lambda: s.accept()[0].sendall(b"own"), daemon=True).start()
+c = socket.socket(socket.AF_UNIX); c.connect(os.path.abspath("own.sock")); print(c.recv(10).decode(), os.getcwd())
+outside = socket.socket(socket.AF_UNIX)
+try:
+    outside.connect(sys.argv[1]); print(outside.recv(100))
+except OSError as e:
+    print(e.errno)
+"""
+
+
+async def test_a_workspace_session_gets_the_proxy_and_its_own_sockets(places: dict[str, pathlib.Path], http_port: int,
+                                                                      host_socket: str) -> None:
+    """--workspaces with --network allow: a command of a workspace session reaches an allowed host and
+    is refused a denied one; the unix guard lets it connect to a socket made in its workspace (the
+    session's own directory, not --root) and refuses one outside."""
+    state = places["state"] / "ws"
+    state.mkdir(exist_ok=True)
+    srv = ServerProcess(
+        state, "--workspaces", str(state / "workspaces"), "--network", "allow",
+        "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32",
+        "--egress-resolve", "allowed.test=127.0.0.1", "--egress-resolve", "other.test=127.0.0.1",
+        root=places["root"], env={"HOME": str(places["home"])},
+    ).start()
+    try:
+        async with await Client.connect(srv.unix) as client:
+            ready = await client.handshake(["shell_exec", "workspaces"])
+            workspace = ready.service_info["smith_fast.workspace"]
+            assert ready.service_info["smith_fast.network"] == "allow" and workspace
+            code, out, err, _ = await _run(client, f"curl -sSf http://allowed.test:{http_port}/hello")
+            assert code == 0 and out == "hello from allowed.test\n", err
+            code, out, err, logs = await _run(client, f"curl -sSf http://other.test:{http_port}/hello")
+            assert code != 0 and "hello" not in out
+            assert any(log.fields.get("rule") == "not-allowed" and log.fields.get("host") == "other.test" for log in logs), logs
+            code, out, err, _ = await _run(client, f"cat > own.py <<'EOF'\n{_OWN_SOCKET}EOF\n{PY} own.py {host_socket}; rm -f own.sock")
+            assert code == 0, (out, err)
+            own, refused = out.splitlines()
+            assert own.split()[0] == "own" and refused == "13", out  # EACCES outside the workspace
+            assert not (places["root"] / "own.py").exists()  # it ran in the session's workspace, not --root
+        assert any(r.get("host") == "allowed.test" and r.get("allowed") for r in _audit(srv))
+    finally:
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
 # -- secrets, hooks, narrowing ----------------------------------------------------------------------
 
 
