@@ -529,6 +529,43 @@ async def test_shell_run_background_and_pty_commands_get_the_proxy_too(server: S
         assert b"hello from allowed.test" in proc.output().stdout
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_mcp_peer_sees_a_refused_connection_explained(places: dict[str, pathlib.Path], http_port: int,
+                                                               transport: str) -> None:
+    """Through `serve --mcp` (the official SDK client): the shell result names each refused
+    connection (structuredContent ``egress_refused`` and a text line, for a client that shows the
+    model no notification), the proxy's 403 is on the command's stderr, and the refusal's LogEvent
+    arrives as a ``notifications/message`` at warning level."""
+    from .test_mcp import connect
+
+    where = places["state"] / f"mcp-{transport}"
+    where.mkdir(exist_ok=True)
+    notes: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        notes.append(params)
+
+    async with connect(transport, where, "--network", "allow", "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32",
+                       "--egress-resolve", "allowed.test=127.0.0.1", "--egress-resolve", "other.test=127.0.0.1",
+                       logging_callback=on_log) as client:
+        result = await client.call_tool("shell", {"command": f"curl -sS http://other.test:{http_port}/hello"})
+        sc = result.structured_content
+        assert sc is not None and result.is_error is False  # curl printed the 403 page and exited 0
+        assert "smith-fast egress: refused other.test" in sc["stdout"] and "not in --egress-allow" in sc["stdout"], sc
+        assert sc["egress_refused"] == [{"host": "other.test", "port": str(http_port), "rule": "not-allowed",
+                                         "message": f"egress refused: other.test:{http_port}: not in --egress-allow"}], sc
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert f"[network: egress refused: other.test:{http_port}: not in --egress-allow (rule not-allowed)]" in text, text
+        failed = await client.call_tool("shell", {"command": f"curl -sSf http://other.test:{http_port}/hello"})
+        assert failed.is_error and "403" in failed.structured_content["stderr"]  # type: ignore[index]
+        allowed = await client.call_tool("shell", {"command": f"curl -sSf http://allowed.test:{http_port}/hello"})
+        assert allowed.structured_content is not None and allowed.structured_content["egress_refused"] == []
+        assert allowed.structured_content["stdout"] == "hello from allowed.test\n"
+    refusals = [n for n in notes if isinstance(n.data, dict) and n.data.get("reason") == "egress_refused"]
+    assert len(refusals) == 2 and all(n.level == "warning" and n.data["host"] == "other.test" and n.data["rule"] == "not-allowed"
+                                      and n.data["requestId"] is not None for n in refusals), notes
+
+
 # -- start-up ----------------------------------------------------------------------------------------
 
 

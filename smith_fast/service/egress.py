@@ -65,6 +65,9 @@ EGRESS_ALLOW_KEY = "smith_fast.egress_allow"
 NO_PROXY = "localhost,127.0.0.1,::1"
 """What a command reaches without the proxy: its own loopback (a server it started itself)."""
 
+EGRESS_REFUSED = "egress_refused"
+"""A refusal's ``LogEvent.fields["reason"]`` (with ``host``, ``port``, ``rule``): what a front explains it by."""
+
 _audit = get_logger("smith_fast.audit")
 # Each connection's task (a request's listener outlives no process, but its closing does not wait).
 _following: set[asyncio.Task[None]] = set()
@@ -214,7 +217,7 @@ class RequestObserver:
         where = f"{attempt.host}:{attempt.port}" if ":" not in attempt.host else f"[{attempt.host}]:{attempt.port}"
         self._sink.log(
             pb.LOG_LEVEL_WARN, f"egress refused: {where}: {verdict.reason}", self._rid,
-            {"reason": "egress_refused", "host": attempt.host, "port": str(attempt.port), "rule": verdict.rule},
+            {"reason": EGRESS_REFUSED, "host": attempt.host, "port": str(attempt.port), "rule": verdict.rule},
         )
 
     def closed(self, record: Record) -> None:
