@@ -279,8 +279,9 @@ class ProxyConnection:
         else:
             assert self.reader is not None
             pairs = policy.substitutions(attempt.host, attempt.port)
-            self.pending.insert(0, forward_head(self.reader, self.target, pairs))
-            self.echoed = tuple((value, placeholder) for placeholder, value in pairs)
+            head, encoded = forward_head(self.reader, self.target, pairs)
+            self.pending.insert(0, head)
+            self.echoed = tuple((value, placeholder) for placeholder, value in pairs) + encoded
         self.phase = RELAY
 
     async def _dial(self, addresses: list[IPAddress], port: int) -> tuple[socket.socket, IPAddress]:
