@@ -27,7 +27,7 @@ from .rules import IPAddress, parse_address
 from .limits import EgressLimits
 from .policy import EgressPolicy
 from .resolver import Resolver
-from .splice import Pump
+from .splice import DOWN_PIPE_SIZE, Pump
 
 __all__ = ["ProxyConnection", "ConnectionHost"]
 
@@ -326,14 +326,14 @@ class ProxyConnection:
                 if self.echoed:
                     await self._redacted_response()
                 elif await self._response_head():
-                    self.down_pump = Pump(self.loop, upstream, self.client, self)
+                    self.down_pump = Pump(self.loop, upstream, self.client, self, DOWN_PIPE_SIZE)
                     error = await self.down_pump.done
                     if error is not None:
                         raise error
             finally:
                 body.cancel()
             return
-        self.down_pump = Pump(self.loop, upstream, self.client, self)
+        self.down_pump = Pump(self.loop, upstream, self.client, self, DOWN_PIPE_SIZE)
         self.up_pump = Pump(self.loop, self.client, upstream, self)
         pending = {self.up_pump.done, self.down_pump.done}
         while pending:
