@@ -27,7 +27,8 @@ also bounds the hook), ``connect_timeout`` (10 s to resolve and connect, else 50
 per served listener; more are closed at accept, with a ``limit`` Record).
 
 Relaying is zero-copy (:mod:`~smith_fast.egress.splice`: ``splice(2)`` through a pipe, driven by
-the loop); see ``bench/bench_egress.py`` for what it costs against a direct download.
+the loop); see ``bench/bench_egress.py`` for what it costs against a direct download, and
+``bench/bench_egress_relay.py`` for the variants measured against it.
 
 The seam with the service (egs): :class:`EgressPolicy` (``from_options``, ``narrowed``,
 ``placeholders``, ``redact``), :class:`EgressProxy` (``serve`` a listening socket with an
