@@ -15,7 +15,7 @@ what compares on a shared machine):
 * ``egress-download``: ``curl`` in a sandboxed command fetching :data:`DOWNLOAD` bytes from a
   ``python3 -m http.server`` of the host: ``on`` straight from the host's network, ``allow``
   through the listener of its namespace and the real :class:`~smith_fast.egress.EgressProxy` on this
-  process's loop (the issue asks for >= 0.8x of ``on``);
+  process's loop (the target: >= 0.8x of ``on``);
 * ``egress-download-served``: the same curl as a ShellExec of two real ``smith-fast serve``
   processes, ``--network on`` and ``--network allow``, one download of each per round (interleaved,
   so that the load of others on the machine falls on both alike). The summary gives the median of
@@ -109,7 +109,7 @@ def _lines() -> Iterator[str]:
         for network, rounds in _served.items():
             yield (f"  {network:10} request {DOWNLOAD / statistics.median(r[0] for r in rounds) / 1e6:6.0f} MB/s, "
                    f"curl's transfer {statistics.median(r[1] for r in rounds) / 1e6:6.0f} MB/s")
-        yield f"  allow/on: request {wall:4.2f}x, curl's transfer {speed:4.2f}x (the issue asks for >= 0.8x)"
+        yield f"  allow/on: request {wall:4.2f}x, curl's transfer {speed:4.2f}x (target >= 0.8x)"
 
 
 async def _run(network: str, command: str, collect: list[bytes] | None = None) -> int:
