@@ -639,6 +639,24 @@ async def test_the_proxys_bounds_are_options(places: dict[str, pathlib.Path], ht
     assert any(r.get("rule") == "head-too-large" for r in _audit(srv))
 
 
+def test_every_bound_reaches_the_proxy() -> None:
+    """The five options, each set apart from its default, are the proxy's EgressLimits (the serve test
+    above shows four at work; the connect timeout needs a destination that never answers)."""
+    from smith_fast.egress import EgressLimits
+    from smith_fast.errors import EgressRuleError
+    from smith_fast.service.config import Limits, ServiceConfig
+    from smith_fast.service.egress import EgressHub
+
+    limits = Limits(egress_max_head=1000, egress_handshake_timeout=1.5, egress_connect_timeout=2.5, egress_idle_timeout=0.0,
+                    egress_max_connections=7)
+    hub = EgressHub(ServiceConfig(network="allow", limits=limits))
+    assert hub.proxy.limits == EgressLimits(max_head=1000, handshake_timeout=1.5, connect_timeout=2.5, idle_timeout=0.0,
+                                            max_connections=7)
+    assert EgressLimits.within(0.0) is None and EgressLimits.within(2.5) == 2.5  # 0: no timeout
+    with pytest.raises(EgressRuleError):
+        EgressHub(ServiceConfig(network="allow", limits=Limits(egress_max_connections=0)))
+
+
 def test_the_worker_takes_the_same_options() -> None:
     done = subprocess.run([PY, "-m", "smith_fast", "worker", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
