@@ -69,11 +69,15 @@ class Recorder:
         self.records.append(record)
 
 
+SEEN_HEADS: list[bytes] = []  # every request head an origin got, as it got it
+
+
 async def origin_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A tiny origin: answers each request with its own head and body as the response body
     (``/big?N``: N bytes), then closes."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
+        SEEN_HEADS.append(head)
         body = b""
         lower = head.lower()
         if b"content-length:" in lower:
@@ -417,10 +421,14 @@ def test_secret_substituted_for_its_host_only(run: Any) -> None:
         assert placeholder.startswith("smith-egress-secret-") and len(placeholder) == len("smith-egress-secret-") + 24
         assert SECRET not in placeholder
         header = ("-H", f"Authorization: Bearer {placeholder}")
+        # the host gets the value; echoed back, it reaches the client as the placeholder again
         code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/simple/", *header)
-        assert code == 200 and f"Bearer {SECRET}".encode() in text and placeholder.encode() not in text
+        assert f"Bearer {SECRET}".encode() in SEEN_HEADS[-1] and b"Accept-Encoding: identity" in SEEN_HEADS[-1]
+        assert code == 200 and f"Bearer {placeholder}".encode() in text and SECRET.encode() not in text
         code, text, _ = await env.curl(f"http://pypi.test:{env.origin}/simple/", "-u", f"user:{placeholder}")
-        assert base64.b64encode(f"user:{SECRET}".encode()) in text
+        assert base64.b64encode(f"user:{SECRET}".encode()) in SEEN_HEADS[-1]
+        # echoed back, the Basic token is the client's own again (the value in base64 would be the value)
+        assert base64.b64encode(f"user:{placeholder}".encode()) in text and base64.b64encode(f"user:{SECRET}".encode()) not in text
         for url, extra in ((f"http://other.test:{env.origin}/", ()), (f"http://pypi.test:{env.origin}/", ("--proxytunnel",))):
             code, text, _ = await env.curl(url, *header, *extra)
             # another host, or HTTPS-like CONNECT (opaque): the placeholder goes through unchanged

@@ -23,6 +23,7 @@ import socketserver
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -60,7 +61,34 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if self.path in ("/echo-chunked", "/echo-length"):
+            self._echo(self.path == "/echo-chunked")
+            return
         super().do_GET()
+
+    def _echo(self, chunked: bool) -> None:
+        """The Authorization header echoed back in a header and twice in the body, written in
+        pieces cut inside the value (in the head, a chunk's size line and the body), each its own
+        segment: the proxy reads the value in parts."""
+        _Handler.seen.append(dict(self.headers.items()))
+        value = self.headers["Authorization"].encode()
+        half = len(value) // 2
+        text = b"got " + value + b" and " + value + b"\n"
+        if chunked:
+            body = (b"%x\r\n%b\r\n" % (8 + half, text[:8 + half]) + b"%x\r\n%b\r\n" % (len(text) - 8 - half, text[8 + half:])
+                    + b"0\r\n\r\n")
+            framing = b"Transfer-Encoding: chunked\r\n"
+        else:
+            body, framing = text, b"Content-Length: %d\r\n" % len(text)
+        raw = b"HTTP/1.1 200 OK\r\nX-Echo: " + value + b"\r\n" + framing + b"\r\n" + body
+        first = raw.index(value)
+        cuts = [first + 3, first + half, raw.index(b"\r\n\r\n") + 5, len(raw) - len(value) + 1, len(raw) - 3]
+        at = 0
+        for cut in cuts + [len(raw)]:
+            self.wfile.write(raw[at:cut])
+            self.wfile.flush()
+            time.sleep(0.03)
+            at = cut
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -342,6 +370,51 @@ async def test_a_unix_socket_outside_the_workspace_is_refused(server: ServerProc
         assert code == 0 and out == "own\nfrom a thread too\n", err
 
 
+_OWN_SOCKET = """import os, socket, sys, threading
+s = socket.socket(socket.AF_UNIX); s.bind("own.sock"); s.listen()
+threading.Thread(target=lambda: s.accept()[0].sendall(b"own"), daemon=True).start()
+c = socket.socket(socket.AF_UNIX); c.connect(os.path.abspath("own.sock")); print(c.recv(10).decode(), os.getcwd())
+outside = socket.socket(socket.AF_UNIX)
+try:
+    outside.connect(sys.argv[1]); print(outside.recv(100))
+except OSError as e:
+    print(e.errno)
+"""
+
+
+async def test_a_workspace_session_gets_the_proxy_and_its_own_sockets(places: dict[str, pathlib.Path], http_port: int,
+                                                                      host_socket: str) -> None:
+    """--workspaces with --network allow: a command of a workspace session reaches an allowed host and
+    is refused a denied one; the unix guard lets it connect to a socket made in its workspace (the
+    session's own directory, not --root) and refuses one outside."""
+    state = places["state"] / "ws"
+    state.mkdir(exist_ok=True)
+    srv = ServerProcess(
+        state, "--workspaces", str(state / "workspaces"), "--network", "allow",
+        "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32",
+        "--egress-resolve", "allowed.test=127.0.0.1", "--egress-resolve", "other.test=127.0.0.1",
+        root=places["root"], env={"HOME": str(places["home"])},
+    ).start()
+    try:
+        async with await Client.connect(srv.unix) as client:
+            ready = await client.handshake(["shell_exec", "workspaces"])
+            workspace = ready.service_info["smith_fast.workspace"]
+            assert ready.service_info["smith_fast.network"] == "allow" and workspace
+            code, out, err, _ = await _run(client, f"curl -sSf http://allowed.test:{http_port}/hello")
+            assert code == 0 and out == "hello from allowed.test\n", err
+            code, out, err, logs = await _run(client, f"curl -sSf http://other.test:{http_port}/hello")
+            assert code != 0 and "hello" not in out
+            assert any(log.fields.get("rule") == "not-allowed" and log.fields.get("host") == "other.test" for log in logs), logs
+            code, out, err, _ = await _run(client, f"cat > own.py <<'EOF'\n{_OWN_SOCKET}EOF\n{PY} own.py {host_socket}; rm -f own.sock")
+            assert code == 0, (out, err)
+            own, refused = out.splitlines()
+            assert own.split()[0] == "own" and refused == "13", out  # EACCES outside the workspace
+            assert not (places["root"] / "own.py").exists()  # it ran in the session's workspace, not --root
+        assert any(r.get("host") == "allowed.test" and r.get("allowed") for r in _audit(srv))
+    finally:
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
 # -- secrets, hooks, narrowing ----------------------------------------------------------------------
 
 
@@ -354,9 +427,9 @@ async def test_a_secret_reaches_its_host_and_nowhere_else(server: ServerProcess,
         placeholder = next(line.split("=", 1)[1] for line in out.splitlines() if line.startswith("API_TOKEN="))
         assert placeholder and placeholder != SECRET
         assert "HTTP_PROXY=http://127.0.0.1:3128" in out and "http_proxy=http://127.0.0.1:3128" in out
-        # to its host: the real value arrives, and echoed back it is redacted in the output
+        # to its host: the real value arrives, and echoed back the proxy puts the placeholder back
         code, out, err, _ = await _run(client, f"curl -sS -H \"Authorization: Bearer $API_TOKEN\" http://allowed.test:{http_port}/headers")
-        assert code == 0 and SECRET not in out and "[secret API_TOKEN]" in out, (out, err)
+        assert code == 0 and SECRET not in out and json.loads(out)["Authorization"] == f"Bearer {placeholder}", (out, err)
         assert _Handler.seen[-1]["Authorization"] == f"Bearer {SECRET}"
         # to another destination (the same server by its address): the placeholder, never the value
         code, out, err, _ = await _run(
@@ -364,6 +437,53 @@ async def test_a_secret_reaches_its_host_and_nowhere_else(server: ServerProcess,
         assert code == 0 and placeholder in out, (out, err)
         assert _Handler.seen[-1]["Authorization"] == f"Bearer {placeholder}"
     assert not any(SECRET in json.dumps(r) for r in _audit(server))
+
+
+@pytest.mark.parametrize("path", ["/echo-chunked", "/echo-length"])
+async def test_a_host_echoing_the_secret_in_pieces_gives_the_command_its_placeholder(
+        server: ServerProcess, http_port: int, path: str) -> None:
+    """The command never holds the value: the proxy reads the response of a host that got secrets
+    and puts each placeholder back, across reads and chunks (the output's own redaction, which
+    would say ``[secret API_TOKEN]``, has nothing to do)."""
+    _Handler.seen.clear()
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        code, out, err, _ = await _run(client, "printenv API_TOKEN")
+        placeholder = out.strip()
+        code, out, err, _ = await _run(
+            client, f"curl -sS -D /dev/stderr -H \"Authorization: Bearer $API_TOKEN\" http://allowed.test:{http_port}{path}")
+        assert code == 0, err
+        assert _Handler.seen[-1]["Authorization"] == f"Bearer {SECRET}"  # the real value went out and came back
+        assert out == f"got Bearer {placeholder} and Bearer {placeholder}\n", (out, err)
+        assert f"X-Echo: Bearer {placeholder}" in err and SECRET not in err and "[secret" not in out + err, err
+        assert "Connection: close" in err and "Transfer-Encoding" not in err and "Content-Length" not in err, err
+
+
+async def test_a_value_split_across_reads_of_the_output_is_redacted(server: ServerProcess, places: dict[str, pathlib.Path]) -> None:
+    """A command that found the value elsewhere (a file here) and prints it in two writes, a pause
+    between: two reads of its pipe, each with half the value; stdout, stderr and a terminal alike."""
+    (places["root"] / "found.txt").write_text(SECRET)
+    script = ("import sys, time\n"
+              "value = open('found.txt').read()\n"
+              "for out in (sys.stdout, sys.stderr):\n"
+              "    out.write('a ' + value[:7]); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[7:] + ' b ' + value[:3]); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[3:] + ' c prompt> '); out.flush(); time.sleep(0.2)\n"
+              "    out.write(value[:5])\n")  # the stream ends on the value's start: given out at the end
+    (places["root"] / "split.py").write_text(script)
+    try:
+        async with await Client.connect(server.unix) as client:
+            await client.handshake()
+            code, out, err, _ = await _run(client, f"{PY} split.py")
+            want = f"a [secret API_TOKEN] b [secret API_TOKEN] c prompt> {SECRET[:5]}"
+            assert code == 0 and out == want and err == want, (out, err)
+            proc = await client.start(f"{PY} split.py 2>&1", pty=(24, 80))
+            assert await proc.wait() == 0
+            shown = proc.output().stdout.decode()
+            assert SECRET not in shown and shown.count("[secret API_TOKEN]") == 4, shown
+    finally:
+        (places["root"] / "found.txt").unlink()
+        (places["root"] / "split.py").unlink()
 
 
 async def test_a_before_connect_hook_blocks_a_host(server: ServerProcess, http_port: int) -> None:
@@ -409,6 +529,43 @@ async def test_shell_run_background_and_pty_commands_get_the_proxy_too(server: S
         assert b"hello from allowed.test" in proc.output().stdout
 
 
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_an_mcp_peer_sees_a_refused_connection_explained(places: dict[str, pathlib.Path], http_port: int,
+                                                               transport: str) -> None:
+    """Through `serve --mcp` (the official SDK client): the shell result names each refused
+    connection (structuredContent ``egress_refused`` and a text line, for a client that shows the
+    model no notification), the proxy's 403 is on the command's stderr, and the refusal's LogEvent
+    arrives as a ``notifications/message`` at warning level."""
+    from .test_mcp import connect
+
+    where = places["state"] / f"mcp-{transport}"
+    where.mkdir(exist_ok=True)
+    notes: list[Any] = []
+
+    async def on_log(params: Any) -> None:
+        notes.append(params)
+
+    async with connect(transport, where, "--network", "allow", "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32",
+                       "--egress-resolve", "allowed.test=127.0.0.1", "--egress-resolve", "other.test=127.0.0.1",
+                       logging_callback=on_log) as client:
+        result = await client.call_tool("shell", {"command": f"curl -sS http://other.test:{http_port}/hello"})
+        sc = result.structured_content
+        assert sc is not None and result.is_error is False  # curl printed the 403 page and exited 0
+        assert "smith-fast egress: refused other.test" in sc["stdout"] and "not in --egress-allow" in sc["stdout"], sc
+        assert sc["egress_refused"] == [{"host": "other.test", "port": str(http_port), "rule": "not-allowed",
+                                         "message": f"egress refused: other.test:{http_port}: not in --egress-allow"}], sc
+        text = result.content[0].text  # type: ignore[union-attr]
+        assert f"[network: egress refused: other.test:{http_port}: not in --egress-allow (rule not-allowed)]" in text, text
+        failed = await client.call_tool("shell", {"command": f"curl -sSf http://other.test:{http_port}/hello"})
+        assert failed.is_error and "403" in failed.structured_content["stderr"]  # type: ignore[index]
+        allowed = await client.call_tool("shell", {"command": f"curl -sSf http://allowed.test:{http_port}/hello"})
+        assert allowed.structured_content is not None and allowed.structured_content["egress_refused"] == []
+        assert allowed.structured_content["stdout"] == "hello from allowed.test\n"
+    refusals = [n for n in notes if isinstance(n.data, dict) and n.data.get("reason") == "egress_refused"]
+    assert len(refusals) == 2 and all(n.level == "warning" and n.data["host"] == "other.test" and n.data["rule"] == "not-allowed"
+                                      and n.data["requestId"] is not None for n in refusals), notes
+
+
 # -- start-up ----------------------------------------------------------------------------------------
 
 
@@ -427,10 +584,84 @@ def test_a_secret_from_an_unset_variable_refuses_to_start(places: dict[str, path
     assert "EGS_UNSET_VARIABLE" in str(info.value) and "Traceback" not in str(info.value)
 
 
+_BOUNDS_SCRIPT = """
+import socket, sys, time
+port = int(sys.argv[1])
+# a tunnel that carries nothing: closed by the proxy after --egress-idle-timeout
+tunnel = socket.create_connection(("127.0.0.1", 3128))
+tunnel.sendall(b"CONNECT allowed.test:%d HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n" % port)
+assert tunnel.recv(1024).startswith(b"HTTP/1.1 200"), "no tunnel"
+start = time.monotonic()
+assert tunnel.recv(1024) == b""
+print("idle closed after %.1f" % (time.monotonic() - start))
+# a client that names nothing: closed after --egress-handshake-timeout
+silent = socket.create_connection(("127.0.0.1", 3128))
+start = time.monotonic()
+assert silent.recv(1024) == b""
+print("silent closed after %.1f" % (time.monotonic() - start))
+# connections over --egress-max-connections are closed at accept
+held = [socket.create_connection(("127.0.0.1", 3128)) for _ in range(2)]
+extra = socket.create_connection(("127.0.0.1", 3128))
+extra.settimeout(5)
+print("third:", extra.recv(1024) == b"")
+"""
+
+
+async def test_the_proxys_bounds_are_options(places: dict[str, pathlib.Path], http_port: int, echo_port: int) -> None:
+    """--egress-max-head, --egress-idle-timeout, --egress-handshake-timeout and --egress-max-connections
+    applied by a real serve: each bound far below its default, so only the option explains what is seen."""
+    (places["state"] / "bounds").mkdir(exist_ok=True)
+    srv = ServerProcess(
+        places["state"] / "bounds", "--network", "allow",
+        "--egress-allow", "allowed.test", "--egress-allow", "127.0.0.1/32", "--egress-resolve", "allowed.test=127.0.0.1",
+        "--egress-max-head", "2k", "--egress-idle-timeout", "700ms", "--egress-handshake-timeout", "700ms",
+        "--egress-max-connections", "2", root=places["root"], env={"HOME": str(places["home"])},
+    ).start()
+    (places["root"] / "bounds.py").write_text(_BOUNDS_SCRIPT)
+    try:
+        async with await Client.connect(srv.unix) as client:
+            await client.handshake()
+            code, out, err, _ = await _run(client, f"curl -sS -H 'X-Pad: {'a' * 1000}' http://allowed.test:{http_port}/hello")
+            assert code == 0 and out == "hello from allowed.test\n", err
+            code, out, err, logs = await _run(
+                client, f"curl -sS -o /dev/null -w '%{{http_code}}' -H 'X-Pad: {'a' * 3000}' http://allowed.test:{http_port}/hello")
+            assert out == "431", (out, err)
+            code, out, err, logs = await _run(client, f"{PY} bounds.py {echo_port}")
+            assert code == 0, (out, err)
+            idle, silent, third = out.splitlines()
+            assert 0.5 < float(idle.split()[-1]) < 3 and 0.5 < float(silent.split()[-1]) < 3, out
+            assert third == "third: True", out
+            assert any(log.fields.get("rule") == "limit" for log in logs) or any(
+                r.get("rule") == "limit" for r in _audit(srv)), logs
+    finally:
+        (places["root"] / "bounds.py").unlink()
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+    assert any(r.get("rule") == "head-too-large" for r in _audit(srv))
+
+
+def test_every_bound_reaches_the_proxy() -> None:
+    """The five options, each set apart from its default, are the proxy's EgressLimits (the serve test
+    above shows four at work; the connect timeout needs a destination that never answers)."""
+    from smith_fast.egress import EgressLimits
+    from smith_fast.errors import EgressRuleError
+    from smith_fast.service.config import Limits, ServiceConfig
+    from smith_fast.service.egress import EgressHub
+
+    limits = Limits(egress_max_head=1000, egress_handshake_timeout=1.5, egress_connect_timeout=2.5, egress_idle_timeout=0.0,
+                    egress_max_connections=7)
+    hub = EgressHub(ServiceConfig(network="allow", limits=limits))
+    assert hub.proxy.limits == EgressLimits(max_head=1000, handshake_timeout=1.5, connect_timeout=2.5, idle_timeout=0.0,
+                                            max_connections=7)
+    assert EgressLimits.within(0.0) is None and EgressLimits.within(2.5) == 2.5  # 0: no timeout
+    with pytest.raises(EgressRuleError):
+        EgressHub(ServiceConfig(network="allow", limits=Limits(egress_max_connections=0)))
+
+
 def test_the_worker_takes_the_same_options() -> None:
     done = subprocess.run([PY, "-m", "smith_fast", "worker", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    for flag in ("--egress-allow", "--egress-deny", "--egress-secret", "--egress-resolve"):
+    for flag in ("--egress-allow", "--egress-deny", "--egress-secret", "--egress-resolve", "--egress-max-head",
+                 "--egress-handshake-timeout", "--egress-connect-timeout", "--egress-idle-timeout", "--egress-max-connections"):
         assert flag in done.stdout
     assert "allow" in done.stdout.split("--network", 1)[1][:200]
 

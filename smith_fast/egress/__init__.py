@@ -20,14 +20,15 @@ in this version. What is offered instead: substitution in plain HTTP, and
 A service that needs a credential over HTTPS should fetch through a plain-HTTP endpoint on a
 trusted network, or hand the command a token scoped for exposure.
 
-Bounds (:class:`EgressLimits`, one field per option the service may expose): ``max_head`` (64 KiB
+Bounds (:class:`EgressLimits`, one field per ``--egress-*`` option of serve and worker): ``max_head`` (64 KiB
 of request head or SOCKS5 handshake, else 431), ``handshake_timeout`` (10 s to name a destination;
 also bounds the hook), ``connect_timeout`` (10 s to resolve and connect, else 504 / SOCKS5 0x04),
 ``idle_timeout`` (300 s without a byte either way closes a tunnel), ``max_connections`` (256 at once
 per served listener; more are closed at accept, with a ``limit`` Record).
 
 Relaying is zero-copy (:mod:`~smith_fast.egress.splice`: ``splice(2)`` through a pipe, driven by
-the loop); see ``bench/bench_egress.py`` for what it costs against a direct download.
+the loop); see ``bench/bench_egress.py`` for what it costs against a direct download, and
+``bench/bench_egress_relay.py`` for the variants measured against it.
 
 The seam with the service (egs): :class:`EgressPolicy` (``from_options``, ``narrowed``,
 ``placeholders``, ``redact``), :class:`EgressProxy` (``serve`` a listening socket with an

@@ -9,7 +9,8 @@ which closes both sockets and gives the one Record.
 
 A forwarded plain-HTTP request is the exception in one direction: its body goes through llhttp
 (the head is rewritten, the body is re-framed, nothing after the request is forwarded); its
-response is spliced like a tunnel, and the connection ends with it.
+response is spliced like a tunnel (read by :class:`~.http_response.ResponseRedactor` instead when
+its host got secrets), and the connection ends with it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Protocol
 from . import socks5
 from .attempts import Attempt, Observer, Record, Verdict, Via
 from .http_proxy import RequestReader, Target, answer, closing_heads, forward_head, parse_absolute, parse_authority
+from .http_response import ResponseRedactor
 from .rules import IPAddress, parse_address
 from .limits import EgressLimits
 from .policy import EgressPolicy
 from .resolver import Resolver
-from .splice import Pump
+from .splice import DOWN_PIPE_SIZE, Pump
 
 __all__ = ["ProxyConnection", "ConnectionHost"]
 
@@ -80,6 +82,7 @@ class ProxyConnection:
         self.verdict = Verdict(False, "bad-request", "no request")
         self.address: str | None = None
         self.forwarding = False   # a plain-HTTP request: body through the reader, the end with its response
+        self.echoed: tuple[tuple[bytes, bytes], ...] = ()  # (value, placeholder) of the secrets its host got
         self.pending: list[bytes] = []  # client bytes for upstream (a body, bytes after a head)
         self.out: list[bytes] = []      # the proxy's answers to the client, sent after each read
         self.up = 0
@@ -234,7 +237,7 @@ class ProxyConnection:
         verdict = policy.screen(attempt)
         if verdict is None:
             try:
-                said = await asyncio.wait_for(served.observer.before_connect(attempt), limits.handshake_timeout)
+                said = await asyncio.wait_for(served.observer.before_connect(attempt), limits.within(limits.handshake_timeout))
             except Exception as exc:  # a hook that fails refuses: never a connection no one decided on
                 said = Verdict(False, "hook-failed", f"the beforeConnect hook failed ({type(exc).__name__})")
             verdict = said if said is not None else policy.allows(attempt)
@@ -247,7 +250,7 @@ class ProxyConnection:
             addresses = [literal]
         else:
             try:
-                texts = await asyncio.wait_for(served.resolver.resolve(attempt.host), limits.connect_timeout)
+                texts = await asyncio.wait_for(served.resolver.resolve(attempt.host), limits.within(limits.connect_timeout))
             except asyncio.TimeoutError:
                 self._fail(attempt.via, Verdict(False, "timeout", f"resolving {attempt.host} timed out"))
                 return
@@ -260,7 +263,8 @@ class ProxyConnection:
             self._fail(attempt.via, refusal)
             return
         try:
-            self.upstream, address = await asyncio.wait_for(self._dial(addresses, attempt.port), limits.connect_timeout)
+            self.upstream, address = await asyncio.wait_for(self._dial(addresses, attempt.port),
+                                                            limits.within(limits.connect_timeout))
         except asyncio.TimeoutError:
             self._fail(attempt.via, Verdict(False, "timeout", f"connecting to {attempt.host} timed out"))
             return
@@ -274,8 +278,10 @@ class ProxyConnection:
             self.out.append(socks5.reply(socks5.SUCCEEDED))
         else:
             assert self.reader is not None
-            head = forward_head(self.reader, self.target, policy.substitutions(attempt.host, attempt.port))
+            pairs = policy.substitutions(attempt.host, attempt.port)
+            head, encoded = forward_head(self.reader, self.target, pairs)
             self.pending.insert(0, head)
+            self.echoed = tuple((value, placeholder) for placeholder, value in pairs) + encoded
         self.phase = RELAY
 
     async def _dial(self, addresses: list[IPAddress], port: int) -> tuple[socket.socket, IPAddress]:
@@ -317,15 +323,17 @@ class ProxyConnection:
             # destination closes: Connection: close) ends the connection
             body = self.loop.create_task(self._forward_body())
             try:
-                if await self._response_head():
-                    self.down_pump = Pump(self.loop, upstream, self.client, self)
+                if self.echoed:
+                    await self._redacted_response()
+                elif await self._response_head():
+                    self.down_pump = Pump(self.loop, upstream, self.client, self, DOWN_PIPE_SIZE)
                     error = await self.down_pump.done
                     if error is not None:
                         raise error
             finally:
                 body.cancel()
             return
-        self.down_pump = Pump(self.loop, upstream, self.client, self)
+        self.down_pump = Pump(self.loop, upstream, self.client, self, DOWN_PIPE_SIZE)
         self.up_pump = Pump(self.loop, self.client, upstream, self)
         pending = {self.up_pump.done, self.down_pump.done}
         while pending:
@@ -359,6 +367,23 @@ class ProxyConnection:
                     self.down += len(data)
                     await self.loop.sock_sendall(self.client, data)
                 return True
+
+    async def _redacted_response(self) -> None:
+        """The response of a host that got secrets, read instead of spliced: each value it echoes
+        reaches the client as its placeholder (:class:`~.http_response.ResponseRedactor`)."""
+        assert self.upstream is not None
+        redactor = ResponseRedactor(self.echoed, self.served.limits.max_head)
+        while not redactor.done:
+            data = await self.loop.sock_recv(self.upstream, _READ)
+            self.quiet = 0
+            out = redactor.feed(data) if data else redactor.end()
+            if out is None:
+                return  # no HTTP response: nothing unread is passed on
+            if out:
+                self.down += len(out)
+                await self.loop.sock_sendall(self.client, out)
+            if not data:
+                return
 
     async def _forward_body(self) -> None:
         reader = self.reader

@@ -148,40 +148,55 @@ class RequestReader:
             self._on_body(b"0\r\n\r\n")
 
 
-def _substitute_basic(value: bytes, pairs: tuple[tuple[bytes, bytes], ...]) -> bytes:
+def _substitute_basic(value: bytes, pairs: tuple[tuple[bytes, bytes], ...]) -> tuple[bytes, tuple[bytes, bytes] | None]:
+    """``Authorization: Basic`` with the placeholders inside its token replaced, and (the token
+    sent, the client's token) when it changed."""
     scheme, _, token = value.partition(b" ")
     if scheme.lower() != b"basic":
-        return value
+        return value, None
     try:
         decoded = base64.b64decode(token.strip(), validate=True)
     except (binascii.Error, ValueError):
-        return value
+        return value, None
     changed = decoded
     for placeholder, secret in pairs:
         changed = changed.replace(placeholder, secret)
-    return value if changed == decoded else scheme + b" " + base64.b64encode(changed)
+    if changed == decoded:
+        return value, None
+    sent = base64.b64encode(changed)
+    return scheme + b" " + sent, (sent, token.strip())
 
 
-def forward_head(reader: RequestReader, target: Target, pairs: tuple[tuple[bytes, bytes], ...]) -> bytes:
+def forward_head(reader: RequestReader, target: Target, pairs: tuple[tuple[bytes, bytes], ...]
+                 ) -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
     """The head sent upstream: origin-form, Host from the URL, hop headers dropped, ``Connection:
     close``, and each placeholder of ``pairs`` replaced by its secret in header values (inside
-    ``Authorization: Basic`` too, where git and pip put a URL's password)."""
+    ``Authorization: Basic`` too, where git and pip put a URL's password). A request that carries
+    secrets asks for ``Accept-Encoding: identity``: its response is searched for them
+    (:mod:`~.http_response`), which a compressed body would hide. With the head: (the Basic token
+    sent, the client's own) for each token that changed, for the response to be searched for too
+    (a host that echoes the header would hand back the value in base64)."""
     host = target.host if ":" not in target.host else f"[{target.host}]"
     authority = host if target.port == 80 else f"{host}:{target.port}"
     lines = [b"%b %b HTTP/%b\r\nHost: %b\r\n" % (reader.method, target.path, reader.version, authority.encode())]
     upgrade = reader.upgraded
+    encoded: list[tuple[bytes, bytes]] = []
     for name, value in reader.headers:
         lower = name.lower()
-        if lower in _HOP:
+        if lower in _HOP or (pairs and lower == b"accept-encoding"):
             continue
         if pairs:
             for placeholder, secret in pairs:
                 value = value.replace(placeholder, secret)
             if lower == b"authorization":
-                value = _substitute_basic(value, pairs)
+                value, token = _substitute_basic(value, pairs)
+                if token is not None:
+                    encoded.append(token)
         lines.append(b"%b: %b\r\n" % (name, value))
+    if pairs:
+        lines.append(b"Accept-Encoding: identity\r\n")
     lines.append(b"Connection: upgrade\r\n\r\n" if upgrade else b"Connection: close\r\n\r\n")
-    return b"".join(lines)
+    return b"".join(lines), tuple(encoded)
 
 
 _RESPONSE_HOP = (b"connection:", b"keep-alive:", b"proxy-connection:")

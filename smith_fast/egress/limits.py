@@ -1,4 +1,6 @@
-"""The egress proxy's bounds: one dataclass, its defaults the documented ones."""
+"""The egress proxy's bounds: one dataclass, its defaults the documented ones (``serve``'s
+``--egress-max-head``, ``--egress-handshake-timeout``, ``--egress-connect-timeout``,
+``--egress-idle-timeout``, ``--egress-max-connections``)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ class EgressLimits:
         connect_timeout: seconds to resolve and connect to the destination (504 / SOCKS5 0x04 after).
         idle_timeout: seconds a tunnel may carry nothing either way before both ends are closed.
         max_connections: connections at once per served listener; more are closed at accept.
+
+    A timeout of 0 is none (:meth:`within` gives what ``asyncio.wait_for`` takes).
     """
 
     max_head: int = 64 * 1024
@@ -25,3 +29,8 @@ class EgressLimits:
     connect_timeout: float = 10.0
     idle_timeout: float = 300.0
     max_connections: int = 256
+
+    @staticmethod
+    def within(seconds: float) -> float | None:
+        """A timeout as ``asyncio.wait_for`` takes it: None for 0 (none)."""
+        return seconds if seconds > 0 else None

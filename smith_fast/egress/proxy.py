@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 
@@ -47,9 +48,12 @@ class Served:
         self._tasks: set[asyncio.Task[None]] = set()
         listener.setblocking(False)
         limits = proxy.limits
-        self._tick = max(0.02, min(1.0, limits.handshake_timeout / 4, limits.idle_timeout / 4))
-        self._handshake_ticks = limits.handshake_timeout / self._tick
-        self._idle_ticks = limits.idle_timeout / self._tick
+        # a timeout of 0 is none: never reached in ticks, and no reason for a faster sweep
+        handshake = limits.handshake_timeout or math.inf
+        idle = limits.idle_timeout or math.inf
+        self._tick = max(0.02, min(1.0, handshake / 4, idle / 4))
+        self._handshake_ticks = handshake / self._tick
+        self._idle_ticks = idle / self._tick
         self._accepting = self._loop.create_task(self._accept())
         self._sweeper = self._loop.call_later(self._tick, self._sweep)
         self._closed = asyncio.Event()

@@ -119,6 +119,12 @@ class Limits:
         mcp_max_result_chars, mcp_default_timeout, mcp_max_timeout: the MCP ``shell`` tool's result
             budget in characters (head and tail kept, the whole output in a file), the timeout of a call
             that gives none, and the longest one a call may ask for (:mod:`smith_fast.mcp.results`).
+        egress_max_head, egress_handshake_timeout, egress_connect_timeout, egress_idle_timeout,
+            egress_max_connections: the egress proxy's bounds with ``--network allow``
+            (:class:`~smith_fast.egress.limits.EgressLimits`): bytes of a request head or SOCKS5
+            handshake, seconds to name a destination, to resolve and connect to it, a tunnel may
+            carry nothing, and connections at once through one command's listener; a timeout of 0
+            is none.
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -262,6 +268,21 @@ class Limits:
         help="without --workspaces: what one session's home, its HOME with the npm, pip, cargo and go caches, may hold, "
              "checked before each of its commands; a home found over it is emptied; 0 = no bound. With --workspaces the "
              "home is in the workspace's tmpfs, within --max-workspace-bytes")
+    egress_max_head: int = option(
+        64 * 1024, flag="--egress-max-head", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: a request head or SOCKS5 handshake to the egress proxy larger than this: 431, or closed")
+    egress_handshake_timeout: float = option(
+        10.0, flag="--egress-handshake-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: time a connection to the egress proxy has to name its destination, and a hook to decide; 0 = none")
+    egress_connect_timeout: float = option(
+        10.0, flag="--egress-connect-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: time the egress proxy may take to resolve and connect to a destination, then 504 or SOCKS5 0x04; 0 = none")
+    egress_idle_timeout: float = option(
+        300.0, flag="--egress-idle-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: a tunnel through the egress proxy that carries nothing either way this long is closed; 0 = never")
+    egress_max_connections: int = option(
+        256, flag="--egress-max-connections", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: connections at once through one command's egress listener; one more is closed at accept")
     record_max_bytes: int = option(
         256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="session recordings kept together; past it the oldest finished ones are removed (rotation), "

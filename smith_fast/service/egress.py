@@ -18,8 +18,10 @@ it did. The pieces, from the longest-lived:
   attempt first goes through the session's ``before_connect`` hooks (a block: rule ``hook:<id>``).
 
 Secrets: a command's environment holds the placeholders only; the real values are concealed in
-every log line (:func:`smith_fast.logs.conceal`) and replaced by ``[secret NAME]`` in the output of
-a command that echoes one back (:meth:`RequestEgress.redacting`).
+every log line (:func:`smith_fast.logs.conceal`), put back to their placeholders in the plain-HTTP
+responses of the hosts that got them (:mod:`smith_fast.egress.http_response`), and replaced by
+``[secret NAME]`` in the output of a command that prints one, across reads
+(:meth:`RequestEgress.redacting`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ EGRESS_ALLOW_KEY = "smith_fast.egress_allow"
 """The handshake's ``client_info`` key that narrows a session's allow-list (a comma list or a JSON list)."""
 NO_PROXY = "localhost,127.0.0.1,::1"
 """What a command reaches without the proxy: its own loopback (a server it started itself)."""
+
+EGRESS_REFUSED = "egress_refused"
+"""A refusal's ``LogEvent.fields["reason"]`` (with ``host``, ``port``, ``rule``): what a front explains it by."""
 
 _audit = get_logger("smith_fast.audit")
 # Each connection's task (a request's listener outlives no process, but its closing does not wait).
@@ -111,14 +116,20 @@ class EgressHub:
     """
 
     def __init__(self, config: ServiceConfig) -> None:
-        from ..egress import EgressPolicy, EgressProxy, OverrideResolver, SystemResolver, parse_overrides
+        from ..egress import EgressLimits, EgressPolicy, EgressProxy, OverrideResolver, SystemResolver, parse_overrides
 
         self.policy = EgressPolicy.from_options(config.egress_allow, config.egress_deny, config.egress_secrets)
         for secret in self.policy.secrets:
             logs.conceal(secret.value)  # a log line that quotes it (a command's text, a peer's message) shows <redacted>
         self._resolver: Resolver | None = (
             OverrideResolver(parse_overrides(config.egress_resolve), SystemResolver()) if config.egress_resolve else None)
-        self.proxy = EgressProxy(self.policy, resolver=self._resolver)
+        limits = config.limits
+        if limits.egress_max_head < 1 or limits.egress_max_connections < 1:
+            raise EgressRuleError("--egress-max-head and --egress-max-connections must be at least 1")
+        self.proxy = EgressProxy(self.policy, resolver=self._resolver, limits=EgressLimits(
+            max_head=limits.egress_max_head, handshake_timeout=limits.egress_handshake_timeout,
+            connect_timeout=limits.egress_connect_timeout, idle_timeout=limits.egress_idle_timeout,
+            max_connections=limits.egress_max_connections))
 
     def for_session(self, session_id: str, peer: str, allow: str | None) -> SessionEgress:
         """The egress of a session whose handshake gave ``allow`` (None: the operator's list as it is).
@@ -206,7 +217,7 @@ class RequestObserver:
         where = f"{attempt.host}:{attempt.port}" if ":" not in attempt.host else f"[{attempt.host}]:{attempt.port}"
         self._sink.log(
             pb.LOG_LEVEL_WARN, f"egress refused: {where}: {verdict.reason}", self._rid,
-            {"reason": "egress_refused", "host": attempt.host, "port": str(attempt.port), "rule": verdict.rule},
+            {"reason": EGRESS_REFUSED, "host": attempt.host, "port": str(attempt.port), "rule": verdict.rule},
         )
 
     def closed(self, record: Record) -> None:
@@ -249,14 +260,35 @@ class RequestEgress:
         """The command's proxy variables and secret placeholders (:func:`proxy_environment`)."""
         return proxy_environment(self._policy.placeholders())
 
-    def redacting(self, on_output: Callable[[int, bytes], None]) -> Callable[[int, bytes], None]:
-        """``on_output`` with every real secret value replaced (a command that echoes what the host
-        sent back). A value split across two reads is not caught: the proxy sends it to the right
-        host only, and a host that echoes credentials is rare; the placeholders are what a command holds."""
+    def redacting(self, on_output: Callable[[int, bytes], None]
+                  ) -> tuple[Callable[[int, bytes], None], Callable[[int], None] | None]:
+        """``on_output`` with every real secret value replaced by ``[secret NAME]`` (a command that
+        echoes what a host sent back, or found the value elsewhere), and the stream-end call that
+        gives out what was held back: a value split across two reads is held until it is whole
+        (:class:`~smith_fast.egress.redacting.StreamRedactor`, one per stream). Without secrets
+        ``on_output`` itself and None: the output path is not touched."""
         if not self._policy.secrets:
-            return on_output
-        redact = self._policy.redact_bytes
-        return lambda fd, data: on_output(fd, redact(data))
+            return on_output, None
+        from ..egress.redacting import StreamRedactor
+
+        pairs = tuple((s.value.encode(), f"[secret {s.name}]".encode()) for s in self._policy.secrets)
+        streams: dict[int, StreamRedactor] = {}
+
+        def redacted(fd: int, data: bytes) -> None:
+            redactor = streams.get(fd)
+            if redactor is None:
+                redactor = streams[fd] = StreamRedactor(pairs)
+            data = redactor.feed(data)
+            if data:
+                on_output(fd, data)
+
+        def ended(fd: int) -> None:
+            redactor = streams.pop(fd, None)
+            held = redactor.end() if redactor is not None else b""
+            if held:
+                on_output(fd, held)
+
+        return redacted, ended
 
     def follow(self, proc: ShellProcess) -> None:
         """The process runs: receive its listener and serve it until the process has ended."""

@@ -52,9 +52,10 @@ async def spawn(
             command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
             stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
         )
+    redacted, on_end = egress.redacting(on_output)
     try:
         proc = await ShellProcess.start(
-            command, shell=shell, cwd=cwd, env={**env, **egress.environment()}, on_output=egress.redacting(on_output),
+            command, shell=shell, cwd=cwd, env={**env, **egress.environment()}, on_output=redacted, on_end=on_end,
             sandbox=sandbox, stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
             egress_fd=egress.child_fd,
         )
