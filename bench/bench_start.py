@@ -177,7 +177,10 @@ class Starter:
     def once(self, root: pathlib.Path) -> tuple[float, float]:
         """One start: seconds from the spawn to the first answer and to the first call's answer."""
         argv = [part.format(python=sys.executable, root=root, repo=REPO) for part in self.argv]
-        env = {**os.environ, "SMITH_FAST_NO_EXTENSIONS": ""}
+        # bytecode cached, as an installed package has it (pip compiles it): without it each start
+        # compiles every module again (PYTHONDONTWRITEBYTECODE in a test environment)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["SMITH_FAST_NO_EXTENSIONS"] = ""
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 cwd=self.cwd, env=env)
