@@ -1,0 +1,118 @@
+"""Start-up of ``serve --mcp`` and ``serve --stdio``: what the way to the first answer leaves out,
+and that what it defers still comes when needed. Real servers, real processes; no timing asserted
+(``bench/bench_start.py`` measures it, side by side with the peers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from bench.bench_start import SCALES, STARTERS, measure
+from harness.server import ROOT
+from smith_fast.framing import FrameDecoder, encode_frame
+from smith_fast.pb import smith_pb2 as pb
+
+# Imported by nothing the first answers need: the other commands' parsers, the SDK client (replay
+# drives services with it), jsonschema (only for a value the built-in tools' fast check refuses),
+# importlib.metadata (only with a plug-in tool installed, or tracing's exporters asked for).
+NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.client", "smith_fast.nats.cli", "smith_fast.nats.auth",
+                "smith_fast.replay.replayer", "smith_fast.replay.diff", "smith_fast.replay.cli", "smith_fast.background_cli")
+
+
+@pytest.fixture
+def root() -> Iterator[pathlib.Path]:
+    with tempfile.TemporaryDirectory(prefix="smith-fast-start-", dir="/var/tmp") as tmp:
+        (pathlib.Path(tmp) / "small.txt").write_text("hello, start\n")
+        yield pathlib.Path(tmp)
+
+
+def _serve(root: pathlib.Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-X", "importtime", "-m", "smith_fast", "serve", *args, "--root", str(root),
+                             "--log-level", "warning"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=ROOT)
+
+
+def _imported(stderr: bytes) -> set[str]:
+    return {line.split("|")[-1].strip() for line in stderr.decode().splitlines() if line.startswith("import time:")}
+
+
+def test_mcp_answers_initialize_and_a_read_without_what_they_do_not_need(root: pathlib.Path) -> None:
+    proc = _serve(root, "--mcp")
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "fs.read", "arguments": {"path": "small.txt"}}}]
+    out, err = proc.communicate(b"".join(json.dumps(m).encode() + b"\n" for m in lines), timeout=60)
+    answers = {m["id"]: m for m in map(json.loads, out.splitlines()) if "id" in m}
+    assert answers[1]["result"]["serverInfo"]["name"] == "smith-fast"
+    assert answers[2]["result"]["isError"] is False and "hello, start" in json.dumps(answers[2]["result"])
+    imported = _imported(err)
+    assert "smith_fast.service.server" in imported  # the list is real
+    assert not imported & set(NOT_AT_START), sorted(imported & set(NOT_AT_START))
+
+
+def _envelope(command: pb.Command) -> bytes:
+    return encode_frame(pb.Envelope(command=command).SerializeToString())
+
+
+def test_stdio_v1_grants_the_hook_kinds_and_answers_without_what_it_does_not_need(root: pathlib.Path) -> None:
+    """rustc --version now runs while the service is imported: the Ready still grants Rust hooks
+    when rustc runs here (the test machine has one), as it did when the core waited for it."""
+    from smith_fast.hooks import available_kinds
+
+    proc = _serve(root, "--stdio", "--capabilities", "shell_exec,hooks_js,hooks_rust")
+    hello = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_HOOKS_RUST, pb.CAPABILITY_HOOKS_JS]))
+    read = pb.Command(tool_call=pb.ToolCallCommand(request_id="r1", tool="fs.read", args=b'{"path":"small.txt"}'))
+    out, err = proc.communicate(_envelope(hello) + _envelope(read), timeout=60)
+    events = [pb.Envelope.FromString(frame).event for frame in FrameDecoder().feed(out)]
+    ready = next(e.ready for e in events if e.WhichOneof("event_type") == "ready")
+    assert "rust" in available_kinds()  # else this test would prove nothing
+    assert pb.CAPABILITY_HOOKS_RUST in ready.capabilities
+    result = next(e.tool_result for e in events if e.WhichOneof("event_type") == "tool_result")
+    assert result.success and b"hello, start" in result.result
+    assert not _imported(err) & set(NOT_AT_START)
+
+
+def test_rustc_version_started_early_reads_the_same(tmp_path: pathlib.Path) -> None:
+    code = ("from smith_fast.hooks import rust_build as r; import sys; early = sys.argv[1] == 'early'\n"
+            "if early: r.start_rustc_version(); assert r._asked is not None or r.rustc_path() is None\n"
+            "print(r.rustc_version())")
+    answers = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+               for how in ("early", "late")}
+    assert answers["early"] == answers["late"] and answers["early"].startswith("rustc ")
+    broken = tmp_path / "rustc"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    env = {**os.environ, "SMITH_FAST_RUSTC": str(broken)}
+    out = subprocess.run([sys.executable, "-c", code, "early"], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    assert out.stdout.strip() == "None"
+
+
+def test_plug_in_discovery_looks_where_importlib_metadata_looks(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from smith_fast.tools.plugins import _may_declare
+
+    assert _may_declare("smith_fast.tests.nothing.declares.this") is False
+    dist = tmp_path / "demo_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo_plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[smith_fast.tests.nothing.declares.this]\nx = demo:X\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _may_declare("smith_fast.tests.nothing.declares.this") is True
+    # an egg or a zip on the path: not looked into here, so importlib.metadata decides
+    monkeypatch.syspath_prepend(str(tmp_path / "something.egg"))
+    assert _may_declare("another.group") is True
+
+
+def test_the_start_benchmark_runs_every_starter_once_side_by_side() -> None:
+    result = measure(SCALES["smoke"], lambda line: None, STARTERS)
+    assert set(result["contenders"]) == {"mcp", "v1", "mcp-sdk", "floor"}
+    for figures in result["contenders"].values():
+        assert len(figures["first answer ms"]["all"]) == SCALES["smoke"].reps
+        assert 0 < figures["first answer ms"]["median"] <= figures["first call ms"]["median"]
