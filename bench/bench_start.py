@@ -245,8 +245,7 @@ def measure(scale: StartScale, say: Callable[[str], None] | None = None,
         result["contenders"][name] = {key: {"median": summarize(values).median, "low": min(values),
                                             "high": max(values), "all": [round(v, 2) for v in values]}
                                       for key, values in figures.items()}
-    for line in render(result):
-        tell(line)
+    tell(f"{len(chosen)} starters x {scale.warmups + scale.reps} starts done")
     return result
 
 
@@ -280,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         wanted = {n.strip() for n in args.only.split(",")}
         chosen = [s for s in chosen if s.name in wanted]
-    result = measure(SCALES[args.scale], lambda line: print(line, flush=True), chosen)
+    result = measure(SCALES[args.scale], lambda line: print(line, file=sys.stderr, flush=True), chosen)
+    print("\n".join(render(result)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
