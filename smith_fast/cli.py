@@ -204,9 +204,10 @@ def _serve(args: argparse.Namespace) -> int:
     listen = listen_config(args)
     if not enter_workspaces(config, "serve"):  # before the import below: quickjs starts a thread when imported
         return 2
-    from .hooks.rust_build import start_rustc_version
+    if "hooks_rust" in (config.capabilities or ()):  # off by default: then rustc is never asked
+        from .hooks.rust_build import start_rustc_version
 
-    start_rustc_version()  # answers while the service is imported: its capabilities need it
+        start_rustc_version()  # answers while the service is imported: its capabilities need it
     from .service.server import serve
 
     return run_service("serve", lambda loop_name: serve(config, listen, loop_name=loop_name), args.loop)

@@ -116,3 +116,26 @@ def test_the_start_benchmark_runs_every_starter_once_side_by_side() -> None:
     for figures in result["contenders"].values():
         assert len(figures["first answer ms"]["all"]) == SCALES["smoke"].reps
         assert 0 < figures["first answer ms"]["median"] <= figures["first call ms"]["median"]
+
+
+def test_rustc_is_asked_only_when_rust_hooks_are_permitted(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """Rust hooks are off unless --capabilities lists them: a default start never runs rustc (15-40 ms
+    on the way to the first answer); one that permits them asks it, and grants them when it runs."""
+    asked = tmp_path / "asked"
+    rustc = tmp_path / "rustc"
+    rustc.write_text(f"#!/bin/sh\necho \"$@\" >> {asked}\necho 'rustc 1.99.0 (test)'\n")
+    rustc.chmod(0o755)
+    hello = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_HOOKS_RUST, pb.CAPABILITY_SHELL_EXEC]))
+    granted = {}
+    for label, extra in (("default", ()), ("permitted", ("--capabilities", "shell_exec,hooks_rust"))):
+        proc = subprocess.Popen([sys.executable, "-m", "smith_fast", "serve", "--stdio", *extra, "--root", str(root),
+                                 "--log-level", "warning"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "SMITH_FAST_RUSTC": str(rustc)})
+        out, _ = proc.communicate(_envelope(hello), timeout=60)
+        events = [pb.Envelope.FromString(frame).event for frame in FrameDecoder().feed(out)]
+        granted[label] = set(next(e.ready for e in events if e.WhichOneof("event_type") == "ready").capabilities)
+        if label == "default":
+            assert not asked.exists(), "rustc ran although Rust hooks are not permitted"
+    assert pb.CAPABILITY_SHELL_EXEC in granted["default"] and pb.CAPABILITY_HOOKS_RUST not in granted["default"]
+    assert pb.CAPABILITY_HOOKS_RUST in granted["permitted"]
+    assert asked.read_text().split() == ["--version"]  # once, early, and read when the core needed it

@@ -30,6 +30,7 @@ __all__ = [
     "JsHook",
     "RustHook",
     "available_kinds",
+    "kind_available",
     "default_cache_dir",
     "hook_action",
     "load_action",
@@ -43,6 +44,16 @@ KINDS = ("js", "rust")
 _SUFFIXES = {".js": "js", ".mjs": "js", ".rs": "rust"}
 
 
+# kind -> whether this machine can load hooks of it (each computed once per process)
+_AVAILABLE = {"js": engine_available, "rust": lambda: rustc_version() is not None}
+
+
+def kind_available(kind: str) -> bool:
+    """Whether this machine can load hooks of ``kind``: ``"js"`` if the QuickJS bindings import,
+    ``"rust"`` if ``rustc --version`` runs (some 15–40 ms the first time: ask only when it matters)."""
+    return _AVAILABLE[kind]()
+
+
 @functools.cache
 def available_kinds() -> frozenset[str]:
     """The hook kinds this machine can load (computed once per process).
@@ -50,12 +61,7 @@ def available_kinds() -> frozenset[str]:
     Returns:
         ``"js"`` if the QuickJS bindings import; ``"rust"`` if ``rustc --version`` runs.
     """
-    kinds = set()
-    if engine_available():
-        kinds.add("js")
-    if rustc_version() is not None:
-        kinds.add("rust")
-    return frozenset(kinds)
+    return frozenset(kind for kind in KINDS if kind_available(kind))
 
 
 async def load_hook(
