@@ -21,9 +21,11 @@ from smith_fast.pb import smith_pb2 as pb
 
 # Imported by nothing the first answers need: the other commands' parsers, the SDK client (replay
 # drives services with it), jsonschema (only for a value the built-in tools' fast check refuses),
-# importlib.metadata (only with a plug-in tool installed, or tracing's exporters asked for).
-NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.client", "smith_fast.nats.cli", "smith_fast.nats.auth",
-                "smith_fast.replay.replayer", "smith_fast.replay.diff", "smith_fast.replay.cli", "smith_fast.background_cli")
+# importlib.metadata (only with a plug-in tool installed, or tracing's exporters asked for), the Rust
+# hook engine (only for a Rust hook).
+NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.hooks.rust", "smith_fast.client", "smith_fast.nats.cli",
+                "smith_fast.nats.auth", "smith_fast.replay.replayer", "smith_fast.replay.diff", "smith_fast.replay.cli",
+                "smith_fast.background_cli")
 
 
 @pytest.fixture
