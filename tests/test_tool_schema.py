@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from smith_fast.tools.schema import _fast_check, compile_validator, validate
 from smith_fast.errors import ArgumentError
+from smith_fast.tools.schema import _fast_check, compile_validator, validate
 
 # Values for each keyword of the subset: the valid ones and some the meta-schema refuses.
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(-2, 2), st.text(max_size=3),
