@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -210,6 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
         start_rustc_version()  # answers while the service is imported: its capabilities need it
     from .service.server import serve
 
+    _started()
     return run_service("serve", lambda loop_name: serve(config, listen, loop_name=loop_name), args.loop)
 
 
@@ -548,9 +550,19 @@ for _name in ("checkpoint", "restore", "diff", "undo"):
     _CLIENTS[_name] = _workspace_command
 
 
+def _started() -> None:
+    """The end of a start from ``smith_fast.__main__``, which turned the garbage collector off for
+    it: what the start made is frozen out of the collector, which runs again. A no-op when the
+    collector is on (``main`` called in another program, a test)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args)  # its start goes on to the service's imports
+    _started()
     if args.command in ("worker", "gateway"):
         from .nats import cli as nats_cli
 

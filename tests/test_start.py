@@ -141,3 +141,26 @@ def test_rustc_is_asked_only_when_rust_hooks_are_permitted(root: pathlib.Path, t
     assert pb.CAPABILITY_SHELL_EXEC in granted["default"] and pb.CAPABILITY_HOOKS_RUST not in granted["default"]
     assert pb.CAPABILITY_HOOKS_RUST in granted["permitted"]
     assert asked.read_text().split() == ["--version"]  # once, early, and read when the core needed it
+
+
+def test_the_collector_is_off_while_serve_starts_and_on_once_it_serves(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """``python -m smith_fast`` turns the cyclic collector off for the start and cli.main turns it
+    back on, after freezing what the start made: a real server, observed by a sitecustomize that
+    reports the collector's state when the service answers and at exit."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print(f'gc at exit: enabled={gc.isenabled()} frozen={gc.get_freeze_count()}', file=sys.stderr))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    hello = pb.Command(handshake=pb.HandshakeCommand(version=1))
+    read = pb.Command(tool_call=pb.ToolCallCommand(request_id="r1", tool="fs.read", args=b'{"path":"small.txt"}'))
+    for entry in (["-m", "smith_fast"], ["-c", "import sys; from smith_fast.__main__ import main; sys.exit(main())"]):
+        # the second: what the console script does (pyproject's entry point)
+        proc = subprocess.run([sys.executable, *entry, "serve", "--stdio", "--root", str(root), "--log-level", "warning"],
+                              input=_envelope(hello) + _envelope(read), capture_output=True, cwd=ROOT, env=env, timeout=60)
+        events = [pb.Envelope.FromString(frame).event for frame in FrameDecoder().feed(proc.stdout)]
+        assert any(e.WhichOneof("event_type") == "tool_result" and e.tool_result.success for e in events), proc.stderr[-2000:]
+        state = [line for line in proc.stderr.decode().splitlines() if line.startswith("gc at exit:")]
+        enabled, frozen = state[0].removeprefix("gc at exit: ").split()
+        assert enabled == "enabled=True", entry
+        assert int(frozen.removeprefix("frozen=")) > 10_000, entry  # the start's objects, out of later collections
