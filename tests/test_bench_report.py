@@ -357,6 +357,12 @@ def test_the_summary_is_generated_from_the_figures() -> None:
     clear_loss = {**figures, ("spawn", "v1"): [2.0, 3.0, 6.0]}
     assert "`true`, request to final event, p50: `v1` against `no-server` (×0.13–0.45)" in "\n".join(
         summary_lines(_fake_report(clear_loss, KEY_OF)))
+    # starts are many and short: one slowed by another process's load does not make the figure noisy
+    spiky = _fake_report(figures, KEY_OF)
+    spiky.start = _starts({"mcp": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0, 107.0, 400.0],
+                           "mcp-sdk": [450.0, 460.0, 470.0]})
+    assert "| start → first answer (`serve --mcp`: `initialize`), ms ↓ | 104 (`mcp`) | 460 | — | — | ×4.42 | — | — |" \
+        in summary_lines(spiky)
     # no rival ahead, nothing below a floor: said so; without start figures, no start rows
     winning = {k: v for k, v in figures.items() if "floor" not in k and k[0] != "spawn"}
     lines = summary_lines(_fake_report(winning, KEY_OF))

@@ -41,7 +41,8 @@ def markdown(report: Report) -> list[str]:
             "server spawned afresh by `subprocess.Popen`, the clock from the spawn to the answer read. *First answer*: "
             "MCP `initialize` answered (`mcp`, `mcp-sdk`), the v1 handshake's Ready (`v1`, `serve --stdio`), the first "
             "`fs.read` (`floor`, which has no handshake); *first call*: then one `fs.read` of a 72 B file answered. "
-            "Median [min – max], ms.", ""]
+            "Median [min – max], ms; the opening summary ranks them on the middle half of the starts (one slowed by "
+            "another process's burst of load says nothing of the server).", ""]
     rows = []
     for name, figures in r["contenders"].items():
         rows.append(f"| `{name}` | " + " | ".join(f"{fmt(f['median'])} [{fmt(f['low'])} – {fmt(f['high'])}]"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .runner import Report
-from .stats import Summary, speedup, summarize
+from .stats import Summary, percentile, speedup, summarize
 
 __all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "ROWS", "Row", "START", "mcp_target", "outcome",
            "outcomes", "peers", "ratio_text", "row_outcomes", "start_figure", "summary_lines"]
@@ -172,9 +172,14 @@ REFERENCES = ("floor", "no-server")
 
 
 def start_figure(report: Report, contender: str, key: str) -> Summary | None:
-    """The summary of ``key`` (``first answer ms``, ``first call ms``) of ``contender``'s starts."""
+    """The summary of ``key`` (``first answer ms``, ``first call ms``) of ``contender``'s starts:
+    their median, and as its range the middle half of them (a start is short and there are many: one
+    that another process's burst of load slowed would otherwise make the whole figure "too noisy")."""
     found = (report.start or {}).get("contenders", {}).get(contender, {}).get(key)
-    return summarize(found["all"]) if found and found["all"] else None
+    if not found or not found["all"]:
+        return None
+    values = sorted(found["all"])
+    return Summary(summarize(values).median, percentile(values, 0.25), percentile(values, 0.75), len(values))
 
 
 def _figure(report: Report, case: str, contender: str, key: str) -> Summary | None:
