@@ -84,6 +84,8 @@ def test_values_are_judged_as_jsonschema_judges_them(schema: Any, value: Any) ->
     {"type": "object", "required": ["a", "a"]},
     {"type": "string", "minLength": -1},
     {"type": "string", "description": 5},
+    {"type": "string", "maxLength": None},  # an explicit null is not an absent keyword
+    {"type": "integer", "minimum": None},
     {"type": "object", "properties": {"a": {"type": "string", "maxLength": "9"}}},
 ])
 def test_invalid_schemas_still_fail_their_registration(schema: dict[str, Any]) -> None:

@@ -148,8 +148,8 @@ def _string_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
         return None
     low = schema.get("minLength", 0)
     high = schema.get("maxLength")
-    if type(low) is not int or low < 0 or (high is not None and (type(high) is not int or high < 0)):
-        return None
+    if type(low) is not int or low < 0 or ("maxLength" in schema and (type(high) is not int or high < 0)):
+        return None  # (an explicit null is no length: refused by the meta-schema too)
     if high is None:
         return lambda value: type(value) is str and len(value) >= low
     return lambda value: type(value) is str and low <= len(value) <= high
@@ -160,7 +160,7 @@ def _integer_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
         return None
     low = schema.get("minimum")
     high = schema.get("maximum")
-    if any(b is not None and type(b) not in (int, float) for b in (low, high)):
+    if any(key in schema and type(schema[key]) not in (int, float) for key in ("minimum", "maximum")):
         return None
     if high is None:
         if low is None:
