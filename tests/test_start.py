@@ -22,8 +22,9 @@ from smith_fast.pb import smith_pb2 as pb
 # Imported by nothing the first answers need: the other commands' parsers, the SDK client (replay
 # drives services with it), jsonschema (only for a value the built-in tools' fast check refuses),
 # importlib.metadata (only with a plug-in tool installed, or tracing's exporters asked for), the Rust
-# hook engine (only for a Rust hook).
-NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.hooks.rust", "smith_fast.client", "smith_fast.nats.cli",
+# hook engine (only for a Rust hook), OpenTelemetry (only for a session's spans, when recorded or asked for).
+NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.hooks.rust", "opentelemetry.trace", "smith_fast.client",
+                "smith_fast.nats.cli",
                 "smith_fast.nats.auth", "smith_fast.replay.replayer", "smith_fast.replay.diff", "smith_fast.replay.cli",
                 "smith_fast.background_cli")
 
@@ -164,3 +165,20 @@ def test_the_collector_is_off_while_serve_starts_and_on_once_it_serves(root: pat
         enabled, frozen = state[0].removeprefix("gc at exit: ").split()
         assert enabled == "enabled=True", entry
         assert int(frozen.removeprefix("frozen=")) > 10_000, entry  # the start's objects, out of later collections
+
+
+def test_mcp_sessions_are_traced_when_spans_are_recorded(root: pathlib.Path) -> None:
+    """The MCP front asks for tracing only when an exporter records spans: then its session and
+    calls have spans, as before (the console exporter writes them to stderr)."""
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "start-test"}
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "fs.read", "arguments": {"path": "small.txt"}}}]
+    proc = subprocess.run([sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(root), "--log-level", "warning"],
+                          input=b"".join(json.dumps(m).encode() + b"\n" for m in lines), capture_output=True, cwd=ROOT,
+                          env=env, timeout=60)
+    answers = {m["id"]: m for m in map(json.loads, proc.stdout.splitlines()) if "id" in m}
+    assert answers[2]["result"]["isError"] is False
+    err = proc.stderr.decode()
+    assert '"name": "smith.session"' in err and '"name": "smith.tool_call"' in err, err[-2000:]
