@@ -51,13 +51,13 @@ KINDS = ("js", "rust")
 _SUFFIXES = {".js": "js", ".mjs": "js", ".rs": "rust"}
 
 
-# kind -> whether this machine can load hooks of it (each computed once per process)
 def _rustc_runs() -> bool:
     from .rust_build import rustc_version
 
     return rustc_version() is not None
 
 
+# kind -> whether this machine can load hooks of it (each computed once per process)
 _AVAILABLE = {"js": engine_available, "rust": _rustc_runs}
 
 

@@ -68,9 +68,9 @@ __all__ = [
 
 
 _DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST, smith_pb2.CAPABILITY_REPLAY})
-_HOOK_KINDS = {smith_pb2.CAPABILITY_HOOKS_JS: "js", smith_pb2.CAPABILITY_HOOKS_RUST: "rust"}
 """Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust");
 ``replay`` makes the service write down everything a session sends and receives (README, "Security")."""
+_HOOK_KINDS = {smith_pb2.CAPABILITY_HOOKS_JS: "js", smith_pb2.CAPABILITY_HOOKS_RUST: "rust"}
 
 
 def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:

@@ -8,9 +8,10 @@ anything else (including every invalid value) goes to ``jsonschema``, so errors 
 ``jsonschema`` words them. A schema of that subset is a valid JSON Schema by construction (each
 keyword it allows is checked for what the meta-schema demands), so ``jsonschema`` itself (some
 30 ms to import, and the meta-schema check of every built-in, at every start) is imported and its
-validator built only when a value fails the fast check. Every problem is reported as an :class:`ArgumentError` whose message
-names the JSON path of the offending value (``$`` for the whole object, ``$.path``,
-``$.env.HOME``, ``$.items[2]``), which the registry turns into a failed ``ToolResultEvent``.
+validator built only when a value fails the fast check. Every problem is reported as an
+:class:`ArgumentError` whose message names the JSON path of the offending value (``$`` for the
+whole object, ``$.path``, ``$.env.HOME``, ``$.items[2]``), which the registry turns into a failed
+``ToolResultEvent``.
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def validate(validator: Validator, value: Any) -> None:
     fast = getattr(validator, "fast", None)
     if fast is not None and fast(value):
         return
-    import jsonschema.exceptions  # a value the fast check did not accept: rare, and no longer cold
+    import jsonschema.exceptions  # only for a value the fast check did not accept (the module's docstring)
 
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
