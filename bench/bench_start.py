@@ -31,6 +31,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,9 +185,12 @@ class Starter:
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 cwd=self.cwd, env=env)
+        hung = threading.Timer(TIMEOUT, proc.kill)  # a server that never answers ends the run, not hangs it
+        hung.start()
         try:
             first, call = self.talk(_Pipes(proc))
         finally:
+            hung.cancel()
             _end(proc)
         return first - start, call - start
 
