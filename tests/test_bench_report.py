@@ -357,6 +357,11 @@ def test_the_summary_is_generated_from_the_figures() -> None:
     clear_loss = {**figures, ("spawn", "v1"): [2.0, 3.0, 6.0]}
     assert "`true`, request to final event, p50: `v1` against `no-server` (×0.13–0.45)" in "\n".join(
         summary_lines(_fake_report(clear_loss, KEY_OF)))
+    # ours failed where a peer has a figure: the peer's figure stands, the ratio is n/a
+    failed = _fake_report({**figures, ("seq", "mcp-sdk"): [30.0, 31.0, 32.0]}, KEY_OF)
+    failed.samples[("seq", "mcp")] = []
+    seq = next(line for line in summary_lines(failed) if line.startswith("| MCP: `seq"))
+    assert seq.split(" | ")[1:] == ["failed (`mcp`)", "31.0", "—", "failed", "n/a", "—", "n/a |"]
     # starts are many and short: one slowed by another process's load does not make the figure noisy
     spiky = _fake_report(figures, KEY_OF)
     spiky.start = _starts({"mcp": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0, 107.0, 400.0],

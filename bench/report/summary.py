@@ -280,9 +280,8 @@ def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`
         got = measured.outcomes
         cells = [f"{measured.what}, {measured.unit} {'↑' if measured.higher_is_better else '↓'}",
                  f"{_plain(measured.ours)} ({name(row.ours)})"]
-        for p in who:
-            o = got[p]
-            cells.append(NOT_RUN if not _runs(report, row.case, p) else _plain(o.theirs) if o else "failed")
+        for p in who:  # a peer's figure, whether or not ours was measured
+            cells.append(_plain(_figure(report, row.case, p, row.metric)) if _runs(report, row.case, p) else NOT_RUN)
         for p in who:
             o = got[p]
             if o is None:
