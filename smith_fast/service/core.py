@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import framing, logs
 from .._version import __version__
 from ..errors import EgressRuleError
-from ..hooks import Hook, HookLimits, available_kinds
+from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..replay import RecordingStore
@@ -70,6 +70,7 @@ __all__ = [
 _DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST, smith_pb2.CAPABILITY_REPLAY})
 """Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust");
 ``replay`` makes the service write down everything a session sends and receives (README, "Security")."""
+_HOOK_KINDS = {smith_pb2.CAPABILITY_HOOKS_JS: "js", smith_pb2.CAPABILITY_HOOKS_RUST: "rust"}
 
 
 def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
@@ -239,12 +240,13 @@ class ServiceCore:
         self.homes: Homes | None = None
         if self.workspaces is None and self.runs_locally and self.sandbox.mode == "workspace-write":
             self.homes = _homes(config, root, private)
-        kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
+        # a hook kind is looked for only when permitted: rustc --version, on the way to the first
+        # answer, costs 15-40 ms, for Rust hooks that are off unless listed in --capabilities
+        hooks = {cap for cap, kind in _HOOK_KINDS.items() if cap in self.permitted and kind_available(kind)}
         self.capabilities: frozenset[int] = self.permitted & frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
-            | ({smith_pb2.CAPABILITY_HOOKS_JS} if "js" in kinds else set())
-            | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
+            | hooks
             | ({smith_pb2.CAPABILITY_WORKSPACES} if self.workspaces is not None else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens
