@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any
 
-__all__ = ["TickStreamHandler", "conceal", "configure", "get_logger", "log_fields"]
+__all__ = ["TickStreamHandler", "conceal", "configure", "direct_handlers", "encode_json", "get_logger", "log_fields"]
 
 # json.dumps(default=...) builds a new encoder per call; the same encoder, built once
 _ENCODER = json.JSONEncoder(default=str)
@@ -40,7 +40,8 @@ def conceal(secret: str | None) -> None:
     _secrets = tuple(dict.fromkeys((*_secrets, *sorted(forms, key=len, reverse=True))))
 
 
-def _encode(out: dict[str, Any]) -> str:
+def encode_json(out: Any) -> str:
+    """``out`` as the JSON of a log line (orjson's, else the stdlib's for what orjson refuses)."""
     if orjson is not None:
         try:
             return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
@@ -62,7 +63,7 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return _encode(out)
+        return encode_json(out)
 
 
 class TickStreamHandler(logging.Handler):
@@ -169,7 +170,7 @@ def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str,
     """
     if not logger.isEnabledFor(level):
         return
-    handlers = _direct_handlers(logger, level)
+    handlers = direct_handlers(logger, level)
     if handlers is None:
         logger.log(level, event, extra={"fields": fields})
         return
@@ -180,12 +181,12 @@ def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str,
         "event": event,
     }
     out.update(fields)
-    line = _encode(out) + "\n"
+    line = encode_json(out) + "\n"
     for handler in handlers:
         handler.add_line(line)
 
 
-def _direct_handlers(logger: logging.Logger, level: int) -> list[TickStreamHandler] | None:
+def direct_handlers(logger: logging.Logger, level: int) -> list[TickStreamHandler] | None:
     """The handlers a record of ``logger`` at ``level`` reaches, if all are plain JSON-line
     :class:`TickStreamHandler` s and nothing filters on the way; None otherwise."""
     out: list[TickStreamHandler] = []
