@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from smith_fast._compat import NO_EXTENSIONS
+from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS, SourceFirst, compiled, source_sum
 
 FACADES = ["framing", "chunking", "sequencing", "coalescing", "events", "relaypeek"]
 
@@ -33,6 +33,39 @@ def test_env_var_forces_python_twins(name: str) -> None:
     code = f"import smith_fast.{name} as m; print(m.IMPLEMENTATION)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "py"
+
+
+@pytest.mark.parametrize("name", sorted(COMPILED_IN_PLACE))
+def test_the_request_path_runs_compiled_in_a_normal_build(name: str) -> None:
+    module = importlib.import_module(name)
+    assert compiled(module) != NO_EXTENSIONS, (
+        f"{name} runs from {module.__file__}; the build did not compile it (make install), or its source changed since"
+    )
+
+
+def test_env_var_runs_the_request_path_from_its_source() -> None:
+    env = dict(os.environ, SMITH_FAST_NO_EXTENSIONS="1")
+    code = ("import importlib, smith_fast._compat as c; "
+            "print(sorted(n for n in c.COMPILED_IN_PLACE if c.compiled(importlib.import_module(n))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_extension_built_from_another_source_is_not_run(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An edit (or a checkout) after the build: the source is what runs, never the stale extension."""
+    from importlib.machinery import SourceFileLoader
+
+    source = tmp_path / "logs.py"
+    source.write_text("built = True\n")
+    monkeypatch.setattr(SourceFirst, "built", {"smith_fast.logs": source_sum(str(source))})
+    # as built: the usual finders take the extension (with extensions off: the source)
+    assert (SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is None) != NO_EXTENSIONS
+    source.write_text("built = False\n")
+    spec = SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)])
+    assert spec is not None and isinstance(spec.loader, SourceFileLoader) and spec.origin == str(source)
+    monkeypatch.setattr(SourceFirst, "built", {})  # no sums: nothing was built in place
+    assert SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is not None
+    assert SourceFirst.find_spec("smith_fast.framing", [str(tmp_path)]) is None  # not compiled in place
 
 
 def test_compile_failure_fails_loudly_naming_the_escape_hatch(tmp_path) -> None:  # type: ignore[no-untyped-def]
