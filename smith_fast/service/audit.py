@@ -109,7 +109,7 @@ class AuditRecord:
         if self.omitted:
             fields["hooks_omitted"] = self.omitted
         fields["duration_ms"] = int((time.monotonic() - self.started) * 1000)
-        log_fields(log, logging.INFO, "request", fields)
+        log_fields(log, logging.INFO, "request", fields, linger=True)
 
     def cancelled(self) -> None:
         """The session ended before its request did."""
@@ -177,7 +177,7 @@ class Audit:
             }
             if self.workspace:
                 fields["workspace"] = self.workspace
-            log_fields(log, logging.INFO, "request", fields)
+            log_fields(log, logging.INFO, "request", fields, linger=True)
             return
         head = self._head
         if head is None:
@@ -189,7 +189,7 @@ class Audit:
             tail = f"{tail}{duration_ms}}}\n"
         line = f'{{"ts":{round(time.time(), 3)!r},{head}{_json_string(rid)},"tool":{_json_string(_clip(tool, MAX_SUBJECT))}{tail}'
         for handler in handlers:
-            handler.add_line(line)
+            handler.add_line(line, linger=True)
 
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""
