@@ -132,7 +132,7 @@ class Audit:
         find: the open record of running request ``rid``, if any.
     """
 
-    __slots__ = ("_session", "_peer", "_find", "_steps", "workspace", "_head")
+    __slots__ = ("_session", "_peer", "_find", "_steps", "workspace", "_head", "_ms", "_ts")
 
     def __init__(self, session: str, peer: str, find: Callable[[str], AuditRecord | None] = lambda _rid: None) -> None:
         self._session = session
@@ -141,6 +141,8 @@ class Audit:
         self._steps: dict[str, AuditRecord] = {}
         self.workspace = ""  # the session's workspace id (serve --workspaces), in every line once set
         self._head: str | None = None  # tool_ended's constant part, encoded on first use
+        self._ms = 0  # the millisecond of _ts: the calls of one millisecond share its text
+        self._ts = ""
 
     def open(self, rid: str, kind: str, *, parent: str | None = None) -> AuditRecord:
         """The record of a request (or a plan step) that starts."""
@@ -187,7 +189,10 @@ class Audit:
             tail = f'{tail}{duration_ms},"workspace":{_encode_json((self.workspace,))[1:-1]}}}\n'
         else:
             tail = f"{tail}{duration_ms}}}\n"
-        line = f'{{"ts":{round(time.time(), 3)!r},{head}{_json_string(rid)},"tool":{_json_string(_clip(tool, MAX_SUBJECT))}{tail}'
+        now = time.time()
+        if (ms := round(now * 1000)) != self._ms:  # formatting a float costs more than the rest of the line
+            self._ms, self._ts = ms, repr(round(now, 3))
+        line = f'{{"ts":{self._ts},{head}{_json_string(rid)},"tool":{_json_string(_clip(tool, MAX_SUBJECT))}{tail}'
         for handler in handlers:
             handler.add_line(line, linger=True)
 
