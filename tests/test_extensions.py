@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import pathlib
+import re
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
@@ -83,3 +87,39 @@ def test_compile_failure_fails_loudly_naming_the_escape_hatch(tmp_path) -> None:
     assert res.returncode != 0
     assert "SMITH_FAST_NO_EXTENSIONS=1" in res.stderr + res.stdout
     assert not list((tmp_path / "lib").rglob("*.so"))
+
+
+def test_an_augmenting_pxd_declares_exactly_the_slots_of_its_classes() -> None:
+    """A class a ``.pxd`` beside a module compiled in place makes an extension type keeps its fields
+    in the C struct the ``.pxd`` declares: those must be the ``__slots__`` of the class as its
+    ``.py`` says (a slot missing there would work from the source and fail compiled)."""
+    checked = 0
+    for name in sorted(COMPILED_IN_PLACE):
+        package, _, leaf = name.rpartition(".")
+        pxd = pathlib.Path(importlib.import_module(package).__file__ or "").parent / f"{leaf}.pxd"
+        if not pxd.exists():
+            continue
+        source = _source_module(name)
+        for cls, body in re.findall(r"^cdef class (\w+):\n((?:    .*\n?)+)", pxd.read_text(), re.M):
+            declared = set(re.findall(r"\b(\w+)\b", " ".join(
+                line.split("object", 1)[-1] if "object" in line else line.split()[-1]
+                for line in body.splitlines() if line.strip().startswith("cdef public")
+            )))
+            assert declared == set(getattr(source, cls).__slots__), f"{pxd.name}: {cls}"
+            checked += 1
+    assert checked >= 1
+
+
+def _source_module(name: str) -> ModuleType:
+    """Module ``name`` run from its ``.py``, beside whatever this run imported (its own copy)."""
+    package, _, leaf = name.rpartition(".")
+    path = pathlib.Path(importlib.import_module(package).__file__ or "").parent / f"{leaf}.py"
+    spec = importlib.util.spec_from_file_location(f"{package}._{leaf}_source", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
