@@ -30,6 +30,13 @@ HINT = (
 class LoudBuildExt(build_ext):
     """``build_ext`` that turns any compiler failure into one clear message naming the escape hatch."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Some twenty-five extensions, most of them the request path's plain Python compiled
+        # (COMPILED_IN_PLACE): one compiler per core unless -j said otherwise (pip asks nothing).
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         try:
             super().run()
@@ -144,6 +151,7 @@ def extensions() -> list:
     return kernels + cythonize(
         in_place,
         compiler_directives={"language_level": "3", "annotation_typing": False, "binding": True},
+        nthreads=os.cpu_count() or 1,
     ) if in_place else kernels
 
 
