@@ -17,10 +17,8 @@ says. File times would not do: pip unpacks a wheel's ``.py`` after its ``.so``.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-import zlib
 from collections.abc import Sequence
 from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
 from types import ModuleType
@@ -64,6 +62,8 @@ def compiled(module: ModuleType) -> bool:
 
 def source_sum(path: str) -> str:
     """The CRC-32 of file ``path``, as :data:`SUMS` notes it."""
+    import zlib  # here: what a start-up without compiled modules need not load
+
     with open(path, "rb") as f:
         return f"{zlib.crc32(f.read()):08x}"
 
@@ -86,6 +86,8 @@ class SourceFirst:
                     return None  # built from this source: the extension
             except OSError:
                 return None  # no source to prefer
+        import importlib.util  # here: only a module run from its source needs it
+
         return importlib.util.spec_from_file_location(fullname, source)
 
     @classmethod
