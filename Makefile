@@ -22,8 +22,11 @@ $(VENV)/.deps: requirements-dev.txt pyproject.toml
 	$(PIP) install -r requirements-dev.txt
 	touch $@
 
+# The modules compiled where they lie (smith_fast/_compat.py's COMPILED_IN_PLACE), as file names.
+IN_PLACE := $(patsubst %,%.py,$(subst .,/,$(shell sed -n 's/^ *"\(smith_fast\.[a-z0-9_.]*\)",$$/\1/p' smith_fast/_compat.py)))
+
 # --no-build-isolation: build with the Cython pinned in requirements-dev.txt, already in the venv.
-$(VENV)/.build: $(VENV)/.deps setup.py $(wildcard csrc/sandbox_exec.c csrc/sandbox_spawn.c csrc/landlock_policy.h csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
+$(VENV)/.build: $(VENV)/.deps setup.py smith_fast/_compat.py $(IN_PLACE) $(wildcard $(IN_PLACE:.py=.pxd)) $(wildcard csrc/sandbox_exec.c csrc/sandbox_spawn.c csrc/landlock_policy.h csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
 	$(PIP) install --no-build-isolation -e .
 	touch $@
 
@@ -57,6 +60,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 build/.system-tools:
 	command -v go >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq golang-go; }
 	command -v go >/dev/null 2>&1 || { echo "make test: go is needed (Debian: apt-get install golang-go)" >&2; exit 1; }
+	command -v socat >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq socat; }
 	mkdir -p build && touch $@
 
 test: install $(INTEROP)/node_modules/.deps build/.system-tools
@@ -80,7 +84,7 @@ proto: $(VENV)/.deps
 	$(PY) proto/generate.py
 
 clean:
-	rm -rf build $(VENV) $(patsubst %.pyx,%.c,$(wildcard csrc/*.pyx)) $(patsubst %.py,%.c,$(wildcard csrc/*_c.py)) smith_fast/*.so *.egg-info tests/interop/node_modules
+	rm -rf build $(VENV) $(patsubst %.pyx,%.c,$(wildcard csrc/*.pyx)) $(patsubst %.py,%.c,$(wildcard csrc/*_c.py)) smith_fast/*.so $(IN_PLACE:.py=.c) $(wildcard $(IN_PLACE:.py=.cpython-*.so)) *.egg-info tests/interop/node_modules
 
 # Coverage-guided fuzzing (fuzz/README.md): every harness for FUZZ_TIME seconds, one after another,
 # from the committed corpus; what they find is written to build/fuzz/ (reproducers: *-crash-*).

@@ -1,8 +1,10 @@
 """Build the Cython hot paths in ``csrc/`` as ``smith_fast._<name>_c`` extension modules.
 
 Every ``csrc/*.pyx`` (hand-written kernels) and every ``csrc/*_c.py`` (a pure-Python twin compiled
-as-is, typed by the ``.pxd`` beside it) becomes an extension. ``SMITH_FAST_NO_EXTENSIONS=1`` builds
-none of them and installs the pure-Python twins only. Without it, a compile failure fails the build:
+as-is, typed by the ``.pxd`` beside it) becomes an extension; so does every module of
+``smith_fast._compat.COMPILED_IN_PLACE`` (the per-request path of a call), compiled unchanged into
+an extension of its own name beside its ``.py``. ``SMITH_FAST_NO_EXTENSIONS=1`` builds none of them
+and installs the pure-Python twins only. Without it, a compile failure fails the build:
 the slow path is never installed by accident.
 """
 
@@ -28,11 +30,19 @@ HINT = (
 class LoudBuildExt(build_ext):
     """``build_ext`` that turns any compiler failure into one clear message naming the escape hatch."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        # Some twenty-five extensions, most of them the request path's plain Python compiled
+        # (COMPILED_IN_PLACE): one compiler per core unless -j said otherwise (pip asks nothing).
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         try:
             super().run()
         except Exception as exc:  # distutils raises a zoo of types; the message is what matters
             raise SystemExit(HINT.format(error=exc)) from exc
+        self.note_sums()
         try:
             self.build_sandbox_helper()
         except Exception as exc:
@@ -42,6 +52,23 @@ class LoudBuildExt(build_ext):
             # refuses to start with a sandbox and says why (--sandbox off --network on still runs).
             print(f"smith-fast: the sandbox program was not built ({exc}); `serve` will need --sandbox off --network on",
                   file=sys.stderr)
+
+    def note_sums(self) -> None:
+        """The CRC-32 of each source compiled in place, in ``smith_fast/_in_place.sums``: the
+        module runs compiled only while its ``.py`` is the source its extension was built from
+        (``smith_fast._compat.SourceFirst``). A partial build (``SMITH_FAST_EXTENSIONS``) keeps the
+        other modules' lines."""
+        compat = _compat()
+        out = (HERE if self.inplace else pathlib.Path(self.build_lib)) / "smith_fast" / compat.SUMS
+        sums: dict[str, str] = {}
+        if out.exists():
+            sums.update(line.split() for line in out.read_text().splitlines() if line.strip())
+        for ext in self.extensions:
+            if ext.name in compat.COMPILED_IN_PLACE:
+                sums[ext.name] = compat.source_sum(str(HERE / (ext.name.replace(".", "/") + ".py")))
+        if sums:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("".join(f"{name} {crc}\n" for name, crc in sorted(sums.items())))
 
     def build_sandbox_helper(self) -> None:
         """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the one program that sandboxes
@@ -69,6 +96,18 @@ class LoudBuildExt(build_ext):
             raise SystemExit(HINT.format(error=f"{ext.name}: {exc}")) from exc
 
 
+def _compat():  # type: ignore[no-untyped-def]
+    """``smith_fast/_compat.py`` (what is compiled in place, and how its sources are summed), read
+    without importing the package (its ``__init__`` needs what is being built)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_smith_fast_compat", HERE / "smith_fast" / "_compat.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def extensions() -> list:
     if NO_EXTENSIONS:
         return []
@@ -91,7 +130,12 @@ def extensions() -> list:
         )
         for src in sources
     ]
-    return cythonize(
+    in_place = [
+        Extension(name, [name.replace(".", "/") + ".py"], extra_compile_args=["-O3"] if sys.platform != "win32" else [])
+        for name in sorted(_compat().COMPILED_IN_PLACE)
+        if not only or name.rpartition(".")[2] in only
+    ]
+    kernels = cythonize(
         exts,
         include_path=["csrc"],
         compiler_directives={
@@ -101,6 +145,14 @@ def extensions() -> list:
             "cdivision": True,
         },
     )
+    # Plain Python compiled as it is: Python's semantics kept (negative indexes, checked bounds,
+    # Python division), and annotations are for readers and type checkers only, so the compiled
+    # module accepts exactly what the source does.
+    return kernels + cythonize(
+        in_place,
+        compiler_directives={"language_level": "3", "annotation_typing": False, "binding": True},
+        nthreads=os.cpu_count() or 1,
+    ) if in_place else kernels
 
 
 class WithHelper(Distribution):

@@ -1,7 +1,7 @@
 /* sandbox-exec: every process the service starts for a peer starts through this program.
  *
  *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off]
- *                [--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
+ *                [--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
  *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
@@ -9,6 +9,11 @@
  *
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
+ *
+ * --network allow (with --egress-fd FD, a unix socket of the service's): loopback alone, as with
+ * loopback; the init makes the egress listener inside the namespace and sends it over FD
+ * (egress_listener.h), and supervises the command's connect() calls (unix_guard.h: a socket file
+ * outside the writable directories is refused).
  *
  *   monitor (this process, the service's child): starts the init in a new user namespace (the
  *     caller's uid and gid mapped onto themselves: files keep their owners, and capabilities held
@@ -86,7 +91,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "egress_listener.h"
 #include "landlock_policy.h"
+#include "unix_guard.h"
 
 /* The new mount API (Linux 5.2; mount_setattr 5.12), by number: glibc's headers for it clash with
  * <sys/mount.h> on older releases, and the numbers are the same on every architecture. */
@@ -131,6 +138,8 @@ static struct {
     int view; /* an option of the first form was given */
     int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd, ruleset_fd;
     int zygote_fd; /* --zygote: the control socket; -1: the one-shot form */
+    int egress_fd; /* --network allow: where the egress listener is sent (egress_listener.h) */
+    int guard[2];  /* --network allow: the unix guard's channel, command -> init (unix_guard.h) */
     unsigned long long tmp_size, file_size, data_size;
     char cwd[4096];
     char tty_name[256]; /* the command's terminal (--tty), bound to /dev/console in its view */
@@ -521,12 +530,46 @@ static void run_command(const char *cwd, char *const *argv, char *const *envp) {
         writable[nwritable++] = "/dev/shm";
     }
     confine(LL_COMMAND, writable, nwritable);
+    const char *step = "";
+    if (o.guard[1] >= 0 && unix_guard_install(o.guard[1], &step) != 0) die(FAILED, "cannot restrict the command:", step);
     set_rlimits();
     if (o.probe) _exit(0);
     /* The fds the service passed on (a Rust hook's answer pipe) stay; every fd of this program's
        own is close-on-exec or closed. */
     execve(argv[0], argv, envp);
     die(errno == ENOENT ? NOT_FOUND : FAILED, "cannot run", argv[0]);
+}
+
+/* The init's wait for its next signal; with the unix guard (--network allow) it answers the
+ * command's connect() calls meanwhile (unix_guard.h), until no process holds the filter. */
+static int next_signal(const sigset_t *all, siginfo_t *si, int *notify) {
+    static int wake = -1;
+    static const struct timespec now = {0, 0};
+    if (*notify < 0) return sigwaitinfo(all, si);
+    if (wake < 0 && (wake = signalfd(-1, all, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) die(FAILED, "cannot supervise the command: signalfd", "");
+    static const char *allowed[MAX_WRITE + 2];
+    static int nallowed = -1;
+    if (nallowed < 0) {
+        nallowed = 0;
+        for (int w = 0; w < o.nwrite; w++) allowed[nallowed++] = o.write[w];
+        if (o.fs) {
+            allowed[nallowed++] = "/tmp";
+            allowed[nallowed++] = "/dev/shm";
+        }
+    }
+    for (;;) {
+        int sig = sigtimedwait(all, si, &now);
+        if (sig > 0) return sig;
+        struct pollfd p[2] = {{wake, POLLIN, 0}, {*notify, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) continue;
+        if (p[1].revents & POLLIN) {
+            unix_guard_serve(*notify, allowed, nallowed);
+        } else if (p[1].revents & (POLLHUP | POLLERR | POLLNVAL)) {
+            close(*notify);
+            *notify = -1;
+            return sigwaitinfo(all, si);
+        }
+    }
 }
 
 /* What the init tells the monitor: the command's wait status and what it cost. */
@@ -539,17 +582,25 @@ struct report {
 static void init(int report) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     mount_view();
+    if (o.egress_fd >= 0 && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, o.guard) != 0)
+        die(FAILED, "cannot restrict the command: socketpair", "");
     pid_t command = fork();
     if (command < 0) die(FAILED, "cannot start the command: fork", "");
     if (command == 0) {
         close(report);
+        if (o.guard[0] >= 0) close(o.guard[0]);
         run_command(o.cwd, o.argv, environ);
+    }
+    int notify = -1;
+    if (o.guard[1] >= 0) {
+        close(o.guard[1]);
+        notify = unix_guard_receive(o.guard[0]);
     }
     sigset_t all;
     sigfillset(&all);
     for (;;) {
         siginfo_t si;
-        int sig = sigwaitinfo(&all, &si);
+        int sig = next_signal(&all, &si, &notify);
         if (sig < 0) continue; /* EINTR */
         if (sig != SIGCHLD) {
             if (kill(-command, sig) != 0) kill(command, sig);
@@ -853,7 +904,7 @@ static unsigned long long parse_size(const char *text, int *ok) {
 static void usage(const char *at) {
     fprintf(stderr,
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
-            "[--network on|off|loopback] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
+            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
@@ -866,6 +917,7 @@ int main(int argc, char **argv) {
     o.tmp_size = 1ULL << 30;
     o.ruleset_fd = -1;
     o.zygote_fd = -1;
+    o.egress_fd = o.guard[0] = o.guard[1] = -1;
     o.hide = calloc((size_t)argc, sizeof *o.hide);
     if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
     for (; i < argc; i++) {
@@ -890,14 +942,15 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--hide") == 0 && v[0] == '/') o.hide[o.nhide++] = v;
         else if (strcmp(a, "--cover") == 0 && v[0] == '/' && strcmp(v, "/") != 0 && o.ncover < MAX_WRITE) o.cover[o.ncover++] = v;
         else if (strcmp(a, "--fs") == 0 && (!strcmp(v, "on") || !strcmp(v, "off"))) o.fs = strcmp(v, "on") == 0;
-        else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback"))) network = v;
+        else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback") || !strcmp(v, "allow"))) network = v;
+        else if (strcmp(a, "--egress-fd") == 0 && (o.egress_fd = (int)parse_size(v, &ok), ok && o.egress_fd > 2)) {}
         else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
         else if (strcmp(a, "--zygote") == 0 && (o.zygote_fd = (int)parse_size(v, &ok), ok && o.zygote_fd > 2)) {}
         else if (strcmp(a, "--usage-fd") == 0 && (o.usage_fd = (int)parse_size(v, &ok), ok && o.usage_fd > 2)) {}
         else usage(a);
     }
     if (!o.probe && i >= argc && o.zygote_fd < 0) usage(NULL);
-    if (o.zygote_fd >= 0 && (o.tty || o.usage_fd || i < argc)) usage("--zygote with --tty, --usage-fd or a PROGRAM");
+    if (o.zygote_fd >= 0 && (o.tty || o.usage_fd || o.egress_fd >= 0 || i < argc)) usage("--zygote with --tty, --usage-fd, --egress-fd or a PROGRAM");
     if (o.nonly) {
         /* Landlock alone: PROGRAM, a path, is the one program the process may run. */
         if (o.view) usage("--only-read with an option of the namespaces' form");
@@ -919,7 +972,9 @@ int main(int argc, char **argv) {
     o.argv = argv + i;
     o.net_off = strcmp(network, "off") == 0;
     o.net_on = strcmp(network, "on") == 0;
-    o.loopback = strcmp(network, "loopback") == 0;
+    o.loopback = strcmp(network, "loopback") == 0 || strcmp(network, "allow") == 0;
+    /* allow: loopback alone, plus the egress listener and the unix guard; one without the other is refused */
+    if ((strcmp(network, "allow") == 0) != (o.egress_fd >= 0)) usage("--network allow goes with --egress-fd FD");
     if (getcwd(o.cwd, sizeof o.cwd) == NULL) o.cwd[0] = '\0';
     if (o.tty && ttyname_r(0, o.tty_name, sizeof o.tty_name) != 0) o.tty_name[0] = '\0';
     signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD survives exec, and the init must see its children end */
@@ -937,10 +992,13 @@ int main(int argc, char **argv) {
         close(report[0]);
         if (o.usage_fd > 2) close(o.usage_fd); /* the monitor's alone: nothing in the sandbox may write it */
         if (o.loopback) loopback_up();
+        const char *step = "";
+        if (o.egress_fd >= 0 && egress_send_listener(o.egress_fd, &step) != 0) die(FAILED, "cannot start the egress listener:", step);
         if (o.zygote_fd >= 0) zygote(o.zygote_fd);
         init(report[1]);
     }
     close(report[1]);
+    if (o.egress_fd >= 0) close(o.egress_fd); /* the init's alone */
     if (o.zygote_fd >= 0) close(o.zygote_fd); /* the init's alone: its EOF is the service's end or death */
     monitor(child, report[0]);
     return FAILED;

@@ -22,12 +22,15 @@ is started by the ``smith-fast`` command (:mod:`smith_fast.cli`).
 
 from __future__ import annotations
 
+from . import _compat  # noqa: F401  # first: it chooses how the modules compiled in place load
 from ._version import __version__
 from .errors import (
     AddressError,
     ArgumentError,
     ConnectError,
     ConnectionClosed,
+    EgressError,
+    EgressRuleError,
     EncodeError,
     FrameTooLarge,
     FramingError,
@@ -90,6 +93,8 @@ __all__ = [
     "LandlockError",
     "WorkspacesUnavailable",
     "MountError",
+    "EgressError",
+    "EgressRuleError",
     "ListenError",
     "StartupError",
     "HttpRefused",

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -91,7 +92,14 @@ def _timeout_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--timeout-ms", type=int, dest="timeout_ms", metavar="MS", help="the same as --timeout, in whole milliseconds (older spelling)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands this module defines itself; the others come from their packages (replay, nats, ...).
+OWN_COMMANDS = frozenset({"serve", "exec", "call", "ping", "health"})
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` one of :data:`OWN_COMMANDS` (the line's command
+    word), without the other packages' commands: importing them to describe their options would cost
+    every ``serve --mcp`` start tens of milliseconds, for commands that line does not run."""
     parser = argparse.ArgumentParser(
         prog="smith-fast", allow_abbrev=False,
         description=f"A fast backend for the Smith tool-execution protocol (v1 protobuf and v0 JSONL). {DURATIONS}; {SIZES}.",
@@ -165,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--timeout", type=parse_duration, default=5.0, metavar="DURATION", help="how long to wait for an answer (default 5s)")
     health.add_argument("--tls-ca", metavar="PEM", help="root certificate to verify a gRPC service's TLS certificate with")
     _token_option(health)
+    if command in OWN_COMMANDS:
+        return parser
     from .replay import cli as replay_cli
 
     replay_cli.add_parser(sub)
@@ -195,8 +205,13 @@ def _serve(args: argparse.Namespace) -> int:
     listen = listen_config(args)
     if not enter_workspaces(config, "serve"):  # before the import below: quickjs starts a thread when imported
         return 2
+    if "hooks_rust" in (config.capabilities or ()):  # off by default: then rustc is never asked
+        from .hooks.rust_build import start_rustc_version
+
+        start_rustc_version()  # answers while the service is imported: its capabilities need it
     from .service.server import serve
 
+    _started()
     return run_service("serve", lambda loop_name: serve(config, listen, loop_name=loop_name), args.loop)
 
 
@@ -535,9 +550,19 @@ for _name in ("checkpoint", "restore", "diff", "undo"):
     _CLIENTS[_name] = _workspace_command
 
 
+def _started() -> None:
+    """The end of a start from ``smith_fast.__main__``, which turned the garbage collector off for
+    it: what the start made is frozen out of the collector, which runs again. A no-op when the
+    collector is on (``main`` called in another program, a test)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args)  # its start goes on to the service's imports
+    _started()
     if args.command in ("worker", "gateway"):
         from .nats import cli as nats_cli
 
@@ -563,7 +588,8 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(next((w for w in words if not w.startswith("-")), None)).parse_args(argv)
     configure(getattr(args, "log_level", os.environ.get("SMITH_FAST_LOG_LEVEL", "warning")))
     try:
         code = _dispatch(args)

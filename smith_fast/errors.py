@@ -14,6 +14,8 @@
     │   │   └── WorkspacesUnavailable                  ... nor the workspaces' namespace and overlays
     │   ├── LandlockError (OSError)                    ... a process could not be confined
     │   └── MountError (OSError)                       ... the mount host refused or failed a mount
+    ├── EgressError                                    the egress proxy (--network allow)
+    │   └── EgressRuleError (ValueError)               ... an --egress-* option it cannot use
     ├── ListenError, StartupError                      the service cannot start as configured
     ├── SmithError                                     the client: the service answered with an ErrorEvent
     ├── ConnectionClosed ── ConnectError (OSError)     the client: the connection ended, or never was
@@ -55,6 +57,8 @@ __all__ = [
     "LandlockError",
     "WorkspacesUnavailable",
     "MountError",
+    "EgressError",
+    "EgressRuleError",
     "ListenError",
     "StartupError",
     # client and NATS
@@ -334,6 +338,17 @@ class WorkspacesUnavailable(SandboxUnavailable):
 class MountError(SandboxError, OSError):
     """The workspaces' mount host refused a request (a path outside its directory) or the kernel
     failed it; ``errno`` and ``strerror`` as for any :class:`OSError`, the message the host's."""
+
+
+class EgressError(SmithFastError):
+    """The egress proxy of ``--network allow`` (:mod:`smith_fast.egress`) failed."""
+
+
+class EgressRuleError(EgressError, ValueError):
+    """An ``--egress-allow``/``--egress-deny``/``--egress-secret``/``--egress-resolve`` value the
+    proxy cannot use (a malformed pattern, a secret whose environment variable is not set); the
+    message names the value and says what is wrong. A ValueError, so the commands print it as one
+    line, as any bad option; the service refuses to start."""
 
 # ---- HTTP ---------------------------------------------------------------------------------------
 # The shared HTTP/1.1 server (smith_fast/http: the MCP front, /metrics) and the planner's client.

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import IO, Any
 
-__all__ = ["TickStreamHandler", "conceal", "configure", "get_logger", "log_fields"]
+__all__ = ["TickStreamHandler", "conceal", "configure", "direct_handlers", "encode_json", "get_logger", "log_fields"]
 
 # json.dumps(default=...) builds a new encoder per call; the same encoder, built once
 _ENCODER = json.JSONEncoder(default=str)
@@ -40,7 +40,8 @@ def conceal(secret: str | None) -> None:
     _secrets = tuple(dict.fromkeys((*_secrets, *sorted(forms, key=len, reverse=True))))
 
 
-def _encode(out: dict[str, Any]) -> str:
+def encode_json(out: Any) -> str:
+    """``out`` as the JSON of a log line (orjson's, else the stdlib's for what orjson refuses)."""
     if orjson is not None:
         try:
             return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
@@ -62,25 +63,37 @@ class JsonFormatter(logging.Formatter):
             out.update(fields)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return _encode(out)
+        return encode_json(out)
+
+
+LINGER = 0.05
+"""Seconds a line given to :meth:`TickStreamHandler.add_line` with ``linger`` (the audit line of
+every request) may wait to be written with the lines after it."""
+LINGER_BYTES = 16 * 1024
+"""Lines waiting past this many characters are written at the end of the loop's tick."""
 
 
 class TickStreamHandler(logging.Handler):
-    """Writes records to ``stream``, the lines of one event-loop tick in one write.
+    """Writes records to ``stream``, many lines in one write.
 
-    The service writes a line per request (the audit trail, service/audit.py): one ``write`` and
-    flush each cost the server more than the request itself. Records emitted while an event loop
-    runs in the emitting thread are kept until the end of that loop's tick (``call_soon``), then
-    written together; records from other threads, or with no loop running, are written at once
-    (after whatever was kept, so lines stay in order). ``logging.shutdown`` (at exit) flushes what
-    a stopped loop left.
+    The service writes a line per request (the audit trail, service/audit.py): one ``write`` per
+    line cost the server more than the request itself, and one per event-loop tick still cost a
+    sequential caller a write and a wake of whoever reads the log, on every call. Lines emitted while
+    an event loop runs in the emitting thread are kept until the end of that loop's tick
+    (``call_soon``); the audit lines (``add_line(..., linger=True)``) for at most :data:`LINGER`
+    seconds (``call_later``), unless another line or :data:`LINGER_BYTES` of them end the wait
+    sooner; then all are written together, in order. Records from other threads, or with no loop
+    running, are written at once (after whatever was kept, so lines stay in order).
+    ``logging.shutdown`` (at exit) writes what a stopped loop left.
     """
 
     def __init__(self, stream: IO[str]) -> None:
         super().__init__()
         self.stream = stream
         self._pending: list[str] = []
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop a flush is scheduled on
+        self._size = 0  # characters in _pending
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop a write is scheduled on
+        self._soon = False  # at the end of its tick (else after LINGER)
         self._thread = threading.get_ident()  # only that loop's thread defers its lines
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -89,34 +102,47 @@ class TickStreamHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        self._add(line)
+        self._add(line, False)
 
-    def add_line(self, line: str) -> None:
-        """Write ``line`` (one JSON line, ``\\n`` included) as :meth:`emit` writes a record's."""
+    def add_line(self, line: str, linger: bool = False) -> None:
+        """Write ``line`` (one JSON line, ``\\n`` included) as :meth:`emit` writes a record's;
+        with ``linger``, within :data:`LINGER` seconds rather than at the end of this tick."""
         with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
-            self._add(line)
+            self._add(line, linger)
 
-    def _add(self, line: str) -> None:
-        scheduled = self._loop
-        if scheduled is not None and scheduled.is_running() and threading.get_ident() == self._thread:
-            self._pending.append(line)  # this tick's flush is scheduled (and no getpid() to find the loop)
-            return
-        loop = asyncio._get_running_loop()
-        if loop is None or threading.get_ident() != self._thread:
+    def _add(self, line: str, linger: bool) -> None:
+        loop = self._loop
+        # A write is scheduled on a loop running in this thread: that is the running loop (and
+        # asyncio._get_running_loop, which calls getpid(), is not needed).
+        if loop is None or not loop.is_running() or threading.get_ident() != self._thread:
+            loop = asyncio._get_running_loop()
+            if self._pending and self._loop is not loop:
+                self._write()  # a former loop's lines, which it stopped before writing
+            if loop is None or threading.get_ident() != self._thread:
+                self._pending.append(line)
+                self._write()
+                self._loop = None
+                return
+            self._loop, self._soon = loop, False
             self._pending.append(line)
-            self.flush()
+            self._size += len(line)
+            if not linger or self._size >= LINGER_BYTES:
+                self._soon = True
+                loop.call_soon(self._tick)
+            else:
+                loop.call_later(LINGER, self._tick)
             return
-        if self._loop is not loop:
-            if self._pending:
-                self.flush()  # a former loop's lines, which it stopped before writing
-            self._loop = loop
-            loop.call_soon(self._tick)
         self._pending.append(line)
+        self._size += len(line)
+        if (not linger or self._size >= LINGER_BYTES) and not self._soon:
+            self._soon = True
+            loop.call_soon(self._tick)  # the lingering write's timer then finds nothing to write
 
     def _tick(self) -> None:
         with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
+            if self._pending:
+                self._write()
             self._loop = None
-            self._write()
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]  # Handler.createLock made it
@@ -128,6 +154,7 @@ class TickStreamHandler(logging.Handler):
             return
         text = "".join(self._pending)
         self._pending.clear()
+        self._size = 0
         for secret in _secrets:
             if secret in text:
                 text = text.replace(secret, _REDACTED)
@@ -159,7 +186,7 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name if name.startswith("smith_fast") else f"smith_fast.{name}")
 
 
-def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str, Any]) -> None:
+def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str, Any], *, linger: bool = False) -> None:
     """``logger.log(level, event, extra={"fields": fields})``, the same line, for hot paths (the
     audit line of every request).
 
@@ -169,7 +196,7 @@ def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str,
     """
     if not logger.isEnabledFor(level):
         return
-    handlers = _direct_handlers(logger, level)
+    handlers = direct_handlers(logger, level)
     if handlers is None:
         logger.log(level, event, extra={"fields": fields})
         return
@@ -180,12 +207,12 @@ def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str,
         "event": event,
     }
     out.update(fields)
-    line = _encode(out) + "\n"
+    line = encode_json(out) + "\n"
     for handler in handlers:
-        handler.add_line(line)
+        handler.add_line(line, linger)
 
 
-def _direct_handlers(logger: logging.Logger, level: int) -> list[TickStreamHandler] | None:
+def direct_handlers(logger: logging.Logger, level: int) -> list[TickStreamHandler] | None:
     """The handlers a record of ``logger`` at ``level`` reaches, if all are plain JSON-line
     :class:`TickStreamHandler` s and nothing filters on the way; None otherwise."""
     out: list[TickStreamHandler] = []

@@ -70,13 +70,13 @@ _SPAWN_ERRORS = (OSError, ValueError, TypeError, subprocess.SubprocessError)
 
 
 def _popen_in(cell: containment.Cell, argv: list[str], stdin: int, stdout: int, stderr: int, cwd: str | None,
-              environ: dict[str, str], usage_w: int) -> subprocess.Popen[bytes]:
+              environ: dict[str, str], usage_w: int, egress_fd: int = -1) -> subprocess.Popen[bytes]:
     """Start ``argv`` born in ``cell``'s cgroup (it cannot fork out before it is put there), in a
     session of its own. Synchronous on purpose: Popen vforks and returns once exec succeeded
     (~1 ms, see bench_process's spawn group); an executor hop would cost more than it saves."""
     with cell.joined():
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, close_fds=True,
-                                pass_fds=(usage_w,) if usage_w >= 0 else (), start_new_session=True)
+                                pass_fds=tuple(fd for fd in (usage_w, egress_fd) if fd >= 0), start_new_session=True)
 
 
 def _give_up(cell: containment.Cell, *fds: int) -> None:
@@ -197,18 +197,19 @@ def _devnull() -> int:
 # unconfined commands (no sandbox program at all), commands on a terminal (the terminal is the
 # view's /dev/console), and whatever has no session zygote to use (a background process outlives
 # its session, a hook is the service's, a session with a workspace has its root mounted again
-# under it).
-_ROUTES: tuple[tuple[str, Callable[[Sandbox | None, "tuple[int, int] | None", "Zygotes | None"], bool]], ...] = (
-    ("one-shot", lambda sandbox, pty, zygotes: sandbox is None or not sandbox.active),
-    ("one-shot", lambda sandbox, pty, zygotes: pty is not None),
-    ("one-shot", lambda sandbox, pty, zygotes: zygotes is None),
-    ("zygote", lambda sandbox, pty, zygotes: True),
+# under it), and a command with an egress listener of its own (--network allow).
+_ROUTES: tuple[tuple[str, Callable[[Sandbox | None, "tuple[int, int] | None", "Zygotes | None", int], bool]], ...] = (
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: sandbox is None or not sandbox.active),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: pty is not None),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: zygotes is None),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: egress_fd >= 0),
+    ("zygote", lambda sandbox, pty, zygotes, egress_fd: True),
 )
 
 
-def route(sandbox: Sandbox | None, pty: tuple[int, int] | None, zygotes: Zygotes | None) -> str:
+def route(sandbox: Sandbox | None, pty: tuple[int, int] | None, zygotes: Zygotes | None, egress_fd: int = -1) -> str:
     """``"zygote"`` or ``"one-shot"``: how a command with these needs starts (:data:`_ROUTES`)."""
-    return next(name for name, applies in _ROUTES if applies(sandbox, pty, zygotes))
+    return next(name for name, applies in _ROUTES if applies(sandbox, pty, zygotes, egress_fd))
 
 
 async def start(
@@ -225,10 +226,11 @@ async def start(
     pty: tuple[int, int] | None,
     limits: containment.CommandLimits | None,
     zygotes: Zygotes | None,
+    egress_fd: int = -1,
 ) -> Spawned:
     """Start ``[shell, "-c", command]`` the way :func:`route` says: :func:`spawn` (one-shot) or
     :func:`spawn_forked` (the session's zygote). Arguments and errors: :func:`spawn`'s."""
-    if zygotes is not None and sandbox is not None and route(sandbox, pty, zygotes) == "zygote":
+    if zygotes is not None and sandbox is not None and route(sandbox, pty, zygotes, egress_fd) == "zygote":
         try:
             return await spawn_forked(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
                                       sandbox=sandbox, stdin=stdin, limits=limits, zygotes=zygotes)
@@ -236,7 +238,7 @@ async def start(
             _log.warning("a command starts the one-shot way: its session's zygote did not take it",
                          extra={"fields": {"reason": str(exc)}})
     return spawn(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
-                 sandbox=sandbox, stdin=stdin, pty=pty, limits=limits)
+                 sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
 
 
 async def spawn_forked(
@@ -309,6 +311,7 @@ def spawn(
     stdin: bool,
     pty: tuple[int, int] | None,
     limits: containment.CommandLimits | None,
+    egress_fd: int = -1,
 ) -> Spawned:
     """Start ``[shell, "-c", command]`` (through the sandbox program when ``sandbox`` is active).
 
@@ -320,14 +323,14 @@ def spawn(
         environ: its whole environment (``TMPDIR``, and the home variables of the sandbox's home, are added for a sandboxed command).
         env: what the request asked for (a ``TMPDIR`` of its own is kept).
         pipe_size: the kernel buffer to ask for each output pipe.
-        sandbox, stdin, pty, limits: as :meth:`~smith_fast.shell_process.ShellProcess.start`'s.
+        sandbox, stdin, pty, limits, egress_fd: as :meth:`~smith_fast.shell_process.ShellProcess.start`'s.
 
     Raises:
         ProtocolError: it could not be started (:func:`spawn_error`).
     """
     argv = _confined_argv(command, shell, cwd, environ, env, sandbox) if sandbox is not None and sandbox.active else [shell, "-c", command]
     if pty is not None:
-        return _spawn_pty(loop, shell, command, cwd, environ, pty, sandbox, limits)
+        return _spawn_pty(loop, shell, command, cwd, environ, pty, sandbox, limits, egress_fd)
     try:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
     except OSError as exc:
@@ -353,8 +356,8 @@ def spawn(
     try:
         if sandbox is not None and sandbox.active:
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w)
-        child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w)
+            argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w, egress_fd=egress_fd)
+        child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w, egress_fd)
     except _SPAWN_ERRORS as exc:
         _give_up(cell, out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None
@@ -382,6 +385,7 @@ def _spawn_pty(
     size: tuple[int, int],
     sandbox: Sandbox | None,
     limits: containment.CommandLimits | None,
+    egress_fd: int = -1,
 ) -> Spawned:
     found = shutil.which(shell, path=environ.get("PATH"))
     if found is None:
@@ -402,10 +406,10 @@ def _spawn_pty(
             # The same confinement as a piped command; the sandbox program makes the terminal
             # the command's controlling one (the host's /dev/pts is not in its view).
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w)
+            argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w, egress_fd=egress_fd)
         else:
             argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
-        popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w)
+        popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w, egress_fd)
     except _SPAWN_ERRORS as exc:
         _give_up(cell, master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None

@@ -104,6 +104,7 @@ class ShellProcess:
         "_loop",
         "_popen",
         "_on_output",
+        "_on_end",
         "_read_size",
         "_pipes",
         "_paused",
@@ -136,6 +137,7 @@ class ShellProcess:
         pipes: dict[int, int],
         on_output: Callable[[int, bytes], None],
         read_size: int,
+        on_end: Callable[[int], None] | None = None,
     ) -> None:
         self.pid: int = popen if isinstance(popen, int) else popen.pid
         self.returncode: int | None = None
@@ -143,6 +145,7 @@ class ShellProcess:
         # Kept until the shell is reaped: a Popen collected earlier would waitpid() it itself.
         self._popen: subprocess.Popen[bytes] | None = None if isinstance(popen, int) else popen
         self._on_output = on_output
+        self._on_end = on_end
         self._read_size = read_size
         self._pipes = pipes  # STDOUT/STDERR -> read end, until EOF or close()
         self._paused = False
@@ -186,6 +189,8 @@ class ShellProcess:
         on_stdin: Callable[[int], None] | None = None,
         limits: containment.CommandLimits | None = None,
         zygotes: Zygotes | None = None,
+        egress_fd: int = -1,
+        on_end: Callable[[int], None] | None = None,
     ) -> ShellProcess:
         """Start ``[shell, "-c", command]`` and begin delivering its output to ``on_output``.
 
@@ -213,6 +218,11 @@ class ShellProcess:
             zygotes: the session's zygotes (:mod:`smith_fast.sandbox.zygote`): a piped sandboxed
                 command is forked inside its session's sandbox, built once, instead of building one
                 (:func:`smith_fast.process_spawn.route`); None: the one-shot way.
+            egress_fd: with a ``--network allow`` sandbox, the unix socket the sandbox program sends
+                the command's egress listener over (:meth:`Sandbox.wrap <smith_fast.sandbox.Sandbox.wrap>`).
+            on_end: called as ``on_end(fd)`` when a stream reached its end (EOF, not :meth:`close`
+                or :meth:`stop_output`), before the process counts as done: a consumer that holds
+                back bytes between reads (a secret's redactor) gives them out there.
 
         Returns:
             The running process.
@@ -233,8 +243,8 @@ class ShellProcess:
         if env:
             environ.update(env)
         spawned = await start(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env, pipe_size=pipe_size,
-                              sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, zygotes=zygotes)
-        self = cls(loop, spawned.popen, spawned.pipes, on_output, read_size)
+                              sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, zygotes=zygotes, egress_fd=egress_fd)
+        self = cls(loop, spawned.popen, spawned.pipes, on_output, read_size, on_end)
         self._cell = spawned.cell
         self._forked = spawned.forked
         self._usage_fd = spawned.usage_fd
@@ -283,6 +293,7 @@ class ShellProcess:
         if data:
             self._deliver(stream, data)
         else:
+            self._ended(stream)
             self._close_pipe(stream)
             self._maybe_done()
 
@@ -305,6 +316,15 @@ class ShellProcess:
             if self._error is None:
                 self._error = exc
             self.close()
+
+    def _ended(self, stream: int) -> None:
+        if self._on_end is not None and stream in self._pipes:
+            try:
+                self._on_end(stream)
+            except Exception as exc:  # as _deliver: the consumer's bug stops the command
+                if self._error is None:
+                    self._error = exc
+                self.close()
 
     def _close_pipe(self, stream: int) -> None:
         fd = self._pipes.pop(stream, None)
@@ -340,6 +360,7 @@ class ShellProcess:
                 if not data:
                     break
                 self._deliver(stream, data)
+            self._ended(stream)
             self._close_pipe(stream)
 
     def _escaped_writer_check(self) -> None:

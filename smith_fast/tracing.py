@@ -23,7 +23,7 @@ environment variables (:func:`child_env`) and into ``LogEvent.fields`` as ``trac
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -32,13 +32,24 @@ from typing import Any
 from ._version import __version__
 from .logs import get_logger
 
-try:
-    from opentelemetry import trace as _trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    HAVE_API = True
-except ImportError:  # the API is a dependency; this only guards a broken install
-    HAVE_API = False
+class _OnFirstUse:
+    """``opentelemetry.trace``, imported when a span is first made or a trace context read: a
+    session that was not granted ``tracing`` never does, and the import (some 5 ms, typing_extensions
+    with it) is not paid on the way to every start's first answer. The first attribute read puts the
+    module itself in its place."""
+
+    def __getattr__(self, name: str) -> Any:
+        global _trace
+        from opentelemetry import trace
+
+        _trace = trace
+        return getattr(trace, name)
+
+
+_trace: Any = _OnFirstUse()
+# the API is a dependency; this only guards a broken install
+HAVE_API = importlib.util.find_spec("opentelemetry.trace") is not None
 
 __all__ = [
     "ATTR_BYTES_STDERR",
@@ -88,7 +99,7 @@ ATTR_HOOK_DECISION = "smith.hook.decision"
 _provider: Any = None  # the SDK provider we use (set by setup_from_env or use_tracer_provider)
 _owned_provider: Any = None  # the one setup_from_env made, to shut down at exit
 _tracer: Any = None
-_propagator: Any = TraceContextTextMapPropagator() if HAVE_API else None
+_propagator: Any = None  # a TraceContextTextMapPropagator, made on first use (see _OnFirstUse)
 
 
 # ---- setup -------------------------------------------------------------------------------------
@@ -102,6 +113,8 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
     if name == "otlp":
         proto = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc").strip()
         name = "otlp_proto_http" if proto.startswith("http") else "otlp_proto_grpc"
+    import importlib.metadata  # only with an exporter asked for: some 8 ms of every start otherwise
+
     found = importlib.metadata.entry_points(group="opentelemetry_traces_exporter", name=name)
     for entry in found:
         return entry.load()()
@@ -234,6 +247,11 @@ def _parent_context(parent: str | Mapping[str, str] | None) -> Any:
         if tp is None:
             return None
         carrier = {"traceparent": tp} if ts is None else {"traceparent": tp, "tracestate": ts}
+    global _propagator
+    if _propagator is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _propagator = TraceContextTextMapPropagator()
     ctx = _propagator.extract(carrier)
     return ctx if _trace.get_current_span(ctx).get_span_context().is_valid else None
 

@@ -59,14 +59,24 @@ def test_smoke_run_writes_report_json_and_charts(smoke_report: tuple[pathlib.Pat
     assert markdown.startswith("# smith-fast end-to-end benchmark report")
     assert "`python -m bench.report --smoke`" in markdown
 
-    # the generated summary comes first, before the tables, and says the MCP target's verdict
+    # the generated summary comes first, before the tables: a table of every workload against each
+    # peer (start-up among them, measured at smoke scale too), where it loses, the MCP target's verdict
     assert markdown.index("## In short") < markdown.index("## Headline")
     short = markdown[markdown.index("## In short"):markdown.index("## Headline")]
-    assert "- For small tool calls (pipelined `fs.read` of 72 B) smith-fast `v1` handles " in short
-    for name in ("`floor`", "`mcp-sdk`", "`v0-json`"):
-        assert name in short.splitlines()[4], name
-    assert "- Where it loses: " in short
+    table = _table(short, "## In short")
+    assert table[0] == ["workload", "smith-fast", "`mcp-sdk`", "`floor`", "`no-server`", "× `mcp-sdk`", "× `floor`",
+                        "× `no-server`"]
+    rows = {row[0]: row for row in table[1:]}
+    pipelined = rows["pipelined small tool calls (72 B `fs.read`), calls/s ↑"]
+    assert pipelined[1].endswith("(`v1`)") and pipelined[4] == pipelined[7] == "—"
+    assert all(re.fullmatch(r"×[\d.,]+(–[\d.,]+)?|too noisy to rank", cell) for cell in pipelined[5:7]), pipelined
+    start = rows["start → first answer (`serve --mcp`: `initialize`), ms ↓"]
+    assert start[1].endswith("(`mcp`)") and start[4] == "—" and start[5].startswith(("×", "too noisy"))
+    assert "start → first `fs.read` answered (`serve --stdio`: Ready, then the read), ms ↓" in rows
+    assert "- **Where it loses** (a rival beats smith-fast): " in short
+    assert "- **Below the floor** (a reference does the job faster, checking nothing): " in short
     assert re.search(r"MCP target, `mcp` against `mcp-sdk` in the same run: .*: \*\*(met|not met|not decided)", short)
+    assert "## Start: spawn → first answer" in markdown
 
     # the headline: one row per contender, every cell a number with its spread, too noisy to rank,
     # or "—" where the contender does not run that workload (the MCP servers and the references)
@@ -264,6 +274,12 @@ def test_noisy_cells_are_not_ranked_and_not_run_cells_are_a_dash() -> None:
     assert lines[2] == "- pipelined calls/s: too noisy to rank (`v1-batch` and `v1` lead on their medians)"
 
 
+def _starts(figures: dict[str, list[float]]) -> dict[str, object]:
+    """``report.start`` as ``bench.bench_start`` writes it, the first call 1 ms after the first answer."""
+    return {"contenders": {name: {"first answer ms": {"all": values}, "first call ms": {"all": [v + 1 for v in values]}}
+                           for name, values in figures.items()}}
+
+
 def test_the_summary_is_generated_from_the_figures() -> None:
     from bench.report.summary import mcp_target, summary_lines
 
@@ -277,21 +293,53 @@ def test_the_summary_is_generated_from_the_figures() -> None:
         ("latency", "floor"): [105.0, 109.0, 110.0],
         ("latency", "mcp"): [200.0, 210.0, 215.0],
         ("latency", "mcp-sdk"): [900.0, 950.0, 1000.0],
-        ("spawn", "v1"): [0.5, 1.0, 3.0],  # too noisy to say: its range straddles the other's
+        ("spawn", "v1"): [0.5, 1.0, 3.0],  # too noisy to say: its range straddles the others'
         ("spawn", "no-server"): [0.8, 0.85, 0.9],
+        ("spawn", "mcp"): [1.6, 1.7, 1.8],
+        ("spawn", "mcp-sdk"): [1.4, 1.45, 1.5],  # the SDK server starts `true` faster than the MCP front
     }
-    lines = summary_lines(_fake_report(figures, KEY_OF))
+    report = _fake_report(figures, KEY_OF)
+    report.start = _starts({"mcp": [100.0, 102.0, 104.0], "v1": [98.0, 99.0, 100.0], "mcp-sdk": [450.0, 460.0, 470.0],
+                            "floor": [17.0, 18.0, 19.0]})
+    lines = summary_lines(report)
     text = "\n".join(lines)
     assert lines[0] == "## In short"
-    assert ("- For small tool calls (pipelined `fs.read` of 72 B) smith-fast `v1` handles 8,200 calls/s: "
-            "×0.53 (worse) those of `floor` (15,600), ×8.20 those of `mcp-sdk` (1,000), ×2.00 those of `v0-json` "
-            "(4,100).") in lines
-    assert "- one call at a time, p50: `v1` 175 µs against `floor` 109: ×0.62 (worse)." in lines
-    assert ("- Where it loses: pipelined small tool calls, `v1` against `floor` (×0.53); one call at a time, p50, "
-            "`v1` against `floor` (×0.62).") in lines
-    assert "- Too noisy to say in this run: `true`, request to final event, p50 (`v1` against `no-server`)." in lines
+    table = _table(text, "## In short")
+    assert table[0] == ["workload", "smith-fast", "`mcp-sdk`", "`floor`", "`no-server`", "× `mcp-sdk`", "× `floor`",
+                        "× `no-server`"]
+    rows = {row[0]: row[1:] for row in table[1:]}
+    # the workloads nobody measured in this run (seq, lines) are left out, not shown as failed
+    assert list(rows) == [
+        "pipelined small tool calls (72 B `fs.read`), calls/s ↑",
+        "one call at a time, p50, µs ↓",
+        "`true`, request to final event, p50, ms ↓",
+        "MCP: pipelined small tool calls, calls/s ↑",
+        "MCP: one call at a time, p50, µs ↓",
+        "MCP: `true`, p50, ms ↓",
+        "start → first answer (`serve --mcp`: `initialize`), ms ↓",
+        "start → first `fs.read` answered (`serve --stdio`: Ready, then the read), ms ↓",
+    ]
+    assert rows["pipelined small tool calls (72 B `fs.read`), calls/s ↑"] == [
+        "8,200 (`v1`)", "1,000", "15,600", "—", "×8.20", "×0.53", "—"]
+    assert rows["one call at a time, p50, µs ↓"] == ["175 (`v1`)", "950", "109", "—", "×5.43", "×0.62", "—"]
+    assert rows["`true`, request to final event, p50, ms ↓"] == [
+        "too noisy (±125%) (`v1`)", "1.45", "—", "0.85", "too noisy to rank", "—", "too noisy to rank"]
+    assert rows["MCP: `true`, p50, ms ↓"] == ["1.70 (`mcp`)", "1.45", "—", "0.85", "×0.85", "—", "×0.50"]
+    assert rows["start → first answer (`serve --mcp`: `initialize`), ms ↓"] == [
+        "102 (`mcp`)", "460", "18.0", "—", "×4.51", "×0.18", "—"]
+    assert rows["start → first `fs.read` answered (`serve --stdio`: Ready, then the read), ms ↓"] == [
+        "100 (`v1`)", "461", "19.0", "—", "×4.61", "×0.19", "—"]
+    # a rival that beats us is where it loses; a reference that does is below the floor
+    assert "- **Where it loses** (a rival beats smith-fast): MCP: `true`, p50: `mcp` against `mcp-sdk` (×0.85)." in lines
+    below = next(line for line in lines if line.startswith("- **Below the floor**"))
+    assert "pipelined small tool calls (72 B `fs.read`): `v1` against `floor` (×0.53)" in below
+    assert "MCP: `true`, p50: `mcp` against `no-server` (×0.50)" in below
+    assert "start → first answer (`serve --mcp`: `initialize`): `mcp` against `floor` (×0.18)" in below
+    assert "mcp-sdk" not in below
+    assert ("- Too noisy to say in this run: `true`, request to final event, p50 (`v1` against `mcp-sdk`); "
+            "`true`, request to final event, p50 (`v1` against `no-server`).") in lines
     # 9000 / 1000 = 9x (≥ 8) and 950 / 210 = 4.5x (≥ 4): met
-    assert mcp_target(_fake_report(figures, KEY_OF))[1] is True
+    assert mcp_target(report)[1] is True
     assert "×9.00 the calls/s (target ≥ 8x); ×4.52 lower p50 (target ≥ 4x): **met** in this run." in text
 
     # the same run with a slower MCP front: not met, and the sentence changes with the figures
@@ -307,11 +355,25 @@ def test_the_summary_is_generated_from_the_figures() -> None:
     sentence, met = mcp_target(_fake_report(clear, KEY_OF))
     assert met is True and "×8.18–16.7 the calls/s, noisy (target ≥ 8x)" in sentence
     clear_loss = {**figures, ("spawn", "v1"): [2.0, 3.0, 6.0]}
-    assert "- `true`, request to final event, p50: `v1` 3.00 ms against `no-server` 0.85: ×0.13–0.45 (worse; " \
-           "noisy but clear)." in summary_lines(_fake_report(clear_loss, KEY_OF))
-    # nothing to lose against: said so
+    assert "`true`, request to final event, p50: `v1` against `no-server` (×0.13–0.45)" in "\n".join(
+        summary_lines(_fake_report(clear_loss, KEY_OF)))
+    # ours failed where a peer has a figure: the peer's figure stands, the ratio is n/a
+    failed = _fake_report({**figures, ("seq", "mcp-sdk"): [30.0, 31.0, 32.0]}, KEY_OF)
+    failed.samples[("seq", "mcp")] = []
+    seq = next(line for line in summary_lines(failed) if line.startswith("| MCP: `seq"))
+    assert seq.split(" | ")[1:] == ["failed (`mcp`)", "31.0", "—", "failed", "n/a", "—", "n/a |"]
+    # starts are many and short: one slowed by another process's load does not make the figure noisy
+    spiky = _fake_report(figures, KEY_OF)
+    spiky.start = _starts({"mcp": [100.0, 101.0, 102.0, 103.0, 104.0, 105.0, 106.0, 107.0, 400.0],
+                           "mcp-sdk": [450.0, 460.0, 470.0]})
+    assert "| start → first answer (`serve --mcp`: `initialize`), ms ↓ | 104 (`mcp`) | 460 | — | — | ×4.42 | — | — |" \
+        in summary_lines(spiky)
+    # no rival ahead, nothing below a floor: said so; without start figures, no start rows
     winning = {k: v for k, v in figures.items() if "floor" not in k and k[0] != "spawn"}
-    assert "- Where it loses: nowhere among these comparisons in this run." in summary_lines(_fake_report(winning, KEY_OF))
+    lines = summary_lines(_fake_report(winning, KEY_OF))
+    assert "- **Where it loses** (a rival beats smith-fast): nowhere against `mcp-sdk` in this run." in lines
+    assert "- **Below the floor** (a reference does the job faster, checking nothing): nowhere in this run." in lines
+    assert not [line for line in lines if line.startswith("| start")]
 
 
 def test_the_floor_and_the_no_server_reference_answer_like_the_others(tmp_path: pathlib.Path) -> None:

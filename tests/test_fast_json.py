@@ -73,3 +73,37 @@ def test_log_fields_writes_the_line_logging_writes(monkeypatch: pytest.MonkeyPat
     direct, through_logging = [json.loads(line) for line in out.getvalue().splitlines()]
     assert abs(direct.pop("ts") - through_logging.pop("ts")) < 1
     assert direct == through_logging == {"level": "info", "logger": "smith_fast.audit", "event": "request", **fields}
+
+
+@pytest.mark.parametrize(("rid", "tool", "success", "workspace"), [
+    ("r1", "fs.read", True, ""), ('r"2\n\\', "fs.read", False, ""), ("r3é", "fs.réad", True, ""),
+    ("r4", "x" * 300, True, "ws-1"), ("\ud800", "fs.read", True, ""),
+])
+def test_a_one_step_tool_calls_audit_line_is_the_line_log_fields_writes(
+    monkeypatch: pytest.MonkeyPatch, rid: str, tool: str, success: bool, workspace: str
+) -> None:
+    from smith_fast.service.audit import MAX_SUBJECT, Audit
+
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    root = logging.getLogger("smith_fast")
+    saved = root.handlers[:], root.level, root.propagate
+    peer = 'unix:/p é"q'
+    try:
+        logs.configure("info")
+        audit = Audit("s", peer)
+        audit.workspace = workspace
+        audit.tool_ended(rid, tool, success, 7)
+        fields = {"session": "s", "peer": peer, "kind": "tool_call", "request_id": rid,
+                  "tool": tool if len(tool) <= MAX_SUBJECT else tool[: MAX_SUBJECT - 3] + "...", "success": success,
+                  "outcome": "ok", "hooks": [], "duration_ms": 7}
+        if workspace:
+            fields["workspace"] = workspace
+        logs.log_fields(logs.get_logger("smith_fast.audit"), logging.INFO, "request", fields)
+        for handler in root.handlers:
+            handler.flush()
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+    direct, reference = out.getvalue().splitlines()
+    assert direct.split(",", 1)[1] == reference.split(",", 1)[1]  # all but the time stamp, byte for byte
+    assert json.loads(direct)["request_id"] == rid

@@ -100,6 +100,9 @@ function onShellOutput(p) {
 function beforeHookLoad(p) {
   return p.source.includes("evil") ? { action: "block", reason: `no evil ${p.hook_type} hooks` } : { action: "allow" };
 }
+function beforeConnect(p) {
+  return p.host.endsWith(".evil") ? { action: "block", reason: `not ${p.host}:${p.port}` } : { action: "allow" };
+}
 """
 
 RUST_ALL = r"""
@@ -199,7 +202,15 @@ fn before_hook_load(p: &Json) -> Action {
     Action::Allow
 }
 
-hooks! { before_tool_call, before_shell_exec, after_tool_result, on_shell_output, before_hook_load }
+fn before_connect(p: &Json) -> Action {
+    let host = p["host"].as_str().unwrap_or("");
+    if host.ends_with(".evil") {
+        return Action::block(format!("not {}:{}", host, p["port"]));
+    }
+    Action::Allow
+}
+
+hooks! { before_tool_call, before_shell_exec, after_tool_result, on_shell_output, before_hook_load, before_connect }
 """
 
 # Append a marker to args.path, so the order of a chain shows in the result.
@@ -331,6 +342,8 @@ TRIGGER_CASES = [
     ("on_shell_output", {"stream": "stderr", "text": "warning: é\n"}, "transform", {"stream": "stderr", "text": "WARNING: É\n"}),
     ("before_hook_load", {"hook_type": "js", "source": "function beforeToolCall() {}"}, "allow", None),
     ("before_hook_load", {"hook_type": "rust", "source": "// evil"}, "block", "no evil rust hooks"),
+    ("before_connect", {"host": "pypi.org", "port": 443, "session": "s", "request": "r"}, "allow", None),
+    ("before_connect", {"host": "exfil.evil", "port": 80, "session": "s", "request": "r"}, "block", "not exfil.evil:80"),
 ]
 
 
@@ -482,6 +495,9 @@ WRONG_SHAPES: dict[str, list[tuple[Any, str]]] = {
     ],
     "before_hook_load": [
         ({"hook_type": "js", "source": ""}, "a hook load can only be allowed or blocked, not transformed"),
+    ],
+    "before_connect": [
+        ({"host": "pypi.org", "port": 443, "session": "s", "request": "r"}, "a connection can only be allowed or blocked, not transformed"),
     ],
     "on_shell_output": [
         ({"stream": "stdin", "text": "x"}, 'stream must be "stdout" or "stderr"'),

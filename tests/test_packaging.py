@@ -49,6 +49,10 @@ from harness.server import ROOT, wait_until
 from .peers import V1Peer, terminal
 from .wheelhouse import build_smith_fast, pack_closure, pack_installed
 
+# The first test builds the wheel: some twenty-five extensions, most of them the request path compiled
+# (smith_fast/_compat.py's COMPILED_IN_PLACE), minutes on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(900)
+
 INITIALIZE = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
     "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "packaging", "version": "1"}},
@@ -209,6 +213,16 @@ def test_base_install_serves(base: Venv) -> None:
 
     run = base.run("exec", "echo", "from-a-fresh-venv")
     assert (run.returncode, run.stdout) == (0, "from-a-fresh-venv\n"), run.stderr
+
+
+def test_the_wheel_runs_the_request_path_compiled(base: Venv) -> None:
+    """The wheel's request path runs compiled: pip unpacks a module's .py after its .so, and the
+    sums the build wrote (not file times) say the extension is current."""
+    code = ("import importlib, smith_fast._compat as c; "
+            "print(sorted(n for n in c.COMPILED_IN_PLACE if not c.compiled(importlib.import_module(n))))")
+    out = subprocess.run([str(base.path / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                         cwd=base.work, env=base.env(), timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stdout + out.stderr
 
 
 def test_base_install_names_the_missing_extra(base: Venv) -> None:

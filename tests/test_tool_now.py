@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from harness.server import ServerProcess, wait_until
+from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.tools import ToolContext, ToolOutcome, default_registry
@@ -177,12 +178,17 @@ def _audit(server: ServerProcess, rid: str) -> dict[str, Any]:
     return {k: v for k, v in line.items() if k not in ("ts", "duration_ms", "request_id")}
 
 
-def test_the_wire_and_the_audit_line_are_the_normal_paths(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
+@pytest.mark.parametrize("impl", ["c", "py"])
+def test_the_wire_and_the_audit_line_are_the_normal_paths(tmp_path: pathlib.Path, root: pathlib.Path, impl: str) -> None:
     """Each case once through the one-step path (nothing else runs) and once as a task (a command
     with open stdin runs meanwhile and holds its share of the output budget, so no call is
-    answered in the step that read it): the same events, in the same order, and the same audit line."""
-    server = ServerProcess(tmp_path, root=root, log_level="info").start()
+    answered in the step that read it): the same events, in the same order, and the same audit line.
+    Run by a server with the request path compiled (``c``) and by one running its source (``py``)."""
+    env = {"SMITH_FAST_NO_EXTENSIONS": "1"} if impl == "py" else None  # "c": as this run is built
+    server = ServerProcess(tmp_path, root=root, log_level="info", env=env).start()
     try:
+        assert server.proc is not None
+        assert _runs_compiled(server.proc.pid) == (impl == "c" and not NO_EXTENSIONS)
         peer = V1Peer(server.unix)
         peer.handshake()
         fasts = [_exchange(peer, f"f{i}", args) for i, (args, _) in enumerate(CASES)]
@@ -212,6 +218,14 @@ def test_the_wire_and_the_audit_line_are_the_normal_paths(tmp_path: pathlib.Path
         peer.close()
     finally:
         assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+def _runs_compiled(pid: int) -> bool:
+    """Whether process ``pid`` runs every module of the request path compiled (none, if not)."""
+    maps = pathlib.Path(f"/proc/{pid}/maps").read_text()
+    loaded = {name for name in COMPILED_IN_PLACE if f"/{name.replace('.', '/')}.cpython-" in maps}
+    assert loaded in (set(), set(COMPILED_IN_PLACE)), sorted(loaded)
+    return bool(loaded)
 
 
 def _renamed(env: pb.Envelope, old: str, new: str) -> pb.Envelope:

@@ -14,6 +14,7 @@ import time
 
 from . import meta as meta_mod
 from . import nats as nats_section
+from . import start as start_section
 from . import workspaces as workspaces_section
 from .contenders import CONTENDERS
 from .render import to_json, to_markdown
@@ -43,11 +44,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
     p.add_argument("--contenders", help="comma list of contenders to run (default all)")
     p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, seq, spawn, latency, pipelined, sessions, "
-                   "size, chunk, nats, workspaces)")
+                   "size, chunk, nats, workspaces, start)")
     p.add_argument("--no-nats", action="store_true", help="skip the NATS scale-out section (bench/bench_nats.py: serve against a "
                    "gateway and 1, 2, 4 workers; needs nats-server)")
     p.add_argument("--no-workspaces", action="store_true", help="skip the workspaces section (bench/bench_workspaces.py: serve "
                    "--workspaces against a plain serve; generates its templates under /var/tmp once)")
+    p.add_argument("--no-start", action="store_true", help="skip the start-up section (bench/bench_start.py: each stdio server "
+                   "spawned afresh until its first answer)")
     p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return p
@@ -86,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         nats_section.run(report, args.scale)
     if workspaces_section.wanted(args.scale, only, args.no_workspaces):
         workspaces_section.run(report, args.scale)
+    if start_section.wanted(args.scale, only, args.no_start):
+        start_section.run(report, args.scale)
     wall = time.perf_counter() - started
     report.meta = {
         **facts,
@@ -104,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     (out / "report.json").write_text(to_json(report))
     _print_headline(report)
     print(f"\nwrote {out / 'report.md'}, report.json{''.join(', ' + c for c in charts)} in {wall:.0f} s")
-    return 1 if report.failures or report.nats_failure or report.workspaces_failure else 0
+    return 1 if report.failures or report.nats_failure or report.workspaces_failure or report.start_failure else 0
 
 
 def _print_headline(report: Report) -> None:

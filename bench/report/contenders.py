@@ -173,7 +173,7 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("mcp", "smith-fast's MCP front: `smith-fast serve --mcp` on stdio (JSON-RPC lines), uvloop",
               transport="stdio", groups=TOOL_CALLS | {"seq", "spawn"},
               argv=("{python}", "-m", "smith_fast", "serve", "--mcp", "--root", "{root}", "--log-level", "warning",
-                    "--tool-max-output", "16M")),
+                    "--tool-max-output", "16M", "--mcp-max-result-chars", "8000000")),
     Contender("mcp-sdk", "a server written with the official MCP Python SDK as its documentation shows "
               "(`bench/mcp_sdk_server.py`: `MCPServer`, `read_file` and `shell` tools, stdio)", transport="stdio",
               role="rival", groups=TOOL_CALLS | {"seq", "spawn"}, tools=(("fs.read", "read_file"),),

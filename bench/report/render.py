@@ -172,6 +172,9 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
             rows.append(row)
         out += [*_table(header, rows), ""]
     out += _mcp_section(report)
+    from .start import markdown as start_markdown  # it imports this module
+
+    out += start_markdown(report)
     out += _ladder_sections(report)
     from .nats import markdown as nats_markdown  # it imports this module
 
@@ -344,5 +347,6 @@ def to_json(report: Report) -> str:
         "nats": report.nats if report.nats is not None else {"failure": report.nats_failure} if report.nats_failure else None,
         "workspaces": report.workspaces if report.workspaces is not None
         else {"failure": report.workspaces_failure} if report.workspaces_failure else None,
+        "start": report.start if report.start is not None else {"failure": report.start_failure} if report.start_failure else None,
     }
     return json.dumps(data, indent=1, ensure_ascii=False)

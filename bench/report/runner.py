@@ -49,6 +49,8 @@ class Report:
         nats_failure: why they are missing, when that run failed.
         workspaces: the workspaces figures (``bench.report.workspaces``), None when not measured.
         workspaces_failure: why they are missing, when that run failed.
+        start: the start-up figures (``bench.report.start``), None when not measured.
+        start_failure: why they are missing, when that run failed.
     """
 
     scale: Scale
@@ -62,6 +64,8 @@ class Report:
     nats_failure: str | None = None
     workspaces: dict[str, Any] | None = None
     workspaces_failure: str | None = None
+    start: dict[str, Any] | None = None
+    start_failure: str | None = None
 
     def summary(self, case: str, contender: str, key: str) -> Summary | None:
         """The summary of figure ``key`` of ``case`` for ``contender``; None when not measured."""

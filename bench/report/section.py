@@ -29,7 +29,7 @@ def measure_into(report: Report, group: str, module: str, scale: str, say: Calla
     bench = importlib.import_module(module)
     tell = say or (lambda line: print(f"bench.report: {group}: {line}", file=sys.stderr, flush=True))
     try:
-        result = bench.measure(bench.SCALES["full" if scale == "full" else "quick"], tell)
+        result = bench.measure(bench.SCALES[scale if scale in bench.SCALES else "full" if scale == "full" else "quick"], tell)
     except Exception as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         setattr(report, f"{group}_failure", detail[:500])

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .runner import Report
-from .stats import Summary, speedup
+from .stats import Summary, percentile, speedup, summarize
 
-__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "mcp_target", "outcome", "outcomes", "ratio_text",
-           "summary_lines"]
+__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "ROWS", "Row", "START", "mcp_target", "outcome",
+           "outcomes", "peers", "ratio_text", "row_outcomes", "start_figure", "summary_lines"]
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,7 @@ def outcome(report: Report, c: Comparison) -> Outcome | None:
     if direction is None or ours is None or theirs is None:
         return None
     higher, unit = direction
-    ratio = speedup(ours.median, theirs.median, higher)
-    worst = speedup(ours.low if higher else ours.high, theirs.high if higher else theirs.low, higher)
-    best = speedup(ours.high if higher else ours.low, theirs.low if higher else theirs.high, higher)
-    if math.isnan(ratio) or math.isnan(worst) or math.isnan(best):
-        verdict = "noisy"
-    elif worst <= 1 <= best:
-        verdict = "noisy" if ours.noisy or theirs.noisy else "tie"
-    else:
-        verdict = "win" if worst > 1 else "loss"
+    ratio, worst, best, verdict = _judge(ours, theirs, higher)
     found = report.case(c.case)
     title = found.title.split(",")[0] if found else c.case
     return Outcome(Comparison(c.case, c.metric, c.ours, c.theirs, c.what.format(title=title)), ours, theirs, ratio,
@@ -149,42 +141,175 @@ def ratio_text(o: Outcome) -> str:
     return f"×{_fmt(o.worst)}–{_fmt(o.best)}" if o.noisy else f"×{_fmt(o.ratio)}"
 
 
-def _times(o: Outcome) -> str:
-    if o.verdict == "noisy":
-        return "too noisy to rank"
-    notes = [note for note, on in (("worse", o.ratio < 1), ("noisy but clear", o.noisy),
-                                   ("within the spread", o.verdict == "tie")) if on]
-    return ratio_text(o) + (f" ({'; '.join(notes)})" if notes else "")
+START = "start"  # not a case of the runner: bench.report.start's figures, in report.start
+
+
+@dataclass(frozen=True)
+class Row:
+    """One workload of the opening table: figure ``metric`` of case ``case`` (or :data:`START`) of
+    smith-fast's contender ``ours``, against each peer's (``{title}`` in ``what``: the case's title)."""
+
+    case: str
+    metric: str
+    ours: str
+    what: str
+
+
+ROWS = (
+    Row("pipelined", "calls/s", "v1", "pipelined small tool calls (72 B `fs.read`)"),
+    Row("latency", "p50 µs", "v1", "one call at a time, p50"),
+    Row("spawn", "p50 ms", "v1", "`true`, request to final event, p50"),
+    Row("seq", "final ms", "v1", "{title}"),
+    Row("lines", "MB/s", "v1", "output of {title}"),
+    Row("pipelined", "calls/s", "mcp", "MCP: pipelined small tool calls"),
+    Row("latency", "p50 µs", "mcp", "MCP: one call at a time, p50"),
+    Row("spawn", "p50 ms", "mcp", "MCP: `true`, p50"),
+    Row("seq", "final ms", "mcp", "MCP: {title} in one result"),
+    Row(START, "first answer ms", "mcp", "start → first answer (`serve --mcp`: `initialize`)"),
+    Row(START, "first call ms", "v1", "start → first `fs.read` answered (`serve --stdio`: Ready, then the read)"),
+)
+REFERENCES = ("floor", "no-server")
+
+
+def start_figure(report: Report, contender: str, key: str) -> Summary | None:
+    """The summary of ``key`` (``first answer ms``, ``first call ms``) of ``contender``'s starts:
+    their median, and as its range the middle half of them (a start is short and there are many: one
+    that another process's burst of load slowed would otherwise make the whole figure "too noisy")."""
+    found = (report.start or {}).get("contenders", {}).get(contender, {}).get(key)
+    if not found or not found["all"]:
+        return None
+    values = sorted(found["all"])
+    return Summary(summarize(values).median, percentile(values, 0.25), percentile(values, 0.75), len(values))
+
+
+def _figure(report: Report, case: str, contender: str, key: str) -> Summary | None:
+    return start_figure(report, contender, key) if case == START else report.summary(case, contender, key)
+
+
+def _runs(report: Report, case: str, contender: str) -> bool:
+    if case == START:
+        return contender in (report.start or {}).get("contenders", {})
+    return report.applies(case, contender)
+
+
+def _judge(ours: Summary, theirs: Summary, higher: bool) -> tuple[float, float, float, str]:
+    """(ratio, worst, best, verdict) as :class:`Outcome` defines them."""
+    ratio = speedup(ours.median, theirs.median, higher)
+    worst = speedup(ours.low if higher else ours.high, theirs.high if higher else theirs.low, higher)
+    best = speedup(ours.high if higher else ours.low, theirs.low if higher else theirs.high, higher)
+    if math.isnan(ratio) or math.isnan(worst) or math.isnan(best):
+        verdict = "noisy"
+    elif worst <= 1 <= best:
+        verdict = "noisy" if ours.noisy or theirs.noisy else "tie"
+    else:
+        verdict = "win" if worst > 1 else "loss"
+    return ratio, worst, best, verdict
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """A :class:`Row` as this run measured it: what it is (the title filled in), its unit and
+    direction, our figure (None: failed), and per peer (the rivals, then the references) its
+    :class:`Outcome` (None where the peer does not run the workload, or either side failed)."""
+
+    what: str
+    unit: str
+    higher_is_better: bool
+    ours: Summary | None
+    outcomes: dict[str, Outcome | None]
+
+
+def row_outcomes(report: Report, row: Row) -> RowResult | None:
+    """``row`` as this run measured it; None when the run did not measure the workload for us."""
+    if row.case == START:
+        direction: tuple[bool, str] | None = (False, "ms")
+    else:
+        direction = _direction(report, row.case, row.metric)
+    if direction is None or not _runs(report, row.case, row.ours):
+        return None
+    higher, unit = direction
+    found = report.case(row.case)
+    what = row.what.format(title=found.title.split(",")[0] if found else row.case)
+    ours = _figure(report, row.case, row.ours, row.metric)
+    got: dict[str, Outcome | None] = {}
+    for peer in peers(report):
+        theirs = _figure(report, row.case, peer, row.metric) if _runs(report, row.case, peer) else None
+        if ours is None or theirs is None:
+            got[peer] = None
+            continue
+        ratio, worst, best, verdict = _judge(ours, theirs, higher)
+        got[peer] = Outcome(Comparison(row.case, row.metric, row.ours, peer, what), ours, theirs, ratio, verdict, unit,
+                            worst, best)
+    return RowResult(what, unit, higher, ours, got)
+
+
+def peers(report: Report) -> list[str]:
+    """Whom the opening table compares with: every rival of the run, then the references."""
+    rivals = [c.name for c in report.contenders if c.role == "rival"]
+    return [*rivals, *(n for n in REFERENCES if any(c.name == n for c in report.contenders))]
+
+
+def _plain(s: Summary | None) -> str:
+    if s is None:
+        return "failed"
+    return f"too noisy (±{s.spread * 50:.0f}%)" if s.noisy else _fmt(s.median)
 
 
 def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`") -> list[str]:
-    """The opening section: a few bullets of plain words, every number taken from ``report``."""
-    got = outcomes(report)
+    """The opening section: a table of every workload smith-fast and a peer both ran, against each
+    peer, and the lists of where a peer beats us; every number taken from ``report``."""
+    who = peers(report)
+    rivals = [p for p in who if p not in REFERENCES]
     out = ["## In short", "",
-           "Generated from this run's figures (medians; \"×N\": N times better, whichever way the figure goes; "
-           "where a side's repetitions spread over ±25%, the ratio's range from the repetitions' ranges, "
-           "and \"too noisy to rank\" when that range straddles 1):", ""]
-    first = [o for o in got if o.comparison.case == "pipelined" and o.comparison.ours == "v1"
-             and o.comparison.metric == "calls/s"]
-    if first:
-        theirs = ", ".join(f"{_times(o)} those of {name(o.comparison.theirs)} ({_fmt(o.theirs.median)})"
-                           for o in first)
-        out.append(f"- For small tool calls (pipelined `fs.read` of 72 B) smith-fast `v1` handles "
-                   f"{_fmt(first[0].ours.median)} calls/s: {theirs}.")
-    for o in got:
-        if o in first:
-            continue
-        c = o.comparison
-        out.append(f"- {c.what}: {name(c.ours)} {_fmt(o.ours.median)} {o.unit} against {name(c.theirs)} "
-                   f"{_fmt(o.theirs.median)}: {_times(o)}.")
-    losses = [o for o in got if o.verdict == "loss"]
-    out.append("- Where it loses: " + ("; ".join(f"{o.comparison.what}, {name(o.comparison.ours)} against "
-                                                f"{name(o.comparison.theirs)} ({ratio_text(o)})" for o in losses)
-                                      if losses else "nowhere among these comparisons in this run") + ".")
-    noisy = [o for o in got if o.verdict == "noisy"]
+           "Generated from this run's figures. Per workload: smith-fast's median, each peer's, and the ratios "
+           "(\"×N\": smith-fast is N times better, whichever way the figure goes; below 1, worse). Where a side's "
+           "repetitions spread over ±25%, the ratio's range from the repetitions' ranges, \"too noisy to rank\" when "
+           f"that range straddles 1. Peers: the rival{'s' if len(rivals) != 1 else ''} "
+           f"{', '.join(map(name, rivals)) or '(none in this run)'}, and the references "
+           f"{' and '.join(name(n) for n in who if n in REFERENCES)} (floors, not competitors); \"—\": the peer does "
+           "not run that workload.", ""]
+    header = ["workload", "smith-fast", *(name(p) for p in who), *(f"× {name(p)}" for p in who)]
+    rows: list[list[str]] = []
+    losses: list[Outcome] = []
+    below: list[Outcome] = []
+    noisy: list[Outcome] = []
+    for row in ROWS:
+        measured = row_outcomes(report, row)
+        if measured is None or (measured.ours is None and all(_figure(report, row.case, p, row.metric) is None for p in who)):
+            continue  # nothing of it measured (a run of other workloads)
+        got = measured.outcomes
+        cells = [f"{measured.what}, {measured.unit} {'↑' if measured.higher_is_better else '↓'}",
+                 f"{_plain(measured.ours)} ({name(row.ours)})"]
+        for p in who:  # a peer's figure, whether or not ours was measured
+            cells.append(_plain(_figure(report, row.case, p, row.metric)) if _runs(report, row.case, p) else NOT_RUN)
+        for p in who:
+            o = got[p]
+            if o is None:
+                cells.append(NOT_RUN if not _runs(report, row.case, p) else "n/a")
+                continue
+            cells.append(ratio_text(o))
+            if o.verdict == "loss":
+                (below if p in REFERENCES else losses).append(o)
+            elif o.verdict == "noisy":
+                noisy.append(o)
+        rows.append(cells)
+    out += ["| " + " | ".join(header) + " |", "|---|" + "--:|" * (len(header) - 1)]
+    out += ["| " + " | ".join(cells) + " |" for cells in rows]
+    out.append("")
+
+    def said(o: Outcome) -> str:
+        return f"{o.comparison.what}: {name(o.comparison.ours)} against {name(o.comparison.theirs)} ({ratio_text(o)})"
+
+    out.append("- **Where it loses** (a rival beats smith-fast): " + ("; ".join(map(said, losses)) if losses else
+               f"nowhere against {', '.join(map(name, rivals)) or 'a rival'} in this run") + ".")
+    out.append("- **Below the floor** (a reference does the job faster, checking nothing): "
+               + ("; ".join(map(said, below)) if below else "nowhere in this run") + ".")
     if noisy:
         out.append("- Too noisy to say in this run: " + "; ".join(
             f"{o.comparison.what} ({name(o.comparison.ours)} against {name(o.comparison.theirs)})" for o in noisy) + ".")
     sentence, _ = mcp_target(report)
     out += [f"- {sentence}", ""]
     return out
+
+
+NOT_RUN = "—"

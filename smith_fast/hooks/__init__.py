@@ -14,8 +14,15 @@ from pathlib import Path
 from .chain import ChainResult, HookChain
 from .js import JS_FUNCTIONS, JsHook, engine_available, load_js, load_js_async
 from .model import TRIGGERS, Decision, Hook, HookFailure, HookLimits, HookLoadError, shape_error
-from .rust import RustHook, default_cache_dir, load_rust, rustc_version
 from .wire import hook_action, load_action
+
+# Not typing.TYPE_CHECKING: the Rust engine's names, imported on first use (below), as mypy sees them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .rust import RustHook, default_cache_dir, load_rust, rustc_version
+# The Rust engine (its build, its checks, tempfile, importlib.resources: some 5 ms) is imported by a
+# Rust hook's first load or a look for rustc, not by every service's start.
+_RUST = frozenset({"RustHook", "default_cache_dir", "load_rust", "rustc_version"})
 
 __all__ = [
     "JS_FUNCTIONS",
@@ -30,6 +37,7 @@ __all__ = [
     "JsHook",
     "RustHook",
     "available_kinds",
+    "kind_available",
     "default_cache_dir",
     "hook_action",
     "load_action",
@@ -43,6 +51,22 @@ KINDS = ("js", "rust")
 _SUFFIXES = {".js": "js", ".mjs": "js", ".rs": "rust"}
 
 
+def _rustc_runs() -> bool:
+    from .rust_build import rustc_version
+
+    return rustc_version() is not None
+
+
+# kind -> whether this machine can load hooks of it (each computed once per process)
+_AVAILABLE = {"js": engine_available, "rust": _rustc_runs}
+
+
+def kind_available(kind: str) -> bool:
+    """Whether this machine can load hooks of ``kind``: ``"js"`` if the QuickJS bindings import,
+    ``"rust"`` if ``rustc --version`` runs (some 15–40 ms the first time: ask only when it matters)."""
+    return _AVAILABLE[kind]()
+
+
 @functools.cache
 def available_kinds() -> frozenset[str]:
     """The hook kinds this machine can load (computed once per process).
@@ -50,12 +74,7 @@ def available_kinds() -> frozenset[str]:
     Returns:
         ``"js"`` if the QuickJS bindings import; ``"rust"`` if ``rustc --version`` runs.
     """
-    kinds = set()
-    if engine_available():
-        kinds.add("js")
-    if rustc_version() is not None:
-        kinds.add("rust")
-    return frozenset(kinds)
+    return frozenset(kind for kind in KINDS if kind_available(kind))
 
 
 async def load_hook(
@@ -88,6 +107,8 @@ async def load_hook(
     if kind == "js":
         return await load_js_async(source, limits, hook_id)
     if kind == "rust":
+        from .rust import load_rust
+
         return await load_rust(source, limits, hook_id, cache_dir, trusted=trusted)
     raise HookLoadError(f"unknown hook type {kind!r}: expected 'js' or 'rust'")
 
@@ -137,3 +158,13 @@ async def load_hook_file(
         return await load_hook(kind, source, limits=limits, cache_dir=cache_dir, hook_id=hook_id, trusted=trusted)
     except HookLoadError as exc:
         raise HookLoadError(f"{path}: {exc.message}", exc.diagnostics) from None
+
+
+def __getattr__(name: str) -> object:
+    if name not in _RUST:
+        raise AttributeError(f"module 'smith_fast.hooks' has no attribute {name!r}")
+    from . import rust
+
+    value = getattr(rust, name)
+    globals()[name] = value  # once: the next look-up is a plain module attribute
+    return value

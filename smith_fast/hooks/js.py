@@ -50,6 +50,7 @@ JS_FUNCTIONS: dict[str, str] = {
     "after_tool_result": "afterToolResult",
     "on_shell_output": "onShellOutput",
     "before_hook_load": "beforeHookLoad",
+    "before_connect": "beforeConnect",
 }
 """The global function a JavaScript hook defines for each trigger."""
 

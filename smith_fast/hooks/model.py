@@ -28,7 +28,8 @@ __all__ = [
 
 log = logging.getLogger("smith_fast.hooks")
 
-TRIGGERS: tuple[str, ...] = ("before_tool_call", "before_shell_exec", "after_tool_result", "on_shell_output", "before_hook_load")
+TRIGGERS: tuple[str, ...] = ("before_tool_call", "before_shell_exec", "after_tool_result", "on_shell_output", "before_hook_load",
+                             "before_connect")
 """The trigger points, in the order a request meets them."""
 
 Action = Literal["allow", "block", "transform"]
@@ -147,12 +148,18 @@ def _check_hook_load(d: dict[str, Any]) -> str | None:
     return "a hook load can only be allowed or blocked, not transformed"
 
 
+def _check_connect(d: dict[str, Any]) -> str | None:
+    # A connection is allowed or blocked: a rewritten host would be a destination no rule was asked about.
+    return "a connection can only be allowed or blocked, not transformed"
+
+
 _SHAPES: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "before_tool_call": _check_tool_call,
     "before_shell_exec": _check_shell_exec,
     "after_tool_result": _check_tool_result,
     "on_shell_output": _check_shell_output,
     "before_hook_load": _check_hook_load,
+    "before_connect": _check_connect,
 }
 
 

@@ -5,7 +5,8 @@
 //   * `Json`: a complete JSON value (parser and compact serializer, no crates);
 //   * `Action`: what a hook function returns (allow, block with a reason, transform with new data);
 //   * `hooks! { before_tool_call, ... }`: the hook registers its functions here (any of
-//     before_tool_call, before_shell_exec, after_tool_result, on_shell_output, before_hook_load);
+//     before_tool_call, before_shell_exec, after_tool_result, on_shell_output, before_hook_load,
+//     before_connect);
 //   * `main()`: reads one request per line on stdin ({"trigger": ..., "payload": ...}) and writes one
 //     answer per line to the file descriptor named by argv[1] (not stdout: a hook's `println!` goes
 //     to the service log with its `eprintln!`, and cannot corrupt the protocol).

@@ -59,17 +59,43 @@ def rustc_path() -> str | None:
     return str(cargo) if os.access(cargo, os.X_OK) else None
 
 
-@functools.cache
-def rustc_version() -> str | None:
-    """``rustc --version`` if it runs, else None (computed once per process)."""
+_asked: subprocess.Popen[str] | None = None  # `rustc --version` started early, not yet read
+
+
+def _ask_rustc() -> subprocess.Popen[str] | None:
     rustc = rustc_path()
     if rustc is None:
         return None
     try:
-        done = subprocess.run([rustc, "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
+        return subprocess.Popen([rustc, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    except OSError:
         return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def start_rustc_version() -> None:
+    """Start ``rustc --version`` now, for :func:`rustc_version` to read later: rustc takes some
+    15 ms to answer, which ``serve`` spends importing the service instead of waiting for it (its
+    capabilities say whether Rust hooks load)."""
+    global _asked
+    if _asked is None and rustc_version.cache_info().currsize == 0:
+        _asked = _ask_rustc()
+
+
+@functools.cache
+def rustc_version() -> str | None:
+    """``rustc --version`` if it runs, else None (computed once per process)."""
+    global _asked
+    proc, _asked = _asked or _ask_rustc(), None
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.SubprocessError:
+        proc.kill()
+        proc.wait()
+        return None
+    return out.strip() if proc.returncode == 0 and out.strip() else None
 
 
 def default_cache_dir() -> Path:

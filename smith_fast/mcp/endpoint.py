@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .. import tracing
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.input_wait import WAITING_FOR_INPUT
@@ -39,7 +40,9 @@ log = get_logger("smith_fast.mcp")
 
 # What the front's session asks for: commands and tracing (recording follows --record; the
 # replay capability would record every MCP session by default, and hooks are loaded with
-# serve --hook, not by MCP clients).
+# serve --hook, not by MCP clients). Tracing only when spans are recorded (an exporter set up
+# from OTEL_*, or a provider given): no MCP request carries a trace context to pass on, so its
+# spans would be empty no-ops, whose making imports OpenTelemetry on the way to `initialize`.
 _CAPABILITIES = (pb.CAPABILITY_SHELL_EXEC, pb.CAPABILITY_TRACING)
 
 
@@ -95,7 +98,8 @@ class McpEndpoint:
         self.session = core.new_session(self.sink, close=self._closed, peer=peer, protocol="mcp", **front)
         if authenticated:
             self.session.authenticated = True
-        handshake = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[c for c in _CAPABILITIES if c in core.capabilities]))
+        wanted = [c for c in _CAPABILITIES if c in core.capabilities and (c != pb.CAPABILITY_TRACING or tracing.configured())]
+        handshake = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=wanted))
         if self.session.recorder is not None:  # so that the log replays as the v1 session it was
             self.session.recorder.record_command(handshake)
         self.session.handle(handshake)

@@ -157,11 +157,16 @@ SHELL_OUTPUT_SCHEMA: Final[dict[str, Any]] = {
         "cwd": {"type": ["string", "null"], "description": "where the next call starts (null: the root)"},
         "state_saved": {"type": "boolean", "description": "this call's directory and exported variables were kept for the next"},
         "env_not_kept": {"type": "array", "items": {"type": "string"}, "description": "variables it exported that the env policy does not carry"},
+        "egress_refused": {
+            "type": "array", "description": "connections the egress proxy refused it (--network allow): host, port, the rule that decided, why",
+            "items": {"type": "object", "properties": {k: {"type": "string"} for k in ("host", "port", "rule", "message")},
+                      "required": ["host", "port", "rule", "message"]},
+        },
     },
     "required": [
         "stdout", "stderr", "exit_code", "stdout_bytes", "stderr_bytes", "truncated", "cut", "output_file", "output_capped",
         "timed_out", "timeout_s", "timeout_capped", "killed", "signal", "kill_reason", "refused", "refusal", "errors", "cwd",
-        "state_saved", "env_not_kept",
+        "state_saved", "env_not_kept", "egress_refused",
     ],
 }
 

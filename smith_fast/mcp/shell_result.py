@@ -83,6 +83,7 @@ def shell_result(
         "cwd": state.cwd,
         "state_saved": state_saved,
         "env_not_kept": dropped,
+        "egress_refused": list(call.refused_connections),
     }
     is_error = code != 0 or bool(call.errors)
     text = [stdout]
@@ -104,6 +105,8 @@ def shell_result(
                 f"\n[{stream} cut: {cut['head_lines']} first and {cut['tail_lines']} last of {cut['total_lines']} lines shown; "
                 f"the whole of it: {cut['file']}]"
             )
+    for connection in call.refused_connections:
+        text.append(f"\n[network: {connection['message']} (rule {connection['rule']})]")
     if dropped:
         text.append(f"\n[not kept for the next call (env policy): {', '.join(dropped)}]")
     if not state_saved and not refused:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..pb import smith_pb2 as pb
 from .results import OutputDir, StreamKeeper
 from .shell_state import ShellState, StateSplitter
+from ..service.egress import EGRESS_REFUSED
 from ..service.sinks import EventSink, Recording, as_text, now_ms
 from . import protocol
 
@@ -27,6 +28,8 @@ __all__ = ["Call", "Channel", "McpSink", "CallHost", "ShellCall"]
 
 _TERMINAL = frozenset({pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR})
 
+
+_REFUSALS_KEPT = 16  # refused connections a call's result lists (a command retrying in a loop makes more)
 
 class Channel(Protocol):
     """Where the messages about one JSON-RPC request go (stdio: the one pipe; HTTP: its response)."""
@@ -42,7 +45,7 @@ class Call:
     __slots__ = (
         "id", "shell", "channel", "token", "cancelled", "room", "out", "err", "out_bytes", "err_bytes",
         "exit_code", "success", "result", "errors", "progress", "failures", "shell_call",
-        "modern", "task", "timer", "parked", "input_key", "asks",
+        "modern", "task", "timer", "parked", "input_key", "asks", "refused_connections",
     )
 
     def __init__(self, request_id: Any, shell: bool, channel: Channel, token: Any, room: int) -> None:
@@ -61,6 +64,9 @@ class Call:
         self.result = b""
         self.errors: list[str] = []
         self.failures: list[tuple[int, Mapping[str, str]]] = []  # each ErrorEvent's code and details
+        # connections the egress proxy refused the command (--network allow): its result says why,
+        # since a client may show the model no logging notification
+        self.refused_connections: list[dict[str, str]] = []
         self.progress = 0
         self.shell_call: ShellCall | None = None  # a ``shell`` call's keepers and state (results.py)
         # The stateless revision (2026-07-28): the request's envelope, the task it is or may become,
@@ -223,6 +229,11 @@ class McpSink(EventSink):
     def log(self, level: int, message: str, request_id: str | None = None, fields: Mapping[str, str] | None = None) -> None:
         if self._recording is not None:
             self._record(log=pb.LogEvent(level=level, message=message, timestamp=now_ms(), request_id=request_id, fields=fields))  # type: ignore[arg-type]  # ints and Mappings where the stubs want enum and dict types
+        if fields is not None and request_id is not None and fields.get("reason") == EGRESS_REFUSED:
+            call = self._calls.get(request_id)
+            if call is not None and len(call.refused_connections) < _REFUSALS_KEPT:
+                call.refused_connections.append({"host": fields.get("host", ""), "port": fields.get("port", ""),
+                                                 "rule": fields.get("rule", ""), "message": message})
         self._host.log(protocol.SMITH_LOG_LEVEL.get(level, "info"), message, request_id, fields or {})
 
     def error(self, code: int, message: str, request_id: str | None = None, details: Mapping[str, str] | None = None) -> None:

@@ -22,7 +22,6 @@ no flush call is needed.
 
 from __future__ import annotations
 
-from .diff import Transcript, diff_transcripts
 from .format import (
     DIRECTION_IN,
     DIRECTION_OUT,
@@ -36,10 +35,21 @@ from .format import (
     LogFormatError,
     LogHeader,
 )
-from .reader import Discarded, LogReader, Record, TornTail, read_log
-from .replayer import Replayer, ReplayResult
 from .store import RecordingStore
 from .writer import SessionRecorder
+
+# Not typing.TYPE_CHECKING: the same names, imported on first use (below), as mypy sees them here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .diff import Transcript, diff_transcripts
+    from .reader import Discarded, LogReader, Record, TornTail, read_log
+    from .replayer import Replayer, ReplayResult
+
+# What only `smith-fast replay` and the tests use: reading and replaying a log drives a service with
+# the SDK, whose import (the client, the v0 codec) a serving process that records need not pay at start.
+_LATER = {"Transcript": "diff", "diff_transcripts": "diff", "Discarded": "reader", "LogReader": "reader",
+          "Record": "reader", "TornTail": "reader", "read_log": "reader", "Replayer": "replayer",
+          "ReplayResult": "replayer"}
 
 __all__ = [
     "DIRECTION_IN",
@@ -65,3 +75,13 @@ __all__ = [
     "diff_transcripts",
     "read_log",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LATER:
+        raise AttributeError(f"module 'smith_fast.replay' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LATER[name]}", __name__), name)
+    globals()[name] = value  # once: the next look-up is a plain module attribute
+    return value

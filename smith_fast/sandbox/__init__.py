@@ -24,6 +24,7 @@ Kernel features each setting needs:
 | any sandbox (all but ``--sandbox off --network on``) | unprivileged user namespaces (``CLONE_NEWUSER``) with mount and pid namespaces, ``open_tree``/``mount_setattr`` (Linux 5.12) |
 | ``--sandbox workspace-write`` / ``read-only`` | Landlock ABI >= 3 (Linux 6.2: truncation is a right only from ABI 3) |
 | ``--network off`` | a network namespace; Landlock ABI 4 adds TCP bind/connect denial when present |
+| ``--network allow`` | a network namespace, seccomp user notification and ``pidfd_getfd`` (Linux 5.6): the unix guard |
 | ``--sandbox off --network on`` | nothing: no wrapper at all |
 
 ``SMITH_FAST_SANDBOX_HIDE=landlock,userns`` makes the probe report those features missing, so the
@@ -36,6 +37,7 @@ import ctypes
 import os
 import pathlib
 import platform
+import socket
 import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,6 +46,7 @@ from ..errors import SandboxUnavailable, UnsafeRoot
 
 __all__ = [
     "DEFAULT_TMP_SIZE",
+    "EGRESS_PORT",
     "HELPER",
     "MIN_LANDLOCK_ABI",
     "MODES",
@@ -56,7 +59,10 @@ __all__ = [
 ]
 
 MODES = ("workspace-write", "read-only", "off")
-NETWORKS = ("on", "off", "loopback")
+NETWORKS = ("on", "off", "loopback", "allow")
+EGRESS_PORT = 3128
+"""Where a ``--network allow`` command's egress listener is, on its own 127.0.0.1
+(``csrc/egress_listener.h``'s ``EGRESS_PORT``): what its proxy variables point at."""
 MIN_LANDLOCK_ABI = 3
 DEFAULT_TMP_SIZE = 1 << 30
 """Bytes a command's private ``/tmp`` (its ``TMPDIR``) and ``/dev/shm`` may each hold."""
@@ -133,8 +139,10 @@ class Sandbox:
     Attributes:
         mode: ``workspace-write`` (write only under ``root``, the private ``/tmp`` and
             ``/dev/shm``), ``read-only`` (only those two) or ``off`` (no file confinement).
-        network: ``on``, ``off`` (no network at all, loopback included) or ``loopback`` (a
-            private loopback only).
+        network: ``on``, ``off`` (no network at all, loopback included), ``loopback`` (a
+            private loopback only) or ``allow`` (a private loopback with the egress listener on
+            :data:`EGRESS_PORT`, handed to the service: :meth:`wrap`'s ``egress_fd``; connect()
+            to a socket file outside the writable directories refused).
         root: the workspace root (resolved).
         wrapper: the sandbox program's argv prefix (:data:`HELPER`); for tests of other builds.
         deny_read: paths commands may not read (``--sandbox-deny-read``; inside the root too):
@@ -228,18 +236,20 @@ class Sandbox:
         return any(_inside(path, denied) for denied in self.deny_read)
 
     def wrap(self, argv: Sequence[str], writable: Sequence[str], *, tty: bool = False, data_size: int = 0,
-             usage_fd: int = -1) -> list[str]:
+             usage_fd: int = -1, egress_fd: int = -1) -> list[str]:
         """``argv`` run through the sandbox program, allowed to write only ``writable``.
 
         ``argv[0]`` must be a path (no ``PATH`` look-up). ``tty``: the command's stdin is a
         terminal it gets as its controlling terminal. ``data_size``: its ``RLIMIT_DATA``.
         ``usage_fd``: an fd the caller passes on (``pass_fds``), where the sandbox program writes
         the command's ``struct rusage`` before it ends (its parent's ``wait4`` sees the sandbox
-        program only). Without an active sandbox, ``argv`` unchanged.
+        program only). ``egress_fd``: with ``network == "allow"``, a unix socket the caller passes
+        on, over which the sandbox program sends the egress listener (without one, a process of
+        that sandbox gets a loopback alone: no way out). Without an active sandbox, ``argv`` unchanged.
         """
         if not self.active:
             return list(argv)
-        out = [*self.wrapper, *self._policy()]
+        out = [*self.wrapper, *self._policy(egress_fd)]
         for path in writable:
             out += ["--write", path]
         if tty:
@@ -256,14 +266,18 @@ class Sandbox:
         """The sandbox program as a zygote (:mod:`smith_fast.sandbox.zygote`): these walls, with
         ``writable`` writable, built once, and the commands sent on the socket ``control_fd`` forked
         inside (each confined as :meth:`wrap`'s command is). The argv with ``control_fd`` 0 names
-        the configuration: a session keeps one zygote per name."""
+        the configuration: a session keeps one zygote per name. (``--network allow`` has an egress
+        listener per command: such commands start the one-shot way, and a zygote gets loopback.)"""
         out = [*self.wrapper, *self._policy()]
         for path in writable:
             out += ["--write", path]
         return [*out, "--zygote", str(control_fd)]
 
-    def _policy(self) -> list[str]:
-        out = ["--fs", "on" if self.confines_files else "off", "--network", self.network, "--tmp-size", str(self.tmp_size)]
+    def _policy(self, egress_fd: int = -1) -> list[str]:
+        network = self.network if self.network != "allow" or egress_fd >= 0 else "loopback"
+        out = ["--fs", "on" if self.confines_files else "off", "--network", network, "--tmp-size", str(self.tmp_size)]
+        if network == "allow":
+            out += ["--egress-fd", str(egress_fd)]
         if self.reap:
             out.append("--reap")
         if self.file_size:
@@ -321,14 +335,22 @@ class Sandbox:
                 f"--sandbox {self.mode} needs Landlock ABI >= {MIN_LANDLOCK_ABI} (Linux 6.2+); this kernel has {have}. "
                 "Enable Landlock, or pass --sandbox off to run commands unconfined"
             )
-        probe = [*self.wrapper, *self._policy(), *(a for p in self.writable() for a in ("--write", p)), "--probe"]
+        # --network allow: the probe sends its egress listener too (dropped here) and installs the unix guard.
+        ours, theirs = socket.socketpair() if self.network == "allow" else (None, None)
+        egress_fd = theirs.fileno() if theirs is not None else -1
+        probe = [*self.wrapper, *self._policy(egress_fd), *(a for p in self.writable() for a in ("--write", p)), "--probe"]
         try:
             # In the root, where commands run: the service's own directory may be out of the
             # command's view (a checkout under the private /tmp), and is none of the probe's business.
             cwd = self.root if os.path.isdir(self.root) else "/"
-            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd=cwd)
+            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd=cwd,
+                                  pass_fds=(egress_fd,) if egress_fd >= 0 else ())
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxUnavailable(f"the sandbox program {probe[0]!r} does not run: {exc}") from None
+        finally:
+            for end in (ours, theirs):
+                if end is not None:
+                    end.close()
         if done.returncode != 0:
             why = done.stderr.decode("utf-8", "replace").strip() or f"exit status {done.returncode}"
             raise SandboxUnavailable(f"--sandbox {self.mode} --network {self.network} does not work on this kernel: {why}")

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ProtocolError
-from ..logs import get_logger, log_fields
+from json.encoder import encode_basestring as _json_string  # the C one
+
+from ..logs import direct_handlers, encode_json as _encode_json, get_logger, log_fields
 from ..pb import smith_pb2 as pb
 
 __all__ = ["Audit", "AuditRecord", "MAX_SUBJECT", "MAX_DECISIONS", "refused"]
@@ -42,6 +44,19 @@ _OUTCOMES = {
     "env_refused": "refused",
     "cancelled": "cancelled",
 }
+
+
+# The ends of tool_ended's line after the tool name; the duration and the closing brace follow.
+_SUCCEEDED = ',"success":true,"outcome":"ok","hooks":[],"duration_ms":'
+_FAILED = ',"success":false,"outcome":"ok","hooks":[],"duration_ms":'
+
+
+def _line_head(session: str, peer: str) -> str:
+    """What follows ``"ts"`` in a session's tool_ended lines up to the request id's value, as
+    :func:`~smith_fast.logs.log_fields` encodes it (its keys in the same order)."""
+    whole = _encode_json({"level": "info", "logger": log.name, "event": "request", "session": session, "peer": peer,
+                          "kind": "tool_call", "request_id": ""})
+    return whole[1:-3]  # without the braces and the empty request id's quotes
 
 
 def _clip(text: str, limit: int) -> str:
@@ -94,7 +109,7 @@ class AuditRecord:
         if self.omitted:
             fields["hooks_omitted"] = self.omitted
         fields["duration_ms"] = int((time.monotonic() - self.started) * 1000)
-        log_fields(log, logging.INFO, "request", fields)
+        log_fields(log, logging.INFO, "request", fields, linger=True)
 
     def cancelled(self) -> None:
         """The session ended before its request did."""
@@ -117,7 +132,7 @@ class Audit:
         find: the open record of running request ``rid``, if any.
     """
 
-    __slots__ = ("_session", "_peer", "_find", "_steps", "workspace")
+    __slots__ = ("_session", "_peer", "_find", "_steps", "workspace", "_head", "_ms", "_ts")
 
     def __init__(self, session: str, peer: str, find: Callable[[str], AuditRecord | None] = lambda _rid: None) -> None:
         self._session = session
@@ -125,6 +140,9 @@ class Audit:
         self._find = find
         self._steps: dict[str, AuditRecord] = {}
         self.workspace = ""  # the session's workspace id (serve --workspaces), in every line once set
+        self._head: str | None = None  # tool_ended's constant part, encoded on first use
+        self._ms = 0  # the millisecond of _ts: the calls of one millisecond share its text
+        self._ts = ""
 
     def open(self, rid: str, kind: str, *, parent: str | None = None) -> AuditRecord:
         """The record of a request (or a plan step) that starts."""
@@ -144,14 +162,39 @@ class Audit:
 
     def tool_ended(self, rid: str, tool: str, success: bool, duration_ms: int) -> None:
         """The line of a tool call that began and ended in one step, ``duration_ms`` long: what
-        :meth:`open`, :meth:`note` of ``tool`` and ``success`` and the end write, in one go."""
-        fields: dict[str, Any] = {
-            "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
-            "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [], "duration_ms": duration_ms,
-        }
+        :meth:`open`, :meth:`note` of ``tool`` and ``success`` and the end write, in one go.
+
+        Where only the service's own JSON-line handler listens, the line is put together from the
+        session's constant part (encoded once) and the call's own values: the same text
+        :func:`~smith_fast.logs.log_fields` writes for the same fields, at a fraction of its cost
+        (it was a third of the server's CPU per small pipelined ``fs.read``)."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        handlers = direct_handlers(log, logging.INFO)
+        if handlers is None or not (rid.isascii() and tool.isascii()):  # non-ASCII: the encoders' own rules
+            fields: dict[str, Any] = {
+                "session": self._session, "peer": self._peer, "kind": "tool_call", "request_id": rid,
+                "tool": _clip(tool, MAX_SUBJECT), "success": success, "outcome": "ok", "hooks": [],
+                "duration_ms": duration_ms,
+            }
+            if self.workspace:
+                fields["workspace"] = self.workspace
+            log_fields(log, logging.INFO, "request", fields, linger=True)
+            return
+        head = self._head
+        if head is None:
+            head = self._head = _line_head(self._session, self._peer)
+        tail = _SUCCEEDED if success else _FAILED
         if self.workspace:
-            fields["workspace"] = self.workspace
-        log_fields(log, logging.INFO, "request", fields)
+            tail = f'{tail}{duration_ms},"workspace":{_encode_json((self.workspace,))[1:-1]}}}\n'
+        else:
+            tail = f"{tail}{duration_ms}}}\n"
+        now = time.time()
+        if (ms := round(now * 1000)) != self._ms:  # formatting a float costs more than the rest of the line
+            self._ms, self._ts = ms, repr(round(now, 3))
+        line = f'{{"ts":{self._ts},{head}{_json_string(rid)},"tool":{_json_string(_clip(tool, MAX_SUBJECT))}{tail}'
+        for handler in handlers:
+            handler.add_line(line, linger=True)
 
     def note(self, rid: str, **fields: Any) -> None:
         """Add fields to ``rid``'s line (``command``, ``tool`` and ``origin`` are cut)."""

@@ -34,6 +34,7 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..process import STDERR, STDOUT, ShellProcess
 from .shell_exec import terminal_size, working_directory
+from .egress import open_egress
 from .spawn import spawn
 
 if TYPE_CHECKING:
@@ -357,6 +358,7 @@ class BackgroundTable:
                 stdin_limit=limits.max_stdin_buffer,
                 on_stdin=entry.on_stdin,
                 limits=limits.command_limits(),
+                egress=open_egress(ex, rid),
             )
         except BaseException:
             release()

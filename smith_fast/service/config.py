@@ -119,6 +119,12 @@ class Limits:
         mcp_max_result_chars, mcp_default_timeout, mcp_max_timeout: the MCP ``shell`` tool's result
             budget in characters (head and tail kept, the whole output in a file), the timeout of a call
             that gives none, and the longest one a call may ask for (:mod:`smith_fast.mcp.results`).
+        egress_max_head, egress_handshake_timeout, egress_connect_timeout, egress_idle_timeout,
+            egress_max_connections: the egress proxy's bounds with ``--network allow``
+            (:class:`~smith_fast.egress.limits.EgressLimits`): bytes of a request head or SOCKS5
+            handshake, seconds to name a destination, to resolve and connect to it, a tunnel may
+            carry nothing, and connections at once through one command's listener; a timeout of 0
+            is none.
         resume_window: seconds a v1 session that asked for ``resume`` is kept (its requests running,
             its events retained within ``max_session_buffer``) after its connection dropped, for
             the peer to reconnect and resume it; 0 turns resume off (``--resume-window``;
@@ -262,6 +268,21 @@ class Limits:
         help="without --workspaces: what one session's home, its HOME with the npm, pip, cargo and go caches, may hold, "
              "checked before each of its commands; a home found over it is emptied; 0 = no bound. With --workspaces the "
              "home is in the workspace's tmpfs, within --max-workspace-bytes")
+    egress_max_head: int = option(
+        64 * 1024, flag="--egress-max-head", unit="bytes", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: a request head or SOCKS5 handshake to the egress proxy larger than this: 431, or closed")
+    egress_handshake_timeout: float = option(
+        10.0, flag="--egress-handshake-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: time a connection to the egress proxy has to name its destination, and a hook to decide; 0 = none")
+    egress_connect_timeout: float = option(
+        10.0, flag="--egress-connect-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: time the egress proxy may take to resolve and connect to a destination, then 504 or SOCKS5 0x04; 0 = none")
+    egress_idle_timeout: float = option(
+        300.0, flag="--egress-idle-timeout", unit="seconds", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: a tunnel through the egress proxy that carries nothing either way this long is closed; 0 = never")
+    egress_max_connections: int = option(
+        256, flag="--egress-max-connections", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="with --network allow: connections at once through one command's egress listener; one more is closed at accept")
     record_max_bytes: int = option(
         256 << 20, flag="--record-max-bytes", unit="bytes", commands=_FRONTS, group=_LIMITS,
         help="session recordings kept together; past it the oldest finished ones are removed (rotation), "
@@ -307,7 +328,13 @@ class ServiceConfig:
             every available one except ``hooks_rust``, which is granted only when listed here.
         sandbox: how the processes started for peers are confined (``--sandbox``; PROTOCOL.md,
             "Sandbox"): ``workspace-write``, ``read-only`` or ``off``.
-        network: their network (``--network``): ``on``, ``off`` or ``loopback``.
+        network: their network (``--network``): ``on``, ``off``, ``loopback`` or ``allow`` (only through
+            the egress proxy, by name: :mod:`smith_fast.service.egress`).
+        egress_allow, egress_deny: the proxy's rules (``--egress-allow``/``--egress-deny``: names,
+            ``*.`` wildcards, optional ports, CIDRs; :mod:`smith_fast.egress.rules`).
+        egress_secrets: ``NAME@HOST=ENV`` (``--egress-secret``): the command's ``NAME`` holds a
+            placeholder the proxy replaces with ``$ENV`` in plain-HTTP requests to HOST.
+        egress_resolve: ``HOST=ADDR[,ADDR...]`` answered before DNS by the proxy (``--egress-resolve``; for tests).
         sandbox_deny_read: paths those processes may not read (``--sandbox-deny-read``).
         workspaces: the directory of the sessions' workspaces (``--workspaces``), None for one
             shared root.
@@ -394,8 +421,24 @@ class ServiceConfig:
         help="confine commands, shell.run, plan steps and Rust hooks (namespaces, a read-only view of the host, "
         "Landlock): write only the root and a private /tmp (workspace-write), only the /tmp (read-only), or anywhere (off)")
     network: str = option(
-        "on", flag="--network", unit="choice", choices=("on", "off", "loopback"), commands=_RUNNERS, group=_SECURITY,
-        help="network for those processes: on, off (none, loopback included) or loopback (a private loopback only)")
+        "on", flag="--network", unit="choice", choices=("on", "off", "loopback", "allow"), commands=_RUNNERS, group=_SECURITY,
+        help="network for those processes: on, off (none, loopback included), loopback (a private loopback only) or allow "
+             "(a private loopback, and the hosts --egress-allow lets through the service's egress proxy; README, Network egress)")
+    egress_allow: tuple[str, ...] = option(
+        (), flag="--egress-allow", unit="text", repeat=True, metavar="PATTERN", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: a destination commands may reach through the proxy: a host name (pypi.org), *.name for "
+             "its subdomains, * for any name, an optional :PORT, or a CIDR (10.0.0.0/8); loopback, link-local, private and "
+             "the host's own addresses need a CIDR rule even when the name is allowed")
+    egress_deny: tuple[str, ...] = option(
+        (), flag="--egress-deny", unit="text", repeat=True, metavar="PATTERN", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: a destination refused whatever --egress-allow says (the same patterns)")
+    egress_secrets: tuple[str, ...] = option(
+        (), flag="--egress-secret", unit="text", repeat=True, metavar="NAME@HOST=ENV", commands=_RUNNERS, group=_SECURITY,
+        help="with --network allow: commands get a placeholder in $NAME; the proxy puts the service's $ENV in its place in "
+             "plain-HTTP request headers to HOST only (HTTPS is opaque to it: README, Network egress)")
+    egress_resolve: tuple[str, ...] = option(
+        (), flag="--egress-resolve", unit="text", repeat=True, metavar="HOST=ADDR[,ADDR]", commands=_RUNNERS, group=_SECURITY,
+        help="the egress proxy answers HOST with these addresses before asking DNS (for tests: a made-up name for a local server)")
     sandbox_deny_read: tuple[pathlib.Path, ...] = option(
         (), flag="--sandbox-deny-read", unit="path", repeat=True, metavar="PATH", commands=_RUNNERS, group=_SECURITY,
         help="commands may not read PATH (e.g. ~/.ssh, or ROOT/.env): it is an empty, unreadable file or directory in "

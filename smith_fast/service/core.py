@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import framing, logs
 from .._version import __version__
-from ..hooks import Hook, HookLimits, available_kinds
+from ..errors import EgressRuleError
+from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
 from ..plan import Planner, planner_from_options
 from ..replay import RecordingStore
@@ -22,6 +23,7 @@ from ..tools import ToolContext, ToolRegistry, default_registry
 from .background import BackgroundTable
 from .commands import COMMANDS
 from .config import ServiceConfig
+from .egress import EgressHub
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 from .negotiation import (
     ACCEPT_KEY,
@@ -68,6 +70,7 @@ __all__ = [
 _DEFAULT_OFF = frozenset({smith_pb2.CAPABILITY_HOOKS_RUST, smith_pb2.CAPABILITY_REPLAY})
 """Granted only when ``--capabilities`` names them: a Rust hook is native code (HOOKS.md, "Trust");
 ``replay`` makes the service write down everything a session sends and receives (README, "Security")."""
+_HOOK_KINDS = {smith_pb2.CAPABILITY_HOOKS_JS: "js", smith_pb2.CAPABILITY_HOOKS_RUST: "rust"}
 
 
 def permitted_capabilities(names: frozenset[str] | None) -> frozenset[int]:
@@ -204,6 +207,13 @@ class ServiceCore:
             file_size=config.limits.max_file_size,
         )
         self.runs_locally = backend is None or backend.runs_commands
+        # --network allow: the one egress proxy of the service's commands (a gateway's are its workers').
+        self.egress: EgressHub | None = None
+        if config.network == "allow" and self.runs_locally:
+            self.egress = EgressHub(config)
+        elif config.egress_allow or config.egress_deny or config.egress_secrets or config.egress_resolve:
+            raise EgressRuleError(f"--egress-allow, --egress-deny, --egress-secret and --egress-resolve need --network allow, "
+                                  f"not --network {config.network}")
         if self.runs_locally:
             if self.sandbox.confines_files and not config.allow_service_files_in_root:
                 clash = service_files_in(str(root), [*_installation(), *private])
@@ -230,12 +240,13 @@ class ServiceCore:
         self.homes: Homes | None = None
         if self.workspaces is None and self.runs_locally and self.sandbox.mode == "workspace-write":
             self.homes = _homes(config, root, private)
-        kinds = available_kinds()
         self.permitted: frozenset[int] = permitted_capabilities(config.capabilities)
+        # a hook kind is looked for only when permitted: rustc --version, on the way to the first
+        # answer, costs 15-40 ms, for Rust hooks that are off unless listed in --capabilities
+        hooks = {cap for cap, kind in _HOOK_KINDS.items() if cap in self.permitted and kind_available(kind)}
         self.capabilities: frozenset[int] = self.permitted & frozenset(
             {smith_pb2.CAPABILITY_SHELL_EXEC, smith_pb2.CAPABILITY_REPLAY, smith_pb2.CAPABILITY_TRACING}
-            | ({smith_pb2.CAPABILITY_HOOKS_JS} if "js" in kinds else set())
-            | ({smith_pb2.CAPABILITY_HOOKS_RUST} if "rust" in kinds else set())
+            | hooks
             | ({smith_pb2.CAPABILITY_WORKSPACES} if self.workspaces is not None else set())
         )
         self.global_hooks: list[Hook] = []  # serve --hook: loaded by the server before it listens

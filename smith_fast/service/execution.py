@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .audit import Audit
     from ..pb import smith_pb2 as pb
     from .config import Limits, ServiceConfig
+    from .egress import SessionEgress
     from .session_hooks import SessionHooks
     from .session_home import SessionHome
     from .sinks import EventSink
@@ -160,6 +161,11 @@ class Execution(Protocol):
     def zygotes(self) -> Zygotes | None:
         """The session's sandboxes built once (:mod:`smith_fast.sandbox.zygote`), in which its piped
         commands are forked; None: each command gets a sandbox of its own (no sandbox, a workspace)."""
+        ...
+
+    @property
+    def egress(self) -> SessionEgress | None:
+        """The session's egress (``--network allow``: :mod:`smith_fast.service.egress`), None without it."""
         ...
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:

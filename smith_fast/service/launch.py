@@ -29,6 +29,7 @@ from ..process import CappedOutput, Collected, ShellProcess
 from ..refused_env import check_env
 from .shell_exec import run_shell_exec
 from .sizes import command_size, too_large
+from .egress import open_egress
 from .spawn import spawn
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
             sandbox=core.tool_context.sandbox,
             limits=core.limits.command_limits(),
             zygotes=ex.zygotes,
+            egress=open_egress(ex, rid),
         )
         ex.processes.add(proc)
         if ex.paused:

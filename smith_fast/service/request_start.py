@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
-import time
 from collections.abc import Coroutine
+from time import perf_counter  # bound once: twice per request
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .flow import SessionFlow, reservation
@@ -76,12 +76,12 @@ class RequestStarter:
         request = requests.admit(rid, spec, command)
         if request is None:
             return
-        start = time.perf_counter()
+        start = perf_counter()
         work = session.runner.start(request, self._flow.free and not session.shutting)
         if work is None:  # ended in this step
             requests.forget(request)
             session.last_active = self._loop.time()
-            self._metrics.observe_request(spec.kind, time.perf_counter() - start)
+            self._metrics.observe_request(spec.kind, perf_counter() - start)
             return
         task = request.task = _task(self._loop, self._run(request, work, start))
         task.add_done_callback(functools.partial(_forget, requests, request))
@@ -112,7 +112,7 @@ class RequestStarter:
             budget.release(size)
             session.update_input()
             session.last_active = session.now()
-            self._metrics.observe_request(spec.kind, time.perf_counter() - start)
+            self._metrics.observe_request(spec.kind, perf_counter() - start)
 
     async def _wait(self, size: int, held: int) -> None:
         """Wait for the output budget, holding a ``held``-byte command meanwhile."""

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..workspaces.workspace import Workspace
     from ..plan import Planner
     from .config import Limits, ServiceConfig
+    from .egress import SessionEgress
     from .execution import BackgroundProcesses
 
 __all__ = ["RequestHost", "RequestRunner", "RunnerFactory", "LocalRunner", "RunnerCore", "WorkspaceScope", "local_runner"]
@@ -155,6 +156,10 @@ class RequestRunner(RequestControl, Protocol):
         """Run the session's requests in ``workspace`` from now on (its handshake opened it)."""
         ...
 
+    def use_egress(self, egress: SessionEgress) -> None:
+        """Serve the network of the session's processes with ``egress`` (its handshake chose it: ``--network allow``)."""
+        ...
+
 
 RunnerFactory = Callable[[RequestHost], RequestRunner]
 """Makes the runner of a new session (``ServiceCore.make_runner``)."""
@@ -193,6 +198,7 @@ class LocalRunner:
         # (sandbox/zygote.py); closed with the session, which ends every process left in it.
         sandbox = core.tool_context.sandbox
         self.zygotes: Zygotes | None = Zygotes() if sandbox is not None and sandbox.active else None
+        self.egress: SessionEgress | None = None  # the session's, once its handshake chose it (--network allow)
         self.hooks = SessionHooks(
             core.global_hooks,
             failure=core.config.hook_failure,
@@ -217,6 +223,9 @@ class LocalRunner:
         self.core = WorkspaceScope(self.core, workspace)
         self._rebind(workspace.tool_context)
         workspace.watch(self._rebind)
+
+    def use_egress(self, egress: SessionEgress) -> None:
+        self.egress = egress
 
     def _rebind(self, context: ToolContext) -> None:
         self.tool_context = context.with_process_runner(self._current_call_process)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from google.protobuf.message import DecodeError
 
 from .. import tracing
-from ..errors import ProtocolError
+from ..errors import EgressRuleError, ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..replay import RecordingStore, SessionRecorder
@@ -28,6 +28,7 @@ from ..workspaces.workspace import open_workspace
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
+from .egress import EGRESS_ALLOW_KEY
 from .flow import SessionFlow
 from .health import HealthSource, health_response
 from .metrics import Gauges
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from ..workspaces.store import WorkspaceStore
     from ..workspaces.workspace import Workspace
     from .config import Limits, ServiceConfig
+    from .egress import EgressHub, SessionEgress
     from .execution import BackgroundProcesses
     from .runner import RequestRunner, RunnerFactory
 
@@ -81,6 +83,11 @@ class SessionCore(HealthSource, Gauges, Protocol):
 
     @property
     def sessions(self) -> MutableSet[Session]: ...
+
+    @property
+    def egress(self) -> EgressHub | None:
+        """The service's egress proxy (``--network allow``), None without it."""
+        ...
 
     @property
     def workspaces(self) -> WorkspaceStore | None:
@@ -173,6 +180,7 @@ class Session:
         self.recorder: SessionRecorder | None = None
         self.runner: RequestRunner = runner(self)
         self.workspace: Workspace | None = None  # its own (serve --workspaces), from its handshake on
+        self.egress: SessionEgress | None = None  # its own (--network allow), from its first handshake on: never widened after
         if core.config.record_dir is not None:
             self._start_recording()
         core.sessions.add(self)
@@ -372,6 +380,18 @@ class Session:
             self.runner.use_workspace(self.workspace)
         if self.workspace is not None:
             self.workspace.recording = "changes" in accepted
+        hub = self.core.egress
+        if hub is None and EGRESS_ALLOW_KEY in hs.client_info:
+            warnings.append((f"{EGRESS_ALLOW_KEY} is ignored: commands here run with --network {self.core.config.network}",
+                             {"key": EGRESS_ALLOW_KEY}))
+        elif hub is not None and self.egress is None:
+            try:
+                self.egress = hub.for_session(self.session_id, self.peer, hs.client_info.get(EGRESS_ALLOW_KEY))
+            except EgressRuleError as exc:  # no Ready: the connection may try another handshake
+                self.protocol_error(ProtocolError(str(exc), pb.ERROR_CODE_UNSPECIFIED,
+                                                  details={"reason": "egress_allow", "key": EGRESS_ALLOW_KEY}))
+                return
+            self.runner.use_egress(self.egress)
         self.granted = frozenset(granted)
         self.handshaken = True
         if pb.CAPABILITY_REPLAY in self.granted and self.recorder is None:
@@ -390,6 +410,8 @@ class Session:
             info["smith_fast.recording"] = str(self.recorder.path)
         if self.workspace is not None:
             info.update(self.workspace.info())
+        if self.egress is not None:
+            info.update(self.egress.info())
         self.sink.event(ready_event(self.core, self.version, granted, info, token))
         self.sink.state_change(pb.SERVICE_STATE_READY)
         for message, fields in warnings:  # after the answer, so a client's handshake loop never eats them

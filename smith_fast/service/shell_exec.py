@@ -37,6 +37,7 @@ from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
 from . import workspace_commands
 from .input_wait import InputWatch, notifier
+from .egress import open_egress
 from .spawn import spawn
 
 if TYPE_CHECKING:
@@ -389,6 +390,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             on_stdin=on_stdin,
             limits=limits.command_limits(),
             zygotes=session.zygotes,
+            egress=open_egress(session, rid),
         )
         proc.hold_cleanup()  # its directories go after the final event (release_soon below)
         output.proc = proc

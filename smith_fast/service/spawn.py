@@ -9,11 +9,15 @@ view, Landlock, rlimits) wraps this call, so that no path starts a peer's proces
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ..containment import CommandLimits
 from ..process import STDIN_LIMIT, ShellProcess
 from ..sandbox import Sandbox
 from ..sandbox.zygote import Zygotes
+
+if TYPE_CHECKING:
+    from .egress import RequestEgress
 
 __all__ = ["spawn"]
 
@@ -32,6 +36,7 @@ async def spawn(
     on_stdin: Callable[[int], None] | None = None,
     limits: CommandLimits | None = None,
     zygotes: Zygotes | None = None,
+    egress: RequestEgress | None = None,
 ) -> ShellProcess:
     """Start a peer's process: ``[shell, "-c", command]`` in ``cwd`` with ``env`` over the base
     environment, its own process group, output to ``on_output(fd, data)``, confined by ``sandbox``
@@ -40,11 +45,27 @@ async def spawn(
     own under ``limits`` (:mod:`smith_fast.containment`); forked inside the session's sandbox by one
     of ``zygotes`` (the session's, :mod:`smith_fast.sandbox.zygote`) where the command can be, else
     with a sandbox of its own (None: always; a background process, which outlives its session).
+    With ``egress`` (``--network allow``: :func:`smith_fast.service.egress.open_egress`), its proxy
+    variables and secret placeholders are in its environment, its listener is served while it runs
+    (a sandbox of its own: the listener is the command's), and its output is redacted.
 
     Raises:
         ProtocolError: it could not be started (:meth:`ShellProcess.start`).
     """
-    return await ShellProcess.start(
-        command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
-        stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits, zygotes=zygotes,
-    )
+    if egress is None:
+        return await ShellProcess.start(
+            command, shell=shell, cwd=cwd, env=env, on_output=on_output, sandbox=sandbox,
+            stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits, zygotes=zygotes,
+        )
+    redacted, on_end = egress.redacting(on_output)
+    try:
+        proc = await ShellProcess.start(
+            command, shell=shell, cwd=cwd, env={**env, **egress.environment()}, on_output=redacted, on_end=on_end,
+            sandbox=sandbox, stdin=stdin, pty=pty, stdin_limit=stdin_limit, on_stdin=on_stdin, limits=limits,
+            egress_fd=egress.child_fd,
+        )
+    except BaseException:
+        egress.close()
+        raise
+    egress.follow(proc)
+    return proc

@@ -20,6 +20,8 @@ import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
+from os import close as _close, fstat as _fstat, pread as _os_pread
+from stat import S_ISREG as _S_ISREG
 from typing import Any
 
 from smith_fast.errors import ProtocolError
@@ -93,17 +95,18 @@ def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | Coroutine[
     fd, name = _open_for_read(args["path"], ctx)
     if limit is not None:
         return _read_lines_call(fd, name, max(offset, 1), limit, cap)
+    # os.close, os.pread and os.fstat bound once (below): a small read calls each once per request.
     try:
         size = _regular_size(fd, name)
     except BaseException:
-        os.close(fd)
+        _close(fd)
         raise
     rest = size - offset if size > offset else 0
     if (n if n < rest else rest) <= INLINE_READ:
         try:
             data = _pread(fd, n, offset, size)
         finally:
-            os.close(fd)
+            _close(fd)
         return _read_result(data, name, size, offset, length, rest, encoding)
     return _read_in_thread(fd, n, name, size, offset, length, rest, encoding)
 
@@ -260,8 +263,8 @@ def _lines_result(name: str, size: int, first: int, data: bytes, byte_offset: in
 
 def _regular_size(fd: int, name: str) -> int:
     """The size of the regular file ``fd`` is open on; refuses all but regular files."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    st = _fstat(fd)
+    if not _S_ISREG(st.st_mode):
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(f"is a directory: {os.path.basename(name)!r}")
         raise OSError(f"not a regular file: {os.path.basename(name)!r}")
@@ -273,9 +276,9 @@ def _pread(fd: int, n: int, offset: int, size: int) -> bytes:
     # One byte more than the file should hold tells whether it holds more (it grew, or its file
     # system reports no size); then the rest is read as a plain pread(n) would have.
     first = min(n, max(0, size - offset) + 1)
-    data = os.pread(fd, first, offset) if first else b""
+    data = _os_pread(fd, first, offset) if first else b""
     if len(data) == first and first < n:
-        data += os.pread(fd, n - first, offset + first)
+        data += _os_pread(fd, n - first, offset + first)
     return data
 
 

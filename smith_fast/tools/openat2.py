@@ -24,6 +24,7 @@ import stat
 import sys
 from collections import deque
 from collections.abc import Callable
+from os import O_CLOEXEC as _CLOEXEC, fsencode as _fsencode  # bound once: every fs.read opens a file
 from typing import Any
 
 from smith_fast._compat import NO_EXTENSIONS
@@ -122,13 +123,13 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666, *, follow
             ``ELOOP`` for a magic link, for any symlink when not ``follow``, or too many links;
             otherwise what ``open`` raises (``ENOENT``, ``ENOTDIR``, ``EISDIR`` …).
     """
-    flags |= os.O_CLOEXEC
+    flags |= _CLOEXEC
     resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (0 if follow else RESOLVE_NO_SYMLINKS)
     global _use_openat2
     if _use_openat2:
         # The kernel refuses a mode without O_CREAT or O_TMPFILE (which includes O_DIRECTORY's bit).
         creates = flags & os.O_CREAT or flags & _O_TMPFILE == _O_TMPFILE
-        raw = os.fsencode(path)
+        raw = _fsencode(path)
         for _ in range(_RETRIES):
             fd: int = _openat2(dirfd, raw, flags, mode if creates else 0, resolve)
             if fd >= 0:

@@ -13,12 +13,17 @@ logger and skipped: one broken plug-in must not keep the service from starting.
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.machinery
 import logging
+import os
+import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from smith_fast.tools.registry import Tool, ToolRegistry
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 __all__ = ["ENTRY_POINT_GROUP", "load_entry_point_tools"]
 
@@ -38,6 +43,10 @@ def load_entry_point_tools(registry: ToolRegistry, group: str = ENTRY_POINT_GROU
         The names of the tools registered, in the order registered.
     """
     added: list[str] = []
+    if not _may_declare(group):
+        return added
+    import importlib.metadata  # some 10 ms to import, and 4 to read every distribution's entry points
+
     for ep in importlib.metadata.entry_points(group=group):
         origin = _origin(ep)
         try:
@@ -75,3 +84,33 @@ def _origin(ep: importlib.metadata.EntryPoint) -> str:
     dist = getattr(ep, "dist", None)
     where = f" from {dist.name} {dist.version}" if dist is not None else ""
     return f"{ep.name} = {ep.value}{where}"
+
+
+def _may_declare(group: str) -> bool:
+    """Whether a distribution importlib.metadata would find may declare entry points in ``group``:
+    False only when every place it looks (the ``*.dist-info``/``*.egg-info`` directories of each
+    ``sys.path`` directory) was read and none has the group's header in its ``entry_points.txt``.
+    Anything else it could look in (a zip or egg on the path, a finder of distributions besides the
+    stdlib's) answers True, and importlib.metadata decides. This look costs a directory listing and
+    a few small reads; most services have no plug-in, and so skip importing importlib.metadata at
+    every start."""
+    if any(hasattr(f, "find_distributions") for f in sys.meta_path if f is not importlib.machinery.PathFinder):
+        return True
+    header = f"[{group}]"
+    for entry in sys.path:
+        where = entry or "."
+        if where.endswith(".egg") or os.path.isfile(where):
+            return True
+        try:
+            names = os.listdir(where)
+        except OSError:  # not there, not a directory: importlib.metadata finds nothing in it either
+            continue
+        for name in names:
+            if name.lower().endswith((".dist-info", ".egg-info")):
+                try:
+                    with open(os.path.join(where, name, "entry_points.txt"), encoding="utf-8", errors="replace") as f:
+                        if header in f.read():
+                            return True
+                except OSError:
+                    continue
+    return False

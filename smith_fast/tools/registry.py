@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import inspect
+from time import perf_counter  # bound once: twice per call
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -191,7 +191,7 @@ class ToolRegistry:
             :class:`~smith_fast.errors.ProtocolError` the handler raised) when it goes on; None
             for an unknown tool (:meth:`call` raises for it).
         """
-        begun = time.perf_counter()
+        begun = perf_counter()
         entry = self._entries.get(name)
         if entry is None:
             return None
@@ -326,4 +326,4 @@ def _describe(exc: BaseException) -> str:
 
 
 def _elapsed_ms(start: float) -> int:
-    return int((time.perf_counter() - start) * 1000)
+    return int((perf_counter() - start) * 1000)

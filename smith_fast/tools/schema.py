@@ -1,13 +1,17 @@
 """Tool arguments: decoding the JSON bytes of a call and validating them against a JSON Schema.
 
-Validators are compiled once, when a tool is registered (:func:`compile_validator`); a call only
-runs the compiled validator. Schemas written in the plain subset the built-ins use (objects with
+Schemas are checked once, when a tool is registered (:func:`compile_validator`); a call only runs
+the compiled validator. Schemas written in the plain subset the built-ins use (objects with
 ``properties``/``required``/``additionalProperties``, strings, integers, booleans, string enums)
 also get a fast check of a few microseconds: a value it accepts is one ``jsonschema`` accepts, and
 anything else (including every invalid value) goes to ``jsonschema``, so errors read exactly as
-``jsonschema`` words them. Every problem is reported as an :class:`ArgumentError` whose message
-names the JSON path of the offending value (``$`` for the whole object, ``$.path``,
-``$.env.HOME``, ``$.items[2]``), which the registry turns into a failed ``ToolResultEvent``.
+``jsonschema`` words them. A schema of that subset is a valid JSON Schema by construction (each
+keyword it allows is checked for what the meta-schema demands), so ``jsonschema`` itself (some
+30 ms to import, and the meta-schema check of every built-in, at every start) is imported and its
+validator built only when a value fails the fast check. Every problem is reported as an
+:class:`ArgumentError` whose message names the JSON path of the offending value (``$`` for the
+whole object, ``$.path``, ``$.env.HOME``, ``$.items[2]``), which the registry turns into a failed
+``ToolResultEvent``.
 """
 
 from __future__ import annotations
@@ -16,10 +20,6 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
-
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
 
 from smith_fast.errors import ArgumentError
 
@@ -32,16 +32,26 @@ class Validator(Protocol):
 
 
 class _Compiled:
-    """A ``jsonschema`` validator plus, when the schema allows one, the fast acceptance check."""
+    """A ``jsonschema`` validator plus, when the schema allows one, the fast acceptance check; with
+    one, the validator is built on its first use (a value the fast check did not accept)."""
 
-    __slots__ = ("fast", "validator")
+    __slots__ = ("fast", "_schema", "_validator")
 
-    def __init__(self, validator: Any, fast: Callable[[Any], bool] | None) -> None:
-        self.validator = validator
+    def __init__(self, schema: Any, validator: Any, fast: Callable[[Any], bool] | None) -> None:
+        self._schema = schema
+        self._validator = validator
         self.fast = fast
 
     def iter_errors(self, instance: Any) -> Any:
-        return self.validator.iter_errors(instance)
+        if self._validator is None:
+            self._validator = _validator_class(self._schema)(self._schema)
+        return self._validator.iter_errors(instance)
+
+
+def _validator_class(schema: Any) -> Any:
+    import jsonschema  # here, not at the top: see the module's docstring
+
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 
 def compile_validator(schema: Mapping[str, Any]) -> Validator:
@@ -64,24 +74,35 @@ def compile_validator(schema: Mapping[str, Any]) -> Validator:
         plain = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"schema is not JSON-serializable: {exc}") from None
-    cls = jsonschema.validators.validator_for(plain, default=jsonschema.Draft202012Validator)
+    # "$schema" may name a draft whose keywords mean something else (draft 3's boolean
+    # "required"): such schemas always take the jsonschema path.
+    fast = None if isinstance(plain, dict) and "$schema" in plain else _fast_check(plain)
+    if fast is not None:  # valid by construction: no meta-schema check needed
+        return _Compiled(plain, None, fast)
+    import jsonschema.exceptions
+
+    cls = _validator_class(plain)
     try:
         cls.check_schema(plain)
     except jsonschema.exceptions.SchemaError as exc:
         raise ValueError(f"invalid JSON Schema at {exc.json_path}: {exc.message}") from None
-    # "$schema" may name a draft whose keywords mean something else (draft 3's boolean
-    # "required"): such schemas always take the jsonschema path.
-    fast = None if isinstance(plain, dict) and "$schema" in plain else _fast_check(plain)
-    return _Compiled(cls(plain), fast)
+    return _Compiled(plain, cls(plain), None)
 
 
 # --- the fast path -----------------------------------------------------------------------------
 # Each builder returns a predicate that is True only for values jsonschema would accept, or None
-# when the (sub)schema uses anything outside the subset below; then the whole schema goes without
-# a fast path. Being stricter than jsonschema is fine (the value goes on to jsonschema), never
-# laxer: integers must be ``int`` (not 1.0, not bool), enums are matched for strings only.
+# when the (sub)schema uses anything outside the subset below, or a keyword of it with a value the
+# 2020-12 meta-schema refuses; then the whole schema goes without a fast path (and is checked
+# against the meta-schema). Being stricter than jsonschema is fine (the value goes on to
+# jsonschema), never laxer: integers must be ``int`` (not 1.0, not bool), enums are matched for
+# strings only.
 
-_ANNOTATIONS = frozenset({"description", "default", "title", "examples", "deprecated", "readOnly", "writeOnly"})
+# annotation keyword -> the types the meta-schema allows its value (None: any JSON value)
+_ANNOTATIONS: dict[str, tuple[type, ...] | None] = {
+    "description": (str,), "title": (str,), "default": None, "examples": (list,),
+    "deprecated": (bool,), "readOnly": (bool,), "writeOnly": (bool,),
+}
+_ANNOTATION_KEYS = frozenset(_ANNOTATIONS)
 _Check = Callable[[Any], bool]
 
 
@@ -90,7 +111,10 @@ def _fast_check(schema: Any) -> _Check | None:
         return _accept
     if not isinstance(schema, dict):
         return None
-    keys = set(schema) - _ANNOTATIONS
+    for key, kinds in _ANNOTATIONS.items():
+        if kinds is not None and key in schema and type(schema[key]) not in kinds:
+            return None
+    keys = set(schema) - _ANNOTATION_KEYS
     if "enum" in schema:
         return _enum_check(schema["enum"]) if keys == {"enum"} else None
     kind = schema.get("type")
@@ -125,8 +149,8 @@ def _string_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
         return None
     low = schema.get("minLength", 0)
     high = schema.get("maxLength")
-    if type(low) is not int or (high is not None and type(high) is not int):
-        return None
+    if type(low) is not int or low < 0 or ("maxLength" in schema and (type(high) is not int or high < 0)):
+        return None  # (an explicit null is no length: refused by the meta-schema too)
     if high is None:
         return lambda value: type(value) is str and len(value) >= low
     return lambda value: type(value) is str and low <= len(value) <= high
@@ -137,7 +161,7 @@ def _integer_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
         return None
     low = schema.get("minimum")
     high = schema.get("maximum")
-    if any(b is not None and type(b) not in (int, float) for b in (low, high)):
+    if any(key in schema and type(schema[key]) not in (int, float) for key in ("minimum", "maximum")):
         return None
     if high is None:
         if low is None:
@@ -156,6 +180,8 @@ def _object_check(schema: dict[str, Any], keys: set[str]) -> _Check | None:
     extra = schema.get("additionalProperties", True)
     if not isinstance(properties, dict) or not isinstance(required, list):
         return None
+    if not all(type(name) is str for name in required) or len(set(required)) != len(required):
+        return None  # the meta-schema wants unique strings
     checks: dict[str, _Check] = {}
     for name, sub in properties.items():
         sub_check = _fast_check(sub)
@@ -255,6 +281,8 @@ def validate(validator: Validator, value: Any) -> None:
     fast = getattr(validator, "fast", None)
     if fast is not None and fast(value):
         return
+    import jsonschema.exceptions  # only for a value the fast check did not accept (the module's docstring)
+
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is not None:
         raise ArgumentError(error.message, error.json_path)
