@@ -16,6 +16,14 @@ alike. Figures per command: p50 (and p90) of
   exit status after both pipes reached EOF;
 
 and their ratio (service / no server; the target is <= 1.3).
+
+Then the rate of ``true`` run one after another (``--rate-count`` per block, ``--rounds`` blocks
+per contender, the contenders' blocks interleaved), side by side: the service over its socket
+(v1), the service's MCP front (``serve --mcp`` on stdio, its ``shell`` tool), the MCP SDK server
+(``bench/mcp_sdk_server.py``, its ``shell`` tool) and no server; for each its commands per second,
+the ratio to no-server and to the MCP SDK server, and the server's CPU per command (user + system
+of its process, from ``/proc/PID/stat``: what the service spends, not its commands). The targets:
+>= 0.8x no-server, >= 1.5x the MCP SDK server, <= 400 us of service CPU per ``true``.
 """
 
 from __future__ import annotations
@@ -26,12 +34,13 @@ import pathlib
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from harness.server import ServerProcess
 
 from .report.drivers import Session, request_ids
 from .report.stats import percentile
-from .report.stdio import spawn_sh
+from .report.stdio import StdioPeer, spawn_sh
 from .report.wire import OUTPUT, STATE, shell_exec_command, WIRES
 from smith_fast.pb import smith_pb2 as pb
 
@@ -72,6 +81,52 @@ def _reference(command: str) -> tuple[float, float]:
     return first or final, final
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _cpu(pid: int) -> float:
+    """Seconds of CPU (user + system, every thread) process ``pid`` has used."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _mcp_true(peer: StdioPeer) -> None:
+    peer.call("shell", {"command": "true"})  # a failed command is an isError result, which raises
+
+
+def _rates(sessions: dict[str, Session], pids: dict[str, int], peers: dict[str, StdioPeer], args: argparse.Namespace) -> None:
+    """Sequential ``true``: commands per second and server CPU per command, contenders interleaved."""
+    encode = WIRES["v1"]().encode
+    names = [*sessions, *peers, "no-server"]
+    runs: dict[str, Callable[[], None]] = {"no-server": lambda: _reference("true") and None}
+    for n, session in sessions.items():
+        runs[n] = lambda session=session: _service(session, encode(shell_exec_command(request_ids(1)[0], "true"))) and None
+    for n, peer in peers.items():
+        runs[n] = lambda peer=peer: _mcp_true(peer)
+    for run in runs.values():  # warm-up (a session's sandbox is built at its first command)
+        for _ in range(10):
+            run()
+    took = {n: 0.0 for n in names}
+    cpu = {n: 0.0 for n in names}
+    for _ in range(args.rounds):
+        for n in names:
+            pid = pids.get(n, os.getpid())
+            c0, t0 = _cpu(pid), time.perf_counter()
+            for _ in range(args.rate_count):
+                runs[n]()
+            took[n] += time.perf_counter() - t0
+            cpu[n] += _cpu(pid) - c0
+    total = args.rounds * args.rate_count
+    rate = {n: total / took[n] for n in names}
+    print(f"\n`true` one after another, {args.rounds} interleaved blocks of {args.rate_count}; load {os.getloadavg()[0]:.2f}")
+    print(f"{'contender':12} {'per s':>8} {'vs no-server':>13} {'vs mcp-sdk':>11} {'server CPU/cmd':>15}")
+    for n in names:
+        vs_sdk = f"{rate[n] / rate['mcp-sdk']:10.2f}x" if "mcp-sdk" in rate else "-"
+        cpu_text = f"{cpu[n] / total * 1e6:11.0f} us" if n != "no-server" else "(driver's)"
+        print(f"{n:12} {rate[n]:8.0f} {rate[n] / rate['no-server']:12.2f}x {vs_sdk:>11} {cpu_text:>15}")
+
+
 def _server(tmp: pathlib.Path, name: str, args: argparse.Namespace, python: str | None) -> ServerProcess:
     home = tmp / name
     home.mkdir()
@@ -94,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                    "e.g. main's: the before), interleaved with the others")
     p.add_argument("--pid-file", help="write the server's pid here once it is ready (for profilers)")
     p.add_argument("--pause", type=float, default=0.0, help="seconds to wait after start (attach a profiler)")
+    p.add_argument("--rate-count", type=int, default=100, help="`true` per block in the rate comparison (0: skip it)")
+    p.add_argument("--rounds", type=int, default=5, help="blocks per contender in the rate comparison")
     args = p.parse_args(argv)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-exec-start-"))
     (tmp / "root").mkdir()
@@ -129,6 +186,19 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = " ".join(f"{n} {p50[n] / p50['no-server']:.2f}x" for n in sessions)
                 print(f"{command:10} {figure:6} " + " ".join(f"{p50[n] * 1e3:12.3f} ms" for n in names)
                       + f"   {ratios}   " + " ".join(f"{p90[n] * 1e3:12.3f} ms" for n in names))
+        if args.rate_count > 0:
+            root = tmp / "root"
+            peers = {
+                "mcp": StdioPeer([sys.executable, "-m", "smith_fast", "serve", "--mcp", "--root", str(root), "--log-level", "warning",
+                                  "--sandbox", args.sandbox, "--network", args.network], REPO, env={"SMITH_FAST_NO_EXTENSIONS": ""}),
+                "mcp-sdk": StdioPeer([sys.executable, str(REPO / "bench" / "mcp_sdk_server.py"), str(root)], root),
+            }
+            try:
+                pids = {n: server.pid for n, server in servers.items()} | {n: peer.proc.pid for n, peer in peers.items()}
+                _rates(sessions, pids, peers, args)
+            finally:
+                for peer in peers.values():
+                    peer.close()
         for session in sessions.values():
             session.close()
     finally:

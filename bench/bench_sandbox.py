@@ -8,7 +8,9 @@ Variants (one uvloop loop, start + wait, best and median of the rounds):
 * ``<mode>/<network>``: through ``smith_fast/sandbox/sandbox-exec`` (namespaces, the read-only view,
   private /proc, /dev and /tmp, no capabilities, Landlock), what the service does by default;
 * ``workspace-write/on/reap``: the same, waiting for the namespaces' teardown as the service does
-  when it is pid 1 of a container (``--reap``).
+  when it is pid 1 of a container (``--reap``);
+* ``workspace-write/on/zygote``: the same walls built once, the command forked inside by the
+  session's zygote (``smith_fast/sandbox/zygote.py``), as a session's piped commands are.
 
 The summary gives each variant's median start latency and its ratio to ``off`` (one run, so the
 ratios compare like with like on a shared machine).
@@ -27,6 +29,7 @@ import uvloop
 
 from smith_fast.process import ShellProcess
 from smith_fast.sandbox import HELPER, Sandbox
+from smith_fast.sandbox.zygote import Zygotes
 
 from ._summary import print_summary
 
@@ -40,7 +43,9 @@ VARIANTS: dict[str, Sandbox | None] = {
     "workspace-write/off": Sandbox("workspace-write", "off", ROOT),
     "workspace-write/loopback": Sandbox("workspace-write", "loopback", ROOT),
     "workspace-write/on/reap": Sandbox("workspace-write", "on", ROOT, reap=True),
+    "workspace-write/on/zygote": Sandbox("workspace-write", "on", ROOT),
 }
+ZYGOTES = Zygotes()  # the variant's "session": its zygote is made by the first (warm-up) round
 _results: dict[str, float] = {}  # variant -> median seconds
 
 
@@ -67,8 +72,8 @@ def _summary_lines() -> Iterator[str]:
         yield f"  {variant:30} {median * 1000:7.2f} ms  {median / base:5.1f}x off"
 
 
-async def _once(sandbox: Sandbox | None) -> int:
-    proc = await ShellProcess.start("true", cwd=ROOT, on_output=lambda fd, data: None, sandbox=sandbox)
+async def _once(sandbox: Sandbox | None, zygotes: Zygotes | None) -> int:
+    proc = await ShellProcess.start("true", cwd=ROOT, on_output=lambda fd, data: None, sandbox=sandbox, zygotes=zygotes)
     return await proc.wait()
 
 
@@ -78,5 +83,8 @@ def test_start(benchmark: Any, loop: asyncio.AbstractEventLoop, variant: str) ->
     if variant != "off":
         assert os.access(HELPER, os.X_OK), "build it: make install"
     sandbox = VARIANTS[variant]
-    assert benchmark.pedantic(lambda: loop.run_until_complete(_once(sandbox)), rounds=40, warmup_rounds=3) == 0
+    zygotes = ZYGOTES if variant.endswith("/zygote") else None
+    assert benchmark.pedantic(lambda: loop.run_until_complete(_once(sandbox, zygotes)), rounds=40, warmup_rounds=3) == 0
+    if zygotes is not None:
+        zygotes.close()
     _results[variant] = benchmark.stats.stats.median

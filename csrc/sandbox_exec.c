@@ -5,6 +5,7 @@
  *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
+ *   sandbox-exec --zygote CONTROL_FD [the first form's options but --tty and --usage-fd, no PROGRAM]
  *
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
@@ -50,6 +51,10 @@
  * The cover is made read-only after the attaches, not recursively: the --write trees stay writable.
  * Like every mount of the view it is locked to the init's user namespace: a command cannot unmount it,
  * not even from a user namespace of its own.
+ *
+ * The third form is a session's sandbox built once (a zygote, below: zygote()): the monitor and the
+ * init as in the first form, but the init forks one command per request on CONTROL_FD, each set up
+ * as the first form's command is (run_command), until the socket's EOF.
  *
  * The second form is Landlock alone (landlock_policy.h's LL_READS), for a process a file tool starts
  * (fs.search's rg): no namespace, no fork, one exec. PROGRAM may read and list only beneath the
@@ -132,6 +137,7 @@ static struct {
     int nonly;
     int view; /* an option of the first form was given */
     int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd, ruleset_fd;
+    int zygote_fd; /* --zygote: the control socket; -1: the one-shot form */
     int egress_fd; /* --network allow: where the egress listener is sent (egress_listener.h) */
     int guard[2];  /* --network allow: the unix guard's channel, command -> init (unix_guard.h) */
     unsigned long long tmp_size, file_size, data_size;
@@ -501,8 +507,9 @@ static void set_rlimits(void) {
     }
 }
 
-/* In the command's process: everything that is per process, then exec. */
-static void run_command(void) {
+/* In the command's process: everything that is per process, then exec (the one-shot form's command
+ * and each of a zygote's). */
+static void run_command(const char *cwd, char *const *argv, char *const *envp) {
     sigset_t none;
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
@@ -513,7 +520,7 @@ static void run_command(void) {
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (setsid() < 0) die(FAILED, "cannot restrict the command: setsid", "");
     if (o.tty && ioctl(0, TIOCSCTTY, 0) != 0) die(FAILED, "cannot restrict the command: TIOCSCTTY", "");
-    if (o.cwd[0] && chdir(o.cwd) != 0) die(FAILED, "cannot restrict the command: chdir", o.cwd);
+    if (cwd[0] && chdir(cwd) != 0) die(FAILED, "cannot restrict the command: chdir", cwd);
     drop_capabilities();
     const char *writable[MAX_WRITE + 2];
     int nwritable = 0;
@@ -529,8 +536,8 @@ static void run_command(void) {
     if (o.probe) _exit(0);
     /* The fds the service passed on (a Rust hook's answer pipe) stay; every fd of this program's
        own is close-on-exec or closed. */
-    execv(o.argv[0], o.argv);
-    die(errno == ENOENT ? NOT_FOUND : FAILED, "cannot run", o.argv[0]);
+    execve(argv[0], argv, envp);
+    die(errno == ENOENT ? NOT_FOUND : FAILED, "cannot run", argv[0]);
 }
 
 /* The init's wait for its next signal; with the unix guard (--network allow) it answers the
@@ -582,7 +589,7 @@ static void init(int report) {
     if (command == 0) {
         close(report);
         if (o.guard[0] >= 0) close(o.guard[0]);
-        run_command();
+        run_command(o.cwd, o.argv, environ);
     }
     int notify = -1;
     if (o.guard[1] >= 0) {
@@ -610,6 +617,248 @@ static void init(int report) {
             if (write(report, &r, sizeof r) != sizeof r) _exit(FAILED);
             _exit(0);
         }
+    }
+}
+
+/* --zygote CONTROL_FD: the init (pid 1 of a session's namespaces, its view built once) serves the
+ * session's commands instead of one: each request on the SOCK_SEQPACKET socket CONTROL_FD forks a
+ * command that does what the one-shot form's does (run_command: its session, capabilities dropped,
+ * Landlock, rlimits, exec), so a command pays a fork and an exec, not namespaces and a mount view.
+ *
+ *   request (service -> init): struct zy_head, then cwd, the argv strings and the env strings, each
+ *     NUL-terminated; with op 'S' (start) three fds (stdin, stdout, stderr) and then the command's
+ *     cgroup directories (SCM_RIGHTS): it is born in the first with clone3(CLONE_INTO_CGROUP), so it
+ *     cannot fork out before it is in; it joins the others (v1 hierarchies) itself before exec.
+ *     Op 'K' signals the process group of command id (the init owns the pids: a signal never reaches
+ *     a reused one); op 'C' closes the zygote (so does EOF: the service's end closed or the service died).
+ *   reply (init -> service): struct zy_reply; 'P' started (its pidfd attached, for the host's pid),
+ *     'F' not started (value: errno), 'X' ended (value: wait status, usage: its wait4 rusage).
+ * When the init exits, the kernel kills whatever is left in the pid namespace. */
+#define ZY_MAX_MSG (256 * 1024)
+#define ZY_MAX_FDS 8
+#define ZY_MAX_LIVE 4096
+#define SYS_clone3_ 435
+#define CLONE_PIDFD_ 0x1000ULL
+#define CLONE_INTO_CGROUP_ 0x200000000ULL
+
+struct zy_head {
+    uint32_t op, id;
+    int32_t sig;
+    uint32_t flags;
+    uint64_t data_size;
+    uint32_t argc, envc;
+};
+
+struct zy_reply {
+    uint32_t op, id;
+    int32_t pid, value;
+    struct rusage usage;
+};
+
+struct clone_args_ {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+
+static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
+static int zy_nlive;
+
+static void zy_send(int control, const struct zy_reply *r, int fd) {
+    struct iovec iov = {(void *)r, sizeof *r};
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+        msg.msg_control = u.buf;
+        msg.msg_controllen = sizeof u.buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    while (sendmsg(control, &msg, MSG_NOSIGNAL) < 0)
+        if (errno != EINTR) _exit(0); /* the service is gone: so is the session */
+}
+
+/* The strings of a request: NUL-terminated, count of them, or -1 when the message is short. */
+static int zy_strings(char **at, char *end, char **out, uint32_t count) {
+    for (uint32_t k = 0; k < count; k++) {
+        char *nul = memchr(*at, '\0', (size_t)(end - *at));
+        if (nul == NULL) return -1;
+        out[k] = *at;
+        *at = nul + 1;
+    }
+    out[count] = NULL;
+    return 0;
+}
+
+static void zy_start(int control, const struct zy_head *h, char *body, char *end, int *fds, int nfds) {
+    struct zy_reply r;
+    memset(&r, 0, sizeof r);
+    r.op = 'F';
+    r.id = h->id;
+    char **argv = NULL, **envp = NULL, *cwd = body;
+    char *at = memchr(body, '\0', (size_t)(end - body));
+    if (nfds < 3 || at == NULL || h->argc < 1 || h->argc > ZY_MAX_MSG || h->envc > ZY_MAX_MSG) {
+        r.value = EINVAL;
+        goto done;
+    }
+    if (zy_nlive >= ZY_MAX_LIVE) {
+        r.value = EAGAIN;
+        goto done;
+    }
+    at++;
+    argv = calloc((size_t)h->argc + 1, sizeof *argv);
+    envp = calloc((size_t)h->envc + 1, sizeof *envp);
+    if (argv == NULL || envp == NULL || zy_strings(&at, end, argv, h->argc) != 0 || zy_strings(&at, end, envp, h->envc) != 0) {
+        r.value = argv == NULL || envp == NULL ? ENOMEM : EINVAL;
+        goto done;
+    }
+    /* Born in its cell and with a pidfd; without clone3's cgroup (an older kernel, a cell it may
+       not enter that way) it joins its cells itself before exec: still before it can fork. */
+    int pidfd = -1, joins = 0;
+    struct clone_args_ ca;
+    memset(&ca, 0, sizeof ca);
+    ca.flags = CLONE_PIDFD_ | (nfds > 3 ? CLONE_INTO_CGROUP_ : 0);
+    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    ca.exit_signal = SIGCHLD;
+    ca.cgroup = nfds > 3 ? (uint64_t)fds[3] : 0;
+    pid_t pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
+    if (pid < 0 && nfds > 3) {
+        ca.flags = CLONE_PIDFD_;
+        ca.cgroup = 0;
+        joins = 1;
+        pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
+    }
+    if (pid < 0 && errno == ENOSYS) {
+        joins = nfds > 3;
+        pid = fork();
+    }
+    if (pid < 0) {
+        r.value = errno;
+        goto done;
+    }
+    if (pid == 0) {
+        for (int k = 0; k < 3; k++)
+            if (dup2(fds[k], k) < 0) die(FAILED, "cannot start the command: dup2", "");
+        /* As the service's own step into a cell: where a hierarchy will not take it, it goes on
+           without (the service cannot do better: it needs the same permission). */
+        for (int k = joins ? 3 : 4; k < nfds; k++) {
+            int procs = openat(fds[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
+            if (procs >= 0 && write(procs, "0", 1) != 1) {}
+            if (procs >= 0) close(procs);
+        }
+        for (int k = 0; k < nfds; k++)
+            if (fds[k] > 2) close(fds[k]);
+        o.data_size = h->data_size;
+        run_command(cwd, argv, envp);
+    }
+    zy_live[zy_nlive].id = h->id;
+    zy_live[zy_nlive].pid = pid;
+    zy_nlive++;
+    r.op = 'P';
+    r.pid = pid;
+    free(argv);
+    free(envp);
+    zy_send(control, &r, pidfd);
+    if (pidfd >= 0) close(pidfd);
+    return;
+done:
+    free(argv);
+    free(envp);
+    zy_send(control, &r, -1);
+}
+
+static void zy_reap(int control) {
+    int status;
+    struct rusage usage;
+    siginfo_t si;
+    for (;;) {
+        /* Looked at before the reap: while the shell is a zombie its group id is still its own, so
+           what it left in its group (`cmd &`) is killed here, as the one-shot form's service does. */
+        memset(&si, 0, sizeof si);
+        if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) return;
+        pid_t pid = si.si_pid;
+        int ours = 0;
+        for (int k = 0; k < zy_nlive; k++) ours |= zy_live[k].pid == pid;
+        if (ours) kill(-pid, SIGKILL);
+        if (wait4(pid, &status, 0, &usage) != pid) return;
+        for (int k = 0; k < zy_nlive; k++) {
+            if (zy_live[k].pid != pid) continue;
+            struct zy_reply r;
+            memset(&r, 0, sizeof r);
+            r.op = 'X';
+            r.id = zy_live[k].id;
+            r.pid = pid;
+            r.value = status;
+            r.usage = usage;
+            zy_live[k] = zy_live[--zy_nlive];
+            zy_send(control, &r, -1);
+            break;
+        } /* else an orphan, reaped */
+    }
+}
+
+static void zy_signal(const struct zy_head *h) {
+    for (int k = 0; k < zy_nlive; k++) {
+        if (zy_live[k].id != h->id) continue;
+        if (kill(-zy_live[k].pid, h->sig) != 0) kill(zy_live[k].pid, h->sig);
+        return;
+    }
+}
+
+/* pid 1 of a zygote: build the view once, then start commands until the service says stop. */
+static void zygote(int control) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    fcntl(control, F_SETFD, FD_CLOEXEC);
+    mount_view();
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) die(FAILED, "cannot start the zygote: signalfd", "");
+    static char buf[ZY_MAX_MSG + 1];
+    for (;;) {
+        struct pollfd p[2] = {{control, POLLIN, 0}, {sfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0) continue; /* EINTR */
+        if (p[1].revents) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) > 0) {}
+            zy_reap(control);
+        }
+        if (!p[0].revents) continue;
+        union { char buf[CMSG_SPACE(ZY_MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
+        struct iovec iov = {buf, ZY_MAX_MSG};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = u.buf;
+        msg.msg_controllen = sizeof u.buf;
+        ssize_t n = recvmsg(control, &msg, MSG_CMSG_CLOEXEC);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) _exit(0); /* EOF: the session is over, and the kernel ends what it left */
+        int fds[ZY_MAX_FDS], nfds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+            int got = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int k = 0; k < got; k++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+                if (nfds < ZY_MAX_FDS) fds[nfds++] = fd;
+                else close(fd);
+            }
+        }
+        struct zy_head h;
+        if ((size_t)n >= sizeof h && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+            memcpy(&h, buf, sizeof h);
+            if (h.op == 'C') _exit(0);
+            if (h.op == 'S') zy_start(control, &h, buf + sizeof h, buf + n, fds, nfds);
+            else if (h.op == 'K') zy_signal(&h);
+        }
+        for (int k = 0; k < nfds; k++) close(fds[k]);
     }
 }
 
@@ -657,7 +906,7 @@ static void usage(const char *at) {
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
             "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
-            "[--ruleset-out FILE] -- PROGRAM ARG... (at %s)\n", at ? at : "the end");
+            "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
 }
 
@@ -667,6 +916,7 @@ int main(int argc, char **argv) {
     o.fs = 1;
     o.tmp_size = 1ULL << 30;
     o.ruleset_fd = -1;
+    o.zygote_fd = -1;
     o.egress_fd = o.guard[0] = o.guard[1] = -1;
     o.hide = calloc((size_t)argc, sizeof *o.hide);
     if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
@@ -695,10 +945,12 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--network") == 0 && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "loopback") || !strcmp(v, "allow"))) network = v;
         else if (strcmp(a, "--egress-fd") == 0 && (o.egress_fd = (int)parse_size(v, &ok), ok && o.egress_fd > 2)) {}
         else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
+        else if (strcmp(a, "--zygote") == 0 && (o.zygote_fd = (int)parse_size(v, &ok), ok && o.zygote_fd > 2)) {}
         else if (strcmp(a, "--usage-fd") == 0 && (o.usage_fd = (int)parse_size(v, &ok), ok && o.usage_fd > 2)) {}
         else usage(a);
     }
-    if (!o.probe && i >= argc) usage(NULL);
+    if (!o.probe && i >= argc && o.zygote_fd < 0) usage(NULL);
+    if (o.zygote_fd >= 0 && (o.tty || o.usage_fd || o.egress_fd >= 0 || i < argc)) usage("--zygote with --tty, --usage-fd, --egress-fd or a PROGRAM");
     if (o.nonly) {
         /* Landlock alone: PROGRAM, a path, is the one program the process may run. */
         if (o.view) usage("--only-read with an option of the namespaces' form");
@@ -733,6 +985,8 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &all, &old);
     int report[2], is_init = 0;
     if (pipe2(report, O_CLOEXEC) != 0) die(FAILED, "cannot start the command: pipe", "");
+    /* A zygote's monitor ends with the service (and its init with it, by its own death signal). */
+    if (o.zygote_fd >= 0) prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     pid_t child = start_init(&is_init);
     if (is_init) {
         close(report[0]);
@@ -740,10 +994,12 @@ int main(int argc, char **argv) {
         if (o.loopback) loopback_up();
         const char *step = "";
         if (o.egress_fd >= 0 && egress_send_listener(o.egress_fd, &step) != 0) die(FAILED, "cannot start the egress listener:", step);
+        if (o.zygote_fd >= 0) zygote(o.zygote_fd);
         init(report[1]);
     }
     close(report[1]);
     if (o.egress_fd >= 0) close(o.egress_fd); /* the init's alone */
+    if (o.zygote_fd >= 0) close(o.zygote_fd); /* the init's alone: its EOF is the service's end or death */
     monitor(child, report[0]);
     return FAILED;
 }

@@ -12,6 +12,10 @@ shells would be re-parented to init and run on. The guard closes that gap:
 * A command's cgroup directories (:mod:`smith_fast.containment`) follow its ``+PID``: what left
   the group (``setsid``, daemons) is in the cgroup, which the guard kills (``cgroup.kill``, else each
   member) and removes, with the service's ``smith-fast-PID`` parents once empty.
+* A session's zygote (:mod:`smith_fast.sandbox.zygote`) registers once, as its monitor's ``+PID``
+  with the cells' parents: the commands it forks are not ours to reap and cost the guard nothing;
+  at EOF the guard kills the zygote's group (its pid namespace ends with its init) and every cell
+  beneath those parents, and removes them.
 * When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
   every pid still registered: at once, so the groups are still ours. Linux does not hand out a
   number that is the group id of a live process, so a group id can only come back once every
@@ -146,7 +150,7 @@ def _guard() -> None:
         except OSError:  # the whole group is gone already
             continue
         killed.append(pid)
-    cells = [os.fsdecode(p) for cgroups in tracked.values() for p in cgroups]
+    cells = _cells_first([os.fsdecode(p) for cgroups in tracked.values() for p in cgroups])
     for cell in cells:
         _kill_cgroup(cell)
     _remove_cgroups(cells)
@@ -158,6 +162,17 @@ def _guard() -> None:
         }  # fmt: skip
         with contextlib.suppress(OSError):
             os.write(2, (json.dumps(record) + "\n").encode())
+
+
+def _cells_first(paths: list[str]) -> list[str]:
+    """``paths`` with the directories beneath each put before it: a zygote (sandbox/zygote.py)
+    registers the service's cell parents, whose cells come and go with its commands."""
+    out: list[str] = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            out += [entry.path for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+        out.append(path)
+    return out
 
 
 def _kill_cgroup(path: str) -> None:

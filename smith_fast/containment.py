@@ -17,6 +17,14 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
   event loop, and other spawners in threads hold :func:`spawn_guard`.
+* **Born elsewhere**: a command a session's zygote forks (:mod:`smith_fast.sandbox.zygote`) is born
+  in its cell by ``clone3(CLONE_INTO_CGROUP)`` from the cell's directories, opened once
+  (:meth:`Cell.birth_fds`); its limits are set before, while the cell is empty (for the next command
+  ahead of time, :func:`prepare_spare`), and the service never steps in.
+* **Used again**: such a cell, found empty when its command ended, is kept for the next such command
+  when what that one's :class:`Usage` says stays its own (:meth:`Cell.recycle`: at most a shell and
+  its program at once all its life, a memory peak that resets, the other counters subtracted): no
+  ``mkdir``, ``rmdir`` or limit write per command.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -59,6 +67,7 @@ __all__ = [
     "cgroup_dir",
     "cgroup_mounts",
     "cgroup_paths",
+    "cell_parents",
     "memory_bound",
     "Cell",
     "Usage",
@@ -114,7 +123,8 @@ class Usage:
         io_read_bytes, io_write_bytes: bytes read from / written to storage (not the page cache).
         pids_peak: the most processes and threads alive at once (``pids.peak``; after a spawn
             through :meth:`Cell.joined` at least 2, the service's thread having been in the cell
-            for its instant; 1 for a command that joined by itself); 0 when unknown.
+            for its instant; 1 for a command born in its cell, or 2 in a cell used again after a
+            command that ran two: :meth:`Cell.recycle`); 0 when unknown.
         source: ``cgroup`` when the command had a cgroup, else ``rusage``.
         limit_hit: the option of the limit the command hit (:data:`LIMIT_FLAGS`), else None.
     """
@@ -154,21 +164,23 @@ class _Tree:
     controllers: frozenset[str]  # what a cell here can use (v2: enabled in parent's subtree_control)
 
 
-def _read(path: str) -> str:
+def _read(path: str, at: int | None = None) -> str:
+    """The text of a cgroup file (``path`` relative to the directory fd ``at``, if given)."""
     # os-level: open() would add fstat, ioctl, two lseeks and another fstat to each of the four
-    # usage files read between a command's exit and its final event
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # usage files read between a command's exit and its final event; a short read is the whole of
+    # a cgroup file (its text is made at the first read), so no second read for the EOF
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=at)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.read(fd, 65536))
     finally:
         os.close(fd)
     return b"".join(chunks).decode("ascii", "replace")
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+def _write(path: str, text: str, at: int | None = None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC, dir_fd=at)
     try:
         os.write(fd, text.encode())
     finally:
@@ -209,6 +221,11 @@ def cgroup_dir(point: str, root: str, path: str) -> str:
     return point.rstrip("/") + "/" + path.strip("/") if path.strip("/") else point
 
 
+_ZERO_BASE: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0, 0)
+_MAX_SPARES = 4  # cells kept for the next commands (made ahead, or used again: Cell.recycle)
+_REUSE_PIDS_PEAK = 2  # a shell and the program it runs: the most a cell may have held to be used again
+_LEFT_CHARGED = 1 << 20  # bytes a cell may still hold charged to be used again
+_OOM_MARGIN = 4 << 20  # a cell's peak this far below its memory limit: the limit was never reached
 _UNBOUNDED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63
 
 
@@ -309,6 +326,11 @@ def available() -> dict[str, object]:
     return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}
 
 
+def cell_parents() -> tuple[str, ...]:
+    """The directories new cells are made in (``smith-fast-PID``, one per hierarchy; none without cgroups)."""
+    return tuple(t.parent for t in _hierarchies()) if _enabled else ()
+
+
 def _rmdir(path: str) -> bool:
     try:
         os.rmdir(path)
@@ -327,19 +349,19 @@ def _retry_pending() -> None:
 # -- a command's cell -----------------------------------------------------------------------------
 
 
-def _kv(path: str) -> dict[str, int]:
+def _kv(path: str, at: int | None = None) -> dict[str, int]:
     out: dict[str, int] = {}
     with contextlib.suppress(OSError):
-        for line in _read(path).splitlines():
+        for line in _read(path, at).splitlines():
             key, _, value = line.partition(" ")
             with contextlib.suppress(ValueError):
                 out[key] = int(value.split()[0]) if value else 0
     return out
 
 
-def _int(path: str) -> int | None:
+def _int(path: str, at: int | None = None) -> int | None:
     try:
-        return int(_read(path).split()[0])
+        return int(_read(path, at).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -352,7 +374,8 @@ class Cell:
         limits: what it may use.
     """
 
-    __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer", "_cpu_hit")
+    __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -362,11 +385,22 @@ class Cell:
         self._born: set[str] = set()  # the cell dirs a spawn inside joined() was born in
         self._timer: asyncio.TimerHandle | None = None
         self._cpu_hit = False
+        self._limited = False  # the limits were set before the command was born (birth_fds)
         self._v2: str | None = None
+        self._io = False
         self._memory: tuple[str, bool] | None = None  # (dir, is v2)
         self._pids: str | None = None
         self._pid = 0
         self._killed = False
+        # Counters of the cell's former commands (a cell used again: recycle), subtracted from what
+        # the files say: CPU user and system us, io read and written bytes, OOM kills, refused forks;
+        # then (not subtracted) the lifetime pids peak and the last memory peak.
+        self._base = _ZERO_BASE
+        self._seen = _ZERO_BASE  # what the last _usage read, the next command's base
+        self._reusable = 0  # 1: its command is born in it elsewhere (birth_fds); 2: and was measured (recycle)
+        self._fds: tuple[int, ...] = ()  # its directories, open while it lives (birth_fds)
+        self._at: dict[str, int] = {}  # directory -> its open fd: files read by name beneath it (_file)
+        self._emptied = False  # kill() found it empty and left it unkilled
         name = f"c{next(_serial)}"
         dirs = []
         for tree in trees:
@@ -379,6 +413,7 @@ class Cell:
             self._homes.append((path, tree.home, tree.v2))
             if tree.v2:
                 self._v2 = path
+                self._io = "io" in tree.controllers  # io.stat is the io controller's
             if "memory" in tree.controllers:
                 self._memory = (path, tree.v2)
             if "pids" in tree.controllers:
@@ -412,6 +447,42 @@ class Cell:
                         get_logger("smith_fast.containment").error(
                             "could not leave a command's cgroup", extra={"fields": {"cgroup": cell, "home": home}})
 
+    def birth_fds(self) -> tuple[int, ...]:
+        """For a command that another process starts in this cell (a zygote's
+        ``clone3(CLONE_INTO_CGROUP)``, the v1 directories joined by the child before exec): the
+        cell's limits are set now, while it is empty (unless they were, ahead), and its directories
+        returned open (v2 first; they stay open while the cell lives, which may be for more than
+        one command: :meth:`recycle`); :meth:`attach` then only records the pid. No step of the
+        service into the cell and out."""
+        if not self._limited:
+            self._apply_limits()
+            self._limited = True
+        if not self._fds and self.dirs:
+            fds: list[int] = []
+            try:
+                for path in self.dirs:
+                    fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._fds = tuple(fds)
+            self._at = dict(zip(self.dirs, fds))
+        self._born = set(self.dirs)
+        self._reusable = 1
+        self._emptied = False
+        return self._fds
+
+    def _file(self, directory: str, name: str) -> tuple[str, int | None]:
+        """``(path, dir fd)`` of file ``name`` of one of the cell's directories: by name beneath its
+        open fd while it has one (no walk down the cgroup tree for each file), else the full path."""
+        at = self._at.get(directory)
+        return (name, at) if at is not None else (f"{directory}/{name}", None)
+
+    def _put(self, directory: str, name: str, text: str) -> None:
+        path, at = self._file(directory, name)
+        _write(path, text, at)
+
     def _apply_limits(self) -> None:
         lim = self.limits
         if lim.memory > 0 and self._memory is not None:
@@ -438,7 +509,8 @@ class Cell:
             if cell not in self._born:  # a spawn outside joined(), or a hierarchy it could not enter
                 with contextlib.suppress(OSError):  # ESRCH: it exited already
                     _write(cell + "/cgroup.procs", text)
-        self._apply_limits()
+        if not self._limited:
+            self._apply_limits()
         lim = self.limits
         with contextlib.suppress(OSError, ValueError):
             if lim.cpu > 0 and self._v2 is None:  # per process, and only from here on: a fallback
@@ -472,10 +544,18 @@ class Cell:
             self._timer = None
         if self._v2 is not None and not self._hosting:
             try:
-                _write(self._v2 + "/cgroup.kill", "1")
+                # A cell that may be used again is looked at first: once killed, a process cloned
+                # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
+                # compared with the parent's cgroup's), so an empty one is left unkilled.
+                if self._reusable and b"populated 0" in _read(*self._file(self._v2, "cgroup.events")).encode():
+                    self._emptied = True
+                    return
+                self._reusable = 0
+                self._put(self._v2, "cgroup.kill", "1")
                 return
             except OSError:  # ENOENT before Linux 5.14
                 pass
+        self._reusable = 0
         for path in self.dirs[:1]:
             _kill_members(path)
 
@@ -497,34 +577,48 @@ class Cell:
         peak = max_rss
         pids_peak = 0
         hit: str | None = None
+        base = self._base
+        seen = list(base)
         if self._v2 is not None:
-            cpu = _kv(self._v2 + "/cpu.stat")
+            cpu = _kv(*self._file(self._v2, "cpu.stat"))
             if "user_usec" in cpu:  # includes the members that were never waited for
-                user, system = max(user, cpu["user_usec"]), max(system, cpu.get("system_usec", 0))
-            io = self._v2 + "/io.stat"
-            if os.path.exists(io):
+                seen[0], seen[1] = cpu["user_usec"], cpu.get("system_usec", 0)
+                user, system = max(user, seen[0] - base[0]), max(system, seen[1] - base[1])
+            if self._io:
                 with contextlib.suppress(OSError):
                     rb = wb = 0
-                    for line in _read(io).splitlines():
+                    for line in _read(*self._file(self._v2, "io.stat")).splitlines():
                         for item in line.split()[1:]:
                             key, _, value = item.partition("=")
                             if key == "rbytes":
                                 rb += int(value)
                             elif key == "wbytes":
                                 wb += int(value)
-                    read_b, write_b = max(read_b, rb), max(write_b, wb)
+                    seen[2], seen[3] = rb, wb
+                    read_b, write_b = max(read_b, rb - base[2]), max(write_b, wb - base[3])
         if self._memory is not None:
             path, v2 = self._memory
-            held = _int(path + ("/memory.peak" if v2 else "/memory.max_usage_in_bytes"))
+            held = _int(*self._file(path, "memory.peak" if v2 else "memory.max_usage_in_bytes"))
             if held is not None:
-                peak = held
-            events = _kv(path + ("/memory.events" if v2 else "/memory.oom_control"))
-            if events.get("oom_kill", 0) > 0:
-                hit = LIMIT_FLAGS["memory"]
+                peak = seen[7] = held
+            # The OOM killer acts in this cell only once its charge reached the limit: a peak well
+            # below it needs no look at the events (the limit's own, or a parent's without one)
+            if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
+                seen[4] = _kv(*self._file(path, "memory.events" if v2 else "memory.oom_control")).get("oom_kill", 0)
+                if seen[4] > base[4]:
+                    hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            pids_peak = _int(self._pids + "/pids.peak") or 0
-            if hit is None and self.limits.pids > 0 and _kv(self._pids + "/pids.events").get("max", 0) > 0:
-                hit = LIMIT_FLAGS["pids"]
+            most = _int(*self._file(self._pids, "pids.peak"))
+            pids_peak = most or 0
+            seen[6] = most if most is not None else _UNBOUNDED
+            # a fork refused at pids.max leaves the peak at the limit: below it, none was
+            if hit is None and self.limits.pids > 0 and (most is None or most >= self.limits.pids):
+                seen[5] = _kv(*self._file(self._pids, "pids.events")).get("max", 0)
+                if seen[5] > base[5]:
+                    hit = LIMIT_FLAGS["pids"]
+        self._seen = tuple(seen)
+        if self._reusable == 1:
+            self._reusable = 2
         if hit is None and self._cpu_hit:
             hit = LIMIT_FLAGS["cpu"]
         if hit is None and self.limits.cpu > 0 and self._v2 is None and returncode in (-signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGXCPU):
@@ -539,12 +633,53 @@ class Cell:
             source="cgroup" if self.dirs else "rusage", limit_hit=hit,
         )  # fmt: skip
 
+    def recycle(self) -> bool:
+        """After :meth:`finish`: make this cell the next command's, if nothing of its command is
+        left and what the next one's :class:`Usage` says will be its own: its command was born in
+        it elsewhere (a zygote's: the service never stepped in), hit no limit, never held more than
+        two processes at once all its life (a shell and what it runs: ``pids.peak`` cannot be reset,
+        so the next command's peak reads at least 2 once a command ran two, and exact above), left
+        under 1 MiB charged, and the memory peak can be reset (v1; v2's ``memory.peak`` resets only
+        for one open file). The counters that cannot be reset are kept as a base
+        (:meth:`_usage` subtracts it). True: it is a spare again (three ``mkdir``, three ``rmdir``
+        and the limit writes saved); False: :meth:`release` it."""
+        if not (self._reusable == 2 and self._v2 is not None and self.dirs and not self._cpu_hit and not self._hosting
+                and len(_spares) < _MAX_SPARES):
+            return False
+        if self._pids is not None and self._seen[6] > _REUSE_PIDS_PEAK:
+            return False
+        if self._memory is not None and self._memory[1]:
+            return False
+        try:
+            # empty when its command ended (kill() looked), and nothing enters a cell but through us
+            if not self._emptied and b"populated 0" not in _read(*self._file(self._v2, "cgroup.events")).encode():
+                return False  # what the kill ended is still exiting
+            if self._memory is not None:
+                # what it left charged (the page cache of files it wrote) would count as the next one's
+                # (what it holds now is at most its peak: a small peak needs no look)
+                if self._seen[7] > _LEFT_CHARGED and (_int(*self._file(self._memory[0], "memory.usage_in_bytes")) or 0) > _LEFT_CHARGED:
+                    return False
+                self._put(self._memory[0], "memory.max_usage_in_bytes", "0")
+        except OSError:
+            return False
+        self._base = self._seen
+        self._reusable = 0
+        self._killed = False
+        self._born = set()
+        self._pid = 0
+        _spares.append(self)
+        return True
+
     def release(self) -> None:
-        """Remove the cell's directories (killing what is left first)."""
-        if not self.dirs:
+        """Remove the cell's directories (killing what is left first), or keep it as the next
+        command's when it can be (:meth:`recycle`)."""
+        if not self.dirs or self.recycle():
             return
         if not self._killed:
             self.kill()
+        fds, self._fds, self._at = self._fds, (), {}
+        for fd in fds:
+            os.close(fd)
         dirs, self.dirs = self.dirs, ()
         busy = [d for d in dirs if not _rmdir(d)]
         if busy:
@@ -584,29 +719,48 @@ def set_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def new_cell(limits: CommandLimits | None = None) -> Cell:
+def new_cell(limits: CommandLimits | None = None, *, born_elsewhere: bool = False) -> Cell:
     """A new cell for one command, with ``limits`` applied (in the cgroups it has): the spare
-    one :func:`prepare_spare` made, if there is one."""
+    one :func:`prepare_spare` made, if there is one.
+
+    ``born_elsewhere``: the command is born in the cell by another process (a zygote, through
+    :meth:`Cell.birth_fds`), not through :meth:`Cell.joined`; then a spare whose limits were set
+    ahead (the last such command's) is taken as it is. A spare with limits never goes to a spawn
+    through :meth:`Cell.joined`: the service would step into a limited cell."""
+    global _last_limits
     if _pending:
         _retry_pending()
-    if _enabled and _spares:
+    wanted = limits or CommandLimits()
+    if born_elsewhere:
+        _last_limits = wanted
+    # a spare with limits set goes only to a command born elsewhere with the same limits (a limit
+    # once written is not taken back)
+    if _enabled and _spares and (not _spares[-1]._limited or (born_elsewhere and _spares[-1].limits == wanted)):
         cell = _spares.pop()
-        cell.limits = limits or CommandLimits()
+        cell.limits = wanted
         cell._fallback = cell.limits.memory > 0 and cell._memory is None
         return cell
-    return Cell(limits or CommandLimits(), _hierarchies() if _enabled else [])
+    if _enabled and born_elsewhere and _spares and _spares[0].limits == wanted and _spares[0]._limited:
+        return _spares.pop(0)
+    return Cell(wanted, _hierarchies() if _enabled else [])
 
 
 _spares: list[Cell] = []
+_last_limits: CommandLimits | None = None  # those of the last command born elsewhere
 
 
 def prepare_spare() -> None:
-    """Make the next command's cell now (its directories, empty, no limits yet), while nothing
-    waits for it: :func:`new_cell` takes it. One at most; :func:`release_all` removes it."""
+    """Make the next command's cell now (its directories, empty), while nothing waits for it:
+    :func:`new_cell` takes it. When the last command was born elsewhere (a zygote's), its limits
+    are set now too, off the next command's path. One at most; :func:`release_all` removes it."""
     if _enabled and not _spares:
         trees = _hierarchies()
         if trees:
-            _spares.append(Cell(CommandLimits(), trees))
+            cell = Cell(_last_limits or CommandLimits(), trees)
+            if _last_limits is not None:
+                cell._apply_limits()
+                cell._limited = True
+            _spares.append(cell)
 
 
 def release_all(timeout: float = 1.0) -> None:

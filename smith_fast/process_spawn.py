@@ -16,19 +16,24 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import termios
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from . import containment
 from .command_env import DEFAULT_SHELL, home_environment
 from .errors import ProtocolError
+from .logs import get_logger
 from .pb import smith_pb2
 from .sandbox import Sandbox
+from .sandbox.zygote import Forked, ZygoteGone, Zygotes
 
-__all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "set_winsize", "spawn", "spawn_error"]
+__all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "route", "set_winsize", "spawn", "spawn_error", "spawn_forked",
+           "start"]
 
 STDOUT = 1
 """The ``fd`` argument of ``on_output`` for standard output."""
@@ -38,6 +43,7 @@ PIPE_SIZE = 1 << 20
 """Requested kernel buffer of each output pipe: more data per wakeup, fewer wakeups."""
 
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_log = get_logger("smith_fast.process")
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
 # The pty's first opener after setsid (start_new_session) gets it as its controlling terminal, so a
@@ -84,7 +90,8 @@ class Spawned:
     """A command just started.
 
     Attributes:
-        popen: its shell (or the sandbox program running it), leading a process group of its own.
+        popen: its shell (or the sandbox program running it), leading a process group of its own;
+            the host pid of a command a zygote forked (not our child: see ``forked``).
         pipes: :data:`STDOUT`/:data:`STDERR` → the read end of each output pipe, non-blocking
             (on a terminal: :data:`STDOUT` → the pty master).
         cell: its cgroup (:mod:`smith_fast.containment`), the child attached and watched.
@@ -92,14 +99,16 @@ class Spawned:
         stdin: our end of its stdin (a pipe's write end, or a dup of the pty master),
             non-blocking; -1 when its stdin is ``/dev/null``.
         pty: the pty master to resize through (the same fd as ``stdin``); -1 without a terminal.
+        forked: how a zygote's command is signalled and how its end arrives; None for our child.
     """
 
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | int
     pipes: dict[int, int]
     cell: containment.Cell
     usage_fd: int = -1
     stdin: int = -1
     pty: int = -1
+    forked: Forked | None = None
 
 
 def spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolError:
@@ -129,6 +138,164 @@ def spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErro
     else:  # ValueError/TypeError: a NUL byte in the command or env, an '=' in a variable name
         message = f"cannot start shell {shell!r}: {exc}"
     return ProtocolError(message, code, details=details)
+
+
+def _confined_argv(command: str, shell: str, cwd: str | None, environ: dict[str, str], env: Mapping[str, str] | None,
+                   sandbox: Sandbox) -> list[str]:
+    """The shell's argv under the sandbox program (a path: it execs without a PATH search), and
+    the variables the sandbox gives a command (``TMPDIR``, the session's home) added to ``environ``."""
+    # The wrapper's own failure would only be an exit status: find the shell here, so a missing
+    # one is the same clear error as unsandboxed.
+    found = shutil.which(shell, path=environ.get("PATH")) if "/" not in shell else shell
+    if found is None or not os.path.exists(found):
+        raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
+    if not os.access(found, os.X_OK) or os.path.isdir(found):
+        raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
+    if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
+        environ["TMPDIR"] = sandbox.tmpdir
+    if sandbox.home is not None:
+        # The session's home (what --allow-env let the request set instead is kept)
+        for name, value in home_environment(sandbox.home).items():
+            if not (env and name in env):
+                environ[name] = value
+    return [found, "-c", command]
+
+
+def _output_pipes(pipe_size: int, stdin: bool, shell: str, cwd: str | None) -> tuple[int, int, int, int, int, int]:
+    """``(out_r, out_w, err_r, err_w, in_r, in_w)``: our ends non-blocking and as large as the
+    kernel lets them be; the stdin pair -1, -1 without ``stdin``."""
+    made: list[int] = []
+    try:
+        for _ in range(3 if stdin else 2):
+            made += os.pipe2(os.O_CLOEXEC)
+        for fd in made[0:4:2]:
+            try:
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
+            except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
+                pass
+            os.set_blocking(fd, False)
+    except OSError as exc:
+        close_quietly(*made)
+        raise spawn_error(exc, shell, cwd) from None
+    return (*made, -1, -1) if not stdin else tuple(made)  # type: ignore[return-value]
+
+
+_devnull_fd = -1
+
+
+def _devnull() -> int:
+    """One ``/dev/null`` fd of ours, kept: the stdin a zygote's command gets without a pipe."""
+    global _devnull_fd
+    if _devnull_fd < 0:
+        _devnull_fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    return _devnull_fd
+
+
+# Which way a command starts: the first row whose test holds. A session's zygote (one sandbox
+# built for the session, commands forked inside it: smith_fast/sandbox/zygote.py) serves its piped
+# commands; the rest start the one-shot way (the sandbox program builds the walls per command):
+# unconfined commands (no sandbox program at all), commands on a terminal (the terminal is the
+# view's /dev/console), and whatever has no session zygote to use (a background process outlives
+# its session, a hook is the service's, a session with a workspace has its root mounted again
+# under it), and a command with an egress listener of its own (--network allow).
+_ROUTES: tuple[tuple[str, Callable[[Sandbox | None, "tuple[int, int] | None", "Zygotes | None", int], bool]], ...] = (
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: sandbox is None or not sandbox.active),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: pty is not None),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: zygotes is None),
+    ("one-shot", lambda sandbox, pty, zygotes, egress_fd: egress_fd >= 0),
+    ("zygote", lambda sandbox, pty, zygotes, egress_fd: True),
+)
+
+
+def route(sandbox: Sandbox | None, pty: tuple[int, int] | None, zygotes: Zygotes | None, egress_fd: int = -1) -> str:
+    """``"zygote"`` or ``"one-shot"``: how a command with these needs starts (:data:`_ROUTES`)."""
+    return next(name for name, applies in _ROUTES if applies(sandbox, pty, zygotes, egress_fd))
+
+
+async def start(
+    command: str,
+    *,
+    loop: asyncio.AbstractEventLoop,
+    shell: str,
+    cwd: str | None,
+    environ: dict[str, str],
+    env: Mapping[str, str] | None,
+    pipe_size: int,
+    sandbox: Sandbox | None,
+    stdin: bool,
+    pty: tuple[int, int] | None,
+    limits: containment.CommandLimits | None,
+    zygotes: Zygotes | None,
+    egress_fd: int = -1,
+) -> Spawned:
+    """Start ``[shell, "-c", command]`` the way :func:`route` says: :func:`spawn` (one-shot) or
+    :func:`spawn_forked` (the session's zygote). Arguments and errors: :func:`spawn`'s."""
+    if zygotes is not None and sandbox is not None and route(sandbox, pty, zygotes, egress_fd) == "zygote":
+        try:
+            return await spawn_forked(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
+                                      sandbox=sandbox, stdin=stdin, limits=limits, zygotes=zygotes)
+        except ZygoteGone as exc:
+            _log.warning("a command starts the one-shot way: its session's zygote did not take it",
+                         extra={"fields": {"reason": str(exc)}})
+    return spawn(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
+                 sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
+
+
+async def spawn_forked(
+    command: str,
+    *,
+    loop: asyncio.AbstractEventLoop,
+    shell: str,
+    cwd: str | None,
+    environ: dict[str, str],
+    env: Mapping[str, str] | None,
+    pipe_size: int,
+    sandbox: Sandbox,
+    stdin: bool,
+    limits: containment.CommandLimits | None,
+    zygotes: Zygotes,
+) -> Spawned:
+    """:func:`spawn` through the session's zygote for ``sandbox``: no namespaces built, no
+    ``Popen``, the command born in its cell (its limits set before).
+
+    Raises:
+        ZygoteGone: the zygote could not take it (nothing ran: start it the one-shot way).
+        ProtocolError: as :func:`spawn`.
+    """
+    writable = sandbox.writable()
+    zygote = zygotes.get(partial(sandbox.zygote_argv, writable), tuple(sandbox.zygote_argv(writable, 0)), loop)
+    argv = _confined_argv(command, shell, cwd, environ, env, sandbox)
+    if cwd is not None:
+        # Where Popen would have failed to chdir, the same error; the command enters cwd in its view.
+        try:
+            if not stat.S_ISDIR(os.stat(cwd).st_mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), cwd)
+        except OSError as exc:
+            raise spawn_error(exc, shell, cwd) from None
+    out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
+    cell = containment.new_cell(limits, born_elsewhere=True)
+    ours = (out_r, err_r, *((in_w,) if stdin else ()))
+    try:
+        try:
+            forked, started = zygote.start(argv, environ, cwd or os.getcwd(), (in_r if stdin else _devnull(), out_w, err_w),
+                                           cell.birth_fds())
+        finally:
+            close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
+        pid = await started
+    except ZygoteGone:
+        _give_up(cell, *ours)
+        raise
+    except _SPAWN_ERRORS as exc:
+        _give_up(cell, *ours)
+        raise spawn_error(exc, shell, cwd) from None
+    except BaseException:
+        _give_up(cell, *ours)
+        raise
+    cell.attach(pid)
+    cell.watch(loop)
+    if stdin:
+        os.set_blocking(in_w, False)
+    return Spawned(pid, {STDOUT: out_r, STDERR: err_r}, cell, -1, in_w if stdin else -1, forked=forked)
 
 
 def spawn(
@@ -161,23 +328,7 @@ def spawn(
     Raises:
         ProtocolError: it could not be started (:func:`spawn_error`).
     """
-    argv = [shell, "-c", command]
-    if sandbox is not None and sandbox.active:
-        # The wrapper execs without a PATH search, and its own failure would only be an exit
-        # status: find the shell here, so a missing one is the same clear error as unsandboxed.
-        found = shutil.which(shell, path=environ.get("PATH")) if "/" not in shell else shell
-        if found is None or not os.path.exists(found):
-            raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
-        if not os.access(found, os.X_OK) or os.path.isdir(found):
-            raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
-        argv = [found, "-c", command]
-        if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
-            environ["TMPDIR"] = sandbox.tmpdir
-        if sandbox.home is not None:
-            # The session's home (what --allow-env let the request set instead is kept)
-            for name, value in home_environment(sandbox.home).items():
-                if not (env and name in env):
-                    environ[name] = value
+    argv = _confined_argv(command, shell, cwd, environ, env, sandbox) if sandbox is not None and sandbox.active else [shell, "-c", command]
     if pty is not None:
         return _spawn_pty(loop, shell, command, cwd, environ, pty, sandbox, limits, egress_fd)
     try:

@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 
 from . import childguard, containment
 from .command_env import DEFAULT_SHELL, base_environment
-from .process_spawn import PIPE_SIZE, set_winsize, spawn
+from .process_spawn import PIPE_SIZE, set_winsize, start
 from .sandbox import Sandbox
+from .sandbox.zygote import Forked, Zygotes
 
 __all__ = [
     "DEFAULT_READ_SIZE",
@@ -122,6 +123,7 @@ class ShellProcess:
         "_stdin_taken",
         "_on_stdin",
         "_cell",
+        "_forked",
         "_usage_fd",
         "_held",
         "_leftovers",
@@ -162,6 +164,7 @@ class ShellProcess:
         self._stdin_taken = 0  # bytes of stdin the kernel took
         self._on_stdin: Callable[[int], None] | None = None
         self._cell: containment.Cell | None = None
+        self._forked: Forked | None = None  # a zygote's command: signalled and reaped by its zygote
         self._usage_fd = -1  # where the sandbox program writes its command's rusage (sandboxed only)
         self._held = False  # hold_cleanup(): the reap leaves the removals to release_soon()
         self._leftovers: list[Callable[[], None]] = []  # what the reap left to remove
@@ -185,6 +188,7 @@ class ShellProcess:
         stdin_limit: int = STDIN_LIMIT,
         on_stdin: Callable[[int], None] | None = None,
         limits: containment.CommandLimits | None = None,
+        zygotes: Zygotes | None = None,
         egress_fd: int = -1,
         on_end: Callable[[int], None] | None = None,
     ) -> ShellProcess:
@@ -211,6 +215,9 @@ class ShellProcess:
             on_stdin: called with the total bytes of stdin the child's pipe (or terminal) has taken,
                 each time it took more: the peer's flow control.
             limits: what the command may use (:mod:`smith_fast.containment`); None: no limits.
+            zygotes: the session's zygotes (:mod:`smith_fast.sandbox.zygote`): a piped sandboxed
+                command is forked inside its session's sandbox, built once, instead of building one
+                (:func:`smith_fast.process_spawn.route`); None: the one-shot way.
             egress_fd: with a ``--network allow`` sandbox, the unix socket the sandbox program sends
                 the command's egress listener over (:meth:`Sandbox.wrap <smith_fast.sandbox.Sandbox.wrap>`).
             on_end: called as ``on_end(fd)`` when a stream reached its end (EOF, not :meth:`close`
@@ -235,10 +242,11 @@ class ShellProcess:
         environ["SHELL"] = shell
         if env:
             environ.update(env)
-        spawned = spawn(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env, pipe_size=pipe_size,
-                        sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
+        spawned = await start(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env, pipe_size=pipe_size,
+                              sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, zygotes=zygotes, egress_fd=egress_fd)
         self = cls(loop, spawned.popen, spawned.pipes, on_output, read_size, on_end)
         self._cell = spawned.cell
+        self._forked = spawned.forked
         self._usage_fd = spawned.usage_fd
         self._stdin, self._stdin_limit, self._pty = spawned.stdin, stdin_limit, spawned.pty
         if spawned.stdin >= 0:
@@ -248,6 +256,12 @@ class ShellProcess:
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
         _LIVE[self.pid] = self
+        if self._forked is not None:
+            # Its zygote reaps it and says so; if we die, the zygote and its namespace die with us.
+            self._forked.on_exit(self._forked_ended)
+            for stream, fd in self._pipes.items():
+                loop.add_reader(fd, self._read_ready, stream, fd)
+            return
         childguard.register(self.pid, self._cell.dirs if self._cell is not None else ())
         if _HAVE_PIDFD:
             try:
@@ -414,6 +428,16 @@ class ShellProcess:
         self._finish_cell(rusage, code)
         self._reaped(code)
 
+    def _forked_ended(self, status: int, rusage: resource.struct_rusage | None) -> None:
+        """A zygote's command ended (its zygote killed what it left in its group, and reaped it)."""
+        if self.returncode is not None:
+            return
+        if self._cell is not None:  # what left its group (`setsid`, double forks)
+            self._cell.kill()
+        code = os.waitstatus_to_exitcode(status)
+        self._finish_cell(rusage, code)
+        self._reaped(code)
+
     def _finish_cell(self, rusage: resource.struct_rusage | None, code: int) -> None:
         if self._cell is not None:
             cell, self._cell = self._cell, None
@@ -470,6 +494,9 @@ class ShellProcess:
     def _signal_group(self, sig: int) -> None:
         # Only while the shell is unreaped: after that its pid (= the group id) may be reused.
         if self.returncode is not None:
+            return
+        if self._forked is not None:
+            self._forked.signal(sig)
             return
         try:
             os.killpg(self.pid, sig)

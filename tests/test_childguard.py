@@ -135,7 +135,11 @@ def test_sigkilled_service_leaves_no_rust_hook_process(tmp_path: pathlib.Path) -
 def test_service_runs_on_when_its_guard_dies(tmp_path: pathlib.Path) -> None:
     srv = ServerProcess(tmp_path).start()
     try:
-        os.kill(_guard_of(srv.pid), signal.SIGKILL)
+        guard = _guard_of(srv.pid)
+        os.kill(guard, signal.SIGKILL)
+        # dead (a zombie: its pipe closed), so that the first registration finds it gone: a
+        # session's zygote registers once, at the session's first command, not per command
+        assert wait_until(lambda: not pid_alive(guard), 5)
         peer = V1Peer(srv.unix)
         peer.handshake()
         for rid in ("x", "y"):  # the first one finds the guard gone, the second does not look again

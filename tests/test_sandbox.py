@@ -141,10 +141,15 @@ async def test_workspace_write_allows_the_root_tmpdir_and_devices(default: Serve
         assert lines[:2] == ["t", "3"]
         assert lines[2] == "/tmp"
         assert (places["root"] / "d" / "e" / "inside.txt").read_text() == "in\n"
-        # a private /tmp per request: not the host's, and empty for the next request
+        # a private /tmp per session: not the host's, kept for the session's next command (its
+        # sandbox is built once), empty for another session's
         assert not os.path.exists("/tmp/t") or pathlib.Path("/tmp/t").read_bytes() != b"t\n"
-        _, out2, _ = await _sh(client, 'ls -A "$TMPDIR" | wc -l')
-        assert out2.strip() == "0"
+        _, out2, _ = await _sh(client, 'cat "$TMPDIR/t"; ls -A "$TMPDIR" | wc -l')
+        assert out2.split() == ["t", "1"]
+    async with await Client.connect(default.unix) as other:
+        await other.handshake()
+        code, out3, err = await _sh(other, 'ls -A "$TMPDIR" | wc -l; cat "$TMPDIR/t"')
+        assert out3.strip() == "0" and "No such file" in err and code != 0
 
 
 async def test_shell_run_and_plan_steps_are_confined_too(default: ServerProcess, places: dict[str, pathlib.Path]) -> None:

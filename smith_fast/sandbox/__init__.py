@@ -8,7 +8,9 @@ program that confines every such process: a user, mount, pid, IPC and UTS namesp
 namespace unless ``--network on``), the host read-only except the root, a private ``/proc``,
 ``/dev`` and ``/tmp``, every capability dropped, ``no_new_privs``, then Landlock. There is no
 second implementation: what the wrapper does is the policy, for ShellExec, ``shell.run``, plan
-steps and Rust hooks alike. :meth:`Sandbox.only_read` is the program's second form, Landlock alone,
+steps and Rust hooks alike. A session builds it once (:mod:`smith_fast.sandbox.zygote`:
+:meth:`Sandbox.zygote_argv`, ``sandbox-exec --zygote``) and its piped commands are forked inside,
+each confined as :meth:`Sandbox.wrap`'s command is. :meth:`Sandbox.only_read` is the program's second form, Landlock alone,
 for the processes the file tools start (``fs.search``'s rg): the rules of both are
 ``csrc/landlock_policy.h``'s, the only place the service's Landlock rules are written.
 :meth:`Sandbox.check` is the service's start-up check, which fails
@@ -259,6 +261,17 @@ class Sandbox:
         out.append("--")
         out += argv
         return out
+
+    def zygote_argv(self, writable: Sequence[str], control_fd: int) -> list[str]:
+        """The sandbox program as a zygote (:mod:`smith_fast.sandbox.zygote`): these walls, with
+        ``writable`` writable, built once, and the commands sent on the socket ``control_fd`` forked
+        inside (each confined as :meth:`wrap`'s command is). The argv with ``control_fd`` 0 names
+        the configuration: a session keeps one zygote per name. (``--network allow`` has an egress
+        listener per command: such commands start the one-shot way, and a zygote gets loopback.)"""
+        out = [*self.wrapper, *self._policy()]
+        for path in writable:
+            out += ["--write", path]
+        return [*out, "--zygote", str(control_fd)]
 
     def _policy(self, egress_fd: int = -1) -> list[str]:
         network = self.network if self.network != "allow" or egress_fd >= 0 else "loopback"

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..errors import ProtocolError
     from ..plan import Planner
     from ..process import ShellProcess
+    from ..sandbox.zygote import Zygotes
     from ..tools import ToolContext, ToolRegistry
     from .audit import Audit
     from ..pb import smith_pb2 as pb
@@ -154,6 +155,12 @@ class Execution(Protocol):
     @property
     def workspace(self) -> WorkspaceOps | None:
         """The session's workspace (``serve --workspaces``), None without one."""
+        ...
+
+    @property
+    def zygotes(self) -> Zygotes | None:
+        """The session's sandboxes built once (:mod:`smith_fast.sandbox.zygote`), in which its piped
+        commands are forked; None: each command gets a sandbox of its own (no sandbox, a workspace)."""
         ...
 
     @property

@@ -175,6 +175,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
             on_output=output.on_output,
             sandbox=core.tool_context.sandbox,
             limits=core.limits.command_limits(),
+            zygotes=ex.zygotes,
             egress=open_egress(ex, rid),
         )
         ex.processes.add(proc)

@@ -30,6 +30,7 @@ from .execution import Execution, ExecutionCore
 from .request import EarlyInput, Request, RequestState
 from .request_table import RequestTable
 from .session_hooks import SessionHooks
+from ..sandbox.zygote import Zygotes
 
 if TYPE_CHECKING:
     from ..hooks import Hook, HookLimits
@@ -193,6 +194,10 @@ class LocalRunner:
         self.tool_context = core.tool_context.with_process_runner(self._current_call_process)
         self.audit = Audit(host.session_id, host.peer, self.requests.audit_record)
         self.workspace: WorkspaceOps | None = None  # the session's, once its handshake opened one
+        # The session's sandbox, built at its first command and kept, its commands forked inside
+        # (sandbox/zygote.py); closed with the session, which ends every process left in it.
+        sandbox = core.tool_context.sandbox
+        self.zygotes: Zygotes | None = Zygotes() if sandbox is not None and sandbox.active else None
         self.egress: SessionEgress | None = None  # the session's, once its handshake chose it (--network allow)
         self.hooks = SessionHooks(
             core.global_hooks,
@@ -210,6 +215,11 @@ class LocalRunner:
         root and sandbox instead of the core's, again after each remount of it."""
         self.workspace = workspace
         self.audit.workspace = workspace.id
+        # A workspace's root is mounted again under the session (checkpoints, a request's own
+        # layer): a sandbox built before would see the old one. Its commands build their own.
+        if self.zygotes is not None:
+            self.zygotes.close()
+            self.zygotes = None
         self.core = WorkspaceScope(self.core, workspace)
         self._rebind(workspace.tool_context)
         workspace.watch(self._rebind)
@@ -345,6 +355,8 @@ class LocalRunner:
 
     def end(self) -> None:
         self.audit.close()
+        if self.zygotes is not None:
+            self.zygotes.close()
         if self.home is not None:
             self.home.remove()
         if self.hooks.owns_hooks:

@@ -389,6 +389,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             stdin_limit=limits.max_stdin_buffer,
             on_stdin=on_stdin,
             limits=limits.command_limits(),
+            zygotes=session.zygotes,
             egress=open_egress(session, rid),
         )
         proc.hold_cleanup()  # its directories go after the final event (release_soon below)

@@ -1,0 +1,282 @@
+"""A session's sandbox built once, with pid 1 in it forking the session's commands: a zygote.
+
+The one-shot form of ``sandbox-exec`` builds a command's walls for every command: a user, mount,
+pid, IPC and UTS namespace, the read-only mount view with its private ``/proc``, ``/dev`` and
+``/tmp``, then the command (4–5 ms of ``sh -c true``, most of it the kernel making and tearing down
+namespaces). ``sandbox-exec --zygote FD`` builds the same walls once; its init (pid 1 of the
+session's pid namespace) then forks one command per request on the ``SOCK_SEQPACKET`` socket FD,
+and each command does in its own process what the one-shot form's does: a session of its own,
+every capability dropped, ``no_new_privs``, Landlock, rlimits, exec (``csrc/sandbox_exec.c``,
+"--zygote", holds the wire format). A command costs a fork and an exec.
+
+* :class:`Zygote`: one such process. :meth:`Zygote.start` sends a command (argv, env, cwd, its
+  stdin/stdout/stderr and its cgroup directories, in which it is born with
+  ``clone3(CLONE_INTO_CGROUP)``) and returns its host pid once it runs; its end comes back as
+  ``on_exit(wait status, rusage)``; :meth:`Zygote.signal` signals its process group through the
+  init, which owns the pid (no signal reaches a reused one).
+* :class:`Zygotes`: a session's, one zygote per sandbox configuration, made at its first command,
+  all closed with the session (:meth:`Zygotes.close`): the init's end kills whatever is left in
+  its pid namespace. The session's commands share the zygote's private ``/tmp``; another session
+  has its own.
+
+If the service dies, the zygote's monitor dies with it (``PR_SET_PDEATHSIG``, and the child guard,
+to which a zygote is one process group), its init with the monitor, and the kernel ends the
+namespace; the guard removes the commands' cells. It is told nothing per command.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import errno
+import itertools
+import os
+import resource
+import socket
+import struct
+import subprocess
+from collections.abc import Callable, Sequence
+
+from .. import childguard, containment
+from ..errors import SandboxError
+
+__all__ = ["MAX_REQUEST", "Forked", "Zygote", "ZygoteGone", "Zygotes"]
+
+_HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
+_REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
+_FDS = socket.CMSG_SPACE(array.array("i").itemsize)
+MAX_REQUEST = 192 * 1024
+"""The largest request (argv, env and cwd) sent to a zygote: the init reads 256 KiB at most and an
+unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
+
+OnExit = Callable[[int, "resource.struct_rusage | None"], None]
+
+
+class ZygoteGone(SandboxError):
+    """The zygote cannot take a command (it ended, or its socket is full): start it the one-shot way."""
+
+
+def _rusage(v: Sequence[int]) -> resource.struct_rusage:
+    return resource.struct_rusage((v[0] + v[1] / 1e6, v[2] + v[3] / 1e6, *v[4:]))
+
+
+def _host_pid(pidfd: int) -> int:
+    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to."""
+    fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    at = text.index(b"\nPid:") + 5
+    return int(text[at:text.index(b"\n", at)])
+
+
+class Forked:
+    """A command a zygote started, as its :class:`~smith_fast.shell_process.ShellProcess` sees it
+    in place of a ``Popen``: its host pid, a way to signal its process group, and its end.
+
+    Its end may come before anyone listens (the reply that it ended can follow the one that it
+    started in the same read): it is kept, and handed to the listener in a later loop step.
+    """
+
+    __slots__ = ("pid", "_zygote", "_rid", "_listener", "_ended", "_loop")
+
+    def __init__(self, zygote: Zygote, rid: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.pid = 0
+        self._zygote = zygote
+        self._rid = rid
+        self._loop = loop
+        self._listener: OnExit | None = None
+        self._ended: tuple[int, resource.struct_rusage | None] | None = None
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to its process group, until it is reaped (the init owns the pid)."""
+        self._zygote.signal(self._rid, sig)
+
+    def on_exit(self, listener: OnExit) -> None:
+        """Call ``listener(wait status, rusage)`` when it has ended (rusage None: it died with its zygote)."""
+        self._listener = listener
+        if self._ended is not None:
+            self._loop.call_soon(listener, *self._ended)
+
+    def exited(self, status: int, rusage: resource.struct_rusage | None) -> None:
+        if self._listener is not None:
+            self._listener(status, rusage)
+        else:
+            self._ended = (status, rusage)
+
+
+class Zygote:
+    """One zygote: ``argv`` (``Sandbox.zygote_argv``) started with the far end of a socket pair.
+
+    Args:
+        argv: the sandbox program's argv, ending in ``--zygote FD`` where FD is ``far``.
+        far: the socket end the init serves on (passed on, then closed here).
+        near: our end.
+        loop: the loop that reads the replies.
+    """
+
+    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone")
+
+    def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._sock = near
+        self._ids = itertools.count(1)
+        self._starting: dict[int, asyncio.Future[int]] = {}
+        self._exits: dict[int, Forked] = {}
+        self._gone = False
+        try:
+            # No stdio of ours: a failure shows as the socket's end, and the command then takes the
+            # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
+            self._popen = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, pass_fds=(far.fileno(),), cwd="/",
+                                           start_new_session=True)
+        finally:
+            far.close()
+        # If we are SIGKILLed, the guard ends the zygote (and its namespace) and the cells beneath
+        # the parents; PR_SET_PDEATHSIG would end the zygote too, but not remove the cells.
+        childguard.register(self._popen.pid, containment.cell_parents())
+        near.setblocking(False)
+        loop.add_reader(near.fileno(), self._readable)
+
+    @property
+    def alive(self) -> bool:
+        return not self._gone
+
+    def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
+              cells: Sequence[int], data_size: int = 0) -> tuple[Forked, asyncio.Future[int]]:
+        """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
+        cgroup directories open, v2 first (ours stay open: the caller closes them).
+
+        Returns:
+            the command and a future of its host pid (an ``OSError`` when the
+            init could not fork it; :class:`ZygoteGone` when the zygote ended first).
+
+        Raises:
+            ZygoteGone: it cannot take the command (ended, socket full, request too large).
+            ValueError: a NUL byte in an argument, a variable or the cwd.
+        """
+        if self._gone:
+            raise ZygoteGone("the zygote ended")
+        parts = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+        text = "\0".join(parts)
+        if text.count("\0") != len(parts) - 1:
+            raise ValueError("embedded null byte")
+        body = text.encode("utf-8", "surrogateescape") + b"\0"
+        if len(body) > MAX_REQUEST:
+            raise ZygoteGone("the request is too large for the zygote")
+        rid = next(self._ids)
+        try:
+            head = _HEAD.pack(ord("S"), rid, 0, 0, data_size, len(argv), len(env))
+            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *cells)))])
+        except OSError as exc:  # full (BlockingIOError), too large, or the init is gone
+            raise ZygoteGone(f"the zygote did not take the command: {exc}") from None
+        started: asyncio.Future[int] = self._loop.create_future()
+        forked = Forked(self, rid, self._loop)
+        self._starting[rid] = started
+        self._exits[rid] = forked
+        return forked, started
+
+    def signal(self, rid: int, sig: int) -> None:
+        """Send ``sig`` to command ``rid``'s process group (nothing once it was reaped)."""
+        if self._gone:
+            return
+        with contextlib.suppress(OSError):
+            self._sock.send(_HEAD.pack(ord("K"), rid, sig, 0, 0, 0, 0))
+
+    def _readable(self) -> None:
+        while True:
+            try:
+                data, anc, _flags, _ = self._sock.recvmsg(_REPLY.size, _FDS)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, anc = b"", []
+            if len(data) != _REPLY.size:
+                self._end()
+                return
+            v = _REPLY.unpack(data)
+            op, rid, status = v[0], v[1], v[3]
+            pidfds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                      for fd in array.array("i", raw[: len(raw) - len(raw) % 4])]
+            if op == ord("X"):
+                forked = self._exits.pop(rid, None)
+                if forked is not None:
+                    forked.exited(status, _rusage(v[4:]))
+                continue
+            started = self._starting.pop(rid, None)
+            try:
+                if started is None or started.done():
+                    continue
+                forked = self._exits.get(rid)
+                if op == ord("P") and pidfds and forked is not None:
+                    forked.pid = _host_pid(pidfds[0])
+                    started.set_result(forked.pid)
+                else:
+                    self._exits.pop(rid, None)
+                    code = status if op == ord("F") else errno.ESRCH
+                    started.set_exception(OSError(code, os.strerror(code)))
+            finally:
+                for fd in pidfds:
+                    os.close(fd)
+
+    def _end(self) -> None:
+        """The init is gone (or we close it): every command it held ended with it."""
+        if self._gone:
+            return
+        self._gone = True
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+        starting, self._starting = self._starting, {}
+        exits, self._exits = self._exits, {}
+        for started in starting.values():
+            if not started.done():
+                started.set_exception(ZygoteGone("the zygote ended"))
+        for forked in exits.values():
+            forked.exited(9, None)  # killed with its namespace
+        childguard.unregister(self._popen.pid)  # before it is reaped: its group id is ours till then
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._popen.poll() is None:
+            # The monitor ends once its init has: a look again shortly, not a wait here.
+            self._loop.call_later(0.05, self._reap)
+
+    def close(self) -> None:
+        """End the zygote: its init exits, and the kernel kills every process left in its namespace."""
+        self._end()
+
+
+class Zygotes:
+    """A session's zygotes, one per sandbox configuration (the argv that builds it), made at its
+    first command in that configuration, closed with the session (:meth:`close`)."""
+
+    __slots__ = ("_live",)
+
+    def __init__(self) -> None:
+        self._live: dict[tuple[str, ...], Zygote] = {}
+
+    def get(self, argv: Callable[[int], list[str]], key: tuple[str, ...], loop: asyncio.AbstractEventLoop) -> Zygote:
+        """The zygote of configuration ``key``, started as ``argv(fd)`` when there is none alive."""
+        zygote = self._live.get(key)
+        if zygote is None or not zygote.alive:
+            near, far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            with contextlib.suppress(OSError):  # a whole request in one message where the limits allow
+                near.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * MAX_REQUEST)
+            try:
+                zygote = Zygote(argv(far.fileno()), far, near, loop)
+            except BaseException:
+                near.close()
+                raise
+            self._live[key] = zygote
+        return zygote
+
+    def reset(self) -> None:
+        """Close every zygote (their view is stale: the session's root was mounted again)."""
+        live, self._live = self._live, {}
+        for zygote in live.values():
+            zygote.close()
+
+    close = reset

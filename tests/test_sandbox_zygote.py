@@ -1,0 +1,167 @@
+"""A session's sandbox built once (``sandbox-exec --zygote``), through a real server.
+
+The session's first piped command starts its zygote: the sandbox program's init, pid 1 of the
+session's namespaces, which forks each of the session's commands (smith_fast/sandbox/zygote.py).
+What these tests hold: the commands run there (one init, one view) and still each confined on their
+own; nothing a command does reaches the init or its control socket; what a session leaves ends with
+it; another session has its own; signals reach a command through its init; what the zygote does
+not take (a terminal, a request too large for one message) starts the one-shot way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pathlib
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from smith_fast.client import Client, SmithError
+from smith_fast.pb import smith_pb2 as pb
+from smith_fast.sandbox.zygote import MAX_REQUEST
+
+from .peers import V1Peer, kind, terminal
+from harness.server import ServerProcess, descendants, pid_alive, wait_until
+
+PY = os.path.realpath(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    base = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-zygote-", dir="/var/tmp"))
+    (base / "root").mkdir()
+    srv = ServerProcess(base, root=base / "root").start()
+    yield srv
+    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+def _zygotes(service: int) -> list[int]:
+    """The service's zygote monitors (its children running ``sandbox-exec ... --zygote FD``)."""
+    found = []
+    for pid, _ in descendants(service):
+        try:
+            argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--zygote" in argv and pathlib.Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1] == str(service):
+            found.append(pid)
+    return found
+
+
+async def test_a_sessions_commands_run_in_one_sandbox_each_confined(server: ServerProcess) -> None:
+    before = set(_zygotes(server.pid))
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        first = await client.run("echo $$; cat /proc/1/comm")
+        second = await client.run("echo $$; cat /proc/1/comm")
+        assert first.exit_code == 0 and second.exit_code == 0, (first.stderr, second.stderr)
+        (pid1, init1), (pid2, init2) = first.stdout.split(), second.stdout.split()
+        assert init1 == init2 == b"sandbox-exec" and pid1 != pid2  # one pid namespace, its init the zygote
+        mine = set(_zygotes(server.pid)) - before
+        assert len(mine) == 1
+        # each command confined on its own: no capability, no_new_privs, a read-only host
+        done = await client.run("grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; touch /etc/zygote-was-here")
+        fields = dict(line.split(":\t") for line in done.stdout.decode().splitlines())
+        assert fields == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "NoNewPrivs": "1"}
+        assert done.exit_code != 0 and b"Read-only file system" in done.stderr and not os.path.exists("/etc/zygote-was-here")
+    # the session's end ends its zygote, and with it its namespace
+    assert wait_until(lambda: not any(pid_alive(p) for p in mine), 10)
+
+
+async def test_a_command_cannot_reach_its_zygote(server: ServerProcess) -> None:
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        # the init's fds (its control socket among them) and its memory: it holds capabilities in
+        # the session's user namespace that the command does not, and is in no Landlock domain
+        probe = await client.run("cat /proc/1/environ; for f in /proc/1/fd/*; do echo x > $f && echo wrote $f; done; "
+                                 "kill -KILL 1; kill -STOP 1")
+        err = probe.stderr.decode()
+        assert b"wrote" not in probe.stdout and b"PATH=" not in probe.stdout
+        assert "environ: Permission denied" in err and err.count("Operation not permitted") == 2, err
+        assert err.count("Permission denied") >= 1 + 4, err  # environ, and each of its fds (stdio, control socket, signalfd)
+        # and the zygote serves on
+        after = await client.run("echo still")
+        assert after.exit_code == 0 and after.stdout == b"still\n"
+
+
+async def test_what_a_session_leaves_ends_with_it(server: ServerProcess) -> None:
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        done = await client.run("echo t > $TMPDIR/mark; echo $TMPDIR")
+        assert done.exit_code == 0 and done.stdout == b"/tmp\n"
+        mine = _zygotes(server.pid)
+    async with await Client.connect(server.unix) as other:
+        await other.handshake()
+        seen = await other.run("cat /tmp/mark")
+        assert seen.exit_code != 0 and b"No such file" in seen.stderr  # another session's /tmp
+    assert wait_until(lambda: not any(pid_alive(p) for p in mine), 10)
+
+
+async def test_a_cancel_reaches_the_command_through_its_init(server: ServerProcess) -> None:
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        process = await client.start("trap 'echo term > $TMPDIR/got; exit 7' TERM; echo ready; while :; do sleep 0.05; done")
+        async for chunk in process:  # leaving the loop cancels it: SIGTERM to its group, from its init
+            if b"ready" in chunk.data:
+                break
+        with contextlib.suppress(SmithError):
+            await process.wait()
+        assert loop.time() - started < 10
+        # the trap ran (the session's /tmp is shared by its commands), and nothing of it is left
+        after = await client.run("cat $TMPDIR/got; cat /proc/[0-9]*/comm")
+        assert after.stdout.splitlines()[0] == b"term", after
+        assert b"sleep" not in after.stdout
+
+
+async def test_what_the_zygote_does_not_take_starts_the_one_shot_way(server: ServerProcess) -> None:
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        # one string may not pass 128 KiB (exec's own limit): the command and a variable together
+        half = "x" * (MAX_REQUEST // 2 + 1024)
+        done = await client.run(f": {half}; echo $$; cat /proc/1/comm", env={"SMITH_FAST_TEST_BIG": half})
+        pid, init = done.stdout.split()
+        assert done.exit_code == 0 and init == b"sandbox-exec" and pid == b"2"  # a namespace of its own
+        again = await client.run("echo ok")
+        assert again.exit_code == 0 and again.stdout == b"ok\n"
+
+
+def _run_with_usage(peer: V1Peer, rid: str, command: str) -> tuple[str, dict[str, str]]:
+    peer.command(shell_exec=pb.ShellExecCommand(request_id=rid, command=command))
+    envs = peer.until(terminal(rid))
+    out = "".join(e.event.shell_output.stdout for e in envs if kind(e) == "shell_output")
+    (log,) = [e.event.log for e in envs if kind(e) == "log" and "cpu_user_us" in e.event.log.fields]
+    return out, dict(log.fields)
+
+
+def test_a_cell_used_again_reports_each_commands_own_usage(server: ServerProcess) -> None:
+    # A zygote's command that ran at most a shell and its program leaves its cell to the next (no
+    # mkdir, rmdir or limit writes); what each command's usage says stays its own all the same.
+    peer = V1Peer(server.unix)
+    try:
+        peer.handshake(**{"smith_fast.accept": "usage"})
+        cell = "grep '^0::' /proc/self/cgroup"  # the shell and grep: two processes
+        first, small = _run_with_usage(peer, "a", cell)
+        burn = f"{cell}; exec {PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass'"
+        second, burnt = _run_with_usage(peer, "b", burn)
+        third, after = _run_with_usage(peer, "c", cell)
+        assert first == second == third and "/c" in first  # one cell, three commands
+        assert int(burnt["cpu_user_us"]) + int(burnt["cpu_system_us"]) >= 350_000
+        assert int(after["cpu_user_us"]) + int(after["cpu_system_us"]) < 150_000  # not the burner's
+        assert small["pids_peak"] == burnt["pids_peak"] == after["pids_peak"] == "2"
+        assert int(after["memory_peak_bytes"]) < 8 << 20
+        # three at once: its peak is its own, and its cell is not used again (a peak cannot be
+        # reset: the next command's would read 3)
+        forked, many = _run_with_usage(peer, "d", f"{cell}; sleep 0.1 & sleep 0.1 & wait")
+        assert forked == first and int(many["pids_peak"]) >= 3
+        fresh, single = _run_with_usage(peer, "e", cell)
+        assert fresh != first and single["pids_peak"] == "2"
+        _, alone = _run_with_usage(peer, "f", "echo builtin")
+        assert alone["pids_peak"] == "2"  # at least the former command's 2, in a cell used again
+    finally:
+        peer.close()
