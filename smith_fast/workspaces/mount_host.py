@@ -53,7 +53,8 @@ MAX_LAYERS = 500
 """overlayfs's limit on lower layers (``OVL_MAX_STACK``)."""
 
 # The new mount API, by number: the same on every architecture.
-_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _OPENAT2, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 437, 442
+_RESOLVE_NO_SYMLINKS = 0x04
 _OPEN_TREE_CLONE, _AT_EMPTY_PATH = 1, 0x1000
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_BENEATH = 0x4, 0x200
@@ -106,12 +107,9 @@ def _context_log(fs: int) -> str:
 def overlay_problem(lowers: Sequence[str], upper: str | None, work: str | None) -> str | None:
     """What is wrong with these overlay options, in words, before the kernel says it less clearly
     (it answers EINVAL or ENOENT and logs which option): None when nothing is seen."""
-    if not lowers:
-        return "an overlay needs at least one lower layer"
-    if len(lowers) > MAX_LAYERS:
-        return f"{len(lowers)} lower layers, overlayfs takes at most {MAX_LAYERS}"
-    if (upper is None) != (work is None):
-        return "an overlay needs both an upper and a work directory, or neither (read-only)"
+    shape = _shape_problem(lowers, upper, work)
+    if shape:
+        return shape
     for what, path in [*(("lower layer", p) for p in lowers), ("upper directory", upper), ("work directory", work)]:
         if path is None:
             continue
@@ -143,11 +141,33 @@ def _read_only_bind(path: str) -> int:
     return mnt
 
 
+def _shape_problem(lowers: Sequence[str], upper: str | None, work: str | None) -> str | None:
+    """What :func:`overlay_problem` says without looking at the disk (the rest is looked at only
+    once the kernel failed: a freeze's replace is on a request's path)."""
+    if not lowers:
+        return "an overlay needs at least one lower layer"
+    if len(lowers) > MAX_LAYERS:
+        return f"{len(lowers)} lower layers, overlayfs takes at most {MAX_LAYERS}"
+    if (upper is None) != (work is None):
+        return "an overlay needs both an upper and a work directory, or neither (read-only)"
+    return None
+
+
 def _build_overlay(lowers: Sequence[str], upper: str | None, work: str | None) -> int:
     """A detached overlay mount (an fd for move_mount)."""
-    problem = overlay_problem(lowers, upper, work)
+    problem = _shape_problem(lowers, upper, work)
     if problem:
         raise _Refused(problem, errno.EINVAL)
+    try:
+        return _overlay_mount(lowers, upper, work)
+    except _Refused as exc:
+        problem = overlay_problem(lowers, upper, work)  # in words, where the kernel said EINVAL or ENOENT
+        if problem:
+            raise _Refused(problem, errno.EINVAL) from None
+        raise exc
+
+
+def _overlay_mount(lowers: Sequence[str], upper: str | None, work: str | None) -> int:
     if upper is None and len(lowers) == 1:
         # overlayfs wants two lower layers without an upper; a view of one layer is that layer.
         return _read_only_bind(lowers[0])
@@ -209,6 +229,30 @@ def _mounts_beneath(path: str) -> list[str]:
     return found
 
 
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _through_link(path: str) -> bool:
+    """Whether a symbolic link lies on the way to ``path`` (absolute, normalised) or is its last
+    component: one ``openat2(RESOLVE_NO_SYMLINKS)`` of its parent and one ``lstat`` (realpath took
+    an ``lstat`` per component, most of what a replace cost the host). Where ``openat2`` cannot
+    answer (a missing parent, an old kernel), realpath as before."""
+    parent, name = os.path.split(path)
+    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS)
+    fd = _syscall(_OPENAT2, ctypes.c_int(-100), os.fsencode(parent), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        if ctypes.get_errno() == errno.ELOOP:
+            return True
+        return os.path.realpath(parent) != parent or os.path.islink(path)
+    try:
+        return bool(name) and stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False  # missing: no link there
+    finally:
+        os.close(fd)
+
+
 # ---- requests -------------------------------------------------------------------------------------
 
 
@@ -225,8 +269,7 @@ class _Host:
             value == root or value.startswith(root + "/") for root in self.lower_roots))
         if not allowed:
             raise _Refused(f"the {what} {value} lies outside {self.top}", errno.EPERM)
-        parent = os.path.dirname(value)
-        if os.path.realpath(parent) != parent or os.path.islink(value):
+        if _through_link(value):
             raise _Refused(f"the {what} {value} goes through a symbolic link", errno.EPERM)
         return value
 
@@ -323,15 +366,17 @@ def serve(sock: socket.socket, top: str, lower_roots: Sequence[str]) -> None:
     code = 0
     try:
         host = _Host(top, lower_roots)
+        buffer = bytearray(MAX_MESSAGE)  # one, reused: a recv(MAX_MESSAGE) maps and unmaps 1 MiB each time
+        view = memoryview(buffer)
         while True:
             try:
-                data = sock.recv(MAX_MESSAGE)
+                size = sock.recv_into(buffer)
             except InterruptedError:
                 continue
-            if not data:
+            if not size:
                 break  # the service is gone
             try:
-                request = orjson.loads(data)
+                request = orjson.loads(view[:size])
                 if not isinstance(request, dict):
                     raise _Refused("a request is a JSON object", errno.EINVAL)
                 host.handle(request)
@@ -348,12 +393,15 @@ def serve(sock: socket.socket, top: str, lower_roots: Sequence[str]) -> None:
     os._exit(code)
 
 
-def start_child(sock: socket.socket, top: str, lower_roots: Sequence[str], parent: int) -> None:
-    """In the forked child: become the mount host. Never returns."""
+def start_child(sock: socket.socket, top: str, lower_roots: Sequence[str], parent: int, *, idle: bool = False) -> None:
+    """In the forked child: become the mount host (``idle``: at ``SCHED_IDLE``, which an
+    unprivileged process may take). Never returns."""
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the service died before the line above
             os._exit(0)
+        if idle:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -378,11 +426,18 @@ class MountHost:
     Attributes:
         top: the directory every mount lies beneath (resolved).
         pid: the host's process id.
+        idle: the host for what no request waits for (the warm pool's mounts, a volume's unmount,
+            removing old layers): a second process at ``SCHED_IDLE``, so that its mounts and
+            unmounts (a tmpfs's pages freed, the RCU grace periods) take the cores only when
+            nothing else wants them, not from a handshake or a command starting beside them;
+            itself when there is none.
     """
 
-    def __init__(self, sock: socket.socket, top: str, pid: int) -> None:
+    def __init__(self, sock: socket.socket, top: str, pid: int, idle: MountHost | None = None) -> None:
         self._sock = sock
         self._lock = threading.Lock()
+        self.idle = idle if idle is not None else self
+        self._reply = bytearray(MAX_MESSAGE)  # reused under the lock (see serve())
         self.top = top
         self.pid = pid
 
@@ -396,7 +451,8 @@ class MountHost:
         with self._lock:
             try:
                 self._sock.send(message)
-                reply = self._sock.recv(MAX_MESSAGE)
+                size = self._sock.recv_into(self._reply)
+                reply = bytes(self._reply[:size])
             except OSError as exc:
                 raise MountError(exc.errno or errno.EPIPE, f"the workspaces' mount host is unreachable: {exc.strerror or exc}") from None
         if not reply:
@@ -411,6 +467,8 @@ class MountHost:
 
     def close(self) -> None:
         """Close the socket: the host ends (and its mounts with the namespace once nothing else holds it)."""
+        if self.idle is not self:
+            self.idle.close()
         self._sock.close()
         try:
             os.waitpid(self.pid, 0)

@@ -160,6 +160,21 @@ def _probe(host: MountHost) -> None:
             pass
 
 
+def _fork_host(top: str, roots: tuple[str, ...], parent: int, *, idle: bool) -> tuple[socket.socket, int]:
+    """A mount host (a child keeping the namespace's capabilities): the service's end of its
+    socket and its pid. ``idle``: the one that does what no request waits for (see
+    :class:`~.mount_host.MountHost`), at ``SCHED_IDLE``."""
+    service, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        service.close()
+        start_child(child_end, top, roots, parent, idle=idle)  # never returns
+        os._exit(1)
+    child_end.close()
+    service.set_inheritable(False)
+    return service, pid
+
+
 _CURRENT: MountHost | None = None
 """The mount host of this process, once it entered its namespace (a fact of the process: at most one)."""
 
@@ -188,21 +203,16 @@ def enter(top: pathlib.Path, lower_roots: Sequence[pathlib.Path] = ()) -> MountH
     resolved = os.path.realpath(top)
     roots = tuple(os.path.realpath(p) for p in lower_roots)
     _unshare()
-    service, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        service.close()
-        start_child(child_end, resolved, roots, parent)  # never returns
-        os._exit(1)
-    child_end.close()
+    service, pid = _fork_host(resolved, roots, parent, idle=False)
+    background, background_pid = _fork_host(resolved, roots, parent, idle=True)
     try:
         drop_capabilities()
     except OSError as exc:
         service.close()
+        background.close()
         raise WorkspacesUnavailable(f"--workspaces cannot drop the service's capabilities in its namespace: {exc}") from None
-    service.set_inheritable(False)
-    host = MountHost(service, resolved, pid)
+    host = MountHost(service, resolved, pid, idle=MountHost(background, resolved, background_pid))
     try:
         _probe(host)
     except BaseException:

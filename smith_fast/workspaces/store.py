@@ -217,9 +217,10 @@ class WorkspaceStore:
 
     # ---- volumes ------------------------------------------------------------------------------
 
-    def _made(self, chain: Sequence[Layer], template: Template) -> _Warm:
+    def _made(self, chain: Sequence[Layer], template: Template, host: MountHost | None = None) -> _Warm:
         """A new volume with the overlay of ``chain`` over ``template`` mounted at its root: one round
-        trip to the mount host (its tmpfs, its directories, the overlay)."""
+        trip to the mount host (its tmpfs, its directories, the overlay); ``host``: which (the
+        idle one for the warm pool)."""
         path = f"{self.top}/s/{secrets.token_hex(6)}"
         os.mkdir(path, 0o700)
         volume = Volume(path)
@@ -227,7 +228,7 @@ class WorkspaceStore:
         size = self.limits.max_workspace_bytes
         lowers = [layer.path for layer in chain] + [template.path]
         try:
-            self.host.call("batch", ops=[
+            (host or self.host).call("batch", ops=[
                 {"op": "tmpfs", "path": path, "size_bytes": size, "inodes": max(1024, (size >> 20) * _INODES_PER_MIB)},
                 *({"op": "mkdir", "path": d} for d in (f"{path}/root", f"{path}/layers", upper, work)),
                 {"op": "overlay", "target": f"{path}/root", "lowers": lowers, "upper": upper, "work": work},
@@ -244,7 +245,7 @@ class WorkspaceStore:
             ops.append({"op": "umount", "path": path})
         try:
             if ops:
-                self.host.call("batch", ops=ops)
+                self.host.idle.call("batch", ops=ops)
         except OSError:
             pass  # not mounted (a volume whose tmpfs failed), or the next start removes it
         for path in volumes:
@@ -389,7 +390,7 @@ class WorkspaceStore:
 
         def remove() -> None:
             try:
-                self.host.call("batch", ops=[{"op": "rmtree", "path": path} for path in gone])
+                self.host.idle.call("batch", ops=[{"op": "rmtree", "path": path} for path in gone])
             except OSError as exc:
                 log.warning("frozen layers could not be removed", extra={"fields": {"volume": volume.path, "error": str(exc)}})
 
@@ -423,7 +424,7 @@ class WorkspaceStore:
         task.add_done_callback(_TASKS.discard)
 
     def _prepare(self, template: Template) -> _Warm:
-        return self._made((), template)
+        return self._made((), template, self.host.idle)
 
     def warm(self) -> None:
         """Start filling every template's pool (at start-up)."""
