@@ -51,6 +51,10 @@ MAX_MESSAGE = 1 << 20
 """The largest request or reply, bytes (a chain of a few hundred layers' paths fits easily)."""
 MAX_LAYERS = 500
 """overlayfs's limit on lower layers (``OVL_MAX_STACK``)."""
+IDLE_NICE = 19
+"""The background host's nice value. Measured against SCHED_IDLE, nice 10 and none, session starts
+back to back (``bench/bench_workspaces.py``'s figure 1): SCHED_IDLE starved the warm pool's refills
+on a loaded machine (handshakes then mounted their own), nice 10 took the cores from handshakes."""
 
 # The new mount API, by number: the same on every architecture.
 _OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _OPENAT2, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 437, 442
@@ -394,14 +398,14 @@ def serve(sock: socket.socket, top: str, lower_roots: Sequence[str]) -> None:
 
 
 def start_child(sock: socket.socket, top: str, lower_roots: Sequence[str], parent: int, *, idle: bool = False) -> None:
-    """In the forked child: become the mount host (``idle``: at ``SCHED_IDLE``, which an
-    unprivileged process may take). Never returns."""
+    """In the forked child: become the mount host (``idle``: the background one, at nice
+    :data:`IDLE_NICE`, which an unprivileged process may take). Never returns."""
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the service died before the line above
             os._exit(0)
         if idle:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, 0, IDLE_NICE)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -427,10 +431,10 @@ class MountHost:
         top: the directory every mount lies beneath (resolved).
         pid: the host's process id.
         idle: the host for what no request waits for (the warm pool's mounts, a volume's unmount,
-            removing old layers): a second process at ``SCHED_IDLE``, so that its mounts and
-            unmounts (a tmpfs's pages freed, the RCU grace periods) take the cores only when
-            nothing else wants them, not from a handshake or a command starting beside them;
-            itself when there is none.
+            removing old layers): a second process at nice :data:`IDLE_NICE`, so that its mounts
+            and unmounts (a tmpfs's pages freed, the RCU grace periods) yield the cores to a
+            handshake or a command starting beside them, and never queue a request's own mount
+            (a freeze, a fork) behind them; itself when there is none.
     """
 
     def __init__(self, sock: socket.socket, top: str, pid: int, idle: MountHost | None = None) -> None:

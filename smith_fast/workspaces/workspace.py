@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-import pathlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -30,7 +29,7 @@ from . import ChangeSet, layers
 if TYPE_CHECKING:
     from ..sandbox import Sandbox
     from ..tools import ToolContext
-    from .store import Layer, Template, Volume, WorkspaceStore
+    from .store import Layer, Scope, Template, Volume, WorkspaceStore
 
 __all__ = ["SessionView", "Workspace", "open_workspace"]
 
@@ -109,7 +108,7 @@ class Workspace:
     """A session's copy-on-write workspace (:class:`~smith_fast.workspaces.WorkspaceOps`)."""
 
     def __init__(self, store: WorkspaceStore, session: SessionView, volume: Volume, template: Template,
-                 chain: list[Layer], upper: str, work: str) -> None:
+                 chain: list[Layer], upper: str, work: str, scope: Scope) -> None:
         self._store = store
         self._session = session
         self.volume = volume
@@ -120,12 +119,9 @@ class Workspace:
         self.work = work
         self.root = f"{volume.path}/root"
         self.recording = False  # set by the session when the peer accepted "changes"
-        # The session's home (HOME, the tool caches: service/session_home.py) is in its volume, so the
-        # volume's tmpfs bounds it too; the workspaces directory is covered already.
-        self.home = f"{volume.path}/home"
-        os.makedirs(self.home, 0o700, exist_ok=True)
-        self.sandbox: Sandbox = store.sandbox.for_workspace(self.root, store.top, store.hidden()).with_home(self.home)
-        self.tool_context = self._context()
+        self.home = scope.home
+        self.sandbox: Sandbox = scope.sandbox
+        self.tool_context = scope.context
         self._watchers: list[Callable[[ToolContext], None]] = []
         self._segment: _Segment | None = None  # the live upper's, while a recorded request wrote there
         self._segments: collections.OrderedDict[str, _Segment] = collections.OrderedDict()  # request id → its segment
@@ -144,9 +140,7 @@ class Workspace:
         return self._template.name
 
     def _context(self) -> ToolContext:
-        import dataclasses
-
-        return dataclasses.replace(self._store.context, root=pathlib.Path(self.root), sandbox=self.sandbox)
+        return self._store.context_for(self.root, self.sandbox)
 
     def watch(self, callback: Callable[[ToolContext], None]) -> None:
         """Call ``callback`` with the new tool context after every remount of the root."""
@@ -483,10 +477,11 @@ class Workspace:
             return
         self.closed = True
         store = self._store
-        try:
-            remove_tree(self.home)  # its checkpoints may keep the volume; the home goes with the session
-        except OSError:
-            pass
+        if self.volume.holders > 1:  # checkpoints keep the volume: the home goes with the session (else with the tmpfs)
+            try:
+                remove_tree(self.home)
+            except OSError:
+                pass
         store.ended(self)
         store.release(self.root, [*self._inherited(self.chain), self.volume])
 
@@ -497,8 +492,8 @@ def open_workspace(store: WorkspaceStore, session: SessionView, template: str | 
     Raises:
         ProtocolError: what :meth:`WorkspaceStore.open` refuses.
     """
-    volume, found, chain, upper, work = store.open(template, fork)
-    ws = Workspace(store, session, volume, found, list(chain), upper, work)
+    volume, found, chain, upper, work, scope = store.open(template, fork)
+    ws = Workspace(store, session, volume, found, list(chain), upper, work, scope)
     store.add(ws)
     return ws
 
