@@ -280,6 +280,17 @@ class WorkspaceStore:
             return
         loop.run_in_executor(None, self._remove, gone, root)
 
+    def recycle(self, volume: Volume, template: Template, upper: str, work: str, scope: Scope) -> None:
+        """A pristine workspace's session ended (:meth:`.workspace.Workspace.close` says when):
+        its volume goes back to the warm pool as it is (no mount made or undone), or is released
+        when the pool is full."""
+        pool = self._warm.get(template.name)
+        if pool is None or len(pool) >= self.limits.warm_workspaces:
+            self.release(f"{volume.path}/root", [volume])
+            return
+        self._let_go([volume])  # a warm volume is held by nobody until a session takes it
+        pool.append(_Warm(volume, upper, work, scope))
+
     def hold(self, volumes: Iterable[Volume]) -> None:
         for volume in set(volumes):
             volume.holders += 1

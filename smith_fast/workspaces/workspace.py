@@ -25,11 +25,12 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.session_home import remove_tree
 from . import ChangeSet, layers
+from .store import Scope
 
 if TYPE_CHECKING:
     from ..sandbox import Sandbox
     from ..tools import ToolContext
-    from .store import Layer, Scope, Template, Volume, WorkspaceStore
+    from .store import Layer, Template, Volume, WorkspaceStore
 
 __all__ = ["SessionView", "Workspace", "open_workspace"]
 
@@ -41,6 +42,11 @@ class SessionView(Protocol):
 
     def live(self) -> list[str]:
         """The ids of the session's requests that have not ended."""
+        ...
+
+    def untouched(self) -> bool:
+        """Whether the session never had a request (so no process of it ever ran, none can be
+        left behind, and nothing of it wrote in the workspace)."""
         ...
 
     def cancel(self, rid: str, reason: str) -> None:
@@ -471,12 +477,28 @@ class Workspace:
 
     # ---- end --------------------------------------------------------------------------------
 
+    def _pristine(self) -> bool:
+        """Whether the workspace is as the warm pool made it: its session never had a request (no
+        process of it can be left to write later), it is no fork, nothing else holds its volume,
+        and its upper, its home and its layers are empty (what only the service could have put
+        there). Its mounts, sandbox and tool context then serve the next session as they are."""
+        if self.chain or self.volume.holders != 1 or not self._session.untouched():
+            return False
+        try:
+            return not (os.listdir(self.upper) or os.listdir(self.home) or os.listdir(f"{self.volume.path}/layers"))
+        except OSError:
+            return False
+
     def close(self) -> None:
         """The session is over: unmount its root; its volume goes once no checkpoint or fork uses it."""
         if self.closed:
             return
         self.closed = True
         store = self._store
+        if self._pristine():
+            store.ended(self)
+            store.recycle(self.volume, self._template, self.upper, self.work, Scope(self.home, self.sandbox, self.tool_context))
+            return
         if self.volume.holders > 1:  # checkpoints keep the volume: the home goes with the session (else with the tmpfs)
             try:
                 remove_tree(self.home)
