@@ -181,19 +181,25 @@ class FrozenListings:
     ``getxattr`` per layer per name. Bounded: the least recently used directories are forgotten.
 
     Args:
-        roots: the frozen layers whose directories may be cached (a template, or a live upper, may
-            change: never cached).
         limit: directories kept.
+
+    Attributes:
+        bottom: the chain's last layer (its template, which may change: never cached); set for each
+            walk. Every directory a walk asks about lies in one of the chain's layers, and all but
+            the bottom one are frozen: a directory is cached unless it lies in the bottom one
+            (one comparison, not one per layer).
     """
 
     def __init__(self, limit: int = 4096) -> None:
-        self.roots: tuple[str, ...] = ()
+        self.bottom = ""
         self._limit = limit
         self._dirs: collections.OrderedDict[str, dict[str, os.stat_result]] = collections.OrderedDict()
         self._opaque: dict[str, bool] = {}
 
     def covers(self, path: str) -> bool:
-        return any(path == root or path.startswith(root + "/") for root in self.roots)
+        """Whether directory ``path`` (in a layer of the chain being walked) is a frozen layer's."""
+        bottom = self.bottom
+        return not (path.startswith(bottom) and (len(path) == len(bottom) or path[len(bottom)] == "/"))
 
     def lstat(self, directory: str, name: str) -> os.stat_result | None:
         entries = self._dirs.get(directory)
@@ -384,7 +390,8 @@ def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000, froz
         layer: the upper directory.
         below: the chain under it.
         limit: at most this many changes; more: the first ``limit`` and ``truncated``.
-        frozen: cached listings of the frozen layers of ``below`` (all but its last, the template).
+        frozen: cached listings of the frozen layers of ``below`` (all but its last, the template;
+            ``layer`` itself is not in ``below``, and is walked as it is).
 
     Returns:
         The changes, sorted by :func:`path_key`.
@@ -392,7 +399,7 @@ def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000, froz
     out = _Changes(limit)
     truncated = False
     if frozen is not None:
-        frozen.roots = tuple(below[:-1])  # the template, at the bottom, may change: read it as it is
+        frozen.bottom = below[-1] if below else ""  # the template, at the bottom, may change: read it as it is
     try:
         _layer_dir(layer, "", tuple(below), False, out, frozen)
     except _Full:
