@@ -282,14 +282,27 @@ class WorkspaceStore:
 
     def recycle(self, volume: Volume, template: Template, upper: str, work: str, scope: Scope) -> None:
         """A pristine workspace's session ended (:meth:`.workspace.Workspace.close` says when):
-        its volume goes back to the warm pool as it is (no mount made or undone), or is released
-        when the pool is full."""
+        its volume goes back to the warm pool as it is (no mount made or undone), the next one
+        taken; a pool past ``--warm-workspaces`` lets its oldest go (without a pool: this one)."""
         pool = self._warm.get(template.name)
-        if pool is None or len(pool) >= self.limits.warm_workspaces:
+        if pool is None or self.limits.warm_workspaces <= 0:
             self.release(f"{volume.path}/root", [volume])
             return
         self._let_go([volume])  # a warm volume is held by nobody until a session takes it
-        pool.append(_Warm(volume, upper, work, scope))
+        self._pooled(pool, _Warm(volume, upper, work, scope), next_taken=True)
+
+    def _pooled(self, pool: list[_Warm], warm: _Warm, *, next_taken: bool) -> None:
+        """Put ``warm`` in ``pool``: taken next (a recycled volume: its dentries are warm too) or
+        last (a refill); past ``--warm-workspaces`` (a refill done while a recycled one came
+        back), the one taken last is let go."""
+        if next_taken:
+            pool.append(warm)  # _take pops from the end
+        else:
+            pool.insert(0, warm)
+        while len(pool) > self.limits.warm_workspaces:
+            extra = pool.pop(0)
+            self.hold([extra.volume])  # held by nobody in the pool: held so that release lets go of it
+            self.release(f"{extra.volume.path}/root", [extra.volume])
 
     def hold(self, volumes: Iterable[Volume]) -> None:
         for volume in set(volumes):
@@ -452,7 +465,7 @@ class WorkspaceStore:
                 while len(pool) < self.limits.warm_workspaces:
                     warm = await asyncio.to_thread(self._prepare, template)
                     warm.scope = self.scope(warm.volume)  # on the loop, between handshakes
-                    pool.append(warm)
+                    self._pooled(pool, warm, next_taken=False)
             except OSError as exc:
                 log.warning("a warm workspace could not be made", extra={"fields": {"error": str(exc)}})
             finally:
