@@ -12,7 +12,10 @@ rotates), as ratios: the machine is shared, so compare within one run, never acr
    Ready, a fresh connection each time, through ``serve --workspaces`` (default warm pool), the same
    with ``--warm-workspaces 0`` (the mounts themselves) and a plain ``serve --root`` of the same
    directory: p50s, the ratio with/without (target <= 1.5), and ``cp -a`` of the template (p50 of a
-   few runs) over the with-workspace p50 (target >= 50).
+   few runs) over the with-workspace p50 (target >= 50). These sessions close without a request, so
+   their workspaces go back to the warm pool as they are; the same again spaced 50 ms apart (the
+   service quiet at each start), and with each session running a command before it closes (not
+   timed: its workspace is unmounted and the pool refilled, beside the next starts).
 2. **checkpoint and fork**, the 200 MB template against a 1 MB one (100 files), the same small change
    written before each checkpoint: ``client.checkpoint()`` round trip p50 and fork (connect +
    handshake with ``fork=ID`` to Ready) p50, ratios 200 MB / 1 MB (target <= 1.5 each).
@@ -23,7 +26,8 @@ rotates), as ratios: the machine is shared, so compare within one run, never acr
    included; n/a where no memory cgroup can be made here).
 4. **changes**: a command appending to 10 files of the 10,000-file template, in a session that
    accepted ``changes`` and in one that did not (same service, interleaved): request to final event
-   p50, the ratio (target <= 1.2).
+   p50, the ratio (target <= 1.2); then the same runs spaced 50 ms apart (a recorded run's layer is
+   frozen once it ended, on the loop: back to back, that lands in the next run, whichever session's).
 
 The templates are generated once and cached under ``/var/tmp/smith-fast-bench-templates`` (keyed by
 their parameters): only the first run pays for them. Everything else (services, workspace
