@@ -6,7 +6,13 @@ same tmpfs: O(1)), make a fresh upper and work directory, and replace the overla
 one whose lower chain is one layer longer. It is done only while the workspace is *quiet* (no other
 request of the session runs, no background process of it writes): the frozen directory must never
 be written again. Checkpoint, per-request layers and Undo are freezes; Restore and fork mount a
-checkpoint's chain under a fresh upper.
+checkpoint's chain under a fresh upper. A recorded request's upper is frozen as soon as the request
+ended (its final event sent) and the workspace is quiet, on the loop, so that the next request
+starts on an empty upper rather than waiting for the remount; when a request came first, its
+:meth:`Workspace.begin` freezes, as before.
+
+A workspace whose session never had a request goes back to the warm pool as it is
+(:meth:`Workspace.close`, :meth:`~.store.WorkspaceStore.recycle`).
 
 After each remount the root is another mount: the tool context (whose root fd pins a mount) is
 made again and handed to :meth:`Workspace.watch`'s callbacks (the session's runner).
