@@ -29,6 +29,7 @@ and its tmpfs memory with it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import errno
 import os
@@ -38,14 +39,16 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
 from ..errors import MountError
 
 __all__ = ["MountHost", "MountError", "overlay_problem", "serve"]
+
+T = TypeVar("T")
 
 MAX_MESSAGE = 1 << 20
 """The largest request or reply, bytes (a chain of a few hundred layers' paths fits easily)."""
@@ -441,6 +444,9 @@ class MountHost:
         self._sock = sock
         self._lock = threading.Lock()
         self.idle = idle if idle is not None else self
+        # Background calls wait in a thread of their own, not the loop's shared executor: a host at
+        # nice 19 may be slow on a busy machine, and must not hold threads a diff or an undo needs.
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
         self._reply = bytearray(MAX_MESSAGE)  # reused under the lock (see serve())
         self.top = top
         self.pid = pid
@@ -469,10 +475,31 @@ class MountHost:
         """:meth:`call` in a worker thread."""
         await asyncio.to_thread(self.call, op, **args)
 
+    def later(self, work: Callable[..., object], *args: Any) -> None:
+        """Run ``work(*args)`` (calls to this host) in this host's own thread, after what is queued
+        there; without a running loop (the service closing), here and now."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            work(*args)
+            return
+        loop.run_in_executor(self._executor(), work, *args)
+
+    async def in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` (calls to this host) in this host's own thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), work, *args)
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="smith-mount-host")
+        return self._thread
+
     def close(self) -> None:
         """Close the socket: the host ends (and its mounts with the namespace once nothing else holds it)."""
         if self.idle is not self:
             self.idle.close()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
         self._sock.close()
         try:
             os.waitpid(self.pid, 0)

@@ -273,12 +273,7 @@ class WorkspaceStore:
         gone = [v.path for v in self._let_go(volumes)]
         if root is None and not gone:
             return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._remove(gone, root)
-            return
-        loop.run_in_executor(None, self._remove, gone, root)
+        self.host.idle.later(self._remove, gone, root)
 
     def recycle(self, volume: Volume, template: Template, upper: str, work: str, scope: Scope) -> None:
         """A pristine workspace's session ended (:meth:`.workspace.Workspace.close` says when):
@@ -444,7 +439,7 @@ class WorkspaceStore:
             except OSError as exc:
                 log.warning("frozen layers could not be removed", extra={"fields": {"volume": volume.path, "error": str(exc)}})
 
-        asyncio.get_running_loop().run_in_executor(None, remove)
+        self.host.idle.later(remove)
 
     # ---- the warm pool ------------------------------------------------------------------------
 
@@ -463,7 +458,7 @@ class WorkspaceStore:
             pool = self._warm[template.name]
             try:
                 while len(pool) < self.limits.warm_workspaces:
-                    warm = await asyncio.to_thread(self._prepare, template)
+                    warm = await self.host.idle.in_thread(self._prepare, template)
                     warm.scope = self.scope(warm.volume)  # on the loop, between handshakes
                     self._pooled(pool, warm, next_taken=False)
             except OSError as exc:

@@ -194,7 +194,7 @@ class Workspace:
             self._empty_trash()
 
     def _empty_trash(self) -> None:
-        """Remove the work directories of replaced overlays: by the idle mount host, in a thread
+        """Remove the work directories of replaced overlays: by the idle mount host, in its thread
         (thirty-odd trees: ~10 ms that the request whose freeze filled the trash used to wait)."""
         trash, self._trash = self._trash, []
         host = self._store.host.idle
@@ -206,10 +206,7 @@ class Workspace:
                 except OSError:
                     pass
 
-        try:
-            asyncio.get_running_loop().run_in_executor(None, remove)
-        except RuntimeError:  # no loop (closing): here and now
-            remove()
+        host.later(remove)
 
     def _freeze(self) -> Layer | None:
         """The live upper becomes the top frozen layer (nothing when it is empty)."""
