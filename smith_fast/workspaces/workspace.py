@@ -373,6 +373,10 @@ class Workspace:
     async def _eager_freeze(self, rid: str) -> None:
         try:
             await self._session.settle([rid], self._store.limits.kill_grace + 5.0)
+            # One more turn of the loop: the request's final event and terminal state, written by
+            # now, go out first (a connection flushes once per turn; this task's first step may
+            # come before that flush, and a request already done does not make settle wait).
+            await asyncio.sleep(0)
         finally:
             self._eager = None
         # Quiet as begin() wants it: no request of the session (a new one froze already), nothing
