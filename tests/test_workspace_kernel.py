@@ -261,8 +261,12 @@ def test_the_mount_host_and_the_mounts_end_with_the_service(places: dict[str, pa
     proc = service("""
         base = workspace("a")
         out["host"] = host.pid
+        out["idle"] = host.idle.pid
         out["ns"] = os.readlink("/proc/self/ns/mnt")
         out["host_fds"] = sorted(int(fd) for fd in os.listdir(f"/proc/{host.pid}/fd"))
+        host.idle.call("ping")  # it serves: its start-up (closing what it inherited) is over
+        out["idle_fds"] = sorted(int(fd) for fd in os.listdir(f"/proc/{host.idle.pid}/fd"))
+        out["nice"] = [os.getpriority(os.PRIO_PROCESS, p) for p in (host.pid, host.idle.pid)]
         print(json.dumps(out), flush=True)
         sys.stdin.readline()
         host.call("ping")  # after the host was sent SIGTERM: it ignores it
@@ -272,8 +276,11 @@ def test_the_mount_host_and_the_mounts_end_with_the_service(places: dict[str, pa
     assert proc.stdin is not None and proc.stdout is not None
     try:
         first = json.loads(proc.stdout.readline())
-        pid, ns = int(first["host"]), str(first["ns"])
+        pid, idle, ns = int(first["host"]), int(first["idle"]), str(first["ns"])
         assert len(first["host_fds"]) == 4  # /dev/null thrice and its socket: nothing else of the service's
+        assert len(first["idle_fds"]) == 4  # the same for the background host (not the first host's socket)
+        assert first["nice"] == [os.getpriority(os.PRIO_PROCESS, 0), 19]  # the background host yields the cores
+        assert idle != pid and _alive(idle) and os.readlink(f"/proc/{idle}/ns/mnt") == ns
         assert _alive(pid) and ns in _mount_namespaces() and ns != os.readlink("/proc/self/ns/mnt")
         os.kill(pid, signal.SIGTERM)
         proc.stdin.write("\n")
@@ -285,6 +292,9 @@ def test_the_mount_host_and_the_mounts_end_with_the_service(places: dict[str, pa
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not _alive(pid)
+        while _alive(idle) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(idle)
         # No process is left in the namespace: it is gone, and its mounts and tmpfs memory with it.
         while ns in _mount_namespaces() and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -578,3 +578,64 @@ def test_read_only_sandbox_and_sandbox_off(places: dict[str, pathlib.Path], tmp_
     off = ServerProcess(tmp_path, "--workspaces", str(places["ws"].parent / "ws-off"), "--sandbox", "off", tcp=False)
     with pytest.raises(Exception, match="needs the sandbox"):
         off.start()
+
+
+# ---- what the service does between sessions and between requests -------------------------------
+
+
+def test_a_workspace_no_request_touched_serves_the_next_session_and_one_a_request_ran_in_never(places: dict[str, pathlib.Path]) -> None:
+    ws = places["ws"].parent / "ws-recycle"
+    srv = start(places, "--warm-workspaces", "1", ws=ws)
+
+    async def main() -> None:
+        first, ready = await session(srv, "py")
+        untouched = ready.service_info["smith_fast.workspace"]
+        await first.close()
+        # its volume goes back to the warm pool as it is, and is the next one taken
+        await asyncio.sleep(0.3)
+        second, ready = await session(srv, "py")
+        assert ready.service_info["smith_fast.workspace"] == untouched
+        assert (await sh(second, "ls -A; ls -A ~"))[1] == "main.py\npkg\n"  # the template, an empty home: nothing of before
+        assert (await sh(second, "echo mine > mine.txt; echo secret > ~/secret"))[0] == 0
+        await second.close()
+        await asyncio.sleep(0.3)
+        # a request ran in it: its volume is unmounted, never handed to another session
+        third, ready = await session(srv, "py")
+        assert ready.service_info["smith_fast.workspace"] != untouched
+        assert (await sh(third, "ls -A; ls -A ~"))[1] == "main.py\npkg\n"
+        assert wait_until(lambda: untouched not in os.listdir(ws / "s"), 10)
+        # a checkpoint of a session that wrote nothing is a request too: that volume is not reused either
+        fourth, ready = await session(srv, "py")
+        checkpointed = ready.service_info["smith_fast.workspace"]
+        await fourth.checkpoint()
+        await fourth.close()
+        await asyncio.sleep(0.3)
+        fifth, ready = await session(srv, "py")
+        assert ready.service_info["smith_fast.workspace"] != checkpointed
+        await third.close()
+        await fifth.close()
+
+    try:
+        arun(main())
+    finally:
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+def test_a_recorded_requests_layer_is_frozen_once_it_ended(server: ServerProcess) -> None:
+    """The upper a recorded request wrote becomes its layer as soon as it ended (the workspace
+    quiet): what an unrecorded request writes afterwards is not that request's, and its Undo keeps it."""
+
+    async def main() -> None:
+        client, _ = await session(server, "py", accept=("changes",))
+        rid = str(uuid.uuid4())
+        code, _, _, final = await sh(client, "echo f > f", rid=rid)
+        assert code == 0 and final is not None and changes_of(final) == {"f": ("added", 2)}
+        await asyncio.sleep(0.3)  # its end settled: the layer is frozen
+        ran = await client.call_tool("shell.run", {"command": "echo g > g"})  # no layer of its own
+        assert ran.success
+        undone = await client.undo(rid)
+        assert undone.conflicts == []
+        assert (await sh(client, "ls"))[1] == "g\nmain.py\npkg\n"  # f undone, g (written after it ended) kept
+        await client.close()
+
+    arun(main())

@@ -58,12 +58,18 @@ def markdown(report: Report) -> list[str]:
     sp = st["spaced"]
     for n in [k for k in sp if isinstance(sp[k], dict)]:
         out.append(_row(f"`{n}`, {sp['spacing_ms']:g} ms apart", sp[n]))
+    us = st.get("used", {})  # runs from before it was measured have none
+    for n in [k for k in us if isinstance(us[k], dict)]:
+        out.append(_row(f"`{n}`, each session running a command", us[n]))
     cp = st["copy"]
     out += [f"| `cp -a` of the template (p50 of {cp['runs']}) | {fmt(cp['p50_ms'])} | — |", "",
             f"`{st['ratio_of']}`: ×{st['ratio']:.2f} the p50 (target ≤ {st['target']:g}x): {_verdict(st['met'])}. "
             f"`cp -a` / `{st['ratio_of'].split(' / ')[0]}`: ×{st['copy_ratio']:,.0f} (target ≥ {st['copy_target']:g}x): "
             f"{_verdict(st['copy_met'])}. The starts {sp['spacing_ms']:g} ms apart ({sp['starts']} per service; the service quiet "
-            f"at each: the last session's workspace unmounted, the warm pool refilled): ×{sp['ratio']:.2f}.", ""]
+            f"at each: the last session's workspace unmounted, the warm pool refilled): ×{sp['ratio']:.2f}."
+            + (f" These sessions close without a request, so their workspaces go back to the warm pool as they are; each session "
+               f"running `{us['command']}` before it closes (not timed; its workspace unmounted and the pool refilled beside the "
+               f"next starts): ×{us['ratio']:.2f}." if us else ""), ""]
     cf = r["checkpoint_fork"]
     out += [f"Checkpoint (`client.checkpoint()` round trip) and fork (connect + handshake with `fork=ID` to Ready), the same "
             f"small change written before each, {cf['reps']} of each per template, interleaved:", "",
@@ -95,5 +101,8 @@ def markdown(report: Report) -> list[str]:
             "", f"`{c['ratio_of']}`: ×{c['ratio']:.2f} the p50 (target ≤ {c['target']:g}x): {_verdict(c['met'])}. "
             f"The first {c['quarter']} runs' p50 against the last {c['quarter']}'s: `changes` {fmt(c['changes']['early_p50_ms'])} → "
             f"{fmt(c['changes']['late_p50_ms'])} ms, no `changes` {fmt(c['no changes']['early_p50_ms'])} → "
-            f"{fmt(c['no changes']['late_p50_ms'])} ms.", ""]
+            f"{fmt(c['no changes']['late_p50_ms'])} ms."
+            + (f" The same runs {c['spaced']['spacing_ms']:g} ms apart (a recorded run's layer is frozen once it ended, on the loop: "
+               f"back to back that lands in the next run, whichever session's): `changes` {fmt(c['spaced']['changes']['p50_ms'])} ms, "
+               f"no `changes` {fmt(c['spaced']['no changes']['p50_ms'])} ms, ×{c['spaced']['ratio']:.2f}." if "spaced" in c else ""), ""]
     return out

@@ -84,6 +84,10 @@ class RequestTable:
     def get(self, rid: str) -> Request | None:
         return self.live.get(rid)
 
+    def any_admitted(self) -> bool:
+        """Whether the session ever admitted a request (one is live, or one ended)."""
+        return bool(self.live) or bool(self._ended)
+
     def admit(self, rid: str, spec: CommandSpec | None, command: Any) -> Request | None:
         """A request ``rid`` of ``spec``'s kind, live from now on; None when it is refused (what
         the peer is told was sent: an error, and a terminal state where the id is its own)."""

@@ -26,6 +26,9 @@ class SessionWorkspaceView:
     def live(self) -> list[str]:
         return [request.id for request in self._requests if not request.ended]
 
+    def untouched(self) -> bool:
+        return not self._requests.any_admitted()
+
     def cancel(self, rid: str, reason: str) -> None:
         request = self._requests.get(rid)
         if request is not None:

@@ -176,34 +176,47 @@ class _Found:
 
 
 class FrozenListings:
-    """The directories of frozen layers, each read once: a frozen layer never changes, so what a
-    request changed is told from cached listings of the layers below it, not one ``lstat`` and one
-    ``getxattr`` per layer per name. Bounded: the least recently used directories are forgotten.
+    """The directories of frozen layers, each read once (once looked in twice): a frozen layer
+    never changes, so what a request changed is told from cached listings of the layers below it,
+    not one ``lstat`` and one ``getxattr`` per layer per name. Bounded: the least recently used
+    directories are forgotten.
 
     Args:
-        roots: the frozen layers whose directories may be cached (a template, or a live upper, may
-            change: never cached).
         limit: directories kept.
+
+    Attributes:
+        bottom: the chain's last layer (its template, which may change: never cached); set for each
+            walk. Every directory a walk asks about lies in one of the chain's layers, and all but
+            the bottom one are frozen: a directory is cached unless it lies in the bottom one
+            (one comparison, not one per layer).
     """
 
     def __init__(self, limit: int = 4096) -> None:
-        self.roots: tuple[str, ...] = ()
+        self.bottom = ""
         self._limit = limit
-        self._dirs: collections.OrderedDict[str, dict[str, os.stat_result]] = collections.OrderedDict()
+        self._dirs: collections.OrderedDict[str, dict[str, os.stat_result] | None] = collections.OrderedDict()  # None: looked in once
         self._opaque: dict[str, bool] = {}
 
     def covers(self, path: str) -> bool:
-        return any(path == root or path.startswith(root + "/") for root in self.roots)
+        """Whether directory ``path`` (in a layer of the chain being walked) is a frozen layer's."""
+        bottom = self.bottom
+        return not (path.startswith(bottom) and (len(path) == len(bottom) or path[len(bottom)] == "/"))
 
     def lstat(self, directory: str, name: str) -> os.stat_result | None:
-        entries = self._dirs.get(directory)
-        if entries is None:
-            entries = self._dirs[directory] = _scan(directory)
-            if len(self._dirs) > self._limit:
-                gone, _ = self._dirs.popitem(last=False)
+        """``name``'s entry in the frozen ``directory``: one ``lstat`` the first time the directory
+        is looked in (most are looked in once: the newest layer's, by the next request's walk),
+        its listing read and kept the second time."""
+        dirs = self._dirs
+        if directory not in dirs:
+            dirs[directory] = None
+            if len(dirs) > self._limit:
+                gone, _ = dirs.popitem(last=False)
                 self._opaque.pop(gone, None)
-        else:
-            self._dirs.move_to_end(directory)
+            return _lstat(f"{directory}/{name}")
+        entries = dirs[directory]
+        if entries is None:
+            entries = dirs[directory] = _scan(directory)
+        dirs.move_to_end(directory)
         return entries.get(name)
 
     def is_opaque(self, path: str) -> bool:
@@ -384,7 +397,8 @@ def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000, froz
         layer: the upper directory.
         below: the chain under it.
         limit: at most this many changes; more: the first ``limit`` and ``truncated``.
-        frozen: cached listings of the frozen layers of ``below`` (all but its last, the template).
+        frozen: cached listings of the frozen layers of ``below`` (all but its last, the template;
+            ``layer`` itself is not in ``below``, and is walked as it is).
 
     Returns:
         The changes, sorted by :func:`path_key`.
@@ -392,15 +406,94 @@ def layer_changes(layer: str, below: Sequence[str], *, limit: int = 10_000, froz
     out = _Changes(limit)
     truncated = False
     if frozen is not None:
-        frozen.roots = tuple(below[:-1])  # the template, at the bottom, may change: read it as it is
+        frozen.bottom = below[-1] if below else ""  # the template, at the bottom, may change: read it as it is
     try:
-        _layer_dir(layer, "", tuple(below), False, out, frozen)
+        _layer_dir(layer, "", _Dirs(list(below)), False, out, frozen)
     except _Full:
         truncated = True
     return ChangeSet(changes=tuple(out.items), truncated=truncated)
 
 
-def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, out: _Changes,
+class _Dirs:
+    """The layers' directories of one merged directory (top first), found only as far as a lookup
+    needs them: a name a request wrote is mostly in the layer right under its upper, and then the
+    deeper layers (the template's directory, whether each is opaque) are never looked at."""
+
+    __slots__ = ("_found", "_more")
+
+    def __init__(self, found: list[str], more: Iterator[str] | None = None) -> None:
+        self._found = found
+        self._more = more
+
+    def get(self, i: int) -> str | None:
+        """The ``i``-th directory (0: the top), None past the last."""
+        found = self._found
+        while len(found) <= i and self._more is not None:
+            nxt = next(self._more, None)
+            if nxt is None:
+                self._more = None
+                break
+            found.append(nxt)
+        return found[i] if i < len(found) else None
+
+    def all(self) -> tuple[str, ...]:
+        while self._more is not None:
+            self.get(len(self._found))
+        return tuple(self._found)
+
+
+def _lookup(d: str, name: str, frozen: FrozenListings | None) -> os.stat_result | None:
+    if frozen is not None and frozen.covers(d):
+        return frozen.lstat(d, name)
+    return _lstat(f"{d}/{name}")
+
+
+def _opaque(path: str, d: str, frozen: FrozenListings | None) -> bool:
+    if frozen is not None and frozen.covers(d):
+        return frozen.is_opaque(path)
+    return is_opaque(path)
+
+
+def _deeper(dirs: _Dirs, i: int, path: str, name: str, frozen: FrozenListings | None) -> Iterator[str]:
+    """``name``'s directories in the layers under ``dirs``' ``i``-th, where it is the directory
+    ``path``: as :func:`_child` collects them (down to the first opaque one, a whiteout or a
+    non-directory), one at a time."""
+    while dirs.get(i + 1) is not None and not _opaque(path, dirs.get(i) or "", frozen):  # the last layer: nothing below
+        i += 1
+        while True:
+            d = dirs.get(i)
+            if d is None:
+                return
+            st = _lookup(d, name, frozen)
+            if st is None:
+                i += 1
+                continue
+            if is_whiteout(st) or not stat.S_ISDIR(st.st_mode):
+                return
+            path = f"{d}/{name}"
+            yield path
+            break
+
+
+def _child_below(dirs: _Dirs, name: str, frozen: FrozenListings | None) -> tuple[_Found, _Dirs] | None:
+    """:func:`_child` over lazily found directories: ``name``'s entry in the merged directory, and
+    (a directory) its own directories, found as far as they are asked for; None when nothing shows."""
+    i = 0
+    while (d := dirs.get(i)) is not None:
+        st = _lookup(d, name, frozen)
+        if st is None:
+            i += 1
+            continue
+        if is_whiteout(st):
+            return None
+        path = f"{d}/{name}"
+        if not stat.S_ISDIR(st.st_mode):
+            return _Found(path, st), _Dirs([])
+        return _Found(path, st), _Dirs([path], _deeper(dirs, i, path, name, frozen))
+    return None
+
+
+def _layer_dir(upper: str, prefix: str, below: _Dirs, replaced: bool, out: _Changes,
                frozen: FrozenListings | None = None) -> None:
     """The changes in the layer's directory ``upper`` (``prefix``: its path and a slash).
 
@@ -408,11 +501,18 @@ def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, 
     this layer's content (it or an ancestor is opaque), so whatever is below and not here is gone.
     """
     mine = _scan(upper)
-    theirs = _listing(below) if replaced else None
+    theirs = _listing(below.all()) if replaced else None
     names = sorted(mine.keys() | theirs.keys()) if theirs is not None else sorted(mine)
     for name in names:
         rel = prefix + name
-        old = theirs.get(name) if theirs is not None else _child(below, name, frozen)
+        lazy: _Dirs | None = None
+        if theirs is not None:
+            old = theirs.get(name)
+        else:
+            hit = _child_below(below, name, frozen)
+            old, lazy = hit if hit is not None else (None, None)
+            if old is not None and lazy is not None and old.is_dir:
+                old = _Found(old.path, old.st, ())  # its directories: ``lazy`` (all of them where a listing needs them)
         st = mine.get(name)
         if st is None:  # only below, under an opaque directory
             assert old is not None
@@ -420,23 +520,24 @@ def _layer_dir(upper: str, prefix: str, below: tuple[str, ...], replaced: bool, 
             continue
         if is_whiteout(st):
             if old is not None:
-                out.deleted_tree(rel, old)
+                out.deleted_tree(rel, old if lazy is None else _Found(old.path, old.st, lazy.all()))
             continue
         new = _Found(f"{upper}/{name}", st)
         if stat.S_ISDIR(st.st_mode):
             if old is None or not old.is_dir:
                 out.add(rel, "added" if old is None else "modified", new, old)
-                _layer_dir(new.path, rel + "/", (), False, out, frozen)
+                _layer_dir(new.path, rel + "/", _Dirs([]), False, out, frozen)
             else:
                 if old.st.st_mode != st.st_mode:
                     out.add(rel, "modified", new, old)
-                _layer_dir(new.path, rel + "/", old.dirs, replaced or is_opaque(new.path), out, frozen)
+                dirs = lazy if lazy is not None else _Dirs(list(old.dirs))
+                _layer_dir(new.path, rel + "/", dirs, replaced or is_opaque(new.path), out, frozen)
         elif old is None:
             out.add(rel, "added", new, None)
         elif old.is_dir:
             # a file where a directory was: the directory's content went with it
             out.add(rel, "modified", new, old)
-            listing = _listing(old.dirs)
+            listing = _listing(lazy.all() if lazy is not None else old.dirs)
             for child in sorted(listing):
                 out.deleted_tree(f"{rel}/{child}", listing[child])
         elif not _same(new, old):

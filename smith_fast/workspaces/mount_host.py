@@ -29,6 +29,7 @@ and its tmpfs memory with it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import errno
 import os
@@ -38,8 +39,8 @@ import signal
 import socket
 import stat
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
@@ -47,13 +48,20 @@ from ..errors import MountError
 
 __all__ = ["MountHost", "MountError", "overlay_problem", "serve"]
 
+T = TypeVar("T")
+
 MAX_MESSAGE = 1 << 20
 """The largest request or reply, bytes (a chain of a few hundred layers' paths fits easily)."""
 MAX_LAYERS = 500
 """overlayfs's limit on lower layers (``OVL_MAX_STACK``)."""
+IDLE_NICE = 19
+"""The background host's nice value. Measured against SCHED_IDLE, nice 10 and none, session starts
+back to back (``bench/bench_workspaces.py``'s figure 1): SCHED_IDLE starved the warm pool's refills
+on a loaded machine (handshakes then mounted their own), nice 10 took the cores from handshakes."""
 
 # The new mount API, by number: the same on every architecture.
-_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _OPENAT2, _MOUNT_SETATTR = 428, 429, 430, 431, 432, 437, 442
+_RESOLVE_NO_SYMLINKS = 0x04
 _OPEN_TREE_CLONE, _AT_EMPTY_PATH = 1, 0x1000
 _FSCONFIG_SET_FLAG, _FSCONFIG_SET_STRING, _FSCONFIG_CMD_CREATE = 0, 1, 6
 _MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_BENEATH = 0x4, 0x200
@@ -106,12 +114,9 @@ def _context_log(fs: int) -> str:
 def overlay_problem(lowers: Sequence[str], upper: str | None, work: str | None) -> str | None:
     """What is wrong with these overlay options, in words, before the kernel says it less clearly
     (it answers EINVAL or ENOENT and logs which option): None when nothing is seen."""
-    if not lowers:
-        return "an overlay needs at least one lower layer"
-    if len(lowers) > MAX_LAYERS:
-        return f"{len(lowers)} lower layers, overlayfs takes at most {MAX_LAYERS}"
-    if (upper is None) != (work is None):
-        return "an overlay needs both an upper and a work directory, or neither (read-only)"
+    shape = _shape_problem(lowers, upper, work)
+    if shape:
+        return shape
     for what, path in [*(("lower layer", p) for p in lowers), ("upper directory", upper), ("work directory", work)]:
         if path is None:
             continue
@@ -143,11 +148,33 @@ def _read_only_bind(path: str) -> int:
     return mnt
 
 
+def _shape_problem(lowers: Sequence[str], upper: str | None, work: str | None) -> str | None:
+    """What :func:`overlay_problem` says without looking at the disk (the rest is looked at only
+    once the kernel failed: a freeze's replace is on a request's path)."""
+    if not lowers:
+        return "an overlay needs at least one lower layer"
+    if len(lowers) > MAX_LAYERS:
+        return f"{len(lowers)} lower layers, overlayfs takes at most {MAX_LAYERS}"
+    if (upper is None) != (work is None):
+        return "an overlay needs both an upper and a work directory, or neither (read-only)"
+    return None
+
+
 def _build_overlay(lowers: Sequence[str], upper: str | None, work: str | None) -> int:
     """A detached overlay mount (an fd for move_mount)."""
-    problem = overlay_problem(lowers, upper, work)
+    problem = _shape_problem(lowers, upper, work)
     if problem:
         raise _Refused(problem, errno.EINVAL)
+    try:
+        return _overlay_mount(lowers, upper, work)
+    except _Refused as exc:
+        problem = overlay_problem(lowers, upper, work)  # in words, where the kernel said EINVAL or ENOENT
+        if problem:
+            raise _Refused(problem, errno.EINVAL) from None
+        raise exc
+
+
+def _overlay_mount(lowers: Sequence[str], upper: str | None, work: str | None) -> int:
     if upper is None and len(lowers) == 1:
         # overlayfs wants two lower layers without an upper; a view of one layer is that layer.
         return _read_only_bind(lowers[0])
@@ -209,6 +236,30 @@ def _mounts_beneath(path: str) -> list[str]:
     return found
 
 
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _through_link(path: str) -> bool:
+    """Whether a symbolic link lies on the way to ``path`` (absolute, normalised) or is its last
+    component: one ``openat2(RESOLVE_NO_SYMLINKS)`` of its parent and one ``lstat`` (realpath took
+    an ``lstat`` per component, most of what a replace cost the host). Where ``openat2`` cannot
+    answer (a missing parent, an old kernel), realpath as before."""
+    parent, name = os.path.split(path)
+    how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_NO_SYMLINKS)
+    fd = _syscall(_OPENAT2, ctypes.c_int(-100), os.fsencode(parent), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        if ctypes.get_errno() == errno.ELOOP:
+            return True
+        return os.path.realpath(parent) != parent or os.path.islink(path)
+    try:
+        return bool(name) and stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False  # missing: no link there
+    finally:
+        os.close(fd)
+
+
 # ---- requests -------------------------------------------------------------------------------------
 
 
@@ -225,8 +276,7 @@ class _Host:
             value == root or value.startswith(root + "/") for root in self.lower_roots))
         if not allowed:
             raise _Refused(f"the {what} {value} lies outside {self.top}", errno.EPERM)
-        parent = os.path.dirname(value)
-        if os.path.realpath(parent) != parent or os.path.islink(value):
+        if _through_link(value):
             raise _Refused(f"the {what} {value} goes through a symbolic link", errno.EPERM)
         return value
 
@@ -323,15 +373,17 @@ def serve(sock: socket.socket, top: str, lower_roots: Sequence[str]) -> None:
     code = 0
     try:
         host = _Host(top, lower_roots)
+        buffer = bytearray(MAX_MESSAGE)  # one, reused: a recv(MAX_MESSAGE) maps and unmaps 1 MiB each time
+        view = memoryview(buffer)
         while True:
             try:
-                data = sock.recv(MAX_MESSAGE)
+                size = sock.recv_into(buffer)
             except InterruptedError:
                 continue
-            if not data:
+            if not size:
                 break  # the service is gone
             try:
-                request = orjson.loads(data)
+                request = orjson.loads(view[:size])
                 if not isinstance(request, dict):
                     raise _Refused("a request is a JSON object", errno.EINVAL)
                 host.handle(request)
@@ -348,12 +400,15 @@ def serve(sock: socket.socket, top: str, lower_roots: Sequence[str]) -> None:
     os._exit(code)
 
 
-def start_child(sock: socket.socket, top: str, lower_roots: Sequence[str], parent: int) -> None:
-    """In the forked child: become the mount host. Never returns."""
+def start_child(sock: socket.socket, top: str, lower_roots: Sequence[str], parent: int, *, idle: bool = False) -> None:
+    """In the forked child: become the mount host (``idle``: the background one, at nice
+    :data:`IDLE_NICE`, which an unprivileged process may take). Never returns."""
     try:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the service died before the line above
             os._exit(0)
+        if idle:
+            os.setpriority(os.PRIO_PROCESS, 0, IDLE_NICE)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -378,11 +433,21 @@ class MountHost:
     Attributes:
         top: the directory every mount lies beneath (resolved).
         pid: the host's process id.
+        idle: the host for what no request waits for (the warm pool's mounts, a volume's unmount,
+            removing old layers): a second process at nice :data:`IDLE_NICE`, so that its mounts
+            and unmounts (a tmpfs's pages freed, the RCU grace periods) yield the cores to a
+            handshake or a command starting beside them, and never queue a request's own mount
+            (a freeze, a fork) behind them; itself when there is none.
     """
 
-    def __init__(self, sock: socket.socket, top: str, pid: int) -> None:
+    def __init__(self, sock: socket.socket, top: str, pid: int, idle: MountHost | None = None) -> None:
         self._sock = sock
         self._lock = threading.Lock()
+        self.idle = idle if idle is not None else self
+        # Background calls wait in a thread of their own, not the loop's shared executor: a host at
+        # nice 19 may be slow on a busy machine, and must not hold threads a diff or an undo needs.
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reply = bytearray(MAX_MESSAGE)  # reused under the lock (see serve())
         self.top = top
         self.pid = pid
 
@@ -396,7 +461,8 @@ class MountHost:
         with self._lock:
             try:
                 self._sock.send(message)
-                reply = self._sock.recv(MAX_MESSAGE)
+                size = self._sock.recv_into(self._reply)
+                reply = bytes(self._reply[:size])
             except OSError as exc:
                 raise MountError(exc.errno or errno.EPIPE, f"the workspaces' mount host is unreachable: {exc.strerror or exc}") from None
         if not reply:
@@ -409,8 +475,31 @@ class MountHost:
         """:meth:`call` in a worker thread."""
         await asyncio.to_thread(self.call, op, **args)
 
+    def later(self, work: Callable[..., object], *args: Any) -> None:
+        """Run ``work(*args)`` (calls to this host) in this host's own thread, after what is queued
+        there; without a running loop (the service closing), here and now."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            work(*args)
+            return
+        loop.run_in_executor(self._executor(), work, *args)
+
+    async def in_thread(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` (calls to this host) in this host's own thread, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor(), work, *args)
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._thread is None:
+            self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="smith-mount-host")
+        return self._thread
+
     def close(self) -> None:
         """Close the socket: the host ends (and its mounts with the namespace once nothing else holds it)."""
+        if self.idle is not self:
+            self.idle.close()
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
         self._sock.close()
         try:
             os.waitpid(self.pid, 0)

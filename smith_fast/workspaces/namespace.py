@@ -2,12 +2,13 @@
 
 The service moves into a user and mount namespace of its own (its uid and gid mapped onto
 themselves, but for root's uid: :data:`ROOT_INSIDE`; files keep their owners), where it may mount overlays without being root on the host.
-It forks the *mount host* (:mod:`.mount_host`), the one process that keeps the namespace's
-capabilities, and then drops every capability itself, for good (securebits locked, bounding set
-empty): neither the service nor anything it starts can mount, unmount or remount anything; it asks
-the host, which only mounts beneath ``top``. ``/`` is made a slave mount first, so nothing
-mounted in the namespace propagates to the host. When the service ends, even by SIGKILL, the host
-ends (``PR_SET_PDEATHSIG``), and the namespace with its mounts and tmpfs memory goes with them.
+It forks the *mount hosts* (:mod:`.mount_host`), the only processes that keep the namespace's
+capabilities (one for what a request waits for, one at a low priority for the rest: the warm pool,
+unmounting, removing), and then drops every capability itself, for good (securebits locked, bounding
+set empty): neither the service nor anything it starts can mount, unmount or remount anything; it
+asks a host, which only mounts beneath ``top``. ``/`` is made a slave mount first, so nothing
+mounted in the namespace propagates to the host. When the service ends, even by SIGKILL, the hosts
+end (``PR_SET_PDEATHSIG``), and the namespace with its mounts and tmpfs memory goes with them.
 """
 
 from __future__ import annotations
@@ -160,6 +161,21 @@ def _probe(host: MountHost) -> None:
             pass
 
 
+def _fork_host(top: str, roots: tuple[str, ...], parent: int, *, idle: bool) -> tuple[socket.socket, int]:
+    """A mount host (a child keeping the namespace's capabilities): the service's end of its
+    socket and its pid. ``idle``: the one that does what no request waits for (see
+    :class:`~.mount_host.MountHost`), at a low priority."""
+    service, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        service.close()
+        start_child(child_end, top, roots, parent, idle=idle)  # never returns
+        os._exit(1)
+    child_end.close()
+    service.set_inheritable(False)
+    return service, pid
+
+
 _CURRENT: MountHost | None = None
 """The mount host of this process, once it entered its namespace (a fact of the process: at most one)."""
 
@@ -188,23 +204,19 @@ def enter(top: pathlib.Path, lower_roots: Sequence[pathlib.Path] = ()) -> MountH
     resolved = os.path.realpath(top)
     roots = tuple(os.path.realpath(p) for p in lower_roots)
     _unshare()
-    service, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        service.close()
-        start_child(child_end, resolved, roots, parent)  # never returns
-        os._exit(1)
-    child_end.close()
+    service, pid = _fork_host(resolved, roots, parent, idle=False)
+    background, background_pid = _fork_host(resolved, roots, parent, idle=True)
     try:
         drop_capabilities()
     except OSError as exc:
         service.close()
+        background.close()
         raise WorkspacesUnavailable(f"--workspaces cannot drop the service's capabilities in its namespace: {exc}") from None
-    service.set_inheritable(False)
-    host = MountHost(service, resolved, pid)
+    host = MountHost(service, resolved, pid, idle=MountHost(background, resolved, background_pid))
     try:
         _probe(host)
+        host.idle.call("ping")  # the background host answers too
     except BaseException:
         host.close()
         raise
