@@ -48,7 +48,7 @@ from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describ
 from ..service.sinks import now_ms
 from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .placement import PLACEMENT_KEY, parse_labels
-from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
+from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from ..service.connections import ConnectionGate
     from ..service.core import ServiceCore
 
-__all__ = ["RelayConnection", "RelayHost", "Placed"]
+__all__ = ["Offered", "Placed", "RelayConnection", "RelayHost"]
 
 log = get_logger("smith_fast.gateway")
 
@@ -71,6 +71,9 @@ class Placed(Protocol):
     subject: str  # the worker's subject of this connection
 
 
+Offered = tuple[str, "asyncio.Future[str | None]"]  # a worker offered a session, and its answer to come
+
+
 class RelayHost(Protocol):
     """What a relayed connection needs of its gateway (:class:`~smith_fast.nats.gateway.Gateway`)."""
 
@@ -80,8 +83,19 @@ class RelayHost(Protocol):
     @property
     def nc(self) -> NATS | None: ...
 
-    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Placed | str:
-        """Place ``conn``'s session: where it went, or why not (``no_worker``, ``resume_unknown``, ``nats_unavailable``)."""
+    @property
+    def outbox(self) -> Outbox | None:
+        """What relay messages are published through (the NATS connection's), once connected."""
+        ...
+
+    def offer_now(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Offered | None:
+        """Offer ``conn``'s session to a worker at once, in the step its handshake is read: the
+        worker and its answer to come, for :meth:`place` to wait for; None: no worker to offer it to now."""
+        ...
+
+    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, first: Offered | None = None) -> Placed | str:
+        """Place ``conn``'s session: where it went, or why not (``no_worker``, ``resume_unknown``, ``nats_unavailable``);
+        ``first``: the offer :meth:`offer_now` made already."""
         ...
 
     def forget(self, conn: RelayConnection) -> None:
@@ -333,11 +347,14 @@ class RelayConnection(asyncio.BufferedProtocol):
         head = encode_varint(len(first)) + first if self._version == 1 else first
         rest = bytes(self._raw[end:])
         self._raw = bytearray(head + rest)
-        self._placing = self._loop.create_task(self._place(wanted, route, len(head)))
+        self._head = len(head)
+        # The OPEN goes out now, with the frontend's first bytes, rather than from the task's first
+        # step one loop iteration later (a session start waits for its worker's answer anyway).
+        offered = self.host.offer_now(self, wanted, route)
+        self._placing = self._loop.create_task(self._place(wanted, route, len(head), offered))
 
-    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int) -> None:
-        self._head = head
-        outcome = await self.host.place(self, wanted, route)
+    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int, first: Offered | None) -> None:
+        outcome = await self.host.place(self, wanted, route, first)
         if self.state is State.PLACING and isinstance(outcome, str):
             self._placement_failed(outcome, head)
 
@@ -410,6 +427,11 @@ class RelayConnection(asyncio.BufferedProtocol):
         else:
             data = JsonlCodec(self._core.config.jsonl_backend).log(pb.LOG_LEVEL_WARN, message, ts, None)
         self._writer.write(data)
+
+    @property
+    def subject(self) -> str:
+        """The worker's subject of this connection ("" until it is offered to one)."""
+        return self._subject
 
     @property
     def first_sequence(self) -> int:
@@ -597,11 +619,11 @@ class RelayConnection(asyncio.BufferedProtocol):
             self._send(DATA, bytes(view[at : at + chunk]))
 
     def _send(self, kind: int, body: bytes = b"") -> None:
-        nc = self.host.nc
-        if nc is None or not self._subject:
+        outbox = self.host.outbox
+        if outbox is None or not self._subject:
             return
         self._out_seq += 1
-        publish_now(nc, self._subject, pack(self._out_seq, kind, body))
+        outbox.publish(self._subject, pack(self._out_seq, kind, body))
 
     # ---- answers of the gateway's own ---------------------------------------------------------------
 
