@@ -384,6 +384,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         room = max(0, self._chunk() - len(head))
         self._send(OPEN, head + self._raw[:room])  # one message (most often): the session starts in one hop
         self._send_data(bytes(self._raw[room:]))
+        outbox = self.host.outbox
+        if outbox is not None:  # nothing else to wait for: the session start waits on this
+            outbox.flush()
         return self._answer
 
     def withdraw(self) -> None:
@@ -500,6 +503,9 @@ class RelayConnection(asyncio.BufferedProtocol):
             return
         self._in_seq = seq
         if kind == DATA:
+            # to the frontend first: what is read of the bytes below is for later (a lost worker)
+            if self._writer is not None:
+                self._writer.write(body)
             if self._version == 1:
                 if not self._answered:
                     self._look_for_ready(body)
@@ -512,8 +518,6 @@ class RelayConnection(asyncio.BufferedProtocol):
                 open_ids = self.open_ids
                 for rid in ended:
                     open_ids.pop(rid, None)
-            if self._writer is not None:
-                self._writer.write(body)
         elif kind == CLOSE:
             reason = bytes(body).decode("utf-8", "replace")
             if reason in ("end", "taken_over"):

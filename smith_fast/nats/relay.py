@@ -201,13 +201,13 @@ class Outbox:
         self._loop = loop or asyncio.get_running_loop()
         self._flush_cb: Callable[[], None] = self.flush
 
-    def publish(self, subject: str, payload: bytes, *, behind_next: bool = False) -> bool:
+    def publish(self, subject: str, payload: bytes, *, hold: bool = False) -> bool:
         """Publish ``payload`` on ``subject`` with what else goes out in this iteration.
 
-        ``behind_next``: write it one loop step later than otherwise, so that what the callbacks
-        already scheduled publish goes in the same write (a worker's OPENED and the session's
-        first bytes, which its connection writes in its next step). False: the connection is
-        closed or the message cannot be sent (as :func:`publish_now`).
+        ``hold``: gathered, but its write not scheduled yet: the caller calls :meth:`soon` once
+        the callbacks that publish more (a worker's new session, which writes its first bytes
+        in the connection's next step) are scheduled, so that they go in the same write. False:
+        the connection is closed or the message cannot be sent (as :func:`publish_now`).
         """
         nc = self._nc
         if not self._parts and not _direct(nc, len(payload)):
@@ -218,13 +218,15 @@ class Outbox:
         self._size += len(payload)
         if self._size >= _OUTBOX_MAX:
             self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            if behind_next:
-                self._loop.call_soon(self._loop.call_soon, self._flush_cb)
-            else:
-                self._loop.call_soon(self._flush_cb)
+        elif not hold:
+            self.soon()
         return True
+
+    def soon(self) -> None:
+        """Write what is gathered after the callbacks scheduled so far."""
+        if not self._scheduled and self._parts:
+            self._scheduled = True
+            self._loop.call_soon(self._flush_cb)
 
     def flush(self) -> None:
         """Write what was gathered (called by the loop; at once when it grows large)."""

@@ -242,12 +242,13 @@ class Worker(Backend):
         self.relays[key] = transport
         self.heard.setdefault(gateway, time.monotonic())
         self.opened += 1
-        # behind_next: the session's first bytes (its Ready), which the connection writes in its
-        # next step, go in the same write: one message less to wake nats-server and the gateway
-        outbox.publish(subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()), behind_next=True)
+        # held until the connection has taken its first bytes: its Ready, which it writes in its
+        # next step, goes in the same write (one message less to wake nats-server and the gateway)
+        outbox.publish(subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()), hold=True)
         conn.connection_made(transport)
         if first:
             transport.feed(first)
+        outbox.soon()
 
     def _forget(self, key: tuple[str, str], transport: RelayTransport) -> None:
         if self.relays.get(key) is transport:
