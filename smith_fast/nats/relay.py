@@ -2,7 +2,7 @@
 
 A frontend's session lives on one worker; its gateway moves the frontend's bytes to that worker and
 the session's bytes back, one core NATS message per loop tick each way (PROTOCOL.md, "Scale-out
-over NATS"). Nothing here is stored by the server: a message lost on the way (a NATS server
+over NATS"), the messages of one loop iteration written to nats-server at once (:class:`Outbox`). Nothing here is stored by the server: a message lost on the way (a NATS server
 restart) is seen as a gap in the per-direction sequence and ends the relay (``relay_lost``), which
 a resumable session survives like any dropped connection.
 
@@ -183,9 +183,11 @@ class Outbox:
     session's OPEN and then writes its Ready, paid a write, a nats-server wake-up and a message to
     parse per relay message. Here the ``PUB`` commands of an iteration are gathered and written by one
     callback of the loop (``call_soon``): no waiting for more, only what is already there goes
-    together. Order is kept: while anything is gathered, every publish of the connection's relay
-    goes behind it; what cannot be written directly (the connection is down, nats-py holds unsent
-    bytes) takes :func:`publish_now`'s queued path, in order.
+    together. Order is kept among its messages, and behind what nats-py held unsent when they were
+    published: while anything is gathered, every publish goes behind it; what cannot be written
+    directly (the connection is down, nats-py holds unsent bytes) takes :func:`publish_now`'s queued
+    path, in order. (A ``Client.publish`` made meanwhile may go before what is gathered: the relay's
+    subjects are published through the outbox only.)
 
     Args:
         nc: the connection; ``loop`` defaults to the running one.
