@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -29,7 +29,7 @@ from ..service.metrics import Figure
 from .config import NatsConfig
 from .connect import close, connect, round_trip
 from .delivery import InlineDelivery
-from .gateway_front import Offered, RelayConnection
+from .gateway_front import OPEN_TIMEOUT, Offered, RelayConnection
 from .metrics import gateway_figures
 from .placement import Placement
 from .presence import Announcement, LiveSet
@@ -44,7 +44,6 @@ __all__ = ["Gateway", "Opened"]
 
 log = get_logger("smith_fast.gateway")
 
-_OPEN_TIMEOUT = 5.0  # seconds a worker has to answer an open request before another one is tried
 
 
 class Opened:
@@ -202,33 +201,28 @@ class Gateway(Backend):
             worker = self.placement.choose(self.workers.alive(), wanted, ())
         return None if worker is None else (worker, self._offer(nc, worker, conn))
 
-    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, first: Offered | None = None) -> Opened | str:
+    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, tried: Collection[str] = ()) -> Opened | str:
         """Place ``conn``'s session on a worker and open its relay there (see RelayHost.place)."""
         config = self.config
         loop = asyncio.get_running_loop()
         start = loop.time()
         noticed = False
-        tried: set[str] = set()
-        if first is not None:
-            opened = await self._answered(conn, *first)
-            if opened is not None:
-                return opened
-            tried.add(first[0])
+        refused = set(tried)
         while True:
             nc = self.nc
             if route is not None:
                 # A resume goes to the worker its token names, or nowhere (the session lives there only).
                 alive = {a.worker for a in self.workers.alive()}
-                if nc is None or route not in alive or route in tried:
+                if nc is None or route not in alive or route in refused:
                     return "resume_unknown"
                 worker: str | None = route
             else:
-                worker = self.placement.choose(self.workers.alive(), wanted, tried) if nc is not None else None
+                worker = self.placement.choose(self.workers.alive(), wanted, refused) if nc is not None else None
             if worker is not None and nc is not None:
                 opened = await self._answered(conn, worker, self._offer(nc, worker, conn))
                 if opened is not None:
                     return opened
-                tried.add(worker)
+                refused.add(worker)
                 continue
             waited = loop.time() - start
             if config.queue_timeout and waited >= config.queue_timeout:
@@ -243,7 +237,7 @@ class Gateway(Backend):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
             if route is None:
-                tried.clear()  # a refusal may not hold any more (a worker had a slot freed)
+                refused.clear()  # a refusal may not hold any more (a worker had a slot freed)
 
     def _offer(self, nc: NATS, worker: str, conn: RelayConnection) -> asyncio.Future[str | None]:
         """Offer ``conn``'s session to ``worker``: its OPEN and the frontend's bytes go at once; the
@@ -255,15 +249,18 @@ class Gateway(Backend):
         """The answer of ``worker`` to an offer: ``OPENED``, or ``REFUSED``/silence (None: another
         worker is tried)."""
         try:
-            refusal = await asyncio.wait_for(answer, _OPEN_TIMEOUT)
+            refusal = await asyncio.wait_for(answer, OPEN_TIMEOUT)
         except asyncio.TimeoutError:
             refusal = "no answer"
         if refusal is None:
             return Opened(worker, conn.subject)
-        log.info("worker did not take the session", extra={"fields": {"worker": worker, "reason": refusal}})
+        self.refused(conn, worker, refusal)
+        return None
+
+    def refused(self, conn: RelayConnection, worker: str, reason: str) -> None:
+        log.info("worker did not take the session", extra={"fields": {"worker": worker, "reason": reason}})
         conn.withdraw()
         self.relays.pop(conn.conn_id, None)
-        return None
 
     def forget(self, conn: RelayConnection) -> None:
         if self.relays.get(conn.conn_id) is conn:

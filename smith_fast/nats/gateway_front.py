@@ -31,7 +31,7 @@ import asyncio
 import enum
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from google.protobuf.message import DecodeError
@@ -61,6 +61,7 @@ __all__ = ["Offered", "Placed", "RelayConnection", "RelayHost"]
 log = get_logger("smith_fast.gateway")
 
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
+OPEN_TIMEOUT = 5.0  # seconds a worker has to answer an OPEN before another one is tried
 _OPEN_IDS_MAX = 65536  # request ids tracked per connection at most (ids that never end are dropped oldest first)
 
 
@@ -93,10 +94,13 @@ class RelayHost(Protocol):
         worker and its answer to come, for :meth:`place` to wait for; None: no worker to offer it to now."""
         ...
 
-    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, first: Offered | None = None) -> Placed | str:
+    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, tried: Collection[str] = ()) -> Placed | str:
         """Place ``conn``'s session: where it went, or why not (``no_worker``, ``resume_unknown``, ``nats_unavailable``);
-        ``first``: the offer :meth:`offer_now` made already."""
+        ``tried``: workers that refused it already."""
         ...
+
+    def refused(self, conn: RelayConnection, worker: str, reason: str) -> None:
+        """``worker`` did not take ``conn``'s session (``reason``, or it did not answer): withdraw the offer."""
 
     def forget(self, conn: RelayConnection) -> None:
         """``conn`` is over: no more messages for it."""
@@ -351,10 +355,29 @@ class RelayConnection(asyncio.BufferedProtocol):
         # The OPEN goes out now, with the frontend's first bytes, rather than from the task's first
         # step one loop iteration later (a session start waits for its worker's answer anyway).
         offered = self.host.offer_now(self, wanted, route)
-        self._placing = self._loop.create_task(self._place(wanted, route, len(head), offered))
+        if offered is None:
+            self._placing = self._loop.create_task(self._place(wanted, route, len(head), ()))
+            return
+        # Most often the first worker takes the session: its OPENED switches this connection to
+        # relaying as it is read (received), and no task runs (one would wake as the session's
+        # first bytes go to the frontend). A refusal, or no answer within OPEN_TIMEOUT, starts
+        # the placing task with that worker tried.
+        worker, answer = offered
+        self._timer = self._loop.call_later(OPEN_TIMEOUT, answer.cancel)
+        answer.add_done_callback(lambda done: self._first_answer(done, worker, wanted, route, len(head)))
 
-    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int, first: Offered | None) -> None:
-        outcome = await self.host.place(self, wanted, route, first)
+    def _first_answer(self, answer: asyncio.Future[str | None], worker: str, wanted: Mapping[str, str], route: str | None,
+                      head: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.state is not State.PLACING or self._answer is not answer:
+            return  # relaying (it took the session), or the connection ended
+        self.host.refused(self, worker, "no answer" if answer.cancelled() else str(answer.result()))
+        self._placing = self._loop.create_task(self._place(wanted, route, head, (worker,)))
+
+    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int, tried: Collection[str]) -> None:
+        outcome = await self.host.place(self, wanted, route, tried)
         if self.state is State.PLACING and isinstance(outcome, str):
             self._placement_failed(outcome, head)
 
