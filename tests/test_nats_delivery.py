@@ -14,7 +14,7 @@ from harness.nats_cluster import NatsServer
 from smith_fast.nats.config import NatsConfig
 from smith_fast.nats.connect import close, connect
 from smith_fast.nats.delivery import InlineDelivery
-from smith_fast.nats.relay import publish_now
+from smith_fast.nats.relay import Outbox, publish_now
 
 from .conftest import Runner
 
@@ -47,6 +47,17 @@ class Received:
         if len(self.messages) < count:
             self.arrived.clear()
             await asyncio.wait_for(self.arrived.wait(), timeout)
+
+
+def _writes() -> int | None:
+    """Write calls this process made so far (``syscw`` of /proc/self/io), where that counts the
+    NATS socket's: uvloop writes with write(2); the stdlib loop's send(2) is not counted (None)."""
+    if type(asyncio.get_running_loop()).__module__.split(".")[0] != "uvloop":
+        return None
+    for line in pathlib.Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscw in /proc/self/io")
 
 
 def _payload(i: int) -> bytes:
@@ -168,3 +179,106 @@ def test_inline_again_after_the_server_restarts(tmp_path: pathlib.Path, run: Run
         run(main())
     finally:
         srv.stop()
+
+
+def test_an_outbox_writes_an_iterations_messages_at_once_in_order(server: NatsServer, run: Runner[None]) -> None:
+    async def main() -> None:
+        sender = await nats.connect(server.url)
+        nc = await nats.connect(server.url)
+        try:
+            delivery = InlineDelivery(nc)
+            got = Received()
+            await delivery.subscribe("b.>", got)
+            await nc.flush()
+            await sender.flush()
+            outbox = Outbox(sender)
+            # one loop step publishes 200 small messages: one write, after the step
+            before = _writes()
+            for i in range(200):
+                assert outbox.publish(f"b.{i % 2}", b"%d" % i)
+            assert _writes() == before, "a gathered message was written before the step ended"
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            if before is not None:
+                after = _writes()
+                assert after is not None and 1 <= after - before <= 2, f"{after} - {before} writes for one step's 200 messages"
+            await got.until(200)
+            assert [d for _, d in got.messages] == [b"%d" % i for i in range(200)]
+            # large ones are not held: past 64 KiB what is gathered is written at once, still in order
+            big = [bytes([i]) * 50_000 for i in range(6)]
+            for data in big:
+                outbox.publish("b.big", data)
+            await got.until(206)
+            assert [d for _, d in got.messages[200:]] == big
+        finally:
+            await close(sender)
+            await close(nc)
+
+    run(main())
+
+
+def test_a_held_message_goes_with_what_the_next_step_publishes(server: NatsServer, run: Runner[None]) -> None:
+    """A worker's OPENED, held until the new session's Ready (written one loop step later) joins it."""
+
+    async def main() -> None:
+        sender = await nats.connect(server.url)
+        nc = await nats.connect(server.url)
+        try:
+            delivery = InlineDelivery(nc)
+            got = Received()
+            await delivery.subscribe("h", got)
+            await nc.flush()
+            await sender.flush()
+            outbox = Outbox(sender)
+            loop = asyncio.get_running_loop()
+            before = _writes()
+            outbox.publish("h", b"opened", hold=True)
+            loop.call_soon(outbox.publish, "h", b"ready")  # as the connection's flush of its first tick
+            outbox.soon()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            if before is not None:
+                after = _writes()
+                assert after is not None and after - before == 1, "the held message and the next step's were not one write"
+            await got.until(2)
+            assert [d for _, d in got.messages] == [b"opened", b"ready"]
+        finally:
+            await close(sender)
+            await close(nc)
+
+    run(main())
+
+
+def test_an_outbox_goes_behind_what_nats_py_holds_unsent(server: NatsServer, run: Runner[None]) -> None:
+    """Messages nats-py holds unsent (its own publish, or what it buffered while disconnected) when
+    an outbox publishes are not overtaken: the outbox's go behind them."""
+
+    async def main() -> None:
+        sender = await nats.connect(server.url)
+        nc = await nats.connect(server.url)
+        try:
+            delivery = InlineDelivery(nc)
+            got = Received()
+            await delivery.subscribe("q", got)
+            await nc.flush()
+            await sender.flush()
+            outbox = Outbox(sender)
+            expected = []
+            for i in range(30):
+                data = b"%d" % i
+                expected.append(data)
+                if i % 7 == 0:
+                    await asyncio.sleep(0)  # what the outbox gathered is written
+                    await sender.publish("q", data)  # into nats-py's pending buffer, written by its flusher later
+                    assert sender._pending_data_size  # noqa: SLF001  (the case this test is about)
+                else:
+                    assert outbox.publish("q", data)
+                if i % 5 == 0:
+                    await asyncio.sleep(0)
+            await got.until(30)
+            assert [d for _, d in got.messages] == expected
+        finally:
+            await close(sender)
+            await close(nc)
+
+    run(main())

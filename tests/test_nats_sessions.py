@@ -10,12 +10,14 @@ import asyncio
 import collections
 import pathlib
 import random
+import shutil
+import tempfile
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from harness.nats_cluster import Cluster
+from harness.nats_cluster import Cluster, wait_gateway
 from smith_fast.client import Client, SmithError
 from smith_fast.nats.placement import Placement, parse_labels
 from smith_fast.nats.presence import Announcement
@@ -162,3 +164,35 @@ async def test_a_worker_runs_only_what_it_was_opened_for(spread: Cluster, tmp_pa
     async with await Client.connect(spread.unix) as client:
         await client.handshake(["shell_exec"], client_info={"smith_fast.placement": "zone=a"})
         assert (await client.run("echo still")).stdout == b"still\n"
+
+
+async def test_a_full_worker_refuses_another_gateways_session_which_ends_no_worker() -> None:
+    """Two gateways, one worker with room for one session. The second gateway has not heard that the
+    first placed a session there (announcements every 30 s): it offers the worker a session, the
+    worker refuses it (``max_sessions``), and that session ends ``no_worker`` after --queue-timeout;
+    the first session goes on. The first offer is made as the handshake is read and its refusal
+    read without a task of its own, so this is the path that starts placing again."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-natsfull-", dir="/var/tmp"))  # its command runs sandboxed
+    c = Cluster(tmp, workers=0, nats_args=("--presence-interval", "30"), gateway_args=("--queue-timeout", "1", "--queue-notice", "0.3"))
+    try:
+        c.nats.start()
+        c.make_worker("--max-sessions", "1").start()
+        c.gateway.start()
+        c.wait_connected(1)
+        second = c.make_gateway().start()
+        wait_gateway(second, 1, 20)
+        async with await Client.connect(c.unix) as first:
+            ready = await first.handshake(["shell_exec"])
+            assert ready.service_info["smith_fast.worker"] == "w0"
+            async with await Client.connect(second.unix) as refused:
+                with pytest.raises(SmithError) as info:
+                    await refused.handshake(["shell_exec"])
+                assert info.value.code == pb.ERROR_CODE_RESOURCE_EXHAUSTED and info.value.details["reason"] == "no_worker"
+                assert [n.fields["reason"] for n in refused.notices] == ["placing"]
+            said = [(r.get("worker"), r.get("reason")) for r in second.logs if r.get("event") == "worker did not take the session"]
+            assert said[:1] == [("w0", "max_sessions")], second.raw_stderr[-20:]
+            assert (await first.run("echo still here")).stdout == b"still here\n"
+    finally:
+        codes = c.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert set(codes.values()) == {0}, codes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
@@ -29,11 +29,11 @@ from ..service.metrics import Figure
 from .config import NatsConfig
 from .connect import close, connect, round_trip
 from .delivery import InlineDelivery
-from .gateway_front import RelayConnection
+from .gateway_front import OPEN_TIMEOUT, Offered, RelayConnection
 from .metrics import gateway_figures
 from .placement import Placement
 from .presence import Announcement, LiveSet
-from .relay import Subjects, is_id
+from .relay import Outbox, Subjects, is_id
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -44,7 +44,6 @@ __all__ = ["Gateway", "Opened"]
 
 log = get_logger("smith_fast.gateway")
 
-_OPEN_TIMEOUT = 5.0  # seconds a worker has to answer an open request before another one is tried
 
 
 class Opened:
@@ -81,6 +80,7 @@ class Gateway(Backend):
         self.subjects = Subjects(nats_config.prefix)
         self.core = ServiceCore(config, loop_name=loop_name, backend=self)
         self.nc: NATS | None = None
+        self.outbox: Outbox | None = None  # the relay's publishes (gateway_front), once connected
         self.workers = LiveSet(nats_config.presence_interval)
         self.placement = Placement()
         self.relays: dict[str, RelayConnection] = {}  # by connection id
@@ -107,6 +107,7 @@ class Gateway(Backend):
         nc = await connect(config, name=f"smith-fast gateway {self.gateway_id}", on_disconnect=self._disconnected,
                            on_reconnect=self._reconnected, options=options)
         self.nc = nc
+        self.outbox = Outbox(nc)
         self.connected = True
         await nc.subscribe(self.subjects.presence, cb=self._heard)
         self._delivery = InlineDelivery(nc)
@@ -121,7 +122,7 @@ class Gateway(Backend):
 
     async def close(self) -> None:
         await close(self.nc, self._tasks)
-        self.nc = None
+        self.nc = self.outbox = None
 
     def _disconnected(self) -> None:
         self.connected = False
@@ -189,28 +190,39 @@ class Gateway(Backend):
 
     # ---- placement (the relays' host) ---------------------------------------------------------------
 
-    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Opened | str:
+    def offer_now(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Offered | None:
+        """The first offer of ``conn``'s session, made as its handshake is read (see RelayHost.offer_now)."""
+        nc = self.nc
+        if nc is None:
+            return None
+        if route is not None:
+            worker = route if route in {a.worker for a in self.workers.alive()} else None
+        else:
+            worker = self.placement.choose(self.workers.alive(), wanted, ())
+        return None if worker is None else (worker, self._offer(nc, worker, conn))
+
+    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, tried: Collection[str] = ()) -> Opened | str:
         """Place ``conn``'s session on a worker and open its relay there (see RelayHost.place)."""
         config = self.config
         loop = asyncio.get_running_loop()
         start = loop.time()
         noticed = False
-        tried: set[str] = set()
+        refused = set(tried)
         while True:
             nc = self.nc
             if route is not None:
                 # A resume goes to the worker its token names, or nowhere (the session lives there only).
                 alive = {a.worker for a in self.workers.alive()}
-                if nc is None or route not in alive or route in tried:
+                if nc is None or route not in alive or route in refused:
                     return "resume_unknown"
                 worker: str | None = route
             else:
-                worker = self.placement.choose(self.workers.alive(), wanted, tried) if nc is not None else None
+                worker = self.placement.choose(self.workers.alive(), wanted, refused) if nc is not None else None
             if worker is not None and nc is not None:
-                opened = await self._open(nc, worker, conn)
+                opened = await self._answered(conn, worker, self._offer(nc, worker, conn))
                 if opened is not None:
                     return opened
-                tried.add(worker)
+                refused.add(worker)
                 continue
             waited = loop.time() - start
             if config.queue_timeout and waited >= config.queue_timeout:
@@ -225,24 +237,30 @@ class Gateway(Backend):
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
             if route is None:
-                tried.clear()  # a refusal may not hold any more (a worker had a slot freed)
+                refused.clear()  # a refusal may not hold any more (a worker had a slot freed)
 
-    async def _open(self, nc: NATS, worker: str, conn: RelayConnection) -> Opened | None:
-        """Offer ``conn``'s session to ``worker``: its OPEN and the frontend's bytes go at once, the
-        answer is awaited (``OPENED``, or ``REFUSED``/silence: None, another worker is tried)."""
+    def _offer(self, nc: NATS, worker: str, conn: RelayConnection) -> asyncio.Future[str | None]:
+        """Offer ``conn``'s session to ``worker``: its OPEN and the frontend's bytes go at once; the
+        worker's answer to come."""
         self.relays[conn.conn_id] = conn
-        subject = self.subjects.to_worker(worker, self.gateway_id, conn.conn_id)
-        answer = conn.offer(worker, subject, nc)
+        return conn.offer(worker, self.subjects.to_worker(worker, self.gateway_id, conn.conn_id), nc)
+
+    async def _answered(self, conn: RelayConnection, worker: str, answer: asyncio.Future[str | None]) -> Opened | None:
+        """The answer of ``worker`` to an offer: ``OPENED``, or ``REFUSED``/silence (None: another
+        worker is tried)."""
         try:
-            refusal = await asyncio.wait_for(answer, _OPEN_TIMEOUT)
+            refusal = await asyncio.wait_for(answer, OPEN_TIMEOUT)
         except asyncio.TimeoutError:
             refusal = "no answer"
         if refusal is None:
-            return Opened(worker, subject)
-        log.info("worker did not take the session", extra={"fields": {"worker": worker, "reason": refusal}})
+            return Opened(worker, conn.subject)
+        self.refused(conn, worker, refusal)
+        return None
+
+    def refused(self, conn: RelayConnection, worker: str, reason: str) -> None:
+        log.info("worker did not take the session", extra={"fields": {"worker": worker, "reason": reason}})
         conn.withdraw()
         self.relays.pop(conn.conn_id, None)
-        return None
 
     def forget(self, conn: RelayConnection) -> None:
         if self.relays.get(conn.conn_id) is conn:

@@ -31,7 +31,7 @@ import asyncio
 import enum
 import json
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from google.protobuf.message import DecodeError
@@ -48,7 +48,7 @@ from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describ
 from ..service.sinks import now_ms
 from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .placement import PLACEMENT_KEY, parse_labels
-from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, pack, publish_now, unpack
+from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -56,11 +56,12 @@ if TYPE_CHECKING:
     from ..service.connections import ConnectionGate
     from ..service.core import ServiceCore
 
-__all__ = ["RelayConnection", "RelayHost", "Placed"]
+__all__ = ["Offered", "Placed", "RelayConnection", "RelayHost"]
 
 log = get_logger("smith_fast.gateway")
 
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
+OPEN_TIMEOUT = 5.0  # seconds a worker has to answer an OPEN before another one is tried
 _OPEN_IDS_MAX = 65536  # request ids tracked per connection at most (ids that never end are dropped oldest first)
 
 
@@ -69,6 +70,9 @@ class Placed(Protocol):
 
     worker: str
     subject: str  # the worker's subject of this connection
+
+
+Offered = tuple[str, "asyncio.Future[str | None]"]  # a worker offered a session, and its answer to come
 
 
 class RelayHost(Protocol):
@@ -80,9 +84,23 @@ class RelayHost(Protocol):
     @property
     def nc(self) -> NATS | None: ...
 
-    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Placed | str:
-        """Place ``conn``'s session: where it went, or why not (``no_worker``, ``resume_unknown``, ``nats_unavailable``)."""
+    @property
+    def outbox(self) -> Outbox | None:
+        """What relay messages are published through (the NATS connection's), once connected."""
         ...
+
+    def offer_now(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None) -> Offered | None:
+        """Offer ``conn``'s session to a worker at once, in the step its handshake is read: the
+        worker and its answer to come, for :meth:`place` to wait for; None: no worker to offer it to now."""
+        ...
+
+    async def place(self, conn: RelayConnection, wanted: Mapping[str, str], route: str | None, tried: Collection[str] = ()) -> Placed | str:
+        """Place ``conn``'s session: where it went, or why not (``no_worker``, ``resume_unknown``, ``nats_unavailable``);
+        ``tried``: workers that refused it already."""
+        ...
+
+    def refused(self, conn: RelayConnection, worker: str, reason: str) -> None:
+        """``worker`` did not take ``conn``'s session (``reason``, or it did not answer): withdraw the offer."""
 
     def forget(self, conn: RelayConnection) -> None:
         """``conn`` is over: no more messages for it."""
@@ -333,11 +351,33 @@ class RelayConnection(asyncio.BufferedProtocol):
         head = encode_varint(len(first)) + first if self._version == 1 else first
         rest = bytes(self._raw[end:])
         self._raw = bytearray(head + rest)
-        self._placing = self._loop.create_task(self._place(wanted, route, len(head)))
+        self._head = len(head)
+        # The OPEN goes out now, with the frontend's first bytes, rather than from the task's first
+        # step one loop iteration later (a session start waits for its worker's answer anyway).
+        offered = self.host.offer_now(self, wanted, route)
+        if offered is None:
+            self._placing = self._loop.create_task(self._place(wanted, route, len(head), ()))
+            return
+        # Most often the first worker takes the session: its OPENED switches this connection to
+        # relaying as it is read (received), and no task runs (one would wake as the session's
+        # first bytes go to the frontend). A refusal, or no answer within OPEN_TIMEOUT, starts
+        # the placing task with that worker tried.
+        worker, answer = offered
+        self._timer = self._loop.call_later(OPEN_TIMEOUT, answer.cancel)
+        answer.add_done_callback(lambda done: self._first_answer(done, worker, wanted, route, len(head)))
 
-    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int) -> None:
-        self._head = head
-        outcome = await self.host.place(self, wanted, route)
+    def _first_answer(self, answer: asyncio.Future[str | None], worker: str, wanted: Mapping[str, str], route: str | None,
+                      head: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.state is not State.PLACING or self._answer is not answer:
+            return  # relaying (it took the session), or the connection ended
+        self.host.refused(self, worker, "no answer" if answer.cancelled() else str(answer.result()))
+        self._placing = self._loop.create_task(self._place(wanted, route, head, (worker,)))
+
+    async def _place(self, wanted: Mapping[str, str], route: str | None, head: int, tried: Collection[str]) -> None:
+        outcome = await self.host.place(self, wanted, route, tried)
         if self.state is State.PLACING and isinstance(outcome, str):
             self._placement_failed(outcome, head)
 
@@ -367,6 +407,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         room = max(0, self._chunk() - len(head))
         self._send(OPEN, head + self._raw[:room])  # one message (most often): the session starts in one hop
         self._send_data(bytes(self._raw[room:]))
+        outbox = self.host.outbox
+        if outbox is not None:  # nothing else to wait for: the session start waits on this
+            outbox.flush()
         return self._answer
 
     def withdraw(self) -> None:
@@ -410,6 +453,11 @@ class RelayConnection(asyncio.BufferedProtocol):
         else:
             data = JsonlCodec(self._core.config.jsonl_backend).log(pb.LOG_LEVEL_WARN, message, ts, None)
         self._writer.write(data)
+
+    @property
+    def subject(self) -> str:
+        """The worker's subject of this connection ("" until it is offered to one)."""
+        return self._subject
 
     @property
     def first_sequence(self) -> int:
@@ -478,6 +526,9 @@ class RelayConnection(asyncio.BufferedProtocol):
             return
         self._in_seq = seq
         if kind == DATA:
+            # to the frontend first: what is read of the bytes below is for later (a lost worker)
+            if self._writer is not None:
+                self._writer.write(body)
             if self._version == 1:
                 if not self._answered:
                     self._look_for_ready(body)
@@ -490,8 +541,6 @@ class RelayConnection(asyncio.BufferedProtocol):
                 open_ids = self.open_ids
                 for rid in ended:
                     open_ids.pop(rid, None)
-            if self._writer is not None:
-                self._writer.write(body)
         elif kind == CLOSE:
             reason = bytes(body).decode("utf-8", "replace")
             if reason in ("end", "taken_over"):
@@ -597,11 +646,11 @@ class RelayConnection(asyncio.BufferedProtocol):
             self._send(DATA, bytes(view[at : at + chunk]))
 
     def _send(self, kind: int, body: bytes = b"") -> None:
-        nc = self.host.nc
-        if nc is None or not self._subject:
+        outbox = self.host.outbox
+        if outbox is None or not self._subject:
             return
         self._out_seq += 1
-        publish_now(nc, self._subject, pack(self._out_seq, kind, body))
+        outbox.publish(self._subject, pack(self._out_seq, kind, body))
 
     # ---- answers of the gateway's own ---------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 A frontend's session lives on one worker; its gateway moves the frontend's bytes to that worker and
 the session's bytes back, one core NATS message per loop tick each way (PROTOCOL.md, "Scale-out
-over NATS"). Nothing here is stored by the server: a message lost on the way (a NATS server
+over NATS"), the messages of one loop iteration written to nats-server at once (:class:`Outbox`). Nothing here is stored by the server: a message lost on the way (a NATS server
 restart) is seen as a gap in the per-direction sequence and ends the relay (``relay_lost``), which
 a resumable session survives like any dropped connection.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .._varint import decode as decode_varint
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOSE", "DATA", "EOF", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
-    "Subjects", "is_id", "pack", "publish_now", "unpack",
+    "Outbox", "Subjects", "is_id", "pack", "publish_now", "unpack",
 ]
 
 log = get_logger("smith_fast.nats")
@@ -132,15 +132,33 @@ def publish_now(nc: NATS, subject: str, payload: bytes) -> bool:
     connection is closed or the message cannot be sent (over the server's payload limit, or the
     buffer is full while disconnected).
     """
-    transport = nc._transport  # noqa: SLF001  (nats-py's, pinned in pyproject: nats-py>=2.16,<3)
-    if (
-        transport is not None and nc.is_connected and not nc._pending_data_size  # noqa: SLF001
-        and len(payload) <= nc.max_payload and _buffered(transport) < _DIRECT_MAX_BUFFERED
-    ):
-        transport.write(b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload))
-        nc.stats["out_msgs"] += 1
-        nc.stats["out_bytes"] += len(payload)
+    if _direct(nc, len(payload)):
+        nc._transport.write(_pub(subject, payload))  # type: ignore[union-attr]  # noqa: SLF001  (_direct: there is one)
+        _count(nc, payload)
         return True
+    return _publish_queued(nc, subject, payload)
+
+
+def _direct(nc: NATS, size: int) -> bool:
+    """Whether a ``PUB`` may be written to nats-py's transport now, in order with what nats-py sent."""
+    transport = nc._transport  # noqa: SLF001  (nats-py's, pinned in pyproject: nats-py>=2.16,<3)
+    return (
+        transport is not None and nc.is_connected and not nc._pending_data_size  # noqa: SLF001
+        and size <= nc.max_payload and _buffered(transport) < _DIRECT_MAX_BUFFERED
+    )
+
+
+def _pub(subject: str, payload: bytes) -> bytes:
+    return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(payload), payload)
+
+
+def _count(nc: NATS, payload: bytes) -> None:
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += len(payload)
+
+
+def _publish_queued(nc: NATS, subject: str, payload: bytes) -> bool:
+    """``Client.publish`` stepped by hand (see :func:`publish_now`)."""
     coro = nc.publish(subject, payload)
     try:
         waiting = coro.send(None)
@@ -151,6 +169,81 @@ def publish_now(nc: NATS, subject: str, payload: bytes) -> bool:
         return False
     asyncio.ensure_future(_finish(coro, waiting))
     return True
+
+
+_OUTBOX_MAX = 64 << 10  # bytes gathered before they are written at once (a large output is not held)
+
+
+class Outbox:
+    """What one NATS connection publishes on the relay in a loop iteration, written as one write.
+
+    uvloop writes a small write at once (a syscall each), and each write to nats-server wakes it
+    (and, on a busy machine, lets it take the CPU from the writer): a gateway that reads a
+    frontend's and the NATS connection's bytes in the same iteration, or a worker that answers a
+    session's OPEN and then writes its Ready, paid a write, a nats-server wake-up and a message to
+    parse per relay message. Here the ``PUB`` commands of an iteration are gathered and written by one
+    callback of the loop (``call_soon``): no waiting for more, only what is already there goes
+    together. Order is kept among its messages, and behind what nats-py held unsent when they were
+    published: while anything is gathered, every publish goes behind it; what cannot be written
+    directly (the connection is down, nats-py holds unsent bytes) takes :func:`publish_now`'s queued
+    path, in order. (A ``Client.publish`` made meanwhile may go before what is gathered: the relay's
+    subjects are published through the outbox only.)
+
+    Args:
+        nc: the connection; ``loop`` defaults to the running one.
+    """
+
+    __slots__ = ("_nc", "_parts", "_size", "_scheduled", "_loop", "_flush_cb")
+
+    def __init__(self, nc: NATS, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._nc = nc
+        self._parts: list[tuple[str, bytes]] = []
+        self._size = 0
+        self._scheduled = False
+        self._loop = loop or asyncio.get_running_loop()
+        self._flush_cb: Callable[[], None] = self.flush
+
+    def publish(self, subject: str, payload: bytes, *, hold: bool = False) -> bool:
+        """Publish ``payload`` on ``subject`` with what else goes out in this iteration.
+
+        ``hold``: gathered, but its write not scheduled yet: the caller calls :meth:`soon` once
+        the callbacks that publish more (a worker's new session, which writes its first bytes
+        in the connection's next step) are scheduled, so that they go in the same write. False:
+        the connection is closed or the message cannot be sent (as :func:`publish_now`).
+        """
+        nc = self._nc
+        if not self._parts and not _direct(nc, len(payload)):
+            return _publish_queued(nc, subject, payload)
+        if len(payload) > nc.max_payload:
+            return False
+        self._parts.append((subject, payload))
+        self._size += len(payload)
+        if self._size >= _OUTBOX_MAX:
+            self.flush()
+        elif not hold:
+            self.soon()
+        return True
+
+    def soon(self) -> None:
+        """Write what is gathered after the callbacks scheduled so far."""
+        if not self._scheduled and self._parts:
+            self._scheduled = True
+            self._loop.call_soon(self._flush_cb)
+
+    def flush(self) -> None:
+        """Write what was gathered (called by the loop; at once when it grows large)."""
+        self._scheduled = False
+        parts, self._parts, self._size = self._parts, [], 0
+        if not parts:
+            return
+        nc = self._nc
+        if _direct(nc, 0):
+            nc._transport.write(b"".join([_pub(subject, payload) for subject, payload in parts]))  # type: ignore[union-attr]  # noqa: SLF001
+            for _, payload in parts:
+                _count(nc, payload)
+            return
+        for subject, payload in parts:  # the connection dropped meanwhile: nats-py buffers them, in order
+            _publish_queued(nc, subject, payload)
 
 
 def _buffered(transport: Any) -> int:

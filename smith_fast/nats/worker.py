@@ -53,7 +53,7 @@ from .delivery import InlineDelivery
 from .metrics import worker_figures
 from .presence import Announcement
 from .processes import FleetProcesses
-from .relay import OPEN, OPENED, REFUSED, Subjects, is_id, pack, publish_now, unpack
+from .relay import OPEN, OPENED, REFUSED, Outbox, Subjects, is_id, pack, unpack
 from .relay_transport import RelayTransport
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ class Worker(Backend):
         self._connect_options = dict(connect_options or {})
         self._tasks: list[asyncio.Task[None]] = []
         self._delivery: InlineDelivery | None = None
+        self._outbox: Outbox | None = None  # the relay's publishes, once connected
         self.core.metrics.add_source(self)
 
     # ---- life cycle ------------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class Worker(Backend):
         nc = await connect(config, name=f"smith-fast worker {self.name}", on_disconnect=self._disconnected,
                            on_reconnect=self._reconnected, options=options)
         self.nc = nc
+        self._outbox = Outbox(nc)
         self.connected = True
         # Before taking any session: is this id already in use? The workers running answer a query
         # at once; one of them with this id means two processes would answer its sessions' OPENs.
@@ -224,26 +226,29 @@ class Worker(Backend):
             peer = str(request.get("peer", "?"))[:200]
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
             return
-        nc = self.nc
-        if nc is None or not is_id(gateway) or not is_id(conn_id):
+        nc, outbox = self.nc, self._outbox
+        if nc is None or outbox is None or not is_id(gateway) or not is_id(conn_id):
             return
         subject = self.subjects.to_gateway(gateway, self.name, conn_id)
         refusal = "worker_draining" if self.draining else "max_sessions" if len(self.core.sessions) >= self.max_sessions else None
         if refusal is not None:
-            publish_now(nc, subject, pack(1, REFUSED, refusal.encode()))
+            outbox.publish(subject, pack(1, REFUSED, refusal.encode()))
             return
         key = (gateway, conn_id)
-        transport = RelayTransport(nc, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1)
+        transport = RelayTransport(outbox, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1)
         # finish_on_eof: an EOF is relayed only for a gateway's stdin that is a file (its requests end first)
         conn = Connection(self.core, protocol=protocol, peer=f"nats:{gateway}/{peer}", first_sequence=first_sequence, finish_on_eof=True)
         transport.set_protocol(conn)
         self.relays[key] = transport
         self.heard.setdefault(gateway, time.monotonic())
         self.opened += 1
-        publish_now(nc, subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()))
+        # held until the connection has taken its first bytes: its Ready, which it writes in its
+        # next step, goes in the same write (one message less to wake nats-server and the gateway)
+        outbox.publish(subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()), hold=True)
         conn.connection_made(transport)
         if first:
             transport.feed(first)
+        outbox.soon()
 
     def _forget(self, key: tuple[str, str], transport: RelayTransport) -> None:
         if self.relays.get(key) is transport:
