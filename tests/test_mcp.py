@@ -145,7 +145,7 @@ async def test_cancel_stops_the_process(transport: str, tmp_path: pathlib.Path) 
             async with anyio.create_task_group() as tg:
 
                 async def call() -> None:
-                    await client.call_tool("shell", {"command": f"echo $$ > {pid_file}; exec sleep 60"})
+                    await client.call_tool("shell", {"command": f"echo $$ > {pid_file}; sleep 60"})  # the shell, its line naming pid_file, stays
 
                 tg.start_soon(call)
                 assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import random
+import subprocess
 
 import anyio
 import pytest
@@ -137,3 +139,20 @@ async def test_cancel_logs_no_error(transport: str, tmp_path: pathlib.Path) -> N
         after = await client.call_tool("shell", {"command": "echo on"})
         assert after.structured_content is not None and after.structured_content["stdout"] == "on\n"
     assert "error" not in logs, logs
+
+
+@pytest.mark.parametrize("shell", [["/bin/sh"], ["bash", "--posix"], ["bash"]], ids=["sh", "bash-posix", "bash"])
+def test_the_state_reads_back_every_value_export_p_quotes(shell: list[str]) -> None:
+    """The state is read from ``export -p`` (a builtin: no process per call): every quoting the
+    shells use (dash's '…'"'"'…', bash's "…" with backslashes and $'…' with octal UTF-8 bytes)
+    gives back the exact value, for values made of every character that quoting treats apart."""
+    from smith_fast.mcp.shell_state import _exports
+
+    pieces = ["a", "'", '"', "\\", "$", "`", "\n", "\t", " ", "é", "\x01", "\x7f", "=", "!", "*", "~", "中", "\r", "\x1b", "😀", "\\n"]
+    rng = random.Random(31)
+    for _ in range(60):
+        env = {f"V{j}": "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for j in range(6)}
+        out = subprocess.run([*shell, "-c", "export V_NOVALUE; export -p"], env=env, capture_output=True, check=True).stdout
+        got = _exports(out.decode(errors="ignore"))
+        assert {k: got.get(k) for k in env} == env
+        assert "V_NOVALUE" not in got

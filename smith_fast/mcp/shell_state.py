@@ -3,10 +3,16 @@
 There is no long-lived shell (one would outlive a timeout, hold a process slot, and serialise the
 calls). Each call runs the command, as it is, after a short prologue in the same ``/bin/sh``:
 
-* the prologue writes the environment the command starts with (``env -0``) to stderr between two
+* the prologue writes the environment the command starts with (``export -p``) to stderr between two
   markers, ``cd``\\ s to the directory the previous call left, and sets an ``EXIT`` trap;
 * the trap (it runs when the script ends, by ``exit`` inside the command too, and after a syntax
-  error) writes ``$PWD`` and ``env -0`` between markers, then exits with the command's status.
+  error) writes ``$PWD`` and ``export -p`` between markers, then exits with the command's status.
+
+``export -p`` and ``printf`` are built into every ``sh`` (dash, bash, busybox): the state costs the
+call no process (``env -0`` cost two fork+execs per call, more than a ``true`` itself). Its output is
+shell words (dash and busybox: ``export NAME='…'``; bash: ``export``/``declare -x NAME="…"`` or
+``$'…'``), read back by :func:`_exports`. A variable whose name is no shell name is not listed by
+the shell, so it is not carried (it was not the command's doing either).
 
 The markers hold a random token per MCP session and NUL bytes, which text output does not
 produce; :class:`StateSplitter` takes the sections out of the stderr stream before anything else
@@ -45,8 +51,8 @@ def wrap(command: str, marker: str, cwd: str | None) -> str:
     """The script a stateful ``shell`` call runs: the prologue, then ``command`` verbatim."""
     mark = marker.replace("\0", "\\0")  # printf's format writes the NULs
     lines = [
-        f"printf '{mark}' >&2; env -0 >&2; printf '{mark}' >&2",
-        f"trap '__smith_rc=$?; {{ printf \"{mark}%s\\0\" \"$PWD\"; env -0; printf \"{mark}\"; }} >&2; exit $__smith_rc' EXIT",
+        f"printf '{mark}' >&2; export -p >&2; printf '{mark}' >&2",
+        f"trap '__smith_rc=$?; {{ printf \"{mark}%s\\0\" \"$PWD\"; export -p; printf \"{mark}\"; }} >&2; exit $__smith_rc' EXIT",
     ]
     if cwd is not None:
         q = _quote(cwd)
@@ -111,10 +117,115 @@ def _partial(text: str, marker: str) -> int:
         start = at + 1
 
 
-def _environment(text: str) -> dict[str, str]:
+_ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
+           "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
+"""bash's ``$'…'`` escapes of one character (the numeric ones are read in :func:`_ansi_c`)."""
+
+
+def _ansi_c(text: str, i: int) -> tuple[str, int]:
+    """The value of bash's ``$'…'`` starting after its opening quote at ``text[i]``, and the index
+    after its closing quote. Numeric escapes are bytes (``\\303\\251`` is UTF-8 é), so runs of them
+    are decoded together, as the stream is (invalid bytes dropped)."""
+    out: list[str] = []
+    raw = bytearray()
+    n = len(text)
+    while i < n and text[i] != "'":
+        c = text[i]
+        if c != "\\" or i + 1 >= n:
+            if raw:
+                out.append(raw.decode(errors="ignore"))
+                raw.clear()
+            out.append(c)
+            i += 1
+            continue
+        e = text[i + 1]
+        if e in "01234567":
+            j = i + 1
+            while j < n and j < i + 4 and text[j] in "01234567":
+                j += 1
+            raw.append(int(text[i + 1 : j], 8) & 0xFF)
+            i = j
+            continue
+        if e == "x":
+            j = i + 2
+            while j < n and j < i + 4 and text[j] in "0123456789abcdefABCDEF":
+                j += 1
+            if j > i + 2:
+                raw.append(int(text[i + 2 : j], 16))
+                i = j
+                continue
+        if raw:
+            out.append(raw.decode(errors="ignore"))
+            raw.clear()
+        if e in "uU":
+            j, end = i + 2, i + (6 if e == "u" else 10)
+            while j < n and j < end and text[j] in "0123456789abcdefABCDEF":
+                j += 1
+            if j > i + 2:
+                out.append(chr(min(int(text[i + 2 : j], 16), 0x10FFFF)))
+                i = j
+                continue
+        if e == "c" and i + 2 < n:
+            out.append(chr(ord(text[i + 2]) & 0x1F))
+            i += 3
+            continue
+        out.append(_ANSI_C.get(e, "\\" + e))
+        i += 2
+    if raw:
+        out.append(raw.decode(errors="ignore"))
+    return "".join(out), i + 1
+
+
+def _word(text: str, i: int) -> tuple[str, int]:
+    """One shell word of ``export -p``'s output from ``text[i]``: quoted and unquoted pieces up to
+    unquoted white space; its value and the index after it."""
+    out: list[str] = []
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in " \t\n":
+            break
+        if c == "'":
+            end = text.find("'", i + 1)
+            end = n if end < 0 else end
+            out.append(text[i + 1 : end])
+            i = end + 1
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                if text[i] == "\\" and i + 1 < n and text[i + 1] in '$`"\\\n':
+                    if text[i + 1] != "\n":  # a quoted newline after a backslash is a line joint
+                        out.append(text[i + 1])
+                    i += 2
+                else:
+                    out.append(text[i])
+                    i += 1
+            i += 1
+        elif c == "$" and i + 1 < n and text[i + 1] == "'":
+            value, i = _ansi_c(text, i + 2)
+            out.append(value)
+        elif c == "\\" and i + 1 < n:
+            out.append(text[i + 1])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out), i
+
+
+def _exports(text: str) -> dict[str, str]:
+    """The exported variables in ``export -p``'s output (``export`` or ``declare -x`` lines; a
+    name exported with no value is left out, as ``env`` leaves it out)."""
     env: dict[str, str] = {}
-    for item in text.split("\0"):
-        name, eq, value = item.partition("=")
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in " \t\n":
+            i += 1
+            continue
+        word, i = _word(text, i)
+        if word in ("export", "declare") or word.startswith("-"):
+            continue
+        name, eq, value = word.partition("=")
         if eq and name:
             env[name] = value
     return env
@@ -137,9 +248,9 @@ class ShellState:
         the trap did not run: the state stays); with the names the env policy keeps from carrying."""
         if len(sections) < 2:
             return None
-        start = _environment(sections[0])
+        start = _exports(sections[0])
         cwd, _, rest = sections[1].partition("\0")
-        end = _environment(rest)
+        end = _exports(rest)
         changed = {k: v for k, v in end.items() if k not in _NOT_CARRIED and (k in self.env or start.get(k) != v)}
         refused = refused_names(changed, allow, policy=policy)
         for name in refused:
