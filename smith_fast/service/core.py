@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import os
 import pathlib
 import sys
@@ -16,14 +17,11 @@ from .._version import __version__
 from ..errors import EgressRuleError
 from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
-from ..plan import Planner, planner_from_options
 from ..replay import RecordingStore
 from ..sandbox import Sandbox, UnsafeRoot, service_files_in
 from ..tools import ToolContext, ToolRegistry, default_registry
-from .background import BackgroundTable
 from .commands import COMMANDS
 from .config import ServiceConfig
-from .egress import EgressHub
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 from .negotiation import (
     ACCEPT_KEY,
@@ -45,7 +43,10 @@ from .runner import RunnerFactory, local_runner
 from .session import Session
 
 if TYPE_CHECKING:
+    from ..plan import Planner
     from ..workspaces.store import WorkspaceStore
+    from .background import BackgroundTable
+    from .egress import EgressHub
     from .sinks import EventSink
 
 __all__ = [
@@ -210,6 +211,8 @@ class ServiceCore:
         # --network allow: the one egress proxy of the service's commands (a gateway's are its workers').
         self.egress: EgressHub | None = None
         if config.network == "allow" and self.runs_locally:
+            from .egress import EgressHub  # the proxy's modules only with --network allow
+
             self.egress = EgressHub(config)
         elif config.egress_allow or config.egress_deny or config.egress_secrets or config.egress_resolve:
             raise EgressRuleError(f"--egress-allow, --egress-deny, --egress-secret and --egress-resolve need --network allow, "
@@ -259,17 +262,12 @@ class ServiceCore:
         self.recordings = RecordingStore(config.recordings_dir, config.limits.record_max_bytes)
         if config.record_dir is not None or smith_pb2.CAPABILITY_REPLAY in self.capabilities:
             self.recordings.check()  # private, or the service does not start
-        self.planner: Planner = planner_from_options(
-            config.planner,
-            config.planner_url,
-            config.planner_model,
-            tools={t.name: t.description for t in self.tools.tools()},
-        )
+        if config.planner != "rules":
+            self.planner  # noqa: B018 -- made now: a wrong --planner-url or --planner-model fails the start
         self.sessions: set[Session] = set()
         # dropped sessions kept for a resume; as many as connections may be open
         self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections, backend.route if backend is not None else "")
         self.running_processes = 0
-        self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False
         self.closed = asyncio.Event()
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
@@ -277,6 +275,23 @@ class ServiceCore:
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
         self.make_runner: RunnerFactory = local_runner(self)
         self._health_watchers: list[Callable[[], None]] = []
+
+    # The planner and the background table are made when first used: their modules (the planner's
+    # HTTP client and graph, the process stack) are not on the way to a start's first answer.
+    @functools.cached_property
+    def planner(self) -> Planner:
+        """The ``--planner`` of ``plan`` commands."""
+        from ..plan import planner_from_options
+
+        return planner_from_options(self.config.planner, self.config.planner_url, self.config.planner_model,
+                                    tools={t.name: t.description for t in self.tools.tools()})
+
+    @functools.cached_property
+    def background(self) -> BackgroundTable:
+        """The background processes: they outlive their sessions and end with the service."""
+        from .background import BackgroundTable
+
+        return BackgroundTable(self.limits)
 
     def unavailable(self) -> str | None:
         """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
@@ -401,7 +416,9 @@ class ServiceCore:
         if self._backend is not None:
             await self._backend.stop()
         await asyncio.gather(
-            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
+            *(s.shutdown() for s in list(self.sessions)),
+            *((self.background.shutdown(self.limits.kill_grace),) if "background" in self.__dict__ else ()),  # none made: none to end
+            return_exceptions=True,
         )
         if self.workspaces is not None:
             self.workspaces.close()

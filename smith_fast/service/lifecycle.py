@@ -14,7 +14,7 @@ import signal
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-from .. import childguard, containment, process, tracing
+from .. import childguard, containment, tracing
 from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
@@ -69,6 +69,8 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         yield
     finally:
         if runs_commands:
+            from .. import process  # imported by the first command that started one (none started: none to kill)
+
             process.kill_all()
         for hook in core.global_hooks:
             with contextlib.suppress(Exception):
