@@ -17,7 +17,6 @@ from .._version import __version__
 from ..errors import EgressRuleError
 from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
-from ..replay import RecordingStore
 from ..sandbox import Sandbox, UnsafeRoot, service_files_in
 from ..tools import ToolContext, ToolRegistry, default_registry
 from .commands import COMMANDS
@@ -44,6 +43,7 @@ from .session import Session
 
 if TYPE_CHECKING:
     from ..plan import Planner
+    from ..replay import RecordingStore
     from ..workspaces.store import WorkspaceStore
     from .background import BackgroundTable
     from .egress import EgressHub
@@ -259,7 +259,6 @@ class ServiceCore:
             session_memory_bytes=config.limits.max_session_hook_memory,
             sandbox=self.sandbox,
         )
-        self.recordings = RecordingStore(config.recordings_dir, config.limits.record_max_bytes)
         if config.record_dir is not None or smith_pb2.CAPABILITY_REPLAY in self.capabilities:
             self.recordings.check()  # private, or the service does not start
         if config.planner != "rules":
@@ -276,8 +275,9 @@ class ServiceCore:
         self.make_runner: RunnerFactory = local_runner(self)
         self._health_watchers: list[Callable[[], None]] = []
 
-    # The planner and the background table are made when first used: their modules (the planner's
-    # HTTP client and graph, the process stack) are not on the way to a start's first answer.
+    # The planner, the recordings and the background table are made when first used: their modules
+    # (the planner's HTTP client and graph, the recording format, the process stack) are not on
+    # the way to a start's first answer.
     @functools.cached_property
     def planner(self) -> Planner:
         """The ``--planner`` of ``plan`` commands."""
@@ -285,6 +285,14 @@ class ServiceCore:
 
         return planner_from_options(self.config.planner, self.config.planner_url, self.config.planner_model,
                                     tools={t.name: t.description for t in self.tools.tools()})
+
+    @functools.cached_property
+    def recordings(self) -> RecordingStore:
+        """Where sessions are recorded (``--record``, or those granted ``replay``): made at start
+        when either is on (its directory checked), else never."""
+        from ..replay import RecordingStore
+
+        return RecordingStore(self.config.recordings_dir, self.config.limits.record_max_bytes)
 
     @functools.cached_property
     def background(self) -> BackgroundTable:

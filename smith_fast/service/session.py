@@ -22,7 +22,6 @@ from .. import tracing
 from ..errors import EgressRuleError, ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..replay import RecordingStore, SessionRecorder
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
@@ -50,6 +49,7 @@ from .sizes import too_large
 from .sinks import EventSink
 
 if TYPE_CHECKING:
+    from ..replay import RecordingStore, SessionRecorder
     from ..workspaces.store import WorkspaceStore
     from ..workspaces.workspace import Workspace
     from .config import Limits, ServiceConfig
