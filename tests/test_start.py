@@ -122,6 +122,31 @@ def test_a_wrong_llm_planner_still_fails_the_start(root: pathlib.Path) -> None:
     assert proc.returncode == 2 and b"--planner llm needs --planner-url" in proc.stderr, proc.stderr
 
 
+def test_the_sandbox_trial_run_started_early_still_refuses(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The sandbox's trial run goes on while ``serve`` imports its fronts; a failed one is raised
+    where it is waited for, and at every later wait (each new session's), never forgotten; a kernel
+    without what the sandbox needs still fails the start before anything is answered."""
+    from smith_fast.errors import SandboxUnavailable
+    from smith_fast.sandbox import Sandbox
+
+    failing = tmp_path / "sandbox-exec"
+    failing.write_text("#!/bin/sh\necho 'no namespaces here' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    wait = Sandbox("workspace-write", "on", str(root), wrapper=(str(failing),)).start_check()
+    for _ in range(2):
+        with pytest.raises(SandboxUnavailable, match="no namespaces here"):
+            wait()
+    working = Sandbox("workspace-write", "on", str(root)).start_check()
+    working()
+    working()  # done: at once
+    for front in ("--mcp", "--stdio"):
+        proc = subprocess.run([sys.executable, "-m", "smith_fast", "serve", front, "--root", str(root)],
+                              input=b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n', capture_output=True, cwd=ROOT, timeout=60,
+                              env={**os.environ, "SMITH_FAST_SANDBOX_HIDE": "userns"})
+        assert proc.returncode == 2 and proc.stdout == b"", (front, proc.stdout, proc.stderr)
+        assert b"user namespaces" in proc.stderr
+
+
 def test_rustc_version_started_early_reads_the_same(tmp_path: pathlib.Path) -> None:
     code = ("from smith_fast.hooks import rust_build as r; import sys; early = sys.argv[1] == 'early'\n"
             "if early: r.start_rustc_version(); assert r._asked is not None or r.rustc_path() is None\n"

@@ -174,6 +174,10 @@ class Backend(abc.ABC):
         """The service stops: called first by :meth:`ServiceCore.shutdown` (a gateway ends its relays)."""
 
 
+def _nothing_to_check() -> None:
+    """The sandbox check of a core that runs no command (a gateway's)."""
+
+
 class ServiceCore:
     """Shared state: identity, configuration, tools, capability set, process accounting, sessions.
 
@@ -185,6 +189,8 @@ class ServiceCore:
             first; None for ``serve``. A gateway's core runs no command (it relays each
             connection to a worker), so its sandbox is not checked.
         sockets: the service's Unix socket paths, hidden from every command.
+        check_sandbox_at_once: wait here for the sandbox's trial run; False: it runs on while the
+            caller goes on, until :attr:`sandbox_checked` is called (``serve``, before it listens).
 
     Raises:
         SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
@@ -192,7 +198,7 @@ class ServiceCore:
     """
 
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", backend: Backend | None = None,
-                 sockets: Sequence[str] = ()) -> None:
+                 sockets: Sequence[str] = (), check_sandbox_at_once: bool = True) -> None:
         self.config = config
         self._backend = backend
         self.limits = config.limits
@@ -208,6 +214,11 @@ class ServiceCore:
             file_size=config.limits.max_file_size,
         )
         self.runs_locally = backend is None or backend.runs_commands
+        # The sandbox's trial run (sandbox-exec --probe, a few ms) may go on while the caller starts
+        # (check_sandbox_at_once=False: `serve` imports its fronts meanwhile); this waits for it,
+        # raising SandboxUnavailable when it failed. Called before any listener opens and by
+        # new_session, so no command can start before the sandbox is known to work.
+        self.sandbox_checked: Callable[[], None] = _nothing_to_check
         # --network allow: the one egress proxy of the service's commands (a gateway's are its workers').
         self.egress: EgressHub | None = None
         if config.network == "allow" and self.runs_locally:
@@ -227,7 +238,9 @@ class ServiceCore:
                         "elsewhere (--unix PATH, --record DIR), or pass --allow-service-files-in-root if nothing hostile "
                         "writes to the root"
                     )
-            self.sandbox.check()
+            self.sandbox_checked = self.sandbox.start_check()
+            if check_sandbox_at_once:
+                self.sandbox_checked()
         self.tool_context = ToolContext(
             root=root,
             max_output=config.limits.tool_max_output,
@@ -337,7 +350,11 @@ class ServiceCore:
 
         Returns:
             The session.
+
+        Raises:
+            SandboxUnavailable: the sandbox's start-up check failed (when it was not waited for at start).
         """
+        self.sandbox_checked()
         return Session(self, sink, runner=self.make_runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
