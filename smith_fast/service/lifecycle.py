@@ -47,14 +47,15 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     Args:
         core: gets the global hooks (``--hook``), loaded before the body runs.
         hook_files: the hooks to load; one that does not load stops the start.
-        runs_commands: this process runs shell commands: start the child guard, so that a
-            SIGKILLed service leaves none running, and stop every group left at the end.
+        runs_commands: this process runs shell commands: arm the child guard (it starts with
+            the first command), so that a SIGKILLed service leaves none running, and stop every
+            group left at the end.
 
     Raises:
         StartupError: a hook did not load.
     """
     if runs_commands:
-        childguard.start()
+        childguard.arm()  # started by the first process it guards: not on the way to the first answer
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         log.debug("command containment", extra={"fields": containment.available()})
     try:
