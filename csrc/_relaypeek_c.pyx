@@ -94,8 +94,8 @@ cdef int _skip(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint32_t number, int wi
             return -1
         inner = <uint32_t>(tag >> 3)
         wire = tag & 7
-        if inner == 0:
-            return -1
+        # field number 0 inside a skipped group: upb steps over it like any other (only a message's
+        # own fields may not be 0), so the peek does too, or it would stop where the runtime reads on
         if wire == 4:
             return 0 if inner == number else -1
         if wire == 0:

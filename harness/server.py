@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -214,6 +215,37 @@ def is_child_guard(pid: int) -> bool:
     return any(arg.endswith(b"/smith_fast/childguard.py") for arg in argv)
 
 
+_CELL_DIR = re.compile(r"/smith-fast-\d+/c\d+$")
+
+
+def fd_count(pid: int) -> int:
+    """The fds ``pid`` holds, less those of its spare cgroup cells: the service keeps up to
+    ``containment._MAX_SPARES`` cells open for the next commands (made ahead or used again), a
+    bounded pool, not a leak (:func:`spare_cells` says how many)."""
+    return sum(1 for target in _fd_links(pid) if not _CELL_DIR.search(target))
+
+
+def spare_cells(pid: int) -> int:
+    """How many cgroup cells ``pid`` holds open (each in one to three hierarchies)."""
+    return len({_CELL_DIR.search(t).group(0) for t in _fd_links(pid) if _CELL_DIR.search(t)})  # type: ignore[union-attr]  # filtered
+
+
+def _fd_links(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return out
+
+
+def session_sandboxes(root: int) -> list[int]:
+    """The processes of sessions' sandboxes (``sandbox-exec --zygote``: its monitor and init) among
+    ``root``'s descendants: they live as long as their session, not as a request."""
+    return [pid for pid, _ in descendants(root) if " --zygote " in f" {_cmdline(pid)} "]
+
+
 def descendants(root: int) -> list[tuple[int, str]]:
     """Descendants of ``root`` (pid, state), without its child guard."""
     table = {}
@@ -263,8 +295,9 @@ def running(marker: str) -> list[int]:
 def host_pids(service: int | None, printed: list[int], marker: str) -> list[int]:
     """The pids, as this process sees them, of processes a sandboxed command printed (``$$``,
     ``$!``) while it runs: it runs in a pid namespace of its own, so what it prints are pids in
-    there. ``marker`` is a text of that command's line (its init's command line holds it too),
-    which tells its namespace from another command's; the processes are the service's descendants
+    there. ``marker`` is a text of the command line of a process in that namespace (the command's
+    shell: one that ``exec``\\ s another program loses it; a session's sandbox init does not carry it),
+    which tells its namespace from another's; the processes are the service's descendants
     (the namespace's init adopts orphans), or any process when ``service`` is None."""
     pool = [pid for pid, _ in descendants(service)] if service else [int(e) for e in os.listdir("/proc") if e.isdigit()]
     inner = {pid: _inner_pid(pid) for pid in pool}

@@ -54,6 +54,7 @@ from .errors import (
     SmithFastError,
     StartupError,
     UnsafeRoot,
+    ZygoteGone,
     WorkspacesUnavailable,
 )
 
@@ -90,6 +91,7 @@ __all__ = [
     "SandboxError",
     "SandboxUnavailable",
     "UnsafeRoot",
+    "ZygoteGone",
     "LandlockError",
     "WorkspacesUnavailable",
     "MountError",

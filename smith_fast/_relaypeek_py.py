@@ -130,7 +130,7 @@ def _skip(data: bytes, pos: int, end: int, number: int, kind: int, depth: int) -
             raise _Malformed(pos)
         tag, pos = _varint(data, pos, end, 5)
         inner, kind = tag >> 3, tag & 7
-        if tag > _U32 or inner == 0:
+        if tag > _U32:  # field number 0 inside a skipped group: upb steps over it (see _fields)
             raise _Malformed(pos)
         if kind == 4:
             if inner != number:

@@ -53,6 +53,7 @@ __all__ = [
     "LogFormatError",
     "SandboxError",
     "SandboxUnavailable",
+    "ZygoteGone",
     "UnsafeRoot",
     "LandlockError",
     "WorkspacesUnavailable",
@@ -312,6 +313,11 @@ class LogFormatError(SmithFastError, ValueError):
 
 class SandboxError(SmithFastError):
     """The sandbox of the processes started for peers (:mod:`smith_fast.sandbox`) failed."""
+
+
+class ZygoteGone(SandboxError):
+    """A session's sandbox process (:mod:`smith_fast.sandbox.zygote`) cannot take a command (it
+    ended, or its socket is full): the command starts the one-shot way."""
 
 
 class SandboxUnavailable(SandboxError):

@@ -177,7 +177,7 @@ def _output_pipes(pipe_size: int, stdin: bool, shell: str, cwd: str | None) -> t
     except OSError as exc:
         close_quietly(*made)
         raise spawn_error(exc, shell, cwd) from None
-    return (*made, -1, -1) if not stdin else tuple(made)  # type: ignore[return-value]
+    return (*made, -1, -1) if not stdin else tuple(made)  # type: ignore[return-value]  # 4 fds either way; mypy cannot count a starred tuple
 
 
 _devnull_fd = -1

@@ -85,13 +85,19 @@ def add_parsers(sub: Any, client_options: Callable[[argparse.ArgumentParser], No
     parsers["undo"].add_argument("--force", action="store_true", help="also put back paths a later request changed too")
 
 
+_HANDLE_PREFIX = "s."
+"""Begins every handle: a resume token is URL-safe base64, which may begin with ``-``, and then
+``--session HANDLE`` read it as an option (one run in 64); ``.`` is in no token."""
+
+
 def session_handle(client: Client) -> str:
     """What ``session: `` shows: the resume token and the last sequence seen (what to resume after)."""
-    return f"{client.resume_token}:{client.last_sequence}"
+    return f"{_HANDLE_PREFIX}{client.resume_token}:{client.last_sequence}"
 
 
 def parse_session(handle: str) -> tuple[str, int]:
-    """A handle (``TOKEN:SEQ``, or a bare token) → ``(token, resume after)``."""
+    """A handle (``s.TOKEN:SEQ``, ``TOKEN:SEQ``, or a bare token) → ``(token, resume after)``."""
+    handle = handle.removeprefix(_HANDLE_PREFIX)
     token, sep, after = handle.rpartition(":")
     if sep and after.isdigit() and token:
         return token, int(after)

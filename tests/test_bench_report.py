@@ -456,7 +456,9 @@ def test_the_workspaces_section_is_measured_and_leaves_nothing_behind(tmp_path: 
     section = section[:section.index("\n## ", 1)]
     rows = [row[0] for row in _table(section, "Session start")[1:]]
     assert rows == ["`workspaces`", "`workspaces, no warm pool`", "`plain`", "`workspaces`, 50 ms apart",
-                    "`workspaces, no warm pool`, 50 ms apart", "`plain`, 50 ms apart", "`cp -a` of the template (p50 of 2)"]
+                    "`workspaces, no warm pool`, 50 ms apart", "`plain`, 50 ms apart",
+                    "`workspaces`, each session running a command", "`workspaces, no warm pool`, each session running a command",
+                    "`plain`, each session running a command", "`cp -a` of the template (p50 of 2)"]
     verdicts = re.findall(r"\*\*(met|not met)\*\*", section)
     assert len(verdicts) == 5  # start ratio, cp -a, checkpoint, fork, changes
     assert "100 sessions alive at once" in section and ("kernel side (kernel memory + tmpfs pages)" in section or "kernel side n/a" in section)

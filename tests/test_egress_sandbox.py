@@ -10,6 +10,7 @@ address, the host's loopback services, a unix socket file outside the workspace.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import http.server
@@ -34,7 +35,7 @@ import pytest
 from smith_fast.client import Client
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess, ServerStartError
+from harness.server import ServerProcess, ServerStartError, wait_until
 
 PY = "/work/main/.venv/bin/python" if os.path.exists("/work/main/.venv/bin/python") else shutil.which("python3") or "python3"
 SECRET = "real-" + uuid.uuid4().hex  # the service's value of $EGS_TEST_TOKEN: no command may see it
@@ -202,6 +203,33 @@ def host_socket(places: dict[str, pathlib.Path]) -> Iterator[str]:
     stop.set()
     thread.join()
     sock.close()
+
+
+@pytest.fixture(scope="module")
+def https(places: dict[str, pathlib.Path]) -> Iterator[tuple[int, pathlib.Path]]:
+    """An HTTPS server for allowed.test with a certificate from a test CA (trustme), and the CA's
+    file, which the command is told to trust (curl --cacert)."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("allowed.test")
+    ca_file = places["www"].parent / "test-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    handler = lambda *a: _Handler(*a, directory=str(places["www"]))  # noqa: E731
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+    server.daemon_threads = True
+    server.server_bind()
+    server.server_activate()
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], ca_file
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +444,32 @@ async def test_a_workspace_session_gets_the_proxy_and_its_own_sockets(places: di
 
 
 # -- secrets, hooks, narrowing ----------------------------------------------------------------------
+
+
+async def test_https_through_connect_with_a_test_ca_and_the_secret_stays_a_placeholder(
+        server: ServerProcess, https: tuple[int, pathlib.Path]) -> None:
+    """HTTPS is a CONNECT tunnel: the certificate is the host's own (the command verifies it against
+    the test CA, no interception), and the proxy cannot rewrite headers inside TLS, so a secret sent
+    over HTTPS arrives as its placeholder, never as the value (README, "Network egress")."""
+    port, ca_file = https
+    _Handler.seen.clear()
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        code, out, err, _ = await _run(client, f"curl -sSf --cacert {ca_file} https://allowed.test:{port}/hello")
+        assert code == 0 and out == "hello from allowed.test\n", err
+        code, out, err, _ = await _run(
+            client, f"curl -sSf --cacert {ca_file} -H \"Authorization: Bearer $API_TOKEN\" https://allowed.test:{port}/headers")
+        assert code == 0, err
+        seen = _Handler.seen[-1]["Authorization"]
+        assert seen.startswith("Bearer ") and SECRET not in seen and seen != "Bearer "
+        # a name not allowed is refused before any TLS, whatever the CA says
+        code, out, err, logs = await _run(client, f"curl -sS --cacert {ca_file} https://other.test:{port}/hello")
+        assert code != 0 and any("other.test" in log.message for log in logs), (out, err)
+    def tunnels() -> list[dict[str, Any]]:
+        return [r for r in _audit(server) if r.get("host") == "allowed.test" and r.get("port") == port]
+
+    assert await asyncio.to_thread(wait_until, lambda: len(tunnels()) >= 2, 10), _audit(server)
+    assert all(r["allowed"] and r["via"] == "connect" and r["bytes_down"] > 0 for r in tunnels())
 
 
 async def test_a_secret_reaches_its_host_and_nowhere_else(server: ServerProcess, http_port: int) -> None:

@@ -279,7 +279,7 @@ async def test_cancelled_call_kills_its_commands(server: ServerProcess, tmp_path
     pidfile = server.root / f"{tmp_path.name}.pid"  # the default sandbox lets commands write only in the root
     client = await Client.connect(server.grpc)
     await client.handshake()
-    agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")
+    agen = client.shell_exec(f"echo $$ > {pidfile}; sleep 60")  # no exec: the shell, whose line names the pid file, stays
     await agen.__anext__()  # PROCESSING
     assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 5)
     (pid,) = host_pids(server.pid, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace

@@ -301,7 +301,7 @@ async def test_disconnect_kills_remote_commands(cluster: Cluster) -> None:
     pidfile = cluster.root / f"pid-{uuid.uuid4().hex}"
     client = await Client.connect(cluster.unix, protocol="v0")
     await client.handshake(["shell_exec"])
-    client.send(_shell(f"echo $$ > {pidfile}; exec sleep 30"))
+    client.send(_shell(f"echo $$ > {pidfile}; sleep 30"))  # no exec: the shell, whose line names the pid file, stays
     assert await asyncio.to_thread(wait_until, lambda: pidfile.exists() and pidfile.read_text().strip() != "", 10)
     (pid,) = host_pids(None, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace
     assert pid_alive(pid)

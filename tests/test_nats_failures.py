@@ -184,7 +184,7 @@ async def test_a_killed_gateways_other_sessions_end_on_their_worker_after_the_le
         client = await Client.connect(cluster.unix)
         await client.handshake(["shell_exec"])
         pidfile = cluster.root / f"pid-{uuid.uuid4().hex}"
-        cmd, _rid = _shell(f"echo $$ > {pidfile}; exec sleep 100")
+        cmd, _rid = _shell(f"echo $$ > {pidfile}; sleep 100")  # no exec: the shell, whose line names the pid file, stays
         client.send(cmd)
         assert await asyncio.to_thread(wait_until, lambda: pidfile.exists() and pidfile.read_text().strip().isdigit(), 10)
         (pid,) = host_pids(None, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace

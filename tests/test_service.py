@@ -283,7 +283,7 @@ async def test_disconnect_kills_children(server: ServerProcess, inside: pathlib.
     pidfile = inside / "pid"
     client = await Client.connect(server.unix)
     await client.handshake()
-    agen = client.shell_exec(f"echo $$ > {pidfile}; exec sleep 60")
+    agen = client.shell_exec(f"echo $$ > {pidfile}; sleep 60")  # no exec: the shell, whose line names the pid file, stays
     await agen.__anext__()  # PROCESSING: the command is running
     assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip(), 5)
     (pid,) = host_pids(server.pid, [int(pidfile.read_text())], str(pidfile))  # printed in its pid namespace

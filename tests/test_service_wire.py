@@ -13,10 +13,11 @@ import uuid
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
+from smith_fast import containment
 from smith_fast.pb import smith_pb2 as pb
 
 from .peers import V0Peer, V1Peer
-from harness.server import ServerProcess, descendants, wait_until
+from harness.server import ServerProcess, descendants, fd_count, session_sandboxes, spare_cells, wait_until
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -197,7 +198,7 @@ def test_slow_reader_backpressure(tmp_path: pathlib.Path) -> None:
 def test_no_leaks_after_many_commands(tmp_path: pathlib.Path) -> None:
     srv = ServerProcess(tmp_path).start()
     try:
-        fds = lambda: len(os.listdir(f"/proc/{srv.pid}/fd"))  # noqa: E731
+        fds = lambda: fd_count(srv.pid)  # noqa: E731  # less the bounded pool of spare cells
         peer = Frames(srv.sock_path)
         peer.command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
         peer.until(lambda e: e.event.WhichOneof("event_type") == "ready")
@@ -213,7 +214,12 @@ def test_no_leaks_after_many_commands(tmp_path: pathlib.Path) -> None:
                 if peer.recv().event.shell_output.finished:
                     finished += 1
         assert wait_until(lambda: fds() <= baseline, 5), (fds(), baseline)
+        assert spare_cells(srv.pid) <= containment._MAX_SPARES
+        # what is left is the session's sandbox (its zygote), which ends with the session
+        assert wait_until(lambda: len(descendants(srv.pid)) == len(session_sandboxes(srv.pid)), 5), descendants(srv.pid)
+        peer.close()
         assert wait_until(lambda: descendants(srv.pid) == [], 5), descendants(srv.pid)
+        assert wait_until(lambda: fds() <= baseline, 5), (fds(), baseline)
     finally:
         assert srv.stop() == 0
 

@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess, wait_until
+from harness.server import ServerProcess, fd_count, wait_until
 
 TERMINAL = {"Ready", "Error"}
 _STATE_NAMES = {
@@ -84,7 +84,7 @@ class Event:
 
 
 def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    return fd_count(pid)  # the service's spare cgroup cells are a bounded pool, not the session's
 
 
 def _fd_targets(pid: int) -> list[str]:

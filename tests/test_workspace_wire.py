@@ -545,3 +545,17 @@ def test_e2e_cli_keep_session_checkpoint_diff_undo(ws_server: ServerProcess) -> 
     assert since.returncode == 0 and "hi.txt" in since.stdout, since.stderr
     forked = cli("exec", "--connect", address, "--fork", made, "cat hi.txt")
     assert forked.returncode == 0 and forked.stdout == "hi\n", forked.stderr
+
+
+def test_a_session_handle_never_reads_as_an_option() -> None:
+    """A resume token is URL-safe base64 and may begin with ``-``: the handle exec prints begins
+    with ``s.``, so ``--session HANDLE`` always takes it (one run in 64 failed before)."""
+    class _Client:  # the two values session_handle reads from a Client
+        resume_token = "-Ab_cd.route"
+        last_sequence = 7
+
+    from smith_fast.workspace_cli import session_handle
+
+    handle = session_handle(_Client())  # type: ignore[arg-type]
+    assert not handle.startswith("-") and parse_session(handle) == ("-Ab_cd.route", 7)
+    assert parse_session("tok:3") == ("tok", 3) and parse_session("tok") == ("tok", 0)

@@ -39,7 +39,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from .. import childguard, containment
-from ..errors import SandboxError
+from ..errors import ZygoteGone
 
 __all__ = ["MAX_REQUEST", "Forked", "Zygote", "ZygoteGone", "Zygotes"]
 
@@ -51,10 +51,6 @@ MAX_REQUEST = 192 * 1024
 unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
 
 OnExit = Callable[[int, "resource.struct_rusage | None"], None]
-
-
-class ZygoteGone(SandboxError):
-    """The zygote cannot take a command (it ended, or its socket is full): start it the one-shot way."""
 
 
 def _rusage(v: Sequence[int]) -> resource.struct_rusage:
