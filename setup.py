@@ -54,7 +54,7 @@ class LoudBuildExt(build_ext):
                   file=sys.stderr)
 
     def note_sums(self) -> None:
-        """The CRC-32 of each source compiled in place, in ``smith_fast/_in_place.sums``: the
+        """The CRC-32 (and size and mtime) of each source compiled in place, in ``smith_fast/_in_place.sums``: the
         module runs compiled only while its ``.py`` is the source its extension was built from
         (``smith_fast._compat.SourceFirst``). A partial build (``SMITH_FAST_EXTENSIONS``) keeps the
         other modules' lines."""
@@ -62,13 +62,14 @@ class LoudBuildExt(build_ext):
         out = (HERE if self.inplace else pathlib.Path(self.build_lib)) / "smith_fast" / compat.SUMS
         sums: dict[str, str] = {}
         if out.exists():
-            sums.update(line.split() for line in out.read_text().splitlines() if line.strip())
+            sums.update(line.split(maxsplit=1) for line in out.read_text().splitlines() if line.strip())
         for ext in self.extensions:
             if ext.name in compat.COMPILED_IN_PLACE:
-                sums[ext.name] = compat.source_sum(str(HERE / (ext.name.replace(".", "/") + ".py")))
+                source = str(HERE / (ext.name.replace(".", "/") + ".py"))
+                sums[ext.name] = f"{compat.source_sum(source)} {compat.source_stamp(source)}"
         if sums:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("".join(f"{name} {crc}\n" for name, crc in sorted(sums.items())))
+            out.write_text("".join(f"{name} {noted}\n" for name, noted in sorted(sums.items())))
 
     def build_sandbox_helper(self) -> None:
         """``csrc/sandbox_exec.c`` → ``smith_fast/sandbox/sandbox-exec``: the one program that sandboxes

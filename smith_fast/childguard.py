@@ -5,7 +5,8 @@ interpreter exit. Neither runs if the service is ``SIGKILL``\\ ed (or the OOM ki
 shells would be re-parented to init and run on. The guard closes that gap:
 
 * :func:`start` spawns this file as a small separate process (``python -I -S``, stdlib only, in a
-  session of its own so a terminal's Ctrl-C does not reach it) reading a pipe from us.
+  session of its own so a terminal's Ctrl-C does not reach it) reading a pipe from us; a service
+  :func:`arm`\ s it instead, and the first :func:`register` starts it.
 * For each shell (and each Rust hook process), :mod:`smith_fast.process` writes ``+PID`` once it
   is spawned and ``-PID`` once it has exited and its group was killed, *before* reaping it: while a
   pid is registered it is ours and unreaped, so its number (the group id) cannot be reused.
@@ -38,11 +39,12 @@ import sys
 import threading
 import time
 
-__all__ = ["active", "register", "start", "stop", "unregister"]
+__all__ = ["active", "arm", "register", "start", "stop", "unregister"]
 
 _lock = threading.Lock()
 _proc: subprocess.Popen[bytes] | None = None
 _fd = -1
+_armed = False  # arm(): start with the first register()
 
 
 def start() -> bool:
@@ -67,6 +69,15 @@ def start() -> bool:
             os.close(read_end)
         _fd = write_end
         return True
+
+
+def arm() -> None:
+    """Start the guard with the first :func:`register`, not now: a service arms it at start, and
+    the guard (a Python process: some 3 ms of the start's way to its first answer, and a core's
+    worth of its CPU meanwhile) comes with the first process it has to guard. What registers is
+    spawned before it registers, as with a guard started earlier: the window is the same."""
+    global _armed
+    _armed = True
 
 
 def active() -> bool:
@@ -96,6 +107,10 @@ def _send(line: bytes) -> None:
 def register(pid: int, cgroups: tuple[str, ...] = ()) -> None:
     """A shell was spawned as the leader of process group ``pid``: kill its group, and the
     ``cgroups`` directories it was put in, if we die (paths hold no whitespace: we made them)."""
+    global _armed
+    if _armed:  # the first process since arm(): the guard starts now (once: a failed start is not retried)
+        _armed = False
+        start()
     line = b"+%d" % pid
     for path in cgroups:
         line += b" " + os.fsencode(path)

@@ -48,7 +48,7 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   :func:`run_collect` kills the group and closes the pipes at once; the pidfd reader stays until the
   shell is reaped. For a graceful timeout use ``wait(timeout=...)`` then ``terminate()``, never
   ``asyncio.wait_for(proc.wait(), ...)``. :func:`kill_all` runs at interpreter exit.
-* **Even if we are killed**: with :func:`smith_fast.childguard.start` (the service calls it), a
+* **Even if we are killed**: with :func:`smith_fast.childguard.start` (the service arms it: started by its first process), a
   watchdog process kills the groups still running when we die without running ``kill_all``
   (``SIGKILL``, the OOM killer).
 

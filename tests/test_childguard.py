@@ -27,14 +27,15 @@ from harness.server import ROOT, ServerProcess, descendants, host_pids, is_child
 SPAWN = "sleep 300 & echo $$ $!; wait"
 
 
+def _guards_of(pid: int) -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and is_child_guard(int(e)) and parent_of(int(e)) == pid]
+
+
 def _guard_of(pid: int) -> int:
     found: list[int] = []
 
     def look() -> bool:
-        found[:] = [
-            int(e) for e in os.listdir("/proc")
-            if e.isdigit() and is_child_guard(int(e)) and parent_of(int(e)) == pid
-        ]  # fmt: skip
+        found[:] = _guards_of(pid)
         return len(found) == 1
 
     assert wait_until(look, 5), f"no child guard under {pid}: {found}"
@@ -70,14 +71,15 @@ def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> 
     srv = ServerProcess(tmp_path).start()
     pids: list[int] = []
     try:
-        guard = _guard_of(srv.pid)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's signals: ignored
-            os.kill(guard, sig)
         peer = V1Peer(srv.unix)
         peer.handshake()
+        assert not _guards_of(srv.pid)  # armed at start, started by the first process it guards
         peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command=SPAWN + " # a"))
         peer.command(shell_exec=pb.ShellExecCommand(request_id="b", command=SPAWN + " # b"))
         printed = _pids_from(peer, "a", "b")  # pids in each command's pid namespace
+        guard = _guard_of(srv.pid)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's signals: ignored
+            os.kill(guard, sig)
         pids = host_pids(srv.pid, printed[:2], "# a") + host_pids(srv.pid, printed[2:], "# b")
         assert len(pids) == 4 and all(pid_alive(p) for p in pids)
         # the process groups the service started: the sandbox's monitors, its children
@@ -135,10 +137,15 @@ def test_sigkilled_service_leaves_no_rust_hook_process(tmp_path: pathlib.Path) -
 def test_service_runs_on_when_its_guard_dies(tmp_path: pathlib.Path) -> None:
     srv = ServerProcess(tmp_path).start()
     try:
+        first = V1Peer(srv.unix)  # its first command starts the guard
+        first.handshake()
+        first.command(shell_exec=pb.ShellExecCommand(request_id="w", command="echo w"))
+        first.until(terminal("w"))
         guard = _guard_of(srv.pid)
         os.kill(guard, signal.SIGKILL)
         # dead (a zombie: its pipe closed), so that the first registration finds it gone: a
-        # session's zygote registers once, at the session's first command, not per command
+        # session's zygote registers once, at the session's first command, not per command (so
+        # another session's)
         assert wait_until(lambda: not pid_alive(guard), 5)
         peer = V1Peer(srv.unix)
         peer.handshake()

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS, SourceFirst, compiled, source_sum
+from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS, SourceFirst, compiled, source_stamp, source_sum
 
 FACADES = ["framing", "chunking", "sequencing", "coalescing", "events", "relaypeek"]
 
@@ -61,7 +61,7 @@ def test_an_extension_built_from_another_source_is_not_run(tmp_path, monkeypatch
 
     source = tmp_path / "logs.py"
     source.write_text("built = True\n")
-    monkeypatch.setattr(SourceFirst, "built", {"smith_fast.logs": source_sum(str(source))})
+    monkeypatch.setattr(SourceFirst, "built", {"smith_fast.logs": [source_sum(str(source))]})
     # as built: the usual finders take the extension (with extensions off: the source)
     assert (SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is None) != NO_EXTENSIONS
     source.write_text("built = False\n")
@@ -70,6 +70,28 @@ def test_an_extension_built_from_another_source_is_not_run(tmp_path, monkeypatch
     monkeypatch.setattr(SourceFirst, "built", {})  # no sums: nothing was built in place
     assert SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is not None
     assert SourceFirst.find_spec("smith_fast.framing", [str(tmp_path)]) is None  # not compiled in place
+
+
+def test_a_source_with_its_build_stamp_is_not_read_and_one_without_is_summed(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The size and mtime the build noted spare the start reading the source; a source whose
+    times changed (a wheel's, unpacked after its extension) is summed, and runs compiled only when
+    its CRC is the build's; an edit runs from the source."""
+    from importlib.machinery import SourceFileLoader
+
+    source = tmp_path / "logs.py"
+    source.write_text("built = True\n")
+    crc = source_sum(str(source))
+    monkeypatch.setattr(SourceFirst, "built", {"smith_fast.logs": [crc, source_stamp(str(source))]})
+    monkeypatch.setattr("smith_fast._compat.source_sum", lambda path: pytest.fail(f"{path} was read"))
+    # (with extensions off: the source, and nothing summed either)
+    assert (SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is None) != NO_EXTENSIONS  # the stamp: not read
+    monkeypatch.undo()
+    monkeypatch.setattr(SourceFirst, "built", {"smith_fast.logs": [crc, source_stamp(str(source))]})
+    os.utime(source, ns=(1_000_000_000, 1_000_000_000))  # unpacked later: other times, the same bytes
+    assert (SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)]) is None) != NO_EXTENSIONS
+    source.write_text("built = False\n")  # an edit
+    spec = SourceFirst.find_spec("smith_fast.logs", [str(tmp_path)])
+    assert spec is not None and isinstance(spec.loader, SourceFileLoader) and spec.origin == str(source)
 
 
 def test_compile_failure_fails_loudly_naming_the_escape_hatch(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -22,11 +22,18 @@ from smith_fast.pb import smith_pb2 as pb
 # Imported by nothing the first answers need: the other commands' parsers, the SDK client (replay
 # drives services with it), jsonschema (only for a value the built-in tools' fast check refuses),
 # importlib.metadata (only with a plug-in tool installed, or tracing's exporters asked for), the Rust
-# hook engine (only for a Rust hook), OpenTelemetry (only for a session's spans, when recorded or asked for).
+# hook engine (only for a Rust hook), OpenTelemetry (only for a session's spans, when recorded or asked for),
+# the process stack (the first command that starts a process imports it: COMMANDS' handlers), the
+# planner (the first plan), the background table (the first background process or listing), the
+# workspace modules (only with --workspaces), the recordings (only with --record or replay granted).
 NOT_AT_START = ("jsonschema", "importlib.metadata", "smith_fast.hooks.rust", "opentelemetry.trace", "smith_fast.client",
                 "smith_fast.nats.cli",
                 "smith_fast.nats.auth", "smith_fast.replay.replayer", "smith_fast.replay.diff", "smith_fast.replay.cli",
-                "smith_fast.background_cli")
+                "smith_fast.background_cli",
+                "smith_fast.service.launch", "smith_fast.service.shell_exec", "smith_fast.service.spawn",
+                "smith_fast.service.background", "smith_fast.plan", "smith_fast.workspaces", "smith_fast.workspaces.workspace",
+                "smith_fast.replay")
+PROCESS_STACK = {"smith_fast.service.launch", "smith_fast.service.shell_exec", "smith_fast.service.spawn"}
 
 
 @pytest.fixture
@@ -81,6 +88,63 @@ def test_stdio_v1_grants_the_hook_kinds_and_answers_without_what_it_does_not_nee
     result = next(e.tool_result for e in events if e.WhichOneof("event_type") == "tool_result")
     assert result.success and b"hello, start" in result.result
     assert not _imported(err) & set(NOT_AT_START)
+
+
+def test_the_deferred_process_stack_comes_with_the_first_command(root: pathlib.Path) -> None:
+    """A shell command after the start's first answers: its handler imports the process stack then,
+    and the command runs sandboxed as ever (its output, its exit)."""
+    proc = _serve(root, "--stdio")
+    hello = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+    read = pb.Command(tool_call=pb.ToolCallCommand(request_id="r1", tool="fs.read", args=b'{"path":"small.txt"}'))
+    shell = pb.Command(shell_exec=pb.ShellExecCommand(request_id="s1", command="cat small.txt; echo late"))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(_envelope(hello) + _envelope(read) + _envelope(shell))
+    proc.stdin.flush()
+    events: list[pb.Event] = []
+    frames = FrameDecoder()
+    while not any(e.WhichOneof("event_type") == "state_change" and e.state_change.request_id == "s1"
+                  and e.state_change.state == pb.SERVICE_STATE_READY for e in events):  # stdin open until then: EOF ends the session
+        chunk = proc.stdout.read1(65536)
+        assert chunk, "the service closed its stdout before the command ended"
+        events += [pb.Envelope.FromString(frame).event for frame in frames.feed(chunk)]
+    _, err = proc.communicate(timeout=60)
+    shell_out = [e.shell_output for e in events if e.WhichOneof("event_type") == "shell_output"]
+    assert b"".join(o.stdout.encode() + o.stdout_bytes for o in shell_out) == b"hello, start\nlate\n", events
+    assert [o.exit_code for o in shell_out if o.finished] == [0], events
+    assert PROCESS_STACK <= _imported(err)
+
+
+def test_a_wrong_llm_planner_still_fails_the_start(root: pathlib.Path) -> None:
+    """The rules planner is made by the first plan; any other is made at start, so a wrong
+    --planner-url or --planner-model still stops the service before it serves."""
+    proc = subprocess.run([sys.executable, "-m", "smith_fast", "serve", "--stdio", "--planner", "llm", "--root", str(root)],
+                          input=b"", capture_output=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and b"--planner llm needs --planner-url" in proc.stderr, proc.stderr
+
+
+def test_the_sandbox_trial_run_started_early_still_refuses(root: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The sandbox's trial run goes on while ``serve`` imports its fronts; a failed one is raised
+    where it is waited for, and at every later wait (each new session's), never forgotten; a kernel
+    without what the sandbox needs still fails the start before anything is answered."""
+    from smith_fast.errors import SandboxUnavailable
+    from smith_fast.sandbox import Sandbox
+
+    failing = tmp_path / "sandbox-exec"
+    failing.write_text("#!/bin/sh\necho 'no namespaces here' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    wait = Sandbox("workspace-write", "on", str(root), wrapper=(str(failing),)).start_check()
+    for _ in range(2):
+        with pytest.raises(SandboxUnavailable, match="no namespaces here"):
+            wait()
+    working = Sandbox("workspace-write", "on", str(root)).start_check()
+    working()
+    working()  # done: at once
+    for front in ("--mcp", "--stdio"):
+        proc = subprocess.run([sys.executable, "-m", "smith_fast", "serve", front, "--root", str(root)],
+                              input=b'{"jsonrpc":"2.0","id":1,"method":"ping"}\n', capture_output=True, cwd=ROOT, timeout=60,
+                              env={**os.environ, "SMITH_FAST_SANDBOX_HIDE": "userns"})
+        assert proc.returncode == 2 and proc.stdout == b"", (front, proc.stdout, proc.stderr)
+        assert b"user namespaces" in proc.stderr
 
 
 def test_rustc_version_started_early_reads_the_same(tmp_path: pathlib.Path) -> None:

@@ -22,7 +22,6 @@ import orjson
 from .. import tracing
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..service.input_wait import WAITING_FOR_INPUT
 from . import protocol
 from .envelope import Envelope, EnvelopeError, envelope, is_modern
 from .results import FOOTER_ROOM, OutputDir, shares
@@ -496,6 +495,10 @@ class McpEndpoint:
         wanted = call.modern.log_level if call.modern is not None else None
         if wanted is not None and protocol.LOG_LEVELS.index(level) >= protocol.LOG_LEVELS.index(wanted):
             _send_log(call.channel, level, message, call, fields)  # before the input_required answer ends the request
+        # input_wait (its /proc reading, its dataclasses) is imported by the process stack: a log
+        # comes from a command, so it is there by now, and the start's first answer need not wait for it
+        from ..service.input_wait import WAITING_FOR_INPUT
+
         if fields.get("reason") == WAITING_FOR_INPUT:
             self._input_wait(rid, call, message)
 

@@ -22,6 +22,9 @@ __all__ = ["Envelope", "EnvelopeError", "is_modern", "envelope", "header_mismatc
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
+    """What a stateless request's ``params._meta`` says: its protocol version, the client's
+    capabilities and the log level it asked for."""
+
     version: str
     capabilities: Mapping[str, Any]
     log_level: str | None  # None: no notifications/message for this request
@@ -41,6 +44,8 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class EnvelopeError:
+    """Why a stateless request's ``_meta`` is refused: the JSON-RPC error's code, message and data."""
+
     code: int
     message: str
     data: Any = None

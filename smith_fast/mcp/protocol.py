@@ -288,6 +288,8 @@ def tool_listing(tools: Sequence[Tool]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ShellArguments:
+    """The arguments of a ``shell`` call, checked (:func:`shell_arguments`)."""
+
     command: str
     cwd: str | None
     timeout: float  # seconds

@@ -49,7 +49,7 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.background import BackgroundTable, follow, unknown_process
 from ..service.request_table import BackgroundTarget, not_running
-from ..service.shell_exec import terminal_size
+from ..service.sizes import terminal_size
 from .presence import Announcement, LiveSet
 from .relay import Subjects, publish_now
 

@@ -39,7 +39,7 @@ import pathlib
 import platform
 import socket
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import SandboxUnavailable, UnsafeRoot
@@ -130,6 +130,10 @@ def service_files_in(root: str, files: Iterable[tuple[str, str]]) -> list[str]:
     root, so such a file could be replaced by what the command wants the service to run or be."""
     top = os.path.realpath(root)
     return [f"{what} {path}" for what, path in files if _inside(os.path.realpath(path), top)]
+
+
+def _nothing_to_wait_for() -> None:
+    """The end of the check of a sandbox that confines nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,8 +320,18 @@ class Sandbox:
         Raises:
             SandboxUnavailable: it does not; the message says what is missing and what to do.
         """
+        self.start_check()()
+
+    def start_check(self) -> Callable[[], None]:
+        """:meth:`check`, begun: what the kernel lacks is raised now; the trial run is started, and
+        the function returned waits for it (raising :class:`SandboxUnavailable` when it failed, at
+        every call), so that a start can go on while it runs (a few ms: a process and its namespaces).
+
+        Raises:
+            SandboxUnavailable: the helper is missing or the kernel lacks what this sandbox needs.
+        """
         if not self.active:
-            return
+            return _nothing_to_wait_for
         if not os.access(self.wrapper[0], os.X_OK):
             raise SandboxUnavailable(
                 f"the sandbox program {self.wrapper[0]!r} is missing: it is built by `pip install` with a C compiler "
@@ -339,18 +353,42 @@ class Sandbox:
         ours, theirs = socket.socketpair() if self.network == "allow" else (None, None)
         egress_fd = theirs.fileno() if theirs is not None else -1
         probe = [*self.wrapper, *self._policy(egress_fd), *(a for p in self.writable() for a in ("--write", p)), "--probe"]
+
+        def close() -> None:
+            for end in (ours, theirs):
+                if end is not None:
+                    end.close()
+
         try:
             # In the root, where commands run: the service's own directory may be out of the
             # command's view (a checkout under the private /tmp), and is none of the probe's business.
             cwd = self.root if os.path.isdir(self.root) else "/"
-            done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd=cwd,
-                                  pass_fds=(egress_fd,) if egress_fd >= 0 else ())
-        except (OSError, subprocess.SubprocessError) as exc:
+            running = subprocess.Popen(probe, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                                       pass_fds=(egress_fd,) if egress_fd >= 0 else ())
+        except OSError as exc:
+            close()
             raise SandboxUnavailable(f"the sandbox program {probe[0]!r} does not run: {exc}") from None
-        finally:
-            for end in (ours, theirs):
-                if end is not None:
-                    end.close()
-        if done.returncode != 0:
-            why = done.stderr.decode("utf-8", "replace").strip() or f"exit status {done.returncode}"
-            raise SandboxUnavailable(f"--sandbox {self.mode} --network {self.network} does not work on this kernel: {why}")
+
+        outcome: list[SandboxUnavailable | None] = []  # the run's verdict, for every later call
+
+        def wait() -> None:
+            if not outcome:
+                outcome.append(finish())
+            if outcome[0] is not None:
+                raise outcome[0]
+
+        def finish() -> SandboxUnavailable | None:
+            try:
+                _, err = running.communicate(timeout=30)
+            except subprocess.SubprocessError as exc:
+                running.kill()
+                running.communicate()
+                return SandboxUnavailable(f"the sandbox program {probe[0]!r} does not run: {exc}")
+            finally:
+                close()
+            if running.returncode != 0:
+                why = err.decode("utf-8", "replace").strip() or f"exit status {running.returncode}"
+                return SandboxUnavailable(f"--sandbox {self.mode} --network {self.network} does not work on this kernel: {why}")
+            return None
+
+        return wait

@@ -33,7 +33,8 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..process import STDERR, STDOUT, ShellProcess
-from .shell_exec import terminal_size, working_directory
+from .shell_exec import working_directory
+from .sizes import terminal_size
 from .egress import open_egress
 from .spawn import spawn
 

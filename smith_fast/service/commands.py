@@ -17,14 +17,19 @@ from .. import tracing
 from ..errors import ProtocolError
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
-from ..plan import PlanOptions, Step, run_plan_command
 from ..tools import ToolOutcome
-from . import launch, workspace_commands
+from . import workspace_commands
 from .execution import ControlTarget, Execution
 from .sizes import command_size, plan_size, too_large, tool_call_size
 
 if TYPE_CHECKING:
+    from ..plan import Step
     from .sinks import EventSink
+
+# The process stack (service/launch.py: spawn, the sandbox's zygotes, shells, egress) and the
+# planner are imported by the first command that needs them, not by every start: the first answer
+# of `serve --mcp`/`--stdio` (a handshake, a small fs.read) needs neither, and importing them cost
+# ~20 ms of it (tests/test_start.py holds them out of the start).
 
 __all__ = ["CommandSpec", "COMMANDS", "Control", "ControlTarget", "Handler", "RequestControl", "shell_exec", "run_tool"]
 
@@ -112,6 +117,8 @@ class CommandSpec:
 async def shell_exec(ex: Execution, rid: str, cmd: pb.ShellExecCommand) -> int:
     """Through the choke point (service/launch.py): hooks first (a block means the process never
     starts), the checks on what they let through, then the command."""
+    from . import launch
+
     return await launch.stream(ex, rid, cmd)
 
 
@@ -134,6 +141,8 @@ async def run_tool(ex: Execution, rid: str, tool: str, args: bytes, timeout_ms: 
     if span is not None:
         span.set(tracing.ATTR_TOOL, tool)
     core = ex.core
+    from . import launch
+
     context = core.tool_context.with_process_runner(launch.tool_runner(ex, rid, tool))
     # the tool as the hooks left it: an fs.write gets a layer of its own (PROTOCOL.md, "Workspaces")
     ws = workspace_commands.begin(ex, rid) if tool in workspace_commands.RECORDED_TOOLS else None
@@ -207,6 +216,9 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
 
 async def _plan(ex: Execution, rid: str, cmd: pb.PlanCommand) -> None:
     """Plan (and with ``context["execute"]`` run) a goal; steps report under their node ids."""
+    from ..plan import PlanOptions, run_plan_command
+    from . import launch
+
     options = PlanOptions.from_context(cmd.context)
     timeout_ms = options.timeout_ms or ex.core.limits.default_timeout_ms
 

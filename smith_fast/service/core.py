@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import os
 import pathlib
 import sys
@@ -16,14 +17,10 @@ from .._version import __version__
 from ..errors import EgressRuleError
 from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
-from ..plan import Planner, planner_from_options
-from ..replay import RecordingStore
 from ..sandbox import Sandbox, UnsafeRoot, service_files_in
 from ..tools import ToolContext, ToolRegistry, default_registry
-from .background import BackgroundTable
 from .commands import COMMANDS
 from .config import ServiceConfig
-from .egress import EgressHub
 from .metrics import PROTOCOLS, ResourceSampler, ServiceMetrics
 from .negotiation import (
     ACCEPT_KEY,
@@ -45,7 +42,11 @@ from .runner import RunnerFactory, local_runner
 from .session import Session
 
 if TYPE_CHECKING:
+    from ..plan import Planner
+    from ..replay import RecordingStore
     from ..workspaces.store import WorkspaceStore
+    from .background import BackgroundTable
+    from .egress import EgressHub
     from .sinks import EventSink
 
 __all__ = [
@@ -173,6 +174,10 @@ class Backend(abc.ABC):
         """The service stops: called first by :meth:`ServiceCore.shutdown` (a gateway ends its relays)."""
 
 
+def _nothing_to_check() -> None:
+    """The sandbox check of a core that runs no command (a gateway's)."""
+
+
 class ServiceCore:
     """Shared state: identity, configuration, tools, capability set, process accounting, sessions.
 
@@ -184,6 +189,8 @@ class ServiceCore:
             first; None for ``serve``. A gateway's core runs no command (it relays each
             connection to a worker), so its sandbox is not checked.
         sockets: the service's Unix socket paths, hidden from every command.
+        check_sandbox_at_once: wait here for the sandbox's trial run; False: it runs on while the
+            caller goes on, until :attr:`sandbox_checked` is called (``serve``, before it listens).
 
     Raises:
         SandboxUnavailable: requests run here and the kernel lacks what ``--sandbox``/``--network``
@@ -191,7 +198,7 @@ class ServiceCore:
     """
 
     def __init__(self, config: ServiceConfig, *, loop_name: str = "asyncio", backend: Backend | None = None,
-                 sockets: Sequence[str] = ()) -> None:
+                 sockets: Sequence[str] = (), check_sandbox_at_once: bool = True) -> None:
         self.config = config
         self._backend = backend
         self.limits = config.limits
@@ -207,9 +214,16 @@ class ServiceCore:
             file_size=config.limits.max_file_size,
         )
         self.runs_locally = backend is None or backend.runs_commands
+        # The sandbox's trial run (sandbox-exec --probe, a few ms) may go on while the caller starts
+        # (check_sandbox_at_once=False: `serve` imports its fronts meanwhile); this waits for it,
+        # raising SandboxUnavailable when it failed. Called before any listener opens and by
+        # new_session, so no command can start before the sandbox is known to work.
+        self.sandbox_checked: Callable[[], None] = _nothing_to_check
         # --network allow: the one egress proxy of the service's commands (a gateway's are its workers').
         self.egress: EgressHub | None = None
         if config.network == "allow" and self.runs_locally:
+            from .egress import EgressHub  # the proxy's modules only with --network allow
+
             self.egress = EgressHub(config)
         elif config.egress_allow or config.egress_deny or config.egress_secrets or config.egress_resolve:
             raise EgressRuleError(f"--egress-allow, --egress-deny, --egress-secret and --egress-resolve need --network allow, "
@@ -224,7 +238,9 @@ class ServiceCore:
                         "elsewhere (--unix PATH, --record DIR), or pass --allow-service-files-in-root if nothing hostile "
                         "writes to the root"
                     )
-            self.sandbox.check()
+            self.sandbox_checked = self.sandbox.start_check()
+            if check_sandbox_at_once:
+                self.sandbox_checked()
         self.tool_context = ToolContext(
             root=root,
             max_output=config.limits.tool_max_output,
@@ -256,20 +272,14 @@ class ServiceCore:
             session_memory_bytes=config.limits.max_session_hook_memory,
             sandbox=self.sandbox,
         )
-        self.recordings = RecordingStore(config.recordings_dir, config.limits.record_max_bytes)
         if config.record_dir is not None or smith_pb2.CAPABILITY_REPLAY in self.capabilities:
             self.recordings.check()  # private, or the service does not start
-        self.planner: Planner = planner_from_options(
-            config.planner,
-            config.planner_url,
-            config.planner_model,
-            tools={t.name: t.description for t in self.tools.tools()},
-        )
+        if config.planner != "rules":
+            self.planner  # noqa: B018 -- made now: a wrong --planner-url or --planner-model fails the start
         self.sessions: set[Session] = set()
         # dropped sessions kept for a resume; as many as connections may be open
         self.parked = ParkedSessions(config.limits.resume_window, config.limits.max_connections, backend.route if backend is not None else "")
         self.running_processes = 0
-        self.background = BackgroundTable(config.limits)  # outlive their sessions; end with the service
         self.shutting_down = False
         self.closed = asyncio.Event()
         self.metrics = ServiceMetrics(timed=[kind for kind, spec in COMMANDS.items() if spec.timed])
@@ -277,6 +287,32 @@ class ServiceCore:
         self.endpoints: list[Endpoint] = []  # the listeners, in the order opened (NegotiateResponse)
         self.make_runner: RunnerFactory = local_runner(self)
         self._health_watchers: list[Callable[[], None]] = []
+
+    # The planner, the recordings and the background table are made when first used: their modules
+    # (the planner's HTTP client and graph, the recording format, the process stack) are not on
+    # the way to a start's first answer.
+    @functools.cached_property
+    def planner(self) -> Planner:
+        """The ``--planner`` of ``plan`` commands."""
+        from ..plan import planner_from_options
+
+        return planner_from_options(self.config.planner, self.config.planner_url, self.config.planner_model,
+                                    tools={t.name: t.description for t in self.tools.tools()})
+
+    @functools.cached_property
+    def recordings(self) -> RecordingStore:
+        """Where sessions are recorded (``--record``, or those granted ``replay``): made at start
+        when either is on (its directory checked), else never."""
+        from ..replay import RecordingStore
+
+        return RecordingStore(self.config.recordings_dir, self.config.limits.record_max_bytes)
+
+    @functools.cached_property
+    def background(self) -> BackgroundTable:
+        """The background processes: they outlive their sessions and end with the service."""
+        from .background import BackgroundTable
+
+        return BackgroundTable(self.limits)
 
     def unavailable(self) -> str | None:
         """Why this service cannot serve although it runs, or None (a plain ``serve`` always can;
@@ -314,7 +350,11 @@ class ServiceCore:
 
         Returns:
             The session.
+
+        Raises:
+            SandboxUnavailable: the sandbox's start-up check failed (when it was not waited for at start).
         """
+        self.sandbox_checked()
         return Session(self, sink, runner=self.make_runner, **kwargs)
 
     def grant(self, requested: list[int]) -> tuple[list[int], list[int]]:
@@ -401,7 +441,9 @@ class ServiceCore:
         if self._backend is not None:
             await self._backend.stop()
         await asyncio.gather(
-            *(s.shutdown() for s in list(self.sessions)), self.background.shutdown(self.limits.kill_grace), return_exceptions=True,
+            *(s.shutdown() for s in list(self.sessions)),
+            *((self.background.shutdown(self.limits.kill_grace),) if "background" in self.__dict__ else ()),  # none made: none to end
+            return_exceptions=True,
         )
         if self.workspaces is not None:
             self.workspaces.close()

@@ -14,7 +14,7 @@ import signal
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-from .. import childguard, containment, process, tracing
+from .. import childguard, containment, tracing
 from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
@@ -47,14 +47,15 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     Args:
         core: gets the global hooks (``--hook``), loaded before the body runs.
         hook_files: the hooks to load; one that does not load stops the start.
-        runs_commands: this process runs shell commands: start the child guard, so that a
-            SIGKILLed service leaves none running, and stop every group left at the end.
+        runs_commands: this process runs shell commands: arm the child guard (it starts with
+            the first command), so that a SIGKILLed service leaves none running, and stop every
+            group left at the end.
 
     Raises:
         StartupError: a hook did not load.
     """
     if runs_commands:
-        childguard.start()
+        childguard.arm()  # started by the first process it guards: not on the way to the first answer
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         log.debug("command containment", extra={"fields": containment.available()})
     try:
@@ -69,6 +70,8 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         yield
     finally:
         if runs_commands:
+            from .. import process  # imported by the first command that started one (none started: none to kill)
+
             process.kill_all()
         for hook in core.global_hooks:
             with contextlib.suppress(Exception):

@@ -16,7 +16,7 @@ from .. import tracing
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from .request import Request, RequestState, Terminal, write_input
-from .shell_exec import terminal_size
+from .sizes import terminal_size
 
 if TYPE_CHECKING:
     from ..process import ShellProcess

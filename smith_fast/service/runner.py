@@ -23,7 +23,6 @@ from .. import tracing
 from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from . import launch
 from .audit import Audit
 from .commands import ControlTarget, Handler, RequestControl
 from .execution import Execution, ExecutionCore
@@ -320,6 +319,8 @@ class LocalRunner:
         request = _REQUEST.get()
         if request is None or request.spec is None or request.spec.kind != "tool_call":
             raise ProtocolError("a tool started a process outside its call; it was not run", pb.ERROR_CODE_INTERNAL_ERROR)
+        from . import launch  # the process stack: with the first process, not at start (service/commands.py)
+
         return await launch.collect(self, request.id, spec, origin=request.command.tool_call.tool)
 
     def process_started(self, rid: str, proc: ShellProcess) -> None:

@@ -236,7 +236,8 @@ async def serve(
     _tls(listen)
     runs_commands = core is None
     if core is None:
-        core = ServiceCore(config, loop_name=loop_name, sockets=listen.unix)
+        # the sandbox's trial run goes on while the service starts; _listen waits for it
+        core = ServiceCore(config, loop_name=loop_name, sockets=listen.unix, check_sandbox_at_once=False)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands):
         mounted = await mount_servers(core, config)
         try:
@@ -275,6 +276,9 @@ async def mount_servers(core: ServiceCore, config: ServiceConfig) -> list[Mounte
 async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig, loop_name: str, front: StreamFront) -> int:
     """Open every listener, serve until stopped, close them and end the sessions."""
     loop = asyncio.get_running_loop()
+    if listen.mcp:
+        from ..mcp.stdio import open_mcp_stdio  # imported while the sandbox's trial run goes on
+    core.sandbox_checked()  # before any listener: a broken sandbox fails the start, and nothing is served
     stop = lifecycle.stop_on_signals()
     servers: list[asyncio.base_events.Server] = []
     unix_paths: list[str] = []
@@ -317,8 +321,6 @@ async def _listen(core: ServiceCore, config: ServiceConfig, listen: ListenConfig
         log.info("listening", extra={"fields": {"address": "stdio"}})
         await _open_stdio(front, config, stop)
     if listen.mcp:
-        from ..mcp.stdio import open_mcp_stdio
-
         log.info("listening", extra={"fields": {"address": "mcp:stdio"}})
         await open_mcp_stdio(core, stop)
     log.info("ready", extra={"fields": {"service_id": core.service_id, "event_loop": loop_name, "token_required": config.token is not None}})

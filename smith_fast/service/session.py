@@ -22,9 +22,6 @@ from .. import tracing
 from ..errors import EgressRuleError, ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
-from ..replay import RecordingStore, SessionRecorder
-from ..workspaces import FORK_KEY, TEMPLATE_KEY
-from ..workspaces.workspace import open_workspace
 from .admission import id_too_long, readable_id, ready_event, refusal, version_refusal
 from .auth import REDACTED, TOKEN_KEY, token_matches
 from .commands import COMMANDS, CommandSpec, Control
@@ -52,6 +49,7 @@ from .sizes import too_large
 from .sinks import EventSink
 
 if TYPE_CHECKING:
+    from ..replay import RecordingStore, SessionRecorder
     from ..workspaces.store import WorkspaceStore
     from ..workspaces.workspace import Workspace
     from .config import Limits, ServiceConfig
@@ -370,6 +368,10 @@ class Session:
                              {"key": ACCEPT_KEY, "ignored": RESUME}))
         store = self.core.workspaces
         if store is not None and self.workspace is None:
+            # only with --workspaces: not on every start's way to its first answer
+            from ..workspaces import FORK_KEY, TEMPLATE_KEY
+            from ..workspaces.workspace import open_workspace
+
             info_keys = hs.client_info
             try:
                 self.workspace = open_workspace(store, SessionWorkspaceView(self.requests, self.core.background),

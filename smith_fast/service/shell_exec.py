@@ -39,6 +39,7 @@ from ..process import ShellProcess
 from . import workspace_commands
 from .input_wait import InputWatch, notifier
 from .egress import open_egress
+from .sizes import terminal_size
 from .spawn import spawn
 
 if TYPE_CHECKING:
@@ -79,17 +80,6 @@ def limit_error(usage: Usage | None, rid: str | None) -> None:
         rid,
         {"reason": "limit", "limit": usage.limit_hit},
     )
-
-
-_MAX_TERMINAL = 0xFFFF  # rows and cols are 16-bit in the kernel's winsize
-
-
-def terminal_size(rows: int, cols: int, rid: str) -> tuple[int, int]:
-    """A PtyRequest's or ResizeCommand's size: 0 means 24 rows or 80 columns."""
-    rows, cols = rows or 24, cols or 80
-    if rows > _MAX_TERMINAL or cols > _MAX_TERMINAL:
-        raise ProtocolError(f"terminal size {rows}x{cols} is too large (max {_MAX_TERMINAL})", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "invalid_field"})
-    return rows, cols
 
 
 def working_directory(root: pathlib.Path, cwd: str | None, *, confined: bool = False) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 
-__all__ = ["command_size", "tool_call_size", "plan_size", "too_large"]
+__all__ = ["command_size", "tool_call_size", "plan_size", "terminal_size", "too_large"]
 
 
 def _text_size(text: str) -> int:
@@ -44,3 +44,14 @@ def too_large(what: str, size: int, limit: int, rid: str | None) -> ProtocolErro
         rid,
         {"reason": "too_large", "size": str(size), "limit": str(limit)},
     )
+
+
+_MAX_TERMINAL = 0xFFFF  # rows and cols are 16-bit in the kernel's winsize
+
+
+def terminal_size(rows: int, cols: int, rid: str) -> tuple[int, int]:
+    """A PtyRequest's or ResizeCommand's size: 0 means 24 rows or 80 columns."""
+    rows, cols = rows or 24, cols or 80
+    if rows > _MAX_TERMINAL or cols > _MAX_TERMINAL:
+        raise ProtocolError(f"terminal size {rows}x{cols} is too large (max {_MAX_TERMINAL})", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "invalid_field"})
+    return rows, cols
