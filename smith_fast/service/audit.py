@@ -46,6 +46,9 @@ _OUTCOMES = {
 }
 
 
+_TOOL_FIELDS: dict[str, str] = {}
+"""A tool's name -> its ``,"tool":...`` text in :meth:`Audit.tool_ended`'s lines. Only a registered
+tool's call ends in one step (an unknown name never gets there), so it holds at most a name per tool."""
 # The ends of tool_ended's line after the tool name; the duration and the closing brace follow.
 _SUCCEEDED = ',"success":true,"outcome":"ok","hooks":[],"duration_ms":'
 _FAILED = ',"success":false,"outcome":"ok","hooks":[],"duration_ms":'
@@ -192,7 +195,10 @@ class Audit:
         now = time.time()
         if (ms := round(now * 1000)) != self._ms:  # formatting a float costs more than the rest of the line
             self._ms, self._ts = ms, repr(round(now, 3))
-        line = f'{{"ts":{self._ts},{head}{_json_string(rid)},"tool":{_json_string(_clip(tool, MAX_SUBJECT))}{tail}'
+        tool_field = _TOOL_FIELDS.get(tool)
+        if tool_field is None:
+            tool_field = _TOOL_FIELDS[tool] = f',"tool":{_json_string(_clip(tool, MAX_SUBJECT))}'
+        line = f'{{"ts":{self._ts},{head}{_json_string(rid)}{tool_field}{tail}'
         for handler in handlers:
             handler.add_line(line, linger=True)
 

@@ -201,7 +201,18 @@ class Connection(asyncio.BufferedProtocol):
             data, self._head = self._head, b""
             self._start_session(data)
         assert self._feed is not None
-        self._feed(data)
+        if self._flush_scheduled:  # a flush is due this tick already: it takes these answers too
+            self._feed(data)
+            return
+        # What these bytes' commands write (all of a small call's answer) goes out as this step
+        # ends, not from a call_soon'd flush: a sequential caller's call then costs the loop no
+        # callback handle and no idle wake-up of its own. Writes of later callbacks in this tick
+        # schedule their flush as before.
+        self._flush_scheduled = True
+        try:
+            self._feed(data)
+        finally:
+            self._flush()
 
     def eof_received(self) -> bool:
         session = self.session

@@ -13,7 +13,7 @@ import inspect
 from time import perf_counter  # bound once: twice per call
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
@@ -60,9 +60,11 @@ class Tool:
     handler: Handler
 
 
-@dataclass(frozen=True, slots=True)
-class ToolOutcome:
+class ToolOutcome(NamedTuple):
     """What a call produced, ready to become a ``ToolResultEvent``.
+
+    A named tuple (immutable, as a frozen dataclass would be): one is made per call, and a frozen
+    dataclass's ``__init__`` (an ``object.__setattr__`` per field) cost about twice a tuple's.
 
     Attributes:
         success: whether the tool ran and returned a result.

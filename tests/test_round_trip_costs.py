@@ -1,0 +1,64 @@
+"""What one sequential tool call costs a real server in system calls and wake-ups: a small
+``fs.read`` answered in the step that read it is one socket read, the file's pread, one write of
+its three events, and one sleep in the loop's poll; no timer, callback or thread wakes the
+server between calls, and the audit lines go out in batches, not one write per call."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from harness.server import ServerProcess
+from smith_fast.pb import smith_pb2 as pb
+from tests.peers import V1Peer, kind, terminal
+
+pytestmark = pytest.mark.timeout(60)
+
+CALLS = 300
+
+
+def _counts(pid: int) -> dict[str, int]:
+    """The process's read and write system calls (/proc/PID/io) and the times it slept
+    (voluntary context switches, summed over its threads)."""
+    io = dict(line.split(": ") for line in pathlib.Path(f"/proc/{pid}/io").read_text().splitlines())
+    slept = 0
+    for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                slept += int(line.split()[1])
+    return {"reads": int(io["syscr"]), "writes": int(io["syscw"]), "sleeps": slept}
+
+
+def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, impl: str) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "small.txt").write_text("hello, smith-fast\n" * 4)
+    env = {"SMITH_FAST_NO_EXTENSIONS": "1"} if impl == "py" else None
+    server = ServerProcess(tmp_path, root=root, log_level="info", env=env).start()
+    try:
+        assert server.proc is not None
+        peer = V1Peer(server.unix)
+        peer.handshake()
+
+        def call(rid: str) -> list[pb.Envelope]:
+            peer.command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=b'{"path":"small.txt"}'))
+            return peer.until(terminal(rid))
+
+        for i in range(20):  # warm: first imports, caches
+            call(f"w{i}")
+        before = _counts(server.proc.pid)
+        for i in range(CALLS):
+            events = call(f"r{i}")
+            assert [kind(e) for e in events] == ["state_change", "tool_result", "state_change"]
+            assert events[1].event.tool_result.success
+        after = _counts(server.proc.pid)
+        spent = {key: after[key] - before[key] for key in before}
+        # Slack for the audit lines' writes (one per 50 ms or 16 KiB of them) and a stray wake.
+        slack = CALLS // 20
+        assert spent["writes"] <= CALLS + slack, spent  # the three events in one write
+        assert spent["reads"] <= 2 * CALLS + slack, spent  # the command's read and the file's pread
+        assert spent["sleeps"] <= CALLS + slack, spent  # one wait for the next command, nothing else
+        peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
