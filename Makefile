@@ -26,7 +26,7 @@ $(VENV)/.deps: requirements-dev.txt pyproject.toml
 IN_PLACE := $(patsubst %,%.py,$(subst .,/,$(shell sed -n 's/^ *"\(smith_fast\.[a-z0-9_.]*\)",$$/\1/p' smith_fast/_compat.py)))
 
 # --no-build-isolation: build with the Cython pinned in requirements-dev.txt, already in the venv.
-$(VENV)/.build: $(VENV)/.deps setup.py smith_fast/_compat.py $(IN_PLACE) $(wildcard $(IN_PLACE:.py=.pxd)) $(wildcard csrc/sandbox_exec.c csrc/sandbox_spawn.c csrc/landlock_policy.h csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
+$(VENV)/.build: $(VENV)/.deps setup.py smith_fast/_compat.py $(IN_PLACE) $(wildcard $(IN_PLACE:.py=.pxd)) $(wildcard csrc/sandbox_exec.c csrc/sandbox_spawn.c csrc/*.h csrc/*.pyx csrc/*.pxd csrc/*_c.py smith_fast/*_py.py)
 	$(PIP) install --no-build-isolation -e .
 	touch $@
 

@@ -24,6 +24,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fd_passing.h"
+
 /* Where the command's proxy variables point (smith_fast/sandbox: EGRESS_PORT must agree). 3128 is
  * the customary port of an HTTP proxy; the namespace is the command's own, so it clashes with nothing. */
 #define EGRESS_ADDR "127.0.0.1"
@@ -44,27 +46,7 @@ static int egress_send_listener(int channel, const char **step) {
     if (bind(s, (struct sockaddr *)&addr, sizeof addr) != 0) { *step = "bind 127.0.0.1:3128"; goto fail; }
     if (listen(s, EGRESS_BACKLOG) != 0) { *step = "listen"; goto fail; }
 
-    char byte = 'L';
-    struct iovec iov = {&byte, 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &s, sizeof(int));
-    ssize_t n;
-    while ((n = sendmsg(channel, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
-    if (n != 1) { *step = "sending the egress listener"; goto fail; }
+    if (send_fd(channel, s, 'L') != 0) { *step = "sending the egress listener"; goto fail; }
     close(s);
     close(channel);
     return 0;

@@ -48,6 +48,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "fd_passing.h"
+
 #if defined(__x86_64__)
 #define UG_ARCH AUDIT_ARCH_X86_64
 #elif defined(__aarch64__)
@@ -102,31 +104,12 @@ static int unix_guard_install(int channel, const char **step) {
         close(channel);
         return -1;
     }
-    char byte = 'G';
-    struct iovec iov = {&byte, 1};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.buf;
-    msg.msg_controllen = sizeof control.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &notify, sizeof(int));
-    ssize_t n;
-    while ((n = sendmsg(channel, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
+    int sent = send_fd(channel, notify, 'G');
     int saved = errno;
     close(notify);
     close(channel);
     errno = saved;
-    if (n != 1) {
+    if (sent != 0) {
         *step = "sending the unix guard's notification fd";
         return -1;
     }

@@ -222,22 +222,23 @@ def fd_count(pid: int) -> int:
     """The fds ``pid`` holds, less those of its spare cgroup cells: the service keeps up to
     ``containment._MAX_SPARES`` cells open for the next commands (made ahead or used again), a
     bounded pool, not a leak (:func:`spare_cells` says how many)."""
-    return sum(1 for target in _fd_links(pid) if not _CELL_DIR.search(target))
+    return sum(1 for target in fd_links(pid) if not _CELL_DIR.search(target))
 
 
 def spare_cells(pid: int) -> int:
     """How many cgroup cells ``pid`` holds open (each in one to three hierarchies)."""
-    return len({_CELL_DIR.search(t).group(0) for t in _fd_links(pid) if _CELL_DIR.search(t)})  # type: ignore[union-attr]  # filtered
+    return len({_CELL_DIR.search(t).group(0) for t in fd_links(pid) if _CELL_DIR.search(t)})  # type: ignore[union-attr]  # filtered
 
 
-def _fd_links(pid: int) -> list[str]:
+def fd_links(pid: int) -> list[str]:
+    """Where each fd of ``pid`` points (``/proc/PID/fd``), sorted."""
     out = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             pass  # closed meanwhile
-    return out
+    return sorted(out)
 
 
 def session_sandboxes(root: int) -> list[int]:

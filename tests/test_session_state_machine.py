@@ -19,7 +19,6 @@ write), which end the session; the next step then opens a new connection. Checke
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import socket
 import time
@@ -45,7 +44,7 @@ from hypothesis.stateful import (
 
 from smith_fast.pb import smith_pb2 as pb
 
-from harness.server import ServerProcess, fd_count, wait_until
+from harness.server import ServerProcess, fd_count, fd_links, wait_until
 
 TERMINAL = {"Ready", "Error"}
 _STATE_NAMES = {
@@ -81,20 +80,6 @@ class Event:
     request_id: str | None
     state: str | None = None
     sequence: int | None = None
-
-
-def _fd_count(pid: int) -> int:
-    return fd_count(pid)  # the service's spare cgroup cells are a bounded pool, not the session's
-
-
-def _fd_targets(pid: int) -> list[str]:
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:
-            pass
-    return sorted(out)
 
 
 class Peer:
@@ -253,8 +238,8 @@ class SessionMachine(RuleBasedStateMachine):
         assert not missing, f"requests without a terminal StateChange: {missing}"
         pid = self.server.pid
         assert wait_until(lambda: not self.server.children(), 10), f"children left: {self.server.children()}"
-        assert wait_until(lambda: _fd_count(pid) <= self.fd_baseline, 10), (
-            f"{_fd_count(pid)} fds open, {self.fd_baseline} before the session: {_fd_targets(pid)}"
+        assert wait_until(lambda: fd_count(pid) <= self.fd_baseline, 10), (
+            f"{fd_count(pid)} fds open, {self.fd_baseline} before the session: {fd_links(pid)}"
         )
 
     def _await_error(self, timeout: float = 5.0) -> None:
@@ -431,7 +416,7 @@ def _warm_up(srv: ServerProcess) -> int:
     peer.close()
     assert wait_until(lambda: not srv.children(), 10)
     time.sleep(0.2)
-    return _fd_count(srv.pid)
+    return fd_count(srv.pid)
 
 
 @pytest.mark.parametrize("protocol", [1, 0], ids=["v1", "v0"])
