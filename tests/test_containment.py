@@ -150,7 +150,9 @@ def test_daemons_die_with_their_request(tmp_path: pathlib.Path, ending: str) -> 
         if srv.pid and pid_alive(srv.pid):
             srv.stop()
     # nothing of ours is left in the cgroup trees either (the guard or the service removed them)
-    assert wait_until(lambda: not _leftover_cgroups(srv.pid), 5), _leftover_cgroups(srv.pid)
+    # the service's exit removes them, or its child guard's sweep a moment later (a v1 memory cell whose last
+    # member is still exiting refuses rmdir; seen taking over 5 s once in a loaded CI run)
+    assert wait_until(lambda: not _leftover_cgroups(srv.pid), 20), _leftover_cgroups(srv.pid)
 
 
 def _leftover_cgroups(pid: int) -> list[str]:
