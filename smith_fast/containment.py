@@ -766,20 +766,24 @@ def prepare_spare() -> None:
 def release_all(timeout: float = 1.0) -> None:
     """Remove the cells whose members were still exiting and our parent directories (at exit)."""
     deadline = time.monotonic() + timeout
-    while True:
-        _retry_pending()
-        if not _pending or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
     with _lock:
         trees = _trees or []
-    for tree in trees:
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(tree.parent):
-                if entry.is_dir(follow_symlinks=False):
-                    _kill_members(entry.path)
-                    _rmdir(entry.path)
-        _rmdir(tree.parent)  # busy: a cell still exiting; the child guard's sweep removes it
+    # The whole tree is tried again until the deadline, not once: a cell whose last member is still
+    # exiting refuses rmdir for a moment (v1 memory, seen in CI), and a clean exit tells the child
+    # guard not to sweep, so what is left here would stay.
+    while True:
+        _retry_pending()
+        left = False
+        for tree in trees:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(tree.parent):
+                    if entry.is_dir(follow_symlinks=False):
+                        _kill_members(entry.path)
+                        _rmdir(entry.path)
+            left = not _rmdir(tree.parent) or left
+        if (not left and not _pending) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
 
 
 atexit.register(release_all)
