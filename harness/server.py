@@ -227,7 +227,7 @@ def fd_count(pid: int) -> int:
 
 def spare_cells(pid: int) -> int:
     """How many cgroup cells ``pid`` holds open (each in one to three hierarchies)."""
-    return len({_CELL_DIR.search(t).group(0) for t in fd_links(pid) if _CELL_DIR.search(t)})  # type: ignore[union-attr]  # filtered
+    return len({found.group(0) for t in fd_links(pid) if (found := _CELL_DIR.search(t))})
 
 
 def fd_links(pid: int) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..split_needles import held_back
+
 __all__ = ["StreamRedactor"]
 
 
@@ -22,12 +24,11 @@ class StreamRedactor:
             replaced before a shorter one, so a value that contains another is replaced whole.
     """
 
-    __slots__ = ("_pairs", "_window", "_held")
+    __slots__ = ("_pairs", "_finds", "_held")
 
     def __init__(self, pairs: Iterable[tuple[bytes, bytes]]) -> None:
         self._pairs = tuple(sorted(((f, r) for f, r in pairs if f), key=lambda p: -len(p[0])))
-        # only the last len(longest)-1 bytes of a piece can start a value that the next piece ends
-        self._window = max((len(f) for f, _ in self._pairs), default=1) - 1
+        self._finds = tuple(f for f, _ in self._pairs)
         self._held = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -38,7 +39,7 @@ class StreamRedactor:
         for find, replacement in self._pairs:
             if find in data:
                 data = data.replace(find, replacement)
-        keep = self._partial(data)
+        keep = held_back(data, self._finds)
         if keep:
             self._held = data[-keep:]
             return data[:-keep]
@@ -48,21 +49,3 @@ class StreamRedactor:
         """The stream ended: what was held (the start of a value that never came whole)."""
         held, self._held = self._held, b""
         return held
-
-    def _partial(self, data: bytes) -> int:
-        """The length of the longest suffix of ``data`` that is a proper prefix of some value (0: none)."""
-        window = self._window
-        if not window or not data:
-            return 0
-        start = max(0, len(data) - window)
-        longest = 0
-        for find, _ in self._pairs:
-            first = find[0]
-            at = data.find(first, start)
-            # the earliest start that matches gives this value's longest suffix
-            while at >= 0 and len(data) - at > longest:
-                if len(data) - at < len(find) and find.startswith(data[at:]):
-                    longest = len(data) - at
-                    break
-                at = data.find(first, at + 1)
-        return longest

@@ -32,6 +32,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from ..refused_env import refused_names
+from ..split_needles import held_back
 
 __all__ = ["ShellState", "StateSplitter", "wrap"]
 
@@ -92,7 +93,7 @@ class StateSplitter:
                 self._current = []
             self.inside = not self.inside
             text = text[at + len(marker) :]
-        keep = _partial(text, marker)
+        keep = held_back(text, (marker,))
         if keep:
             self.held, text = text[-keep:], text[:-keep]
         (self._current if self.inside else out).append(text)
@@ -102,19 +103,6 @@ class StateSplitter:
         """What was held back and turned out to be output (the stream ended)."""
         held, self.held = self.held, ""
         return "" if self.inside else held
-
-
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that begins ``marker``."""
-    first = marker[0]
-    start = max(0, len(text) - len(marker) + 1)
-    while True:
-        at = text.find(first, start)
-        if at < 0:
-            return 0
-        if marker.startswith(text[at:]):
-            return len(text) - at
-        start = at + 1
 
 
 _ANSI_C = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
