@@ -15,9 +15,10 @@ from libc.stdint cimport uint32_t, uint64_t
 
 # The merged-message reader and the error builder are the twin's, so the two cannot drift.
 from smith_fast._relaypeek_py import _frame_marks, _not_bytes
+from smith_fast._relaypeek_py import batch_size as _merged_batch_size
 from smith_fast._relaypeek_py import command_ids as _merged_command_ids
 
-__all__ = ["command_ids", "event_marks"]
+__all__ = ["batch_size", "command_ids", "event_marks"]
 
 cdef enum:
     _OK = 0
@@ -268,6 +269,31 @@ cdef int _ids(Bytes p, Py_ssize_t n, list ids) except -1:
     return _members(p, chosen, runs, a, b, _COMMAND, _BATCH_COMMAND, _request_id, ids)
 
 
+cdef int _count(Bytes p, Py_ssize_t n, Py_ssize_t* count) noexcept nogil:
+    """The elements of the Envelope's BatchCommand into ``count`` (-1: no batch)."""
+    cdef uint64_t sequence
+    cdef uint32_t chosen
+    cdef int runs, r
+    cdef Py_ssize_t a = 0, b = 0
+    cdef Field f
+    if _envelope(p, 0, n, &sequence, &chosen, &runs, &a, &b) != _OK:
+        return _BAD
+    count[0] = -1
+    if chosen != _BATCH_COMMAND:
+        return _OK
+    if runs > 1:
+        return _MERGED
+    count[0] = 0
+    while True:
+        r = _next(p, &a, b, _DEPTH - 1, &f)
+        if r == 0:
+            return _OK
+        if r < 0:
+            return _BAD
+        if f.number == 1 and f.wire == 2:
+            count[0] += 1
+
+
 cdef int _terminal(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, list ended) except -1:
     """An Event in ``p[start:end]``: appends the request id its terminal state ends, if it is one."""
     cdef uint32_t chosen
@@ -349,6 +375,40 @@ def command_ids(frame):
     if r == _MERGED:
         return _merged_command_ids(frame)
     return []
+
+
+def batch_size(frame):
+    """How many commands the ``BatchCommand`` of one v1 ``Envelope`` holds, without decoding them.
+
+    The service refuses a batch over ``--max-batch-commands`` whole; counting first spares it the
+    decoding of, say, 200,000 commands (60 MB of objects) only to refuse them.
+
+    Args:
+        frame: one ``Envelope``, without its length prefix; any contiguous bytes-like object.
+
+    Returns:
+        The elements of ``BatchCommand.commands`` (of every occurrence of the field, as the runtime
+        merges them), each counted without being read; ``-1`` when the ``Envelope``'s payload is
+        no ``batch_command``, or when the ``Envelope``'s or the batch's own fields are malformed.
+        Never raises on any bytes.
+
+    Raises:
+        TypeError: ``frame`` is not a contiguous bytes-like object.
+    """
+    cdef Py_buffer view
+    cdef Py_ssize_t count = -1
+    cdef int r
+    try:
+        PyObject_GetBuffer(frame, &view, PyBUF_SIMPLE)
+    except (TypeError, BufferError):
+        raise _not_bytes("batch_size", frame) from None
+    try:
+        r = _count(<Bytes>view.buf, view.len, &count)
+    finally:
+        PyBuffer_Release(&view)
+    if r == _MERGED:
+        return _merged_batch_size(frame)
+    return count if r == _OK else -1
 
 
 def event_marks(buf):

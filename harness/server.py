@@ -325,6 +325,9 @@ def wait_until(pred: Callable[[], object], timeout: float = 10.0, interval: floa
 
 def assert_clean_log(server: SmithProcess) -> None:
     """No error records, tracebacks or complaints of the event loop's exception handler in its stderr."""
-    bad = [line for line in server.raw_stderr if "Traceback" in line or "never retrieved" in line or "Exception in callback" in line]
+    lines = server.raw_stderr
+    # each with what follows it (a traceback's frames and its exception), to say what went wrong
+    bad = ["\n".join(lines[i : i + 25]) for i, line in enumerate(lines)
+           if "Traceback" in line or "never retrieved" in line or "Exception in callback" in line]
     bad += [json.dumps(r) for r in server.logs if r.get("level") in ("error", "critical")]
-    assert not bad, "\n".join(bad[:20])
+    assert not bad, "\n".join(bad[:8])

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from .errors import FramingError
 
-__all__ = ["command_ids", "event_marks"]
+__all__ = ["batch_size", "command_ids", "event_marks"]
 
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
@@ -291,6 +291,34 @@ def command_ids(frame: bytes | bytearray | memoryview) -> list[str]:
         return _frame_ids(data)
     except _Malformed:
         return []
+
+
+def batch_size(frame: bytes | bytearray | memoryview) -> int:
+    """How many commands the ``BatchCommand`` of one v1 ``Envelope`` holds, without decoding them.
+
+    The service refuses a batch over ``--max-batch-commands`` whole; counting first spares it the
+    decoding of, say, 200,000 commands (60 MB of objects) only to refuse them.
+
+    Args:
+        frame: one ``Envelope``, without its length prefix; any contiguous bytes-like object.
+
+    Returns:
+        The elements of ``BatchCommand.commands`` (of every occurrence of the field, as the runtime
+        merges them), each counted without being read; ``-1`` when the ``Envelope``'s payload is
+        no ``batch_command``, or when the ``Envelope``'s or the batch's own fields are malformed.
+        Never raises on any bytes.
+
+    Raises:
+        TypeError: ``frame`` is not a contiguous bytes-like object.
+    """
+    data = _as_bytes("batch_size", frame)
+    try:
+        _, chosen, run = _envelope(data, len(data))
+        if chosen != _BATCH_COMMAND:
+            return -1
+        return sum(number == _ELEMENTS and wire == 2 for start, stop in run for number, wire, _, _ in _fields(data, start, stop, _DEPTH - 1))
+    except _Malformed:
+        return -1
 
 
 def event_marks(buf: bytes | bytearray | memoryview) -> tuple[int, list[str]]:

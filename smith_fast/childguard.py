@@ -6,7 +6,7 @@ shells would be re-parented to init and run on. The guard closes that gap:
 
 * :func:`start` spawns this file as a small separate process (``python -I -S``, stdlib only, in a
   session of its own so a terminal's Ctrl-C does not reach it) reading a pipe from us; a service
-  :func:`arm`\ s it instead, and the first :func:`register` starts it.
+  :func:`arm`\\ s it instead, and the first :func:`register` starts it.
 * For each shell (and each Rust hook process), :mod:`smith_fast.process` writes ``+PID`` once it
   is spawned and ``-PID`` once it has exited and its group was killed, *before* reaping it: while a
   pid is registered it is ours and unreaped, so its number (the group id) cannot be reused.

@@ -19,15 +19,15 @@ IMPLEMENTATION: Literal["c", "py"]
 # is the choice unless it is missing or turned off.
 if not TYPE_CHECKING and not NO_EXTENSIONS:
     try:
-        from ._relaypeek_c import command_ids, event_marks
+        from ._relaypeek_c import batch_size, command_ids, event_marks
 
         IMPLEMENTATION = "c"
     except ImportError:  # a source checkout without a build; tests/test_extensions.py catches this
         NO_EXTENSIONS = True
 
 if TYPE_CHECKING or NO_EXTENSIONS:
-    from ._relaypeek_py import command_ids, event_marks  # noqa: F401
+    from ._relaypeek_py import batch_size, command_ids, event_marks  # noqa: F401
 
     IMPLEMENTATION = "py"
 
-__all__ = ["IMPLEMENTATION", "command_ids", "event_marks", "v0_command_ids", "v0_event_marks"]
+__all__ = ["IMPLEMENTATION", "batch_size", "command_ids", "event_marks", "v0_command_ids", "v0_event_marks"]

@@ -213,6 +213,53 @@ def test_large_batch_does_not_stall_other_sessions(tmp_path: pathlib.Path) -> No
         assert srv.stop() == 0
 
 
+def test_a_batch_over_the_limit_is_counted_not_decoded(tmp_path: pathlib.Path) -> None:
+    """Two batches of 100,000 calls (2.8 MB each; before: each decoded into 30 MB of objects only
+    to be refused, and a hostile load of them took the server's RSS past its bound) pipelined behind
+    a batch of 300 that is still being dispatched (so they wait in turn, unread): each refused once,
+    each request id in them ended once, a cancel's id not (it names another request), nothing run,
+    and the server's RSS grows less than the batches' decoded size."""
+    n = 100_000
+    srv = ServerProcess(tmp_path).start()
+    try:
+        peer = honest(srv.unix, token=None)
+        ping(peer, "warm")
+        before = rss(srv.pid)
+        first = _batch(300, "a")
+        huge = [_batch(n, p) for p in ("x", "y")]
+        huge[1].batch_command.commands.add().cancel.request_id = "c-names-another"
+        data = b"".join(_VarintBytes(e.ByteSize()) + e.SerializeToString() for e in [first, *huge])
+        # sent from a thread: the service stops reading while its answers wait to be read
+        sender = threading.Thread(target=peer.sock.sendall, args=(data,), daemon=True)
+        sender.start()
+        peak = 0
+        ended: dict[str, int] = {}
+        envs: list[pb.Envelope] = []
+        while len(ended) < 300 + 2 * n:
+            env = peer.recv()
+            envs.append(env) if kind(env) != "state_change" else None
+            sc = env.event.state_change
+            if kind(env) == "state_change" and sc.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                assert sc.request_id not in ended, sc.request_id
+                ended[sc.request_id] = sc.state
+                if len(ended) % 20_000 == 0:
+                    peak = max(peak, rss(srv.pid))
+        sender.join(10)
+        envs += ping(peer, "after")
+        assert all(ended[f"a{i}"] == pb.SERVICE_STATE_READY for i in range(300))
+        assert all(ended[f"{p}{i}"] == pb.SERVICE_STATE_ERROR for p in "xy" for i in range(n))
+        assert "c-names-another" not in ended
+        errs = errors(envs)
+        assert [e.details["reason"] for e in errs] == ["batch_too_large"] * 2, errs
+        assert [e.details["size"] for e in errs] == [str(n), str(n + 1)]
+        assert not any(kind(e) == "tool_result" and e.event.tool_result.request_id[:1] in "xy" for e in envs)
+        grown = (peak - before) // MiB
+        print(f"RSS grew {grown} MiB")
+        assert grown < 20, f"the server's RSS grew {grown} MiB refusing two batches of {n}"
+    finally:
+        assert srv.stop() == 0
+
+
 # ---- request ids ---------------------------------------------------------------------------------
 
 

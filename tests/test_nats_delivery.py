@@ -105,6 +105,49 @@ def test_messages_arrive_inline_whole_and_in_order(server: NatsServer, run: Runn
     run(main())
 
 
+def test_subscriptions_of_different_subjects_are_handled_in_the_streams_order(server: NatsServer, run: Runner[None]) -> None:
+    """What a worker relies on to hear a background process's announcement (the presence subject)
+    before the relayed Stdin that names it (its relay subject): each published by its own client,
+    the second only once the first is on its way, and both subscribed through the inline path
+    (a presence subscription on nats-py's own path, a queue and a task, was handled after)."""
+
+    async def main() -> None:
+        announcer = await nats.connect(server.url)
+        relayer = await nats.connect(server.url)
+        nc = await nats.connect(server.url)
+        try:
+            delivery = InlineDelivery(nc)
+            order: list[bytes] = []
+            both = asyncio.Event()
+
+            def heard(subject: bytes, data: bytes) -> None:
+                order.append(data)
+
+            def relayed(subject: bytes, data: bytes) -> None:
+                order.append(data)
+                if len(order) >= 400:
+                    both.set()
+
+            await delivery.subscribe("presence", heard)
+            await delivery.subscribe("relay.w1", relayed)
+            await nc.flush()
+            for c in (announcer, relayer):
+                await c.flush()
+            for i in range(200):
+                publish_now(announcer, "presence", b"a%d" % i)
+                await announcer.flush()  # the server has it before the relayed message is sent
+                publish_now(relayer, "relay.w1", b"r%d" % i)
+            await asyncio.wait_for(both.wait(), 20)
+            assert sorted(order) == sorted(m for i in range(200) for m in (b"a%d" % i, b"r%d" % i))
+            late = [i for i in range(200) if order.index(b"a%d" % i) > order.index(b"r%d" % i)]
+            assert not late, f"relayed messages handled before the announcement sent ahead of them: {late[:10]}"
+        finally:
+            for c in (announcer, relayer, nc):
+                await close(c)
+
+    run(main())
+
+
 def test_a_failing_handler_costs_one_message_not_the_connection(server: NatsServer, run: Runner[None]) -> None:
     async def main() -> None:
         sender = await nats.connect(server.url)

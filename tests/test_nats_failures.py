@@ -13,6 +13,7 @@ import asyncio
 import os
 import pathlib
 import signal
+import subprocess
 import time
 import uuid
 
@@ -142,7 +143,11 @@ async def test_a_draining_worker_finishes_what_fits_refuses_new_requests_and_end
             # then the session ends, saying why
             with pytest.raises((ConnectionClosed, SmithError)):
                 await asyncio.wait_for(client.run("true"), 10)
-        assert await asyncio.to_thread(worker.proc.wait, 20) == 0  # type: ignore[union-attr]
+        try:
+            code = await asyncio.to_thread(worker.proc.wait, 20)  # type: ignore[union-attr]
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, [(r.get("event"), r.get("fields")) for r in worker.logs[-25:]]
     finally:
         cluster.stop()
 

@@ -488,6 +488,42 @@ def test_command_ids_read_what_the_runtime_reads(relaypeek: ModuleType, frame: b
         assert got == want
 
 
+def expected_batch_size(frame: bytes) -> int | None:
+    """What ``batch_size`` must say, read by the runtime; None when it refuses the bytes."""
+    try:
+        env = pb.Envelope.FromString(frame)
+    except DecodeError:
+        return None
+    return len(env.batch_command.commands) if env.WhichOneof("payload") == "batch_command" else -1
+
+
+@_settings
+@given(st.one_of(st.binary(max_size=200), _command_frames()))
+def test_batch_size_counts_what_the_runtime_reads(relaypeek: ModuleType, frame: bytes) -> None:
+    got = relaypeek.batch_size(frame)
+    assert got == _relaypeek_py.batch_size(frame)
+    want = expected_batch_size(frame)
+    if want is not None:  # bytes the runtime refuses inside a command are still counted
+        assert got == want
+
+
+def test_batch_size_of_large_merged_and_foreign_frames(relaypeek: ModuleType) -> None:
+    batch = envelope([command("tool_call", f"t{i}") for i in range(3000)] + [pb.Command(), command("cancel", "c")])
+    assert relaypeek.batch_size(batch) == 3002 == expected_batch_size(batch)
+    assert relaypeek.batch_size(memoryview(b"xx" + batch)[2:]) == 3002
+    assert relaypeek.batch_size(bytearray(batch)) == 3002
+    assert relaypeek.batch_size(batch + batch) == 6004 == expected_batch_size(batch + batch)  # merged
+    assert relaypeek.batch_size(batch + envelope(command("plan", "p"))) == -1  # the oneof switched
+    assert relaypeek.batch_size(envelope([])) == 0
+    # elements of another wire type are unknown fields, not commands; the batch's own fields are read
+    odd = field(12, 2, field(1, 0, 7) + field(1, 2, b"") + field(2, 0, 1) + UNKNOWN + field(1, 2, b""))
+    assert relaypeek.batch_size(odd) == 2 == expected_batch_size(odd)
+    for frame in (b"", envelope(command("tool_call", "a")), state("s", 2), batch[:-1], field(12, 2, b"\x0a\x05ab")):
+        assert relaypeek.batch_size(frame) == -1
+    with pytest.raises(TypeError, match="contiguous bytes-like"):
+        relaypeek.batch_size("text")  # type: ignore[arg-type]
+
+
 @_settings
 @given(st.one_of(st.binary(max_size=200), _event_bufs()))
 def test_event_marks_read_what_the_runtime_reads(relaypeek: ModuleType, buf: bytes) -> None:

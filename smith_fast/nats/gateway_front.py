@@ -44,7 +44,7 @@ from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..service.auth import TOKEN_KEY, token_matches
 from ..service.health import health_response
-from ..service.connection import LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
+from ..service.connection import GUARDED_READ_BUFFER_SIZE, LINGER, READ_BUFFER_SIZE, REFUSAL_WAIT, describe_peer, sniff_version
 from ..service.sinks import now_ms
 from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .placement import PLACEMENT_KEY, parse_labels
@@ -149,7 +149,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.worker = ""
         self._subject = ""  # the worker's subject of this connection, once placed
         self._transport: asyncio.BaseTransport | None = None
-        self._buffer = bytearray(READ_BUFFER_SIZE)
+        # small until the session is placed (as serve's Connection until its first accepted handshake)
+        self._buffer = bytearray(READ_BUFFER_SIZE if trusted else GUARDED_READ_BUFFER_SIZE)
         self._view = memoryview(self._buffer)
         self._raw = bytearray()  # read before the session was placed
         self._version: int | None = None
@@ -385,6 +386,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         """The worker took the session (its OPENED): relay from now on. Done in the same step as
         the answer is read, so that nothing the worker writes next is read as still placing."""
         self.state = State.RELAYING
+        if len(self._buffer) < READ_BUFFER_SIZE:
+            self._buffer = bytearray(READ_BUFFER_SIZE)
+            self._view = memoryview(self._buffer)
         pending, self._raw = bytes(self._raw), bytearray()
         self._peek_in(memoryview(pending)[self._head :])
         if len(pending) > self._offered:  # what the frontend sent while the worker answered
@@ -747,6 +751,10 @@ class RelayConnection(asyncio.BufferedProtocol):
         if self.state is State.ENDED and self._transport is None:
             return
         self.state = State.ENDED
+        # Nothing more is read (what still arrives before the transport closes is dropped, but the
+        # buffer may not be empty); what the buffers hold would wait for the collector (cycles).
+        self._buffer, self._raw = bytearray(512), bytearray()
+        self._view = memoryview(self._buffer)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -41,7 +41,7 @@ import asyncio
 import collections
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import ProtocolError
@@ -156,16 +156,22 @@ class FleetProcesses(BackgroundTable):
         self._queues: dict[str, collections.deque[tuple[dict[str, Any], bytes, str, Callable[[ProtocolError], None]]]] = {}
         self._senders: dict[str, asyncio.Task[None]] = {}
 
-    async def listen(self, nc: NATS, announcement: Callable[[], Announcement]) -> None:
+    async def listen(self, nc: NATS, announcement: Callable[[], Announcement],
+                     inline: Callable[[str, Callable[[bytes, bytes], None]], Awaitable[None]]) -> None:
         """Answer on this worker's subject and hear the others' announcements.
 
         Args:
             announcement: this worker's, published at once when a background process starts.
+            inline: subscribes a handler of ``(subject, payload)`` on the path the relay's
+                messages take (:meth:`~smith_fast.nats.delivery.InlineDelivery.subscribe`). The
+                announcements must take it too: on nats-py's own path (a queue and a task) a
+                relayed Stdin read right behind the announcement of its process was handled first,
+                and refused as naming nothing.
         """
         self.nc = nc
         self._announcement = announcement
         await nc.subscribe(self.subjects.processes(self.worker), cb=self._asked)
-        await nc.subscribe(self.subjects.presence, cb=self._heard)
+        await inline(self.subjects.presence, self._heard)
 
     def close(self) -> None:
         for task in [*self._reads, *self._senders.values()]:
@@ -173,9 +179,9 @@ class FleetProcesses(BackgroundTable):
 
     # ---- where the others' processes are ----------------------------------------------------------
 
-    async def _heard(self, msg: Msg) -> None:
+    def _heard(self, subject: bytes, payload: bytes) -> None:
         try:
-            ann = Announcement.decode(msg.data)
+            ann = Announcement.decode(payload)
         except ValueError:
             return
         if ann.worker == self.worker:

@@ -164,7 +164,7 @@ class Worker(Backend):
         self._delivery = InlineDelivery(nc)
         await self._delivery.subscribe(subjects.to_worker_filter(self.name), self._relayed)
         await nc.subscribe(subjects.heartbeat_filter(), cb=self._heartbeat)
-        await self.processes.listen(nc, self.announcement)
+        await self.processes.listen(nc, self.announcement, self._delivery.subscribe)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._announce_forever()))
         self._tasks.append(loop.create_task(self._leases()))

@@ -61,6 +61,9 @@ __all__ = ["Connection", "StdoutProtocol", "sniff_version"]
 log = get_logger("smith_fast.connection")
 
 READ_BUFFER_SIZE = 256 * 1024
+# Until its first accepted handshake a connection reads into a buffer this size: 1024 idle
+# unauthenticated connections (--max-connections) held 256 MiB with READ_BUFFER_SIZE each.
+GUARDED_READ_BUFFER_SIZE = 16 * 1024
 WRITE_FLUSH_BYTES = 256 * 1024
 _V0_SECOND_BYTES = frozenset(b'"} \t\r\n')
 REFUSAL_WAIT = 1.0
@@ -137,7 +140,7 @@ class Connection(asyncio.BufferedProtocol):
         self.protocol = protocol
         self.session: Session | None = None
         self.peer = peer or "?"
-        self._buffer = bytearray(READ_BUFFER_SIZE)
+        self._buffer = bytearray(READ_BUFFER_SIZE if trusted else GUARDED_READ_BUFFER_SIZE)
         self._view = memoryview(self._buffer)
         self._head = b""
         self._feed: Callable[[bytes | memoryview], None] | None = None
@@ -228,6 +231,9 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._closed = True
         self._shut = True
+        self._buffer = bytearray()  # of no use once the socket is gone (see _drop_partial)
+        self._view = memoryview(self._buffer)
+        self._drop_partial()
         if self._gate is not None:
             self._gate.release(self)
         if self._refusing is not None:
@@ -306,8 +312,11 @@ class Connection(asyncio.BufferedProtocol):
     def _admitted(self, session: Session) -> bool:
         """Past the first accepted handshake: the guard of ``--max-handshake-frame-size`` is lifted
         for good (it is only ever checked while ``_guarded``)."""
-        if session.handshaken and session.authenticated:
+        if self._guarded and session.handshaken and session.authenticated:
             self._guarded = False
+            if len(self._buffer) < READ_BUFFER_SIZE and not self._closed:
+                self._buffer = bytearray(READ_BUFFER_SIZE)  # what reads a slice of the old one keeps it
+                self._view = memoryview(self._buffer)
         return not self._guarded
 
     def _too_large_before_handshake(self, session: Session, offset: int | None, size: int, what: str) -> None:
@@ -330,6 +339,19 @@ class Connection(asyncio.BufferedProtocol):
         )
         self._loop.create_task(session.shutdown())
         self._feed = self._discard
+        self._drop_partial()
+
+    def _drop_partial(self) -> None:
+        """Drop what arrived of a frame or line not yet whole now, not when this object goes: it
+        may live on (a parked session; its reference cycles until the collector's next full pass),
+        and 40 refused connections a second held 80 MiB until then."""
+        if self._feed is None:
+            return
+        limit = self.core.limits.max_frame_size
+        if self.session is not None and self.session.version == 1:
+            self._decoder = FrameDecoder(limit)
+        elif self.session is not None:
+            self._lines = LineDecoder(limit)
 
     def _feed_v1(self, data: bytes | memoryview) -> None:
         session = self.session

@@ -162,7 +162,7 @@ class Session:
         self._resume = SessionResume(self, front)
         self.requests = RequestTable(self, core.limits)
         self._starter = RequestStarter(self, self.flow, core.limits, core.metrics)
-        self._batches = Batches(self, core.limits.max_batch_commands)
+        self._batches = Batches(self, core.limits.max_batch_commands, core.limits.max_request_id_size)
         self._reporter: MetricsReporter | None = None  # periodic MetricsEvents
         self._close = close
         self._closing = False
@@ -190,6 +190,9 @@ class Session:
         """Decode and dispatch one v1 envelope's bytes (socket frame or gRPC message); bytes that
         are no Envelope are recorded as they came (a replay sends them again) and answered with
         an ``ErrorEvent``, worded alike on both fronts. Never raises."""
+        if len(data) > self._batches.peek_above and self.recorder is None and self._batches.take_unread(data):
+            self.last_active = self._loop.time()
+            return
         try:
             env = pb.Envelope.FromString(data)
         except DecodeError as exc:
