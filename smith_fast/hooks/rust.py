@@ -404,6 +404,8 @@ class RustHook(Hook):
             _killpg(child.proc.pid)
         if getattr(self, "_exe_fd", -1) >= 0:
             _close(self._exe_fd)
+        if workdir := getattr(self, "_workdir", None):  # a hook never closed left one per load in /tmp
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def load_rust(
@@ -465,3 +467,4 @@ def _kill_children() -> None:
         child = hook._child
         if child is not None:
             _killpg(child.proc.pid)
+        shutil.rmtree(hook._workdir, ignore_errors=True)
