@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import os
 import threading
 from typing import Any
@@ -122,6 +121,8 @@ class JsHook(Hook):
             raise HookLoadError("JavaScript hooks need the quickjs-ng package, which is not installed")
         if "\0" in source:  # the engine takes a C string: its ValueError would reach the peer as an internal error
             raise HookLoadError(f"the JavaScript hook holds a NUL character (offset {source.index(chr(0))}), which a script may not")
+        import hashlib  # here, not at the top: its OpenSSL start (~1 ms) is on every service's start otherwise
+
         self.source_hash = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
         self.id = hook_id or f"js-{self.source_hash[:12]}"
         self.limits = limits

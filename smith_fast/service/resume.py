@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import secrets
 from collections.abc import Callable
 from typing import Protocol
 
@@ -78,6 +76,8 @@ class Front(Protocol):
 def token_key(token: str) -> str:
     """What a resume token is kept under: its SHA-256 (hex). A token is never stored, so reading
     the service's memory or anything it writes does not let anybody take a session over."""
+    import hashlib  # here, as secrets below: hashlib's OpenSSL start (~1 ms) is on no other start's path
+
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -217,6 +217,8 @@ class ParkedSessions:
 
     def issue(self, session: Parkable) -> tuple[str, str]:
         """A new unguessable token for ``session``, and the key it is kept under."""
+        import secrets  # here: random and its seeding are on no other start's path
+
         token = self._prefix + secrets.token_urlsafe(24)
         key = token_key(token)
         self._sessions[key] = session

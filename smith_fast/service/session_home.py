@@ -23,7 +23,6 @@ import asyncio
 import fcntl
 import os
 import pathlib
-import secrets
 import shutil
 import stat
 
@@ -212,7 +211,7 @@ class Homes:
     @staticmethod
     def _fresh(parent: str) -> str:
         while True:
-            path = f"{parent}/{secrets.token_hex(8)}"
+            path = f"{parent}/{os.urandom(8).hex()}"  # secrets.token_hex, without its imports at start
             try:
                 os.mkdir(path, 0o700)
             except FileExistsError:
