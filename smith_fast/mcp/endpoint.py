@@ -13,7 +13,6 @@ go by the :class:`~smith_fast.mcp.sink.Channel` it passes with the message.
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -364,6 +363,8 @@ class McpEndpoint:
         env = call.modern
         if env is None or not env.answers_input or call.parked is not None:
             return
+        import secrets  # here: secrets (hmac, hashlib, random) was a tenth of serve --mcp's imports at start
+
         token = secrets.token_urlsafe(18)
         self.parked[token] = rid
         call.parked = token

@@ -22,7 +22,6 @@ import json
 
 import os
 import pathlib
-import secrets
 import shutil
 from collections import deque
 from collections.abc import Callable
@@ -55,7 +54,7 @@ class OutputDir:
         try:
             if self.path is None:
                 self._parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                path = self._parent / secrets.token_hex(16)
+                path = self._parent / os.urandom(16).hex()  # secrets.token_hex(16), without its imports at start
                 path.mkdir(mode=0o700)
                 self.path = path
                 self._forget = readable_beneath(str(path))

@@ -27,7 +27,7 @@ stderr elsewhere (``exec 2>file``): the next call starts where this one started.
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -41,7 +41,7 @@ _NOT_CARRIED = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
 
 def new_marker() -> str:
-    return f"\0smith-fast-state-{secrets.token_hex(8)}\0"
+    return f"\0smith-fast-state-{os.urandom(8).hex()}\0"  # secrets.token_hex(8), without its imports at start
 
 
 def _quote(text: str) -> str:

@@ -16,7 +16,6 @@ that runs them (stdio: the connection's; HTTP: the one endpoint of stateless req
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections import deque
 from datetime import UTC, datetime
@@ -48,6 +47,8 @@ class Task:
     __slots__ = ("id", "rid", "status", "message", "result", "created", "updated", "chunks", "written", "kept", "input_requests")
 
     def __init__(self, rid: str) -> None:
+        import secrets  # here, as in endpoint.py: not at every start
+
         self.id = secrets.token_urlsafe(18)  # unguessable: whoever holds it may read, write and cancel
         self.rid = rid  # the Smith request running it
         self.status = "working"
