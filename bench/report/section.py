@@ -1,4 +1,4 @@
-"""What the report's own-topology sections share (``nats``, ``workspaces``): a benchmark module with
+"""What the report's own-topology sections share (``nats``, ``workspaces``, ``egress``): a benchmark module with
 ``SCALES``, ``measure(scale, say)`` and ``render(result)``, run once after the contenders' cases at
 the report's scale, its figures in ``report.<group>`` (or why not in ``report.<group>_failure``)."""
 
