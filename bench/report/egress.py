@@ -9,7 +9,6 @@ contenders' cases, once, at the report's scale (``full`` or ``quick``; ``--smoke
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 from . import section
 from .render import fmt
@@ -21,24 +20,16 @@ GROUP = "egress"
 _NETWORKS = {"on": "`--network on` (straight out)", "allow": "`--network allow` (through the egress proxy)"}
 
 
-def wanted(scale: str, only: list[str], skip: bool) -> bool:
-    """Whether this run measures the egress section: asked for by ``--only``, else at full and quick scale."""
-    return section.wanted(GROUP, scale, only, skip)
-
-
-def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
-    """Measure it into ``report.egress`` (``report.egress_failure`` says why not, when it failed)."""
-    section.measure_into(report, GROUP, "bench.bench_egress_download", scale, say)
+_MEASURED = section.Measured(GROUP, "bench.bench_egress_download")
+wanted = _MEASURED.wanted  # whether this run measures it
+run = _MEASURED.run  # measure it into report.egress (report.egress_failure: why not)
 
 
 def markdown(report: Report) -> list[str]:
     """The section (empty when the run did not measure it)."""
-    if report.egress is None and report.egress_failure is None:
-        return []
-    out = ["## Egress: a 100 MB download through the proxy", ""]
-    if report.egress is None:
-        return [*out, f"Not measured: `{report.egress_failure}`.", ""]
-    r = report.egress
+    out, r = section.opening(report, GROUP, "Egress: a 100 MB download through the proxy")
+    if r is None:
+        return out
     size = f"{r['bytes'] >> 20} MB"
     out += [f"`python -m bench.bench_egress_download` ({r['scale']} scale, {r['rounds']} rounds after {r['warmups']} warm-up, "
             f"{r['wall_s']} s): `curl` of a {size} file from a `python3 -m http.server` on the host's loopback, as a ShellExec "
