@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import shutil
 import socket
 import statistics
 import tempfile
@@ -77,6 +78,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     print_summary(request, _lines())
+    shutil.rmtree(ROOT, ignore_errors=True)  # the commands' root, made at import
 
 
 def _lines() -> Iterator[str]:
