@@ -20,7 +20,8 @@ what compares on a shared machine):
   processes, ``--network on`` and ``--network allow``, one download of each per round (interleaved,
   so that the load of others on the machine falls on both alike). The summary gives the median of
   the rounds' ratios, of the request's time and of curl's own transfer speed (``speed_download``:
-  without the command's start).
+  without the command's start). The services, the HTTP server and the figures are
+  ``bench/bench_egress_download.py``'s, which runs the same rounds on its own and in ``make bench``.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ from __future__ import annotations
 import asyncio
 import os
 import pathlib
+import shutil
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,11 +40,11 @@ import pytest
 import uvloop
 
 from harness.server import ServerProcess
-from smith_fast.client import Client
 from smith_fast.egress import EgressPolicy, EgressProxy, NullObserver
 from smith_fast.process import ShellProcess
 from smith_fast.sandbox import EGRESS_PORT, HELPER, Sandbox
 
+from . import bench_egress_download as download
 from ._summary import print_summary
 
 ROOT = tempfile.mkdtemp(prefix="bench-egress-sandbox-", dir="/var/tmp")
@@ -54,8 +53,8 @@ NETWORKS = ("loopback", "allow")
 _start: dict[str, float] = {}  # network -> median seconds
 _connect: dict[str, float] = {}  # network -> median microseconds per connect
 _download: dict[str, float] = {}  # network -> median seconds
-DOWNLOAD = 100 << 20
-SERVED_ROUNDS = 15
+DOWNLOAD = download.DOWNLOAD
+SERVED_ROUNDS = download.SCALES["full"].rounds
 _served: dict[str, list[tuple[float, float]]] = {"on": [], "allow": []}  # network -> (seconds, curl's bytes/s) per round
 
 CONNECT_LOOP = (
@@ -79,6 +78,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def summary(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     print_summary(request, _lines())
+    shutil.rmtree(ROOT, ignore_errors=True)  # the commands' root, made at import
 
 
 def _lines() -> Iterator[str]:
@@ -101,16 +101,7 @@ def _lines() -> Iterator[str]:
         for network, seconds in _download.items():
             yield f"  {network:10} {DOWNLOAD / seconds / 1e6:7.0f} MB/s  {base / seconds:5.2f}x on"
     if _served["on"] and len(_served["on"]) == len(_served["allow"]):
-        pairs = list(zip(_served["on"], _served["allow"]))
-        wall = statistics.median(on[0] / allow[0] for on, allow in pairs)
-        speed = statistics.median(allow[1] / on[1] for on, allow in pairs)
-        yield (f"--network allow vs on through a real serve: curl of {DOWNLOAD >> 20} MB, {len(pairs)} interleaved rounds, "
-               "median of the rounds' ratios:")
-        for network, rounds in _served.items():
-            yield (f"  {network:10} request {DOWNLOAD / statistics.median(r[0] for r in rounds) / 1e6:6.0f} MB/s, "
-                   f"curl's transfer {statistics.median(r[1] for r in rounds) / 1e6:6.0f} MB/s")
-        yield f"  allow/on: request {wall:4.2f}x, curl's transfer {speed:4.2f}x (target >= 0.8x)"
-
+        yield from download.render(download.figures(_served))
 
 async def _run(network: str, command: str, collect: list[bytes] | None = None) -> int:
     sandbox = Sandbox("workspace-write", network, ROOT)
@@ -131,24 +122,8 @@ async def _run(network: str, command: str, collect: list[bytes] | None = None) -
 
 @pytest.fixture(scope="module")
 def http_port() -> Iterator[int]:
-    """A python3 -m http.server of its own process (not this one's GIL, which the proxy's loop runs under)."""
-    www = tempfile.mkdtemp(prefix="bench-egress-www-", dir="/var/tmp")
-    with open(os.path.join(www, "blob"), "wb") as f:
-        f.truncate(DOWNLOAD)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", www],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield port
-    server.terminate()
-    server.wait()
+    with download.http_server() as port:
+        yield port
 
 
 async def _download_once(network: str, port: int) -> int:
@@ -210,45 +185,15 @@ def test_connect(benchmark: Any, loop: asyncio.AbstractEventLoop, network: str) 
 @pytest.fixture(scope="module")
 def served() -> Iterator[dict[str, ServerProcess]]:
     """Two real services: --network on, and --network allow letting the host's loopback through its proxy."""
-    base = tempfile.mkdtemp(prefix="bench-egress-served-", dir="/var/tmp")
-    servers: dict[str, ServerProcess] = {}
-    try:
-        for network, extra in (("on", ()), ("allow", ("--egress-allow", "blob.test", "--egress-allow", "127.0.0.1/32",
-                                                      "--egress-resolve", "blob.test=127.0.0.1"))):
-            home = os.path.join(base, network)
-            os.makedirs(home)
-            servers[network] = ServerProcess(pathlib.Path(home), "--network", network, *extra,
-                                             root=pathlib.Path(ROOT), tcp=False, log_level="info").start()
+    with download.served_services(pathlib.Path(ROOT)) as servers:
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-
-
-async def _served_once(server: ServerProcess, network: str, port: int) -> tuple[float, float]:
-    # by name through the proxy (127.0.0.1 is NO_PROXY: the command's own loopback)
-    host = "blob.test" if network == "allow" else "127.0.0.1"
-    command = f"curl -sSf -o /dev/null -w '%{{speed_download}}' http://{host}:{port}/blob"
-    async with await Client.connect(server.unix) as client:
-        await client.handshake()
-        out, err, code = "", "", None
-        start = time.perf_counter()
-        async for event in client.shell_exec(command):
-            if event.WhichOneof("event_type") == "shell_output":
-                out += event.shell_output.stdout
-                err += event.shell_output.stderr
-                if event.shell_output.finished:
-                    code = event.shell_output.exit_code
-        took = time.perf_counter() - start
-    assert code == 0, err
-    return took, float(out)
 
 
 @pytest.mark.benchmark(group="egress-download-served")
 def test_download_served(benchmark: Any, loop: asyncio.AbstractEventLoop, http_port: int, served: dict[str, ServerProcess]) -> None:
     def one_round() -> None:
-        for network in ("on", "allow"):
-            _served[network].append(loop.run_until_complete(_served_once(served[network], network, http_port)))
+        for network, figure in loop.run_until_complete(download.served_round(served, http_port)).items():
+            _served[network].append(figure)
 
     benchmark.pedantic(one_round, rounds=SERVED_ROUNDS, warmup_rounds=1)
     for rounds in _served.values():

@@ -411,15 +411,15 @@ def test_the_floor_and_the_no_server_reference_answer_like_the_others(tmp_path: 
         spawn.pipeline(spawn.encode([shell_exec_command("s2", "exit 3")]), Tracker((), ("s2",)), 1)
 
 
-def _bench_leftovers() -> tuple[set[str], set[int]]:
-    """The workspaces benchmark's scratch directories under /var/tmp, and the processes whose command
-    line names one (its services)."""
-    dirs = {p.name for p in pathlib.Path("/var/tmp").glob("smith-fast-bench-ws-*")}
+def _bench_leftovers(prefix: str = "smith-fast-bench-ws-") -> tuple[set[str], set[int]]:
+    """A benchmark's scratch directories under /var/tmp (named ``prefix``...: the workspaces
+    benchmark's by default), and the processes whose command line names one (its services)."""
+    dirs = {p.name for p in pathlib.Path("/var/tmp").glob(f"{prefix}*")}
     procs = set()
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"smith-fast-bench-ws-" in (entry / "cmdline").read_bytes():
+                if prefix.encode() in (entry / "cmdline").read_bytes():
                     procs.add(int(entry.name))
             except OSError:
                 continue
@@ -462,3 +462,72 @@ def test_the_workspaces_section_is_measured_and_leaves_nothing_behind(tmp_path: 
     verdicts = re.findall(r"\*\*(met|not met)\*\*", section)
     assert len(verdicts) == 5  # start ratio, cp -a, checkpoint, fork, changes
     assert "100 sessions alive at once" in section and ("kernel side (kernel memory + tmpfs pages)" in section or "kernel side n/a" in section)
+
+
+def _egress(on: list[tuple[float, float]], allow: list[tuple[float, float]]) -> dict[str, object]:
+    """``report.egress`` as ``bench.bench_egress_download`` writes it, from made-up rounds (seconds, curl's bytes/s)."""
+    from bench.bench_egress_download import figures
+
+    return {"scale": "quick", "warmups": 1, "wall_s": 2.0, "load_average": {"start": [0.5, 0.6, 0.7], "end": [0.8, 0.6, 0.7]},
+            **figures({"on": on, "allow": allow})}
+
+
+def test_the_egress_section_states_the_ratio_against_the_target() -> None:
+    from bench.report.egress import markdown
+    from bench.report.render import to_json, to_markdown
+
+    mb = 100 << 20
+    report = _fake_report({}, KEY_OF)
+    assert markdown(report) == []  # not measured: no section
+    # the rounds' ratios, not the medians' ratio: allow's time over on's, round by round (0.9, 0.85, 0.5)
+    report.egress = _egress([(0.10, 1.6e9), (0.10, 1.6e9), (0.10, 1.6e9)], [(0.1 / 0.9, 1.5e9), (0.1 / 0.85, 1.4e9), (0.2, 0.8e9)])
+    assert report.egress["ratio"] == {"request": 0.85, "curl": 0.875} and report.egress["met"] is True
+    section = markdown(report)
+    assert section[0] == "## Egress: a 100 MB download through the proxy"
+    rows = _table("\n".join(section), "## Egress")
+    assert rows == [["service", "request MB/s ↑", "curl's transfer MB/s ↑"],
+                    ["`--network on` (straight out)", f"{mb / 0.1 / 1e6:,.0f}", "1,600"],
+                    ["`--network allow` (through the egress proxy)", f"{mb / (0.1 / 0.85) / 1e6:,.0f}", "1,400"]]
+    assert "`allow` / `on`: request ×0.85, curl's transfer ×0.88 (target ≥ 0.8x, both): **met**." in section[-2]
+    assert "(quick scale, 3 rounds after 1 warm-up, 2.0 s)" in section[2]
+    assert "## Egress: a 100 MB download through the proxy" in to_markdown(report, "python -m bench.report", [])
+    assert json.loads(to_json(report))["egress"]["ratio"] == {"request": 0.85, "curl": 0.875}
+
+    # one of the two ratios under the target is enough to miss it
+    report.egress = _egress([(0.1, 1.6e9)], [(0.1 / 0.95, 1.2e9)])
+    assert report.egress["met"] is False
+    assert "request ×0.95, curl's transfer ×0.75 (target ≥ 0.8x, both): **not met**." in markdown(report)[-2]
+
+    report.egress, report.egress_failure = None, "RuntimeError: --network allow: curl exited 7: Failed to connect"
+    assert markdown(report)[2] == "Not measured: `RuntimeError: --network allow: curl exited 7: Failed to connect`."
+    assert json.loads(to_json(report))["egress"] == {"failure": report.egress_failure}
+
+
+@pytest.mark.timeout(180)
+def test_the_egress_section_is_measured_and_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    # `--only egress` at smoke scale: bench/bench_egress_download.py's quick run, two real services
+    # (--network on and allow), real curl, a real python3 -m http.server
+    dirs_before, procs_before = _bench_leftovers("bench-egress-")
+    proc = subprocess.run([sys.executable, "-m", "bench.report", "--smoke", "--only", "egress", "--no-charts", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dirs_after, procs_after = _bench_leftovers("bench-egress-")
+    assert dirs_after <= dirs_before, "its scratch directories outlived it"
+    assert procs_after <= procs_before, "its services or its HTTP server outlived it"
+
+    data = json.loads((tmp_path / "report.json").read_text())["egress"]
+    assert data["scale"] == "quick" and data["rounds"] == 7 and data["bytes"] == 100 << 20
+    for network in ("on", "allow"):
+        got = data["networks"][network]
+        assert len(got["request_s"]) == len(got["curl_mb_s_all"]) == 7
+        assert got["request_mb_s"] > 0 and got["curl_mb_s"] > 0
+    assert data["target"] == 0.8 and data["met"] is (min(data["ratio"].values()) >= 0.8)
+    assert len(data["load_average"]["start"]) == len(data["load_average"]["end"]) == 3
+
+    markdown = (tmp_path / "report.md").read_text()
+    section = markdown[markdown.index("## Egress: a 100 MB download through the proxy"):]
+    section = section[:section.index("\n## ", 1)]
+    assert [row[0] for row in _table(section, "## Egress")[1:]] == ["`--network on` (straight out)",
+                                                                    "`--network allow` (through the egress proxy)"]
+    assert len(re.findall(r"\(target ≥ 0\.8x, both\): \*\*(met|not met)\*\*", section)) == 1
+    assert "bench.report: egress: " in proc.stderr  # the figures told as they came

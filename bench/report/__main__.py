@@ -12,6 +12,7 @@ import pathlib
 import sys
 import time
 
+from . import egress as egress_section
 from . import meta as meta_mod
 from . import nats as nats_section
 from . import start as start_section
@@ -44,13 +45,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=pathlib.Path, help="output directory (default bench/results; build/bench-quick or build/bench-smoke for --quick/--smoke)")
     p.add_argument("--contenders", help="comma list of contenders to run (default all)")
     p.add_argument("--only", help="comma list of workloads (keys or groups: mixed, lines, bulk, seq, spawn, latency, pipelined, sessions, "
-                   "size, chunk, nats, workspaces, start)")
+                   "size, chunk, nats, workspaces, start, egress)")
     p.add_argument("--no-nats", action="store_true", help="skip the NATS scale-out section (bench/bench_nats.py: serve against a "
                    "gateway and 1, 2, 4 workers; needs nats-server)")
     p.add_argument("--no-workspaces", action="store_true", help="skip the workspaces section (bench/bench_workspaces.py: serve "
                    "--workspaces against a plain serve; generates its templates under /var/tmp once)")
     p.add_argument("--no-start", action="store_true", help="skip the start-up section (bench/bench_start.py: each stdio server "
                    "spawned afresh until its first answer)")
+    p.add_argument("--no-egress", action="store_true", help="skip the egress section (bench/bench_egress_download.py: a 100 MB "
+                   "download through serve --network allow's proxy against --network on)")
     p.add_argument("--reps", type=int, help="measured repetitions per workload (default 5 full, 3 quick)")
     p.add_argument("--no-charts", action="store_true", help="skip the PNG charts (no matplotlib needed)")
     return p
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         nats_section.run(report, args.scale)
     if workspaces_section.wanted(args.scale, only, args.no_workspaces):
         workspaces_section.run(report, args.scale)
+    if egress_section.wanted(args.scale, only, args.no_egress):
+        egress_section.run(report, args.scale)
     if start_section.wanted(args.scale, only, args.no_start):
         start_section.run(report, args.scale)
     wall = time.perf_counter() - started
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     }
     command = PROG + {"full": "", "quick": " --quick", "smoke": " --smoke"}[args.scale]
     charts: list[str] = []
-    if not args.no_charts and report.cases:  # `--only nats` / `workspaces`: no contender figures to chart
+    if not args.no_charts and report.cases:  # `--only nats` / `workspaces` / `egress`: no contender figures to chart
         from .charts import draw
 
         charts = draw(report, out)
@@ -109,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "report.json").write_text(to_json(report))
     _print_headline(report)
     print(f"\nwrote {out / 'report.md'}, report.json{''.join(', ' + c for c in charts)} in {wall:.0f} s")
-    return 1 if report.failures or report.nats_failure or report.workspaces_failure or report.start_failure else 0
+    failed = report.nats_failure or report.workspaces_failure or report.start_failure or report.egress_failure
+    return 1 if report.failures or failed else 0
 
 
 def _print_headline(report: Report) -> None:

@@ -8,7 +8,6 @@ it only when ``--only nats`` asks for it, at the quick size).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from . import section
@@ -20,14 +19,9 @@ __all__ = ["GROUP", "markdown", "run", "wanted"]
 GROUP = "nats"
 
 
-def wanted(scale: str, only: list[str], skip: bool) -> bool:
-    """Whether this run measures the NATS section: asked for by ``--only``, else at full and quick scale."""
-    return section.wanted(GROUP, scale, only, skip)
-
-
-def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
-    """Measure it into ``report.nats`` (``report.nats_failure`` says why not, when it failed)."""
-    section.measure_into(report, GROUP, "bench.bench_nats", scale, say)
+_MEASURED = section.Measured(GROUP, "bench.bench_nats")
+wanted = _MEASURED.wanted  # whether this run measures it
+run = _MEASURED.run  # measure it into report.nats (report.nats_failure: why not)
 
 
 def _verdict(met: bool | None) -> str:
@@ -36,12 +30,9 @@ def _verdict(met: bool | None) -> str:
 
 def markdown(report: Report) -> list[str]:
     """The section (empty when the run did not measure it)."""
-    if report.nats is None and report.nats_failure is None:
-        return []
-    out = ["## Scale-out over NATS: session placement", ""]
-    if report.nats is None:
-        return [*out, f"Not measured: `{report.nats_failure}`.", ""]
-    r = report.nats
+    out, r = section.opening(report, GROUP, "Scale-out over NATS: session placement")
+    if r is None:
+        return out
     out += [f"`python -m bench.bench_nats` ({r['scale']} scale, {r['wall_s']} s): a direct `smith-fast serve` and "
             "`smith-fast gateway` + `smith-fast worker`s over a real nats-server, on this machine, the SDK client "
             "(`smith_fast.client.Client`) on Unix sockets. Ratios are within this run.", ""]

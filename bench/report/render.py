@@ -182,6 +182,9 @@ def to_markdown(report: Report, command: str, charts: list[str]) -> str:
     from .workspaces import markdown as workspaces_markdown  # the same
 
     out += workspaces_markdown(report)
+    from .egress import markdown as egress_markdown  # the same
+
+    out += egress_markdown(report)
     out += _contenders_section(report)
     out += _details(report)
     out += _machine(report)
@@ -348,5 +351,6 @@ def to_json(report: Report) -> str:
         "workspaces": report.workspaces if report.workspaces is not None
         else {"failure": report.workspaces_failure} if report.workspaces_failure else None,
         "start": report.start if report.start is not None else {"failure": report.start_failure} if report.start_failure else None,
+        "egress": report.egress if report.egress is not None else {"failure": report.egress_failure} if report.egress_failure else None,
     }
     return json.dumps(data, indent=1, ensure_ascii=False)

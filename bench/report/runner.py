@@ -51,6 +51,8 @@ class Report:
         workspaces_failure: why they are missing, when that run failed.
         start: the start-up figures (``bench.report.start``), None when not measured.
         start_failure: why they are missing, when that run failed.
+        egress: the egress download figures (``bench.report.egress``), None when not measured.
+        egress_failure: why they are missing, when that run failed.
     """
 
     scale: Scale
@@ -66,6 +68,8 @@ class Report:
     workspaces_failure: str | None = None
     start: dict[str, Any] | None = None
     start_failure: str | None = None
+    egress: dict[str, Any] | None = None
+    egress_failure: str | None = None
 
     def summary(self, case: str, contender: str, key: str) -> Summary | None:
         """The summary of figure ``key`` of ``case`` for ``contender``; None when not measured."""

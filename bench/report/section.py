@@ -1,4 +1,4 @@
-"""What the report's own-topology sections share (``nats``, ``workspaces``): a benchmark module with
+"""What the report's own-topology sections share (``nats``, ``workspaces``, ``egress``): a benchmark module with
 ``SCALES``, ``measure(scale, say)`` and ``render(result)``, run once after the contenders' cases at
 the report's scale, its figures in ``report.<group>`` (or why not in ``report.<group>_failure``)."""
 
@@ -8,10 +8,12 @@ import importlib
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from .runner import Report
 
-__all__ = ["measure_into", "wanted"]
+__all__ = ["Measured", "measure_into", "opening", "wanted"]
 
 
 def wanted(group: str, scale: str, only: list[str], skip: bool) -> bool:
@@ -38,3 +40,30 @@ def measure_into(report: Report, group: str, module: str, scale: str, say: Calla
     setattr(report, group, result)
     for line in bench.render(result):
         tell(line)
+
+
+def opening(report: Report, group: str, title: str) -> tuple[list[str], dict[str, Any] | None]:
+    """The start of section ``group``'s Markdown and its figures: nothing when the run did not measure
+    it; its heading ``## title`` and, when it failed, why (no figures); else the heading and the figures."""
+    result, failure = getattr(report, group), getattr(report, f"{group}_failure")
+    if result is None and failure is None:
+        return [], None
+    out = [f"## {title}", ""]
+    if result is None:
+        return [*out, f"Not measured: `{failure}`.", ""], None
+    return out, result
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A section measured by benchmark ``module`` into ``report.<group>``, at full and quick scale or
+    when ``--only`` names it: its ``wanted`` and ``run`` are the section module's."""
+
+    group: str
+    module: str
+
+    def wanted(self, scale: str, only: list[str], skip: bool) -> bool:
+        return wanted(self.group, scale, only, skip)
+
+    def run(self, report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
+        measure_into(report, self.group, self.module, scale, say)

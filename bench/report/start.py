@@ -31,12 +31,9 @@ def run(report: Report, scale: str, say: Callable[[str], None] | None = None) ->
 
 def markdown(report: Report) -> list[str]:
     """The section (empty when the run did not measure it)."""
-    if report.start is None and report.start_failure is None:
-        return []
-    out = ["## Start: spawn → first answer", ""]
-    if report.start is None:
-        return [*out, f"Not measured: `{report.start_failure}`.", ""]
-    r = report.start
+    out, r = section.opening(report, GROUP, "Start: spawn → first answer")
+    if r is None:
+        return out
     out += [f"`python -m bench.bench_start` ({r['scale']} scale, {r['reps']} repetitions, interleaved): each stdio "
             "server spawned afresh by `subprocess.Popen`, the clock from the spawn to the answer read. *First answer*: "
             "MCP `initialize` answered (`mcp`, `mcp-sdk`), the v1 handshake's Ready (`v1`, `serve --stdio`), the first "

@@ -8,7 +8,6 @@ it only when ``--only workspaces`` asks for it, at the quick size).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from . import section
@@ -20,14 +19,9 @@ __all__ = ["GROUP", "markdown", "run", "wanted"]
 GROUP = "workspaces"
 
 
-def wanted(scale: str, only: list[str], skip: bool) -> bool:
-    """Whether this run measures the workspaces section: asked for by ``--only``, else at full and quick scale."""
-    return section.wanted(GROUP, scale, only, skip)
-
-
-def run(report: Report, scale: str, say: Callable[[str], None] | None = None) -> None:
-    """Measure it into ``report.workspaces`` (``report.workspaces_failure`` says why not, when it failed)."""
-    section.measure_into(report, GROUP, "bench.bench_workspaces", scale, say)
+_MEASURED = section.Measured(GROUP, "bench.bench_workspaces")
+wanted = _MEASURED.wanted  # whether this run measures it
+run = _MEASURED.run  # measure it into report.workspaces (report.workspaces_failure: why not)
 
 
 def _verdict(met: bool) -> str:
@@ -40,12 +34,9 @@ def _row(name: str, figures: dict[str, Any]) -> str:
 
 def markdown(report: Report) -> list[str]:
     """The section (empty when the run did not measure it)."""
-    if report.workspaces is None and report.workspaces_failure is None:
-        return []
-    out = ["## Workspaces: a copy-on-write workspace per session", ""]
-    if report.workspaces is None:
-        return [*out, f"Not measured: `{report.workspaces_failure}`.", ""]
-    r = report.workspaces
+    out, r = section.opening(report, GROUP, "Workspaces: a copy-on-write workspace per session")
+    if r is None:
+        return out
     t = r["templates"]["big"]
     out += [f"`python -m bench.bench_workspaces` ({r['scale']} scale, {r['wall_s']} s): `smith-fast serve --workspaces` with "
             f"a template of {t['files']:,} files / {t['bytes'] / 1e6:.0f} MB (mostly small files, a few big), on this machine, "
