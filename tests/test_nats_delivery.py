@@ -96,7 +96,12 @@ def test_messages_arrive_inline_whole_and_in_order(server: NatsServer, run: Runn
             assert all(d == _payload(i) for i, (_, d) in enumerate(got.messages))
             assert [s for s, _ in got.messages[:3]] == [b"t.a.0", b"t.a.1", b"t.a.2"]
             assert got.inline > count // 2, f"only {got.inline} of {count} handled inline"
-            assert others == [b"%d" % i for i in range(0, count, 100)]
+            want = [b"%d" % i for i in range(0, count, 100)]
+            for _ in range(200):  # nats-py's own path (a queue, a task) may be behind the inline one under load
+                if len(others) >= len(want):
+                    break
+                await asyncio.sleep(0.05)
+            assert others == want
             assert nc.stats["in_msgs"] >= count
         finally:
             await close(sender)

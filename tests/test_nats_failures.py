@@ -263,3 +263,44 @@ async def test_a_second_worker_with_the_same_id_stops_and_the_first_serves_on(tm
             assert (await client.run("echo fresh")).stdout == b"fresh\n"
     finally:
         cluster.stop()
+
+
+async def test_closing_a_nats_process_waits_a_bounded_time_for_its_tasks() -> None:
+    """The way out of a stopping worker or gateway: a task that swallows a cancellation (as 3.11's
+    asyncio.wait_for can, inside nats-py's flush) is cancelled again, and one that never ends is
+    left after TASK_WAIT: close returns either way (the process exits)."""
+    from smith_fast.nats import connect
+
+    swallowed = 0
+
+    async def swallows_once() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed > 1:
+                    raise
+
+    released = False
+
+    async def never_ends() -> None:  # until the test lets it (the test's own loop must end)
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                if released:
+                    raise
+
+    once = asyncio.ensure_future(swallows_once())
+    stubborn = asyncio.ensure_future(never_ends())
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await asyncio.wait_for(connect.close(None, [once, stubborn]), connect.TASK_WAIT + 5)
+    assert once.cancelled() and swallowed == 2
+    assert not stubborn.done() and connect.TASK_WAIT <= time.monotonic() - started < connect.TASK_WAIT + 5
+    released = True
+    stubborn.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stubborn

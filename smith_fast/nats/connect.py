@@ -114,20 +114,36 @@ async def connect(
             await asyncio.sleep(wait)
 
 
+TASK_WAIT = 2.0
+"""Seconds :func:`close` gives its tasks to end once cancelled."""
+
+
 async def close(nc: NATS | None, tasks: Sequence[asyncio.Task[None]] = ()) -> None:
     """The end of a process's NATS connection: its ``tasks`` (heartbeats, announcements) cancelled,
     a bounded drain (subscriptions finish what they were handed, what was published is flushed),
     then the close; a server already gone makes neither wait nor raise."""
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    # Every wait here is bounded: this is the way out of a stopping process. On 3.11 a cancellation
+    # that lands as the future inside asyncio.wait_for completes is swallowed (nats-py's flush with a
+    # timeout is one), and a task looping on it (announcing, every presence interval) runs on: it is
+    # cancelled again, and after TASK_WAIT left to the loop's end rather than awaited for ever.
+    pending = set(tasks)
+    deadline = asyncio.get_running_loop().time() + TASK_WAIT
+    while pending:
+        for task in pending:
+            task.cancel()
+        done, pending = await asyncio.wait(pending, timeout=0.25)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: a task that failed on the way out is no news
+        if asyncio.get_running_loop().time() > deadline:
+            break
+    if pending:
+        log.warning("tasks did not end when cancelled", extra={"fields": {"tasks": sorted(t.get_name() for t in pending)}})
     if nc is not None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(nc.drain(), 5)
         with contextlib.suppress(Exception):
-            await nc.close()
+            await asyncio.wait_for(nc.close(), 5)
 
 
 async def round_trip(nc: NATS, timeout: float = 2.0) -> float:
