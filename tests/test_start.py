@@ -69,6 +69,8 @@ def test_mcp_answers_initialize_and_a_read_without_what_they_do_not_need(root: p
     # Nor, with Rust hooks not permitted (their build cache hashes sources), hashlib and hmac (their
     # OpenSSL start: a token's comparison, a resume token's key), secrets and random (tokens).
     assert not imported & {"hashlib", "hmac", "secrets", "random"}, sorted(imported & {"hashlib", "hmac", "secrets", "random"})
+    # Nor, on its way out, the process stack: no command ran, so there is none to kill.
+    assert "smith_fast.shell_process" not in imported and "smith_fast.process" not in imported
 
 
 def _envelope(command: pb.Command) -> bytes:
