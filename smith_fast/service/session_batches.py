@@ -27,7 +27,7 @@ BATCH_SLICE = 128
 # The commands that are requests (one terminal state each): a refused batch ends their ids, and
 # only theirs (a cancel's id names another request), as relaypeek.command_ids reads them.
 _REQUESTS = frozenset(kind for kind, spec in COMMANDS.items() if spec.handler is not None and spec.control is None)
-_UNREAD = "unread_batch"  # a backlog entry's kind: the bytes of a batch refused without decoding it
+_UNREAD = "unread_batch"  # a backlog entry's kind: (bytes, size) of a batch refused without decoding it
 
 T = TypeVar("T")
 
@@ -79,7 +79,7 @@ class Batches:
         self.peek_above = 2 * limit
         self.tasks: set[asyncio.Task[None]] = set()
         # While a large batch is dispatched slice by slice, what arrives after it waits here
-        # (an Envelope and its payload's kind, or the bytes of a batch refused unread and _UNREAD).
+        # (an Envelope and its payload's kind, or a batch refused unread, its bytes and size, and _UNREAD).
         self.backlog: collections.deque[tuple[Any, str | None]] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -91,13 +91,10 @@ class Batches:
         if size <= self._limit:
             return False
         if self.backlog is not None:
-            self.backlog.append((frame, _UNREAD))
+            self.backlog.append(((frame, size), _UNREAD))
         else:
-            self._refuse_unread(frame)
+            self._refuse(size, command_ids(frame))
         return True
-
-    def _refuse_unread(self, frame: bytes) -> None:
-        self._refuse(batch_size(frame), command_ids(frame))
 
     def admit(self, batch: pb.BatchCommand) -> None:
         commands = batch.commands
@@ -134,7 +131,8 @@ class Batches:
             while backlog and not (session.closing or session.shutting):
                 env, kind = backlog.popleft()
                 if kind == _UNREAD:
-                    self._refuse_unread(env)
+                    frame, size = env
+                    self._refuse(size, command_ids(frame))
                 else:
                     session.route(env, kind)
                 if self.backlog is not None:  # it started another large batch: the rest waits for it
