@@ -165,20 +165,22 @@ static int add_rules(int ruleset, enum ll_policy policy, const char *const *dirs
     return rc;
 }
 
-/* Restrict the calling process for good, and set no_new_privs.
+/* The ruleset of a policy, not applied yet: its fd (close-on-exec), LL_NONE when the policy needs
+ * none (neither fs nor net_off: only no_new_privs), -1 on failure.
  *
  * LL_COMMAND: fs confines files (dirs: the writable directories), net_off denies TCP bind and
- * connect; with neither, only no_new_privs. LL_READS: dirs are
- * the readable directories and program the one program it may run; fs and net_off are implied.
- * Scopes where the ABI has them: signals (when files are confined), abstract Unix sockets always,
- * because with the host's network its services (D-Bus, X11, container runtimes) would be in reach.
- * out (required) receives what was applied. */
-static int ll_restrict(enum ll_policy policy, int fs, int net_off, const char *const *dirs, int ndirs,
-                       const char *program, struct ll_applied *out, const char **step, const char **what) {
+ * connect. LL_READS: dirs are the readable directories and program the one program it may run; fs
+ * and net_off are implied. Scopes where the ABI has them: signals (when files are confined),
+ * abstract Unix sockets always, because with the host's network its services (D-Bus, X11, container
+ * runtimes) would be in reach. out (required) receives what the ruleset holds. A zygote builds it
+ * once (its paths resolved in its mount view) and applies it in each command (ll_apply). */
+#define LL_NONE (-2)
+
+static int ll_build(enum ll_policy policy, int fs, int net_off, const char *const *dirs, int ndirs,
+                    const char *program, struct ll_applied *out, const char **step, const char **what) {
     memset(out, 0, sizeof *out);
     if (policy == LL_READS) fs = net_off = 1;
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return ll_fail(step, what, "prctl(PR_SET_NO_NEW_PRIVS)", "");
-    if (!fs && !net_off) return 0;
+    if (!fs && !net_off) return LL_NONE;
     out->abi = ll_abi();
     if (out->abi < 1) {
         errno = EOPNOTSUPP;
@@ -192,14 +194,42 @@ static int ll_restrict(enum ll_policy policy, int fs, int net_off, const char *c
     out->handled_fs = attr.handled_access_fs;
     out->handled_net = attr.handled_access_net;
     out->scoped = attr.scoped;
-    if (!(attr.handled_access_fs || attr.handled_access_net || attr.scoped)) return 0;
-    int ruleset = (int)syscall(SYS_ll_create, &attr, size, 0);
+    if (!(attr.handled_access_fs || attr.handled_access_net || attr.scoped)) return LL_NONE;
+    int ruleset = (int)syscall(SYS_ll_create, &attr, size, 0); /* close-on-exec, as every Landlock fd */
     if (ruleset < 0) return ll_fail(step, what, "landlock_create_ruleset", "");
-    int rc = fs ? add_rules(ruleset, policy, dirs, ndirs, program, out, step, what) : 0;
-    if (rc == 0 && syscall(SYS_ll_restrict, ruleset, 0) != 0) rc = ll_fail(step, what, "landlock_restrict_self", "");
-    int saved = errno;
-    close(ruleset);
-    errno = saved;
+    if (fs && add_rules(ruleset, policy, dirs, ndirs, program, out, step, what) != 0) {
+        int saved = errno;
+        close(ruleset);
+        errno = saved;
+        return -1;
+    }
+    return ruleset;
+}
+
+/* Restrict the calling process for good with a built ruleset (or LL_NONE), and set no_new_privs. */
+static int ll_apply(int ruleset, const char **step, const char **what) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return ll_fail(step, what, "prctl(PR_SET_NO_NEW_PRIVS)", "");
+    if (ruleset >= 0 && syscall(SYS_ll_restrict, ruleset, 0) != 0) return ll_fail(step, what, "landlock_restrict_self", "");
+    return 0;
+}
+
+/* Build and apply at once (the one-shot forms). */
+static int ll_restrict(enum ll_policy policy, int fs, int net_off, const char *const *dirs, int ndirs,
+                       const char *program, struct ll_applied *out, const char **step, const char **what) {
+    int ruleset = ll_build(policy, fs, net_off, dirs, ndirs, program, out, step, what);
+    if (ruleset == -1) {
+        /* no_new_privs even so: the caller dies, but nothing it runs meanwhile gains privileges */
+        int saved = errno;
+        prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+        errno = saved;
+        return -1;
+    }
+    int rc = ll_apply(ruleset, step, what);
+    if (ruleset >= 0) {
+        int saved = errno;
+        close(ruleset);
+        errno = saved;
+    }
     return rc;
 }
 

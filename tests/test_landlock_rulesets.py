@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from smith_fast.sandbox import HELPER, Sandbox
+from smith_fast.sandbox.zygote import Zygotes
 from smith_fast.service.spawn import spawn
 from smith_fast.tools import ToolContext, default_registry
 from smith_fast.tools.search import rg_path
@@ -53,12 +54,22 @@ def rules(ruleset: dict[str, Any]) -> dict[str, int]:
     return {rule["path"]: rule["access"] for rule in ruleset["rules"]}
 
 
-async def _shell_exec(command: str, root: pathlib.Path, sandbox: Sandbox) -> int:
+async def _shell_exec(command: str, root: pathlib.Path, sandbox: Sandbox, zygotes: Zygotes | None = None) -> int:
     out: list[bytes] = []
-    proc = await spawn(command, shell=None, cwd=str(root), env={}, on_output=lambda fd, data: out.append(data), sandbox=sandbox)
+    proc = await spawn(command, shell=None, cwd=str(root), env={}, on_output=lambda fd, data: out.append(data), sandbox=sandbox,
+                       zygotes=zygotes)
     code = await proc.wait()
     assert code == 0, b"".join(out)
     return code
+
+
+async def _through_a_zygote(commands: int, root: pathlib.Path, sandbox: Sandbox) -> None:
+    zygotes = Zygotes()
+    try:
+        for _ in range(commands):
+            await _shell_exec("true", root, sandbox, zygotes)
+    finally:
+        zygotes.close()
 
 
 @pytest.mark.parametrize("mode", ["workspace-write", "read-only"])
@@ -73,8 +84,13 @@ def test_every_command_path_applies_the_same_ruleset(root: pathlib.Path, tmp_pat
     result = asyncio.run(registry.call("shell.run", b'{"command": "true"}', ctx))  # a tool's process
     assert result.success, result.error
 
-    probe, shell_exec, shell_run = recorded(out)
-    assert probe == shell_exec == shell_run
+    # a session's commands, forked by its zygote: the ruleset is built once in the zygote and
+    # applied in each of them, the same as the one-shot form's
+    asyncio.run(_through_a_zygote(2, root, sandbox))
+
+    probe, shell_exec, shell_run, *forked = recorded(out)
+    assert len(forked) == 2
+    assert probe == shell_exec == shell_run == forked[0] == forked[1]
     assert probe["policy"] == "command" and probe["no_new_privs"] == 1 and probe["abi"] >= 3
     granted = rules(probe)
     assert granted["/"] == READS  # read everything (--hide covers what must not be read) ...

@@ -63,10 +63,14 @@ async def test_a_sessions_commands_run_in_one_sandbox_each_confined(server: Serv
         assert init1 == init2 == b"sandbox-exec" and pid1 != pid2  # one pid namespace, its init the zygote
         mine = set(_zygotes(server.pid)) - before
         assert len(mine) == 1
-        # each command confined on its own: no capability, no_new_privs, a read-only host
-        done = await client.run("grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; touch /etc/zygote-was-here")
+        # each command confined on its own: no capability (the bounding and ambient sets the zygote
+        # dropped once, the rest the command itself), no_new_privs, default signal dispositions
+        # and an empty mask (the zygote blocks SIGCHLD for itself), a read-only host
+        done = await client.run("grep -E '^(Cap...|NoNewPrivs|SigIgn|SigBlk)' /proc/self/status; touch /etc/zygote-was-here")
         fields = dict(line.split(":\t") for line in done.stdout.decode().splitlines())
-        assert fields == {"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "NoNewPrivs": "1"}
+        none = "0000000000000000"
+        assert fields == {"CapInh": none, "CapPrm": none, "CapEff": none, "CapBnd": none, "CapAmb": none, "NoNewPrivs": "1",
+                          "SigIgn": none, "SigBlk": none}
         assert done.exit_code != 0 and b"Read-only file system" in done.stderr and not os.path.exists("/etc/zygote-was-here")
     # the session's end ends its zygote, and with it its namespace
     assert wait_until(lambda: not any(pid_alive(p) for p in mine), 10)

@@ -7,7 +7,9 @@ namespaces). ``sandbox-exec --zygote FD`` builds the same walls once; its init (
 session's pid namespace) then forks one command per request on the ``SOCK_SEQPACKET`` socket FD,
 and each command does in its own process what the one-shot form's does: a session of its own,
 every capability dropped, ``no_new_privs``, Landlock, rlimits, exec (``csrc/sandbox_exec.c``,
-"--zygote", holds the wire format). A command costs a fork and an exec.
+"--zygote", holds the wire format). What is the same for every command (signal dispositions, the
+capability bounding set and securebits, the Landlock ruleset) the init prepares once and each
+command inherits or applies. A command costs a fork and an exec.
 
 * :class:`Zygote`: one such process. :meth:`Zygote.start` sends a command (argv, env, cwd, its
   stdin/stdout/stderr and its cgroup directories, in which it is born with
