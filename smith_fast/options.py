@@ -20,6 +20,7 @@ import pathlib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from .records import record
 
 __all__ = [
     "ADDRESS_FORMS",
@@ -118,7 +119,7 @@ class HelpFormatter(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Unit:
     """How one kind of value is read from the command line and shown in ``--help``.
 
@@ -148,7 +149,7 @@ UNITS: dict[str, Unit] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Alias:
     """An older spelling of an option, kept working (``--timeout-ms`` for ``--timeout``)."""
 
@@ -157,7 +158,7 @@ class Alias:
     help: str
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Option:
     """The command-line side of one config field.
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import HookFailure, HookLoadError
+from ..records import record
 from ..sandbox import Sandbox
 
 __all__ = [
@@ -56,7 +57,7 @@ class Decision:
     hook_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HookLimits:
     """Bounds on one hook.
 

@@ -40,9 +40,10 @@ import platform
 import socket
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from ..errors import SandboxUnavailable, UnsafeRoot
+from ..records import record
 
 __all__ = [
     "DEFAULT_TMP_SIZE",
@@ -72,7 +73,7 @@ HELPER = str(pathlib.Path(__file__).with_name("sandbox-exec"))
 """The sandbox program (``csrc/sandbox_exec.c``), built by ``setup.py``."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class KernelFeatures:
     """What the probe found.
 
@@ -136,7 +137,7 @@ def _nothing_to_wait_for() -> None:
     """The end of the check of a sandbox that confines nothing."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Sandbox:
     """How the processes started for peers are confined.
 

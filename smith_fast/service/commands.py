@@ -10,13 +10,13 @@ handler below, or in a module of its own), plus its schema, its v0 shape and its
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import tracing
 from ..errors import ProtocolError
 from ..jsonl._fields import COMMANDS_BY_ONEOF
 from ..pb import smith_pb2 as pb
+from ..records import record
 from ..tools import ToolOutcome
 from . import workspace_commands
 from .execution import ControlTarget, Execution
@@ -79,7 +79,7 @@ Control = Callable[[RequestControl, Any], None]
 """What a control command does: ``control(runner, request)`` (the request names its target's id)."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class CommandSpec:
     """One command type.
 

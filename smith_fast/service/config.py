@@ -16,6 +16,7 @@ from ..framing import DEFAULT_MAX_FRAME_SIZE
 from ..options import Alias, option
 from ..refused_env import ENV_POLICIES
 from ..sandbox import DEFAULT_TMP_SIZE
+from ..records import record
 
 __all__ = ["Limits", "ServiceConfig"]
 
@@ -34,7 +35,7 @@ DEFAULT_COMMAND_PIDS = 1024
 DEFAULT_FILE_SIZE = 8 << 30
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Limits:
     """Bounds that keep one peer from exhausting the service.
 
@@ -289,7 +290,7 @@ class Limits:
              "and a recording that still cannot fit stops; 0 = no bound")
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class ServiceConfig:
     """Everything a service core needs to know.
 

@@ -33,10 +33,11 @@ import os
 import resource
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Protocol
 
 from ..pb import smith_pb2 as pb
+from ..records import record
 
 __all__ = [
     "Gauges",
@@ -79,7 +80,7 @@ class Gauges(Protocol):
 
     def network_connections(self) -> int: ...
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Figure:
     """One figure of a :class:`FigureSource`.
 
@@ -254,7 +255,7 @@ def open_fds() -> int:
         return 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResourceUsage:
     """One resource reading: the fields of ``ResourceUsageEvent``."""
 

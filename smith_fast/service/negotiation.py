@@ -4,10 +4,10 @@ the listeners a NegotiateResponse points a frontend at."""
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import cast
 
 from ..pb import smith_pb2
+from ..records import record
 
 __all__ = [
     "SUPPORTED_VERSIONS",
@@ -48,7 +48,7 @@ NAMED = 16
 LISTENER_VERSIONS: dict[str, tuple[int, ...]] = {"auto": (1, 0), "v1": (1,), "v0": (0,)}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Endpoint:
     """A listener a frontend can reach: its address (``unix:PATH``, ``tcp:HOST:PORT``,
     ``grpc:HOST:PORT``) and the protocol versions spoken there."""

@@ -16,10 +16,11 @@ import os
 import socket
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ListenError
+from ..records import record
 from ..logs import get_logger
 from . import lifecycle
 from .config import ServiceConfig
@@ -41,7 +42,7 @@ log = get_logger("smith_fast.server")
 DEFAULT_TCP = "127.0.0.1:7878"  # the original Smith gateway's address
 
 
-@dataclass
+@record()
 class ListenConfig:
     """Where to listen. ``grpc`` and ``metrics`` are ``HOST:PORT`` like ``tcp``; ``tls_cert`` and
     ``tls_key`` (PEM files, both or neither) make the gRPC listeners serve TLS."""

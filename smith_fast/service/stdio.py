@@ -17,7 +17,7 @@ import asyncio
 import os
 import selectors
 import stat
-from dataclasses import dataclass
+from ..records import record
 
 __all__ = ["Stdio", "take_stdio"]
 
@@ -37,7 +37,7 @@ def _watchable(fd: int, events: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Stdio:
     """The front's own copies of stdin and stdout (:func:`take_stdio`).
 

@@ -12,11 +12,11 @@ import re
 import inspect
 from time import perf_counter  # bound once: twice per call
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.records import record
 
 try:
     import orjson
@@ -37,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
 _MAX_ERROR = 4096
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Tool:
     """A callable tool.
 
@@ -79,8 +79,10 @@ class ToolOutcome(NamedTuple):
     duration_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Entry:
+    """A registered tool and the validator of its arguments."""
+
     tool: Tool
     validator: Validator
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from smith_fast.containment import CommandLimits
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.records import record
 from smith_fast.sandbox import Sandbox
 from smith_fast.tools.openat2 import open_beneath
 
@@ -79,7 +80,7 @@ RunProcess = Callable[[ProcessRequest], Awaitable["Collected"]]
 the output cap, the sandbox and the audit log. A tool never spawns on its own."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ToolContext:
     """Where and within which limits a tool call runs.
 
