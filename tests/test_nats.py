@@ -265,6 +265,44 @@ async def test_shutdown_cancels_remote_commands(cluster: Cluster) -> None:
         await client.close()
 
 
+async def test_a_relayed_session_pipelines_its_requests_and_input(cluster: Cluster) -> None:
+    # The gateway gathers what the frontend sends while a DATA is not acknowledged (relay.py,
+    # "Gathering"): every gathered byte must still go, in order, whatever the session answers or
+    # not. A command reading its stdin answers nothing until the input arrives (only the worker's
+    # ACK lets what is gathered go); 64 tool calls in flight at once are answered, each its own.
+    async with await Client.connect(cluster.unix) as client:
+        await client.handshake(["shell_exec"])
+        echo = await client.start("cat", stdin=True)
+        lines = [f"line {i}\n" for i in range(200)]
+        for line in lines:  # back to back: most are gathered behind an unacknowledged DATA
+            echo.write(line)
+
+        async def read_all() -> bytes:
+            out = b""
+            async for chunk in echo:  # (leaving the loop early would cancel it)
+                out += chunk.data
+                if out.count(b"\n") == len(lines):
+                    echo.close_stdin()  # all came back: cat ends
+            return out
+
+        reading = asyncio.ensure_future(read_all())
+
+        async def lane(n: int) -> list[str]:
+            out = []
+            for _ in range(n):
+                result = await client.call_tool("fs.read", {"path": "data.txt"})
+                assert result.success, result.error
+                out.append(json.loads(result.result)["content"])
+            return out
+
+        answers = await asyncio.wait_for(asyncio.gather(*(lane(20) for _ in range(64))), 120)
+        assert all(text == "data-file\n" for lane_answers in answers for text in lane_answers)
+        assert sum(map(len, answers)) == 64 * 20
+        got = await asyncio.wait_for(reading, 60)
+        assert got.decode() == "".join(lines)
+        assert await asyncio.wait_for(echo.wait(), 60) == 0
+
+
 async def test_control_commands_reach_the_worker_through_the_gateway(cluster: Cluster) -> None:
     # Cancel, stdin and resize reach the worker the session lives on, and are answered as on serve:
     # stdin of a command without open stdin and resize of one without a terminal are refused with

@@ -166,6 +166,61 @@ async def test_a_worker_runs_only_what_it_was_opened_for(spread: Cluster, tmp_pa
         assert (await client.run("echo still")).stdout == b"still\n"
 
 
+@pytest.mark.parametrize("acks", [True, False])
+async def test_a_worker_acknowledges_what_it_reads_only_for_a_gateway_that_asked(spread: Cluster, acks: bool) -> None:
+    """Gathering (relay.py) is agreed in the OPEN and its OPENED: a gateway that asks (``"acks":
+    true``) gets an ACK for every DATA the worker reads; an older one, which does not ask, never
+    gets the kind it would not know."""
+    import json
+
+    import nats
+
+    from smith_fast.framing import encode_frame, encode_varint
+    from smith_fast.nats import relay
+
+    assert spread.keys is not None
+    nc = await nats.connect(spread.nats.url, nkeys_seed=str(spread.keys / "gateway-g1.nk"), inbox_prefix="_INBOX.g1")
+    conn = f"agreed{int(acks)}"
+    got: list[tuple[int, int, bytes]] = []
+
+    async def heard(msg: nats.aio.msg.Msg) -> None:
+        seq, kind, body = relay.unpack(msg.data)
+        got.append((seq, kind, bytes(body)))
+
+    def frame(command: pb.Command) -> bytes:
+        return encode_frame(pb.Envelope(command=command).SerializeToString())
+
+    try:
+        await nc.subscribe(f"smith.g.g1.w0.{conn}", cb=heard)
+        opening = {"protocol": "v1", "peer": "compat", "first_sequence": 1} | ({"acks": True} if acks else {})
+        head = json.dumps(opening).encode()
+        handshake = pb.Command(handshake=pb.HandshakeCommand(version=1, capabilities=[pb.CAPABILITY_SHELL_EXEC]))
+        await nc.publish(f"smith.s.w0.g1.{conn}", relay.pack(1, relay.OPEN, encode_varint(len(head)) + head + frame(handshake)))
+        # three DATA the session answers only once its commands ended (half a second): the ACK first
+        for seq in (2, 3, 4):
+            sleep = pb.Command(shell_exec=pb.ShellExecCommand(request_id=f"r{seq}", command="sleep 0.5"))
+            await nc.publish(f"smith.s.w0.g1.{conn}", relay.pack(seq, relay.DATA, frame(sleep)))
+        await nc.flush()
+        deadline = asyncio.get_running_loop().time() + 20
+
+        def told(rid: bytes) -> int:  # the DATA that carry its events: its start, then its end
+            return sum(rid in body for _, kind, body in got if kind == relay.DATA)
+
+        while asyncio.get_running_loop().time() < deadline and min(told(b"r2"), told(b"r3"), told(b"r4")) < 2:
+            await asyncio.sleep(0.05)
+        await nc.publish(f"smith.s.w0.g1.{conn}", relay.pack(5, relay.CLOSE, b"peer_gone"))
+        await nc.flush()
+    finally:
+        await nc.close()
+    assert [seq for seq, _, _ in got] == list(range(1, len(got) + 1))  # in order, none lost
+    assert got[0][1] == relay.OPENED and (json.loads(got[0][2]).get("acks") is True) == acks
+    counts = [relay_count for _, kind, body in got if kind == relay.ACK for relay_count in [body[0]]]
+    if acks:
+        assert sum(counts) == 3, got  # each DATA once (some together)
+    else:
+        assert counts == [], got
+
+
 async def test_a_full_worker_refuses_another_gateways_session_which_ends_no_worker() -> None:
     """Two gateways, one worker with room for one session. The second gateway has not heard that the
     first placed a session there (announcements every 30 s): it offers the worker a session, the

@@ -38,6 +38,7 @@ from google.protobuf.message import DecodeError
 
 from .. import events, relaypeek
 from ..errors import FramingError
+from .._varint import decode as decode_varint
 from ..framing import FrameDecoder, encode_varint, varint_size
 from ..jsonl import JsonlCodec
 from ..logs import get_logger
@@ -48,7 +49,7 @@ from ..service.connection import GUARDED_READ_BUFFER_SIZE, LINGER, READ_BUFFER_S
 from ..service.sinks import now_ms
 from ..workspaces import FORK_KEY, TEMPLATE_KEY
 from .placement import PLACEMENT_KEY, parse_labels
-from .relay import CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
+from .relay import ACK, CLOSE, DATA, EOF, OPEN, OPENED, READ_PAUSE, READ_RESUME, REFUSED, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -63,6 +64,16 @@ log = get_logger("smith_fast.gateway")
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
 OPEN_TIMEOUT = 5.0  # seconds a worker has to answer an OPEN before another one is tried
 _OPEN_IDS_MAX = 65536  # request ids tracked per connection at most (ids that never end are dropped oldest first)
+GATHER_MAX = 64 << 10  # bytes of the frontend's gathered at most (then they go)
+GATHER_WINDOW = 1  # DATA sent and not acknowledged before the frontend's bytes are gathered
+
+
+def _says_acks(opened: memoryview) -> bool:
+    """Whether the worker's OPENED says it answers every DATA (an older worker's does not)."""
+    try:
+        return json.loads(bytes(opened)).get("acks") is True
+    except (ValueError, AttributeError):
+        return False
 
 
 class Placed(Protocol):
@@ -170,6 +181,12 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._placing: asyncio.Task[None] | None = None
         self._reading_held = False
         self._worker_holds = False
+        self._paused = False  # the frontend's socket is not read (_read_or_not)
+        # Gathering (relay.py): the worker acknowledges the DATA it reads; while GATHER_WINDOW are
+        # not, what the frontend sends waits here and goes in one DATA at the next ACK
+        self._acks = False  # the worker said it acknowledges
+        self._unacked = 0
+        self._gathered = bytearray()
         self._loop = asyncio.get_event_loop()
 
     # ---- asyncio protocol callbacks ----------------------------------------------------------
@@ -202,7 +219,14 @@ class RelayConnection(asyncio.BufferedProtocol):
         state = self.state
         if state is State.RELAYING:
             self._peek_in(data)
+            if self._unacked >= GATHER_WINDOW:  # read before the pause took
+                self._gathered += data
+                if len(self._gathered) >= GATHER_MAX:
+                    self._send_gathered()
+                return
             self._send_data(bytes(data))
+            if self._unacked >= GATHER_WINDOW:
+                self._read_or_not()
             return
         if state is State.ENDED:
             return
@@ -405,7 +429,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self.worker, self._subject = worker, subject
         self._out_seq = self._in_seq = 0
         self._answer = self._loop.create_future()
-        opening = json.dumps({"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence}).encode()
+        opening = json.dumps({"protocol": f"v{self.version}", "peer": self.peer, "first_sequence": self.first_sequence,
+                              "acks": True}).encode()
         self._offered = len(self._raw)
         head = encode_varint(len(opening)) + opening
         room = max(0, self._chunk() - len(head))
@@ -521,6 +546,7 @@ class RelayConnection(asyncio.BufferedProtocol):
             if seq == 1 and answer is not None and not answer.done() and kind in (OPENED, REFUSED):
                 self._in_seq = 1
                 if kind == OPENED:
+                    self._acks = _says_acks(body)
                     self._opened()
                 answer.set_result(None if kind == OPENED else bytes(body).decode("utf-8", "replace"))
             return
@@ -529,7 +555,9 @@ class RelayConnection(asyncio.BufferedProtocol):
             self.relay_lost()
             return
         self._in_seq = seq
-        if kind == DATA:
+        if kind == ACK:
+            self._acked(body)
+        elif kind == DATA:
             # to the frontend first: what is read of the bytes below is for later (a lost worker)
             if self._writer is not None:
                 self._writer.write(body)
@@ -649,10 +677,29 @@ class RelayConnection(asyncio.BufferedProtocol):
         for at in range(0, len(data), chunk):
             self._send(DATA, bytes(view[at : at + chunk]))
 
+    def _acked(self, body: memoryview) -> None:
+        try:
+            count = decode_varint(body[:10])[0]
+        except IndexError:
+            return
+        self._unacked = max(0, self._unacked - count)
+        if self._gathered and self._unacked < GATHER_WINDOW:
+            self._send_gathered()
+        self._read_or_not()
+
+    def _send_gathered(self) -> None:
+        gathered, self._gathered = self._gathered, bytearray()
+        self._send_data(bytes(gathered))
+
     def _send(self, kind: int, body: bytes = b"") -> None:
         outbox = self.host.outbox
         if outbox is None or not self._subject:
             return
+        if kind == DATA:
+            if self._acks:
+                self._unacked += 1
+        elif self._gathered:  # in order: what the frontend sent goes before its EOF, close or pause
+            self._send_gathered()
         self._out_seq += 1
         outbox.publish(self._subject, pack(self._out_seq, kind, body))
 
@@ -715,8 +762,19 @@ class RelayConnection(asyncio.BufferedProtocol):
         if not held and self._worker_holds:
             return
         self._reading_held = held
+        self._read_or_not()
+
+    def _read_or_not(self) -> None:
+        """Read the frontend's socket unless the session holds its input (flow control) or two
+        DATA are not acknowledged (gathering: what it sends meanwhile waits in the socket, and
+        goes in one read and one DATA at the next ACK)."""
+        transport = self._transport
+        paused = self._reading_held or self._unacked >= GATHER_WINDOW
+        if paused == self._paused or transport is None or transport.is_closing():
+            return
+        self._paused = paused
         try:
-            if held:
+            if paused:
                 transport.pause_reading()  # type: ignore[attr-defined]  # a ReadTransport here
             else:
                 transport.resume_reading()  # type: ignore[attr-defined]  # likewise

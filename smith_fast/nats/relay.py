@@ -11,7 +11,15 @@ then the body: :data:`OPEN` (the gateway's first message: a varint size and that
 JSON — the connection's protocol, peer and first sequence number — then the frontend's first
 bytes) and the worker's answer :data:`OPENED` or :data:`REFUSED`; :data:`DATA`
 carries stream bytes exactly as the frontend wrote them or as the session wrote them; :data:`CLOSE`
-a UTF-8 reason; the four flow-control kinds and :data:`EOF` have no body. The frontend's first
+a UTF-8 reason; :data:`ACK` a varint count; the four flow-control kinds and :data:`EOF` have no body.
+
+Gathering (both ends say ``"acks": true``, in the OPEN's JSON and the OPENED's): the worker
+acknowledges the DATA it reads (an :data:`ACK` with their count, written with what the session
+answers in that loop step); while two DATA the gateway sent are not acknowledged, it gathers what
+the frontend sends next, and sends it in one DATA at the next ACK (or once 64 KiB are gathered).
+One hop carries as much as came in while the last went round, and no timer waits: a lone request
+goes at once, and the worker always has the next message waiting while it serves one
+(pipelined small calls went one or two per message, each paying a message at every hop). The frontend's first
 bytes travel in the OPEN, without waiting for an answer (a session starts in one hop); a refusal
 makes the gateway send them again to another worker. Headers are not used on this path (one parse
 less per message on both sides).
@@ -32,7 +40,7 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
 __all__ = [
-    "CLOSE", "DATA", "EOF", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
+    "ACK", "CLOSE", "DATA", "EOF", "KINDS", "OPEN", "OPENED", "READ_PAUSE", "READ_RESUME", "REFUSED", "WRITE_PAUSE", "WRITE_RESUME",
     "Outbox", "Subjects", "is_id", "pack", "publish_now", "unpack",
 ]
 
@@ -48,7 +56,8 @@ OPEN = 7  # gateway -> worker, a connection's first message: varint size, JSON (
 OPENED = 8  # worker -> gateway, the answer: the session is there (JSON: the worker's id)
 REFUSED = 9  # worker -> gateway, the answer: not here (UTF-8 reason: worker_draining, max_sessions ...)
 EOF = 10  # gateway -> worker: the frontend sends nothing more but still reads (a file on a gateway's stdin)
-KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, OPEN, OPENED, REFUSED, EOF})
+ACK = 11  # worker -> gateway: a varint, how many more DATA it has read
+KINDS = frozenset({DATA, CLOSE, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, OPEN, OPENED, REFUSED, EOF, ACK})
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
 

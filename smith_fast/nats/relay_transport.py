@@ -20,8 +20,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from .._varint import encode as encode_varint
 from ..logs import get_logger
-from .relay import CLOSE, DATA, EOF, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
+from .relay import ACK, CLOSE, DATA, EOF, READ_PAUSE, READ_RESUME, WRITE_PAUSE, WRITE_RESUME, Outbox, pack, unpack
 
 __all__ = ["RelayTransport"]
 
@@ -38,11 +39,15 @@ class RelayTransport(asyncio.Transport):
         max_payload: the largest message the server takes; longer writes are split.
         gone: called once the connection is over (the worker forgets it).
         first_in, first_out: the sequence numbers already used each way (the OPEN and its answer).
+        acks: the gateway gathers (relay.py, "Gathering"): every DATA gets a message back.
     """
 
     def __init__(self, outbox: Outbox, subject: str, peer: str, max_payload: int, gone: Callable[[RelayTransport], None], *,
-                 first_in: int = 0, first_out: int = 0) -> None:
+                 first_in: int = 0, first_out: int = 0, acks: bool = False) -> None:
         super().__init__()
+        self._acks = acks
+        self._owed = 0  # DATAs read and not acknowledged yet
+        self._ack_cb: Callable[[], None] = self._ack
         self._outbox = outbox
         self.subject = subject
         self._peer = peer
@@ -80,6 +85,8 @@ class RelayTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if self._closing:
             return
+        if self._owed:  # the acknowledgment goes with it, in the same write
+            self._ack()
         size = len(data)
         if size <= self._chunk:
             self._send(DATA, bytes(data))
@@ -153,6 +160,10 @@ class RelayTransport(asyncio.Transport):
             return
         self._in_seq = seq
         if kind == DATA:
+            if self._acks:
+                self._owed += 1
+                if self._owed == 1:  # acknowledged with what the session answers in this step
+                    asyncio.get_running_loop().call_soon(self._ack_cb)
             if self._reading and not self._held:
                 self._feed(body)
             else:
@@ -196,6 +207,11 @@ class RelayTransport(asyncio.Transport):
     def _send(self, kind: int, body: bytes = b"") -> None:
         self._out_seq += 1
         self._outbox.publish(self.subject, pack(self._out_seq, kind, body))
+
+    def _ack(self) -> None:
+        owed, self._owed = self._owed, 0
+        if owed and not self._closing:
+            self._send(ACK, encode_varint(owed))
 
     def _connection_lost(self) -> None:
         if self._lost:

@@ -224,6 +224,7 @@ class Worker(Backend):
             protocol = _PROTOCOLS[str(request["protocol"])]
             first_sequence = max(1, int(request.get("first_sequence", 1)))
             peer = str(request.get("peer", "?"))[:200]
+            acks = request.get("acks") is True
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
             return
         nc, outbox = self.nc, self._outbox
@@ -235,7 +236,8 @@ class Worker(Backend):
             outbox.publish(subject, pack(1, REFUSED, refusal.encode()))
             return
         key = (gateway, conn_id)
-        transport = RelayTransport(outbox, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1)
+        transport = RelayTransport(outbox, subject, peer, nc.max_payload, lambda t: self._forget(key, t), first_in=1, first_out=1,
+                                   acks=acks)
         # finish_on_eof: an EOF is relayed only for a gateway's stdin that is a file (its requests end first)
         conn = Connection(self.core, protocol=protocol, peer=f"nats:{gateway}/{peer}", first_sequence=first_sequence, finish_on_eof=True)
         transport.set_protocol(conn)
@@ -244,7 +246,8 @@ class Worker(Backend):
         self.opened += 1
         # held until the connection has taken its first bytes: its Ready, which it writes in its
         # next step, goes in the same write (one message less to wake nats-server and the gateway)
-        outbox.publish(subject, pack(1, OPENED, json.dumps({"worker": self.name}).encode()), hold=True)
+        opened = {"worker": self.name, "acks": True} if acks else {"worker": self.name}
+        outbox.publish(subject, pack(1, OPENED, json.dumps(opened).encode()), hold=True)
         conn.connection_made(transport)
         if first:
             transport.feed(first)
