@@ -183,7 +183,8 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._worker_holds = False
         self._paused = False  # the frontend's socket is not read (_read_or_not)
         # Gathering (relay.py): the worker acknowledges the DATA it reads; while GATHER_WINDOW are
-        # not, what the frontend sends waits here and goes in one DATA at the next ACK
+        # not, the frontend is not read (what was read before the pause took waits here), and
+        # what it sent meanwhile goes in one DATA at the next ACK
         self._acks = False  # the worker said it acknowledges
         self._unacked = 0
         self._gathered = bytearray()
@@ -765,9 +766,9 @@ class RelayConnection(asyncio.BufferedProtocol):
         self._read_or_not()
 
     def _read_or_not(self) -> None:
-        """Read the frontend's socket unless the session holds its input (flow control) or two
-        DATA are not acknowledged (gathering: what it sends meanwhile waits in the socket, and
-        goes in one read and one DATA at the next ACK)."""
+        """Read the frontend's socket unless the session holds its input (flow control) or
+        GATHER_WINDOW DATA are not acknowledged (gathering: what it sends meanwhile waits in the
+        socket, and goes in one read and one DATA at the next ACK)."""
         transport = self._transport
         paused = self._reading_held or self._unacked >= GATHER_WINDOW
         if paused == self._paused or transport is None or transport.is_closing():
