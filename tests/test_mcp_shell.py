@@ -12,6 +12,8 @@ import subprocess
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp.client.client import Client
 
 from harness.server import wait_until
@@ -156,3 +158,16 @@ def test_the_state_reads_back_every_value_export_p_quotes(shell: list[str]) -> N
         got = _exports(out.decode(errors="ignore"))
         assert {k: got.get(k) for k in env} == env
         assert "V_NOVALUE" not in got
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.text(alphabet=st.one_of(st.characters(), st.sampled_from("\x00\x01\x08\t\n\x0b\x0c\r\x1b\x1f\"\\\x7f\u2028\ud800\udfff")),
+                        max_size=40), max_size=5))
+def test_the_output_budget_counts_characters_as_a_json_string_shows_them(chunks: list[str]) -> None:
+    # shown() (orjson) counts as json.dumps(ensure_ascii=False) does, lone surrogates too; the count
+    # of a stream is the sum of its chunks' (what the budget's check at the end relies on)
+    from smith_fast.mcp.results import shown
+
+    for chunk in chunks:
+        assert shown(chunk) == len(json.dumps(chunk, ensure_ascii=False)) - 2
+    assert sum(map(shown, chunks)) == shown("".join(chunks))

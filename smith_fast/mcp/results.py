@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO
 
+import orjson
+
 from ..logs import get_logger
 from ..tools.fs import readable_beneath
 
@@ -138,9 +140,9 @@ class StreamKeeper:
         if self.out is not None:
             self.out.close()
             self.out = None
-        if not self.tail:  # all of it is here
+        if not self.tail:  # all of it is here, and counted (a string's escapes are its characters': the counts add up)
             whole = "".join(self.chunks)
-            if shown(whole) <= share:
+            if self.chars <= share:
                 return whole, None
             opened = files.new_file(name)
             if opened is not None:
@@ -184,8 +186,16 @@ class StreamKeeper:
 
 def shown(text: str) -> int:
     """Characters ``text`` takes as a frontend shows it to its model: a JSON string's content
-    (``structuredContent``; a newline is two characters there, ``\n``)."""
-    return len(json.dumps(text, ensure_ascii=False)) - 2
+    (``structuredContent``; a newline is two characters there, ``\n``).
+
+    orjson escapes as ``json.dumps(ensure_ascii=False)`` does (the short escapes, ``\\u00XX`` for
+    the other control characters, nothing else) about ten times faster: every chunk of a call's
+    output is counted (the stdlib's was a quarter of ``serve --mcp``'s time on ``seq 200000``).
+    It refuses a lone surrogate, which the stdlib keeps as one character."""
+    try:
+        return len(orjson.dumps(text).decode()) - 2
+    except orjson.JSONEncodeError:
+        return len(json.dumps(text, ensure_ascii=False)) - 2
 
 
 def _head(text: str, n: int) -> str:
