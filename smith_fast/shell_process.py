@@ -82,9 +82,10 @@ _INT = struct.Struct("i")
 def _waiting(fd: int) -> int:
     """Bytes waiting in pipe ``fd`` (0 at its end; a terminal's pty counts too)."""
     try:
-        return _INT.unpack(fcntl.ioctl(fd, _FIONREAD, b"\0\0\0\0"))[0]
+        waiting: int = _INT.unpack(fcntl.ioctl(fd, _FIONREAD, b"\0\0\0\0"))[0]
     except OSError:
         return 0
+    return waiting
 
 
 _RUSAGE = struct.Struct("=18q")  # struct rusage on LP64 Linux: two timevals, then 14 longs
