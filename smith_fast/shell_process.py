@@ -37,13 +37,16 @@ TERMINATE_GRACE = 2.0
 """Seconds between SIGTERM and SIGKILL in :meth:`ShellProcess.terminate` and :func:`~smith_fast.collect.run_collect`."""
 ESCAPED_WRITER_GRACE = 0.5
 READ_PACE = 0.001
-"""Seconds after a small read (under :data:`PACE_BELOW`) before the next read of a command's
-output: the first read of a burst is at once, the next waits this long (what comes meanwhile waits
-in the pipe, which holds 1 MiB). A command writing fast in small writes was read one 4 KiB write at
-a time, an event each (``seq 200000``: 24 to 317 events, 5 to 23 ms, as the loop happened to wake);
-paced, its output goes in a few large events. A large read means the reader is behind, not
-ahead: the next read is at once (``yes`` fills the pipe faster than any pace would empty it)."""
+"""Seconds between reads of a command's output once :data:`PACE_AFTER` small reads (under
+:data:`PACE_BELOW`) came each within this long of the last: what comes meanwhile waits in the pipe,
+which holds 1 MiB. A command writing fast in small writes was read one 4 KiB write at a time, an
+event each, and the service's every wake-up took the CPU from the writer (``seq 200000``: 24 to 317
+events, 5 to 23 ms, as the loop happened to wake; paced, 5 to 7 ms). A few quick writes are read
+at once (a command's last output and its end are not held back: the MCP shell's prologue and
+trap write twice in a ``true``), and so is a large read, which means the reader is behind, not
+ahead (``yes`` fills the pipe faster than any pace would empty it)."""
 PACE_BELOW = 64 * 1024
+PACE_AFTER = 3
 """Seconds after the shell exits before pipes still held open by a process outside its group are closed."""
 STDIN_LIMIT = 1 << 20
 """Default bound of the bytes written to a child's stdin that it has not read yet."""
@@ -150,6 +153,7 @@ class ShellProcess:
         "_held",
         "_leftovers",
         "_last_read",
+        "_quick_reads",
         "_pacing",
         "usage",
     )
@@ -193,6 +197,7 @@ class ShellProcess:
         self._held = False  # hold_cleanup(): the reap leaves the removals to release_soon()
         self._leftovers: list[Callable[[], None]] = []  # what the reap left to remove
         self._last_read = -1.0  # loop time of the last read of output (READ_PACE)
+        self._quick_reads = 0  # small reads in a row, each within READ_PACE of the one before
         self._pacing: asyncio.TimerHandle | None = None  # the pipes are not watched until it fires
         # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
         self.usage: containment.Usage | None = None
@@ -312,7 +317,7 @@ class ShellProcess:
         # second read would only return EAGAIN; the loop calls again if anything is left.
         now = self._loop.time()
         wait = self._last_read + READ_PACE - now
-        if wait > 0 and 0 < _waiting(fd) < PACE_BELOW:
+        if wait > 0 and self._quick_reads >= PACE_AFTER and 0 < _waiting(fd) < PACE_BELOW:
             # a burst of small writes: look again once READ_PACE has passed since the last read
             # (its end, or a pipe filling up, is read at once)
             self._pace(wait)
@@ -323,7 +328,13 @@ class ShellProcess:
             return
         except OSError:
             data = b""
-        self._last_read = now if len(data) < PACE_BELOW else -1.0
+        if len(data) >= PACE_BELOW:
+            self._quick_reads = 0
+        elif now - self._last_read < READ_PACE:
+            self._quick_reads += 1
+        else:
+            self._quick_reads = 1
+        self._last_read = now
         if data:
             self._deliver(stream, data)
         else:

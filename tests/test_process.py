@@ -128,9 +128,9 @@ def test_output_order_within_a_stream_survives_many_small_writes(run: Runner[Any
 
 def test_a_burst_of_small_writes_is_read_in_few_large_chunks(run: Runner[Any]) -> None:
     # seq writes 4 KiB at a time; read as each write lands it came in up to ~320 chunks (each an
-    # event for the peer). Paced (shell_process.READ_PACE): the first at once, then at most one
-    # small read per pace, so a few ms of output is a few reads (the count bounds a slow machine
-    # too: ~60 ms of writing at most 60 paced reads)
+    # event for the peer). Paced (shell_process.READ_PACE): a few quick reads at once, then at most
+    # one small read per pace, so a few ms of output is a few reads (the count bounds a slow
+    # machine too: ~60 ms of writing at most ~60 paced reads)
     code, sink = run(run_sink("seq 1 200000"))
     assert code == 0 and sink.out == b"".join(b"%d\n" % i for i in range(1, 200001))
     assert sink.chunks <= 80, sink.chunks
