@@ -239,6 +239,41 @@ async def test_a_nats_server_restart_carries_on_or_ends_with_a_reason(tmp_path: 
         cluster.stop()
 
 
+async def test_a_request_sent_while_nats_is_down_does_not_stop_the_next(tmp_path: pathlib.Path) -> None:
+    # A request sent while the server is down waits in the gateway's NATS client and goes once it
+    # reconnects, maybe before the worker subscribed again (then it is lost). The gateway does not
+    # read the frontend while a DATA is unacknowledged (relay gathering): after the reconnect it
+    # reads on, so the next request goes, and a lost one shows as a gap at the worker. Each request
+    # ends (answered, or with relay_lost for the whole session); none hangs.
+    cluster = Cluster(tmp_path, workers=1, nats_args=FAST).start()
+    try:
+        client = await Client.connect(cluster.unix)
+        try:
+            await client.handshake(["shell_exec"])
+            assert (await client.run("echo before")).stdout == b"before\n"
+            await asyncio.to_thread(cluster.nats.stop)
+            runs = []
+            first, rid1 = _shell("echo first")
+            out1: list[pb.Event] = []
+            runs.append((rid1, out1, asyncio.ensure_future(_events(client, first, rid1, out1))))
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(cluster.nats.start)
+            await asyncio.sleep(1.0)  # reconnected (every 0.3 s at most, FAST)
+            second, rid2 = _shell("echo second")
+            out2: list[pb.Event] = []
+            runs.append((rid2, out2, asyncio.ensure_future(_events(client, second, rid2, out2))))
+            await asyncio.wait_for(asyncio.gather(*(r[2] for r in runs)), 60)
+            for rid, out, _ in runs:
+                terminals = _terminals(out, rid)
+                if terminals != [pb.SERVICE_STATE_READY]:  # the relay lost a message: the session ends, saying why
+                    assert terminals in ([pb.SERVICE_STATE_ERROR], []), terminals
+                    assert set(_reasons(out)) <= {"relay_lost", "worker_gone"}, _reasons(out)
+        finally:
+            await client.close()
+    finally:
+        cluster.stop()
+
+
 async def test_a_second_worker_with_the_same_id_stops_and_the_first_serves_on(tmp_path: pathlib.Path) -> None:
     """Two processes announcing one worker id would both answer its sessions' OPENs: the one
     started later says so and stops; the first keeps its sessions."""

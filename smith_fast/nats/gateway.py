@@ -132,6 +132,8 @@ class Gateway(Backend):
         self.connected = True
         if self._delivery is not None:
             self._delivery.reconnected()
+        for relay in list(self.relays.values()):  # an ACK lost with the server waits for nothing
+            relay.reconnected()
         self.core.health_changed()
 
     async def _heard(self, msg: Msg) -> None:

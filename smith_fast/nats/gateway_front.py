@@ -678,6 +678,17 @@ class RelayConnection(asyncio.BufferedProtocol):
         for at in range(0, len(data), chunk):
             self._send(DATA, bytes(view[at : at + chunk]))
 
+    def reconnected(self) -> None:
+        """The NATS connection came back: a DATA or its ACK may have been lost with the server,
+        and no ACK will come for it. Gathering starts afresh, so what the frontend sends goes on
+        (a message lost on the way shows as a gap at the worker, which ends the relay as before)."""
+        if self.state is not State.RELAYING or not self._unacked:
+            return
+        self._unacked = 0
+        if self._gathered:
+            self._send_gathered()
+        self._read_or_not()
+
     def _acked(self, body: memoryview) -> None:
         try:
             count = decode_varint(body[:10])[0]
