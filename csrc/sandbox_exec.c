@@ -55,7 +55,7 @@
  * The third form is a session's sandbox built once (a zygote, below: zygote()): the monitor and the
  * init as in the first form, but the init forks one command per request on CONTROL_FD, each set up
  * as the first form's command is (run_command), until the socket's EOF. What is the same for every
- * command the init does once, for them to inherit (zy_prepare): signal dispositions reset,
+ * command the init does once, for them to inherit (prepare_commands): signal dispositions reset,
  * securebits, the bounding and ambient sets dropped (its own effective set stays: it never execs),
  * the Landlock ruleset built (applied by each command); a command then costs ~10 system calls
  * before its exec, not ~200.
@@ -510,31 +510,40 @@ static void confine(enum ll_policy policy, const char *const *dirs, int ndirs) {
     write_ruleset(policy == LL_READS ? "reads" : "command", &applied);
 }
 
-/* The command's writable directories: --write's, and the private /tmp and /dev/shm of its view. */
-static int writable_dirs(const char **out) {
-    int n = 0;
-    for (int w = 0; w < o.nwrite; w++) out[n++] = o.write[w];
-    if (o.fs) {
-        out[n++] = "/tmp";
-        out[n++] = "/dev/shm";
-    }
-    return n;
-}
-
-/* What a zygote's init makes once for all its commands (zy_prepare), so that a command only applies
- * it: the signal dispositions reset, the capability bounds dropped, the Landlock ruleset built. */
+/* What is the same for every command, made by prepare_commands() and inherited by a fork: the signal
+ * dispositions reset, the capability bounds dropped, the Landlock ruleset built (each command
+ * applies it). The one-shot form makes it in its command's process; a zygote's init once, in its
+ * mount view, for all its commands (the ruleset's paths resolve to the directories the view has
+ * then: a writable directory replaced later is not writable to the zygote's commands; they fail
+ * closed). */
 static struct {
     int ready;
-    int ruleset; /* its fd (close-on-exec: no command holds it), or LL_NONE */
+    int ruleset; /* its fd (close-on-exec: no program a command runs holds it), or LL_NONE */
     struct ll_applied applied;
 } prepared = {0, LL_NONE};
 
-static void reset_signals(void) {
+static void prepare_commands(const char *failed) {
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     for (int sig = 1; sig < NSIG; sig++)
         if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &dfl, NULL);
+    drop_capability_bounds();
+    /* writable: --write's, and the private /tmp and /dev/shm of the view */
+    const char *writable[MAX_WRITE + 2], *step = "", *what = "";
+    int nwritable = 0;
+    for (int w = 0; w < o.nwrite; w++) writable[nwritable++] = o.write[w];
+    if (o.fs) {
+        writable[nwritable++] = "/tmp";
+        writable[nwritable++] = "/dev/shm";
+    }
+    int ruleset = ll_build(LL_COMMAND, o.fs, o.net_off, writable, nwritable, NULL, &prepared.applied, &step, &what);
+    if (ruleset == -1) {
+        errno = errno ? errno : EPERM;
+        die(FAILED, failed, *what ? what : step);
+    }
+    prepared.ruleset = ruleset;
+    prepared.ready = 1;
 }
 
 static void set_rlimits(void) {
@@ -552,23 +561,19 @@ static void set_rlimits(void) {
  * and each of a zygote's). */
 static void run_command(const char *cwd, char *const *argv, char *const *envp) {
     sigset_t none;
-    if (!prepared.ready) reset_signals();
+    if (!prepared.ready) prepare_commands("cannot restrict the command:");
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (setsid() < 0) die(FAILED, "cannot restrict the command: setsid", "");
     if (o.tty && ioctl(0, TIOCSCTTY, 0) != 0) die(FAILED, "cannot restrict the command: TIOCSCTTY", "");
     if (cwd[0] && chdir(cwd) != 0) die(FAILED, "cannot restrict the command: chdir", cwd);
-    if (!prepared.ready) drop_capability_bounds();
     drop_capability_sets();
-    if (prepared.ready) {
-        const char *step = "", *what = "";
-        if (ll_apply(prepared.ruleset, &step, &what) != 0) die(FAILED, "cannot restrict the command:", *what ? what : step);
-        write_ruleset("command", &prepared.applied);
-    } else {
-        const char *writable[MAX_WRITE + 2];
-        confine(LL_COMMAND, writable, writable_dirs(writable));
+    const char *step = "", *what = "";
+    if (ll_apply(prepared.ruleset, &step, &what) != 0) {
+        errno = errno ? errno : EPERM;
+        die(FAILED, "cannot restrict the command:", *what ? what : step);
     }
-    const char *step = "";
+    write_ruleset("command", &prepared.applied);
     if (o.guard[1] >= 0 && unix_guard_install(o.guard[1], &step) != 0) die(FAILED, "cannot restrict the command:", step);
     set_rlimits();
     if (o.probe) _exit(0);
@@ -847,25 +852,12 @@ static void zy_signal(const struct zy_head *h) {
     }
 }
 
-/* Once, in the init, in its mount view: what run_command would do in every command and is the same
- * for all (the paths of the ruleset resolve to the directories the view has now: a writable
- * directory replaced later is not writable to the zygote's commands; they fail closed). */
-static void zy_prepare(void) {
-    reset_signals();
-    drop_capability_bounds();
-    const char *writable[MAX_WRITE + 2], *step = "", *what = "";
-    int ruleset = ll_build(LL_COMMAND, o.fs, o.net_off, writable, writable_dirs(writable), NULL, &prepared.applied, &step, &what);
-    if (ruleset == -1) die(FAILED, "cannot start the zygote:", *what ? what : step);
-    prepared.ruleset = ruleset;
-    prepared.ready = 1;
-}
-
 /* pid 1 of a zygote: build the view once, then start commands until the service says stop. */
 static void zygote(int control) {
     prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
     fcntl(control, F_SETFD, FD_CLOEXEC);
     mount_view();
-    zy_prepare();
+    prepare_commands("cannot start the zygote:");
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
