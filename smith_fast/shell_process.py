@@ -36,6 +36,7 @@ DEFAULT_READ_SIZE = 1 << 20
 TERMINATE_GRACE = 2.0
 """Seconds between SIGTERM and SIGKILL in :meth:`ShellProcess.terminate` and :func:`~smith_fast.collect.run_collect`."""
 ESCAPED_WRITER_GRACE = 0.5
+"""Seconds after the shell exits before pipes still held open by a process outside its group are closed."""
 READ_PACE = 0.001
 """Seconds between reads of a command's output once :data:`PACE_AFTER` small reads (under
 :data:`PACE_BELOW`) came each within this long of the last: what comes meanwhile waits in the pipe,
@@ -46,8 +47,9 @@ at once (a command's last output and its end are not held back: the MCP shell's 
 trap write twice in a ``true``), and so is a large read, which means the reader is behind, not
 ahead (``yes`` fills the pipe faster than any pace would empty it)."""
 PACE_BELOW = 64 * 1024
+"""A read this large is not small (:data:`READ_PACE`)."""
 PACE_AFTER = 3
-"""Seconds after the shell exits before pipes still held open by a process outside its group are closed."""
+"""Quick small reads in a row before the pace applies (:data:`READ_PACE`)."""
 STDIN_LIMIT = 1 << 20
 """Default bound of the bytes written to a child's stdin that it has not read yet."""
 
@@ -290,8 +292,7 @@ class ShellProcess:
         if self._forked is not None:
             # Its zygote reaps it and says so; if we die, the zygote and its namespace die with us.
             self._forked.on_exit(self._forked_ended)
-            for stream, fd in self._pipes.items():
-                loop.add_reader(fd, self._read_ready, stream, fd)
+            self._watch_pipes()
             return
         childguard.register(self.pid, self._cell.dirs if self._cell is not None else ())
         if _HAVE_PIDFD:
@@ -303,8 +304,18 @@ class ShellProcess:
             loop.add_reader(self._pidfd, self._check_exit)
         else:
             self._poll_handle = loop.call_later(_POLL_INTERVAL, self._poll_exit)
+        self._watch_pipes()
+
+    def _watch_pipes(self) -> None:
+        """Read the pipes as output comes, unless paused (the consumer's flow control) or pacing."""
+        if self._paused or self._pacing is not None:
+            return
         for stream, fd in self._pipes.items():
-            loop.add_reader(fd, self._read_ready, stream, fd)
+            self._loop.add_reader(fd, self._read_ready, stream, fd)
+
+    def _unwatch_pipes(self) -> None:
+        for fd in self._pipes.values():
+            self._loop.remove_reader(fd)
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else f"returncode={self.returncode}"
@@ -374,15 +385,12 @@ class ShellProcess:
     def _pace(self, wait: float) -> None:
         if self._pacing is not None:
             return
-        for fd in self._pipes.values():
-            self._loop.remove_reader(fd)
+        self._unwatch_pipes()
         self._pacing = self._loop.call_later(wait, self._paced)
 
     def _paced(self) -> None:
         self._pacing = None
-        if not self._paused:
-            for stream, fd in self._pipes.items():
-                self._loop.add_reader(fd, self._read_ready, stream, fd)
+        self._watch_pipes()
 
     def _close_pipe(self, stream: int) -> None:
         fd = self._pipes.pop(stream, None)
@@ -444,18 +452,14 @@ class ShellProcess:
         if self._paused:
             return
         self._paused = True
-        for fd in self._pipes.values():
-            self._loop.remove_reader(fd)
+        self._unwatch_pipes()
 
     def resume_reading(self) -> None:
         """Resume reading after :meth:`pause_reading`."""
         if not self._paused:
             return
         self._paused = False
-        if self._pacing is not None:  # the pipes are watched again when it fires
-            return
-        for stream, fd in self._pipes.items():
-            self._loop.add_reader(fd, self._read_ready, stream, fd)
+        self._watch_pipes()  # (while pacing, when the pace ends)
 
     # -- exit --------------------------------------------------------------------------------------
 
