@@ -64,7 +64,12 @@ READ_BUFFER_SIZE = 256 * 1024
 # Until its first accepted handshake a connection reads into a buffer this size: 1024 idle
 # unauthenticated connections (--max-connections) held 256 MiB with READ_BUFFER_SIZE each.
 GUARDED_READ_BUFFER_SIZE = 16 * 1024
-WRITE_FLUSH_BYTES = 256 * 1024
+# What a tick's answers have gathered goes out once this much is pending, not only at the tick's
+# end: a peer with many calls in flight then starts on the first answers (and sends the next
+# calls) while the rest are computed, instead of both ends taking turns to idle. Measured
+# (`python -m bench.report.calls`): pipelined 72 B reads, 64 in flight, 45k -> 55k calls/s against
+# 256 KiB (and 4 KiB: 52k; more writes); bulk output 464 -> 588 MB/s.
+WRITE_FLUSH_BYTES = 8 * 1024
 _V0_SECOND_BYTES = frozenset(b'"} \t\r\n')
 REFUSAL_WAIT = 1.0
 MAX_REFUSING = 64
