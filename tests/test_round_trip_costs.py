@@ -6,10 +6,12 @@ server between calls, and the audit lines go out in batches, not one write per c
 from __future__ import annotations
 
 import pathlib
+import time
 
 import pytest
 
 from harness.server import ServerProcess
+from smith_fast._varint import encode as encode_varint
 from smith_fast.pb import smith_pb2 as pb
 from tests.peers import V1Peer, kind, terminal
 
@@ -59,6 +61,49 @@ def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, 
         assert spent["writes"] <= CALLS + slack, spent  # the three events in one write
         assert spent["reads"] <= 2 * CALLS + slack, spent  # the command's read and the file's pread
         assert spent["sleeps"] <= CALLS + slack, spent  # one wait for the next command, nothing else
+        peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+BATCH = 400
+
+
+def test_many_answers_of_one_read_leave_in_several_writes(tmp_path: pathlib.Path, impl: str) -> None:
+    """A pipelining peer's requests that arrive in one read are answered in writes of about
+    WRITE_FLUSH_BYTES, not in one write once the whole batch is done: the peer starts on the first
+    answers (and sends its next calls) while the server computes the rest."""
+    from smith_fast.service.connection import WRITE_FLUSH_BYTES
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "small.txt").write_text("hello, smith-fast\n" * 4)
+    env = {"SMITH_FAST_NO_EXTENSIONS": "1"} if impl == "py" else None
+    server = ServerProcess(tmp_path, root=root, log_level="info", env=env).start()
+    try:
+        assert server.proc is not None
+        peer = V1Peer(server.unix)
+        peer.handshake()
+        frames = []
+        for i in range(BATCH):
+            peer.seq += 1
+            envelope = pb.Envelope(timestamp=int(time.time() * 1000), sequence=peer.seq)
+            envelope.command.tool_call.CopyFrom(pb.ToolCallCommand(request_id=f"r{i}", tool="fs.read", args=b'{"path":"small.txt"}'))
+            data = envelope.SerializeToString()
+            frames.append(encode_varint(len(data)) + data)
+        blob = b"".join(frames)
+        before = _counts(server.proc.pid)
+        peer.sock.sendall(blob)
+        events = peer.until(terminal(f"r{BATCH - 1}"))
+        after = _counts(server.proc.pid)
+        writes = after["writes"] - before["writes"]
+        answered = sum(len(e.SerializeToString()) + 2 for e in events)  # each with its varint length (< 16 KiB)
+        ended = [e for e in events if kind(e) == "tool_result"]
+        assert len(ended) == BATCH and all(e.event.tool_result.success for e in ended)
+        # Each write of answers is WRITE_FLUSH_BYTES (8 KiB) and at most one small frame more (more
+        # writes if the requests came in several reads: each tick ends with a write; the audit
+        # lines add a few of their own). Held to the tick's end, the ~100 KB went in one write.
+        assert answered // (16 * 1024) <= writes <= answered // WRITE_FLUSH_BYTES + BATCH // 20, (writes, answered)
         peer.close()
     finally:
         assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
