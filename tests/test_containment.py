@@ -314,3 +314,36 @@ def test_memory_bound_reads_a_cells_limit_whichever_hierarchy_holds_memory() -> 
     assert child.returncode == 0
     limit, used = map(int, out.split())
     assert limit == 256 << 20 and 0 < used < limit
+
+
+def test_moves_favored_reads_the_cgroup_mounts_options(tmp_path: pathlib.Path) -> None:
+    """``favordynmods`` on any cgroup mount (v1 or v2) counts; another filesystem's does not."""
+    from smith_fast import containment
+
+    plain = ("35 24 0:30 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+             "36 24 0:31 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+             "37 24 0:32 / /mnt rw - tmpfs tmpfs rw,favordynmods\n")
+    for text, favored in ((plain, False),
+                          (plain.replace("cgroup2 cgroup2 rw", "cgroup2 cgroup2 rw,favordynmods"), True),
+                          (plain.replace("rw,memory", "rw,memory,favordynmods"), True)):
+        path = tmp_path / "mountinfo"
+        path.write_text(text)
+        assert containment.moves_favored(str(path)) is favored, text
+    assert containment.moves_favored(str(tmp_path / "none")) is False
+
+
+def test_start_up_says_when_commands_wait_for_cgroup_moves(tmp_path: pathlib.Path) -> None:
+    """On a hybrid machine (memory and pids in cgroup v1: a command joins them by a move) with no
+    cgroup mount favoring moves, the service warns once at start-up, naming the remedy; otherwise
+    it says nothing. This machine's answer is read here as the service reads it."""
+    from smith_fast import containment
+
+    srv = _server(tmp_path)
+    try:
+        warned = [r for r in srv.logs if r.get("level") == "warning" and "favordynmods" in json.dumps(r)]
+    finally:
+        assert srv.stop() == 0
+    expected = containment.slow_moves()
+    assert len(warned) == (1 if expected else 0), warned
+    if expected:
+        assert warned[0]["v1_controllers"] == expected and warned[0]["remedy"].startswith("mount -o remount,favordynmods")
