@@ -1,6 +1,6 @@
 """ShellExec start to first output and to the final event, service vs no server, side by side.
 
-Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--network on|off] [--sandbox MODE] [--base PYTHON]``
+Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--gap SECONDS] [--network on|off] [--sandbox MODE] [--base PYTHON]``
 
 The start-up target: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
 (v1 over its Unix socket, uvloop, Cython wire core, sandbox on: by default ``--sandbox
@@ -15,7 +15,10 @@ alike. Figures per command: p50 (and p90) of
 * ``final``: from the send to the terminal ``StateChange(READY)``; for the reference, the reaped
   exit status after both pipes reached EOF;
 
-and their ratio (service / no server; the target is <= 1.3).
+and their ratio (service / no server; the target is <= 1.3). With ``--gap``, each request (of each
+side) follows that many seconds of idleness, as an agent's commands do (its model thinks between
+them): what a command costs after the caches and the kernel have cooled (on a hybrid cgroup machine
+without ``favordynmods``, the cgroup move's RCU grace period: README, "Limits").
 
 Then the rate of ``true`` run one after another (``--rate-count`` per block, ``--rounds`` blocks
 per contender, the contenders' blocks interleaved), side by side: the service over its socket
@@ -143,6 +146,8 @@ def _server(tmp: pathlib.Path, name: str, args: argparse.Namespace, python: str 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_exec_start", description=__doc__.split("\n\n")[0])
     p.add_argument("--count", type=int, default=200, help="requests per command and side (default 200)")
+    p.add_argument("--gap", type=float, default=0.0, metavar="SECONDS",
+                   help="idle seconds before each request of the p50 part (an agent's think time; default 0)")
     p.add_argument("--network", default="on", choices=("on", "off", "loopback"))
     p.add_argument("--sandbox", default="workspace-write", choices=("workspace-write", "read-only", "off"))
     p.add_argument("--base", metavar="PYTHON", help="also run a server on this interpreter (another checkout's venv, "
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.pause)
         sessions = {name: Session(server.sock_path, "v1") for name, server in servers.items()}
         encode = WIRES["v1"]().encode
-        print(f"sandbox {args.sandbox}, network {args.network}, {args.count} requests each, interleaved; "
+        print(f"sandbox {args.sandbox}, network {args.network}, {args.count} requests each, interleaved"
+              f"{f', {args.gap:g} s idle before each' if args.gap else ''}; "
               f"load {os.getloadavg()[0]:.2f}")
         names = [*sessions, "no-server"]
         print(f"{'command':10} {'figure':6} " + " ".join(f"{n + ' p50':>15}" for n in names) + "   ratios to no-server"
@@ -175,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
             figures: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
             for i in range(args.count + 10):
                 units = {n: encode(shell_exec_command(request_ids(1)[0], command)) for n in sessions}
-                got = {n: _service(session, units[n]) for n, session in sessions.items()}
+                got = {}
+                for n, session in sessions.items():
+                    time.sleep(args.gap)
+                    got[n] = _service(session, units[n])
+                time.sleep(args.gap)
                 got["no-server"] = _reference(command)
                 if i >= 10:  # warm-up
                     for n, f in got.items():
