@@ -5,8 +5,10 @@ server between calls, and the audit lines go out in batches, not one write per c
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,7 +34,9 @@ def _counts(pid: int) -> dict[str, int]:
     return {"reads": int(io["syscr"]), "writes": int(io["syscw"]), "sleeps": slept}
 
 
-def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, impl: str) -> None:
+@contextlib.contextmanager
+def _served(tmp_path: pathlib.Path, impl: str) -> Iterator[tuple[int, V1Peer]]:
+    """A server (``impl``'s twins) with ``small.txt`` in its root, and a handshaken peer: its pid and the peer."""
     root = tmp_path / "ws"
     root.mkdir()
     (root / "small.txt").write_text("hello, smith-fast\n" * 4)
@@ -42,6 +46,14 @@ def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, 
         assert server.proc is not None
         peer = V1Peer(server.unix)
         peer.handshake()
+        yield server.proc.pid, peer
+        peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, impl: str) -> None:
+    with _served(tmp_path, impl) as (pid, peer):
 
         def call(rid: str) -> list[pb.Envelope]:
             peer.command(tool_call=pb.ToolCallCommand(request_id=rid, tool="fs.read", args=b'{"path":"small.txt"}'))
@@ -49,21 +61,18 @@ def test_a_sequential_call_costs_one_write_and_one_wake(tmp_path: pathlib.Path, 
 
         for i in range(20):  # warm: first imports, caches
             call(f"w{i}")
-        before = _counts(server.proc.pid)
+        before = _counts(pid)
         for i in range(CALLS):
             events = call(f"r{i}")
             assert [kind(e) for e in events] == ["state_change", "tool_result", "state_change"]
             assert events[1].event.tool_result.success
-        after = _counts(server.proc.pid)
+        after = _counts(pid)
         spent = {key: after[key] - before[key] for key in before}
         # Slack for the audit lines' writes (one per 50 ms or 16 KiB of them) and a stray wake.
         slack = CALLS // 20
         assert spent["writes"] <= CALLS + slack, spent  # the three events in one write
         assert spent["reads"] <= 2 * CALLS + slack, spent  # the command's read and the file's pread
         assert spent["sleeps"] <= CALLS + slack, spent  # one wait for the next command, nothing else
-        peer.close()
-    finally:
-        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
 
 
 BATCH = 400
@@ -75,15 +84,7 @@ def test_many_answers_of_one_read_leave_in_several_writes(tmp_path: pathlib.Path
     answers (and sends its next calls) while the server computes the rest."""
     from smith_fast.service.connection import WRITE_FLUSH_BYTES
 
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "small.txt").write_text("hello, smith-fast\n" * 4)
-    env = {"SMITH_FAST_NO_EXTENSIONS": "1"} if impl == "py" else None
-    server = ServerProcess(tmp_path, root=root, log_level="info", env=env).start()
-    try:
-        assert server.proc is not None
-        peer = V1Peer(server.unix)
-        peer.handshake()
+    with _served(tmp_path, impl) as (pid, peer):
         frames = []
         for i in range(BATCH):
             peer.seq += 1
@@ -92,10 +93,10 @@ def test_many_answers_of_one_read_leave_in_several_writes(tmp_path: pathlib.Path
             data = envelope.SerializeToString()
             frames.append(encode_varint(len(data)) + data)
         blob = b"".join(frames)
-        before = _counts(server.proc.pid)
+        before = _counts(pid)
         peer.sock.sendall(blob)
         events = peer.until(terminal(f"r{BATCH - 1}"))
-        after = _counts(server.proc.pid)
+        after = _counts(pid)
         writes = after["writes"] - before["writes"]
         answered = sum(len(e.SerializeToString()) + 2 for e in events)  # each with its varint length (< 16 KiB)
         ended = [e for e in events if kind(e) == "tool_result"]
@@ -104,6 +105,3 @@ def test_many_answers_of_one_read_leave_in_several_writes(tmp_path: pathlib.Path
         # writes if the requests came in several reads: each tick ends with a write; the audit
         # lines add a few of their own). Held to the tick's end, the ~100 KB went in one write.
         assert answered // (16 * 1024) <= writes <= answered // WRITE_FLUSH_BYTES + BATCH // 20, (writes, answered)
-        peer.close()
-    finally:
-        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
