@@ -60,9 +60,10 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         log.debug("command containment", extra={"fields": containment.available()})
         joined = containment.slow_moves()
-        if joined:  # containment.py, "Moves wait": what a deployment can fix, said once
+        if joined:  # containment.py, "Moves wait": what a deployment can fix, said once (info: a cost of the
+            # host's, nothing wrong with the service; `smith-fast exec`'s own server, at warning, says nothing)
             mounts = sorted(containment.cgroup_mounts(), key=lambda m: m[2] != "cgroup2")  # v2 first
-            log.warning("commands start ~10 ms late after an idle moment: each joins cgroup v1 hierarchies, and no cgroup "
+            log.info("commands start ~10 ms late after an idle moment: each joins cgroup v1 hierarchies, and no cgroup "
                         "mount has favordynmods, so the kernel makes the move wait for an RCU grace period",
                         extra={"fields": {"v1_controllers": joined,
                                           "remedy": f"mount -o remount,favordynmods {mounts[0][0]} (any cgroup mount; Linux >= 6.0)"}})
