@@ -197,18 +197,20 @@ def _write(path: str, text: str, at: int | None = None) -> None:
         os.close(fd)
 
 
-def cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
-    """(mount point, root inside the hierarchy, fs type, v1 controllers) of each cgroup mount."""
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+def _cgroup_mountinfo(path: str = "/proc/self/mountinfo") -> Iterator[tuple[str, str, str, list[str]]]:
+    """(mount point, root inside the hierarchy, fs type, super options) of each cgroup mount in ``path``."""
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             left, _, right = line.partition(" - ")
             fields, rfields = left.split(), right.split()
             if len(fields) < 5 or len(rfields) < 3 or rfields[0] not in ("cgroup", "cgroup2"):
                 continue
-            root, point = fields[3], fields[4].replace("\\040", " ")
-            found.append((point, root, rfields[0], set(rfields[2].split(",")) if rfields[0] == "cgroup" else set()))
-    return found
+            yield fields[4].replace("\\040", " "), fields[3], rfields[0], rfields[2].split(",")
+
+
+def cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root inside the hierarchy, fs type, v1 controllers) of each cgroup mount."""
+    return [(point, root, kind, set(options) if kind == "cgroup" else set()) for point, root, kind, options in _cgroup_mountinfo()]
 
 
 def cgroup_paths(pid: int | str = "self") -> dict[str, str]:
@@ -341,14 +343,9 @@ def moves_favored(mountinfo: str = "/proc/self/mountinfo") -> bool:
     (one for all hierarchies) is then kept ready for writers, and no move waits for an RCU grace
     period (forks and exits take the lock's slower, shared path instead)."""
     try:
-        with open(mountinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.partition(" - ")[2].split()
-                if len(fields) >= 3 and fields[0] in ("cgroup", "cgroup2") and "favordynmods" in fields[2].split(","):
-                    return True
+        return any("favordynmods" in options for _, _, _, options in _cgroup_mountinfo(mountinfo))
     except OSError:
-        pass
-    return False
+        return False
 
 
 def slow_moves(mountinfo: str = "/proc/self/mountinfo") -> list[str]:

@@ -62,11 +62,12 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         joined = containment.slow_moves()
         if joined:  # containment.py, "Moves wait": what a deployment can fix, said once (info: a cost of the
             # host's, nothing wrong with the service; `smith-fast exec`'s own server, at warning, says nothing)
-            mounts = sorted(containment.cgroup_mounts(), key=lambda m: m[2] != "cgroup2")  # v2 first
+            mounts = containment.cgroup_mounts()
+            point = next((m[0] for m in mounts if m[2] == "cgroup2"), mounts[0][0])
             log.info("commands start ~10 ms late after an idle moment: each joins cgroup v1 hierarchies, and no cgroup "
-                        "mount has favordynmods, so the kernel makes the move wait for an RCU grace period",
-                        extra={"fields": {"v1_controllers": joined,
-                                          "remedy": f"mount -o remount,favordynmods {mounts[0][0]} (any cgroup mount; Linux >= 6.0)"}})
+                     "mount has favordynmods, so the kernel makes the move wait for an RCU grace period",
+                     extra={"fields": {"v1_controllers": joined,
+                                       "remedy": f"mount -o remount,favordynmods {point} (any cgroup mount; Linux >= 6.0)"}})
     try:
         for path in hook_files:
             try:
