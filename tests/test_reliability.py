@@ -169,6 +169,40 @@ def test_disconnect_mid_stream_kills_children_and_leaks_nothing(tmp_path: pathli
 # ---- recording under faults ----------------------------------------------------------------------------
 
 
+def test_sigkill_while_recording_pipelined_calls_keeps_what_the_peer_got(tmp_path: pathlib.Path) -> None:
+    """Tool calls answered in the step that read them, many at once: their answers leave in several
+    writes during the step (WRITE_FLUSH_BYTES), each after the session log took what precedes it,
+    so a SIGKILL never leaves the peer with an envelope the log lacks."""
+    rec = beside(tmp_path, "rec")
+    srv = ServerProcess(tmp_path, "--record", str(rec)).start()
+    (srv.root / "small.txt").write_text("hello, smith-fast\n" * 4)
+    peer = V1Peer(srv.unix)
+    ready = peer.handshake()[-1].event.ready
+    path = pathlib.Path(ready.service_info["smith_fast.recording"])
+    frames = []
+    for i in range(3000):
+        peer.seq += 1
+        env = pb.Envelope(timestamp=int(time.time() * 1000), sequence=peer.seq)
+        env.command.tool_call.CopyFrom(pb.ToolCallCommand(request_id=f"r{i}", tool="fs.read", args=b'{"path":"small.txt"}'))
+        data = env.SerializeToString()
+        frames.append(_VarintBytes(len(data)) + data)
+    peer.sock.sendall(b"".join(frames))
+    received: dict[int, bytes] = {}
+    while len(received) < 300:
+        env = peer.recv()
+        received[env.sequence] = env.SerializeToString()
+    os.kill(srv.pid, signal.SIGKILL)
+    with contextlib.suppress(EOFError, ConnectionResetError):
+        while True:
+            env = peer.recv()
+            received[env.sequence] = env.SerializeToString()
+    assert srv.proc is not None and srv.proc.wait(10) == -signal.SIGKILL
+    _, records, _ = read_log(path)
+    logged = {e.sequence: e.SerializeToString() for e in (r.parse() for r in records if not r.inbound)}
+    assert max(received) <= max(logged), (max(received), max(logged))
+    assert all(logged[seq] == data for seq, data in received.items())
+
+
 def test_sigkill_while_recording_keeps_every_complete_record(tmp_path: pathlib.Path) -> None:
     for attempt, after in enumerate((50, 400, 1500)):
         rec = beside(tmp_path, f"rec{attempt}")

@@ -491,8 +491,7 @@ class Connection(asyncio.BufferedProtocol):
         self._io.frames_out += frames
         full = self._out.add(data)
         if full is not None:
-            self._io.bytes_out += len(full)
-            self._writer.write(full)  # type: ignore[union-attr]  # set by connection_made, before any session writes
+            self._send(full)
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -515,8 +514,17 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         data = self._out.flush()
         if data:
-            self._io.bytes_out += len(data)
-            self._writer.write(data)  # type: ignore[union-attr]  # set by connection_made, before any session writes
+            self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        """Write ``data`` to the peer once the session log has what it holds: the recorder writes at
+        the end of the loop step, and a write before that (WRITE_FLUSH_BYTES pending, or a step's
+        answers) would let a SIGKILL leave the peer with envelopes the log never got."""
+        session = self.session
+        if session is not None and session.recorder is not None:
+            session.recorder.flush()
+        self._io.bytes_out += len(data)
+        self._writer.write(data)  # type: ignore[union-attr]  # set by connection_made, before any session writes
 
     def close(self) -> None:
         """Flush what is queued, then close (the transport sends buffered bytes first): a
