@@ -672,6 +672,9 @@ static void init(int report) {
  *     NUL-terminated; with op 'S' (start) three fds (stdin, stdout, stderr) and then the command's
  *     cgroup directories (SCM_RIGHTS): it is born in the first with clone3(CLONE_INTO_CGROUP), so it
  *     cannot fork out before it is in; it joins the others (v1 hierarchies) itself before exec.
+ *     With flag ZY_READY, the process made ahead by op 'R' runs it (zy_ready), if there is one; else
+ *     it is forked as without. Op 'R' (fds: the next command's cgroup directories) makes that process
+ *     ahead: born in those cells, their joins done, waiting; op 'D' discards it.
  *     Op 'K' signals the process group of command id (the init owns the pids: a signal never reaches
  *     a reused one); op 'C' closes the zygote (so does EOF: the service's end closed or the service died).
  *   reply (init -> service): struct zy_reply; 'P' started (its pidfd attached, for the host's pid),
@@ -683,6 +686,7 @@ static void init(int report) {
 #define SYS_clone3_ 435
 #define CLONE_PIDFD_ 0x1000ULL
 #define CLONE_INTO_CGROUP_ 0x200000000ULL
+#define ZY_READY 1u /* zy_head.flags of 'S': the ready process runs it (when there is one) */
 
 struct zy_head {
     uint32_t op, id;
@@ -737,14 +741,163 @@ static int zy_strings(char **at, char *end, char **out, uint32_t count) {
     return 0;
 }
 
-static void zy_start(int control, const struct zy_head *h, char *body, char *end, int *fds, int nfds) {
+/* The process made ahead of the session's next command (op 'R'): born in that command's cell, its
+ * v1 cells joined, waiting on its own socket for the command (op 'S' with ZY_READY). A join of a v1
+ * hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (without
+ * `favordynmods`: 5-10 ms after an agent's think time), and the fork is the init's dearest step: both
+ * are paid here, between commands, not while the peer waits. One at most. */
+static struct { pid_t pid; int pidfd, sock; } zy_ready = {0, -1, -1};
+static char zy_buf[ZY_MAX_MSG + 1];
+
+static void zy_ready_forget(void) {
+    if (zy_ready.pidfd >= 0) close(zy_ready.pidfd);
+    if (zy_ready.sock >= 0) close(zy_ready.sock);
+    zy_ready.pid = 0;
+    zy_ready.pidfd = zy_ready.sock = -1;
+}
+
+static void zy_ready_discard(void) {
+    if (zy_ready.pid > 0) kill(zy_ready.pid, SIGKILL); /* reaped as an orphan */
+    zy_ready_forget();
+}
+
+/* A child born in cgroup directory cells[0] (clone3's CLONE_INTO_CGROUP) that has joined the others
+ * (v1 hierarchies) itself, with a pidfd; in the child, the cells' fds are closed. Without clone3's
+ * cgroup (an older kernel, a cell it may not enter that way) it joins every cell itself: still
+ * before it can run anything. As the service's own step into a cell: where a hierarchy will not
+ * take it, it goes on without (the service cannot do better: it needs the same permission). */
+static pid_t zy_clone(const int *cells, int ncells, int *pidfd) {
+    int joins = 0;
+    struct clone_args_ ca;
+    memset(&ca, 0, sizeof ca);
+    ca.flags = CLONE_PIDFD_ | (ncells > 0 ? CLONE_INTO_CGROUP_ : 0);
+    ca.pidfd = (uint64_t)(uintptr_t)pidfd;
+    ca.exit_signal = SIGCHLD;
+    ca.cgroup = ncells > 0 ? (uint64_t)cells[0] : 0;
+    pid_t pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
+    if (pid < 0 && ncells > 0) {
+        ca.flags = CLONE_PIDFD_;
+        ca.cgroup = 0;
+        joins = 1;
+        pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
+    }
+    if (pid < 0 && errno == ENOSYS) {
+        joins = ncells > 0;
+        pid = fork();
+    }
+    if (pid == 0) {
+        for (int k = joins ? 0 : 1; k < ncells; k++) {
+            int procs = openat(cells[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
+            if (procs >= 0 && write(procs, "0", 1) != 1) {}
+            if (procs >= 0) close(procs);
+        }
+        for (int k = 0; k < ncells; k++)
+            if (cells[k] > 2) close(cells[k]);
+    }
+    return pid;
+}
+
+/* A request's strings: cwd, argv, envp (calloc'd arrays pointing into the message). */
+static int zy_parse(const struct zy_head *h, char *body, char *end, char **cwd, char ***argv, char ***envp) {
+    *argv = *envp = NULL;
+    *cwd = body;
+    char *at = memchr(body, '\0', (size_t)(end - body));
+    if (at == NULL || h->argc < 1 || h->argc > ZY_MAX_MSG || h->envc > ZY_MAX_MSG) return EINVAL;
+    at++;
+    *argv = calloc((size_t)h->argc + 1, sizeof **argv);
+    *envp = calloc((size_t)h->envc + 1, sizeof **envp);
+    if (*argv == NULL || *envp == NULL) return ENOMEM;
+    if (zy_strings(&at, end, *argv, h->argc) != 0 || zy_strings(&at, end, *envp, h->envc) != 0) return EINVAL;
+    return 0;
+}
+
+/* In a command's process: stdio in place, then what the one-shot form's command does. */
+static void zy_run(const struct zy_head *h, const int *stdio, const char *cwd, char **argv, char **envp) {
+    for (int k = 0; k < 3; k++)
+        if (dup2(stdio[k], k) < 0) die(FAILED, "cannot start the command: dup2", "");
+    for (int k = 0; k < 3; k++)
+        if (stdio[k] > 2) close(stdio[k]);
+    o.data_size = h->data_size;
+    run_command(cwd, argv, envp);
+}
+
+/* The ready process: wait for its command (the init's request as it came, with the three stdio
+ * fds), then run it; the init's end closed (a discard, the init gone): exit. */
+static void zy_await(int sock) {
+    union { char buf[CMSG_SPACE(3 * sizeof(int))]; struct cmsghdr align; } u;
+    struct iovec iov = {zy_buf, ZY_MAX_MSG};
+    struct msghdr msg;
+    ssize_t n;
+    do {
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = u.buf;
+        msg.msg_controllen = sizeof u.buf;
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    struct zy_head h;
+    if (n < (ssize_t)sizeof h || c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int))) _exit(FAILED);
+    close(sock);
+    int stdio[3];
+    memcpy(stdio, CMSG_DATA(c), sizeof stdio);
+    memcpy(&h, zy_buf, sizeof h);
+    char *cwd, **argv, **envp;
+    if (zy_parse(&h, zy_buf + sizeof h, zy_buf + n, &cwd, &argv, &envp) != 0) _exit(FAILED); /* the init checked it */
+    zy_run(&h, stdio, cwd, argv, envp);
+}
+
+/* Op 'R': the ready process, born in cells (fds), replacing any earlier one. */
+static void zy_prepare(int control, int *cells, int ncells) {
+    zy_ready_discard();
+    int pair[2], pidfd = -1;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return;
+    pid_t pid = zy_clone(cells, ncells, &pidfd);
+    if (pid == 0) {
+        close(pair[0]);
+        close(control);
+        zy_await(pair[1]);
+    }
+    close(pair[1]);
+    if (pid < 0) {
+        close(pair[0]);
+        return; /* the next command is forked as before */
+    }
+    zy_ready.pid = pid;
+    zy_ready.pidfd = pidfd;
+    zy_ready.sock = pair[0];
+}
+
+/* Hands request buf[0:n] and its stdio to the ready process: 0, or -1 when it did not take it. */
+static int zy_hand_over(const char *buf, size_t n, const int *stdio) {
+    union { char buf[CMSG_SPACE(3 * sizeof(int))]; struct cmsghdr align; } u;
+    struct iovec iov = {(void *)buf, n};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+    memcpy(CMSG_DATA(c), stdio, 3 * sizeof(int));
+    ssize_t sent;
+    while ((sent = sendmsg(zy_ready.sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {}
+    return sent == (ssize_t)n ? 0 : -1;
+}
+
+static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds) {
     struct zy_reply r;
     memset(&r, 0, sizeof r);
     r.op = 'F';
     r.id = h->id;
-    char **argv = NULL, **envp = NULL, *cwd = body;
-    char *at = memchr(body, '\0', (size_t)(end - body));
-    if (nfds < 3 || at == NULL || h->argc < 1 || h->argc > ZY_MAX_MSG || h->envc > ZY_MAX_MSG) {
+    char *cwd, **argv = NULL, **envp = NULL;
+    int pidfd = -1;
+    pid_t pid;
+    if (nfds < 3) {
         r.value = EINVAL;
         goto done;
     }
@@ -752,52 +905,24 @@ static void zy_start(int control, const struct zy_head *h, char *body, char *end
         r.value = EAGAIN;
         goto done;
     }
-    at++;
-    argv = calloc((size_t)h->argc + 1, sizeof *argv);
-    envp = calloc((size_t)h->envc + 1, sizeof *envp);
-    if (argv == NULL || envp == NULL || zy_strings(&at, end, argv, h->argc) != 0 || zy_strings(&at, end, envp, h->envc) != 0) {
-        r.value = argv == NULL || envp == NULL ? ENOMEM : EINVAL;
-        goto done;
+    if ((r.value = zy_parse(h, buf + sizeof *h, buf + n, &cwd, &argv, &envp)) != 0) goto done;
+    if ((h->flags & ZY_READY) && zy_ready.pid > 0) {
+        if (zy_hand_over(buf, n, fds) == 0) {
+            pid = zy_ready.pid;
+            pidfd = zy_ready.pidfd;
+            zy_ready.pidfd = -1;
+            zy_ready_forget();
+            goto started;
+        }
+        zy_ready_discard(); /* gone, or its socket would not take it: forked below, in the same cell */
     }
-    /* Born in its cell and with a pidfd; without clone3's cgroup (an older kernel, a cell it may
-       not enter that way) it joins its cells itself before exec: still before it can fork. */
-    int pidfd = -1, joins = 0;
-    struct clone_args_ ca;
-    memset(&ca, 0, sizeof ca);
-    ca.flags = CLONE_PIDFD_ | (nfds > 3 ? CLONE_INTO_CGROUP_ : 0);
-    ca.pidfd = (uint64_t)(uintptr_t)&pidfd;
-    ca.exit_signal = SIGCHLD;
-    ca.cgroup = nfds > 3 ? (uint64_t)fds[3] : 0;
-    pid_t pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
-    if (pid < 0 && nfds > 3) {
-        ca.flags = CLONE_PIDFD_;
-        ca.cgroup = 0;
-        joins = 1;
-        pid = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
-    }
-    if (pid < 0 && errno == ENOSYS) {
-        joins = nfds > 3;
-        pid = fork();
-    }
+    pid = zy_clone(fds + 3, nfds - 3, &pidfd);
     if (pid < 0) {
         r.value = errno;
         goto done;
     }
-    if (pid == 0) {
-        for (int k = 0; k < 3; k++)
-            if (dup2(fds[k], k) < 0) die(FAILED, "cannot start the command: dup2", "");
-        /* As the service's own step into a cell: where a hierarchy will not take it, it goes on
-           without (the service cannot do better: it needs the same permission). */
-        for (int k = joins ? 3 : 4; k < nfds; k++) {
-            int procs = openat(fds[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
-            if (procs >= 0 && write(procs, "0", 1) != 1) {}
-            if (procs >= 0) close(procs);
-        }
-        for (int k = 0; k < nfds; k++)
-            if (fds[k] > 2) close(fds[k]);
-        o.data_size = h->data_size;
-        run_command(cwd, argv, envp);
-    }
+    if (pid == 0) zy_run(h, fds, cwd, argv, envp);
+started:
     zy_live[zy_nlive].id = h->id;
     zy_live[zy_nlive].pid = pid;
     zy_nlive++;
@@ -840,7 +965,8 @@ static void zy_reap(int control) {
             zy_live[k] = zy_live[--zy_nlive];
             zy_send(control, &r, -1);
             break;
-        } /* else an orphan, reaped */
+        } /* else an orphan, reaped (the ready process: made again at the next 'R') */
+        if (pid == zy_ready.pid) zy_ready_forget();
     }
 }
 
@@ -863,7 +989,7 @@ static void zygote(int control) {
     sigaddset(&chld, SIGCHLD);
     int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0) die(FAILED, "cannot start the zygote: signalfd", "");
-    static char buf[ZY_MAX_MSG + 1];
+    char *buf = zy_buf;
     for (;;) {
         struct pollfd p[2] = {{control, POLLIN, 0}, {sfd, POLLIN, 0}};
         if (poll(p, 2, -1) < 0) continue; /* EINTR */
@@ -899,7 +1025,9 @@ static void zygote(int control) {
         if ((size_t)n >= sizeof h && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
-            if (h.op == 'S') zy_start(control, &h, buf + sizeof h, buf + n, fds, nfds);
+            if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds);
+            else if (h.op == 'R') zy_prepare(control, fds, nfds);
+            else if (h.op == 'D') zy_ready_discard();
             else if (h.op == 'K') zy_signal(&h);
         }
         for (int k = 0; k < nfds; k++) close(fds[k]);

@@ -31,8 +31,10 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   ``favordynmods`` (Linux >= 6.0) the first move after an idle moment waits for an RCU grace
   period: measured here, a ``true`` sent 0.2 s after the last took 12-16 ms instead of 3.4 (a 1-byte
   write to ``cgroup.procs`` of 6-11 ms in ``perf trace``). A command born in its v2 cell
-  (``CLONE_INTO_CGROUP``) moves nothing; on a hybrid machine the v1 joins remain, so the service
-  says so at start-up, with the remedy.
+  (``CLONE_INTO_CGROUP``) moves nothing; on a hybrid machine the v1 joins remain: a session's
+  zygote makes them ahead, in the next command's process forked between commands
+  (``smith_fast/sandbox/zygote.py``), and the service names the remedy at start-up for the rest (a
+  session's first command, the one-shot way).
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.

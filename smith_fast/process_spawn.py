@@ -30,7 +30,7 @@ from .errors import ProtocolError
 from .logs import get_logger
 from .pb import smith_pb2
 from .sandbox import Sandbox
-from .sandbox.zygote import Forked, ZygoteGone, Zygotes
+from .sandbox.zygote import Forked, Zygote, ZygoteGone, Zygotes
 
 __all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "route", "set_winsize", "spawn", "spawn_error", "spawn_forked",
            "start"]
@@ -241,6 +241,13 @@ async def start(
                  sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
 
 
+def _prepare_next(zygote: Zygote, limits: containment.CommandLimits) -> None:
+    """Have ``zygote`` make its next command's process ahead, in a cell with ``limits`` (the last
+    command's: the likeliest next ones), unless it has one or is gone."""
+    if zygote.alive and not zygote.has_ready:
+        zygote.prepare(containment.new_cell(limits, born_elsewhere=True))
+
+
 async def spawn_forked(
     command: str,
     *,
@@ -273,14 +280,21 @@ async def spawn_forked(
         except OSError as exc:
             raise spawn_error(exc, shell, cwd) from None
     out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
-    cell = containment.new_cell(limits, born_elsewhere=True)
+    wanted = limits or containment.CommandLimits()
+    cell = zygote.take_ready(wanted)
+    ready = cell is not None
+    if cell is None:
+        cell = containment.new_cell(wanted, born_elsewhere=True)
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
         try:
             forked, started = zygote.start(argv, environ, cwd or os.getcwd(), (in_r if stdin else _devnull(), out_w, err_w),
-                                           cell.birth_fds())
+                                           cell.birth_fds(), ready=ready)
         finally:
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
+        # The next command's process, made while this one runs (after this step: the command's
+        # own set-up here comes first).
+        loop.call_soon(_prepare_next, zygote, wanted)
         pid = await started
     except ZygoteGone:
         _give_up(cell, *ours)

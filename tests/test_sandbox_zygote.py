@@ -150,6 +150,8 @@ def _run_with_usage(peer: V1Peer, rid: str, command: str) -> tuple[str, dict[str
 def test_a_cell_used_again_reports_each_commands_own_usage(server: ServerProcess) -> None:
     # A zygote's command that ran at most a shell and its program leaves its cell to the next (no
     # mkdir, rmdir or limit writes); what each command's usage says stays its own all the same.
+    # Two cells take turns: the one a command runs in, and the one the next command's process
+    # waits in meanwhile (made ahead: test_the_next_command_waits_ready_in_its_cell).
     peer = V1Peer(server.unix)
     try:
         peer.handshake(**{"smith_fast.accept": "usage"})
@@ -158,18 +160,93 @@ def test_a_cell_used_again_reports_each_commands_own_usage(server: ServerProcess
         burn = f"{cell}; exec {PY} -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass'"
         second, burnt = _run_with_usage(peer, "b", burn)
         third, after = _run_with_usage(peer, "c", cell)
-        assert first == second == third and "/c" in first  # one cell, three commands
+        assert first == third != second and "/c" in first  # two cells, three commands: the burner's cell used again
         assert int(burnt["cpu_user_us"]) + int(burnt["cpu_system_us"]) >= 350_000
-        assert int(after["cpu_user_us"]) + int(after["cpu_system_us"]) < 150_000  # not the burner's
-        assert small["pids_peak"] == burnt["pids_peak"] == after["pids_peak"] == "2"
-        assert int(after["memory_peak_bytes"]) < 8 << 20
+        _, again = _run_with_usage(peer, "c2", cell)  # in the burner's cell
+        assert int(again["cpu_user_us"]) + int(again["cpu_system_us"]) < 150_000  # not the burner's
+        assert small["pids_peak"] == burnt["pids_peak"] == after["pids_peak"] == again["pids_peak"] == "2"
+        assert int(again["memory_peak_bytes"]) < 8 << 20
         # three at once: its peak is its own, and its cell is not used again (a peak cannot be
         # reset: the next command's would read 3)
         forked, many = _run_with_usage(peer, "d", f"{cell}; sleep 0.1 & sleep 0.1 & wait")
-        assert forked == first and int(many["pids_peak"]) >= 3
-        fresh, single = _run_with_usage(peer, "e", cell)
-        assert fresh != first and single["pids_peak"] == "2"
+        assert forked in (first, second) and int(many["pids_peak"]) >= 3
+        later = {_run_with_usage(peer, rid, cell)[0] for rid in ("e", "e2", "e3")}
+        assert forked not in later
         _, alone = _run_with_usage(peer, "f", "echo builtin")
         assert alone["pids_peak"] == "2"  # at least the former command's 2, in a cell used again
     finally:
         peer.close()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _waiting(monitor: int) -> list[int]:
+    """The processes its init has forked that run nothing yet (they are still ``sandbox-exec``)."""
+    found = []
+    for init in _children(monitor):
+        for pid in _children(init):
+            with contextlib.suppress(OSError):
+                if pathlib.Path(f"/proc/{pid}/comm").read_text().strip() == "sandbox-exec":
+                    found.append(pid)
+    return found
+
+
+def _cells_of(pid: int) -> dict[str, str]:
+    """Its cgroup per hierarchy (the controllers, or ``""`` for v2), from ``/proc/PID/cgroup``."""
+    rows = pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    return {row.split(":")[1]: row.split(":", 2)[2] for row in rows}
+
+
+async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -> None:
+    # After a command, the init forks the next command's process ahead: born in the next cell, its
+    # v1 cells joined (a v1 join waits for an RCU grace period after the host's cgroups were idle:
+    # milliseconds an agent's next command no longer pays), then waiting. The next command runs
+    # as that very process; another is made for the one after.
+    before = set(_zygotes(server.pid))
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        assert (await client.run("true")).exit_code == 0
+        (monitor,) = set(_zygotes(server.pid)) - before
+        assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
+        (ready,) = _waiting(monitor)
+        cells = _cells_of(ready)
+        name = cells[""].rsplit("/", 1)[1]
+        assert name.startswith("c") and name[1:].isdigit(), cells
+        # every hierarchy with a controller the cell limits (v1 on a hybrid host) is joined already
+        for controllers in ("memory", "pids"):
+            joined = [path for key, path in cells.items() if controllers in key.split(",")]
+            assert all(path.endswith("/" + name) for path in joined), cells
+        ns_pid = pathlib.Path(f"/proc/{ready}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1]
+        done = await client.run("echo $$; grep '^0::' /proc/self/cgroup")
+        assert done.exit_code == 0 and done.stdout.split() == [ns_pid.encode(), f"0::{cells['']}".encode()], (done, ns_pid)
+        assert wait_until(lambda: len(_waiting(monitor)) == 1 and _waiting(monitor) != [ready], 10)
+        (following,) = _waiting(monitor)
+        held = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+        cell_dir = held + _cells_of(following)[""]
+        assert os.path.isdir(cell_dir)
+    # the session's end ends it, and its cell goes
+    assert wait_until(lambda: not pid_alive(following) and not os.path.isdir(cell_dir), 10), cell_dir
+
+
+async def test_a_ready_process_killed_is_forked_again(server: ServerProcess) -> None:
+    # Whatever ends the waiting process (here the host's SIGKILL), the next command is forked into
+    # the same cell as without one, and the one after has its own made again.
+    before = set(_zygotes(server.pid))
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        assert (await client.run("true")).exit_code == 0
+        (monitor,) = set(_zygotes(server.pid)) - before
+        assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
+        (ready,) = _waiting(monitor)
+        cell = _cells_of(ready)[""]
+        os.kill(ready, 9)
+        assert wait_until(lambda: not pid_alive(ready), 10)
+        done = await client.run("echo $$; grep '^0::' /proc/self/cgroup")
+        assert done.exit_code == 0 and done.stdout.split()[1] == f"0::{cell}".encode(), done
+        assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
+        assert (await client.run("echo ok")).stdout == b"ok\n"

@@ -16,6 +16,12 @@ command inherits or applies. A command costs a fork and an exec.
   ``clone3(CLONE_INTO_CGROUP)``) and returns its host pid once it runs; its end comes back as
   ``on_exit(wait status, rusage)``; :meth:`Zygote.signal` signals its process group through the
   init, which owns the pid (no signal reaches a reused one).
+* The ready process: after a command, :meth:`Zygote.prepare` has the init fork the next one ahead,
+  born in the next command's cell and joined to its v1 cells, waiting; the next :meth:`Zygote.start`
+  hands it the command (:meth:`Zygote.take_ready` gives back that cell). A join of a v1 cgroup
+  hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
+  on a hybrid host without ``favordynmods``: every command after an agent's think time), and the
+  fork is the init's dearest step: both are paid between commands, not while the peer waits.
 * :class:`Zygotes`: a session's, one zygote per sandbox configuration, made at its first command,
   all closed with the session (:meth:`Zygotes.close`): the init's end kills whatever is left in
   its pid namespace. The session's commands share the zygote's private ``/tmp``; another session
@@ -48,6 +54,7 @@ __all__ = ["MAX_REQUEST", "Forked", "Zygote", "ZygoteGone", "Zygotes"]
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
 _REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
 _FDS = socket.CMSG_SPACE(array.array("i").itemsize)
+_READY = 1  # zy_head.flags of 'S' (ZY_READY): the ready process runs it
 MAX_REQUEST = 192 * 1024
 """The largest request (argv, env and cwd) sent to a zygote: the init reads 256 KiB at most and an
 unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
@@ -115,7 +122,7 @@ class Zygote:
         loop: the loop that reads the replies.
     """
 
-    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone")
+    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready")
 
     def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -124,6 +131,7 @@ class Zygote:
         self._starting: dict[int, asyncio.Future[int]] = {}
         self._exits: dict[int, Forked] = {}
         self._gone = False
+        self._ready: containment.Cell | None = None  # the cell the ready process waits in
         try:
             # No stdio of ours: a failure shows as the socket's end, and the command then takes the
             # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
@@ -142,10 +150,17 @@ class Zygote:
     def alive(self) -> bool:
         return not self._gone
 
+    @property
+    def has_ready(self) -> bool:
+        """A process waits for the next command (:meth:`prepare`)."""
+        return self._ready is not None
+
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
-              cells: Sequence[int], data_size: int = 0) -> tuple[Forked, asyncio.Future[int]]:
+              cells: Sequence[int], data_size: int = 0, *, ready: bool = False) -> tuple[Forked, asyncio.Future[int]]:
         """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
-        cgroup directories open, v2 first (ours stay open: the caller closes them).
+        cgroup directories open, v2 first (ours stay open: the caller closes them). ``ready``: the
+        cells are those :meth:`take_ready` gave: the process waiting in them runs it (forked into
+        them as without, if it is gone).
 
         Returns:
             the command and a future of its host pid (an ``OSError`` when the
@@ -166,7 +181,7 @@ class Zygote:
             raise ZygoteGone("the request is too large for the zygote")
         rid = next(self._ids)
         try:
-            head = _HEAD.pack(ord("S"), rid, 0, 0, data_size, len(argv), len(env))
+            head = _HEAD.pack(ord("S"), rid, 0, _READY if ready else 0, data_size, len(argv), len(env))
             self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *cells)))])
         except OSError as exc:  # full (BlockingIOError), too large, or the init is gone
             raise ZygoteGone(f"the zygote did not take the command: {exc}") from None
@@ -175,6 +190,33 @@ class Zygote:
         self._starting[rid] = started
         self._exits[rid] = forked
         return forked, started
+
+    def prepare(self, cell: containment.Cell) -> None:
+        """Have the init fork the next command's process now, born in ``cell`` (which this zygote
+        then holds: :meth:`take_ready` gives it back, :meth:`close` releases it). Nothing happens if
+        the zygote cannot take the request (the next command is forked as before)."""
+        if self._gone or self._ready is not None:
+            cell.release()
+            return
+        try:
+            self._sock.sendmsg([_HEAD.pack(ord("R"), 0, 0, 0, 0, 0, 0)],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", cell.birth_fds()))])
+        except OSError:
+            cell.release()
+            return
+        self._ready = cell
+
+    def take_ready(self, limits: containment.CommandLimits) -> containment.Cell | None:
+        """The cell the ready process waits in, for a command with ``limits`` (set on the cell
+        before the process was born in it); None when there is none, or when its limits differ
+        (the process is then discarded and the cell released)."""
+        cell, self._ready = self._ready, None
+        if cell is not None and cell.limits != limits:
+            with contextlib.suppress(OSError):
+                self._sock.send(_HEAD.pack(ord("D"), 0, 0, 0, 0, 0, 0))
+            cell.release()
+            return None
+        return cell
 
     def signal(self, rid: int, sig: int) -> None:
         """Send ``sig`` to command ``rid``'s process group (nothing once it was reaped)."""
@@ -241,6 +283,12 @@ class Zygote:
         if self._popen.poll() is None:
             # The monitor ends once its init has: a look again shortly, not a wait here.
             self._loop.call_later(0.05, self._reap)
+            return
+        # The ready process ended with the init's namespace: its cell can go now (not before: a
+        # cell with a member left in it is only removed at the next command's, or at exit).
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.release()
 
     def close(self) -> None:
         """End the zygote: its init exits, and the kernel kills every process left in its namespace."""

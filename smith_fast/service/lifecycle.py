@@ -64,8 +64,9 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
             # host's, nothing wrong with the service; `smith-fast exec`'s own server, at warning, says nothing)
             mounts = containment.cgroup_mounts()
             point = next((m[0] for m in mounts if m[2] == "cgroup2"), mounts[0][0])
-            log.info("commands start ~10 ms late after an idle moment: each joins cgroup v1 hierarchies, and no cgroup "
-                     "mount has favordynmods, so the kernel makes the move wait for an RCU grace period",
+            log.info("a session's first command (and any started the one-shot way) starts ~10 ms late after an idle "
+                     "moment: it joins cgroup v1 hierarchies, and no cgroup mount has favordynmods, so the kernel makes "
+                     "the move wait for an RCU grace period (a session's next commands are joined ahead)",
                      extra={"fields": {"v1_controllers": joined,
                                        "remedy": f"mount -o remount,favordynmods {point} (any cgroup mount; Linux >= 6.0)"}})
     try:
