@@ -48,6 +48,7 @@ COMPILED_IN_PLACE: frozenset[str] = frozenset({
     "smith_fast.service.runner",
     "smith_fast.service.session",
     "smith_fast.service.shell_exec",
+    "smith_fast.service.sizes",
     "smith_fast.service.sinks",
     "smith_fast.service.spawn",
     "smith_fast.shell_process",

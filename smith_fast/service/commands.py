@@ -172,8 +172,7 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
     ``fs.read``), ``PROCESSING``, its ``ToolResult`` and ``READY`` go out in one write; when it goes
     on, the rest runs as any request. What it sends and logs is what :func:`run_tool` and the runner
     would (the same events in the same order, the same audit line)."""
-    hooks = ex.hooks
-    if hooks.handles("before_tool_call") or hooks.handles("after_tool_result"):
+    if ex.hooks.tools_hooked:
         return None
     cmd: pb.ToolCallCommand = request.command.tool_call
     timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms

@@ -135,6 +135,14 @@ class Session:
             can be resumed over another one after it dropped (Unix, TCP, gRPC; not stdio).
     """
 
+    # its fields (session.pxd makes them a C struct, compiled)
+    __slots__ = (
+        "core", "sink", "peer", "version", "protocol", "granted", "accepted", "handshaken", "shutting",
+        "flow", "requests", "session_id", "authenticated", "denied", "presented_token", "last_active", "span",
+        "recorder", "runner", "workspace", "egress", "_unsent", "_resume", "_starter", "_batches",
+        "_reporter", "_close", "_closing", "_loop",
+    )
+
     def __init__(
         self,
         core: SessionCore,

@@ -73,12 +73,18 @@ class SessionHooks:
         self._peer = peer
         self._decided = decided
         self.own: list[Hook] = []
-        self._chain = self._build()
+        self._use(self._build())
 
     @property
     def owns_hooks(self) -> bool:
         """Whether closing the session closes hooks (it loaded some)."""
         return bool(self.own)
+
+    def _use(self, chain: HookChain) -> None:
+        self._chain = chain
+        # Looked at for every tool call (commands._tool_call_now: none of them, the call is answered
+        # in the step that read it): one attribute, not two calls per call.
+        self.tools_hooked = chain.handles("before_tool_call") or chain.handles("after_tool_result")
 
     def _build(self) -> HookChain:
         return HookChain([*self._global, *self.own], failure=self._failure)  # type: ignore[arg-type]  # ServiceConfig.hook_failure is a str the CLI restricts to closed/open
@@ -105,7 +111,7 @@ class SessionHooks:
             await hook.close()
             raise ProtocolError(f"hook {hook.id} is already loaded", pb.ERROR_CODE_UNSPECIFIED, rid, {"reason": "duplicate_hook"})
         self.own.append(hook)
-        self._chain = self._build()
+        self._use(self._build())
         self._report(rid, load_action(hook))
         log.info("hook loaded", extra={"fields": {"peer": self._peer, "hook_id": hook.id, "triggers": sorted(hook.triggers)}})
 

@@ -25,6 +25,10 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from os import O_CLOEXEC as _CLOEXEC, fsencode as _fsencode  # bound once: every fs.read opens a file
+
+# What os.fsencode does here, without its Python frames (it is not compiled): a UTF-8 file system
+# encoding with surrogateescape, as Linux has unless the locale says otherwise.
+_FS_UTF8 = sys.getfilesystemencoding() == "utf-8" and sys.getfilesystemencodeerrors() == "surrogateescape"
 from typing import Any
 
 from smith_fast._compat import NO_EXTENSIONS
@@ -129,7 +133,7 @@ def open_beneath(dirfd: int, path: str, flags: int, mode: int = 0o666, *, follow
     if _use_openat2:
         # The kernel refuses a mode without O_CREAT or O_TMPFILE (which includes O_DIRECTORY's bit).
         creates = flags & os.O_CREAT or flags & _O_TMPFILE == _O_TMPFILE
-        raw = _fsencode(path)
+        raw = path.encode("utf-8", "surrogateescape") if _FS_UTF8 and type(path) is str else _fsencode(path)
         for _ in range(_RETRIES):
             fd: int = _openat2(dirfd, raw, flags, mode if creates else 0, resolve)
             if fd >= 0:

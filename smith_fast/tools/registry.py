@@ -37,6 +37,11 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
 _MAX_ERROR = 4096
 
 
+# What ToolOutcome(...) does, without the named tuple's __new__ (a Python lambda it evaluates from a
+# string, so never compiled): every successful call makes one.
+_outcome = tuple.__new__
+
+
 @record(frozen=True, slots=True)
 class Tool:
     """A callable tool.
@@ -229,7 +234,7 @@ def _succeeded(result: Any, start: float) -> ToolOutcome:
         encoded = result.encoded if type(result) is _Encoded else encode_result(result)
     except Exception as exc:  # noqa: BLE001 - an unencodable result fails its call
         return _failed(exc, start)
-    return ToolOutcome(True, encoded, None, _elapsed_ms(start))
+    return _outcome(ToolOutcome, (True, encoded, None, _elapsed_ms(start)))
 
 
 def _failed(exc: Exception, start: float) -> ToolOutcome:
