@@ -215,13 +215,14 @@ def is_child_guard(pid: int) -> bool:
     return any(arg.endswith(b"/smith_fast/childguard.py") for arg in argv)
 
 
-_CELL_DIR = re.compile(r"/smith-fast-\d+/c\d+$")
+_CELL_DIR = re.compile(r"/smith-fast-\d+/c\d+(?=$|/[\w.]+$)")  # a cell's directory, or a file in it
 
 
 def fd_count(pid: int) -> int:
-    """The fds ``pid`` holds, less those of its spare cgroup cells: the service keeps up to
-    ``containment._MAX_SPARES`` cells open for the next commands (made ahead or used again), a
-    bounded pool, not a leak (:func:`spare_cells` says how many)."""
+    """The fds ``pid`` holds, less those of its spare cgroup cells (their directories and the usage
+    files it reads in them): the service keeps up to ``containment._MAX_SPARES`` cells open for the
+    next commands (made ahead or used again), a bounded pool, not a leak (:func:`spare_cells` says
+    how many)."""
     return sum(1 for target in fd_links(pid) if not _CELL_DIR.search(target))
 
 

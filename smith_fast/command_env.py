@@ -79,7 +79,23 @@ _TOOLCHAINS = {"RUSTUP_HOME": ".rustup", "PYENV_ROOT": ".pyenv"}
 def home_environment(home: str) -> dict[str, str]:
     """The variables of a command whose session's home is ``home``: :data:`HOME_VARIABLES` under
     it, plus ``RUSTUP_HOME``/``PYENV_ROOT`` when the service's environment sets them or its user's
-    real home has them (so that toolchains installed there still run)."""
+    real home has them (so that toolchains installed there still run). Worked out once per home
+    (every sandboxed command asks: a uid, a passwd entry and a stat per toolchain each time); the
+    caller gets its own copy."""
+    known = _HOMES.get(home)
+    if known is None:
+        known = _home_environment(home)
+        if len(_HOMES) >= _MAX_HOMES:
+            _HOMES.clear()
+        _HOMES[home] = known
+    return dict(known)
+
+
+_HOMES: dict[str, dict[str, str]] = {}
+_MAX_HOMES = 256  # a home per session (--home-dir): the table is emptied rather than grown past this
+
+
+def _home_environment(home: str) -> dict[str, str]:
     out = {name: f"{home}/{sub}" if sub else home for name, sub in HOME_VARIABLES.items()}
     _, real = _account(os.getuid())
     real = os.environ.get("HOME") or real

@@ -383,21 +383,13 @@ def _retry_pending() -> None:
 # -- a command's cell -----------------------------------------------------------------------------
 
 
-def _kv(path: str, at: int | None = None) -> dict[str, int]:
+def _parse_kv(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for line in _read(path, at).splitlines():
-            key, _, value = line.partition(" ")
-            with contextlib.suppress(ValueError):
-                out[key] = int(value.split()[0]) if value else 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = int(value.split()[0]) if value else 0
     return out
-
-
-def _int(path: str, at: int | None = None) -> int | None:
-    try:
-        return int(_read(path, at).split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class Cell:
@@ -409,7 +401,7 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at")
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at", "_open")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -434,6 +426,7 @@ class Cell:
         self._reusable = 0  # 1: its command is born in it elsewhere (birth_fds); 2: and was measured (recycle)
         self._fds: tuple[int, ...] = ()  # its directories, open while it lives (birth_fds)
         self._at: dict[str, int] = {}  # directory -> its open fd: files read by name beneath it (_file)
+        self._open: dict[str, int] = {}  # "directory/name" -> the file, open while the directories are (_text)
         self._emptied = False  # kill() found it empty and left it unkilled
         name = f"c{next(_serial)}"
         dirs = []
@@ -513,6 +506,35 @@ class Cell:
         at = self._at.get(directory)
         return (name, at) if at is not None else (f"{directory}/{name}", None)
 
+    def _text(self, directory: str, name: str) -> str:
+        """The text of file ``name`` of one of the cell's directories. While the cell holds its
+        directories open, the file stays open too and is read again with a pread at offset 0 (which
+        makes a cgroup file's text afresh): one system call a read instead of three, for the usage
+        files read between a command's exit and its final event; else as :func:`_read`."""
+        at = self._at.get(directory)
+        if at is None:
+            return _read(f"{directory}/{name}")
+        key = f"{directory}/{name}"
+        fd = self._open.get(key)
+        if fd is None:
+            fd = self._open[key] = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=at)
+        chunks = [os.pread(fd, 65536, 0)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
+        return b"".join(chunks).decode("ascii", "replace")
+
+    def _kv_of(self, directory: str, name: str) -> dict[str, int]:
+        try:
+            return _parse_kv(self._text(directory, name))
+        except OSError:
+            return {}
+
+    def _int_of(self, directory: str, name: str) -> int | None:
+        try:
+            return int(self._text(directory, name).split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def _put(self, directory: str, name: str, text: str) -> None:
         path, at = self._file(directory, name)
         _write(path, text, at)
@@ -563,7 +585,7 @@ class Cell:
         self._timer = None
         if self._killed or self._v2 is None:
             return
-        if _kv(self._v2 + "/cpu.stat").get("usage_usec", 0) >= self.limits.cpu * 1e6:
+        if self._kv_of(self._v2, "cpu.stat").get("usage_usec", 0) >= self.limits.cpu * 1e6:
             self._cpu_hit = True
             self.kill()
         else:
@@ -581,7 +603,7 @@ class Cell:
                 # A cell that may be used again is looked at first: once killed, a process cloned
                 # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
                 # compared with the parent's cgroup's), so an empty one is left unkilled.
-                if self._reusable and b"populated 0" in _read(*self._file(self._v2, "cgroup.events")).encode():
+                if self._reusable and b"populated 0" in self._text(self._v2, "cgroup.events").encode():
                     self._emptied = True
                     return
                 self._reusable = 0
@@ -614,14 +636,14 @@ class Cell:
         base = self._base
         seen = list(base)
         if self._v2 is not None:
-            cpu = _kv(*self._file(self._v2, "cpu.stat"))
+            cpu = self._kv_of(self._v2, "cpu.stat")
             if "user_usec" in cpu:  # includes the members that were never waited for
                 seen[0], seen[1] = cpu["user_usec"], cpu.get("system_usec", 0)
                 user, system = max(user, seen[0] - base[0]), max(system, seen[1] - base[1])
             if self._io:
                 with contextlib.suppress(OSError):
                     rb = wb = 0
-                    for line in _read(*self._file(self._v2, "io.stat")).splitlines():
+                    for line in self._text(self._v2, "io.stat").splitlines():
                         for item in line.split()[1:]:
                             key, _, value = item.partition("=")
                             if key == "rbytes":
@@ -632,22 +654,22 @@ class Cell:
                     read_b, write_b = max(read_b, rb - base[2]), max(write_b, wb - base[3])
         if self._memory is not None:
             path, v2 = self._memory
-            held = _int(*self._file(path, "memory.peak" if v2 else "memory.max_usage_in_bytes"))
+            held = self._int_of(path, "memory.peak" if v2 else "memory.max_usage_in_bytes")
             if held is not None:
                 peak = seen[7] = held
             # The OOM killer acts in this cell only once its charge reached the limit: a peak well
             # below it needs no look at the events (the limit's own, or a parent's without one)
             if held is None or not 0 < held < self.limits.memory - _OOM_MARGIN:
-                seen[4] = _kv(*self._file(path, "memory.events" if v2 else "memory.oom_control")).get("oom_kill", 0)
+                seen[4] = self._kv_of(path, "memory.events" if v2 else "memory.oom_control").get("oom_kill", 0)
                 if seen[4] > base[4]:
                     hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            most = _int(*self._file(self._pids, "pids.peak"))
+            most = self._int_of(self._pids, "pids.peak")
             pids_peak = most or 0
             seen[6] = most if most is not None else _UNBOUNDED
             # a fork refused at pids.max leaves the peak at the limit: below it, none was
             if hit is None and self.limits.pids > 0 and (most is None or most >= self.limits.pids):
-                seen[5] = _kv(*self._file(self._pids, "pids.events")).get("max", 0)
+                seen[5] = self._kv_of(self._pids, "pids.events").get("max", 0)
                 if seen[5] > base[5]:
                     hit = LIMIT_FLAGS["pids"]
         self._seen = tuple(seen)
@@ -686,12 +708,12 @@ class Cell:
             return False
         try:
             # empty when its command ended (kill() looked), and nothing enters a cell but through us
-            if not self._emptied and b"populated 0" not in _read(*self._file(self._v2, "cgroup.events")).encode():
+            if not self._emptied and b"populated 0" not in self._text(self._v2, "cgroup.events").encode():
                 return False  # what the kill ended is still exiting
             if self._memory is not None:
                 # what it left charged (the page cache of files it wrote) would count as the next one's
                 # (what it holds now is at most its peak: a small peak needs no look)
-                if self._seen[7] > _LEFT_CHARGED and (_int(*self._file(self._memory[0], "memory.usage_in_bytes")) or 0) > _LEFT_CHARGED:
+                if self._seen[7] > _LEFT_CHARGED and (self._int_of(self._memory[0], "memory.usage_in_bytes") or 0) > _LEFT_CHARGED:
                     return False
                 self._put(self._memory[0], "memory.max_usage_in_bytes", "0")
         except OSError:
@@ -712,7 +734,8 @@ class Cell:
         if not self._killed:
             self.kill()
         fds, self._fds, self._at = self._fds, (), {}
-        for fd in fds:
+        opened, self._open = self._open, {}
+        for fd in (*opened.values(), *fds):
             os.close(fd)
         dirs, self.dirs = self.dirs, ()
         busy = [d for d in dirs if not _rmdir(d)]

@@ -140,17 +140,28 @@ def spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErro
     return ProtocolError(message, code, details=details)
 
 
+_SHELLS: dict[tuple[str, str | None], str] = {}  # (shell, PATH) -> the executable found
+
+
 def _confined_argv(command: str, shell: str, cwd: str | None, environ: dict[str, str], env: Mapping[str, str] | None,
                    sandbox: Sandbox) -> list[str]:
     """The shell's argv under the sandbox program (a path: it execs without a PATH search), and
     the variables the sandbox gives a command (``TMPDIR``, the session's home) added to ``environ``."""
     # The wrapper's own failure would only be an exit status: find the shell here, so a missing
     # one is the same clear error as unsandboxed.
-    found = shutil.which(shell, path=environ.get("PATH")) if "/" not in shell else shell
-    if found is None or not os.path.exists(found):
-        raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
-    if not os.access(found, os.X_OK) or os.path.isdir(found):
-        raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
+    # A shell found once is not looked for again (three system calls a command; one removed later
+    # fails at its exec instead, with the sandbox program's message and status 127).
+    path = environ.get("PATH")
+    found = _SHELLS.get((shell, path))
+    if found is None:
+        found = shutil.which(shell, path=path) if "/" not in shell else shell
+        if found is None or not os.path.exists(found):
+            raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
+        if not os.access(found, os.X_OK) or os.path.isdir(found):
+            raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
+        if len(_SHELLS) >= 64:
+            _SHELLS.clear()
+        _SHELLS[shell, path] = found
     if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
         environ["TMPDIR"] = sandbox.tmpdir
     if sandbox.home is not None:
