@@ -710,23 +710,7 @@ static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
 static int zy_nlive;
 
 static void zy_send(int control, const struct zy_reply *r, int fd) {
-    struct iovec iov = {(void *)r, sizeof *r};
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } u;
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fd >= 0) {
-        msg.msg_control = u.buf;
-        msg.msg_controllen = sizeof u.buf;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    }
-    while (sendmsg(control, &msg, MSG_NOSIGNAL) < 0)
-        if (errno != EINTR) _exit(0); /* the service is gone: so is the session */
+    if (send_with_fds(control, r, sizeof *r, &fd, fd >= 0, 0) < 0) _exit(0); /* the service is gone: so is the session */
 }
 
 /* The strings of a request: NUL-terminated, count of them, or -1 when the message is short. */
@@ -824,24 +808,11 @@ static void zy_run(const struct zy_head *h, const int *stdio, const char *cwd, c
 /* The ready process: wait for its command (the init's request as it came, with the three stdio
  * fds), then run it; the init's end closed (a discard, the init gone): exit. */
 static void zy_await(int sock) {
-    union { char buf[CMSG_SPACE(3 * sizeof(int))]; struct cmsghdr align; } u;
-    struct iovec iov = {zy_buf, ZY_MAX_MSG};
-    struct msghdr msg;
-    ssize_t n;
-    do {
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = u.buf;
-        msg.msg_controllen = sizeof u.buf;
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    int stdio[3], nfds, cut;
     struct zy_head h;
-    if (n < (ssize_t)sizeof h || c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(3 * sizeof(int))) _exit(FAILED);
+    ssize_t n = recv_with_fds(sock, zy_buf, ZY_MAX_MSG, stdio, 3, &nfds, &cut);
+    if (n < (ssize_t)sizeof h || nfds != 3 || cut) _exit(FAILED);
     close(sock);
-    int stdio[3];
-    memcpy(stdio, CMSG_DATA(c), sizeof stdio);
     memcpy(&h, zy_buf, sizeof h);
     char *cwd, **argv, **envp;
     if (zy_parse(&h, zy_buf + sizeof h, zy_buf + n, &cwd, &argv, &envp) != 0) _exit(FAILED); /* the init checked it */
@@ -871,22 +842,7 @@ static void zy_prepare(int control, int *cells, int ncells) {
 
 /* Hands request buf[0:n] and its stdio to the ready process: 0, or -1 when it did not take it. */
 static int zy_hand_over(const char *buf, size_t n, const int *stdio) {
-    union { char buf[CMSG_SPACE(3 * sizeof(int))]; struct cmsghdr align; } u;
-    struct iovec iov = {(void *)buf, n};
-    struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = u.buf;
-    msg.msg_controllen = sizeof u.buf;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(3 * sizeof(int));
-    memcpy(CMSG_DATA(c), stdio, 3 * sizeof(int));
-    ssize_t sent;
-    while ((sent = sendmsg(zy_ready.sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)) < 0 && errno == EINTR) {}
-    return sent == (ssize_t)n ? 0 : -1;
+    return send_with_fds(zy_ready.sock, buf, n, stdio, 3, MSG_DONTWAIT) == (ssize_t)n ? 0 : -1;
 }
 
 static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds) {
@@ -999,30 +955,12 @@ static void zygote(int control) {
             zy_reap(control);
         }
         if (!p[0].revents) continue;
-        union { char buf[CMSG_SPACE(ZY_MAX_FDS * sizeof(int))]; struct cmsghdr align; } u;
-        struct iovec iov = {buf, ZY_MAX_MSG};
-        struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = u.buf;
-        msg.msg_controllen = sizeof u.buf;
-        ssize_t n = recvmsg(control, &msg, MSG_CMSG_CLOEXEC);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        int fds[ZY_MAX_FDS], nfds, cut;
+        ssize_t n = recv_with_fds(control, buf, ZY_MAX_MSG, fds, ZY_MAX_FDS, &nfds, &cut);
+        if (n < 0 && errno == EAGAIN) continue;
         if (n <= 0) _exit(0); /* EOF: the session is over, and the kernel ends what it left */
-        int fds[ZY_MAX_FDS], nfds = 0;
-        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-            int got = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int k = 0; k < got; k++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-                if (nfds < ZY_MAX_FDS) fds[nfds++] = fd;
-                else close(fd);
-            }
-        }
         struct zy_head h;
-        if ((size_t)n >= sizeof h && !(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        if ((size_t)n >= sizeof h && !cut) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
             if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds);

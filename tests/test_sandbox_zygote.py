@@ -16,7 +16,7 @@ import os
 import pathlib
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -202,11 +202,10 @@ def _cells_of(pid: int) -> dict[str, str]:
     return {row.split(":")[1]: row.split(":", 2)[2] for row in rows}
 
 
-async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -> None:
-    # After a command, the init forks the next command's process ahead: born in the next cell, its
-    # v1 cells joined (a v1 join waits for an RCU grace period after the host's cgroups were idle:
-    # milliseconds an agent's next command no longer pays), then waiting. The next command runs
-    # as that very process; another is made for the one after.
+@contextlib.asynccontextmanager
+async def _a_session_with_its_next_process(server: ServerProcess) -> AsyncIterator[tuple[Client, int, int]]:
+    """A session that ran a command: its client, its zygote's monitor, and the process its next
+    command waits in."""
     before = set(_zygotes(server.pid))
     async with await Client.connect(server.unix) as client:
         await client.handshake()
@@ -214,6 +213,15 @@ async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -
         (monitor,) = set(_zygotes(server.pid)) - before
         assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
         (ready,) = _waiting(monitor)
+        yield client, monitor, ready
+
+
+async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -> None:
+    # After a command, the init forks the next command's process ahead: born in the next cell, its
+    # v1 cells joined (a v1 join waits for an RCU grace period after the host's cgroups were idle:
+    # milliseconds an agent's next command no longer pays), then waiting. The next command runs
+    # as that very process; another is made for the one after.
+    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
         cells = _cells_of(ready)
         name = cells[""].rsplit("/", 1)[1]
         assert name.startswith("c") and name[1:].isdigit(), cells
@@ -236,13 +244,7 @@ async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -
 async def test_a_ready_process_killed_is_forked_again(server: ServerProcess) -> None:
     # Whatever ends the waiting process (here the host's SIGKILL), the next command is forked into
     # the same cell as without one, and the one after has its own made again.
-    before = set(_zygotes(server.pid))
-    async with await Client.connect(server.unix) as client:
-        await client.handshake()
-        assert (await client.run("true")).exit_code == 0
-        (monitor,) = set(_zygotes(server.pid)) - before
-        assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
-        (ready,) = _waiting(monitor)
+    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
         cell = _cells_of(ready)[""]
         os.kill(ready, 9)
         assert wait_until(lambda: not pid_alive(ready), 10)
