@@ -672,12 +672,13 @@ static void init(int report) {
  *     NUL-terminated; with op 'S' (start) three fds (stdin, stdout, stderr) and then the command's
  *     cgroup directories (SCM_RIGHTS): it is born in the first with clone3(CLONE_INTO_CGROUP), so it
  *     cannot fork out before it is in; it joins the others (v1 hierarchies) itself before exec.
- *     With flag ZY_READY, the process made ahead by op 'R' runs it (zy_ready), if there is one; else
- *     it is forked as without. Op 'R' (fds: the next command's cgroup directories) makes that process
- *     ahead: born in those cells, their joins done, waiting; op 'D' discards it.
+ *     Op 'R' (id: the next command's; fds: its cgroup directories) makes that command's process
+ *     ahead (zy_prepare): born in those cells, their joins done, waiting for the request on a socket
+ *     of its own, whose other end the reply 'Q' hands the service (with its pidfd).
  *     Op 'K' signals the process group of command id (the init owns the pids: a signal never reaches
  *     a reused one); op 'C' closes the zygote (so does EOF: the service's end closed or the service died).
  *   reply (init -> service): struct zy_reply; 'P' started (its pidfd attached, for the host's pid),
+ *     'Q' made ahead (its pidfd and the service's end of its socket attached),
  *     'F' not started (value: errno), 'X' ended (value: wait status, usage: its wait4 rusage).
  * When the init exits, the kernel kills whatever is left in the pid namespace. */
 #define ZY_MAX_MSG (256 * 1024)
@@ -686,7 +687,6 @@ static void init(int report) {
 #define SYS_clone3_ 435
 #define CLONE_PIDFD_ 0x1000ULL
 #define CLONE_INTO_CGROUP_ 0x200000000ULL
-#define ZY_READY 1u /* zy_head.flags of 'S': the ready process runs it (when there is one) */
 
 struct zy_head {
     uint32_t op, id;
@@ -709,8 +709,12 @@ struct clone_args_ {
 static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
 static int zy_nlive;
 
+static void zy_send_fds(int control, const struct zy_reply *r, const int *fds, int nfds) {
+    if (send_with_fds(control, r, sizeof *r, fds, nfds, 0) < 0) _exit(0); /* the service is gone: so is the session */
+}
+
 static void zy_send(int control, const struct zy_reply *r, int fd) {
-    if (send_with_fds(control, r, sizeof *r, &fd, fd >= 0, 0) < 0) _exit(0); /* the service is gone: so is the session */
+    zy_send_fds(control, r, &fd, fd >= 0);
 }
 
 /* The strings of a request: NUL-terminated, count of them, or -1 when the message is short. */
@@ -725,25 +729,14 @@ static int zy_strings(char **at, char *end, char **out, uint32_t count) {
     return 0;
 }
 
-/* The process made ahead of the session's next command (op 'R'): born in that command's cell, its
- * v1 cells joined, waiting on its own socket for the command (op 'S' with ZY_READY). A join of a v1
- * hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (without
- * `favordynmods`: 5-10 ms after an agent's think time), and the fork is the init's dearest step: both
- * are paid here, between commands, not while the peer waits. One at most. */
-static struct { pid_t pid; int pidfd, sock; } zy_ready = {0, -1, -1};
+/* The process made ahead of the session's next command (op 'R', its id the command's): born in
+ * that command's cell, its v1 cells joined, waiting on a socket of its own whose other end goes to
+ * the service (reply 'Q'), which sends it the command directly: no step through the init. A join of
+ * a v1 hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment
+ * (without `favordynmods`: 5-10 ms after an agent's think time), and the fork is the init's dearest
+ * step: both are paid here, between commands, not while the peer waits. It is a live command to
+ * the init from its birth: 'K' reaches it, and its end is an 'X' like any. */
 static char zy_buf[ZY_MAX_MSG + 1];
-
-static void zy_ready_forget(void) {
-    if (zy_ready.pidfd >= 0) close(zy_ready.pidfd);
-    if (zy_ready.sock >= 0) close(zy_ready.sock);
-    zy_ready.pid = 0;
-    zy_ready.pidfd = zy_ready.sock = -1;
-}
-
-static void zy_ready_discard(void) {
-    if (zy_ready.pid > 0) kill(zy_ready.pid, SIGKILL); /* reaped as an orphan */
-    zy_ready_forget();
-}
 
 /* A child born in cgroup directory cells[0] (clone3's CLONE_INTO_CGROUP) that has joined the others
  * (v1 hierarchies) itself, with a pidfd; in the child, the cells' fds are closed. Without clone3's
@@ -805,8 +798,8 @@ static void zy_run(const struct zy_head *h, const int *stdio, const char *cwd, c
     run_command(cwd, argv, envp);
 }
 
-/* The ready process: wait for its command (the init's request as it came, with the three stdio
- * fds), then run it; the init's end closed (a discard, the init gone): exit. */
+/* The ready process: wait for its command (a request as the init takes one, with the three stdio
+ * fds, from the service), then run it; the service's end closed (a discard): exit. */
 static void zy_await(int sock) {
     int stdio[3], nfds, cut;
     struct zy_head h;
@@ -815,15 +808,28 @@ static void zy_await(int sock) {
     close(sock);
     memcpy(&h, zy_buf, sizeof h);
     char *cwd, **argv, **envp;
-    if (zy_parse(&h, zy_buf + sizeof h, zy_buf + n, &cwd, &argv, &envp) != 0) _exit(FAILED); /* the init checked it */
+    if (zy_parse(&h, zy_buf + sizeof h, zy_buf + n, &cwd, &argv, &envp) != 0) _exit(FAILED); /* never from the service */
     zy_run(&h, stdio, cwd, argv, envp);
 }
 
-/* Op 'R': the ready process, born in cells (fds), replacing any earlier one. */
-static void zy_prepare(int control, int *cells, int ncells) {
-    zy_ready_discard();
+/* Op 'R': the ready process of command h->id, born in cells (fds); its pidfd and the service's end
+ * of its socket go back in a 'Q' ('F' with errno: none was made). */
+static void zy_prepare(int control, const struct zy_head *h, int *cells, int ncells) {
+    struct zy_reply r;
+    memset(&r, 0, sizeof r);
+    r.op = 'F';
+    r.id = h->id;
     int pair[2], pidfd = -1;
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return;
+    if (zy_nlive >= ZY_MAX_LIVE) {
+        r.value = EAGAIN;
+        zy_send(control, &r, -1);
+        return;
+    }
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+        r.value = errno;
+        zy_send(control, &r, -1);
+        return;
+    }
     pid_t pid = zy_clone(cells, ncells, &pidfd);
     if (pid == 0) {
         close(pair[0]);
@@ -832,17 +838,20 @@ static void zy_prepare(int control, int *cells, int ncells) {
     }
     close(pair[1]);
     if (pid < 0) {
+        r.value = errno;
         close(pair[0]);
-        return; /* the next command is forked as before */
+        zy_send(control, &r, -1);
+        return;
     }
-    zy_ready.pid = pid;
-    zy_ready.pidfd = pidfd;
-    zy_ready.sock = pair[0];
-}
-
-/* Hands request buf[0:n] and its stdio to the ready process: 0, or -1 when it did not take it. */
-static int zy_hand_over(const char *buf, size_t n, const int *stdio) {
-    return send_with_fds(zy_ready.sock, buf, n, stdio, 3, MSG_DONTWAIT) == (ssize_t)n ? 0 : -1;
+    zy_live[zy_nlive].id = h->id;
+    zy_live[zy_nlive].pid = pid;
+    zy_nlive++;
+    r.op = 'Q';
+    r.pid = pid;
+    int fds[2] = {pidfd, pair[0]};
+    zy_send_fds(control, &r, fds, 2);
+    close(pidfd);
+    close(pair[0]);
 }
 
 static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds) {
@@ -862,23 +871,12 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
         goto done;
     }
     if ((r.value = zy_parse(h, buf + sizeof *h, buf + n, &cwd, &argv, &envp)) != 0) goto done;
-    if ((h->flags & ZY_READY) && zy_ready.pid > 0) {
-        if (zy_hand_over(buf, n, fds) == 0) {
-            pid = zy_ready.pid;
-            pidfd = zy_ready.pidfd;
-            zy_ready.pidfd = -1;
-            zy_ready_forget();
-            goto started;
-        }
-        zy_ready_discard(); /* gone, or its socket would not take it: forked below, in the same cell */
-    }
     pid = zy_clone(fds + 3, nfds - 3, &pidfd);
     if (pid < 0) {
         r.value = errno;
         goto done;
     }
     if (pid == 0) zy_run(h, fds, cwd, argv, envp);
-started:
     zy_live[zy_nlive].id = h->id;
     zy_live[zy_nlive].pid = pid;
     zy_nlive++;
@@ -921,8 +919,7 @@ static void zy_reap(int control) {
             zy_live[k] = zy_live[--zy_nlive];
             zy_send(control, &r, -1);
             break;
-        } /* else an orphan, reaped (the ready process: made again at the next 'R') */
-        if (pid == zy_ready.pid) zy_ready_forget();
+        } /* else an orphan, reaped */
     }
 }
 
@@ -964,8 +961,7 @@ static void zygote(int control) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
             if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds);
-            else if (h.op == 'R') zy_prepare(control, fds, nfds);
-            else if (h.op == 'D') zy_ready_discard();
+            else if (h.op == 'R') zy_prepare(control, &h, fds, nfds);
             else if (h.op == 'K') zy_signal(&h);
         }
         for (int k = 0; k < nfds; k++) close(fds[k]);

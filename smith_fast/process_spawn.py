@@ -292,10 +292,8 @@ async def spawn_forked(
             raise spawn_error(exc, shell, cwd) from None
     out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
     wanted = limits or containment.CommandLimits()
-    cell = zygote.take_ready(wanted)
-    ready = cell is not None
-    if cell is None:
-        cell = containment.new_cell(wanted, born_elsewhere=True)
+    ready = zygote.take_ready(wanted)
+    cell = ready.cell if ready is not None else containment.new_cell(wanted, born_elsewhere=True)
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
         try:
@@ -303,9 +301,9 @@ async def spawn_forked(
                                            cell.birth_fds(), ready=ready)
         finally:
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
-        # The next command's process, made while this one runs (after this step: the command's
-        # own set-up here comes first).
-        loop.call_soon(_prepare_next, zygote, wanted)
+        # The next command's process, asked for now: the init forks it while this command execs
+        # (later, the fork would meet this command's end and delay its final event).
+        _prepare_next(zygote, wanted)
         pid = await started
     except ZygoteGone:
         _give_up(cell, *ours)

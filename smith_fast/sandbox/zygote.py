@@ -17,8 +17,9 @@ command inherits or applies. A command costs a fork and an exec.
   ``on_exit(wait status, rusage)``; :meth:`Zygote.signal` signals its process group through the
   init, which owns the pid (no signal reaches a reused one).
 * The ready process: after a command, :meth:`Zygote.prepare` has the init fork the next one ahead,
-  born in the next command's cell and joined to its v1 cells, waiting; the next :meth:`Zygote.start`
-  hands it the command (:meth:`Zygote.take_ready` gives back that cell). A join of a v1 cgroup
+  born in the next command's cell and joined to its v1 cells, waiting on a socket whose other end
+  the init hands us; the next :meth:`Zygote.start` sends it the command there, with no step through
+  the init and no reply to wait for (:meth:`Zygote.take_ready` gives it, its cell with it). A join of a v1 cgroup
   hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
   on a hybrid host without ``favordynmods``: every command after an agent's think time), and the
   fork is the init's dearest step: both are paid between commands, not while the peer waits.
@@ -49,12 +50,11 @@ from collections.abc import Callable, Sequence
 from .. import childguard, containment
 from ..errors import ZygoteGone
 
-__all__ = ["MAX_REQUEST", "Forked", "Zygote", "ZygoteGone", "Zygotes"]
+__all__ = ["MAX_REQUEST", "Forked", "Ready", "Zygote", "ZygoteGone", "Zygotes"]
 
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
 _REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
-_FDS = socket.CMSG_SPACE(array.array("i").itemsize)
-_READY = 1  # zy_head.flags of 'S' (ZY_READY): the ready process runs it
+_FDS2 = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # a 'Q' reply's pidfd and socket
 MAX_REQUEST = 192 * 1024
 """The largest request (argv, env and cwd) sent to a zygote: the init reads 256 KiB at most and an
 unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
@@ -112,6 +112,26 @@ class Forked:
             self._ended = (status, rusage)
 
 
+class Ready:
+    """The next command's process, made ahead (:meth:`Zygote.prepare`): the cell it was born in,
+    the command id it will run as, and once the init said it runs (reply ``'Q'``) its host pid and
+    our end of its socket."""
+
+    __slots__ = ("cell", "rid", "pid", "sock")
+
+    def __init__(self, cell: containment.Cell, rid: int) -> None:
+        self.cell = cell
+        self.rid = rid
+        self.pid = 0
+        self.sock: socket.socket | None = None
+
+    def drop(self) -> None:
+        """Our end closed: a process still waiting exits at the EOF (the cell stays the caller's)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
 class Zygote:
     """One zygote: ``argv`` (``Sandbox.zygote_argv``) started with the far end of a socket pair.
 
@@ -131,7 +151,7 @@ class Zygote:
         self._starting: dict[int, asyncio.Future[int]] = {}
         self._exits: dict[int, Forked] = {}
         self._gone = False
-        self._ready: containment.Cell | None = None  # the cell the ready process waits in
+        self._ready: Ready | None = None  # the next command's process
         try:
             # No stdio of ours: a failure shows as the socket's end, and the command then takes the
             # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
@@ -156,11 +176,11 @@ class Zygote:
         return self._ready is not None
 
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
-              cells: Sequence[int], data_size: int = 0, *, ready: bool = False) -> tuple[Forked, asyncio.Future[int]]:
+              cells: Sequence[int], data_size: int = 0, *, ready: Ready | None = None) -> tuple[Forked, asyncio.Future[int]]:
         """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
-        cgroup directories open, v2 first (ours stay open: the caller closes them). ``ready``: the
-        cells are those :meth:`take_ready` gave: the process waiting in them runs it (forked into
-        them as without, if it is gone).
+        cgroup directories open, v2 first (ours stay open: the caller closes them). ``ready``: what
+        :meth:`take_ready` gave (``cells`` are its cell's): its process runs the command, at once
+        (forked into the cells as without, if it does not take it).
 
         Returns:
             the command and a future of its host pid (an ``OSError`` when the
@@ -179,13 +199,28 @@ class Zygote:
         body = text.encode("utf-8", "surrogateescape") + b"\0"
         if len(body) > MAX_REQUEST:
             raise ZygoteGone("the request is too large for the zygote")
+        if ready is not None and ready.sock is not None:
+            try:
+                head = _HEAD.pack(ord("S"), ready.rid, 0, 0, data_size, len(argv), len(env))
+                ready.sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", stdio))])
+            except OSError:  # it is gone (killed), or the request does not fit its socket
+                pass
+            else:
+                forked = Forked(self, ready.rid, self._loop)
+                forked.pid = ready.pid
+                self._exits[ready.rid] = forked
+                started: asyncio.Future[int] = self._loop.create_future()
+                started.set_result(ready.pid)
+                return forked, started
+            finally:
+                ready.drop()
         rid = next(self._ids)
         try:
-            head = _HEAD.pack(ord("S"), rid, 0, _READY if ready else 0, data_size, len(argv), len(env))
+            head = _HEAD.pack(ord("S"), rid, 0, 0, data_size, len(argv), len(env))
             self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *cells)))])
         except OSError as exc:  # full (BlockingIOError), too large, or the init is gone
             raise ZygoteGone(f"the zygote did not take the command: {exc}") from None
-        started: asyncio.Future[int] = self._loop.create_future()
+        started = self._loop.create_future()
         forked = Forked(self, rid, self._loop)
         self._starting[rid] = started
         self._exits[rid] = forked
@@ -193,30 +228,34 @@ class Zygote:
 
     def prepare(self, cell: containment.Cell) -> None:
         """Have the init fork the next command's process now, born in ``cell`` (which this zygote
-        then holds: :meth:`take_ready` gives it back, :meth:`close` releases it). Nothing happens if
-        the zygote cannot take the request (the next command is forked as before)."""
+        then holds: :meth:`take_ready` gives it, :meth:`close` releases it). Nothing happens if the
+        zygote cannot take the request (the next command is forked as before)."""
         if self._gone or self._ready is not None:
             cell.release()
             return
+        rid = next(self._ids)
         try:
-            self._sock.sendmsg([_HEAD.pack(ord("R"), 0, 0, 0, 0, 0, 0)],
+            self._sock.sendmsg([_HEAD.pack(ord("R"), rid, 0, 0, 0, 0, 0)],
                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", cell.birth_fds()))])
         except OSError:
             cell.release()
             return
-        self._ready = cell
+        self._ready = Ready(cell, rid)
 
-    def take_ready(self, limits: containment.CommandLimits) -> containment.Cell | None:
-        """The cell the ready process waits in, for a command with ``limits`` (set on the cell
-        before the process was born in it); None when there is none, or when its limits differ
-        (the process is then discarded and the cell released)."""
-        cell, self._ready = self._ready, None
-        if cell is not None and cell.limits != limits:
-            with contextlib.suppress(OSError):
-                self._sock.send(_HEAD.pack(ord("D"), 0, 0, 0, 0, 0, 0))
-            cell.release()
+    def take_ready(self, limits: containment.CommandLimits) -> Ready | None:
+        """The next command's process, for a command with ``limits`` (set on its cell before it was
+        born there); None when there is none yet (its ``'Q'`` is still on its way: the command takes
+        a cell of its own, and the process waits for the one after), or when its limits differ
+        (then it is let go and its cell released)."""
+        ready = self._ready
+        if ready is None or ready.sock is None:
             return None
-        return cell
+        self._ready = None
+        if ready.cell.limits != limits:
+            ready.drop()
+            ready.cell.release()
+            return None
+        return ready
 
     def signal(self, rid: int, sig: int) -> None:
         """Send ``sig`` to command ``rid``'s process group (nothing once it was reaped)."""
@@ -228,7 +267,7 @@ class Zygote:
     def _readable(self) -> None:
         while True:
             try:
-                data, anc, _flags, _ = self._sock.recvmsg(_REPLY.size, _FDS)
+                data, anc, _flags, _ = self._sock.recvmsg(_REPLY.size, _FDS2)
             except BlockingIOError:
                 return
             except OSError:
@@ -238,28 +277,54 @@ class Zygote:
                 return
             v = _REPLY.unpack(data)
             op, rid, status = v[0], v[1], v[3]
-            pidfds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                      for fd in array.array("i", raw[: len(raw) - len(raw) % 4])]
-            if op == ord("X"):
-                forked = self._exits.pop(rid, None)
-                if forked is not None:
-                    forked.exited(status, _rusage(v[4:]))
-                continue
-            started = self._starting.pop(rid, None)
+            fds = [fd for level, kind, raw in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for fd in array.array("i", raw[: len(raw) - len(raw) % 4])]
             try:
+                if op == ord("X"):
+                    forked = self._exits.pop(rid, None)
+                    if forked is not None:
+                        forked.exited(status, _rusage(v[4:]))
+                    elif self._ready is not None and self._ready.rid == rid:
+                        self._lose_ready()  # it ended before its command came (killed)
+                    continue
+                if op == ord("Q") or (op == ord("F") and self._ready is not None and self._ready.rid == rid):
+                    self._made_ready(op, rid, fds)
+                    continue
+                started = self._starting.pop(rid, None)
                 if started is None or started.done():
                     continue
                 forked = self._exits.get(rid)
-                if op == ord("P") and pidfds and forked is not None:
-                    forked.pid = _host_pid(pidfds[0])
+                if op == ord("P") and fds and forked is not None:
+                    forked.pid = _host_pid(fds[0])
                     started.set_result(forked.pid)
                 else:
                     self._exits.pop(rid, None)
                     code = status if op == ord("F") else errno.ESRCH
                     started.set_exception(OSError(code, os.strerror(code)))
             finally:
-                for fd in pidfds:
-                    os.close(fd)
+                for fd in fds:
+                    if fd >= 0:
+                        os.close(fd)
+
+    def _made_ready(self, op: int, rid: int, fds: list[int]) -> None:
+        """The init's answer to :meth:`prepare`: ``'Q'`` with the process's pidfd and socket (taken
+        from ``fds``), or ``'F'``: none was made, its cell goes."""
+        ready = self._ready
+        if ready is None or ready.rid != rid:
+            return  # one let go meanwhile: its socket is closed with the other fds
+        if op == ord("Q") and len(fds) == 2 and not self._gone:
+            ready.pid = _host_pid(fds[0])
+            ready.sock = socket.socket(fileno=fds[1])
+            fds[1] = -1  # the socket's now
+            ready.sock.setblocking(False)
+        else:
+            self._lose_ready()
+
+    def _lose_ready(self) -> None:
+        ready, self._ready = self._ready, None
+        if ready is not None:
+            ready.drop()
+            ready.cell.release()
 
     def _end(self) -> None:
         """The init is gone (or we close it): every command it held ended with it."""
@@ -269,6 +334,8 @@ class Zygote:
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
+        if self._ready is not None:
+            self._ready.drop()
         starting, self._starting = self._starting, {}
         exits, self._exits = self._exits, {}
         for started in starting.values():
@@ -288,7 +355,7 @@ class Zygote:
         # cell with a member left in it is only removed at the next command's, or at exit).
         ready, self._ready = self._ready, None
         if ready is not None:
-            ready.release()
+            ready.cell.release()
 
     def close(self) -> None:
         """End the zygote: its init exits, and the kernel kills every process left in its namespace."""

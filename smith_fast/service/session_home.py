@@ -98,6 +98,11 @@ def remove_tree(path: str, *, keep_top: bool = False) -> None:
 MEASURE_EVERY = 1.0
 """Seconds between two measurements of a home (without --workspaces, where no tmpfs bounds it)."""
 
+MEASURE_AFTER = 0.05
+"""Seconds after a command's start before its home is measured: the walk runs in a thread, which
+takes the GIL and a CPU from the command's start (its spawn, measured: 0.2-0.4 ms later after an
+idle moment) if it begins with it."""
+
 
 class SessionHome:
     """One session's home under ``--home-dir`` (:class:`Homes`): made by :meth:`Homes.open`."""
@@ -118,7 +123,8 @@ class SessionHome:
         """Before a process of the session starts: empty the home when the last measurement found
         it over ``--max-home-bytes``; returns the bytes it held then, 0 when it was within the bound.
         The home is measured in a thread at most every :data:`MEASURE_EVERY` seconds, never while a
-        command waits to start (a cache of many files takes a while to walk)."""
+        command waits to start (a cache of many files takes a while to walk), and from
+        :data:`MEASURE_AFTER` seconds after the command that asked (not during its start)."""
         if not self.max_bytes or self._removed:
             return 0
         loop = asyncio.get_running_loop()
@@ -128,12 +134,16 @@ class SessionHome:
             self._used = 0 if measuring.cancelled() or measuring.exception() is not None else measuring.result()
         if self._measuring is None and loop.time() - self._measured >= MEASURE_EVERY:
             self._measured = loop.time()
-            self._measuring = loop.run_in_executor(None, tree_bytes, self.path)
+            loop.call_later(MEASURE_AFTER, self._measure, loop)
         used, self._used = self._used, 0
         if used <= self.max_bytes:
             return 0
         await asyncio.to_thread(remove_tree, self.path, keep_top=True)
         return used
+
+    def _measure(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._removed and not self._ended and self._measuring is None:
+            self._measuring = loop.run_in_executor(None, tree_bytes, self.path)
 
     def hold(self) -> None:
         """A background process of the session starts: the home stays until :meth:`release`."""
