@@ -82,19 +82,10 @@ def home_environment(home: str) -> dict[str, str]:
     real home has them (so that toolchains installed there still run). Worked out once per home
     (every sandboxed command asks: a uid, a passwd entry and a stat per toolchain each time); the
     caller gets its own copy."""
-    known = _HOMES.get(home)
-    if known is None:
-        known = _home_environment(home)
-        if len(_HOMES) >= _MAX_HOMES:
-            _HOMES.clear()
-        _HOMES[home] = known
-    return dict(known)
+    return dict(_home_environment(home))
 
 
-_HOMES: dict[str, dict[str, str]] = {}
-_MAX_HOMES = 256  # a home per session (--home-dir): the table is emptied rather than grown past this
-
-
+@functools.lru_cache(maxsize=256)  # a home per session (--home-dir)
 def _home_environment(home: str) -> dict[str, str]:
     out = {name: f"{home}/{sub}" if sub else home for name, sub in HOME_VARIABLES.items()}
     _, real = _account(os.getuid())

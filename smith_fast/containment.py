@@ -32,7 +32,7 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   period: measured here, a ``true`` sent 0.2 s after the last took 12-16 ms instead of 3.4 (a 1-byte
   write to ``cgroup.procs`` of 6-11 ms in ``perf trace``). A command born in its v2 cell
   (``CLONE_INTO_CGROUP``) moves nothing; on a hybrid machine the v1 joins remain: a session's
-  zygote makes them ahead, in the next command's process forked between commands
+  zygote makes them ahead, in the next command's process, forked as each command starts
   (``smith_fast/sandbox/zygote.py``), and the service names the remedy at start-up for the rest (a
   session's first command, the one-shot way).
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
@@ -183,11 +183,16 @@ def _read(path: str, at: int | None = None) -> str:
     # a cgroup file (its text is made at the first read), so no second read for the EOF
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=at)
     try:
-        chunks = [os.read(fd, 65536)]
-        while len(chunks[-1]) == 65536:
-            chunks.append(os.read(fd, 65536))
+        return _pread_text(fd)
     finally:
         os.close(fd)
+
+
+def _pread_text(fd: int) -> str:
+    """The text of the cgroup file open on ``fd``, from its start (a read at offset 0 makes it afresh)."""
+    chunks = [os.pread(fd, 65536, 0)]
+    while len(chunks[-1]) == 65536:
+        chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
     return b"".join(chunks).decode("ascii", "replace")
 
 
@@ -518,10 +523,7 @@ class Cell:
         fd = self._open.get(key)
         if fd is None:
             fd = self._open[key] = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=at)
-        chunks = [os.pread(fd, 65536, 0)]
-        while len(chunks[-1]) == 65536:
-            chunks.append(os.pread(fd, 65536, 65536 * len(chunks)))
-        return b"".join(chunks).decode("ascii", "replace")
+        return _pread_text(fd)
 
     def _kv_of(self, directory: str, name: str) -> dict[str, int]:
         try:

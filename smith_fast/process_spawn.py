@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import os
 import shutil
 import stat
@@ -30,7 +31,7 @@ from .errors import ProtocolError
 from .logs import get_logger
 from .pb import smith_pb2
 from .sandbox import Sandbox
-from .sandbox.zygote import Forked, Zygote, ZygoteGone, Zygotes
+from .sandbox.zygote import Forked, ZygoteGone, Zygotes
 
 __all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "route", "set_winsize", "spawn", "spawn_error", "spawn_forked",
            "start"]
@@ -140,7 +141,17 @@ def spawn_error(exc: BaseException, shell: str, cwd: str | None) -> ProtocolErro
     return ProtocolError(message, code, details=details)
 
 
-_SHELLS: dict[tuple[str, str | None], str] = {}  # (shell, PATH) -> the executable found
+@functools.lru_cache(maxsize=64)
+def _find_shell(shell: str, path: str | None) -> str:
+    """The executable ``shell`` names (a path, or a name looked up on ``path``). Found once per
+    (shell, PATH): three system calls a command; one removed later fails at its exec instead, with
+    the sandbox program's message and status 127. Raises the ``OSError`` that exec would."""
+    found = shutil.which(shell, path=path) if "/" not in shell else shell
+    if found is None or not os.path.exists(found):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", shell)
+    if not os.access(found, os.X_OK) or os.path.isdir(found):
+        raise PermissionError(errno.EACCES, "Permission denied", shell)
+    return found
 
 
 def _confined_argv(command: str, shell: str, cwd: str | None, environ: dict[str, str], env: Mapping[str, str] | None,
@@ -149,19 +160,10 @@ def _confined_argv(command: str, shell: str, cwd: str | None, environ: dict[str,
     the variables the sandbox gives a command (``TMPDIR``, the session's home) added to ``environ``."""
     # The wrapper's own failure would only be an exit status: find the shell here, so a missing
     # one is the same clear error as unsandboxed.
-    # A shell found once is not looked for again (three system calls a command; one removed later
-    # fails at its exec instead, with the sandbox program's message and status 127).
-    path = environ.get("PATH")
-    found = _SHELLS.get((shell, path))
-    if found is None:
-        found = shutil.which(shell, path=path) if "/" not in shell else shell
-        if found is None or not os.path.exists(found):
-            raise spawn_error(FileNotFoundError(errno.ENOENT, "No such file or directory", shell), shell, cwd)
-        if not os.access(found, os.X_OK) or os.path.isdir(found):
-            raise spawn_error(PermissionError(errno.EACCES, "Permission denied", shell), shell, cwd)
-        if len(_SHELLS) >= 64:
-            _SHELLS.clear()
-        _SHELLS[shell, path] = found
+    try:
+        found = _find_shell(shell, environ.get("PATH"))
+    except OSError as exc:
+        raise spawn_error(exc, shell, cwd) from None
     if sandbox.tmpdir is not None and not (env and "TMPDIR" in env):
         environ["TMPDIR"] = sandbox.tmpdir
     if sandbox.home is not None:
@@ -252,13 +254,6 @@ async def start(
                  sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
 
 
-def _prepare_next(zygote: Zygote, limits: containment.CommandLimits) -> None:
-    """Have ``zygote`` make its next command's process ahead, in a cell with ``limits`` (the last
-    command's: the likeliest next ones), unless it has one or is gone."""
-    if zygote.alive and not zygote.has_ready:
-        zygote.prepare(containment.new_cell(limits, born_elsewhere=True))
-
-
 async def spawn_forked(
     command: str,
     *,
@@ -303,7 +298,7 @@ async def spawn_forked(
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
         # The next command's process, asked for now: the init forks it while this command execs
         # (later, the fork would meet this command's end and delay its final event).
-        _prepare_next(zygote, wanted)
+        zygote.prepare(wanted)
         pid = await started
     except ZygoteGone:
         _give_up(cell, *ours)

@@ -16,8 +16,8 @@ command inherits or applies. A command costs a fork and an exec.
   ``clone3(CLONE_INTO_CGROUP)``) and returns its host pid once it runs; its end comes back as
   ``on_exit(wait status, rusage)``; :meth:`Zygote.signal` signals its process group through the
   init, which owns the pid (no signal reaches a reused one).
-* The ready process: after a command, :meth:`Zygote.prepare` has the init fork the next one ahead,
-  born in the next command's cell and joined to its v1 cells, waiting on a socket whose other end
+* The ready process: as each command starts, :meth:`Zygote.prepare` has the init fork the next one
+  ahead, born in the next command's cell and joined to its v1 cells, waiting on a socket whose other end
   the init hands us; the next :meth:`Zygote.start` sends it the command there, with no step through
   the init and no reply to wait for (:meth:`Zygote.take_ready` gives it, its cell with it). A join of a v1 cgroup
   hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
@@ -170,11 +170,6 @@ class Zygote:
     def alive(self) -> bool:
         return not self._gone
 
-    @property
-    def has_ready(self) -> bool:
-        """A process waits for the next command (:meth:`prepare`)."""
-        return self._ready is not None
-
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
               cells: Sequence[int], data_size: int = 0, *, ready: Ready | None = None) -> tuple[Forked, asyncio.Future[int]]:
         """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
@@ -226,13 +221,14 @@ class Zygote:
         self._exits[rid] = forked
         return forked, started
 
-    def prepare(self, cell: containment.Cell) -> None:
-        """Have the init fork the next command's process now, born in ``cell`` (which this zygote
-        then holds: :meth:`take_ready` gives it, :meth:`close` releases it). Nothing happens if the
-        zygote cannot take the request (the next command is forked as before)."""
+    def prepare(self, limits: containment.CommandLimits) -> None:
+        """Have the init fork the next command's process now, unless one is made or waits: born in
+        a cell of its own with ``limits`` (the last command's, the likeliest next ones), which this
+        zygote then holds (:meth:`take_ready` gives it, :meth:`close` releases it). Nothing happens
+        if the zygote cannot take the request (the next command is forked as before)."""
         if self._gone or self._ready is not None:
-            cell.release()
             return
+        cell = containment.new_cell(limits, born_elsewhere=True)
         rid = next(self._ids)
         try:
             self._sock.sendmsg([_HEAD.pack(ord("R"), rid, 0, 0, 0, 0, 0)],
