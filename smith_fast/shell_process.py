@@ -328,9 +328,9 @@ class ShellProcess:
         # second read would only return EAGAIN; the loop calls again if anything is left.
         now = self._loop.time()
         wait = self._last_read + READ_PACE - now
-        if wait > 0 and self._quick_reads >= PACE_AFTER and 0 < _waiting(fd) < PACE_BELOW:
+        if wait > 0 and self._quick_reads >= PACE_AFTER and self.returncode is None and 0 < _waiting(fd) < PACE_BELOW:
             # a burst of small writes: look again once READ_PACE has passed since the last read
-            # (its end, or a pipe filling up, is read at once)
+            # (its end, or a pipe filling up, is read at once; once the shell is reaped, all of it)
             self._pace(wait)
             return
         try:
@@ -546,6 +546,13 @@ class ShellProcess:
         if not self._exited.done():
             self._exited.set_result(code)
         self._close_stdin_now()
+        if self._pacing is not None:
+            # The writer is gone: what it left is its last output, read now with the end (held
+            # to the pace, a `true` under the MCP shell, whose prologue and trap write six times,
+            # waited a pace for its final event 4 times in 10).
+            self._pacing.cancel()
+            self._pacing = None
+            self._watch_pipes()
         if self._pipes:
             self._escape_timer = self._loop.call_later(ESCAPED_WRITER_GRACE, self._escaped_writer_check)
         self._maybe_done()

@@ -136,6 +136,33 @@ def test_a_burst_of_small_writes_is_read_in_few_large_chunks(run: Runner[Any]) -
     assert sink.chunks <= 80, sink.chunks
 
 
+def test_the_pace_ends_with_the_command(run: Runner[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small writes spaced so each is read alone: the fourth starts the pace (made 60 s here). The
+    # command then ends: its last output and its end are read at the reap, not a pace later (the
+    # MCP shell's `true` writes six times and waited for its final event this way). The grace for
+    # an escaped writer, which would read them too, is made a minute as well.
+    monkeypatch.setattr(shell_process, "READ_PACE", 60.0)
+    monkeypatch.setattr(shell_process, "ESCAPED_WRITER_GRACE", 60.0)
+
+    async def body() -> tuple[int, Sink, float, bool]:
+        sink = Sink()
+        proc = await ShellProcess.start("for c in a b c d; do printf $c; sleep 0.05; done; printf e", on_output=sink)
+        while proc.returncode is None and proc._pacing is None:  # noqa: SLF001 (the pace began)
+            await asyncio.sleep(0.01)
+        pacing = proc._pacing is not None  # noqa: SLF001
+        start = time.monotonic()
+        try:
+            code = await proc.wait(timeout=20)
+        finally:
+            proc.close()
+        return code, sink, time.monotonic() - start, pacing
+
+    code, sink, waited, pacing = run(body())
+    assert pacing, "the fourth small write did not start the pace"
+    assert (code, sink.out) == (0, b"abcde")
+    assert waited < 20, f"the end waited for the pace ({waited:.1f} s)"
+
+
 def test_read_size_bounds_each_chunk(run: Runner[Any]) -> None:
     sizes: list[int] = []
 
