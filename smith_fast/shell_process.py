@@ -43,9 +43,10 @@ READ_PACE = 0.001
 which holds 1 MiB. A command writing fast in small writes was read one 4 KiB write at a time, an
 event each, and the service's every wake-up took the CPU from the writer (``seq 200000``: 24 to 317
 events, 5 to 23 ms, as the loop happened to wake; paced, 5 to 7 ms). A few quick writes are read
-at once (a command's last output and its end are not held back: the MCP shell's prologue and
-trap write twice in a ``true``), and so is a large read, which means the reader is behind, not
-ahead (``yes`` fills the pipe faster than any pace would empty it)."""
+at once, and so is a large read, which means the reader is behind, not ahead (``yes`` fills the
+pipe faster than any pace would empty it). The pace ends when the shell is reaped: what the pipes
+hold then is the command's last output, read with its end (the MCP shell's prologue and trap write
+six times in a ``true``; held to the pace, 4 of 10 waited a pace for their final event)."""
 PACE_BELOW = 64 * 1024
 """A read this large is not small (:data:`READ_PACE`)."""
 PACE_AFTER = 3
@@ -546,10 +547,7 @@ class ShellProcess:
         if not self._exited.done():
             self._exited.set_result(code)
         self._close_stdin_now()
-        if self._pacing is not None:
-            # The writer is gone: what it left is its last output, read now with the end (held
-            # to the pace, a `true` under the MCP shell, whose prologue and trap write six times,
-            # waited a pace for its final event 4 times in 10).
+        if self._pacing is not None:  # the writer is gone: its last output goes with its end (READ_PACE)
             self._pacing.cancel()
             self._pacing = None
             self._watch_pipes()
