@@ -709,6 +709,13 @@ struct clone_args_ {
 static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
 static int zy_nlive;
 
+/* Command id's process pid, reported by zy_reap when it ends. */
+static void zy_track(uint32_t id, pid_t pid) {
+    zy_live[zy_nlive].id = id;
+    zy_live[zy_nlive].pid = pid;
+    zy_nlive++;
+}
+
 static void zy_send_fds(int control, const struct zy_reply *r, const int *fds, int nfds) {
     if (send_with_fds(control, r, sizeof *r, fds, nfds, 0) < 0) _exit(0); /* the service is gone: so is the session */
 }
@@ -843,9 +850,7 @@ static void zy_prepare(int control, const struct zy_head *h, int *cells, int nce
         zy_send(control, &r, -1);
         return;
     }
-    zy_live[zy_nlive].id = h->id;
-    zy_live[zy_nlive].pid = pid;
-    zy_nlive++;
+    zy_track(h->id, pid);
     r.op = 'Q';
     r.pid = pid;
     int fds[2] = {pidfd, pair[0]};
@@ -877,9 +882,7 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
         goto done;
     }
     if (pid == 0) zy_run(h, fds, cwd, argv, envp);
-    zy_live[zy_nlive].id = h->id;
-    zy_live[zy_nlive].pid = pid;
-    zy_nlive++;
+    zy_track(h->id, pid);
     r.op = 'P';
     r.pid = pid;
     free(argv);

@@ -25,10 +25,6 @@ import sys
 from collections import deque
 from collections.abc import Callable
 from os import O_CLOEXEC as _CLOEXEC, fsencode as _fsencode  # bound once: every fs.read opens a file
-
-# What os.fsencode does here, without its Python frames (it is not compiled): a UTF-8 file system
-# encoding with surrogateescape, as Linux has unless the locale says otherwise.
-_FS_UTF8 = sys.getfilesystemencoding() == "utf-8" and sys.getfilesystemencodeerrors() == "surrogateescape"
 from typing import Any
 
 from smith_fast._compat import NO_EXTENSIONS
@@ -56,6 +52,10 @@ _SYS_OPENAT2 = (
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0o20200000)
 _MAX_LINKS = 40  # the kernel's MAXSYMLINKS
 _RETRIES = 8  # EAGAIN: a concurrent rename made the kernel unsure that a ".." stayed beneath
+
+# What os.fsencode does here, without its Python frames (it is not compiled): a UTF-8 file system
+# encoding with surrogateescape, as Linux has unless the locale says otherwise.
+_FS_UTF8 = sys.getfilesystemencoding() == "utf-8" and sys.getfilesystemencodeerrors() == "surrogateescape"
 
 
 class _OpenHow(ctypes.Structure):
