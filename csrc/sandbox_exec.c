@@ -674,7 +674,10 @@ static void init(int report) {
  *     cannot fork out before it is in; it joins the others (v1 hierarchies) itself before exec.
  *     Op 'R' (id: the next command's; fds: its cgroup directories) makes that command's process
  *     ahead (zy_prepare): born in those cells, their joins done, waiting for the request on a socket
- *     of its own, whose other end the reply 'Q' hands the service (with its pidfd).
+ *     of its own, whose other end the reply 'Q' hands the service (with its pidfd). With strings
+ *     (cwd, argv, env, as 'S') and three stdio fds before the cells (more with flags ZY_EXTRA), the
+ *     process runs that argv at once (a shell, warm: it waits for its script on stdin) and the
+ *     'Q' carries its pidfd alone.
  *     Op 'K' signals the process group of command id (the init owns the pids: a signal never reaches
  *     a reused one); op 'C' closes the zygote (so does EOF: the service's end closed or the service died).
  *   reply (init -> service): struct zy_reply; 'P' started (its pidfd attached, for the host's pid),
@@ -795,12 +798,26 @@ static int zy_parse(const struct zy_head *h, char *body, char *end, char **cwd, 
     return 0;
 }
 
+/* A request's stdio fds: 0, 1 and 2, then as many more (flags & ZY_EXTRA: at most 3), its fds 3
+ * and up: a warm shell's, whose own stdin is its script, gets its command's stdin as fd 3. */
+#define ZY_EXTRA 3u
+static int zy_nstdio(const struct zy_head *h) {
+    return 3 + (int)(h->flags & ZY_EXTRA);
+}
+
 /* In a command's process: stdio in place, then what the one-shot form's command does. */
 static void zy_run(const struct zy_head *h, const int *stdio, const char *cwd, char **argv, char **envp) {
-    for (int k = 0; k < 3; k++)
+    int n = zy_nstdio(h);
+    /* Its fds 3 and up are the command's: what the rest of its start uses moves above them (the
+       stdio fds came after the init's own, so none of them is below its target). */
+    int *used[] = {&prepared.ruleset, &o.ruleset_fd};
+    for (size_t u = 0; u < sizeof used / sizeof *used; u++)
+        if (*used[u] >= 3 && *used[u] < n && (*used[u] = fcntl(*used[u], F_DUPFD_CLOEXEC, n)) < 0)
+            die(FAILED, "cannot start the command: fcntl", "");
+    for (int k = 0; k < n; k++)
         if (dup2(stdio[k], k) < 0) die(FAILED, "cannot start the command: dup2", "");
-    for (int k = 0; k < 3; k++)
-        if (stdio[k] > 2) close(stdio[k]);
+    for (int k = 0; k < n; k++)
+        if (stdio[k] >= n) close(stdio[k]);
     o.data_size = h->data_size;
     run_command(cwd, argv, envp);
 }
@@ -814,14 +831,17 @@ static void zy_await(int sock) {
     if (n < (ssize_t)sizeof h || nfds != 3 || cut) _exit(FAILED);
     close(sock);
     memcpy(&h, zy_buf, sizeof h);
+    h.flags &= ~ZY_EXTRA; /* three fds came */
     char *cwd, **argv, **envp;
     if (zy_parse(&h, zy_buf + sizeof h, zy_buf + n, &cwd, &argv, &envp) != 0) _exit(FAILED); /* never from the service */
     zy_run(&h, stdio, cwd, argv, envp);
 }
 
+static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds, char op);
+
 /* Op 'R': the ready process of command h->id, born in cells (fds); its pidfd and the service's end
  * of its socket go back in a 'Q' ('F' with errno: none was made). */
-static void zy_prepare(int control, const struct zy_head *h, int *cells, int ncells) {
+static void zy_prepare(int control, const struct zy_head *h, char *buf, size_t n, int *cells, int ncells) {
     struct zy_reply r;
     memset(&r, 0, sizeof r);
     r.op = 'F';
@@ -830,6 +850,10 @@ static void zy_prepare(int control, const struct zy_head *h, int *cells, int nce
     if (zy_nlive >= ZY_MAX_LIVE) {
         r.value = EAGAIN;
         zy_send(control, &r, -1);
+        return;
+    }
+    if (h->argc > 0) { /* a warm shell: started now, its pidfd in the 'Q' */
+        zy_start(control, h, buf, n, cells, ncells, 'Q');
         return;
     }
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -859,7 +883,9 @@ static void zy_prepare(int control, const struct zy_head *h, int *cells, int nce
     close(pair[0]);
 }
 
-static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds) {
+/* Op 'S' (reply op 'P'), or 'R' with a command (op 'Q'): the command forked into its cells
+ * (fds + 3) and run with stdio fds[0..2]; the reply carries its pidfd. */
+static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds, char op) {
     struct zy_reply r;
     memset(&r, 0, sizeof r);
     r.op = 'F';
@@ -867,7 +893,7 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
     char *cwd, **argv = NULL, **envp = NULL;
     int pidfd = -1;
     pid_t pid;
-    if (nfds < 3) {
+    if (nfds < zy_nstdio(h)) {
         r.value = EINVAL;
         goto done;
     }
@@ -876,14 +902,14 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
         goto done;
     }
     if ((r.value = zy_parse(h, buf + sizeof *h, buf + n, &cwd, &argv, &envp)) != 0) goto done;
-    pid = zy_clone(fds + 3, nfds - 3, &pidfd);
+    pid = zy_clone(fds + zy_nstdio(h), nfds - zy_nstdio(h), &pidfd);
     if (pid < 0) {
         r.value = errno;
         goto done;
     }
     if (pid == 0) zy_run(h, fds, cwd, argv, envp);
     zy_track(h->id, pid);
-    r.op = 'P';
+    r.op = (uint32_t)op;
     r.pid = pid;
     free(argv);
     free(envp);
@@ -963,8 +989,8 @@ static void zygote(int control) {
         if ((size_t)n >= sizeof h && !cut) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
-            if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds);
-            else if (h.op == 'R') zy_prepare(control, &h, fds, nfds);
+            if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds, 'P');
+            else if (h.op == 'R') zy_prepare(control, &h, buf, (size_t)n, fds, nfds);
             else if (h.op == 'K') zy_signal(&h);
         }
         for (int k = 0; k < nfds; k++) close(fds[k]);

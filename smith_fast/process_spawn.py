@@ -12,6 +12,7 @@ runs; on failure everything made is closed and the error is the one a client see
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import functools
@@ -25,13 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from . import containment
+from . import containment, warm_shell
 from .command_env import DEFAULT_SHELL, home_environment
 from .errors import ProtocolError
 from .logs import get_logger
 from .pb import smith_pb2
 from .sandbox import Sandbox
-from .sandbox.zygote import Forked, ZygoteGone, Zygotes
+from .sandbox.zygote import Forked, Ready, Warm, Zygote, ZygoteGone, Zygotes
 
 __all__ = ["PIPE_SIZE", "STDERR", "STDOUT", "Spawned", "close_quietly", "route", "set_winsize", "spawn", "spawn_error", "spawn_forked",
            "start"]
@@ -278,27 +279,35 @@ async def spawn_forked(
     writable = sandbox.writable()
     zygote = zygotes.get(partial(sandbox.zygote_argv, writable), tuple(sandbox.zygote_argv(writable, 0)), loop)
     argv = _confined_argv(command, shell, cwd, environ, env, sandbox)
-    if cwd is not None:
+    where = cwd or os.getcwd()
+    try:
         # Where Popen would have failed to chdir, the same error; the command enters cwd in its view.
-        try:
-            if not stat.S_ISDIR(os.stat(cwd).st_mode):
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), cwd)
-        except OSError as exc:
-            raise spawn_error(exc, shell, cwd) from None
-    out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
+        if not stat.S_ISDIR(os.stat(where).st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), where)
+    except OSError as exc:
+        raise spawn_error(exc, shell, cwd) from None
     wanted = limits or containment.CommandLimits()
     ready = zygote.take_ready(wanted)
+    if ready is not None and ready.warm is not None:
+        spawned = _run_warm(zygote, ready, command, argv, environ, where, stdin, loop)
+        if spawned is not None:
+            zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin, pipe_size))
+            return spawned
+        ready.drop()  # not for this command: it exits at the end of its empty script
+        ready.cell.release()
+        ready = None
+    out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
     cell = ready.cell if ready is not None else containment.new_cell(wanted, born_elsewhere=True)
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
         try:
-            forked, started = zygote.start(argv, environ, cwd or os.getcwd(), (in_r if stdin else _devnull(), out_w, err_w),
+            forked, started = zygote.start(argv, environ, where, (in_r if stdin else _devnull(), out_w, err_w),
                                            cell.birth_fds(), ready=ready)
         finally:
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
         # The next command's process, asked for now: the init forks it while this command execs
         # (later, the fork would meet this command's end and delay its final event).
-        zygote.prepare(wanted)
+        zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin, pipe_size))
         pid = await started
     except ZygoteGone:
         _give_up(cell, *ours)
@@ -314,6 +323,48 @@ async def spawn_forked(
     if stdin:
         os.set_blocking(in_w, False)
     return Spawned(pid, {STDOUT: out_r, STDERR: err_r}, cell, -1, in_w if stdin else -1, forked=forked)
+
+
+def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool, pipe_size: int) -> Warm | None:
+    """The next command's shell, to start now (:mod:`~smith_fast.warm_shell`), if commands like
+    this one can run in one: the same shell, environment and directory (and a stdin or not), with its pipes."""
+    if not warm_shell.read_size(shell):
+        return None
+    made: list[int] = []
+    try:
+        made += os.pipe2(os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # a whole script in one write
+            fcntl.fcntl(made[1], _F_SETPIPE_SZ, warm_shell.MAX_SCRIPT)
+        out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
+    except (OSError, ProtocolError):
+        close_quietly(*made)
+        return None
+    os.set_blocking(made[1], False)  # its script goes in one write, or not at all
+    if stdin:
+        os.set_blocking(in_w, False)
+        return Warm([shell, "-s"], environ, cwd, (made[1], out_r, err_r, in_w), (made[0], out_w, err_w, in_r))
+    return Warm([shell, "-s"], environ, cwd, (made[1], out_r, err_r, -1), (made[0], out_w, err_w))
+
+
+def _run_warm(zygote: Zygote, ready: Ready, command: str, argv: list[str], environ: dict[str, str], cwd: str,
+              stdin: bool, loop: asyncio.AbstractEventLoop) -> Spawned | None:
+    """``command`` run by the warm shell ``ready`` holds; None when it cannot (another shell,
+    environment or directory, a command :func:`~smith_fast.warm_shell.script` refuses, a shell gone)."""
+    warm = ready.warm
+    assert warm is not None
+    if not warm.matches(argv[0], environ, cwd, stdin):
+        return None
+    text = warm_shell.script(command, argv[0], cwd, environ, stdin)
+    if text is None:
+        return None
+    out, err, fd0 = warm.out, warm.err, warm.stdin
+    try:
+        forked = zygote.run(ready, text)
+    except OSError:
+        return None
+    ready.cell.attach(ready.pid)
+    ready.cell.watch(loop)
+    return Spawned(ready.pid, {STDOUT: out, STDERR: err}, ready.cell, -1, fd0, forked=forked)
 
 
 def spawn(

@@ -89,8 +89,10 @@ def test_every_command_path_applies_the_same_ruleset(root: pathlib.Path, tmp_pat
     asyncio.run(_through_a_zygote(2, root, sandbox))
 
     probe, shell_exec, shell_run, *forked = recorded(out)
-    assert len(forked) == 2
-    assert probe == shell_exec == shell_run == forked[0] == forked[1]
+    # the two, and the next command's shell, started ahead (smith_fast/warm_shell.py), if it got
+    # as far as its ruleset before the zygote closed
+    assert len(forked) in (2, 3), forked
+    assert probe == shell_exec == shell_run and all(one == probe for one in forked)
     assert probe["policy"] == "command" and probe["no_new_privs"] == 1 and probe["abi"] >= 3
     granted = rules(probe)
     assert granted["/"] == READS  # read everything (--hide covers what must not be read) ...

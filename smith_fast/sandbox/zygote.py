@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from .. import childguard, containment
 from ..errors import ZygoteGone
 
-__all__ = ["MAX_REQUEST", "Forked", "Ready", "Zygote", "ZygoteGone", "Zygotes"]
+__all__ = ["MAX_REQUEST", "Forked", "Ready", "Warm", "Zygote", "ZygoteGone", "Zygotes"]
 
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
 _REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
@@ -75,6 +75,19 @@ def _host_pid(pidfd: int) -> int:
         os.close(fd)
     at = text.index(b"\nPid:") + 5
     return int(text[at:text.index(b"\n", at)])
+
+
+def _strings(cwd: str, argv: Sequence[str], env: dict[str, str]) -> bytes:
+    """A request's strings (struct zy_head's body): cwd, argv, env, each NUL-terminated.
+
+    Raises:
+        ValueError: a NUL byte in one of them.
+    """
+    parts = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+    text = "\0".join(parts)
+    if text.count("\0") != len(parts) - 1:
+        raise ValueError("embedded null byte")
+    return text.encode("utf-8", "surrogateescape") + b"\0"
 
 
 class Forked:
@@ -112,24 +125,59 @@ class Forked:
             self._ended = (status, rusage)
 
 
+class Warm:
+    """A warm shell's request (:meth:`Zygote.prepare`): what it runs, and its stdio.
+
+    The shell is started at once and waits for its script on stdin (``script``: our write end);
+    a command whose shell, ``env`` and ``cwd`` are these can take it (:meth:`matches`). ``out``
+    and ``err`` are our read ends of its stdout and stderr, ``stdin`` (-1: none) our write end of
+    its command's stdin; ``theirs`` the fds it gets, its 0, 1, 2 and 3 (its command's stdin),
+    sent to the init, then closed here. It starts in ``/``: its script enters ``cwd``."""
+
+    __slots__ = ("argv", "env", "cwd", "script", "out", "err", "stdin", "theirs")
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], cwd: str, ours: tuple[int, int, int, int],
+                 theirs: tuple[int, ...]) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)  # the caller's dict is the command's: kept as it was when the shell started
+        self.cwd = cwd
+        self.script, self.out, self.err, self.stdin = ours
+        self.theirs = theirs
+
+    def matches(self, shell: str, env: dict[str, str], cwd: str, stdin: bool) -> bool:
+        """Whether a command of ``shell`` (its path), ``env``, ``cwd`` (and a stdin or not) can run in it."""
+        return self.cwd == cwd and self.argv[0] == shell and (self.stdin >= 0) == stdin and self.env == env
+
+    def close(self) -> None:
+        """Our ends closed: a shell still waiting reads an empty script and exits."""
+        for fd in (self.script, self.out, self.err, self.stdin, *self.theirs):
+            if fd >= 0:
+                os.close(fd)
+        self.script = self.out = self.err = self.stdin = -1
+        self.theirs = ()
+
+
 class Ready:
     """The next command's process, made ahead (:meth:`Zygote.prepare`): the cell it was born in,
     the command id it will run as, and once the init said it runs (reply ``'Q'``) its host pid and
-    our end of its socket."""
+    our end of its socket, or (``warm``) a shell already running, waiting for its script."""
 
-    __slots__ = ("cell", "rid", "pid", "sock")
+    __slots__ = ("cell", "rid", "pid", "sock", "warm")
 
-    def __init__(self, cell: containment.Cell, rid: int) -> None:
+    def __init__(self, cell: containment.Cell, rid: int, warm: Warm | None = None) -> None:
         self.cell = cell
         self.rid = rid
         self.pid = 0
         self.sock: socket.socket | None = None
+        self.warm = warm
 
     def drop(self) -> None:
         """Our end closed: a process still waiting exits at the EOF (the cell stays the caller's)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        if self.warm is not None:
+            self.warm.close()
 
 
 class Zygote:
@@ -187,11 +235,7 @@ class Zygote:
         """
         if self._gone:
             raise ZygoteGone("the zygote ended")
-        parts = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
-        text = "\0".join(parts)
-        if text.count("\0") != len(parts) - 1:
-            raise ValueError("embedded null byte")
-        body = text.encode("utf-8", "surrogateescape") + b"\0"
+        body = _strings(cwd, argv, env)
         if len(body) > MAX_REQUEST:
             raise ZygoteGone("the request is too large for the zygote")
         if ready is not None and ready.sock is not None:
@@ -221,22 +265,64 @@ class Zygote:
         self._exits[rid] = forked
         return forked, started
 
-    def prepare(self, limits: containment.CommandLimits) -> None:
+    def prepare(self, limits: containment.CommandLimits, shell: Callable[[], Warm | None] | None = None) -> None:
         """Have the init fork the next command's process now, unless one is made or waits: born in
         a cell of its own with ``limits`` (the last command's, the likeliest next ones), which this
-        zygote then holds (:meth:`take_ready` gives it, :meth:`close` releases it). Nothing happens
-        if the zygote cannot take the request (the next command is forked as before)."""
+        zygote then holds (:meth:`take_ready` gives it, :meth:`close` releases it). Where ``shell``
+        gives a :class:`Warm` (called only when a process is to be made; the warm shell is this
+        zygote's from then on), the process runs that shell at once. Nothing happens if the zygote
+        cannot take the request (the next command is forked as before)."""
         if self._gone or self._ready is not None:
             return
+        warm = shell() if shell is not None else None
+        body = b""
+        if warm is not None:
+            try:
+                body = _strings("/", warm.argv, warm.env)
+            except ValueError:
+                body = b""
+            if not body or len(body) > MAX_REQUEST:  # not for the init: the usual ready process
+                warm.close()
+                warm, body = None, b""
         cell = containment.new_cell(limits, born_elsewhere=True)
         rid = next(self._ids)
+        head, fds = _HEAD.pack(ord("R"), rid, 0, 0, 0, 0, 0), cell.birth_fds()
+        if warm is not None:
+            extra = len(warm.theirs) - 3  # its fd 3: struct zy_head's flags & ZY_EXTRA
+            head = _HEAD.pack(ord("R"), rid, 0, extra, 0, len(warm.argv), len(warm.env))
+            fds = (*warm.theirs, *fds)
         try:
-            self._sock.sendmsg([_HEAD.pack(ord("R"), rid, 0, 0, 0, 0, 0)],
-                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", cell.birth_fds()))])
+            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
         except OSError:
             cell.release()
+            if warm is not None:
+                warm.close()
             return
-        self._ready = Ready(cell, rid)
+        if warm is not None:  # the init has its copies now
+            for fd in warm.theirs:
+                os.close(fd)
+            warm.theirs = ()
+        self._ready = Ready(cell, rid, warm)
+
+    def run(self, ready: Ready, script: bytes) -> Forked:
+        """Give a warm shell (``ready.warm``, from :meth:`take_ready`) its script, in one write:
+        it runs as that command from now on. Its stdout, stderr and stdin (``ready.warm.out``,
+        ``err``, ``stdin``) are the caller's now; the rest of the warm shell's ends are closed.
+
+        Raises:
+            OSError: it did not take the whole script (it ended, or its pipe is not empty: someone
+                else wrote to it); the caller lets it go.
+        """
+        warm = ready.warm
+        assert warm is not None
+        if os.write(warm.script, script) != len(script):
+            raise BlockingIOError(errno.EAGAIN, "the warm shell's script did not fit its pipe")
+        os.close(warm.script)
+        warm.script = warm.out = warm.err = warm.stdin = -1
+        forked = Forked(self, ready.rid, self._loop)
+        forked.pid = ready.pid
+        self._exits[ready.rid] = forked
+        return forked
 
     def take_ready(self, limits: containment.CommandLimits) -> Ready | None:
         """The next command's process, for a command with ``limits`` (set on its cell before it was
@@ -244,7 +330,7 @@ class Zygote:
         a cell of its own, and the process waits for the one after), or when its limits differ
         (then it is let go and its cell released)."""
         ready = self._ready
-        if ready is None or ready.sock is None:
+        if ready is None or not ready.pid:
             return None
         self._ready = None
         if ready.cell.limits != limits:
@@ -308,11 +394,12 @@ class Zygote:
         ready = self._ready
         if ready is None or ready.rid != rid:
             return  # one let go meanwhile: its socket is closed with the other fds
-        if op == ord("Q") and len(fds) == 2 and not self._gone:
+        if op == ord("Q") and len(fds) == (1 if ready.warm is not None else 2) and not self._gone:
             ready.pid = _host_pid(fds[0])
-            ready.sock = socket.socket(fileno=fds[1])
-            fds[1] = -1  # the socket's now
-            ready.sock.setblocking(False)
+            if ready.warm is None:
+                ready.sock = socket.socket(fileno=fds[1])
+                fds[1] = -1  # the socket's now
+                ready.sock.setblocking(False)
         else:
             self._lose_ready()
 

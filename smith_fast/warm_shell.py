@@ -1,0 +1,123 @@
+"""Warm shells: a session's next command's shell started ahead, waiting for its script.
+
+Most of a short command's time is its shell's ``exec``: the dynamic loader, the shell's start-up
+(``sh -c true`` in a ready process: ~300 µs of the ~350 from the request to its exit). So when a
+session's command starts through its zygote, the process made ahead for the next one runs the
+shell at once, as ``[shell, "-s"]`` (commands on stdin) with the same environment, in ``/``, and
+blocks reading its stdin, a pipe. The next command, if it would run that same shell with that
+same environment and directory, is written to the pipe as its script, :data:`PREFIX` then the
+command verbatim, and runs at once (:func:`script`).
+
+What the command sees is what ``sh -c`` gives it: the same ``$0``, no positional parameters, stdin
+``/dev/null``, ``PWD`` and ``OLDPWD``, the error messages' ``sh: 1: …`` and the line numbers (the
+prefix is on the first line, and a syntax error there is reported as ``sh -c`` reports it, before
+anything ran), the same exit status. It holds only where the shell reads its whole script in one read and
+no more until the script is done; so a command takes a warm shell only when:
+
+* the shell is dash (bash and busybox read a non-seekable stdin byte by byte, and word their
+  errors differently with ``-s``);
+* the script fits in what dash reads at once (:func:`read_size`, found by running it once: 8 KiB
+  with glibc), written in one ``write`` to the empty pipe (which a reader sees whole);
+* it has no ``exec`` (only ``exec`` could point the shell's stdin somewhere for good: dash would
+  read the rest of its "script" from there once the command ended);
+* the same directory, by path: the shell starts in ``/`` and its script enters the directory, so
+  one removed and made again since is the new one, as under ``sh -c``.
+
+The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
+that answers input requests) gets it as the warm shell's fd 3 and runs as a group, ``{ command
+}`` with its stdin from fd 3: the shell reads the whole group before it runs (any size, ``exec``
+allowed: fd 0 is the shell's own again after the group), which differs from ``sh -c`` only for a
+command that does not parse (nothing of it runs, where ``sh -c`` runs the lines before the error;
+the error's wording may differ) or that defines an alias for its own later lines. Anything else
+(a bash session, a long command with ``exec``) starts the usual way, a fork and an exec, and the
+warm shell made for it exits at the end of its empty script.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+
+__all__ = ["MAX_SCRIPT", "PREFIX", "read_size", "script"]
+
+MAX_SCRIPT = 1 << 20
+"""The largest script written to a warm shell (its pipe is made that large; one write or none)."""
+
+PREFIX = b"exec </dev/null; "
+"""What a warm shell's script starts with when its command has no stdin: ``/dev/null``, as under ``sh -c``."""
+
+
+def _enter(cwd: str, environ: Mapping[str, str]) -> bytes:
+    """The script's step into its directory: the shell started in ``/`` (nothing it may say as it
+    starts, such as a removed directory's ``getcwd() failed``, is about the command), so it enters
+    ``cwd`` now (the one at that path now), with ``PWD`` as ``sh -c`` started there has it (the
+    physical path) and ``OLDPWD`` as the environment had it."""
+    q = _quote(cwd)
+    old = f"OLDPWD={_quote(environ['OLDPWD'])}" if "OLDPWD" in environ else "unset OLDPWD"
+    return f"cd -P -- {q} || exit 126; {old}; ".encode("utf-8", "surrogateescape")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+_TRIES = (8192, 1024)
+_EXEC = re.compile(r"(?<![\w./-])exec(?![\w./-])")  # the word, not `find -exec` or a path's bench-exec-start
+
+
+@functools.lru_cache(maxsize=8)
+def read_size(shell: str) -> int:
+    """The largest script ``shell`` (a path) reads in its first read of a pipe on stdin: 0 for a
+    shell other than dash, or one that does not read that much (none of :data:`_TRIES`)."""
+    if os.path.basename(os.path.realpath(shell)) != "dash":
+        return 0
+    for size in _TRIES:
+        # A script of exactly `size` bytes, whose last line prints: only a shell that read all of it
+        # before the prefix pointed its stdin to /dev/null gets to that line.
+        head, tail = b"exec </dev/null\n#", b"\necho ok\n"
+        text = head + b"x" * (size - len(head) - len(tail)) + tail
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            os.write(w, text)
+            os.close(w)
+            w = -1
+            done = subprocess.run([shell, "-s"], stdin=r, capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return 0
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+        if done.stdout == b"ok\n":
+            return size
+    return 0
+
+
+def script(command: str, shell: str, cwd: str, environ: Mapping[str, str], stdin: bool) -> bytes | None:
+    """What a warm ``shell`` runs for ``command`` in ``cwd`` with ``environ``; None when the
+    command cannot run in one (see the module's list).
+
+    Without a stdin: :data:`PREFIX`, the step into the directory, then the command, all on its
+    first line. With one (the shell's fd 3): the step, then the command in a group,
+    ``{ command\n} <&3 3<&-``, so the shell parses all of it before anything reads the command's
+    stdin, and reads its own (at EOF) again after the group, whatever the command did to fd 0."""
+    if "\0" in command:
+        return None
+    text = command.encode("utf-8", "surrogateescape")
+    if stdin:
+        if not _has_commands(command):
+            return None  # an empty group is a syntax error; sh -c of nothing is not
+        text = _enter(cwd, environ) + b"{ " + text + b"\n} <&3 3<&-"
+        return text if len(text) <= MAX_SCRIPT else None
+    if "exec" in command and _EXEC.search(command):
+        return None
+    text = PREFIX + _enter(cwd, environ) + text
+    return text if len(text) <= read_size(shell) else None
+
+
+def _has_commands(command: str) -> bool:
+    """Whether ``command`` has a line that is neither blank nor a comment."""
+    return any(line.strip() and not line.lstrip().startswith("#") for line in command.splitlines())
