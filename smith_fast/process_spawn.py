@@ -348,13 +348,13 @@ def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool, pipe_size:
 
 def _run_warm(zygote: Zygote, ready: Ready, command: str, argv: list[str], environ: dict[str, str], cwd: str,
               stdin: bool, loop: asyncio.AbstractEventLoop) -> Spawned | None:
-    """``command`` run by the warm shell ``ready`` holds; None when it cannot (another shell,
-    environment or directory, a command :func:`~smith_fast.warm_shell.script` refuses, a shell gone)."""
+    """``command`` run by the warm shell ``ready`` holds; None when it cannot (another shell or
+    directory, a command or environment :func:`~smith_fast.warm_shell.script` refuses, a shell gone)."""
     warm = ready.warm
     assert warm is not None
-    if not warm.matches(argv[0], environ, cwd, stdin):
+    if not warm.matches(argv[0], cwd, stdin):
         return None
-    text = warm_shell.script(command, argv[0], cwd, environ, stdin)
+    text = warm_shell.script(command, argv[0], cwd, environ, stdin, warm.env)
     if text is None:
         return None
     out, err, fd0 = warm.out, warm.err, warm.stdin

@@ -4,8 +4,8 @@ Most of a short command's time is its shell's ``exec``: the dynamic loader, the 
 (``sh -c true`` in a ready process: ~300 µs of the ~350 from the request to its exit). So when a
 session's command starts through its zygote, the process made ahead for the next one runs the
 shell at once, as ``[shell, "-s"]`` (commands on stdin) with the same environment, in ``/``, and
-blocks reading its stdin, a pipe. The next command, if it would run that same shell with that
-same environment and directory, is written to the pipe as its script, :data:`PREFIX` then the
+blocks reading its stdin, a pipe. The next command, if it would run that same shell in that same
+directory, is written to the pipe as its script, :data:`PREFIX` then the
 command verbatim, and runs at once (:func:`script`).
 
 What the command sees is what ``sh -c`` gives it: the same ``$0``, no positional parameters, stdin
@@ -23,7 +23,10 @@ no more until the script is done; so a command takes a warm shell only when:
 * the same directory, by path: the shell starts in ``/`` and its script enters the directory, so
   one removed and made again since is the new one, as under ``sh -c``.
 
-The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
+A command whose environment differs from the one the shell started with in a few variables
+(``TRACEPARENT`` names each command's span; the MCP shell carries what a command exported) gets
+them set by its script (``export``/``unset``), unless one is read by dash as it starts (its
+locale, ``IFS``...). The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
 that answers input requests) gets it as the warm shell's fd 3 and runs as a group, ``{ command
 }`` with its stdin from fd 3: the shell reads the whole group before it runs (any size, ``exec``
 allowed: fd 0 is the shell's own again after the group), which differs from ``sh -c`` only for a
@@ -65,6 +68,11 @@ def _quote(text: str) -> str:
 
 
 _TRIES = (8192, 1024)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# What dash reads from its environment as it starts (its locale, its word splitting, its options,
+# the variables it sets itself): a shell told of a change later is not one started with it.
+_AT_START = frozenset({"IFS", "ENV", "OPTIND", "PPID", "LANG", "LANGUAGE", "LINENO", "PS1", "PS2", "PS4"})
+_MAX_CHANGES = 16
 _EXEC = re.compile(r"(?<![\w./-])exec(?![\w./-])")  # the word, not `find -exec` or a path's bench-exec-start
 
 
@@ -96,26 +104,60 @@ def read_size(shell: str) -> int:
     return 0
 
 
-def script(command: str, shell: str, cwd: str, environ: Mapping[str, str], stdin: bool) -> bytes | None:
-    """What a warm ``shell`` runs for ``command`` in ``cwd`` with ``environ``; None when the
-    command cannot run in one (see the module's list).
+def script(command: str, shell: str, cwd: str, environ: Mapping[str, str], stdin: bool,
+           started: Mapping[str, str] | None = None) -> bytes | None:
+    """What a warm ``shell``, started with the environment ``started`` (None: ``environ``), runs for
+    ``command`` in ``cwd`` with ``environ``; None when the command cannot run in one (see the
+    module's list).
 
-    Without a stdin: :data:`PREFIX`, the step into the directory, then the command, all on its
-    first line. With one (the shell's fd 3): the step, then the command in a group,
-    ``{ command\n} <&3 3<&-``, so the shell parses all of it before anything reads the command's
-    stdin, and reads its own (at EOF) again after the group, whatever the command did to fd 0."""
+    Without a stdin: :data:`PREFIX`, the variables that differ (:func:`_changes`), the step into
+    the directory, then the command, all on its first line. With one (the shell's fd 3): the same
+    steps, then the command in a group, ``{ command\n} <&3 3<&-``, so the shell parses all of it
+    before anything reads the command's stdin, and reads its own (at EOF) again after the group,
+    whatever the command did to fd 0."""
     if "\0" in command:
+        return None
+    changes = _changes(environ if started is None else started, environ)
+    if changes is None:
         return None
     text = command.encode("utf-8", "surrogateescape")
     if stdin:
         if not _has_commands(command):
             return None  # an empty group is a syntax error; sh -c of nothing is not
-        text = _enter(cwd, environ) + b"{ " + text + b"\n} <&3 3<&-"
+        text = changes + _enter(cwd, environ) + b"{ " + text + b"\n} <&3 3<&-"
         return text if len(text) <= MAX_SCRIPT else None
     if "exec" in command and _EXEC.search(command):
         return None
-    text = PREFIX + _enter(cwd, environ) + text
+    text = PREFIX + changes + _enter(cwd, environ) + text
     return text if len(text) <= read_size(shell) else None
+
+
+def _changes(started: Mapping[str, str], environ: Mapping[str, str]) -> bytes | None:
+    """``export NAME=VALUE; `` and ``unset NAME; `` for each variable ``environ`` has other than
+    the shell started with (a per-command ``TRACEPARENT``, a variable the MCP shell carries), so
+    its commands see the environment ``sh -c`` would have given them; None when one of them is no
+    shell name, is read by the shell as it starts (:data:`_AT_START`, ``LC_*``), or there are more
+    than :data:`_MAX_CHANGES`. ``PWD`` and ``OLDPWD`` are :func:`_enter`'s."""
+    if started == environ:
+        return b""
+    steps: list[str] = []
+    for name, value in environ.items():
+        if started.get(name) != value and name not in ("PWD", "OLDPWD"):
+            if not _settable(name):
+                return None
+            steps.append(f"export {name}={_quote(value)}; ")
+    for name in started:
+        if name not in environ and name not in ("PWD", "OLDPWD"):
+            if not _settable(name):
+                return None
+            steps.append(f"unset {name}; ")
+    if len(steps) > _MAX_CHANGES:
+        return None
+    return "".join(steps).encode("utf-8", "surrogateescape")
+
+
+def _settable(name: str) -> bool:
+    return bool(_NAME.match(name)) and name not in _AT_START and not name.startswith("LC_")
 
 
 def _has_commands(command: str) -> bool:

@@ -64,6 +64,10 @@ def test_the_shell_here_is_dash_and_reads_its_script_whole() -> None:
         warm_shell.PREFIX + b"cd -P -- '/it'\\''s' || exit 126; unset OLDPWD; echo hi")
     assert warm_shell.script("echo hi", SH, "/", {"OLDPWD": "/a b"}, True) == (
         b"cd -P -- '/' || exit 126; OLDPWD='/a b'; { echo hi\n} <&3 3<&-")
+    assert warm_shell.script("ls", SH, "/", {"A": "1", "S": "s"}, False, {"B": "2", "S": "s", "PWD": "/x"}) == (
+        warm_shell.PREFIX + b"export A='1'; unset B; cd -P -- '/' || exit 126; unset OLDPWD; ls")
+    assert warm_shell.script("ls", SH, "/", {"LANG": "C"}, False, {"LANG": "C.UTF-8"}) is None  # read as it starts
+    assert warm_shell.script("ls", SH, "/", {"A-B": "1"}, False, {}) is None  # no shell name
     assert warm_shell.script("exec 2>&1; ls", SH, "/", {}, False) is None
     assert warm_shell.script("ls; \\exec <x", SH, "/", {}, False) is None
     assert warm_shell.script("find . -exec true {} +; ls /x/bench-exec-start", SH, "/", {}, False) is not None
@@ -159,15 +163,29 @@ async def test_what_cannot_run_warm_starts_the_usual_way(server: ServerProcess, 
     async with await Client.connect(server.unix) as client:
         await client.handshake()
         await _first(client, cwd)
-        # exec (it could point the shell's stdin elsewhere), another environment, a long command
-        for command, env in (("exec 2>&1; " + WARM, None), (WARM, {"OTHER": "1"}), (WARM + ": " + "x" * 9000, None)):
-            got = await client.run(command, cwd=cwd, env=env)
-            assert got.exit_code == 0 and b"cold" in got.stdout + got.stderr, (command[:20], got)
+        # exec (it could point the shell's stdin elsewhere), a variable the shell reads as it
+        # starts (its locale), a long command, another directory
+        (root / "sub").mkdir()
+        other = str(root / "sub")
+        for command, env, where in (("exec 2>&1; " + WARM, None, cwd), (WARM, {"LANG": "C"}, cwd),
+                                    (WARM + ": " + "x" * 9000, None, cwd), (WARM, None, other)):
+            got = await client.run(command, cwd=where, env=env)
+            assert got.exit_code == 0 and b"cold" in got.stdout + got.stderr, (command[:20], env, where, got)
         # and the one after such a command is warm again (its shell was made like it)
-        again = await client.run(WARM + "echo $FOO", cwd=cwd, env={"OTHER": "1"})
-        assert again.stderr == b"cold\n" or again.stderr == b"warm\n"
-        last = await client.run(WARM + "echo ok", cwd=cwd, env={"OTHER": "1"})
+        last = await client.run(WARM + "echo ok", cwd=other)
         assert (last.stdout, last.stderr) == (b"ok\n", b"warm\n"), last
+
+
+async def test_a_warm_command_gets_the_variables_it_was_given(server: ServerProcess, root: pathlib.Path) -> None:
+    # Its shell started with the last command's environment: what differs is set by its script
+    # (a per-command TRACEPARENT, a variable the MCP shell carries), what is gone is unset
+    cwd = str(root)
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        await _first(client, cwd, env={"GONE": "1", "SAME": "s"})
+        got = await client.run(WARM + "printf '%s|%s|%s\\n' \"$NEW\" \"${GONE-unset}\" \"$SAME\"; env | grep -c '^NEW='",
+                               cwd=cwd, env={"NEW": "it's a \"value\" $x", "SAME": "s"})
+    assert (got.exit_code, got.stdout, got.stderr) == (0, b"it's a \"value\" $x|unset|s\n1\n", b"warm\n"), got
 
 
 async def test_a_directory_made_again_is_the_one_a_warm_command_enters(server: ServerProcess, root: pathlib.Path) -> None:

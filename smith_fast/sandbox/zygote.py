@@ -129,7 +129,8 @@ class Warm:
     """A warm shell's request (:meth:`Zygote.prepare`): what it runs, and its stdio.
 
     The shell is started at once and waits for its script on stdin (``script``: our write end);
-    a command whose shell, ``env`` and ``cwd`` are these can take it (:meth:`matches`). ``out``
+    a command whose shell and ``cwd`` are these can take it (:meth:`matches`); ``env`` is what it
+    started with. ``out``
     and ``err`` are our read ends of its stdout and stderr, ``stdin`` (-1: none) our write end of
     its command's stdin; ``theirs`` the fds it gets, its 0, 1, 2 and 3 (its command's stdin),
     sent to the init, then closed here. It starts in ``/``: its script enters ``cwd``."""
@@ -144,9 +145,10 @@ class Warm:
         self.script, self.out, self.err, self.stdin = ours
         self.theirs = theirs
 
-    def matches(self, shell: str, env: dict[str, str], cwd: str, stdin: bool) -> bool:
-        """Whether a command of ``shell`` (its path), ``env``, ``cwd`` (and a stdin or not) can run in it."""
-        return self.cwd == cwd and self.argv[0] == shell and (self.stdin >= 0) == stdin and self.env == env
+    def matches(self, shell: str, cwd: str, stdin: bool) -> bool:
+        """Whether a command of ``shell`` (its path) and ``cwd`` (and a stdin or not) can run in it
+        (its environment, its script sets: :func:`smith_fast.warm_shell.script`)."""
+        return self.cwd == cwd and self.argv[0] == shell and (self.stdin >= 0) == stdin
 
     def close(self) -> None:
         """Our ends closed: a shell still waiting reads an empty script and exits."""
