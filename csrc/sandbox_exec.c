@@ -837,11 +837,9 @@ static void zy_await(int sock) {
     zy_run(&h, stdio, cwd, argv, envp);
 }
 
-static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds, char op);
-
 /* Op 'R': the ready process of command h->id, born in cells (fds); its pidfd and the service's end
  * of its socket go back in a 'Q' ('F' with errno: none was made). */
-static void zy_prepare(int control, const struct zy_head *h, char *buf, size_t n, int *cells, int ncells) {
+static void zy_prepare(int control, const struct zy_head *h, int *cells, int ncells) {
     struct zy_reply r;
     memset(&r, 0, sizeof r);
     r.op = 'F';
@@ -850,10 +848,6 @@ static void zy_prepare(int control, const struct zy_head *h, char *buf, size_t n
     if (zy_nlive >= ZY_MAX_LIVE) {
         r.value = EAGAIN;
         zy_send(control, &r, -1);
-        return;
-    }
-    if (h->argc > 0) { /* a warm shell: started now, its pidfd in the 'Q' */
-        zy_start(control, h, buf, n, cells, ncells, 'Q');
         return;
     }
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -883,8 +877,9 @@ static void zy_prepare(int control, const struct zy_head *h, char *buf, size_t n
     close(pair[0]);
 }
 
-/* Op 'S' (reply op 'P'), or 'R' with a command (op 'Q'): the command forked into its cells
- * (fds + 3) and run with stdio fds[0..2]; the reply carries its pidfd. */
+/* Op 'S' (reply op 'P'), or 'R' with a command (a warm shell, started now: op 'Q'): the command
+ * forked into its cells (the fds after its zy_nstdio stdio fds) and run with those stdio fds; the
+ * reply carries its pidfd. */
 static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, int *fds, int nfds, char op) {
     struct zy_reply r;
     memset(&r, 0, sizeof r);
@@ -990,7 +985,8 @@ static void zygote(int control) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
             if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds, 'P');
-            else if (h.op == 'R') zy_prepare(control, &h, buf, (size_t)n, fds, nfds);
+            else if (h.op == 'R' && h.argc > 0) zy_start(control, &h, buf, (size_t)n, fds, nfds, 'Q');
+            else if (h.op == 'R') zy_prepare(control, &h, fds, nfds);
             else if (h.op == 'K') zy_signal(&h);
         }
         for (int k = 0; k < nfds; k++) close(fds[k]);

@@ -246,9 +246,9 @@ def session_sandboxes(root: int) -> list[int]:
     """The processes of sessions' sandboxes (``sandbox-exec --zygote``: its monitor and init, and
     the next command's process waiting in it, a fork of the init or a warm shell, ``SHELL -s``)
     among ``root``'s descendants: they live as long as their session, not as a request."""
-    found = [pid for pid, _ in descendants(root) if " --zygote " in f" {_cmdline(pid)} "]
-    warm = [pid for pid, _ in descendants(root)
-            if _cmdline(pid).endswith(" -s ") and (_stat(pid) or (0, ""))[0] in found]
+    below = [pid for pid, _ in descendants(root)]
+    found = [pid for pid in below if " --zygote " in f" {_cmdline(pid)} "]
+    warm = [pid for pid in below if _cmdline(pid).endswith(" -s ") and (_stat(pid) or (0, ""))[0] in found]
     return found + warm
 
 

@@ -293,8 +293,7 @@ async def spawn_forked(
         if spawned is not None:
             zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin, pipe_size))
             return spawned
-        ready.drop()  # not for this command: it exits at the end of its empty script
-        ready.cell.release()
+        ready.discard()  # not for this command: it exits at the end of its empty script
         ready = None
     out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
     cell = ready.cell if ready is not None else containment.new_cell(wanted, born_elsewhere=True)
@@ -327,7 +326,8 @@ async def spawn_forked(
 
 def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool, pipe_size: int) -> Warm | None:
     """The next command's shell, to start now (:mod:`~smith_fast.warm_shell`), if commands like
-    this one can run in one: the same shell, environment and directory (and a stdin or not), with its pipes."""
+    this one can run in one: the same shell and directory (and a stdin or not), with its pipes and
+    this command's environment (the next one's script sets what differs)."""
     if not warm_shell.read_size(shell):
         return None
     made: list[int] = []

@@ -44,7 +44,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 
-__all__ = ["MAX_SCRIPT", "PREFIX", "read_size", "script"]
+__all__ = ["MAX_SCRIPT", "PREFIX", "quote", "read_size", "script"]
 
 MAX_SCRIPT = 1 << 20
 """The largest script written to a warm shell (its pipe is made that large; one write or none)."""
@@ -58,12 +58,13 @@ def _enter(cwd: str, environ: Mapping[str, str]) -> bytes:
     starts, such as a removed directory's ``getcwd() failed``, is about the command), so it enters
     ``cwd`` now (the one at that path now), with ``PWD`` as ``sh -c`` started there has it (the
     physical path) and ``OLDPWD`` as the environment had it."""
-    q = _quote(cwd)
-    old = f"OLDPWD={_quote(environ['OLDPWD'])}" if "OLDPWD" in environ else "unset OLDPWD"
+    q = quote(cwd)
+    old = f"OLDPWD={quote(environ['OLDPWD'])}" if "OLDPWD" in environ else "unset OLDPWD"
     return f"cd -P -- {q} || exit 126; {old}; ".encode("utf-8", "surrogateescape")
 
 
-def _quote(text: str) -> str:
+def quote(text: str) -> str:
+    """``text`` as one word for ``sh``, in single quotes (every byte as it is)."""
     return "'" + text.replace("'", "'\\''") + "'"
 
 
@@ -143,9 +144,9 @@ def _changes(started: Mapping[str, str], environ: Mapping[str, str]) -> bytes | 
     steps: list[str] = []
     for name, value in environ.items():
         if started.get(name) != value and name not in ("PWD", "OLDPWD"):
-            if not _settable(name):
+            if not _settable(name) or "\0" in value:  # sh -c's start refuses a NUL byte: so does it then
                 return None
-            steps.append(f"export {name}={_quote(value)}; ")
+            steps.append(f"export {name}={quote(value)}; ")
     for name in started:
         if name not in environ and name not in ("PWD", "OLDPWD"):
             if not _settable(name):

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..refused_env import refused_names
 from ..split_needles import held_back
+from ..warm_shell import quote
 
 __all__ = ["ShellState", "StateSplitter", "wrap"]
 
@@ -45,10 +46,6 @@ def new_marker() -> str:
     return f"\0smith-fast-state-{os.urandom(8).hex()}\0"  # secrets.token_hex(8), without its imports at start
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
-
-
 def wrap(command: str, marker: str, cwd: str | None) -> str:
     """The script a stateful ``shell`` call runs: the prologue, then ``command`` verbatim."""
     mark = marker.replace("\0", "\\0")  # printf's format writes the NULs
@@ -57,7 +54,7 @@ def wrap(command: str, marker: str, cwd: str | None) -> str:
         f"trap '__smith_rc=$?; {{ printf \"{mark}%s\\0\" \"$PWD\"; export -p; printf \"{mark}\"; }} >&2; exit $__smith_rc' EXIT",
     ]
     if cwd is not None:
-        q = _quote(cwd)
+        q = quote(cwd)
         lines.append(f"cd -- {q} 2>/dev/null || printf 'smith-fast: the directory %s is gone; running in %s\\n' {q} \"$PWD\" >&2")
     return "\n".join(lines) + "\n" + command
 

@@ -130,10 +130,10 @@ class Warm:
 
     The shell is started at once and waits for its script on stdin (``script``: our write end);
     a command whose shell and ``cwd`` are these can take it (:meth:`matches`); ``env`` is what it
-    started with. ``out``
-    and ``err`` are our read ends of its stdout and stderr, ``stdin`` (-1: none) our write end of
-    its command's stdin; ``theirs`` the fds it gets, its 0, 1, 2 and 3 (its command's stdin),
-    sent to the init, then closed here. It starts in ``/``: its script enters ``cwd``."""
+    started with. ``out`` and ``err`` are our read ends of its stdout and stderr, ``stdin`` (-1:
+    none) our write end of its command's stdin; ``theirs`` the fds it gets, its 0, 1, 2 and 3 (its
+    command's stdin), sent to the init, then closed here. It starts in ``/``: its script enters
+    ``cwd``."""
 
     __slots__ = ("argv", "env", "cwd", "script", "out", "err", "stdin", "theirs")
 
@@ -172,6 +172,11 @@ class Ready:
         self.pid = 0
         self.sock: socket.socket | None = None
         self.warm = warm
+
+    def discard(self) -> None:
+        """Let it go, and its cell with it (:meth:`drop`, then the cell released)."""
+        self.drop()
+        self.cell.release()
 
     def drop(self) -> None:
         """Our end closed: a process still waiting exits at the EOF (the cell stays the caller's)."""
@@ -247,9 +252,7 @@ class Zygote:
             except OSError:  # it is gone (killed), or the request does not fit its socket
                 pass
             else:
-                forked = Forked(self, ready.rid, self._loop)
-                forked.pid = ready.pid
-                self._exits[ready.rid] = forked
+                forked = self._adopt(ready)
                 started: asyncio.Future[int] = self._loop.create_future()
                 started.set_result(ready.pid)
                 return forked, started
@@ -321,6 +324,10 @@ class Zygote:
             raise BlockingIOError(errno.EAGAIN, "the warm shell's script did not fit its pipe")
         os.close(warm.script)
         warm.script = warm.out = warm.err = warm.stdin = -1
+        return self._adopt(ready)
+
+    def _adopt(self, ready: Ready) -> Forked:
+        """The ready process, running its command now: a command of ours, its end awaited."""
         forked = Forked(self, ready.rid, self._loop)
         forked.pid = ready.pid
         self._exits[ready.rid] = forked
@@ -336,8 +343,7 @@ class Zygote:
             return None
         self._ready = None
         if ready.cell.limits != limits:
-            ready.drop()
-            ready.cell.release()
+            ready.discard()
             return None
         return ready
 
@@ -408,8 +414,7 @@ class Zygote:
     def _lose_ready(self) -> None:
         ready, self._ready = self._ready, None
         if ready is not None:
-            ready.drop()
-            ready.cell.release()
+            ready.discard()
 
     def _end(self) -> None:
         """The init is gone (or we close it): every command it held ended with it."""
