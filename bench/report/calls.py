@@ -6,10 +6,17 @@ Pipelined ``fs.read`` of the 72 B file at 64 and 256 in flight, and sequential r
 the bare-loop ``floor``, interleaved (the order rotates per repetition), medians of REPS after one
 warm-up. Prints calls/s, the server's CPU per call, the ratio to the floor and the driver process's
 CPU per call. The report (``python -m bench.report``) measures 256 in flight on a socket only.
+
+``python -m bench.report.calls --placement [REPS]``: the sequential round trips of ``v1`` and the
+floor with the driver and each server placed by hand (every thread's affinity): side by side on one
+CPU, apart on two, and left to the scheduler. It separates what a lone call costs because the two
+processes wake each other across CPUs (an IPI, an idle CPU woken) from what the server's own path
+costs when it runs cold, which one call at a time measures together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import statistics
@@ -79,10 +86,8 @@ class StdioV1:
         self.proc.wait(10)
 
 
-def main(argv: list[str]) -> int:
-    reps = int(argv[0]) if argv else 5
-    root = pathlib.Path(tempfile.mkdtemp()) / "root"
-    make_workspace(root, SCALES["quick"])
+def _launch(root: pathlib.Path) -> tuple[dict[str, Endpoint], dict[str, Any]]:
+    """``v1`` and the floor serving ``root``, and a client of each."""
     servers: dict[str, Endpoint] = {}
     for name in ("v1", "floor"):
         contender = next(c for c in CONTENDERS if c.name == name)
@@ -92,6 +97,63 @@ def main(argv: list[str]) -> int:
     for name, server in servers.items():
         server.wait_ready(30)
         clients[name] = next(c for c in CONTENDERS if c.name == name).client(server)
+    return servers, clients
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (a thread's affinity is its own)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+def placement(reps: int) -> int:
+    """The round trips of ``v1`` and the floor, 1,000 calls a repetition, under each placement of
+    the driver (this thread) and the servers; medians of ``reps`` after one warm-up."""
+    everywhere = os.sched_getaffinity(0)
+    if len(everywhere) < 2:
+        print(f"--placement needs two CPUs; this process may run on {len(everywhere)}")
+        return 1
+    first, second = sorted(everywhere)[:2]
+    places = {"side by side": ({first}, {first}), "apart": ({first}, {second}), "free": (everywhere, everywhere)}
+    root = pathlib.Path(tempfile.mkdtemp()) / "root"
+    make_workspace(root, SCALES["quick"])
+    servers, clients = _launch(root)
+    work = {name: _latency(1000)(client, root) for name, client in clients.items()}
+    print(f"round trips, 1,000 calls a repetition, medians of {reps}; load average {os.getloadavg()[0]:.1f}")
+    try:
+        for place, (driver, server_cpus) in places.items():
+            os.sched_setaffinity(0, driver)
+            for server in servers.values():
+                _pin(server.pid, server_cpus)
+            p50: dict[str, list[float]] = {name: [] for name in servers}
+            cpu: dict[str, list[float]] = {name: [] for name in servers}
+            for rep in range(reps + 1):  # the first is the warm-up
+                for name in (list(servers) if rep % 2 else list(servers)[::-1]):
+                    spent = cpu_seconds_of(servers[name].pid)
+                    f = work[name]()
+                    if rep:
+                        p50[name].append(f["p50 µs"])
+                        cpu[name].append((cpu_seconds_of(servers[name].pid) - spent) / f["_work"] * 1e6)
+            print(f"{place:13s}" + "".join(f"  {name} p50 {statistics.median(p50[name]):6.1f} µs, {statistics.median(cpu[name]):5.1f} µs server CPU/call"
+                                           for name in servers))
+    finally:
+        os.sched_setaffinity(0, everywhere)
+        for client in clients.values():
+            if isinstance(client, Client):
+                client.close()
+        for server in servers.values():
+            server.stop()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--placement":
+        return placement(int(argv[1]) if len(argv) > 1 else 6)
+    reps = int(argv[0]) if argv else 5
+    root = pathlib.Path(tempfile.mkdtemp()) / "root"
+    make_workspace(root, SCALES["quick"])
+    servers, clients = _launch(root)
     stdio = StdioV1(root)
     clients["v1-stdio"] = stdio
     pids = {name: server.pid for name, server in servers.items()}
