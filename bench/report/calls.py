@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from smith_fast.pb import smith_pb2 as pb
@@ -100,6 +100,39 @@ def _launch(root: pathlib.Path) -> tuple[dict[str, Endpoint], dict[str, Any]]:
     return servers, clients
 
 
+def _stop(servers: dict[str, Endpoint], clients: dict[str, Any]) -> None:
+    for client in clients.values():
+        if isinstance(client, Client):
+            client.close()
+    for server in servers.values():
+        server.stop()
+
+
+def _interleaved(work: dict[tuple[str, object], Rep], pids: dict[str, int], keys: Sequence[object],
+                 reps: int) -> Callable[[str, object, str], float]:
+    """Run each of ``work`` (by server name and key) ``reps + 1`` times, the first discarded (the
+    warm-up), the servers' order rotating per repetition; each repetition's figures gain the server's
+    CPU µs per unit (``cpu``) and the driver's (``driver``). Returns ``med(name, key, figure)``, a
+    figure's median."""
+    figures: dict[tuple[str, object], list[dict[str, float]]] = {key: [] for key in work}
+    names = list(pids)
+    for rep in range(reps + 1):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for key in keys:
+            for name in order:
+                driver, spent = time.process_time(), cpu_seconds_of(pids[name])
+                f = work[name, key]()
+                f["cpu"] = (cpu_seconds_of(pids[name]) - spent) / f["_work"] * 1e6
+                f["driver"] = (time.process_time() - driver) / f["_work"] * 1e6
+                if rep:
+                    figures[name, key].append(f)
+
+    def med(name: str, key: object, figure: str) -> float:
+        return statistics.median(f[figure] for f in figures[name, key])
+
+    return med
+
+
 def _pin(pid: int, cpus: set[int]) -> None:
     """Every thread of process ``pid`` on ``cpus`` (a thread's affinity is its own)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -119,31 +152,20 @@ def placement(reps: int) -> int:
     root = pathlib.Path(tempfile.mkdtemp()) / "root"
     make_workspace(root, SCALES["quick"])
     servers, clients = _launch(root)
-    work = {name: _latency(1000)(client, root) for name, client in clients.items()}
+    pids = {name: server.pid for name, server in servers.items()}
+    work: dict[tuple[str, object], Rep] = {(name, "rt"): _latency(1000)(client, root) for name, client in clients.items()}
     print(f"round trips, 1,000 calls a repetition, medians of {reps}; load average {os.getloadavg()[0]:.1f}")
     try:
         for place, (driver, server_cpus) in places.items():
             os.sched_setaffinity(0, driver)
             for server in servers.values():
                 _pin(server.pid, server_cpus)
-            p50: dict[str, list[float]] = {name: [] for name in servers}
-            cpu: dict[str, list[float]] = {name: [] for name in servers}
-            for rep in range(reps + 1):  # the first is the warm-up
-                for name in (list(servers) if rep % 2 else list(servers)[::-1]):
-                    spent = cpu_seconds_of(servers[name].pid)
-                    f = work[name]()
-                    if rep:
-                        p50[name].append(f["p50 µs"])
-                        cpu[name].append((cpu_seconds_of(servers[name].pid) - spent) / f["_work"] * 1e6)
-            print(f"{place:13s}" + "".join(f"  {name} p50 {statistics.median(p50[name]):6.1f} µs, {statistics.median(cpu[name]):5.1f} µs server CPU/call"
+            med = _interleaved(work, pids, ("rt",), reps)
+            print(f"{place:13s}" + "".join(f"  {name} p50 {med(name, 'rt', 'p50 µs'):6.1f} µs, {med(name, 'rt', 'cpu'):5.1f} µs server CPU/call"
                                            for name in servers))
     finally:
         os.sched_setaffinity(0, everywhere)
-        for client in clients.values():
-            if isinstance(client, Client):
-                client.close()
-        for server in servers.values():
-            server.stop()
+        _stop(servers, clients)
     return 0
 
 
@@ -163,22 +185,8 @@ def main(argv: list[str]) -> int:
         for window in WINDOWS:
             work[name, window] = _pipelined([("fs.read", _read(SMALL))], CALLS, window)(client, root)
         work[name, "rt"] = _latency(1000)(client, root)
-    figures: dict[tuple[str, object], list[dict[str, float]]] = {key: [] for key in work}
     names = list(clients)
-    for rep in range(reps + 1):  # the first is the warm-up
-        order = names[rep % len(names):] + names[: rep % len(names)]
-        for key in (*WINDOWS, "rt"):
-            for name in order:
-                driver, spent = time.process_time(), cpu_seconds_of(pids[name])
-                f = work[name, key]()
-                f["cpu"] = (cpu_seconds_of(pids[name]) - spent) / f["_work"] * 1e6
-                f["driver"] = (time.process_time() - driver) / f["_work"] * 1e6
-                if rep:
-                    figures[name, key].append(f)
-
-    def med(name: str, key: object, figure: str) -> float:
-        return statistics.median(f[figure] for f in figures[name, key])
-
+    med = _interleaved(work, pids, (*WINDOWS, "rt"), reps)
     print(f"medians of {reps}, {CALLS:,} calls each; load average {os.getloadavg()[0]:.1f}")
     for window in WINDOWS:
         floor = med("floor", window, "calls/s")
@@ -190,11 +198,7 @@ def main(argv: list[str]) -> int:
     for name in names:
         p50 = med(name, "rt", "p50 µs")
         print(f"round trip p50            {name:9s} {p50:7.1f} µs  {med(name, 'rt', 'cpu'):5.1f} µs server CPU/call  ×{floor / p50:.2f} the floor")
-    for client in clients.values():
-        if isinstance(client, Client):
-            client.close()
-    for server in servers.values():
-        server.stop()
+    _stop(servers, clients)
     stdio.stop()
     return 0
 
