@@ -797,6 +797,51 @@ def test_a_unix_session_resumes_over_tcp_and_stdio_cannot_resume(run, short: Ser
     run(main())
 
 
+async def test_an_idle_grpc_session_survives_its_connection_dropping(servers) -> None:  # type: ignore[no-untyped-def]
+    """A dropped connection ends a call's requests as a half-close would before grpc reports the
+    call cancelled: an idle resumable session was then finished at once (a half-close with nothing
+    running) and its resume refused ``resume_unknown``. Each of 40 cuts (no request running) must
+    leave it resumable."""
+    server = servers("uvloop")
+    async with CuttingProxy("tcp:" + server.grpc.removeprefix("grpc:")) as proxy:
+        link, token, last = await open_session(proxy.address, GrpcLink.open)
+        try:
+            for cut in range(40):
+                await asyncio.sleep(0.01)
+                assert proxy.cut() == 1
+                while True:
+                    await link.aclose()
+                    try:
+                        link = await GrpcLink.open(proxy.address)
+                        link.send(resume(token, last))
+                        env = await link.recv()
+                    except ConnectionError:
+                        continue
+                    break
+                assert kind(env) == "ready" and env.event.ready.resumed, (cut, env)
+        finally:
+            await link.aclose()
+
+
+async def test_a_resumable_grpc_session_still_ends_at_a_half_close(servers) -> None:  # type: ignore[no-untyped-def]
+    """A real half-close of a resumable session with nothing running ends the call with OK (after
+    the grace a dropped connection's cancellation is given), and the session with it."""
+    server = servers("uvloop")
+    link, token, _ = await open_session("tcp:" + server.grpc.removeprefix("grpc:"), GrpcLink.open)
+    try:
+        link.queue.put_nowait(None)  # the request stream ends; the call still reads
+        assert await asyncio.wait_for(link.call.code(), 10) == grpc.StatusCode.OK
+        again = await GrpcLink.open("tcp:" + server.grpc.removeprefix("grpc:"))
+        try:
+            again.send(resume(token, 0))
+            env = await again.recv()
+            assert kind(env) == "error" and env.event.error.details["reason"] == "resume_unknown", env
+        finally:
+            await again.aclose()
+    finally:
+        await link.aclose()
+
+
 async def test_a_grpc_stream_resumes_on_a_new_call(servers) -> None:  # type: ignore[no-untyped-def]
     """The same over gRPC: the resume handshake is the first message of a new ``Stream`` call."""
     server = servers("uvloop")

@@ -20,7 +20,10 @@ in a gRPC thread and wakes the loop through a socket pair. So the gRPC front sha
 
 A ``Stream`` whose client half-closes (ends its request stream) keeps running until its requests
 have ended, then ends with OK; a cancelled call (the client went away) kills its commands at once,
-as a closed socket does.
+as a closed socket does, or parks a resumable session. A call whose connection dropped ends its
+requests as a half-close would, and grpc reports it cancelled only a little later: a resumable
+session's half-close is therefore taken as one after :data:`HALF_CLOSE_GRACE` (an idle session was
+otherwise closed by the very cut it should have survived).
 
 With ``--token``, a call presents it in its metadata (``authorization: Bearer …`` or
 ``smith-token``) or, for ``Stream``, in the handshake's ``client_info["token"]`` (``Negotiate``:
@@ -82,6 +85,10 @@ LOW_WATER = 256 * 1024
 # How long a call refused for a wrong token in its metadata is given to deliver its first message.
 _REFUSAL_READ_WAIT = 1.0
 ERROR_CODE_METADATA = "smith-error-code"  # trailing metadata: the ErrorCode name of a failed call
+HALF_CLOSE_GRACE = 0.25
+"""Seconds the end of a resumable session's requests waits before it is taken as a half-close: a
+dropped connection's call ends its requests first and is cancelled in the meantime (its reader is
+then cancelled, and the session parked for a resume rather than finished)."""
 
 # How a call that fails as a whole reports the schema's ErrorCode as a gRPC status.
 GRPC_STATUS: dict[int, grpc.StatusCode] = {
@@ -240,6 +247,8 @@ class _Stream:
             if not reading.is_set():  # the peer does not read, or its requests wait: take no more
                 await reading.wait()
             self._take(raw)
+        if not self._released and self.session.resumable is not None:
+            await asyncio.sleep(HALF_CLOSE_GRACE)  # a dropped connection's cancellation, if it is one
         if not self._released:
             await self.session.finish()  # half-close: the client still listens
 
