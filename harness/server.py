@@ -308,9 +308,18 @@ def host_pids(service: int | None, printed: list[int], marker: str) -> list[int]
     pool = [pid for pid, _ in descendants(service)] if service else [int(e) for e in os.listdir("/proc") if e.isdigit()]
     inner = {pid: _inner_pid(pid) for pid in pool}
     spaces = {where[0] for pid, where in inner.items() if where is not None and marker in _cmdline(pid)}
+    # A command run by a warm shell (``sh -s``: the command is its script, not its argv) leaves no
+    # marker: then any namespace, for a pid that only one of them holds.
+    unique = not spaces
+    if unique:
+        spaces = {where[0] for where in inner.values() if where is not None}
     by_inner = {where: pid for pid, where in inner.items() if where is not None and where[0] in spaces}
-    return [next(pid for (ns, n), pid in by_inner.items() if n == wanted) for wanted in printed
-            if any(n == wanted for (_, n) in by_inner)]
+    found = []
+    for wanted in printed:
+        matches = [pid for (_, n), pid in by_inner.items() if n == wanted]
+        if matches and not (unique and len(matches) > 1):
+            found.append(matches[0])
+    return found
 
 
 def pid_alive(pid: int) -> bool:
