@@ -153,7 +153,17 @@ class Usage:
 
     def fields(self) -> dict[str, str]:
         """As LogEvent ``fields`` (strings; ``limit_hit`` only when set)."""
-        out = {f.name: str(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "limit_hit"}
+        # Spelled out, in field order: dataclasses.fields() rebuilt its tuple on every command's end.
+        out = {
+            "cpu_user_us": str(self.cpu_user_us),
+            "cpu_system_us": str(self.cpu_system_us),
+            "max_rss_bytes": str(self.max_rss_bytes),
+            "memory_peak_bytes": str(self.memory_peak_bytes),
+            "io_read_bytes": str(self.io_read_bytes),
+            "io_write_bytes": str(self.io_write_bytes),
+            "pids_peak": str(self.pids_peak),
+            "source": self.source,
+        }
         if self.limit_hit is not None:
             out["limit_hit"] = self.limit_hit
         return out
@@ -392,8 +402,10 @@ def _parse_kv(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        with contextlib.suppress(ValueError):
+        try:  # not contextlib.suppress: four files a command, a line each at least
             out[key] = int(value.split()[0]) if value else 0
+        except ValueError:
+            pass
     return out
 
 

@@ -292,6 +292,22 @@ def test_without_cgroups_usage_comes_from_rusage() -> None:
     assert usage.memory_peak_bytes == usage.max_rss_bytes > 0
 
 
+def test_usage_fields_name_every_field_in_order() -> None:
+    """``Usage.fields()`` (the audit line's and the usage LogEvent's fields) spells its fields out
+    rather than asking ``dataclasses.fields()`` each time: it must still name every one, in the
+    dataclass's order, as strings, and ``limit_hit`` only when a limit was hit."""
+    import dataclasses
+
+    from smith_fast.containment import Usage
+
+    names = [f.name for f in dataclasses.fields(Usage)]
+    usage = Usage(*range(1, 8), "cgroup")
+    assert list(usage.fields()) == [n for n in names if n != "limit_hit"]
+    assert usage.fields() == {n: str(getattr(usage, n)) for n in names if n != "limit_hit"}
+    hit = dataclasses.replace(usage, limit_hit="--max-memory")
+    assert list(hit.fields()) == names and hit.fields()["limit_hit"] == "--max-memory"
+
+
 def test_memory_bound_reads_a_cells_limit_whichever_hierarchy_holds_memory() -> None:
     """What a NATS worker announces as its memory: a process in a cell of 256 MiB reads that limit
     (v2 ``memory.max`` or v1 ``memory.limit_in_bytes``: this machine's layout is hybrid), and this

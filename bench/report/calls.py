@@ -32,6 +32,7 @@ from smith_fast.pb import smith_pb2 as pb
 
 from .contenders import CONTENDERS, Client, Endpoint
 from .drivers import READ_SIZE, ProtocolFailure, Tracker, cpu_seconds_of, pipeline, round_trips
+from .meta import cpu_idle
 from .wire import STATE, WIRES, View
 from .workloads import SCALES, SMALL, Rep, _latency, _pipelined, _read, make_workspace
 
@@ -154,7 +155,7 @@ def placement(reps: int) -> int:
     servers, clients = _launch(root)
     pids = {name: server.pid for name, server in servers.items()}
     work: dict[tuple[str, object], Rep] = {(name, "rt"): _latency(1000)(client, root) for name, client in clients.items()}
-    print(f"round trips, 1,000 calls a repetition, medians of {reps}; load average {os.getloadavg()[0]:.1f}")
+    print(f"round trips, 1,000 calls a repetition, medians of {reps}; load average {os.getloadavg()[0]:.1f}; cpu idle: {cpu_idle()}")
     try:
         for place, (driver, server_cpus) in places.items():
             os.sched_setaffinity(0, driver)
@@ -187,7 +188,7 @@ def main(argv: list[str]) -> int:
         work[name, "rt"] = _latency(1000)(client, root)
     names = list(clients)
     med = _interleaved(work, pids, (*WINDOWS, "rt"), reps)
-    print(f"medians of {reps}, {CALLS:,} calls each; load average {os.getloadavg()[0]:.1f}")
+    print(f"medians of {reps}, {CALLS:,} calls each; load average {os.getloadavg()[0]:.1f}; cpu idle: {cpu_idle()}")
     for window in WINDOWS:
         floor = med("floor", window, "calls/s")
         for name in names:
