@@ -153,17 +153,7 @@ class Usage:
 
     def fields(self) -> dict[str, str]:
         """As LogEvent ``fields`` (strings; ``limit_hit`` only when set)."""
-        # Spelled out, in field order: dataclasses.fields() rebuilt its tuple on every command's end.
-        out = {
-            "cpu_user_us": str(self.cpu_user_us),
-            "cpu_system_us": str(self.cpu_system_us),
-            "max_rss_bytes": str(self.max_rss_bytes),
-            "memory_peak_bytes": str(self.memory_peak_bytes),
-            "io_read_bytes": str(self.io_read_bytes),
-            "io_write_bytes": str(self.io_write_bytes),
-            "pids_peak": str(self.pids_peak),
-            "source": self.source,
-        }
+        out = {name: str(getattr(self, name)) for name in _USAGE_FIELDS}
         if self.limit_hit is not None:
             out["limit_hit"] = self.limit_hit
         return out
@@ -171,6 +161,11 @@ class Usage:
     def as_dict(self) -> dict[str, int | str | None]:
         """As a JSON object (the ``shell.run`` result's ``usage``)."""
         return dataclasses.asdict(self)
+
+
+# Usage.fields()'s keys, in field order: taken once here, dataclasses.fields() rebuilt its tuple at
+# every command's end.
+_USAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Usage) if f.name != "limit_hit")
 
 
 # -- the hierarchies ------------------------------------------------------------------------------

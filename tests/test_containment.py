@@ -293,9 +293,9 @@ def test_without_cgroups_usage_comes_from_rusage() -> None:
 
 
 def test_usage_fields_name_every_field_in_order() -> None:
-    """``Usage.fields()`` (the audit line's and the usage LogEvent's fields) spells its fields out
-    rather than asking ``dataclasses.fields()`` each time: it must still name every one, in the
-    dataclass's order, as strings, and ``limit_hit`` only when a limit was hit."""
+    """``Usage.fields()`` (the audit line's and the usage LogEvent's fields) takes its names once, not
+    from ``dataclasses.fields()`` each time: it must still name every one, in the dataclass's order,
+    as strings, and ``limit_hit`` only when a limit was hit."""
     import dataclasses
 
     from smith_fast.containment import Usage

@@ -826,12 +826,12 @@ async def test_an_idle_grpc_session_survives_its_connection_dropping(servers) ->
 async def test_a_resumable_grpc_session_still_ends_at_a_half_close(servers) -> None:  # type: ignore[no-untyped-def]
     """A real half-close of a resumable session with nothing running ends the call with OK (after
     the grace a dropped connection's cancellation is given), and the session with it."""
-    server = servers("uvloop")
-    link, token, _ = await open_session("tcp:" + server.grpc.removeprefix("grpc:"), GrpcLink.open)
+    address = "tcp:" + servers("uvloop").grpc.removeprefix("grpc:")
+    link, token, _ = await open_session(address, GrpcLink.open)
     try:
         link.queue.put_nowait(None)  # the request stream ends; the call still reads
         assert await asyncio.wait_for(link.call.code(), 10) == grpc.StatusCode.OK
-        again = await GrpcLink.open("tcp:" + server.grpc.removeprefix("grpc:"))
+        again = await GrpcLink.open(address)
         try:
             again.send(resume(token, 0))
             env = await again.recv()
