@@ -2,7 +2,7 @@
  *
  *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off]
  *                [--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
- *                [--reap] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
+ *                [--reap] [--env-prefixed] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --zygote CONTROL_FD [the first form's options but --tty and --usage-fd, no PROGRAM]
@@ -71,6 +71,12 @@
  * command's confinement and exits 0 there instead of running anything: the service's start-up check.
  * --ruleset-out FILE appends to FILE one JSON line of the Landlock ruleset applied (landlock_policy.h's
  * struct ll_applied), written from the confined process once it is confined: what tests compare.
+ *
+ * --env-prefixed (the first form): the command's environment is this program's variables named
+ * SMITH_FAST_ENV_NAME, as NAME; the rest of this program's environment is not the command's. The
+ * service starts it so (Sandbox.wrap): a request's variables are read by the command alone, never
+ * by this program's own dynamic loader and C library, which run before any wall stands (with
+ * --allow-env LD_PRELOAD, a request's library ran here, outside the sandbox, as the service's user).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -148,6 +154,7 @@ static struct {
     char cwd[4096];
     char tty_name[256]; /* the command's terminal (--tty), bound to /dev/console in its view */
     char *const *argv;
+    char **envp; /* the command's environment: environ, or with --env-prefixed what command_env() makes */
 } o;
 
 static void die(int code, const char *what, const char *arg) {
@@ -632,7 +639,7 @@ static void init(int report) {
     if (command == 0) {
         close(report);
         if (o.guard[0] >= 0) close(o.guard[0]);
-        run_command(o.cwd, o.argv, environ);
+        run_command(o.cwd, o.argv, o.envp != NULL ? o.envp : environ);
     }
     int notify = -1;
     if (o.guard[1] >= 0) {
@@ -1035,10 +1042,23 @@ static unsigned long long parse_size(const char *text, int *ok) {
 static void usage(const char *at) {
     fprintf(stderr,
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
-            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--probe] "
+            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--env-prefixed] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
+}
+
+#define ENV_PREFIX "SMITH_FAST_ENV_"
+
+/* --env-prefixed: the command's environment out of this program's (strings shared, not copied). */
+static char **command_env(void) {
+    size_t n = 0, k = 0, len = strlen(ENV_PREFIX);
+    for (char **e = environ; *e; e++) n++;
+    char **out = calloc(n + 1, sizeof *out);
+    if (out == NULL) die(FAILED, "cannot start the command: out of memory", "");
+    for (char **e = environ; *e; e++)
+        if (strncmp(*e, ENV_PREFIX, len) == 0 && strchr(*e + len, '=') > *e + len) out[k++] = *e + len;
+    return out;
 }
 
 int main(int argc, char **argv) {
@@ -1057,6 +1077,7 @@ int main(int argc, char **argv) {
         if (strcmp(a, "--probe") == 0) { o.probe = 1; continue; }
         if (strcmp(a, "--tty") == 0) { o.tty = o.view = 1; continue; }
         if (strcmp(a, "--reap") == 0) { o.reap = o.view = 1; continue; }
+        if (strcmp(a, "--env-prefixed") == 0) { o.envp = command_env(); o.view = 1; continue; }
         if (i + 1 >= argc) usage(a);
         const char *v = argv[++i];
         if (strcmp(a, "--only-read") == 0 && v[0] == '/' && o.nonly < MAX_WRITE) { o.only[o.nonly++] = v; continue; }

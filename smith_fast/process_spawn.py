@@ -426,6 +426,7 @@ def spawn(
         if sandbox is not None and sandbox.active:
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w, egress_fd=egress_fd)
+            environ = sandbox.wrap_environ(environ)
         child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w, egress_fd)
     except _SPAWN_ERRORS as exc:
         _give_up(cell, out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
@@ -476,6 +477,7 @@ def _spawn_pty(
             # the command's controlling one (the host's /dev/pts is not in its view).
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
             argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w, egress_fd=egress_fd)
+            environ = sandbox.wrap_environ(environ)
         else:
             argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
         popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w, egress_fd)

@@ -368,3 +368,57 @@ async def test_the_hosts_service_sockets_are_out_of_reach(server: ServerProcess)
             sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+# -- the request's environment is the command's -----------------------------------------------------
+
+PRELOAD_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+/* Says where it was loaded, and leaves a mark in MARKS: a directory outside the root, which only
+   a process outside the sandbox can write. */
+__attribute__((constructor)) static void preloaded(void) {
+    char exe[512] = {0}, mark[1024];
+    if (readlink("/proc/self/exe", exe, sizeof exe - 1) < 0) return;
+    dprintf(2, "preloaded in %s\n", exe);
+    snprintf(mark, sizeof mark, "%s/%d", MARKS, (int)getpid());
+    int fd = open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && write(fd, exe, strlen(exe)) < 0) {}
+    if (fd >= 0) close(fd);
+}
+"""
+
+
+async def test_a_requests_loader_variables_reach_the_command_not_the_sandbox_program(places: dict[str, pathlib.Path]) -> None:
+    # An operator who lets requests set LD_PRELOAD (--allow-env) means it for the command, inside
+    # its walls. The sandbox program that builds those walls was started with the command's
+    # environment, so its own dynamic loader ran the peer's library first, as the service's user,
+    # outside every wall: for each command that starts the one-shot way (on a terminal, in a
+    # workspace, with --network allow, in the background). Now the program gets the command's
+    # variables under names its loader does not read (Sandbox.wrap_environ).
+    root, marks = places["root"], places["victims"] / f"marks-{uuid.uuid4().hex[:8]}"
+    marks.mkdir()
+    (root / "preload.c").write_text(PRELOAD_C)
+    so = root / "preload.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", f'-DMARKS="{marks}"', "-o", str(so), str(root / "preload.c")], check=True)
+    (places["srv"] / "preload").mkdir()
+    srv = ServerProcess(places["srv"] / "preload", "--allow-env", "LD_PRELOAD", root=root, env={"SMITH_TOKEN": TOKEN}).start()
+    try:
+        async with await _client(srv) as client:
+            env = {"LD_PRELOAD": str(so)}
+            piped = await client.run("true", env=env)  # the session's zygote
+            on_terminal = await client.start("true", env=env, pty=(24, 80))  # one-shot
+            assert await on_terminal.wait() == 0
+            background = await client.start("true", env=env, background=True)  # one-shot, outliving the session
+            assert await background.wait() == 0
+            shown = [piped.stderr.decode(), on_terminal.output().stdout.decode(), background.output().stderr.decode()]
+        for text in shown:  # the command's shell loaded it, and nothing before the shell did
+            assert "preloaded in " in text and "sandbox-exec" not in text and "python" not in text, shown
+        assert os.listdir(marks) == [], [(m, (marks / m).read_text()) for m in os.listdir(marks)]
+        await _still_serving(srv)
+    finally:
+        assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+        for name in ("preload.c", "preload.so"):
+            (root / name).unlink()

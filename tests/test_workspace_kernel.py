@@ -412,14 +412,15 @@ def test_a_command_sees_its_own_workspace_and_nothing_else_of_the_directory(plac
         sandbox = base.for_workspace(f"{{a}}/root", TOP, [TEMPLATE])
         sandbox.check()  # the start-up probe, with the cover, in the namespace
         argv = sandbox.wrap(["/bin/sh", "-c", {COMMAND!r}, "sh", TOP, b, TEMPLATE, {str(places["outside"])!r}], sandbox.writable())
-        done = subprocess.run(argv, cwd=f"{{a}}/root", capture_output=True, text=True, timeout=60)
+        done = subprocess.run(argv, cwd=f"{{a}}/root", env=sandbox.wrap_environ(os.environ), capture_output=True, text=True,
+                              timeout=60)
         out["rc"], out["stderr"] = done.returncode, done.stderr
         out["lines"] = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
         out["upper"] = sorted(os.listdir(f"{{a}}/upper"))
         reading = Sandbox(mode="read-only", network="off").for_workspace(f"{{b}}/root", TOP, [TEMPLATE])
         script = "cat secret.txt; ls $0/s; echo x > y.txt || echo refused"
         done = subprocess.run(reading.wrap(["/bin/sh", "-c", script, TOP], reading.writable()), cwd=f"{{b}}/root",
-                              capture_output=True, text=True, timeout=60)
+                              env=reading.wrap_environ(os.environ), capture_output=True, text=True, timeout=60)
         out["read_only"] = [done.returncode, done.stdout, "Read-only file system" in done.stderr]
         only = base.only_read(["/bin/grep", "CapEff", "/proc/self/status"], ["/proc"])
         out["only_read"] = subprocess.run(only, capture_output=True, text=True, timeout=60).stdout.split()

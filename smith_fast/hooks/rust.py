@@ -106,7 +106,7 @@ class _Child:
                 stdout=out_w,
                 stderr=out_w,
                 pass_fds=(ans_w, exe_fd),
-                env={},
+                env={},  # nothing for the hook, and so nothing for the sandbox program (wrap_environ)
                 cwd=workdir,
                 start_new_session=True,
                 close_fds=True,

@@ -142,7 +142,7 @@ def _compile_blocking(source: str, cache_dir: Path, timeout: float, sandbox: San
                 # The compiler (and the linker it runs) may write only its build directory, which
                 # is also where its temporary files go.
                 argv = sandbox.wrap([shutil.which(rustc) or rustc, *argv[1:]], writable=[str(work)])
-                env = {**os.environ, "TMPDIR": str(work)}
+                env = sandbox.wrap_environ({**os.environ, "TMPDIR": str(work)})
             proc = subprocess.Popen(
                 argv,
                 cwd=work,

@@ -39,7 +39,7 @@ import pathlib
 import platform
 import socket
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field, replace
 
 from ..errors import SandboxUnavailable, UnsafeRoot
@@ -48,6 +48,7 @@ from ..records import record
 __all__ = [
     "DEFAULT_TMP_SIZE",
     "EGRESS_PORT",
+    "ENV_PREFIX",
     "HELPER",
     "MIN_LANDLOCK_ABI",
     "MODES",
@@ -71,6 +72,8 @@ TMPDIR = "/tmp"
 HIDE_ENV = "SMITH_FAST_SANDBOX_HIDE"
 HELPER = str(pathlib.Path(__file__).with_name("sandbox-exec"))
 """The sandbox program (``csrc/sandbox_exec.c``), built by ``setup.py``."""
+ENV_PREFIX = "SMITH_FAST_ENV_"
+"""What a command's variables are named in the sandbox program's environment (:meth:`Sandbox.wrap_environ`)."""
 
 
 @record(frozen=True, slots=True)
@@ -251,10 +254,12 @@ class Sandbox:
         program only). ``egress_fd``: with ``network == "allow"``, a unix socket the caller passes
         on, over which the sandbox program sends the egress listener (without one, a process of
         that sandbox gets a loopback alone: no way out). Without an active sandbox, ``argv`` unchanged.
+
+        Start it with :meth:`wrap_environ`'s environment, not the command's.
         """
         if not self.active:
             return list(argv)
-        out = [*self.wrapper, *self._policy(egress_fd)]
+        out = [*self.wrapper, "--env-prefixed", *self._policy(egress_fd)]
         for path in writable:
             out += ["--write", path]
         if tty:
@@ -266,6 +271,17 @@ class Sandbox:
         out.append("--")
         out += argv
         return out
+
+    def wrap_environ(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The environment to start :meth:`wrap`'s argv with, for a command whose environment is
+        ``environ``: each variable renamed ``SMITH_FAST_ENV_NAME``, which the sandbox program gives
+        the command as ``NAME`` (``--env-prefixed``). So the sandbox program's own dynamic loader
+        and C library, which run before any wall stands, read none of a request's variables
+        (``LD_PRELOAD``, ``LD_AUDIT``, ``GLIBC_TUNABLES``... that ``--allow-env`` lets through: they
+        are the command's). Without an active sandbox, ``environ`` as it is."""
+        if not self.active:
+            return dict(environ)
+        return {ENV_PREFIX + name: value for name, value in environ.items()}
 
     def zygote_argv(self, writable: Sequence[str], control_fd: int) -> list[str]:
         """The sandbox program as a zygote (:mod:`smith_fast.sandbox.zygote`): these walls, with
