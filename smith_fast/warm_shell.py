@@ -26,7 +26,8 @@ no more until the script is done; so a command takes a warm shell only when:
 A command whose environment differs from the one the shell started with in a few variables
 (``TRACEPARENT`` names each command's span; the MCP shell carries what a command exported) gets
 them set by its script (``export``/``unset``), unless one is read by dash as it starts (its
-locale, ``IFS``...). The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
+locale, ``IFS``...) or by its loader and C library (``LD_PRELOAD``, ``GLIBC_TUNABLES``,
+``MALLOC_*``...: a shell that loaded the last command's library is not for a command without it). The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
 that answers input requests) gets it as the warm shell's fd 3 and runs as a group, ``{ command
 }`` with its stdin from fd 3: the shell reads the whole group before it runs (any size, ``exec``
 allowed: fd 0 is the shell's own again after the group), which differs from ``sh -c`` only for a
@@ -43,6 +44,8 @@ import os
 import re
 import subprocess
 from collections.abc import Mapping
+
+from .refused_env import CLASSES
 
 __all__ = ["MAX_SCRIPT", "PREFIX", "quote", "read_size", "script"]
 
@@ -73,6 +76,12 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # What dash reads from its environment as it starts (its locale, its word splitting, its options,
 # the variables it sets itself): a shell told of a change later is not one started with it.
 _AT_START = frozenset({"IFS", "ENV", "OPTIND", "PPID", "LANG", "LANGUAGE", "LINENO", "PS1", "PS2", "PS4"})
+# What the dynamic loader and the C library read as a program starts (refused_env's "loader" class:
+# LD_PRELOAD, GLIBC_TUNABLES ...; malloc's MALLOC_* settings): a shell started with the last
+# command's LD_PRELOAD has loaded that library, which a later command asked without must not run
+# under, and a command that asks for one gets it in its shell only if the shell starts with it.
+_LOADER_NAMES, _LOADER_PREFIXES = CLASSES["loader"]
+_AT_START_PREFIXES = ("LC_", "MALLOC_", *_LOADER_PREFIXES)
 _MAX_CHANGES = 16
 _EXEC = re.compile(r"(?<![\w./-])exec(?![\w./-])")  # the word, not `find -exec` or a path's bench-exec-start
 
@@ -137,7 +146,8 @@ def _changes(started: Mapping[str, str], environ: Mapping[str, str]) -> bytes | 
     """``export NAME=VALUE; `` and ``unset NAME; `` for each variable ``environ`` has other than
     the shell started with (a per-command ``TRACEPARENT``, a variable the MCP shell carries), so
     its commands see the environment ``sh -c`` would have given them; None when one of them is no
-    shell name, is read by the shell as it starts (:data:`_AT_START`, ``LC_*``), or there are more
+    shell name, is read by the shell or its loader as it starts (:data:`_AT_START`, ``LC_*``, the
+    loader's variables), or there are more
     than :data:`_MAX_CHANGES`. ``PWD`` and ``OLDPWD`` are :func:`_enter`'s."""
     if started == environ:
         return b""
@@ -158,7 +168,7 @@ def _changes(started: Mapping[str, str], environ: Mapping[str, str]) -> bytes | 
 
 
 def _settable(name: str) -> bool:
-    return bool(_NAME.match(name)) and name not in _AT_START and not name.startswith("LC_")
+    return bool(_NAME.match(name)) and name not in _AT_START and name not in _LOADER_NAMES and not name.startswith(_AT_START_PREFIXES)
 
 
 def _has_commands(command: str) -> bool:

@@ -414,8 +414,14 @@ async def test_a_requests_loader_variables_reach_the_command_not_the_sandbox_pro
             background = await client.start("true", env=env, background=True)  # one-shot, outliving the session
             assert await background.wait() == 0
             shown = [piped.stderr.decode(), on_terminal.output().stdout.decode(), background.output().stderr.decode()]
+            # A session's next command runs in a shell started ahead with this one's environment
+            # (warm_shell.py): one asked without the library must not get a shell that loaded it,
+            # and one asked with it must get a shell that did, as `sh -c` would.
+            asked = [True, False, False, True, True, False]
+            runs = [await client.run("true", env=env if preload else {}) for preload in asked]
         for text in shown:  # the command's shell loaded it, and nothing before the shell did
             assert "preloaded in " in text and "sandbox-exec" not in text and "python" not in text, shown
+        assert [run.stderr.decode().startswith("preloaded in ") for run in runs] == asked, [run.stderr for run in runs]
         assert os.listdir(marks) == [], [(m, (marks / m).read_text()) for m in os.listdir(marks)]
         await _still_serving(srv)
     finally:

@@ -67,6 +67,9 @@ def test_the_shell_here_is_dash_and_reads_its_script_whole() -> None:
     assert warm_shell.script("ls", SH, "/", {"A": "1", "S": "s"}, False, {"B": "2", "S": "s", "PWD": "/x"}) == (
         warm_shell.PREFIX + b"export A='1'; unset B; cd -P -- '/' || exit 126; unset OLDPWD; ls")
     assert warm_shell.script("ls", SH, "/", {"LANG": "C"}, False, {"LANG": "C.UTF-8"}) is None  # read as it starts
+    for name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX"):  # by its loader and C library
+        assert warm_shell.script("ls", SH, "/", {name: "x"}, False, {}) is None
+        assert warm_shell.script("ls", SH, "/", {}, False, {name: "x"}) is None
     assert warm_shell.script("ls", SH, "/", {"A-B": "1"}, False, {}) is None  # no shell name
     assert warm_shell.script("ls", SH, "/", {"A": "x\0y"}, False, {}) is None  # sh -c's start would refuse it
     assert warm_shell.script("exec 2>&1; ls", SH, "/", {}, False) is None
