@@ -17,6 +17,9 @@ shells would be re-parented to init and run on. The guard closes that gap:
   with the cells' parents: the commands it forks are not ours to reap and cost the guard nothing;
   at EOF the guard kills the zygote's group (its pid namespace ends with its init) and every cell
   beneath those parents, and removes them.
+* ``=PATH`` names a directory to remove (once empty) when the guard ends, whichever way: the
+  cell parents a ``--workspaces`` service made as root before it entered its user namespace, where
+  it may no longer remove them (:func:`remove_at_end`).
 * When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
   every pid still registered: at once, so the groups are still ours. Linux does not hand out a
   number that is the group id of a live process, so a group id can only come back once every
@@ -39,12 +42,13 @@ import sys
 import threading
 import time
 
-__all__ = ["active", "arm", "register", "start", "stop", "unregister"]
+__all__ = ["active", "arm", "register", "remove_at_end", "start", "stop", "unregister"]
 
 _lock = threading.Lock()
 _proc: subprocess.Popen[bytes] | None = None
 _fd = -1
 _armed = False  # arm(): start with the first register()
+_leftovers: tuple[str, ...] = ()  # arm()'s remove_at_end, sent once the guard starts
 
 
 def start() -> bool:
@@ -71,13 +75,17 @@ def start() -> bool:
         return True
 
 
-def arm() -> None:
+def arm(leftovers: tuple[str, ...] = ()) -> None:
     """Start the guard with the first :func:`register`, not now: a service arms it at start, and
     the guard (a Python process: some 3 ms of the start's way to its first answer, and a core's
     worth of its CPU meanwhile) comes with the first process it has to guard. What registers is
-    spawned before it registers, as with a guard started earlier: the window is the same."""
-    global _armed
-    _armed = True
+    spawned before it registers, as with a guard started earlier: the window is the same.
+    ``leftovers``: for :func:`remove_at_end`, once it runs (at once if it does)."""
+    global _armed, _leftovers
+    if _fd >= 0:
+        remove_at_end(leftovers)
+        return
+    _armed, _leftovers = True, leftovers
 
 
 def active() -> bool:
@@ -110,11 +118,20 @@ def register(pid: int, cgroups: tuple[str, ...] = ()) -> None:
     global _armed
     if _armed:  # the first process since arm(): the guard starts now (once: a failed start is not retried)
         _armed = False
-        start()
+        if start():
+            remove_at_end(_leftovers)
     line = b"+%d" % pid
     for path in cgroups:
         line += b" " + os.fsencode(path)
     _send(line + b"\n")
+
+
+def remove_at_end(paths: tuple[str, ...]) -> None:
+    """Directories for the guard to remove, once empty, when it ends (after our own clean-up at
+    exit, which may not have the rights to: a service in ``--workspaces``' user namespace no longer
+    writes the cgroup directories that hold its cells' parents). Paths hold no whitespace: we made them."""
+    for path in paths:
+        _send(b"=" + os.fsencode(path) + b"\n")
 
 
 def unregister(pid: int) -> None:
@@ -148,16 +165,27 @@ def _guard() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only EOF (our parent gone) ends the guard
     tracked: dict[int, list[bytes]] = {}
-    with os.fdopen(0, "rb") as pipe:
-        for line in pipe:
-            op = line[:1]
-            if op == b"+":
-                number, *cgroups = line[1:].split()
-                tracked[int(number)] = cgroups
-            elif op == b"-":
-                tracked.pop(int(line[1:]), None)
-            elif op == b"!":
-                return
+    leftovers: list[str] = []
+    try:
+        with os.fdopen(0, "rb") as pipe:
+            for line in pipe:
+                op = line[:1]
+                if op == b"+":
+                    number, *cgroups = line[1:].split()
+                    tracked[int(number)] = cgroups
+                elif op == b"-":
+                    tracked.pop(int(line[1:]), None)
+                elif op == b"=":
+                    leftovers.append(os.fsdecode(line[1:].strip()))
+                elif op == b"!":
+                    return
+        _sweep(tracked)
+    finally:
+        _remove_leftovers(leftovers)
+
+
+def _sweep(tracked: dict[int, list[bytes]]) -> None:
+    """The pipe's end: every group still registered killed, and the cells it was in removed."""
     killed = []
     for pid in tracked:
         try:
@@ -211,6 +239,19 @@ def _kill_cgroup(path: str) -> None:
         time.sleep(0.001)
 
 
+def _remove_leftovers(paths: list[str], timeout: float = 2.0) -> None:
+    """The ``=PATH`` directories, with the empty ones beneath (spare cells), once empty: the
+    service removed the rest a moment ago, or the sweep did; a cell's last member may still be exiting."""
+    deadline = time.monotonic() + timeout
+    for path in paths:
+        while True:
+            for entry in _cells_first([path]):
+                _rmdir_quietly(entry)
+            if not os.path.isdir(path) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+
 def _remove_cgroups(cells: list[str], timeout: float = 2.0) -> None:
     """Remove the killed cells (once their members have exited) and any of our parents left empty."""
     parents = {os.path.dirname(c) for c in cells}
@@ -228,8 +269,17 @@ def _remove_cgroups(cells: list[str], timeout: float = 2.0) -> None:
         if cells:
             time.sleep(0.01)
     for parent in parents:
-        with contextlib.suppress(OSError):
-            os.rmdir(parent)  # still holding another cell (ENOTEMPTY): not ours to wait for
+        _rmdir_quietly(parent)  # still holding another cell (ENOTEMPTY): not ours to wait for
+
+
+def _rmdir_quietly(path: str) -> bool:
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

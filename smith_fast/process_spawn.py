@@ -210,8 +210,9 @@ def _devnull() -> int:
 # commands; the rest start the one-shot way (the sandbox program builds the walls per command):
 # unconfined commands (no sandbox program at all), commands on a terminal (the terminal is the
 # view's /dev/console), and whatever has no session zygote to use (a background process outlives
-# its session, a hook is the service's, a session with a workspace has its root mounted again
-# under it), and a command with an egress listener of its own (--network allow).
+# its session, a hook is the service's), and a command with an egress listener of its own
+# (--network allow). A workspace session's zygote is built on its root as mounted, and closed
+# when the root is mounted again (service/runner.py).
 _ROUTES: tuple[tuple[str, Callable[[Sandbox | None, "tuple[int, int] | None", "Zygotes | None", int], bool]], ...] = (
     ("one-shot", lambda sandbox, pty, zygotes, egress_fd: sandbox is None or not sandbox.active),
     ("one-shot", lambda sandbox, pty, zygotes, egress_fd: pty is not None),

@@ -191,8 +191,17 @@ def enter_workspaces(config: ServiceConfig, command: str) -> bool:
     the kernel does not allow it."""
     if config.workspaces is None:
         return True
+    from . import childguard, containment
     from .workspaces import namespace
 
+    # Made now, as the user the service was started as: inside the namespace its uid no longer
+    # overrides permissions (host root's is another there), and where its cgroup is a hierarchy's
+    # root (0555, as in many containers) it could not make its cells' parents, and commands would
+    # run with the v1 memory limit alone: no pids.max, no cgroup.kill, no CPU accounting. The child
+    # guard, started now outside the namespace, removes them at the end, which it no longer can.
+    containment.available()
+    if childguard.start():
+        childguard.remove_at_end(containment.cell_parents())
     try:
         namespace.enter(config.workspaces, tuple(config.template_map().values()))
     except (OSError, SmithFastError) as exc:

@@ -98,6 +98,31 @@ def test_sigkilled_service_leaves_no_command_running(tmp_path: pathlib.Path) -> 
         _kill_quietly(pids)
 
 
+def test_sigkilled_service_leaves_no_cgroup_of_its_own(tmp_path: pathlib.Path) -> None:
+    # The service's cells' parents (smith-fast-PID in each hierarchy) are made at its start. A
+    # service killed with no command running left them behind (the guard removed only the cells
+    # of what it tracked and their parents): one per hierarchy per killed service, for good.
+    # Now the guard removes them at its end, whichever way the service ended.
+    srv = ServerProcess(tmp_path).start()
+    try:
+        (record,) = [r for r in srv.logs if r.get("event") == "command containment"]
+        parents = record["cgroups"]
+        assert parents and all(os.path.isdir(p) for p in parents)
+        peer = V1Peer(srv.unix)
+        peer.handshake()
+        peer.command(shell_exec=pb.ShellExecCommand(request_id="a", command="true"))
+        list(peer.until(terminal("a")))
+        guard = _guard_of(srv.pid)
+        peer.close()  # the session ends, and its zygote with it: nothing of it left for the guard to track
+        assert wait_until(lambda: not [pid for pid, _ in descendants(srv.pid) if pid != guard], 10)
+        srv.proc.kill()  # type: ignore[union-attr]
+        assert srv.proc.wait(10) == -signal.SIGKILL  # type: ignore[union-attr]
+        assert wait_until(lambda: not pid_alive(guard), 10)
+        assert [p for p in parents if os.path.exists(p)] == []
+    finally:
+        srv.stop()
+
+
 # A hook that leaves a process in its group and names it: a hook process ends on EOF of its stdin,
 # what it started does not.
 RUST_SPAWNER = r"""

@@ -239,6 +239,61 @@ def test_checkpoint_change_restore_is_byte_exact(server: ServerProcess) -> None:
     arun(main())
 
 
+def test_a_sessions_commands_are_forked_in_its_sandbox_built_once(server: ServerProcess) -> None:
+    # As without --workspaces: the session's sandbox is built at its first command and its commands
+    # are forked in it (sandbox/zygote.py), one pid namespace, so each command's $$ is a new pid (a
+    # sandbox of its own made every command pid 2, at 4x the time). A request's writes becoming a
+    # layer of their own mount the root again: the sandbox is built again on it, and the next
+    # command sees what the last one wrote.
+    async def main() -> None:
+        client, _ = await session(server, "py", accept=("changes",))
+        pids = [(await sh(client, "echo $$"))[1] for _ in range(4)]
+        assert len(set(pids)) == 4, pids
+        for n in range(3):
+            assert (await sh(client, f"echo {n} > n{n}.txt"))[0] == 0
+            assert (await sh(client, f"cat n{n}.txt; echo $$"))[1].startswith(f"{n}\n")
+        assert (await sh(client, "cat n0.txt n1.txt n2.txt"))[1] == "0\n1\n2\n"
+        await client.close()
+
+    arun(main())
+
+
+def test_a_workspace_sessions_commands_are_bounded_as_any(places: dict[str, pathlib.Path]) -> None:
+    # The service enters a user namespace of its own for the workspaces, where host root's uid no
+    # longer overrides permissions. Where its cgroup is a hierarchy's root (0555, as in many
+    # containers and on this machine kind) it could not make its cells' parents there, and its
+    # commands ran with the v1 memory limit alone: no pids.max (64 processes ran under
+    # --max-pids-per-command 32), no cgroup.kill, no CPU accounting. They are made before it enters
+    # (as a service without --workspaces makes them), and the child guard removes them at the end.
+    tmp = places["srv"] / uuid.uuid4().hex[:8]
+    tmp.mkdir(parents=True)
+    ws = ServerProcess(tmp, "--workspaces", str(tmp / "ws"), "--max-pids-per-command", "32", root=places["root"],
+                       tcp=False, log_level="debug").start()
+    (tmp / "plain").mkdir()
+    plain = ServerProcess(tmp / "plain", root=places["root"], tcp=False, log_level="debug").start()
+    try:
+        def containment(srv: ServerProcess) -> dict[str, Any]:
+            (record,) = [r for r in srv.logs if r.get("event") == "command containment"]
+            return record
+
+        plain_has, ws_has = containment(plain), containment(ws)
+        assert (ws_has["controllers"], ws_has["kill"]) == (plain_has["controllers"], plain_has["kill"]), (ws_has, plain_has)
+
+        async def main() -> None:
+            client, _ = await session(ws)
+            with pytest.raises(SmithError) as caught:
+                await client.run("for i in $(seq 64); do sleep 30 & done; wait")
+            assert "RESOURCE_EXHAUSTED" in str(caught.value) and "--max-pids-per-command" in str(caught.value)
+            assert (await sh(client, "echo alive"))[1] == "alive\n"
+            await client.close()
+
+        arun(main())
+    finally:
+        assert ws.stop() == 0, "\n".join(ws.raw_stderr[-30:])
+        assert plain.stop() == 0
+    assert wait_until(lambda: not any(os.path.exists(p) for p in ws_has["cgroups"]), 5), ws_has["cgroups"]
+
+
 def test_restore_cancels_what_runs_with_reason_restored(server: ServerProcess) -> None:
     async def main() -> None:
         client, _ = await session(server, "py")

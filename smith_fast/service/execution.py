@@ -160,7 +160,7 @@ class Execution(Protocol):
     @property
     def zygotes(self) -> Zygotes | None:
         """The session's sandboxes built once (:mod:`smith_fast.sandbox.zygote`), in which its piped
-        commands are forked; None: each command gets a sandbox of its own (no sandbox, a workspace)."""
+        commands are forked; None: each command gets a sandbox of its own (no sandbox)."""
         ...
 
     @property

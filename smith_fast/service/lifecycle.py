@@ -56,9 +56,11 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         StartupError: a hook did not load.
     """
     if runs_commands:
-        childguard.arm()  # started by the first process it guards: not on the way to the first answer
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         log.debug("command containment", extra={"fields": containment.available()})
+        # The guard is started by the first process it guards (not on the way to the first
+        # answer); it then also removes the cells' parents at the end, if we could not (SIGKILL).
+        childguard.arm(containment.cell_parents())
         joined = containment.slow_moves()
         if joined:  # containment.py, "Moves wait": what a deployment can fix, said once (info: a cost of the
             # host's, nothing wrong with the service; `smith-fast exec`'s own server, at warning, says nothing)

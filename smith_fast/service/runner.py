@@ -214,14 +214,21 @@ class LocalRunner:
         root and sandbox instead of the core's, again after each remount of it."""
         self.workspace = workspace
         self.audit.workspace = workspace.id
-        # A workspace's root is mounted again under the session (checkpoints, a request's own
-        # layer): a sandbox built before would see the old one. Its commands build their own.
+        # The session's zygote is built on the workspace's root as it is mounted then (its view
+        # binds that mount). The root is mounted again when a request's writes become a layer of
+        # their own, at a checkpoint's restore, a fork: each time, with no command of the session
+        # running (layers freeze only when it is quiet), the zygotes close, and the next command
+        # builds one on the new root (as every command of a workspace session did before).
         if self.zygotes is not None:
-            self.zygotes.close()
-            self.zygotes = None
+            self.zygotes.reset()
         self.core = WorkspaceScope(self.core, workspace)
         self._rebind(workspace.tool_context)
-        workspace.watch(self._rebind)
+        workspace.watch(self._remounted)
+
+    def _remounted(self, context: ToolContext) -> None:
+        self._rebind(context)
+        if self.zygotes is not None:
+            self.zygotes.reset()
 
     def use_egress(self, egress: SessionEgress) -> None:
         self.egress = egress
