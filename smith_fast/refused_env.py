@@ -223,7 +223,9 @@ def check_env(
         # short error, not an echo of the request.
         names = [n[:64] for n in refused[:_NAMED]]
         listed = ", ".join(names) + (f" and {len(refused) - _NAMED} more" if len(refused) > _NAMED else "")
-        remedy = "" if first.startswith(ALWAYS_REFUSED_PREFIXES) else f" (the service can allow it with --allow-env {names[0]})"
+        # A name no environment can hold (=, NUL, empty) or the fleet's credentials: no flag lets it through.
+        final = first.startswith(ALWAYS_REFUSED_PREFIXES) or not _WELL_FORMED.fullmatch(first)
+        remedy = "" if final else f" (the service can allow it with --allow-env {names[0]})"
         raise ProtocolError(
             f"{what} sets {listed}, which a request may not set: {why}{remedy}",
             smith_pb2.ERROR_CODE_PERMISSION_DENIED,

@@ -17,7 +17,8 @@ import pytest
 from grpc import aio
 
 from smith_fast.client import Client, GrpcClient, SmithError
-from smith_fast.refused_env import REFUSED_NAMES, refused_names
+from smith_fast.errors import ProtocolError
+from smith_fast.refused_env import REFUSED_NAMES, check_env, refused_names
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.pb import smith_pb2_grpc
 from smith_fast.replay import read_log
@@ -244,6 +245,10 @@ def test_refused_names_policy() -> None:
         "LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "BASH_FUNC_ls%%", "PYTHONPATH",
     ]  # fmt: skip
     assert refused_names(["LD_PRELOAD", "LD_AUDIT"], allow={"LD_AUDIT"}) == ["LD_PRELOAD"]
+    assert refused_names(["A=B", ""], allow={"A=B", ""}) == ["A=B", ""]  # no flag makes a name of these
+    with pytest.raises(ProtocolError) as caught:
+        check_env({"A=B": "c"}, allow={"A=B"})
+    assert "not a well-formed name" in str(caught.value) and "--allow-env" not in str(caught.value)
     assert {"BASH_ENV", "ENV", "GCONV_PATH", "GLIBC_TUNABLES", "NODE_OPTIONS", "PS4"} <= REFUSED_NAMES
 
 
