@@ -70,7 +70,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 __all__ = [
     "CommandLimits",
@@ -87,6 +87,7 @@ __all__ = [
     "new_cell",
     "release_all",
     "set_enabled",
+    "shortfall",
     "slow_moves",
     "spawn_guard",
 ]
@@ -348,6 +349,28 @@ def available() -> dict[str, object]:
     kill = "cgroup.kill" if any(t.v2 and os.path.exists(t.parent + "/cgroup.kill") for t in trees) else (
         "cgroup" if trees else "process-group")
     return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}
+
+
+# The controllers whose absence a service says at start-up, with what the command goes without.
+_WANTED = (
+    ("pids", "no pids controller: --max-pids-per-command is not enforced (a fork bomb meets the host's limits alone)"),
+    ("memory", "no memory controller: --max-memory-per-command is RLIMIT_AS, per process"),
+)
+
+
+def shortfall() -> list[str]:
+    """What commands go without here (empty: nothing): the start-up warning of a service whose host
+    does not let it bound its commands as configured."""
+    trees = _hierarchies()
+    return _shortfall({c for t in trees for c in t.controllers} if trees else None)
+
+
+def _shortfall(controllers: Collection[str] | None) -> list[str]:
+    """:func:`shortfall` given the controllers the cells get (None: no writable cgroup at all)."""
+    if controllers is None:
+        return ["no writable cgroup: only a command's process group is killed at its end (what it detaches, a daemon, "
+                "may outlive it), and its limits are RLIMIT_AS and RLIMIT_CPU, per process; --max-pids-per-command is not enforced"]
+    return [text for name, text in _WANTED if name not in controllers]
 
 
 def moves_favored(mountinfo: str = "/proc/self/mountinfo") -> bool:

@@ -364,3 +364,24 @@ def test_start_up_says_when_commands_wait_for_cgroup_moves(tmp_path: pathlib.Pat
     assert len(warned) == (1 if expected else 0), warned
     if expected:
         assert warned[0]["v1_controllers"] == expected and warned[0]["remedy"].startswith("mount -o remount,favordynmods")
+
+
+def test_a_service_says_at_start_what_its_commands_go_without(tmp_path: pathlib.Path) -> None:
+    """A host that does not let the service bound its commands as configured (no writable cgroup,
+    a controller missing: an unprivileged container) is said at start-up, once, as a warning naming
+    the limits not kept; here nothing is missing, and a service says nothing."""
+    from smith_fast import containment
+
+    assert containment._shortfall({"memory", "pids"}) == []
+    (pids,) = containment._shortfall({"memory"})
+    assert "--max-pids-per-command is not enforced" in pids
+    (memory,) = containment._shortfall({"pids", "io"})
+    assert "--max-memory-per-command is RLIMIT_AS" in memory
+    (nothing,) = containment._shortfall(None)
+    assert "process group" in nothing and "--max-pids-per-command is not enforced" in nothing
+    srv = ServerProcess(tmp_path).start()
+    try:
+        assert containment.shortfall() == []
+        assert not [r for r in srv.logs if "not bounded" in str(r.get("event"))]
+    finally:
+        assert srv.stop() == 0

@@ -57,7 +57,14 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     """
     if runs_commands:
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
-        log.debug("command containment", extra={"fields": containment.available()})
+        contained = containment.available()
+        log.debug("command containment", extra={"fields": contained})
+        missing = containment.shortfall()
+        if missing:  # the limits a deployment asked for, which this host does not let the service keep
+            log.warning("commands are not bounded as configured: " + "; ".join(missing),
+                        extra={"fields": {"cgroups": contained["cgroups"],
+                                          "remedy": "run the service as root, or give it a cgroup of its own to manage "
+                                                    "(systemd: Delegate=yes)"}})
         # The guard is started by the first process it guards (not on the way to the first
         # answer); it then also removes the cells' parents at the end, if we could not (SIGKILL).
         childguard.arm(containment.cell_parents())
