@@ -5,7 +5,7 @@ session costs, against the same service without one, in one run.
 figures in the report (``bench/report/workspaces.py``). Every client is the SDK's
 (:class:`smith_fast.client.Client`) over a Unix socket, every service a real ``smith-fast serve``
 started by its command line (``harness/server.py``), so the benchmark measures whatever the service
-does inside. Four figures, each side by side within the run, repetitions interleaved (the order
+does inside. Five figures, each side by side within the run, repetitions interleaved (the order
 rotates), as ratios: the machine is shared, so compare within one run, never across runs.
 
 1. **session start** from a template of 10,000 files / 200 MB: ``Client.connect`` + handshake to
@@ -28,6 +28,9 @@ rotates), as ratios: the machine is shared, so compare within one run, never acr
    accepted ``changes`` and in one that did not (same service, interleaved): request to final event
    p50, the ratio (target <= 1.2); then the same runs spaced 50 ms apart (a recorded run's layer is
    frozen once it ended, on the loop: back to back, that lands in the next run, whichever session's).
+5. **commands in a session**: ``true`` one after another in one session of ``serve --workspaces``
+   and one of the plain service, interleaved blocks: commands per second and the ratio (both forked
+   in their session's sandbox built once).
 
 The templates are generated once and cached under ``/var/tmp/smith-fast-bench-templates`` (keyed by
 their parameters): only the first run pays for them. Everything else (services, workspace
@@ -47,6 +50,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -481,6 +485,39 @@ async def session_starts(services: list[Service], template_dir: pathlib.Path, sc
     return out
 
 
+# --- 5. commands in a session ----------------------------------------------------------------------
+
+
+async def commands_rate(services: list[Service], scale: BenchScale) -> dict[str, Any]:
+    """``true`` one after another in one session of each service, in interleaved blocks: a
+    workspace session's commands against a plain session's (both forked in the session's sandbox
+    built once; a workspace session's was built per command before)."""
+    clients = {s.name: await open_session(s) for s in services}
+    try:
+        for client in clients.values():
+            for _ in range(10):  # the session's sandbox built, its warm shell made
+                await client.run("true")
+        rates: dict[str, list[float]] = {name: [] for name in clients}
+        block = scale.changes * 5
+        for rnd in range(scale.start_rounds):
+            for name in _rotate(list(clients), rnd):
+                started = time.perf_counter()
+                for _ in range(block):
+                    if (await clients[name].run("true")).exit_code != 0:
+                        raise RuntimeError(f"{name}: `true` failed")
+                rates[name].append(block / (time.perf_counter() - started))
+    finally:
+        for client in clients.values():
+            await client.close()
+    out: dict[str, Any] = {"command": "true", "block": block, "rounds": scale.start_rounds}
+    for name, values in rates.items():
+        out[name] = {"per_s": round(statistics.median(values), 1), "all": [round(v) for v in values]}
+    ws, plain = services[0].name, services[-1].name
+    out["ratio_of"] = f"{ws} / {plain}"
+    out["ratio"] = round(out[ws]["per_s"] / out[plain]["per_s"], 3)
+    return out
+
+
 def copy_template(src: pathlib.Path, dest: pathlib.Path) -> float:
     """Seconds ``cp -a src dest`` took (the copy is removed afterwards, untimed)."""
     started = time.perf_counter()
@@ -693,6 +730,8 @@ async def _measure(base: pathlib.Path, scale: BenchScale, tell: Callable[[str], 
         cold = services.start("workspaces, no warm pool", big, "--warm-workspaces", "0", templates={"big": big})
         plain = services.start("plain", big, workspaces=False)
         result["session_start"] = await session_starts([ws, cold, plain], big, base, scale)
+        tell("5. commands in a session: a workspace session's and a plain one's")
+        result["commands"] = await commands_rate([ws, plain], scale)
         for service in (ws, cold, plain):
             services.stop(service)
         tell("2. checkpoint and fork, 4. changes: one service, both templates")
@@ -812,6 +851,13 @@ def render(result: dict[str, Any]) -> list[str]:
     cs = c["spaced"]
     out.append(f"   spaced {cs['spacing_ms']:g} ms apart (the same runs again, the service quiet at each: the last run's layer frozen): "
                f"changes p50 {cs['changes']['p50_ms']:.2f} ms, no changes p50 {cs['no changes']['p50_ms']:.2f} ms; ratio {cs['ratio']:.2f}x")
+    if "commands" in result:
+        k = result["commands"]
+        out.append("")
+        out.append(f"5. commands in a session: `{k['command']}` one after another, {k['rounds']} interleaved blocks of {k['block']} per session")
+        for n in (x for x in k if isinstance(k[x], dict)):
+            out.append(f"   {n:26s} {k[n]['per_s']:8.0f} per s   ({', '.join(map(str, k[n]['all']))})")
+        out.append(f"   ratio {k['ratio_of']}: {k['ratio']:.2f}x")
     return out
 
 

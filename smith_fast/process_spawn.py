@@ -256,6 +256,13 @@ async def start(
                  sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
 
 
+def session_zygote(zygotes: Zygotes, sandbox: Sandbox, loop: asyncio.AbstractEventLoop) -> Zygote:
+    """The session's zygote for ``sandbox``, started now if it has none: at its command, or ahead
+    of it (a workspace's root was mounted again, service/runner.py)."""
+    writable = sandbox.writable()
+    return zygotes.get(partial(sandbox.zygote_argv, writable), tuple(sandbox.zygote_argv(writable, 0)), loop)
+
+
 async def spawn_forked(
     command: str,
     *,
@@ -277,8 +284,7 @@ async def spawn_forked(
         ZygoteGone: the zygote could not take it (nothing ran: start it the one-shot way).
         ProtocolError: as :func:`spawn`.
     """
-    writable = sandbox.writable()
-    zygote = zygotes.get(partial(sandbox.zygote_argv, writable), tuple(sandbox.zygote_argv(writable, 0)), loop)
+    zygote = session_zygote(zygotes, sandbox, loop)
     argv = _confined_argv(command, shell, cwd, environ, env, sandbox)
     where = cwd or os.getcwd()
     try:

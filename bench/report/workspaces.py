@@ -96,4 +96,11 @@ def markdown(report: Report) -> list[str]:
             + (f" The same runs {c['spaced']['spacing_ms']:g} ms apart (a recorded run's layer is frozen once it ended, on the loop: "
                f"back to back that lands in the next run, whichever session's): `changes` {fmt(c['spaced']['changes']['p50_ms'])} ms, "
                f"no `changes` {fmt(c['spaced']['no changes']['p50_ms'])} ms, ×{c['spaced']['ratio']:.2f}." if "spaced" in c else ""), ""]
+    if "commands" in r:  # reports made before it have no such figure
+        k = r["commands"]
+        names = [n for n in k if isinstance(k[n], dict)]
+        out += [f"Commands in a session: `{k['command']}` one after another, one session of each service, {k['rounds']} interleaved "
+                f"blocks of {k['block']}: " + ", ".join(f"`{n}` {k[n]['per_s']:,.0f}/s" for n in names)
+                + f"; `{k['ratio_of']}` ×{k['ratio']:.2f} (a workspace session's commands are forked in its sandbox built once, "
+                "as a plain session's are).", ""]
     return out

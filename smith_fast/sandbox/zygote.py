@@ -197,7 +197,7 @@ class Zygote:
         loop: the loop that reads the replies.
     """
 
-    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready")
+    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "last")
 
     def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -207,6 +207,9 @@ class Zygote:
         self._exits: dict[int, Forked] = {}
         self._gone = False
         self._ready: Ready | None = None  # the next command's process
+        # prepare()'s last arguments: a zygote built again for the session (Zygotes.reset) makes
+        # its first ready process with them at once
+        self.last: tuple[containment.CommandLimits, Callable[[], Warm | None] | None] | None = None
         try:
             # No stdio of ours: a failure shows as the socket's end, and the command then takes the
             # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
@@ -277,6 +280,7 @@ class Zygote:
         gives a :class:`Warm` (called only when a process is to be made; the warm shell is this
         zygote's from then on), the process runs that shell at once. Nothing happens if the zygote
         cannot take the request (the next command is forked as before)."""
+        self.last = (limits, shell)
         if self._gone or self._ready is not None:
             return
         warm = shell() if shell is not None else None
@@ -456,10 +460,11 @@ class Zygotes:
     """A session's zygotes, one per sandbox configuration (the argv that builds it), made at its
     first command in that configuration, closed with the session (:meth:`close`)."""
 
-    __slots__ = ("_live",)
+    __slots__ = ("_live", "_primed")
 
     def __init__(self) -> None:
         self._live: dict[tuple[str, ...], Zygote] = {}
+        self._primed: dict[tuple[str, ...], tuple[containment.CommandLimits, Callable[[], Warm | None] | None]] = {}
 
     def get(self, argv: Callable[[int], list[str]], key: tuple[str, ...], loop: asyncio.AbstractEventLoop) -> Zygote:
         """The zygote of configuration ``key``, started as ``argv(fd)`` when there is none alive."""
@@ -474,12 +479,20 @@ class Zygotes:
                 near.close()
                 raise
             self._live[key] = zygote
+            if (primed := self._primed.pop(key, None)) is not None:  # built again: its next command's process now
+                zygote.prepare(*primed)
         return zygote
 
     def reset(self) -> None:
-        """Close every zygote (their view is stale: the session's root was mounted again)."""
+        """Close every zygote (their view is stale: the session's root was mounted again); one built
+        again for the same configuration makes its first ready process as the last one did."""
         live, self._live = self._live, {}
-        for zygote in live.values():
+        for key, zygote in live.items():
+            if zygote.last is not None:
+                self._primed[key] = zygote.last
             zygote.close()
 
-    close = reset
+    def close(self) -> None:
+        """Close every zygote: the session is over."""
+        self.reset()
+        self._primed.clear()
