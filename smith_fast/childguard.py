@@ -17,9 +17,9 @@ shells would be re-parented to init and run on. The guard closes that gap:
   with the cells' parents: the commands it forks are not ours to reap and cost the guard nothing;
   at EOF the guard kills the zygote's group (its pid namespace ends with its init) and every cell
   beneath those parents, and removes them.
-* ``=PATH`` names a directory to remove (once empty) when the guard ends, whichever way: the
-  cell parents a ``--workspaces`` service made as root before it entered its user namespace, where
-  it may no longer remove them (:func:`remove_at_end`).
+* ``=PATH`` names a directory to remove (once empty) at end-of-file: the service's cells' parents,
+  which it removes itself at a clean exit, but not when SIGKILLed, nor when it may no longer (a
+  ``--workspaces`` service made them as root before it entered its user namespace) (:func:`remove_at_end`).
 * When the pipe reaches end-of-file, whichever way we died, the guard ``SIGKILL``\\ s the group of
   every pid still registered: at once, so the groups are still ours. Linux does not hand out a
   number that is the group id of a live process, so a group id can only come back once every
@@ -127,9 +127,10 @@ def register(pid: int, cgroups: tuple[str, ...] = ()) -> None:
 
 
 def remove_at_end(paths: tuple[str, ...]) -> None:
-    """Directories for the guard to remove, once empty, when it ends (after our own clean-up at
-    exit, which may not have the rights to: a service in ``--workspaces``' user namespace no longer
-    writes the cgroup directories that hold its cells' parents). Paths hold no whitespace: we made them."""
+    """Directories for the guard to remove, once empty, when we are gone: after our own clean-up at
+    exit, which a SIGKILL skips, and which may lack the rights (a service in ``--workspaces``' user
+    namespace no longer writes the cgroup directories that hold its cells' parents). Paths hold no
+    whitespace: we made them."""
     for path in paths:
         _send(b"=" + os.fsencode(path) + b"\n")
 
@@ -166,22 +167,20 @@ def _guard() -> None:
         signal.signal(sig, signal.SIG_IGN)  # only EOF (our parent gone) ends the guard
     tracked: dict[int, list[bytes]] = {}
     leftovers: list[str] = []
-    try:
-        with os.fdopen(0, "rb") as pipe:
-            for line in pipe:
-                op = line[:1]
-                if op == b"+":
-                    number, *cgroups = line[1:].split()
-                    tracked[int(number)] = cgroups
-                elif op == b"-":
-                    tracked.pop(int(line[1:]), None)
-                elif op == b"=":
-                    leftovers.append(os.fsdecode(line[1:].strip()))
-                elif op == b"!":
-                    return
-        _sweep(tracked)
-    finally:
-        _remove_leftovers(leftovers)
+    with os.fdopen(0, "rb") as pipe:
+        for line in pipe:
+            op = line[:1]
+            if op == b"+":
+                number, *cgroups = line[1:].split()
+                tracked[int(number)] = cgroups
+            elif op == b"-":
+                tracked.pop(int(line[1:]), None)
+            elif op == b"=":
+                leftovers.append(os.fsdecode(line[1:].strip()))
+            elif op == b"!":
+                return  # an orderly stop of a service that lives on: what it made is its own
+    _sweep(tracked)
+    _remove_leftovers(leftovers)
 
 
 def _sweep(tracked: dict[int, list[bytes]]) -> None:
