@@ -198,10 +198,10 @@ def enter_workspaces(config: ServiceConfig, command: str) -> bool:
     # overrides permissions (host root's is another there), and where its cgroup is a hierarchy's
     # root (0555, as in many containers) it could not make its cells' parents, and commands would
     # run with the v1 memory limit alone: no pids.max, no cgroup.kill, no CPU accounting. The child
-    # guard, started now outside the namespace, removes them at the end, which it no longer can.
+    # guard, started now outside the namespace, removes them at the end, which it no longer can
+    # (lifecycle.running arms it with them: it sends them to the guard running by then).
     containment.available()
-    if childguard.start():
-        childguard.remove_at_end(containment.cell_parents())
+    childguard.start()
     try:
         namespace.enter(config.workspaces, tuple(config.template_map().values()))
     except (OSError, SmithFastError) as exc:

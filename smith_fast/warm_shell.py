@@ -27,7 +27,8 @@ A command whose environment differs from the one the shell started with in a few
 (``TRACEPARENT`` names each command's span; the MCP shell carries what a command exported) gets
 them set by its script (``export``/``unset``), unless one is read by dash as it starts (its
 locale, ``IFS``...) or by its loader and C library (``LD_PRELOAD``, ``GLIBC_TUNABLES``,
-``MALLOC_*``...: a shell that loaded the last command's library is not for a command without it). The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
+``MALLOC_*``...: a shell that loaded the last command's library is not for a command without it).
+The only difference left: ``$-`` holds ``s``. A command with a stdin of its own (an MCP client
 that answers input requests) gets it as the warm shell's fd 3 and runs as a group, ``{ command
 }`` with its stdin from fd 3: the shell reads the whole group before it runs (any size, ``exec``
 allowed: fd 0 is the shell's own again after the group), which differs from ``sh -c`` only for a
@@ -74,13 +75,13 @@ def quote(text: str) -> str:
 _TRIES = (8192, 1024)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # What dash reads from its environment as it starts (its locale, its word splitting, its options,
-# the variables it sets itself): a shell told of a change later is not one started with it.
-_AT_START = frozenset({"IFS", "ENV", "OPTIND", "PPID", "LANG", "LANGUAGE", "LINENO", "PS1", "PS2", "PS4"})
-# What the dynamic loader and the C library read as a program starts (refused_env's "loader" class:
-# LD_PRELOAD, GLIBC_TUNABLES ...; malloc's MALLOC_* settings): a shell started with the last
+# the variables it sets itself): a shell told of a change later is not one started with it. So
+# is what the dynamic loader and the C library read as a program starts (refused_env's "loader"
+# class: LD_PRELOAD, GLIBC_TUNABLES ...; malloc's MALLOC_* settings): a shell started with the last
 # command's LD_PRELOAD has loaded that library, which a later command asked without must not run
 # under, and a command that asks for one gets it in its shell only if the shell starts with it.
 _LOADER_NAMES, _LOADER_PREFIXES = CLASSES["loader"]
+_AT_START = frozenset({"IFS", "ENV", "OPTIND", "PPID", "LANG", "LANGUAGE", "LINENO", "PS1", "PS2", "PS4"}) | _LOADER_NAMES
 _AT_START_PREFIXES = ("LC_", "MALLOC_", *_LOADER_PREFIXES)
 _MAX_CHANGES = 16
 _EXEC = re.compile(r"(?<![\w./-])exec(?![\w./-])")  # the word, not `find -exec` or a path's bench-exec-start
@@ -168,7 +169,7 @@ def _changes(started: Mapping[str, str], environ: Mapping[str, str]) -> bytes | 
 
 
 def _settable(name: str) -> bool:
-    return bool(_NAME.match(name)) and name not in _AT_START and name not in _LOADER_NAMES and not name.startswith(_AT_START_PREFIXES)
+    return bool(_NAME.match(name)) and name not in _AT_START and not name.startswith(_AT_START_PREFIXES)
 
 
 def _has_commands(command: str) -> bool:
