@@ -32,6 +32,7 @@ NO_EXTENSIONS: bool = os.environ.get("SMITH_FAST_NO_EXTENSIONS", "") not in ("",
 
 COMPILED_IN_PLACE: frozenset[str] = frozenset({
     "smith_fast.containment",
+    "smith_fast.fd_watch",
     "smith_fast.logs",
     "smith_fast.process_spawn",
     "smith_fast.sandbox.zygote",

@@ -50,10 +50,16 @@ def encode_json(out: Any) -> str:
     return _ENCODER.encode(out)
 
 
+def _ts(seconds: float) -> float:
+    """A line's ``ts``: seconds to the millisecond (``round(seconds, 3)``'s value without its trip
+    through a decimal string, a tenth of the audit line's cost)."""
+    return int(seconds * 1000 + 0.5) / 1000
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": round(record.created, 3),
+            "ts": _ts(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
@@ -192,6 +198,9 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name if name.startswith("smith_fast") else f"smith_fast.{name}")
 
 
+_LEVELS = {level: logging.getLevelName(level).lower() for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)}
+
+
 def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str, Any], *, linger: bool = False) -> None:
     """``logger.log(level, event, extra={"fields": fields})``, the same line, for hot paths (the
     audit line of every request).
@@ -207,8 +216,8 @@ def log_fields(logger: logging.Logger, level: int, event: str, fields: dict[str,
         logger.log(level, event, extra={"fields": fields})
         return
     out: dict[str, Any] = {
-        "ts": round(time.time(), 3),
-        "level": logging.getLevelName(level).lower(),
+        "ts": _ts(time.time()),
+        "level": _LEVELS.get(level) or logging.getLevelName(level).lower(),
         "logger": logger.name,
         "event": event,
     }

@@ -21,9 +21,11 @@ stdlib asyncio because it uses only ``loop.add_reader`` and plain system calls:
   blocking; what the child has not read yet waits in a buffer of at most ``stdin_limit`` bytes, and
   a write that would exceed it is refused whole (returns False), so a child that does not read
   cannot make the service hold more.
-* **Read**: the pipes are enlarged to :data:`PIPE_SIZE` (``F_SETPIPE_SZ``; refused silently, e.g.
-  past ``/proc/sys/fs/pipe-max-size``), made non-blocking and read with ``loop.add_reader`` +
-  one read per wakeup, into a buffer of ``read_size`` bytes kept for the thread and shared by its
+* **Read**: the pipes are made non-blocking at the kernel's default size, and enlarged to
+  :data:`PIPE_SIZE` once output comes faster than it is read (``F_SETPIPE_SZ``; refused silently,
+  e.g. past ``/proc/sys/fs/pipe-max-size``), read one read per wakeup, when the
+  loop's one epoll for pipes says so (:mod:`~smith_fast.fd_watch`: a loop reader per pipe cost
+  more system calls than the reads of a short command), into a buffer of ``read_size`` bytes kept for the thread and shared by its
   processes (then copied out at the size read: a fresh 1 MiB allocation per read, or per
   process, costs more than the read). No transport,
   protocol or stream buffer sits between the pipe and ``on_output``: every wakeup costs one

@@ -42,9 +42,11 @@ STDOUT = 1
 STDERR = 2
 """The ``fd`` argument of ``on_output`` for standard error."""
 PIPE_SIZE = 1 << 20
-"""Requested kernel buffer of each output pipe: more data per wakeup, fewer wakeups."""
+"""The kernel buffer an output pipe is enlarged to once output fills it (``ShellProcess``): more
+data per wakeup, fewer wakeups. A pipe starts at the kernel's default (64 KiB): a command with
+little output never pays for the larger ring (an ``fcntl``, and the kernel's allocation and free of
+it: ~5% of the service's CPU per ``true`` for its three pipes)."""
 
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _log = get_logger("smith_fast.process")
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM})
 
@@ -175,18 +177,15 @@ def _confined_argv(command: str, shell: str, cwd: str | None, environ: dict[str,
     return [found, "-c", command]
 
 
-def _output_pipes(pipe_size: int, stdin: bool, shell: str, cwd: str | None) -> tuple[int, int, int, int, int, int]:
-    """``(out_r, out_w, err_r, err_w, in_r, in_w)``: our ends non-blocking and as large as the
-    kernel lets them be; the stdin pair -1, -1 without ``stdin``."""
+def _output_pipes(stdin: bool, shell: str, cwd: str | None) -> tuple[int, int, int, int, int, int]:
+    """``(out_r, out_w, err_r, err_w, in_r, in_w)``: our ends non-blocking, at the kernel's
+    default size (the reader enlarges one that output fills: ``ShellProcess``); the stdin pair
+    -1, -1 without ``stdin``."""
     made: list[int] = []
     try:
         for _ in range(3 if stdin else 2):
             made += os.pipe2(os.O_CLOEXEC)
         for fd in made[0:4:2]:
-            try:
-                fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
-            except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
-                pass
             os.set_blocking(fd, False)
     except OSError as exc:
         close_quietly(*made)
@@ -235,7 +234,6 @@ async def start(
     cwd: str | None,
     environ: dict[str, str],
     env: Mapping[str, str] | None,
-    pipe_size: int,
     sandbox: Sandbox | None,
     stdin: bool,
     pty: tuple[int, int] | None,
@@ -247,12 +245,12 @@ async def start(
     :func:`spawn_forked` (the session's zygote). Arguments and errors: :func:`spawn`'s."""
     if zygotes is not None and sandbox is not None and route(sandbox, pty, zygotes, egress_fd) == "zygote":
         try:
-            return await spawn_forked(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
+            return await spawn_forked(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env,
                                       sandbox=sandbox, stdin=stdin, limits=limits, zygotes=zygotes)
         except ZygoteGone as exc:
             _log.warning("a command starts the one-shot way: its session's zygote did not take it",
                          extra={"fields": {"reason": str(exc)}})
-    return spawn(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env, pipe_size=pipe_size,
+    return spawn(command, loop=loop, shell=shell, cwd=cwd, environ=environ, env=env,
                  sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, egress_fd=egress_fd)
 
 
@@ -271,7 +269,6 @@ async def spawn_forked(
     cwd: str | None,
     environ: dict[str, str],
     env: Mapping[str, str] | None,
-    pipe_size: int,
     sandbox: Sandbox,
     stdin: bool,
     limits: containment.CommandLimits | None,
@@ -298,11 +295,11 @@ async def spawn_forked(
     if ready is not None and ready.warm is not None:
         spawned = _run_warm(zygote, ready, command, argv, environ, where, stdin, loop)
         if spawned is not None:
-            zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin, pipe_size))
+            zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin))
             return spawned
         ready.discard()  # not for this command: it exits at the end of its empty script
         ready = None
-    out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
+    out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(stdin, shell, cwd)
     cell = ready.cell if ready is not None else containment.new_cell(wanted, born_elsewhere=True)
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
@@ -313,7 +310,7 @@ async def spawn_forked(
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
         # The next command's process, asked for now: the init forks it while this command execs
         # (later, the fork would meet this command's end and delay its final event).
-        zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin, pipe_size))
+        zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin))
         pid = await started
     except ZygoteGone:
         _give_up(cell, *ours)
@@ -331,7 +328,7 @@ async def spawn_forked(
     return Spawned(pid, {STDOUT: out_r, STDERR: err_r}, cell, -1, in_w if stdin else -1, forked=forked)
 
 
-def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool, pipe_size: int) -> Warm | None:
+def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool) -> Warm | None:
     """The next command's shell, to start now (:mod:`~smith_fast.warm_shell`), if commands like
     this one can run in one: the same shell and directory (and a stdin or not), with its pipes and
     this command's environment (the next one's script sets what differs)."""
@@ -339,10 +336,8 @@ def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool, pipe_size:
         return None
     made: list[int] = []
     try:
-        made += os.pipe2(os.O_CLOEXEC)
-        with contextlib.suppress(OSError):  # a whole script in one write
-            fcntl.fcntl(made[1], _F_SETPIPE_SZ, warm_shell.MAX_SCRIPT)
-        out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(pipe_size, stdin, shell, cwd)
+        made += os.pipe2(os.O_CLOEXEC)  # enlarged for a script that needs it (Zygote.run)
+        out_r, out_w, err_r, err_w, in_r, in_w = _output_pipes(stdin, shell, cwd)
     except (OSError, ProtocolError):
         close_quietly(*made)
         return None
@@ -382,7 +377,6 @@ def spawn(
     cwd: str | None,
     environ: dict[str, str],
     env: Mapping[str, str] | None,
-    pipe_size: int,
     sandbox: Sandbox | None,
     stdin: bool,
     pty: tuple[int, int] | None,
@@ -398,7 +392,6 @@ def spawn(
         cwd: its working directory; None: the service's own.
         environ: its whole environment (``TMPDIR``, and the home variables of the sandbox's home, are added for a sandboxed command).
         env: what the request asked for (a ``TMPDIR`` of its own is kept).
-        pipe_size: the kernel buffer to ask for each output pipe.
         sandbox, stdin, pty, limits, egress_fd: as :meth:`~smith_fast.shell_process.ShellProcess.start`'s.
 
     Raises:
@@ -419,10 +412,6 @@ def spawn(
     cell = containment.new_cell(limits)
     try:
         for fd in (out_r, err_r):
-            try:
-                fcntl.fcntl(fd, _F_SETPIPE_SZ, pipe_size)
-            except OSError:  # EPERM past pipe-max-size or the per-user pipe quota
-                pass
             os.set_blocking(fd, False)
         in_r, in_w = os.pipe2(os.O_CLOEXEC) if stdin else (-1, -1)
     except OSError as exc:

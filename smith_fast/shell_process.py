@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from . import childguard, containment
 from .command_env import DEFAULT_SHELL, base_environment
+from .fd_watch import fd_watch
 from .process_spawn import PIPE_SIZE, set_winsize, start
 from .sandbox import Sandbox
 from .sandbox.zygote import Forked, Zygotes
@@ -40,7 +41,7 @@ ESCAPED_WRITER_GRACE = 0.5
 READ_PACE = 0.001
 """Seconds between reads of a command's output once :data:`PACE_AFTER` small reads (under
 :data:`PACE_BELOW`) came each within this long of the last: what comes meanwhile waits in the pipe,
-which holds 1 MiB. A command writing fast in small writes was read one 4 KiB write at a time, an
+enlarged to 1 MiB then (:data:`ENLARGE_AT`). A command writing fast in small writes was read one 4 KiB write at a time, an
 event each, and the service's every wake-up took the CPU from the writer (``seq 200000``: 24 to 317
 events, 5 to 23 ms, as the loop happened to wake; paced, 5 to 7 ms). A few quick writes are read
 at once, and so is a large read, which means the reader is behind, not ahead (``yes`` fills the
@@ -51,6 +52,10 @@ PACE_BELOW = 64 * 1024
 """A read this large is not small (:data:`READ_PACE`)."""
 PACE_AFTER = 3
 """Quick small reads in a row before the pace applies (:data:`READ_PACE`)."""
+ENLARGE_AT = 32 * 1024
+"""A read this large (half a pipe's default size) means output comes faster than it is read: the
+pipe is enlarged to ``pipe_size`` (``PIPE_SIZE``) then, as it is when the pace first applies
+(what waits for the pace waits in the pipe). A command with little output keeps the default pipe."""
 STDIN_LIMIT = 1 << 20
 """Default bound of the bytes written to a child's stdin that it has not read yet."""
 
@@ -158,6 +163,8 @@ class ShellProcess:
         "_last_read",
         "_quick_reads",
         "_pacing",
+        "_pipe_size",
+        "_enlarged",
         "usage",
     )
 
@@ -202,6 +209,8 @@ class ShellProcess:
         self._last_read = -1.0  # loop time of the last read of output (READ_PACE)
         self._quick_reads = 0  # small reads in a row, each within READ_PACE of the one before
         self._pacing: asyncio.TimerHandle | None = None  # the pipes are not watched until it fires
+        self._pipe_size = 0  # what a pipe that output fills is enlarged to (0: left as it is)
+        self._enlarged = 0  # the streams whose pipe was (1 << stream)
         # What the command cost (CPU, memory, I/O, limit hit), set when the shell is reaped.
         self.usage: containment.Usage | None = None
 
@@ -276,9 +285,10 @@ class ShellProcess:
         environ["SHELL"] = shell
         if env:
             environ.update(env)
-        spawned = await start(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env, pipe_size=pipe_size,
+        spawned = await start(command, loop=loop, shell=shell, cwd=cwd or None, environ=environ, env=env,
                               sandbox=sandbox, stdin=stdin, pty=pty, limits=limits, zygotes=zygotes, egress_fd=egress_fd)
         self = cls(loop, spawned.popen, spawned.pipes, on_output, read_size, on_end)
+        self._pipe_size = pipe_size
         self._cell = spawned.cell
         self._forked = spawned.forked
         self._usage_fd = spawned.usage_fd
@@ -311,12 +321,14 @@ class ShellProcess:
         """Read the pipes as output comes, unless paused (the consumer's flow control) or pacing."""
         if self._paused or self._pacing is not None:
             return
+        watch = fd_watch(self._loop)
         for stream, fd in self._pipes.items():
-            self._loop.add_reader(fd, self._read_ready, stream, fd)
+            watch.add(fd, self._read_ready, stream, fd)
 
     def _unwatch_pipes(self) -> None:
+        watch = fd_watch(self._loop)
         for fd in self._pipes.values():
-            self._loop.remove_reader(fd)
+            watch.remove(fd)
 
     def __repr__(self) -> str:
         state = "running" if self.returncode is None else f"returncode={self.returncode}"
@@ -332,6 +344,8 @@ class ShellProcess:
         if wait > 0 and self._quick_reads >= PACE_AFTER and self.returncode is None and 0 < _waiting(fd) < PACE_BELOW:
             # a burst of small writes: look again once READ_PACE has passed since the last read
             # (its end, or a pipe filling up, is read at once; once the shell is reaped, all of it)
+            if not self._enlarged & (1 << stream):
+                self._enlarge(stream, fd)
             self._pace(wait)
             return
         try:
@@ -347,12 +361,24 @@ class ShellProcess:
         else:
             self._quick_reads = 1
         self._last_read = now
+        if len(data) >= ENLARGE_AT and not self._enlarged & (1 << stream):
+            self._enlarge(stream, fd)
         if data:
             self._deliver(stream, data)
         else:
             self._ended(stream)
             self._close_pipe(stream)
             self._maybe_done()
+
+    def _enlarge(self, stream: int, fd: int) -> None:
+        """Output filled this pipe before we read it: from now on it holds ``pipe_size`` (once; a
+        refusal, past ``pipe-max-size`` or the user's pipe quota, leaves it as it is)."""
+        self._enlarged |= 1 << stream
+        if self._pipe_size:
+            try:
+                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, self._pipe_size)
+            except OSError:  # EPERM, EBUSY; or a terminal, which is no pipe
+                pass
 
     def _read(self, fd: int) -> bytes:
         # Into a buffer kept for the process, then copied out at the size read: os.read would
@@ -398,7 +424,7 @@ class ShellProcess:
         if fd is None:
             return
         if not self._loop.is_closed():
-            self._loop.remove_reader(fd)
+            fd_watch(self._loop).remove(fd)
         os.close(fd)
         if not self._pipes:
             self._buffer = None

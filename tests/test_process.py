@@ -7,6 +7,7 @@ test if the loop's exception handler fired or if any shell was left unreaped.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import os
 import signal
@@ -101,10 +102,46 @@ def assert_dies(pid: int) -> None:
 
 
 def open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+    """This process's descriptors but its epolls: a loop's own, and its epoll of pipes
+    (smith_fast.fd_watch), made with its first command and closed when the loop is collected,
+    which may be during a later test."""
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        names = os.listdir(listing)
+    finally:
+        os.close(listing)
+    out = set()
+    for name in names:
+        try:
+            if name != str(listing) and os.readlink(f"/proc/self/fd/{name}") != "anon_inode:[eventpoll]":
+                out.add(name)
+        except FileNotFoundError:  # closed meanwhile (a collected loop's)
+            pass
+    return out
 
 
 # -- output ----------------------------------------------------------------------------------------
+
+
+def test_a_pipe_is_enlarged_once_output_fills_it_and_only_then(run: Runner[Any]) -> None:
+    # A command with little output keeps the kernel's default pipe (no F_SETPIPE_SZ, no larger
+    # ring to allocate and free); one whose output comes faster than it is read gets PIPE_SIZE.
+    async def body() -> tuple[int, int, int]:
+        r, w = os.pipe()
+        default = fcntl.fcntl(r, fcntl.F_GETPIPE_SZ)
+        os.close(r)
+        os.close(w)
+        sink = Sink()
+        proc = await ShellProcess.start("echo hi; head -c 3000000 /dev/zero >&2; sleep 5", on_output=sink)
+        try:
+            await until(lambda: len(sink.err) == 3_000_000)
+            return default, fcntl.fcntl(proc._pipes[STDOUT], fcntl.F_GETPIPE_SZ), fcntl.fcntl(proc._pipes[STDERR], fcntl.F_GETPIPE_SZ)
+        finally:
+            proc.kill()
+            await proc.wait()
+
+    default, out, err = run(body())
+    assert out == default < err == process.PIPE_SIZE
 
 
 def test_stdout_and_stderr_are_separate_and_byte_exact(run: Runner[Any], tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +23,7 @@ import pytest
 
 from smith_fast.client import Client, SmithError
 from smith_fast.pb import smith_pb2 as pb
+from smith_fast.sandbox import zygote
 from smith_fast.sandbox.zygote import MAX_REQUEST
 
 from .peers import V1Peer, kind, terminal
@@ -137,6 +139,29 @@ async def test_what_the_zygote_does_not_take_starts_the_one_shot_way(server: Ser
         assert done.exit_code == 0 and init == b"sandbox-exec" and pid == b"2"  # a namespace of its own
         again = await client.run("echo ok")
         assert again.exit_code == 0 and again.stdout == b"ok\n"
+
+
+def test_a_pidfds_pid_reads_the_same_either_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A command's process comes as a pidfd: its pid is one PIDFD_GET_INFO ioctl where the kernel
+    # has it (this machine kind: Linux 6.13 and later), /proc/self/fdinfo otherwise; the same pid,
+    # and -1 once it ended, either way.
+    child = subprocess.Popen(["sleep", "30"])
+    pidfd = os.pidfd_open(child.pid)
+    try:
+        assert zygote._host_pid(pidfd) == child.pid
+        assert zygote._pidfd_info  # the ioctl answered
+        monkeypatch.setattr(zygote, "_pidfd_info", False)
+        assert zygote._host_pid(pidfd) == child.pid
+        child.kill()
+        child.wait()
+        assert zygote._host_pid(pidfd) == -1
+        monkeypatch.setattr(zygote, "_pidfd_info", True)
+        assert zygote._host_pid(pidfd) == -1
+        assert zygote._pidfd_info  # an ended process does not turn the ioctl off
+    finally:
+        os.close(pidfd)
+        child.kill()
+        child.wait()
 
 
 def _run_with_usage(peer: V1Peer, rid: str, command: str) -> tuple[str, dict[str, str]]:

@@ -180,6 +180,17 @@ async def test_what_cannot_run_warm_starts_the_usual_way(server: ServerProcess, 
         assert (last.stdout, last.stderr) == (b"ok\n", b"warm\n"), last
 
 
+async def test_a_script_longer_than_a_page_runs_warm(server: ServerProcess, root: pathlib.Path) -> None:
+    # Within what the shell reads at once, but past what a new pipe surely holds (a page, once the
+    # user's pipes pass pipe-user-pages-soft): its pipe is enlarged for it before the one write.
+    cwd = str(root)
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        await _first(client, cwd)
+        got = await client.run(WARM + ": " + "x" * 6000 + "; echo long", cwd=cwd)
+    assert (got.exit_code, got.stdout, got.stderr) == (0, b"long\n", b"warm\n"), got
+
+
 async def test_a_warm_command_gets_the_variables_it_was_given(server: ServerProcess, root: pathlib.Path) -> None:
     # Its shell started with the last command's environment: what differs is set by its script
     # (a per-command TRACEPARENT, a variable the MCP shell carries), what is gone is unset

@@ -39,6 +39,7 @@ import array
 import asyncio
 import contextlib
 import errno
+import fcntl
 import itertools
 import os
 import resource
@@ -55,6 +56,10 @@ __all__ = ["MAX_REQUEST", "Forked", "Ready", "Warm", "Zygote", "ZygoteGone", "Zy
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
 _REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
 _FDS2 = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # a 'Q' reply's pidfd and socket
+_PIPE_HOLDS = 4096
+"""What a new pipe surely holds: 64 KiB by default, one page once the user's pipes pass
+``pipe-user-pages-soft``. A warm shell's script goes in one write: a longer one has its pipe
+enlarged first (most commands are far shorter: no ``fcntl`` for them)."""
 MAX_REQUEST = 192 * 1024
 """The largest request (argv, env and cwd) sent to a zygote: the init reads 256 KiB at most and an
 unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
@@ -66,8 +71,31 @@ def _rusage(v: Sequence[int]) -> resource.struct_rusage:
     return resource.struct_rusage((v[0] + v[1] / 1e6, v[2] + v[3] / 1e6, *v[4:]))
 
 
+_PIDFD_GET_INFO = 0xC040FF0B  # _IOWR(PIDFS_IOCTL_MAGIC, 11, struct pidfd_info): Linux 6.13
+_PIDFD_INFO = struct.Struct("=QQI")  # struct pidfd_info's head: mask, cgroupid, pid
+_PIDFD_INFO_SIZE = 64  # PIDFD_INFO_SIZE_VER0
+_pidfd_info = True  # False once the kernel said it has no PIDFD_GET_INFO
+
+
 def _host_pid(pidfd: int) -> int:
-    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to."""
+    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to (-1: it ended).
+
+    One ``ioctl`` where the kernel has ``PIDFD_GET_INFO``: every command's process is a pidfd from
+    the zygote, and the ``/proc/self/fdinfo`` way (open, read, close, a walk of procfs) was the
+    costliest of its start's system calls."""
+    global _pidfd_info
+    if _pidfd_info:
+        info = bytearray(_PIDFD_INFO_SIZE)
+        info[0] = 1  # PIDFD_INFO_PID
+        try:
+            fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:
+                return -1  # as fdinfo says it
+            _pidfd_info = False  # ENOTTY/EINVAL: an older kernel; fdinfo from now on
+        else:
+            pid: int = _PIDFD_INFO.unpack_from(info)[2]
+            return pid
     fd = os.open(f"/proc/self/fdinfo/{pidfd}", os.O_RDONLY | os.O_CLOEXEC)
     try:
         text = os.read(fd, 4096)
@@ -324,6 +352,9 @@ class Zygote:
         """
         warm = ready.warm
         assert warm is not None
+        if len(script) > _PIPE_HOLDS:
+            with contextlib.suppress(OSError):  # refused: the write below says it did not fit
+                fcntl.fcntl(warm.script, fcntl.F_SETPIPE_SZ, len(script))
         if os.write(warm.script, script) != len(script):
             raise BlockingIOError(errno.EAGAIN, "the warm shell's script did not fit its pipe")
         os.close(warm.script)
