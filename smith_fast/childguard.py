@@ -49,6 +49,7 @@ _proc: subprocess.Popen[bytes] | None = None
 _fd = -1
 _armed = False  # arm(): start with the first register()
 _leftovers: tuple[str, ...] = ()  # arm()'s remove_at_end, sent once the guard starts
+_at_end: set[str] = set()  # what remove_at_end sent
 
 
 def start() -> bool:
@@ -132,7 +133,9 @@ def remove_at_end(paths: tuple[str, ...]) -> None:
     namespace no longer writes the cgroup directories that hold its cells' parents). Paths hold no
     whitespace: we made them."""
     for path in paths:
-        _send(b"=" + os.fsencode(path) + b"\n")
+        if path not in _at_end and _fd >= 0:  # each once (start-up and the service's start may both name them)
+            _at_end.add(path)
+            _send(b"=" + os.fsencode(path) + b"\n")
 
 
 def unregister(pid: int) -> None:

@@ -6,7 +6,11 @@ commands' descendants are moved in by nobody), so killing the cgroup kills every
 started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per command:
 
 * **Where**: under the service's own cgroup (``/proc/self/cgroup``), in ``smith-fast-PID/cN``
-  directories, so a delegated systemd unit works as well as root. cgroup v2 is preferred
+  directories, so a delegated systemd unit works as well as root. The ``smith-fast-PID`` parents
+  are made at start-up to see what the host allows, removed at once, and made again with the first
+  cell: a service that runs no command leaves nothing behind, SIGKILLed or not (the child guard,
+  which removes them after a SIGKILL, starts with the first command). :func:`available` ``keep``
+  leaves them made, for a service about to lose the right to make them (``--workspaces``). cgroup v2 is preferred
   (``cgroup.kill`` kills every member at once, ``cpu.stat`` is always there); controllers bound to
   a cgroup v1 hierarchy on a hybrid machine (``memory``, ``pids``) are used there, next to it.
 * **Joining**: the shell is born in its cell. Moving it in after ``Popen`` returned loses the race
@@ -180,6 +184,7 @@ class _Tree:
     home: str  # our own cgroup there, where the service returns after a spawn
     v2: bool
     controllers: frozenset[str]  # what a cell here can use (v2: enabled in parent's subtree_control)
+    kill: bool = False  # v2 with cgroup.kill (Linux 5.14)
 
 
 def _read(path: str, at: int | None = None) -> str:
@@ -316,7 +321,7 @@ def _discover() -> list[_Tree]:
                     with contextlib.suppress(OSError):
                         _write(parent + "/cgroup.subtree_control", "+" + name)
                         enabled.add(name)
-        trees.append(_Tree(parent, home, True, frozenset(enabled)))
+        trees.append(_Tree(parent, home, True, frozenset(enabled), os.path.exists(parent + "/cgroup.kill")))
         have |= enabled
     for name in _V1_CONTROLLERS:
         if name in have or name not in own:
@@ -334,6 +339,8 @@ def _discover() -> list[_Tree]:
 
 _lock = threading.Lock()
 _trees: list[_Tree] | None = None
+_kept = False  # available(keep=True): the parents stay from the start
+_made = False  # the parents exist now (made again with the first cell: _cell_trees)
 _serial = itertools.count(1)
 _enabled = True
 _spawn_lock = threading.Lock()  # one process in a cell at a time: the steps in and out pair up
@@ -341,19 +348,47 @@ _pending: list[str] = []  # cell directories whose members were still exiting at
 
 
 def _hierarchies() -> list[_Tree]:
-    global _trees
+    global _trees, _made
     with _lock:
         if _trees is None:
             _trees = _discover()
+            _made = _kept
+            if not _kept:  # what the host allows is known: made again with the first cell
+                for tree in _trees:
+                    _rmdir(tree.parent)
         return _trees
 
 
-def available() -> dict[str, object]:
-    """What containment this process gets: for logs and ``service_info`` (``kill``: how a cell ends)."""
+def _cell_trees() -> list[_Tree]:
+    """:func:`_hierarchies`, their parents made (again) for a cell to be made in."""
+    global _made
+    trees = _hierarchies()
+    if not _made:
+        with _lock:
+            if not _made:
+                for tree in trees:
+                    if _make_parent(tree.home) is not None and tree.v2:
+                        for name in tree.controllers:
+                            with contextlib.suppress(OSError):
+                                _write(tree.parent + "/cgroup.subtree_control", "+" + name)
+                _made = True
+    return trees
+
+
+def available(*, keep: bool = False) -> dict[str, object]:
+    """What containment this process gets: for logs and ``service_info`` (``kill``: how a cell ends).
+
+    ``keep``: the cells' parents, made to see what the host allows, stay made (the first call
+    decides): for a service that could not make them later (``--workspaces``, about to enter a user
+    namespace where its uid no longer overrides permissions). Otherwise they go at once and come
+    back with the first cell."""
+    global _kept
+    if keep:
+        with _lock:
+            _kept = _kept or _trees is None
     trees = _hierarchies()
     controllers = sorted({c for t in trees for c in t.controllers})
-    kill = "cgroup.kill" if any(t.v2 and os.path.exists(t.parent + "/cgroup.kill") for t in trees) else (
-        "cgroup" if trees else "process-group")
+    kill = "cgroup.kill" if any(t.kill for t in trees) else ("cgroup" if trees else "process-group")
     return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}
 
 
@@ -846,7 +881,7 @@ def new_cell(limits: CommandLimits | None = None, *, born_elsewhere: bool = Fals
         return cell
     if _enabled and born_elsewhere and _spares and _spares[0].limits == wanted and _spares[0]._limited:
         return _spares.pop(0)
-    return Cell(wanted, _hierarchies() if _enabled else [])
+    return Cell(wanted, _cell_trees() if _enabled else [])
 
 
 _spares: list[Cell] = []
@@ -858,7 +893,7 @@ def prepare_spare() -> None:
     :func:`new_cell` takes it. When the last command was born elsewhere (a zygote's), its limits
     are set now too, off the next command's path. One at most; :func:`release_all` removes it."""
     if _enabled and not _spares:
-        trees = _hierarchies()
+        trees = _cell_trees()
         if trees:
             cell = Cell(_last_limits or CommandLimits(), trees)
             if _last_limits is not None:

@@ -199,9 +199,10 @@ def enter_workspaces(config: ServiceConfig, command: str) -> bool:
     # root (0555, as in many containers) it could not make its cells' parents, and commands would
     # run with the v1 memory limit alone: no pids.max, no cgroup.kill, no CPU accounting. The child
     # guard, started now outside the namespace, removes them at the end, which it no longer can
-    # (lifecycle.running arms it with them: it sends them to the guard running by then).
-    containment.available()
-    childguard.start()
+    # (told now: a start that fails after this point, as --sandbox off does, leaves them too).
+    containment.available(keep=True)
+    if childguard.start():
+        childguard.remove_at_end(containment.cell_parents())
     try:
         namespace.enter(config.workspaces, tuple(config.template_map().values()))
     except (OSError, SmithFastError) as exc:
