@@ -43,11 +43,15 @@ class FdWatch:
         return self._epoll.fileno()
 
     def add(self, fd: int, callback: Callable[..., None], *args: Any) -> None:
-        """Call ``callback(*args)`` whenever ``fd`` is readable (replacing its former reader)."""
-        if fd in self._readers:
-            self._readers[fd] = (callback, args)
-            return
-        self._epoll.register(fd, select.EPOLLIN)
+        """Call ``callback(*args)`` whenever ``fd`` is readable (replacing its former reader).
+
+        Registered with the epoll each time, never assumed from the table: a descriptor closed
+        without :meth:`remove` left the epoll with its close, and a new one given its number must
+        not be taken for it (its output would never be read)."""
+        try:
+            self._epoll.register(fd, select.EPOLLIN)
+        except FileExistsError:  # watched already: only the reader changes
+            pass
         self._readers[fd] = (callback, args)
 
     def remove(self, fd: int) -> None:

@@ -109,3 +109,32 @@ def test_each_loop_has_its_own(run: Runner[Any]) -> None:
         assert theirs != ours
     finally:
         other.close()
+
+
+def test_a_number_closed_without_remove_is_watched_when_given_again(run: Runner[Any]) -> None:
+    # The kernel drops a closed descriptor from the epoll; the table still names its number. A new
+    # pipe that gets the number must be watched all the same, or its output would never be read.
+    async def body() -> list[bytes]:
+        watch = fd_watch(asyncio.get_running_loop())
+        r, w = _pipe()
+        watch.add(r, lambda: None)
+        os.close(r)  # no remove
+        os.close(w)
+        fresh, w2 = _pipe()
+        if fresh != r:  # a new pipe under the number just closed (the lowest free one, most often)
+            os.dup2(fresh, r)
+            os.close(fresh)
+        r2 = r
+        got: list[bytes] = []
+        try:
+            watch.add(r2, lambda: got.append(os.read(r2, 10)))
+            os.write(w2, b"late")
+            await asyncio.sleep(0.02)
+            return got
+        finally:
+            watch.remove(r2)
+            os.close(r2)
+            os.close(w2)
+
+    assert run(body())[:1] == [b"late"]
+
