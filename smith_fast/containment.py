@@ -74,7 +74,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 
 __all__ = [
     "CommandLimits",
@@ -299,6 +299,16 @@ def _make_parent(base: str) -> str | None:
     return parent
 
 
+def _enable(parent: str, names: Iterable[str]) -> set[str]:
+    """Turn on controllers ``names`` for the cells of a v2 ``parent``; those it took."""
+    enabled = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            _write(parent + "/cgroup.subtree_control", "+" + name)
+            enabled.add(name)
+    return enabled
+
+
 def _discover() -> list[_Tree]:
     try:
         mounts, own = cgroup_mounts(), cgroup_paths()
@@ -313,14 +323,11 @@ def _discover() -> list[_Tree]:
         parent = _make_parent(home)
         if parent is None:
             continue
-        enabled: set[str] = set()
-        with contextlib.suppress(OSError):
+        try:
             offered = set(_read(parent + "/cgroup.controllers").split())
-            for name in ("memory", "pids", "io", "cpu"):
-                if name in offered:
-                    with contextlib.suppress(OSError):
-                        _write(parent + "/cgroup.subtree_control", "+" + name)
-                        enabled.add(name)
+        except OSError:
+            offered = set()
+        enabled = _enable(parent, [name for name in ("memory", "pids", "io", "cpu") if name in offered])
         trees.append(_Tree(parent, home, True, frozenset(enabled), os.path.exists(parent + "/cgroup.kill")))
         have |= enabled
     for name in _V1_CONTROLLERS:
@@ -339,21 +346,21 @@ def _discover() -> list[_Tree]:
 
 _lock = threading.Lock()
 _trees: list[_Tree] | None = None
-_kept = False  # available(keep=True): the parents stay from the start
-_made = False  # the parents exist now (made again with the first cell: _cell_trees)
+_made = False  # the parents exist now (else made again with the first cell: _cell_trees)
 _serial = itertools.count(1)
 _enabled = True
 _spawn_lock = threading.Lock()  # one process in a cell at a time: the steps in and out pair up
 _pending: list[str] = []  # cell directories whose members were still exiting at release
 
 
-def _hierarchies() -> list[_Tree]:
+def _hierarchies(keep: bool = False) -> list[_Tree]:
+    """The hierarchies, discovered at the first call; ``keep`` there leaves the parents made."""
     global _trees, _made
     with _lock:
         if _trees is None:
             _trees = _discover()
-            _made = _kept
-            if not _kept:  # what the host allows is known: made again with the first cell
+            _made = keep
+            if not keep:  # what the host allows is known: made again with the first cell
                 for tree in _trees:
                     _rmdir(tree.parent)
         return _trees
@@ -368,9 +375,7 @@ def _cell_trees() -> list[_Tree]:
             if not _made:
                 for tree in trees:
                     if _make_parent(tree.home) is not None and tree.v2:
-                        for name in tree.controllers:
-                            with contextlib.suppress(OSError):
-                                _write(tree.parent + "/cgroup.subtree_control", "+" + name)
+                        _enable(tree.parent, tree.controllers)
                 _made = True
     return trees
 
@@ -382,11 +387,7 @@ def available(*, keep: bool = False) -> dict[str, object]:
     decides): for a service that could not make them later (``--workspaces``, about to enter a user
     namespace where its uid no longer overrides permissions). Otherwise they go at once and come
     back with the first cell."""
-    global _kept
-    if keep:
-        with _lock:
-            _kept = _kept or _trees is None
-    trees = _hierarchies()
+    trees = _hierarchies(keep)
     controllers = sorted({c for t in trees for c in t.controllers})
     kill = "cgroup.kill" if any(t.kill for t in trees) else ("cgroup" if trees else "process-group")
     return {"kill": kill, "controllers": controllers, "cgroups": [t.parent for t in trees]}

@@ -31,7 +31,7 @@ class FdWatch:
     once no duplicate of it is left open anywhere).
     """
 
-    __slots__ = ("_epoll", "_readers", "__weakref__")
+    __slots__ = ("_epoll", "_readers")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._epoll = select.epoll()

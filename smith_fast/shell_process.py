@@ -344,8 +344,7 @@ class ShellProcess:
         if wait > 0 and self._quick_reads >= PACE_AFTER and self.returncode is None and 0 < _waiting(fd) < PACE_BELOW:
             # a burst of small writes: look again once READ_PACE has passed since the last read
             # (its end, or a pipe filling up, is read at once; once the shell is reaped, all of it)
-            if not self._enlarged & (1 << stream):
-                self._enlarge(stream, fd)
+            self._enlarge(stream, fd)
             self._pace(wait)
             return
         try:
@@ -361,7 +360,7 @@ class ShellProcess:
         else:
             self._quick_reads = 1
         self._last_read = now
-        if len(data) >= ENLARGE_AT and not self._enlarged & (1 << stream):
+        if len(data) >= ENLARGE_AT:
             self._enlarge(stream, fd)
         if data:
             self._deliver(stream, data)
@@ -373,6 +372,8 @@ class ShellProcess:
     def _enlarge(self, stream: int, fd: int) -> None:
         """Output filled this pipe before we read it: from now on it holds ``pipe_size`` (once; a
         refusal, past ``pipe-max-size`` or the user's pipe quota, leaves it as it is)."""
+        if self._enlarged & (1 << stream):
+            return
         self._enlarged |= 1 << stream
         if self._pipe_size:
             try:

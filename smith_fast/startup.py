@@ -201,8 +201,8 @@ def enter_workspaces(config: ServiceConfig, command: str) -> bool:
     # guard, started now outside the namespace, removes them at the end, which it no longer can
     # (told now: a start that fails after this point, as --sandbox off does, leaves them too).
     containment.available(keep=True)
-    if childguard.start():
-        childguard.remove_at_end(containment.cell_parents())
+    childguard.start()
+    childguard.remove_at_end(containment.cell_parents())  # (nothing without a guard running)
     try:
         namespace.enter(config.workspaces, tuple(config.template_map().values()))
     except (OSError, SmithFastError) as exc:

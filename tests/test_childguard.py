@@ -235,13 +235,14 @@ def _remove_cells_of(pid: int) -> None:
     cells), which nothing removes when it ran without its guard."""
     own = containment.cgroup_paths()
     for point, root, kind, controllers in containment.cgroup_mounts():
-        keys = [""] if kind == "cgroup2" else sorted(controllers & set(own))
-        for key in keys[:1]:
-            if key in own:
-                top = pathlib.Path(containment.cgroup_dir(point, root, own[key])) / f"smith-fast-{pid}"
-                for cell in [d for d in top.iterdir() if d.is_dir()] if top.is_dir() else []:
-                    wait_until(lambda cell=cell: _rmdir_quietly(cell), 5)
-                _rmdir_quietly(top)
+        key = "" if kind == "cgroup2" else min(controllers & set(own), default=None)
+        if key not in own:
+            continue
+        top = pathlib.Path(containment.cgroup_dir(point, root, own[key])) / f"smith-fast-{pid}"
+        if top.is_dir():
+            for cell in [d for d in top.iterdir() if d.is_dir()]:
+                wait_until(lambda cell=cell: _rmdir_quietly(cell), 5)
+            _rmdir_quietly(top)
 
 
 def _rmdir_quietly(path: pathlib.Path) -> bool:
