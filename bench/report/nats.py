@@ -37,7 +37,7 @@ def markdown(report: Report) -> list[str]:
             "`smith-fast gateway` + `smith-fast worker`s over a real nats-server, on this machine, the SDK client "
             "(`smith_fast.client.Client`) on Unix sockets. Ratios are within this run.", ""]
     p = r["pipelined"]
-    names = [k for k in p if isinstance(p[k], dict)]
+    names = [k for k in p if isinstance(p[k], dict) and "calls_per_s" in p[k]]  # the topologies
     procs = list(dict.fromkeys(k for n in names for k in p[n]["cpu_us_per_call"]))
     out += [f"Pipelined `fs.read` of {p['file_bytes']} B, {p['window']} in flight on one session, {p['calls']:,} calls per "
             f"repetition, median of {p['reps']} (interleaved); CPU µs per call of each process (utime + stime):", ""]
@@ -48,7 +48,12 @@ def markdown(report: Report) -> list[str]:
         rates = p[n]["calls_per_s"]
         out.append(f"| `{n}` | {fmt(p[n]['median'])} [{fmt(min(rates))} – {fmt(max(rates))}] | "
                    + " | ".join(fmt(cpu[k]) if k in cpu else "—" for k in procs) + " |")
-    out += ["", f"`{p['ratio_of']}`: ×{p['ratio']:.3f} the calls/s.", ""]
+    out += ["", f"`{p['ratio_of']}`: ×{p['ratio']:.3f} the calls/s (target ≥ {p['target']:g}x, and the gateway's CPU per call "
+            f"at most `serve`'s): {_verdict(p['met'])}.", ""]
+    c = p["ceiling"]
+    out += [f"At the CPU each process spent per call (the client's included), {c['cpus']} CPU(s) can carry at most "
+            f"{fmt(c['direct'])} calls/s through `serve` and {fmt(c['relayed'])} through the relay: a ceiling of ×{c['ratio']:.3f} "
+            "for the ratio on this machine (all processes together use at most every CPU, each at most one).", ""]
     s = r["scaling"]
     q = s["quota"]
     counts = [k for k in s if k.isdigit()]
