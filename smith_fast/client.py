@@ -50,13 +50,12 @@ import contextlib
 import json
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .addresses import ADDRESS_FORMS, format_address, parse_address, unreachable
 from .client_link import Link, StreamLink, open_stream
-from .client_wire import TOKEN_KEY, Wire, event_request_id
+from .client_wire import TOKEN_KEY, AnswerRoute, Route, Wire, event_request_id
 from .client_workspace import (
     FORK_KEY,
     TEMPLATE_KEY,
@@ -75,6 +74,7 @@ from .grpc_link import GrpcLink, grpc_channel
 from .jsonl import LineDecoder
 from .pb import smith_pb2 as pb
 from .remote_process import STDIN_WINDOW, Chunk, InputWait, RemoteProcess, RunResult, ToolOutput, cancel_command, terminal_state
+from .request_ids import new_request_id
 
 if TYPE_CHECKING:
     import grpc
@@ -313,7 +313,7 @@ class Client:
         return self._wire.link.writer
 
     @property
-    def _routes(self) -> dict[str, asyncio.Queue[pb.Event | None]]:
+    def _routes(self) -> dict[str, Route]:
         return self._wire.routes
 
     @property
@@ -472,7 +472,7 @@ class Client:
         """The ``ShellExec`` command :meth:`shell_exec` and :meth:`start` send."""
         cmd = pb.Command()
         se = cmd.shell_exec
-        se.request_id = request_id or str(uuid.uuid4())
+        se.request_id = request_id or new_request_id()
         se.command = command
         if shell is not None:
             se.shell = shell
@@ -617,7 +617,7 @@ class Client:
         Raises:
             SmithError: refused (``shell_exec`` was not granted).
         """
-        rid = str(uuid.uuid4())
+        rid = new_request_id()
         found: list[pb.BackgroundProcess] = []
         async for event in self._request(rid, pb.Command(list_processes=pb.ListProcessesCommand(request_id=rid))):
             if event.WhichOneof("event_type") == "process_list":
@@ -636,7 +636,7 @@ class Client:
         Raises:
             SmithError: from :meth:`RemoteProcess.wait`, e.g. no such background process.
         """
-        rid = str(uuid.uuid4())
+        rid = new_request_id()
         queue = self._wire.route(rid)
         routed_target = process_id not in self._wire.routes
         if routed_target:  # refusals of stdin/resize name the process: they belong to this handle
@@ -697,7 +697,7 @@ class Client:
         Raises:
             SmithError: unknown tool, permission denied, timeout, ...
         """
-        rid = str(uuid.uuid4())
+        rid = new_request_id()
         cmd = pb.Command()
         tc = cmd.tool_call
         tc.request_id = rid
@@ -711,17 +711,29 @@ class Client:
     async def _answer(self, rid: str, cmd: pb.Command, member: str, what: str) -> Any:
         """The last ``Event.<member>`` request ``rid`` got before its terminal state.
 
+        As :meth:`_request`, without waking the caller for each event: its route keeps what it needs
+        and wakes it once, at the end (a tool call's PROCESSING, result and READY were three wakes).
+
         Raises:
             SmithError: it ended with an error.
             ConnectionClosed: it ended without one (``what`` names it).
         """
-        answer = None
-        async for event in self._request(rid, cmd):
-            if event.WhichOneof("event_type") == member:
-                answer = getattr(event, member)
-        if answer is None:
+        answer = AnswerRoute(member, asyncio.get_running_loop().create_future())
+        self._wire.add_route(rid, answer)
+        try:
+            self.send(cmd)
+            if not await answer.ended:
+                raise self._wire.gone()
+        finally:
+            self._wire.routes.pop(rid, None)
+            if not answer.over and not self._wire.closed.is_set():  # left before its end: cancelled
+                with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
+                    self.send(cancel_command(rid))
+        if answer.error is not None:
+            raise SmithError(answer.error)
+        if answer.answer is None:
             raise ConnectionClosed(f"the request ended without a {what}")
-        return answer
+        return answer.answer
 
     # ---- workspaces (PROTOCOL.md, "Workspaces") --------------------------------------------------
 
@@ -841,7 +853,7 @@ class Client:
             SmithError: the hook did not load (the message carries the engine's or compiler's
                 diagnostics), or the capability was not granted.
         """
-        rid = str(uuid.uuid4())
+        rid = new_request_id()
         cmd = pb.Command()
         cmd.hook_load.request_id = rid
         cmd.hook_load.hook_type = hook_type
@@ -861,7 +873,7 @@ class Client:
         Raises:
             SmithError: no plan could be made.
         """
-        rid = request_id or str(uuid.uuid4())
+        rid = request_id or new_request_id()
         cmd = pb.Command()
         cmd.plan.request_id = rid
         cmd.plan.goal = goal

@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 from collections import deque
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -24,9 +25,10 @@ from .errors import ConnectionClosed, FramingError, NotASmithService, SmithFastE
 from .framing import FrameDecoder
 from .jsonl import JsonlCodec
 from .pb import smith_pb2 as pb
+from .remote_process import terminal_state
 from .sequencing import Sequencer
 
-__all__ = ["TOKEN_KEY", "Wire", "event_request_id"]
+__all__ = ["TOKEN_KEY", "AnswerRoute", "Route", "Wire", "event_request_id"]
 
 TOKEN_KEY = "token"  # client_info key of the shared secret (serve --token)
 
@@ -39,9 +41,62 @@ def event_request_id(event: pb.Event) -> str | None:
     if kind is None or kind == "ready":
         return None
     inner = getattr(event, kind)
-    if inner.DESCRIPTOR.fields_by_name["request_id"].has_presence and not inner.HasField("request_id"):
+    optional = _OPTIONAL_ID.get(kind)
+    if optional is None:  # once per kind: the descriptor lookup cost as much as the rest
+        optional = _OPTIONAL_ID[kind] = inner.DESCRIPTOR.fields_by_name["request_id"].has_presence
+    if optional and not inner.HasField("request_id"):
         return None
     return inner.request_id or None
+
+
+_OPTIONAL_ID: dict[str, bool] = {}  # event kind: whether its request_id may be absent (a service-wide one)
+
+
+class Route(Protocol):
+    """Where the events of one request in flight go (:attr:`Wire.routes`): ``None`` once the
+    connection ended. An ``asyncio.Queue`` is one (a request followed event by event)."""
+
+    def put_nowait(self, event: pb.Event | None) -> None: ...
+
+
+class AnswerRoute:
+    """The route of a request whose caller wants only its last ``Event.<member>`` and how it ended:
+    it keeps them and resolves :attr:`ended` once (True: its terminal state came; False: the
+    connection ended first), so the caller is not woken for every event.
+
+    Attributes:
+        answer: the last ``Event.<member>``, or None.
+        error: its ``ErrorEvent``, or None.
+        over: the request ended (or the connection did); a caller that leaves before cancels it.
+    """
+
+    __slots__ = ("answer", "ended", "error", "member", "over")
+
+    def __init__(self, member: str, ended: asyncio.Future[bool]) -> None:
+        self.member = member
+        self.ended = ended
+        self.answer: Any = None
+        self.error: pb.ErrorEvent | None = None
+        self.over = False
+
+    def put_nowait(self, event: pb.Event | None) -> None:
+        if self.over:
+            return
+        if event is None:
+            self._end(False)
+            return
+        kind = event.WhichOneof("event_type")
+        if kind == self.member:
+            self.answer = getattr(event, kind)
+        elif kind == "error":
+            self.error = event.error
+        elif kind == "state_change" and terminal_state(event) is not None:
+            self._end(True)
+
+    def _end(self, ended: bool) -> None:
+        self.over = True
+        if not self.ended.done():  # not cancelled with its caller
+            self.ended.set_result(ended)
 
 
 class Wire:
@@ -59,7 +114,7 @@ class Wire:
     Attributes:
         events: events of no request in flight here (Ready, logs ...); ``None`` once the connection ended.
         metrics, resource_usage: the metrics reports (``accept=["metrics"]``, ``["usage"]``).
-        routes: the queue of each request in flight, by request id.
+        routes: the route of each request in flight (its queue, or an :class:`AnswerRoute`), by request id.
         closed: set once the connection ended (``close_reason`` says why).
     """
 
@@ -76,7 +131,7 @@ class Wire:
         self.events: asyncio.Queue[pb.Event | None] = asyncio.Queue()
         self.metrics: asyncio.Queue[pb.MetricsEvent] = asyncio.Queue()
         self.resource_usage: asyncio.Queue[pb.ResourceUsageEvent] = asyncio.Queue()
-        self.routes: dict[str, asyncio.Queue[pb.Event | None]] = {}
+        self.routes: dict[str, Route] = {}
         self.closed = asyncio.Event()
         self.close_reason: BaseException | None = None
         self._health: deque[asyncio.Future[pb.HealthCheckResponse]] = deque()
@@ -140,11 +195,19 @@ class Wire:
         Raises:
             ValueError: a request with that id is in flight.
         """
+        queue: asyncio.Queue[pb.Event | None] = asyncio.Queue()
+        self.add_route(rid, queue)
+        return queue
+
+    def add_route(self, rid: str, route: Route) -> None:
+        """Send request ``rid``'s events to ``route``.
+
+        Raises:
+            ValueError: a request with that id is in flight.
+        """
         if rid in self.routes:
             raise ValueError(f"request {rid} is already in flight")
-        queue: asyncio.Queue[pb.Event | None] = asyncio.Queue()
-        self.routes[rid] = queue
-        return queue
+        self.routes[rid] = route
 
     async def next(self, queue: asyncio.Queue[pb.Event | None]) -> pb.Event:
         """The next event on ``queue``.

@@ -11,12 +11,12 @@ changed. A client that asks for ``changes`` in its handshake gets, with each com
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .pb import smith_pb2 as pb
+from .request_ids import new_request_id
 
 __all__ = [
     "CHANGES",
@@ -98,7 +98,7 @@ def changes_of(wire: Sequence[pb.FileChange]) -> list[Change]:
 
 
 def _rid(request_id: str | None) -> str:
-    return request_id or str(uuid.uuid4())
+    return request_id or new_request_id()
 
 
 def checkpoint_command(label: str = "", *, request_id: str | None = None) -> pb.Command:
