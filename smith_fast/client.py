@@ -718,7 +718,7 @@ class Client:
             SmithError: it ended with an error.
             ConnectionClosed: it ended without one (``what`` names it).
         """
-        answer = AnswerRoute(member, asyncio.get_running_loop().create_future())
+        answer = AnswerRoute(member, self._wire.loop.create_future())
         self._wire.add_route(rid, answer)
         try:
             self.send(cmd)

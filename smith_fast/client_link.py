@@ -91,16 +91,40 @@ class StreamLink(Link):
         self.reader = reader
         self.writer = writer
         self.decoder = decoder
+        # What one loop step sends goes out in one write as the step ends: the requests that
+        # pipelined calls send in a step (one each, as their answers come in) cost one system call,
+        # not one each (a fifth of the client's CPU per call).
+        self._pending: list[bytes] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def replace(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, decoder: FrameDecoder) -> None:
-        """Go on over a new connection (a resumed session); :meth:`pump` reads it next."""
+        """Go on over a new connection (a resumed session); :meth:`pump` reads it next. What the old
+        one had not written yet is dropped, as what the drop lost: the resume sends the requests the
+        service did not read again (client_wire.py)."""
         self.reader, self.writer, self.decoder = reader, writer, decoder
+        self._pending = []
 
     def send(self, envelope: bytes) -> None:
-        self.writer.write(encode_frame(envelope))
+        self._queue(encode_frame(envelope))
 
     def send_line(self, line: bytes) -> None:
-        self.writer.write(line)
+        self._queue(line)
+
+    def _queue(self, data: bytes) -> None:
+        if not self._pending:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._write_pending)
+        self._pending.append(data)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending or self.writer.is_closing():
+            return  # a connection that dropped meanwhile: its reader sees the end (a resume, or ConnectionClosed)
+        try:
+            self.writer.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        except (ConnectionError, RuntimeError):  # closed under it (uvloop raises RuntimeError)
+            pass
 
     async def pump(self, receive: Receive, dispatch: Dispatch, reconnect: Reconnect) -> BaseException:
         while True:
@@ -118,9 +142,11 @@ class StreamLink(Link):
                 receive(unit)
 
     async def flush(self) -> None:
+        self._write_pending()
         await self.writer.drain()
 
     async def close(self) -> None:
+        self._write_pending()
         if not self.writer.is_closing():
             self.writer.close()
         with contextlib.suppress(Exception):

@@ -116,6 +116,7 @@ class Wire:
         metrics, resource_usage: the metrics reports (``accept=["metrics"]``, ``["usage"]``).
         routes: the route of each request in flight (its queue, or an :class:`AnswerRoute`), by request id.
         closed: set once the connection ended (``close_reason`` says why).
+        loop: the event loop it runs on.
     """
 
     def __init__(self, link: Link, protocol: str, *, address: str | None, token: str | None, resume: bool,
@@ -146,7 +147,8 @@ class Wire:
         self._replay_left = -1
         self.closing = False  # closing on purpose: a drop is no reason to resume
         self._resume_refusal: ConnectionClosed | None = None
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.loop = asyncio.get_running_loop()  # its reader's: the futures of its requests are made on it
+        self._reader_task = self.loop.create_task(self._read_loop())
 
     # ---- sending -----------------------------------------------------------------------------
 
