@@ -116,6 +116,8 @@ class Cluster:
             connect (what the warning at start is about).
         keys: where ``smith-fast nats-auth`` writes the configuration and keys (default ``tmp/keys``).
         log_level: the processes' ``--log-level`` (a benchmark measures less logging with ``info``).
+        keep: how many stderr lines of each gateway and worker to keep (all when None, as tests read
+            them; a benchmark's worker logs a line per request, which the rest of the run drains).
     """
 
     def __init__(
@@ -132,8 +134,10 @@ class Cluster:
         auth: bool = True,
         keys: pathlib.Path | None = None,
         log_level: str = "debug",
+        keep: int | None = None,
     ) -> None:
         self.tmp = tmp
+        self.keep = keep
         self.keys: pathlib.Path | None = None
         extra: tuple[str, ...] = ()
         if auth:
@@ -168,7 +172,7 @@ class Cluster:
             identity += ("--nats-nkey", str(self.keys / f"gateway-g{n}.nk"))
         gateway = SmithProcess(
             gdir, "gateway", *self.nats_args, "--unix", str(gdir / "smith.sock"), "--tcp", "127.0.0.1:0",
-            "--loop", self.loop, "--log-level", self.log_level, *identity, *self.gateway_args,
+            "--loop", self.loop, "--log-level", self.log_level, *identity, *self.gateway_args, keep=self.keep,
         )
         self.gateways.append(gateway)
         return gateway
@@ -191,7 +195,7 @@ class Cluster:
         labels = [arg for label in self.labels.get(n, ()) for arg in ("--label", label)]
         key = ("--nats-nkey", str(self.keys / f"worker-w{n}.nk")) if self.keys is not None else ()
         worker = SmithProcess(wdir, "worker", *self.nats_args, "--worker-id", f"w{n}", "--root", str(self.worker_root(n)),
-                              *key, *labels, *self.worker_args, *extra)
+                              *key, *labels, *self.worker_args, *extra, keep=self.keep)
         self.workers.append(worker)
         return worker
 
