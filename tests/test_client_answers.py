@@ -40,9 +40,13 @@ async def _client(server: ServerProcess) -> Client:
     return client
 
 
-def _in_flight(client: Client) -> str:
-    (rid,) = client._routes  # noqa: SLF001  (the SDK's own routing: the one request in flight)
-    return rid
+async def _sleeping(client: Client) -> tuple[asyncio.Future[pb.ToolResultEvent], str]:
+    """A tool call that runs a minute, once it is in flight, and its request id."""
+    call = asyncio.ensure_future(client.call_tool("shell.run", {"command": "sleep 60"}))
+    while not client._routes:  # noqa: SLF001  (the SDK's own routing: the one request in flight)
+        await asyncio.sleep(0.01)
+    (rid,) = client._routes  # noqa: SLF001
+    return call, rid
 
 
 async def _ended(client: Client, rid: str) -> int:
@@ -78,10 +82,7 @@ def test_a_tool_call_left_before_its_end_is_cancelled(run: Runner[Any], server: 
     async def main() -> None:
         client = await _client(server)
         try:
-            call = asyncio.ensure_future(client.call_tool("shell.run", {"command": "sleep 60"}))
-            while not client._routes:  # noqa: SLF001
-                await asyncio.sleep(0.01)
-            rid = _in_flight(client)
+            call, rid = await _sleeping(client)
             await asyncio.sleep(0.3)  # it runs
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -101,9 +102,7 @@ def test_a_tool_call_whose_connection_drops_raises_connection_closed(run: Runner
     async def main() -> None:
         client = await _client(server)
         try:
-            call = asyncio.ensure_future(client.call_tool("shell.run", {"command": "sleep 60"}))
-            while not client._routes:  # noqa: SLF001
-                await asyncio.sleep(0.01)
+            call, _ = await _sleeping(client)
             client._writer.transport.abort()  # noqa: SLF001  (the SDK's own transport)
             with pytest.raises(ConnectionClosed):
                 await asyncio.wait_for(call, 20)
