@@ -664,7 +664,7 @@ class Client:
         error: pb.ErrorEvent | None = None
         ended = False
         try:
-            self.send(cmd)
+            self._wire.send(cmd, soon=True)  # it waits next: the loop runs, and writes it with the step's others
             while True:
                 event = await self._wire.next(queue)
                 kind = event.WhichOneof("event_type")
@@ -721,7 +721,7 @@ class Client:
         answer = AnswerRoute(member, self._wire.loop.create_future())
         self._wire.add_route(rid, answer)
         try:
-            self.send(cmd)
+            self._wire.send(cmd, soon=True)  # as in _request
             if not await answer.ended:
                 raise self._wire.gone()
         finally:

@@ -156,19 +156,20 @@ class Wire:
         """The error for a send or a wait on an ended connection."""
         return ConnectionClosed(f"connection closed: {self.close_reason}")
 
-    def send(self, command: pb.Command) -> None:
-        """Send one command (an envelope on v1, a JSON line on v0)."""
+    def send(self, command: pb.Command, *, soon: bool = False) -> None:
+        """Send one command (an envelope on v1, a JSON line on v0); ``soon``: with the others of
+        this loop step, as it ends (:meth:`Link.send_soon <smith_fast.client_link.Link.send_soon>`)."""
         if self.protocol == "v1":
             env = pb.Envelope()
             env.command.CopyFrom(command)
-            self.send_envelope(env)
+            self.send_envelope(env, soon=soon)
         else:
             if self.closed.is_set():
                 raise self.gone()
             self.link.send_line(self._codec.encode_command(command))
 
-    def send_envelope(self, env: pb.Envelope) -> None:
-        """Stamp (timestamp, sequence) and send one v1 envelope.
+    def send_envelope(self, env: pb.Envelope, *, soon: bool = False) -> None:
+        """Stamp (timestamp, sequence) and send one v1 envelope (``soon``: as :meth:`send`).
 
         Raises:
             ConnectionClosed: the connection is gone.
@@ -181,7 +182,10 @@ class Wire:
         envelope = self._seq.stamp(env).SerializeToString()
         if self.resume_token and self.routes:
             self._note_unread(envelope)
-        self.link.send(envelope)
+        if soon:
+            self.link.send_soon(envelope)
+        else:
+            self.link.send(envelope)
 
     def send_v0_handshake(self, command: pb.Command, token: str) -> None:
         """A v0 Handshake with a ``"token"`` member in its ``data`` (v0 has no ``client_info``)."""

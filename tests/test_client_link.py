@@ -1,7 +1,8 @@
-"""The SDK's stream link: what one loop step sends goes out in one write as the step ends, in order;
-what a connection had not written when it was replaced (a resume) is dropped; a close or a flush
-writes what is pending first; a send on a connection that dropped raises nothing into the loop.
-Over real Unix sockets, on both loops."""
+"""The SDK's stream link: what one loop step sends with ``send_soon`` goes out in one write as the
+step ends, in order, and ``send`` writes at once, after it; what a connection had not written when
+it was replaced (a resume) is dropped; a close or a flush writes what is pending first; a
+``send_soon`` on a connection that dropped raises nothing into the loop. Over real Unix sockets, on
+both loops."""
 
 from __future__ import annotations
 
@@ -54,14 +55,26 @@ def test_a_steps_sends_go_in_one_write_in_order(run: Runner[Any]) -> None:
         link.writer = counting  # type: ignore[assignment]
         units = [b"first", b"second" * 100, b"third"]
         for unit in units:
-            link.send(unit)
+            link.send_soon(unit)
         assert counting.writes == 0  # not before the step ends
         expected = b"".join(encode_frame(u) for u in units)
         assert await _read(peer, len(expected)) == expected
         assert counting.writes == 1
-        link.send(b"later")  # a later step: a write of its own
+        link.send_soon(b"later")  # a later step: a write of its own
         assert await _read(peer, len(encode_frame(b"later"))) == encode_frame(b"later")
         assert counting.writes == 2
+        # send writes at once, after what the step queued: a caller may block the loop next
+        link.send_soon(b"queued")
+        link.send(b"at once")
+        assert counting.writes == 3
+        expected = encode_frame(b"queued") + encode_frame(b"at once")
+        assert await _read(peer, len(expected)) == expected
+        await asyncio.sleep(0.01)  # the step's scheduled write finds nothing left
+        assert counting.writes == 3
+        link.send_soon(b"v1 frame")
+        link.send_line(b'{"v0": 1}\n')  # (a link carries one of them; the order is what counts)
+        expected = encode_frame(b"v1 frame") + b'{"v0": 1}\n'
+        assert await _read(peer, len(expected)) == expected
         await link.close()
         peer.close()
 
@@ -71,12 +84,12 @@ def test_a_steps_sends_go_in_one_write_in_order(run: Runner[Any]) -> None:
 def test_close_and_flush_write_what_is_pending_first(run: Runner[Any]) -> None:
     async def main() -> None:
         link, peer = await _pair()
-        link.send(b"before flush")
+        link.send_soon(b"before flush")
         await link.flush()
         assert await _read(peer, len(encode_frame(b"before flush"))) == encode_frame(b"before flush")
-        link.send_line(b'{"v0": true}\n')
+        link.send_soon(b'{"v0": true}\n'[:-1])
         await link.close()
-        assert await _read(peer, 13) == b'{"v0": true}\n'
+        assert await _read(peer, len(encode_frame(b'{"v0": true}'))) == encode_frame(b'{"v0": true}')
         peer.close()
 
     run(main())
@@ -89,9 +102,9 @@ def test_what_a_replaced_connection_had_not_written_is_dropped(run: Runner[Any])
         new_reader, new_writer = await asyncio.open_unix_connection(sock=(pair := socket.socketpair())[0])
         new_peer = pair[1]
         new_peer.setblocking(False)
-        link.send(b"for the old connection")  # in the step that replaces it (a resume's)
+        link.send_soon(b"for the old connection")  # in the step that replaces it (a resume's)
         link.replace(new_reader, new_writer, FrameDecoder())
-        link.send(b"for the new one")
+        link.send_soon(b"for the new one")
         assert await _read(new_peer, len(encode_frame(b"for the new one"))) == encode_frame(b"for the new one")
         await asyncio.sleep(0.05)
         old_writer.close()
@@ -108,7 +121,7 @@ def test_a_send_after_the_connection_dropped_raises_nothing(run: Runner[Any]) ->
     async def main() -> None:
         link, peer = await _pair()
         link.writer.transport.abort()
-        link.send(b"too late")
+        link.send_soon(b"too late")
         await asyncio.sleep(0.05)  # the write step ran: the loop's exception handler (checked by run) stayed quiet
         peer.close()
 
