@@ -267,7 +267,7 @@ async def measure_pipelined(topologies: list[Topology], scale: BenchScale) -> di
     out["target"] = RELAY_TARGET
     relayed, direct = out[second]["cpu_us_per_call"], out[first]["cpu_us_per_call"]
     out["met"] = out["ratio"] >= RELAY_TARGET and relayed.get("gateway", 0.0) <= direct.get("serve", 0.0)
-    out["ceiling"] = cpu_ceiling(out[first]["cpu_us_per_call"], out[second]["cpu_us_per_call"], os.cpu_count() or 1)
+    out["ceiling"] = cpu_ceiling(direct, relayed, os.cpu_count() or 1)
     return out
 
 

@@ -680,12 +680,17 @@ class Client:
             ended = True
             raise
         finally:
-            self._wire.routes.pop(rid, None)
-            if not ended and not self._wire.closed.is_set():
-                with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
-                    self.send(cancel_command(rid))
+            self._left(rid, ended)
         if error is not None:
             raise SmithError(error)
+
+    def _left(self, rid: str, ended: bool) -> None:
+        """Request ``rid``'s caller is done with it: its route goes, and the service is told to
+        cancel it if it has not ended (a ``break``, a cancelled task) while the connection lasts."""
+        self._wire.routes.pop(rid, None)
+        if not ended and not self._wire.closed.is_set():
+            with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
+                self.send(cancel_command(rid))
 
     async def call_tool(
         self, tool: str, args: object = None, *, timeout_ms: int | None = None, raw_args: bytes | None = None
@@ -725,10 +730,7 @@ class Client:
             if not await answer.ended:
                 raise self._wire.gone()
         finally:
-            self._wire.routes.pop(rid, None)
-            if not answer.over and not self._wire.closed.is_set():  # left before its end: cancelled
-                with contextlib.suppress(SmithFastError, ConnectionError, RuntimeError):
-                    self.send(cancel_command(rid))
+            self._left(rid, answer.over)
         if answer.error is not None:
             raise SmithError(answer.error)
         if answer.answer is None:

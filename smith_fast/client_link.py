@@ -111,20 +111,19 @@ class StreamLink(Link):
         self._pending = []
 
     def send(self, envelope: bytes) -> None:
-        data = encode_frame(envelope)
-        if self._pending:  # in order: what this step queued goes first, in the same write
-            pending, self._pending = self._pending, []
-            data = b"".join([*pending, data])
-        self.writer.write(data)
+        self._write_now(encode_frame(envelope))
 
     def send_soon(self, envelope: bytes) -> None:
         self._queue(encode_frame(envelope))
 
     def send_line(self, line: bytes) -> None:
-        if self._pending:
+        self._write_now(line)
+
+    def _write_now(self, data: bytes) -> None:
+        if self._pending:  # in order: what this step queued goes first, in the same write
             pending, self._pending = self._pending, []
-            line = b"".join([*pending, line])
-        self.writer.write(line)
+            data = b"".join([*pending, data])
+        self.writer.write(data)
 
     def _queue(self, data: bytes) -> None:
         if not self._pending:
