@@ -295,7 +295,8 @@ async def spawn_forked(
     if ready is not None and ready.warm is not None:
         spawned = _run_warm(zygote, ready, command, argv, environ, where, stdin, loop)
         if spawned is not None:
-            zygote.prepare(wanted, partial(_warm, argv[0], environ, where, stdin))
+            assert spawned.forked is not None
+            zygote.prepare_after(spawned.forked, wanted, partial(_warm, argv[0], environ, where, stdin))
             return spawned
         ready.discard()  # not for this command: it exits at the end of its empty script
         ready = None

@@ -267,6 +267,37 @@ async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -
     assert wait_until(lambda: not pid_alive(following) and not os.path.isdir(cell_dir), 10), cell_dir
 
 
+def _ns_pid(pid: int) -> int:
+    """Its pid in the innermost pid namespace it is in (the session's)."""
+    return int(pathlib.Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1])
+
+
+async def test_a_short_commands_next_process_is_made_once_it_ended(server: ServerProcess) -> None:
+    # A command that ends within zygote.PREPARE_AFTER has the next command's process asked for at
+    # its end, not as it starts: the init reaps its end first, and the fork and the new shell's
+    # exec do not run beside it. In the session's pid namespace, the next process's pid then comes
+    # after every pid the command used (here its child's).
+    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
+        done = await client.run("/bin/sh -c 'echo $$'")
+        assert done.exit_code == 0, done
+        child = int(done.stdout)
+        assert wait_until(lambda: len(_waiting(monitor)) == 1 and _waiting(monitor) != [ready], 10)
+        (following,) = _waiting(monitor)
+        assert _ns_pid(following) > child, (following, child)
+
+
+async def test_a_long_commands_next_process_is_made_while_it_runs(server: ServerProcess) -> None:
+    # A command that runs longer than zygote.PREPARE_AFTER has the next one's process made while it
+    # runs: a command of the same session started meanwhile, or right after, finds it waiting.
+    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
+        running = asyncio.ensure_future(client.run("sleep 3"))
+        made = await asyncio.to_thread(wait_until, lambda: bool(set(_waiting(monitor)) - {ready}), 2.5)
+        assert made and not running.done()
+        (following,) = set(_waiting(monitor)) - {ready}
+        assert (await running).exit_code == 0
+        assert following in _waiting(monitor)  # still waiting: the end made no other
+
+
 async def test_a_ready_process_killed_is_forked_again(server: ServerProcess) -> None:
     # Whatever ends the waiting process (here the host's SIGKILL), the next command is forked as
     # without one, and the one after has its own made again.
