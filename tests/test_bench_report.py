@@ -280,6 +280,56 @@ def _starts(figures: dict[str, list[float]]) -> dict[str, object]:
                            for name, values in figures.items()}}
 
 
+def test_the_issue_targets_are_judged_from_the_figures_of_the_run() -> None:
+    from bench.report.summary import TARGETS, summary_lines, target
+
+    def report_of(samples: dict[tuple[str, str], list[dict[str, float]]]) -> Report:
+        scale = SCALES["quick"]
+        report = Report(scale, list(CONTENDERS), cases(scale))
+        report.samples.update(samples)
+        return report
+
+    spawning, call_path = TARGETS[1], TARGETS[2]
+    samples = {
+        ("spawn", "v1"): [{"calls/s": r, "server CPU µs/call": c} for r, c in ((900.0, 380.0), (950.0, 390.0), (1000.0, 395.0))],
+        ("spawn", "no-server"): [{"calls/s": r} for r in (1100.0, 1150.0, 1200.0)],
+        ("spawn", "mcp-sdk"): [{"calls/s": r} for r in (550.0, 600.0, 650.0)],
+        ("pipelined", "v1"): [{"calls/s": r} for r in (20000.0, 21000.0, 22000.0)],
+        ("pipelined", "floor"): [{"calls/s": r} for r in (19000.0, 20000.0, 21000.0)],
+        ("latency", "v1"): [{"p50 µs": v} for v in (20.0, 21.0, 22.0)],
+        ("latency", "floor"): [{"p50 µs": v} for v in (11.0, 12.0, 13.0)],
+    }
+    # 950 / 1150 and 950 / 600 of the rates, 390 µs of CPU: every figure of item 1 holds
+    assert target(report_of(samples), spawning) == (
+        "Spawning target, `v1`'s `true` one after another (sandbox and cgroup on) in the same run: ×0.83 `no-server`'s "
+        "rate (target ≥ 0.8x); ×1.58 `mcp-sdk`'s rate (target ≥ 1.5x); 390 µs of service CPU per `true` (target ≤ 400): "
+        "**met** in this run.", True)
+    # one figure missing its bound is enough
+    costly = {**samples, ("spawn", "v1"): [{"calls/s": r, "server CPU µs/call": c} for r, c in ((900.0, 500.0), (950.0, 520.0),
+                                                                                                 (1000.0, 540.0))]}
+    sentence, met = target(report_of(costly), spawning)
+    assert met is False and "520 µs of service CPU per `true` (target ≤ 400): **not met** in this run." in sentence
+    # a CPU figure whose range straddles the bound decides nothing
+    straddling = {**samples, ("spawn", "v1"): [{"calls/s": r, "server CPU µs/call": c} for r, c in ((900.0, 200.0), (950.0, 390.0),
+                                                                                                    (1000.0, 700.0))]}
+    sentence, met = target(report_of(straddling), spawning)
+    assert met is None and "µs of service CPU per `true`: too noisy to say, 200–700 (target ≤ 400)" in sentence
+    # no peer, no verdict
+    alone = {k: v for k, v in samples.items() if k != ("spawn", "no-server")}
+    assert target(report_of(alone), spawning) == (
+        "The spawning target (`true` one after another ≥ 0.8x no-server's rate and ≥ 1.5x the MCP SDK server's, ≤ 400 µs "
+        "of service CPU each) was not measured in this run.", None)
+    # item 2: pipelined level with the floor, but a round trip slower than its
+    assert target(report_of(samples), call_path) == (
+        "Call-path target, `v1` against `floor` in the same run: ×1.05 the pipelined calls/s (target ≥ 1x); ×0.57 lower "
+        "round-trip p50 (target ≥ 1x): **not met** in this run.", False)
+    # the summary states each target
+    lines = summary_lines(report_of(samples))
+    assert [line.split(",")[0] for line in lines if "target" in line.split(",")[0]] == [
+        "- The MCP target (the MCP front ≥ 8x the SDK server's pipelined calls/s and ≥ 4x lower p50) was not measured in this run.",
+        "- Spawning target", "- Call-path target"]
+
+
 def test_the_summary_is_generated_from_the_figures() -> None:
     from bench.report.summary import mcp_target, summary_lines
 

@@ -3,8 +3,10 @@
 Each :class:`Comparison` names two contenders and one figure of one workload; :func:`outcomes`
 measures the ones this run has, and :func:`summary_lines` turns them into sentences: what
 smith-fast handles against the references and the rivals, where it loses, what was too noisy to
-say, and whether the MCP issue's target (the MCP front ≥ 8x the SDK server's pipelined calls/s and
-≥ 4x lower p50, in the same run) was met.
+say, and whether each issue's target (:data:`TARGETS`: the MCP front ≥ 8x the SDK server's pipelined
+calls/s and ≥ 4x lower p50; a sandboxed `true` one after another ≥ 0.8x no-server's rate and ≥ 1.5x
+the SDK server's at ≤ 400 µs of service CPU; the request path level with the bare loop) was met in
+the same run.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 from .runner import Report
 from .stats import Summary, percentile, speedup, summarize
 
-__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Outcome", "ROWS", "Row", "START", "mcp_target", "outcome",
-           "outcomes", "peers", "ratio_text", "row_outcomes", "start_figure", "summary_lines"]
+__all__ = ["COMPARISONS", "Comparison", "MCP_TARGET", "Need", "Outcome", "ROWS", "Row", "START", "TARGETS", "Target", "mcp_target",
+           "outcome", "outcomes", "peers", "ratio_text", "row_outcomes", "start_figure", "summary_lines", "target"]
 
 
 @dataclass(frozen=True)
@@ -106,28 +108,98 @@ def outcomes(report: Report) -> list[Outcome]:
     return [o for o in (outcome(report, c) for c in COMPARISONS) if o is not None]
 
 
-def mcp_target(report: Report) -> tuple[str, bool | None]:
-    """The MCP target's sentence and whether it was met (None: not measured, or too noisy to say)."""
+@dataclass(frozen=True)
+class Need:
+    """One figure of a :class:`Target`: ``comparison`` (its ratio as :class:`Outcome` has it, > 1:
+    ours better) at least ``at_least``; or, ``comparison.theirs`` empty, ``ours``'s own figure at most
+    ``at_most``. ``what`` names the figure in the sentence."""
+
+    comparison: Comparison
+    what: str
+    at_least: float = math.nan
+    at_most: float = math.nan
+
+
+@dataclass(frozen=True)
+class Target:
+    """An issue's target, judged in the run: ``name`` and ``who`` open its sentence, ``stated`` says
+    it when the run did not measure it, every one of ``needs`` must hold."""
+
+    name: str
+    who: str
+    stated: str
+    needs: tuple[Need, ...]
+
+
+def _need(report: Report, need: Need) -> tuple[str, bool | None] | None:
+    """``need``'s part of its target's sentence and whether it holds (None: too noisy to say); None
+    when the run did not measure it."""
+    c = need.comparison
+    if not c.theirs:  # a figure of ours against a bound
+        direction = _direction(report, c.case, c.metric)
+        ours = report.summary(c.case, c.ours, c.metric)
+        if direction is None or ours is None:
+            return None
+        bound = f"(target ≤ {need.at_most:g})"
+        if not ours.noisy:
+            return f"{_fmt(ours.median)} {need.what} {bound}", ours.median <= need.at_most
+        if ours.high <= need.at_most or ours.low > need.at_most:
+            return f"{_fmt(ours.low)}–{_fmt(ours.high)} {need.what}, noisy {bound}", ours.high <= need.at_most
+        return f"{need.what}: too noisy to say, {_fmt(ours.low)}–{_fmt(ours.high)} {bound}", None
+    o = outcome(report, c)
+    if o is None:
+        return None
+    bound = f"(target ≥ {need.at_least:g}x)"
+    if not o.noisy:
+        return f"×{_fmt(o.ratio)} {need.what} {bound}", o.ratio >= need.at_least
+    if o.worst >= need.at_least or o.best < need.at_least:  # noisy, but its whole range is on one side of the target
+        return f"×{_fmt(o.worst)}–{_fmt(o.best)} {need.what}, noisy {bound}", o.worst >= need.at_least
+    return f"{need.what}: too noisy to say, ×{_fmt(o.worst)}–{_fmt(o.best)} {bound}", None
+
+
+def target(report: Report, t: Target) -> tuple[str, bool | None]:
+    """``t``'s sentence and whether it was met (None: not measured, or too noisy to say)."""
     parts: list[str] = []
     verdicts: list[bool | None] = []
-    for index, need in MCP_TARGET:
-        o = outcome(report, COMPARISONS[index])
-        if o is None:
-            return ("The MCP target (the MCP front ≥ 8x the SDK server's pipelined calls/s and ≥ 4x lower p50) "
-                    "was not measured in this run.", None)
-        what = "the calls/s" if o.comparison.metric == "calls/s" else "lower p50"
-        if not o.noisy:
-            parts.append(f"×{_fmt(o.ratio)} {what} (target ≥ {need:g}x)")
-            verdicts.append(o.ratio >= need)
-        elif o.worst >= need or o.best < need:  # noisy, but its whole range is on one side of the target
-            parts.append(f"×{_fmt(o.worst)}–{_fmt(o.best)} {what}, noisy (target ≥ {need:g}x)")
-            verdicts.append(o.worst >= need)
-        else:
-            parts.append(f"{what}: too noisy to say, ×{_fmt(o.worst)}–{_fmt(o.best)} (target ≥ {need:g}x)")
-            verdicts.append(None)
+    for need in t.needs:
+        got = _need(report, need)
+        if got is None:
+            named = t.name if t.name[:2].isupper() else t.name[0].lower() + t.name[1:]  # "MCP" stays
+            return f"The {named} ({t.stated}) was not measured in this run.", None
+        parts.append(got[0])
+        verdicts.append(got[1])
     result = False if False in verdicts else None if None in verdicts else True
     verdict = {True: "**met** in this run", False: "**not met** in this run", None: "**not decided**: too noisy"}[result]
-    return f"MCP target, `mcp` against `mcp-sdk` in the same run: {'; '.join(parts)}: {verdict}.", result
+    return f"{t.name}, {t.who}: {'; '.join(parts)}: {verdict}.", result
+
+
+def _needs(*needs: tuple[int, str, float]) -> tuple[Need, ...]:
+    return tuple(Need(COMPARISONS[i], what, at_least=at_least) for i, what, at_least in needs)
+
+
+TARGETS = (
+    Target("MCP target", "`mcp` against `mcp-sdk` in the same run",
+           "the MCP front ≥ 8x the SDK server's pipelined calls/s and ≥ 4x lower p50",
+           _needs(*((i, "the calls/s" if COMPARISONS[i].metric == "calls/s" else "lower p50", at_least)
+                    for i, at_least in MCP_TARGET))),
+    # issue 31, item 1: a sandboxed, contained `true` one after another
+    Target("Spawning target", "`v1`'s `true` one after another (sandbox and cgroup on) in the same run",
+           "`true` one after another ≥ 0.8x no-server's rate and ≥ 1.5x the MCP SDK server's, ≤ 400 µs of service CPU each",
+           (Need(Comparison("spawn", "calls/s", "v1", "no-server", "`true` one after another"), "`no-server`'s rate", at_least=0.8),
+            Need(Comparison("spawn", "calls/s", "v1", "mcp-sdk", "`true` one after another"), "`mcp-sdk`'s rate", at_least=1.5),
+            Need(Comparison("spawn", "server CPU µs/call", "v1", "", "service CPU per `true`"), "µs of service CPU per `true`",
+                 at_most=400.0))),
+    # issue 31, item 2: the compiled request path against the bare loop
+    Target("Call-path target", "`v1` against `floor` in the same run",
+           "pipelined small calls ≥ 1.0x the floor's calls/s and a round-trip p50 at most the floor's",
+           (Need(COMPARISONS[0], "the pipelined calls/s", at_least=1.0),
+            Need(COMPARISONS[4], "lower round-trip p50", at_least=1.0))),
+)
+
+
+def mcp_target(report: Report) -> tuple[str, bool | None]:
+    """The MCP target's sentence and whether it was met (None: not measured, or too noisy to say)."""
+    return target(report, TARGETS[0])
 
 
 def _fmt(value: float) -> str:
@@ -307,8 +379,8 @@ def summary_lines(report: Report, name: Callable[[str], str] = lambda n: f"`{n}`
     if noisy:
         out.append("- Too noisy to say in this run: " + "; ".join(
             f"{o.comparison.what} ({name(o.comparison.ours)} against {name(o.comparison.theirs)})" for o in noisy) + ".")
-    sentence, _ = mcp_target(report)
-    out += [f"- {sentence}", ""]
+    out += [f"- {target(report, t)[0]}" for t in TARGETS]
+    out.append("")
     return out
 
 
