@@ -182,14 +182,14 @@ TARGETS = (
            "the MCP front ≥ 8x the SDK server's pipelined calls/s and ≥ 4x lower p50",
            _needs(*((i, "the calls/s" if COMPARISONS[i].metric == "calls/s" else "lower p50", at_least)
                     for i, at_least in MCP_TARGET))),
-    # issue 31, item 1: a sandboxed, contained `true` one after another
+    # spawning near the limit: a sandboxed, contained `true` one after another
     Target("Spawning target", "`v1`'s `true` one after another (sandbox and cgroup on) in the same run",
            "`true` one after another ≥ 0.8x no-server's rate and ≥ 1.5x the MCP SDK server's, ≤ 400 µs of service CPU each",
            (Need(Comparison("spawn", "calls/s", "v1", "no-server", "`true` one after another"), "`no-server`'s rate", at_least=0.8),
             Need(Comparison("spawn", "calls/s", "v1", "mcp-sdk", "`true` one after another"), "`mcp-sdk`'s rate", at_least=1.5),
             Need(Comparison("spawn", "server CPU µs/call", "v1", "", "service CPU per `true`"), "µs of service CPU per `true`",
                  at_most=400.0))),
-    # issue 31, item 2: the compiled request path against the bare loop
+    # the compiled request path against the bare loop
     Target("Call-path target", "`v1` against `floor` in the same run",
            "pipelined small calls ≥ 1.0x the floor's calls/s and a round-trip p50 at most the floor's",
            (Need(COMPARISONS[0], "the pipelined calls/s", at_least=1.0),
