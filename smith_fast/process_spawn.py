@@ -291,7 +291,7 @@ async def spawn_forked(
     except OSError as exc:
         raise spawn_error(exc, shell, cwd) from None
     wanted = limits or containment.CommandLimits()
-    ready = zygote.take_ready(wanted)
+    ready = await zygote.ready(wanted)
     if ready is not None and ready.warm is not None:
         spawned = _run_warm(zygote, ready, command, argv, environ, where, stdin, loop)
         if spawned is not None:

@@ -55,11 +55,14 @@ from collections.abc import Callable, Sequence
 from .. import childguard, containment
 from ..errors import ZygoteGone
 
-__all__ = ["MAX_REQUEST", "Forked", "Ready", "Warm", "Zygote", "ZygoteGone", "Zygotes"]
+__all__ = ["MAX_REQUEST", "PREPARE_AFTER", "READY_WAIT", "Forked", "Ready", "Warm", "Zygote", "ZygoteGone", "Zygotes"]
 
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
 _REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
 _FDS2 = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # a 'Q' reply's pidfd and socket
+READY_WAIT = 0.05
+"""Seconds a command waits at most for its ready process's ``'Q'`` (:meth:`Zygote.ready`); the init
+answers within a fork's time, unless it is stuck (then the command is forked as without one)."""
 PREPARE_AFTER = 0.005
 """Seconds a warm shell's command runs before the next command's process is asked for anyway
 (:meth:`Zygote.prepare_after`): a command of the same session started meanwhile, or right after a
@@ -234,7 +237,8 @@ class Zygote:
         loop: the loop that reads the replies.
     """
 
-    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "last", "_deferred", "_defer_timer")
+    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "last", "_deferred", "_defer_timer",
+                 "_made")
 
     def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -249,6 +253,7 @@ class Zygote:
         self.last: tuple[containment.CommandLimits, Callable[[], Warm | None] | None] | None = None
         self._deferred = 0  # the command whose end (or PREPARE_AFTER) sends the next prepare
         self._defer_timer: asyncio.TimerHandle | None = None
+        self._made: asyncio.Future[None] | None = None  # a command waits for the ready process's 'Q' (ready())
         try:
             # No stdio of ours: a failure shows as the socket's end, and the command then takes the
             # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
@@ -401,6 +406,23 @@ class Zygote:
         self._exits[ready.rid] = forked
         return forked
 
+    async def ready(self, limits: containment.CommandLimits) -> Ready | None:
+        """:meth:`take_ready`, once the init said the ready process runs, if its ``'Q'`` is on its
+        way (for at most :data:`READY_WAIT` seconds). A command sent right after a short one comes
+        while the init forks its process (asked for as the short one ended: :meth:`prepare_after`);
+        the ``'Q'`` is a moment away, where a process forked for it alone would wait behind that fork."""
+        ready = self._ready
+        if ready is not None and not ready.pid and not self._gone:
+            if self._made is None or self._made.done():
+                self._made = self._loop.create_future()
+            await asyncio.wait((self._made,), timeout=READY_WAIT)
+        return self.take_ready(limits)
+
+    def _made_known(self) -> None:
+        made, self._made = self._made, None
+        if made is not None and not made.done():
+            made.set_result(None)
+
     def take_ready(self, limits: containment.CommandLimits) -> Ready | None:
         """The next command's process, for a command with ``limits`` (set on its cell before it was
         born there); None when there is none yet (its ``'Q'`` is still on its way: the command takes
@@ -470,6 +492,7 @@ class Zygote:
         """The init's answer to :meth:`prepare`: ``'Q'`` with the process's pidfd and socket (taken
         from ``fds``), or ``'F'``: none was made, its cell goes."""
         ready = self._ready
+        self._made_known()
         if ready is None or ready.rid != rid:
             return  # one let go meanwhile: its socket is closed with the other fds
         if op == ord("Q") and len(fds) == (1 if ready.warm is not None else 2) and not self._gone:
@@ -482,6 +505,7 @@ class Zygote:
             self._lose_ready()
 
     def _lose_ready(self) -> None:
+        self._made_known()
         ready, self._ready = self._ready, None
         if ready is not None:
             ready.discard()
@@ -491,6 +515,7 @@ class Zygote:
         if self._gone:
             return
         self._gone = True
+        self._made_known()
         if self._defer_timer is not None:
             self._defer_timer.cancel()
             self._defer_timer = None
