@@ -26,7 +26,8 @@ command inherits or applies. A command costs a fork and an exec.
   A command that ran in a warm shell asks for the next one when it has ended, or
   :data:`PREPARE_AFTER` after it started if it runs longer (:meth:`Zygote.prepare_after`): asked
   for as it starts, the fork (and the new shell's exec) ran beside a short command on a small
-  machine's CPUs, and the init reaped its end only after the fork.
+  machine's CPUs, and the init reaped its end only after the fork. A command that comes while the
+  init still forks its process waits for the ``'Q'`` (:meth:`Zygote.ready`).
 * :class:`Zygotes`: a session's, one zygote per sandbox configuration, made at its first command,
   all closed with the session (:meth:`Zygotes.close`): the init's end kills whatever is left in
   its pid namespace. The session's commands share the zygote's private ``/tmp``; another session
