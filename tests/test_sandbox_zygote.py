@@ -273,11 +273,15 @@ def _ns_pid(pid: int) -> int:
 
 
 async def test_a_short_commands_next_process_is_made_once_it_ended(server: ServerProcess) -> None:
-    # A command that ends within zygote.PREPARE_AFTER has the next command's process asked for at
-    # its end, not as it starts: the init reaps its end first, and the fork and the new shell's
-    # exec do not run beside it. In the session's pid namespace, the next process's pid then comes
-    # after every pid the command used (here its child's).
+    # A command that ends within zygote.PREPARE_AFTER, in a burst of commands, has the next
+    # command's process asked for at its end, not as it starts: the init reaps its end first, and
+    # the fork and the new shell's exec do not run beside it. In the session's pid namespace, the
+    # next process's pid then comes after every pid the command used (here its child's).
+    # (After a pause of zygote.BUSY_WITHIN or more, it is asked for as the command starts: the
+    # command below comes right after another.)
     async with _a_session_with_its_next_process(server) as (client, monitor, ready):
+        assert (await client.run("true")).exit_code == 0
+        (ready,) = _waiting(monitor)
         done = await client.run("/bin/sh -c 'echo $$'")
         assert done.exit_code == 0, done
         child = int(done.stdout)

@@ -23,8 +23,8 @@ command inherits or applies. A command costs a fork and an exec.
   hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
   on a hybrid host without ``favordynmods``: every command after an agent's think time), and the
   fork is the init's dearest step: both are paid between commands, not while the peer waits.
-  A command that ran in a warm shell asks for the next one when it has ended, or
-  :data:`PREPARE_AFTER` after it started if it runs longer (:meth:`Zygote.prepare_after`): asked
+  A command that ran in a warm shell right after another asks for the next one when it has ended,
+  or :data:`PREPARE_AFTER` after it started if it runs longer (:meth:`Zygote.prepare_after`): asked
   for as it starts, the fork (and the new shell's exec) ran beside a short command on a small
   machine's CPUs, and the init reaped its end only after the fork. A command that comes while the
   init still forks its process waits for the ``'Q'`` (:meth:`Zygote.ready`).
@@ -64,6 +64,13 @@ _FDS2 = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # a 'Q' reply's pidfd 
 READY_WAIT = 0.05
 """Seconds a command waits at most for its ready process's ``'Q'`` (:meth:`Zygote.ready`); the init
 answers within a fork's time, unless it is stuck (then the command is forked as without one)."""
+BUSY_WITHIN = 0.05
+"""A command that starts this many seconds or more after the zygote's last command ended asks for
+the next process at once, as it starts (:meth:`Zygote.prepare_after`). After a pause (an agent's
+think time) the machine's idle CPUs sleep, and on a VM whose idle CPUs halt, waking the init for
+the command's end cost more than the fork beside the command (a `true` after 0.2 s of idleness:
+p50 x1.09-1.12 when it waited); in a burst of commands (or beside other work) the fork delays each
+command's end instead."""
 PREPARE_AFTER = 0.005
 """Seconds a warm shell's command runs before the next command's process is asked for anyway
 (:meth:`Zygote.prepare_after`): a command of the same session started meanwhile, or right after a
@@ -239,7 +246,7 @@ class Zygote:
     """
 
     __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "last", "_deferred", "_defer_timer",
-                 "_made")
+                 "_made", "_ended_at")
 
     def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -255,6 +262,7 @@ class Zygote:
         self._deferred = 0  # the command whose end (or PREPARE_AFTER) sends the next prepare
         self._defer_timer: asyncio.TimerHandle | None = None
         self._made: asyncio.Future[None] | None = None  # a command waits for the ready process's 'Q' (ready())
+        self._ended_at = -BUSY_WITHIN  # loop time of the last command's end
         try:
             # No stdio of ours: a failure shows as the socket's end, and the command then takes the
             # one-shot path, which says why. A session of its own: a terminal's ^C is not for it.
@@ -322,8 +330,13 @@ class Zygote:
         """:meth:`prepare`, once ``forked`` (the command just started in the ready process) ended or
         :data:`PREPARE_AFTER` seconds passed, whichever comes first: the init then reaps a short
         command's end at once, where it would fork first, and the new shell's exec does not take
-        the CPU the command and the service need meanwhile (in an A/B with 3 ms between commands, a
-        `true`'s request to final event p50 went down ×0.93)."""
+        the CPU the command and the service need meanwhile (``bench_exec_start`` against the
+        previous build, commands interleaved with other servers: `true`'s p50 x0.78-0.94, `echo
+        hi`'s first output x0.76-0.81). At once when the last command ended :data:`BUSY_WITHIN`
+        ago or more."""
+        if self._loop.time() - self._ended_at >= BUSY_WITHIN:
+            self.prepare(limits, shell)  # the first command after a pause: at once
+            return
         self.last = (limits, shell)
         if self._gone or self._ready is not None:
             return
@@ -464,6 +477,7 @@ class Zygote:
                 if op == ord("X"):
                     forked = self._exits.pop(rid, None)
                     if forked is not None:
+                        self._ended_at = self._loop.time()
                         forked.exited(status, _rusage(v[4:]))
                         if rid == self._deferred:
                             self._prepare_deferred()
