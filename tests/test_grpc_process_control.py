@@ -75,3 +75,19 @@ def test_a_cancelled_call_kills_its_interactive_commands(run, server: ServerProc
 
     run(main())
     assert wait_until(lambda: not sleeps(server, marker), 10), cmdlines(server)
+
+
+def test_only_grpcs_handling_of_another_loops_events_is_let_through() -> None:
+    # The run fixture lets through grpc.aio's poller handling an event for another test's loop
+    # (grpc/grpc#25364), and nothing else: not the same error from another callback, not another
+    # error from grpc's poller.
+    from .conftest import _grpc_poller_of_another_loop
+
+    poller = "Exception in callback PollerCompletionQueue._handle_events(<_UnixSelecto...e debug=False>)()"
+    assert _grpc_poller_of_another_loop({"message": poller, "exception": RuntimeError("Event loop is closed")})
+    assert _grpc_poller_of_another_loop({"message": poller, "exception": BlockingIOError(11, "Resource temporarily unavailable")})
+    assert not _grpc_poller_of_another_loop({"message": poller, "exception": ValueError("boom")})
+    assert not _grpc_poller_of_another_loop({"message": poller, "exception": RuntimeError("something else")})
+    assert not _grpc_poller_of_another_loop({"message": "Exception in callback Connection._flush()",
+                                              "exception": RuntimeError("Event loop is closed")})
+    assert not _grpc_poller_of_another_loop({"message": "Task exception was never retrieved"})
