@@ -334,12 +334,10 @@ class Zygote:
         previous build, commands interleaved with other servers: `true`'s p50 x0.78-0.94, `echo
         hi`'s first output x0.76-0.81). At once when the last command ended :data:`BUSY_WITHIN`
         ago or more."""
-        if self._loop.time() - self._ended_at >= BUSY_WITHIN:
-            self.prepare(limits, shell)  # the first command after a pause: at once
+        if self._gone or self._ready is not None or self._loop.time() - self._ended_at >= BUSY_WITHIN:
+            self.prepare(limits, shell)  # after a pause: at once (nothing, but its arguments kept, if one is made)
             return
         self.last = (limits, shell)
-        if self._gone or self._ready is not None:
-            return
         if self._defer_timer is not None:
             self._defer_timer.cancel()
         self._deferred = forked._rid
