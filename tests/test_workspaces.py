@@ -539,7 +539,7 @@ def test_many_recorded_commands_keep_the_layer_stack_bounded(places: dict[str, p
         roots = [line for line in mounts.splitlines() if " overlay " in line and str(ws) in line]
         assert roots, mounts[-2000:]
         layers_mounted = [line.count("/layers/") for line in roots]
-        assert layers_mounted and 1 <= max(layers_mounted) <= 7, layers_mounted  # merged as a binary counter: about log2(40)
+        assert layers_mounted and 1 <= max(layers_mounted) <= 5, layers_mounted  # merged as a binary counter: popcount(40) = 2, the newest layers on top
         # the frozen directories of requests too old to undo went (their memory with them)
         frozen = pathlib.Path(f"/proc/{srv.pid}/root{ws}/s/{ready.service_info['smith_fast.workspace']}/layers")
         assert wait_until(lambda: len(os.listdir(frozen)) < 30, 5), sorted(os.listdir(frozen))

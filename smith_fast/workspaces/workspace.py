@@ -95,7 +95,7 @@ class _Segment:
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
-    """A background merge's failure is not an error of anyone's (its result is just not used)."""
+    """A background freeze's failure is not an error of anyone's (the next request's begin freezes)."""
     if not future.cancelled():
         future.exception()
 
@@ -141,8 +141,9 @@ class Workspace:
         self._levels: dict[str, int] = {}  # frozen layer of its own → its merge level (_compacted)
         self._dropped = 0  # segments forgotten since the last prune
         self._frozen = layers.FrozenListings()  # the frozen layers' directories, read once
-        # a merge running in a thread: (newer, older, the result's directory, its level, its future)
-        self._merging: tuple[Layer, Layer, str, int, asyncio.Future[None]] | None = None
+        # a merge running in a thread: (newer, older, the result's directory, its level)
+        self._merging: tuple[Layer, Layer, str, int] | None = None
+        self._merges: list[tuple[Layer, Layer, Layer]] = []  # merges done, not mounted yet: (newer, older, result)
         self._trash: list[str] = []  # work directories of replaced overlays (their 000 dirs need the mount host)
         self._eager: asyncio.Task[None] | None = None  # the freeze waiting for the last request's end
         self.closed = False
@@ -237,37 +238,48 @@ class Workspace:
 
     def _merge_next(self) -> None:
         """Start merging the newest two adjacent layers of its own of one level, in a thread, while
-        the request that follows runs (frozen layers never change): the next freeze mounts the result.
-        So the layers mount as a binary counter's digits, about log2(n), at no cost to any request."""
+        requests run (frozen layers never change), and the next pair once that is done, on the chain
+        as it will be: the next freeze mounts every merge done by then. So the layers mount as a
+        binary counter's digits, about log2(n), at no cost to any request; a merge slower than a
+        command only delays the mount of its result (one merge per freeze fell behind for good)."""
         if self._merging is not None or self.closed:
             return
-        chain, levels = self.chain, self._levels
+        chain, levels = self._planned(list(self.chain)), self._levels
         for i in range(len(chain) - 1):
             newer, older = chain[i], chain[i + 1]
             level = levels.get(newer.path)
             if level is not None and level == levels.get(older.path):
                 out = self.volume.name("layers/")
                 future = asyncio.get_running_loop().run_in_executor(None, layers.merge, older.path, newer.path, out)
-                future.add_done_callback(_retrieved)
-                self._merging = (newer, older, out, level + 1, future)
+                self._merging = (newer, older, out, level + 1)
+                future.add_done_callback(self._merge_done)
                 return
 
-    def _merged(self, chain: list[Layer]) -> list[Layer]:
-        """``chain`` with the pair the last :meth:`_merge_next` merged replaced by the result, once done."""
+    def _merge_done(self, future: asyncio.Future[None]) -> None:
+        merging, self._merging = self._merging, None
+        if future.cancelled() or future.exception() is not None or merging is None:
+            return  # its directory, if any, is removed by the next prune; the next freeze tries again
         from .store import Layer
 
-        merging = self._merging
-        if merging is None or not merging[4].done():
-            return chain
-        self._merging = None
-        newer, older, out, level, future = merging
-        if future.cancelled() or future.exception() is not None:
-            return chain  # its directory, if any, is removed by the next prune
-        for i in range(len(chain) - 1):
-            if chain[i] == newer and chain[i + 1] == older:
-                self._levels[out] = level
-                chain[i : i + 2] = [Layer(out, self.volume)]
-                break
+        newer, older, out, level = merging
+        self._levels[out] = level
+        self._merges.append((newer, older, Layer(out, self.volume)))
+        self._merge_next()
+
+    def _planned(self, chain: list[Layer]) -> list[Layer]:
+        """``chain`` with the merges done so far in place of the pairs they merged (a merge whose
+        pair is no longer there, after a restore or a synchronous compaction, is left out)."""
+        for newer, older, out in self._merges:
+            for i in range(len(chain) - 1):
+                if chain[i] == newer and chain[i + 1] == older:
+                    chain[i : i + 2] = [out]
+                    break
+        return chain
+
+    def _merged(self, chain: list[Layer]) -> list[Layer]:
+        """``chain`` with the merges done so far, which it is about to mount."""
+        chain = self._planned(chain)
+        self._merges = []
         return chain
 
     def _compacted(self, chain: list[Layer]) -> list[Layer]:
@@ -300,6 +312,8 @@ class Workspace:
         out = {layer.path for layer in self.chain}
         if self._merging is not None:
             out.update((self._merging[0].path, self._merging[1].path, self._merging[2]))
+        for newer, older, merged in self._merges:
+            out.update((newer.path, older.path, merged.path))
         for segment in self._segments.values():
             if segment.layer is not None:
                 out.add(segment.layer.path)
