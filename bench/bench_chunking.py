@@ -42,7 +42,8 @@ def _stream(chunking: ModuleType, ticks: list[list[bytes]]) -> list[str]:
         for read in reads:
             chunks += chunker.feed(read)
         chunks += chunker.drain()
-    return chunks + chunker.flush()
+    flushed: list[str] = chunker.flush()
+    return chunks + flushed
 
 
 def _ticks(data: bytes, read: int, reads_per_tick: int) -> list[list[bytes]]:

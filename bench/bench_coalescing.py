@@ -30,7 +30,7 @@ def log_events(n: int, seed: int = 3) -> list[bytes]:
     out = []
     for i in range(n):
         text = "x" * rnd.randint(60, 100)
-        msg = smith_pb2.Event(log=smith_pb2.LogEvent(level=3, message=text, timestamp=1_700_000_000_000 + i))
+        msg = smith_pb2.Event(log=smith_pb2.LogEvent(level=smith_pb2.LOG_LEVEL_INFO, message=text, timestamp=1_700_000_000_000 + i))
         out.append(msg.SerializeToString())
     return out
 

@@ -32,6 +32,7 @@ of its process, from ``/proc/PID/stat``: what the service spends, not its comman
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import sys
@@ -98,15 +99,19 @@ def _mcp_true(peer: StdioPeer) -> None:
     peer.call("shell", {"command": "true"})  # a failed command is an isError result, which raises
 
 
+def _service_true(session: Session, encode: Callable[[pb.Command], bytes]) -> object:
+    return _service(session, encode(shell_exec_command(request_ids(1)[0], "true")))
+
+
 def _rates(sessions: dict[str, Session], pids: dict[str, int], peers: dict[str, StdioPeer], args: argparse.Namespace) -> None:
     """Sequential ``true``: commands per second and server CPU per command, contenders interleaved."""
     encode = WIRES["v1"]().encode
     names = [*sessions, *peers, "no-server"]
-    runs: dict[str, Callable[[], None]] = {"no-server": lambda: _reference("true") and None}
+    runs: dict[str, Callable[[], object]] = {"no-server": functools.partial(_reference, "true")}
     for n, session in sessions.items():
-        runs[n] = lambda session=session: _service(session, encode(shell_exec_command(request_ids(1)[0], "true"))) and None
+        runs[n] = functools.partial(_service_true, session, encode)
     for n, peer in peers.items():
-        runs[n] = lambda peer=peer: _mcp_true(peer)
+        runs[n] = functools.partial(_mcp_true, peer)
     for run in runs.values():  # warm-up (a session's sandbox is built at its first command)
         for _ in range(10):
             run()

@@ -48,7 +48,7 @@ def test_decode_whole_stream_steady(benchmark, framing: ModuleType, impl: str, s
     held: list[list[bytes]] = [[]]
 
     def run() -> list[bytes]:
-        frames = framing.FrameDecoder().feed(data)
+        frames: list[bytes] = framing.FrameDecoder().feed(data)
         held[0] = frames  # the previous call's frames are released only now
         return frames
 

@@ -151,7 +151,8 @@ async def _grpc_round(channel: aio.Channel, kind: str, batched: bool) -> _Counte
             yield command
         await finished.wait()
 
-    call = channel.stream_stream("/smith.v1.SmithService/Stream")(requests())
+    method: aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/smith.v1.SmithService/Stream")
+    call = method(requests())
     try:
         async for raw in call:
             if counter.feed(raw):

@@ -135,7 +135,7 @@ _round_trips: dict[str, tuple[float, float]] = {}  # mode -> (p50 µs, server CP
 
 
 @pytest.fixture(scope="module")
-def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool, Any]]:
+def rt_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[bool | str, Any]]:
     from harness.otlp_sink import OtlpSink
     from harness.server import ServerProcess
 

@@ -167,7 +167,7 @@ class Cluster:
         n = len(self.gateways)
         gdir = self.tmp / ("gw" if n == 0 else f"gw{n}")
         gdir.mkdir(exist_ok=True)
-        identity = ("--gateway-id", f"g{n}")
+        identity: tuple[str, ...] = ("--gateway-id", f"g{n}")
         if self.keys is not None:
             identity += ("--nats-nkey", str(self.keys / f"gateway-g{n}.nk"))
         gateway = SmithProcess(

@@ -8,6 +8,7 @@ reports listening on and wakes the caller once it logs ``ready`` (or exits).
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import pathlib
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, Self, cast
 
 _STDERR_PIPE = 1 << 20
 
@@ -111,7 +112,7 @@ class SmithProcess:
                 # Past what it keeps, and ready: no address to learn. The rest is drained in big reads,
                 # as a log collector would: the bench's servers log a line per request, and a line at a
                 # time cost the bench's own process (whose CPU is the client's) ~8 us per call.
-                while proc.stderr.read1(_STDERR_PIPE):
+                while cast(io.BufferedReader, proc.stderr).read1(_STDERR_PIPE):  # Popen's pipes are buffered readers
                     pass
                 break
             try:

@@ -29,7 +29,7 @@ def twin(module: str, impl: str) -> ModuleType:
 
 @pytest.fixture(scope="session", params=IMPLEMENTATIONS)
 def impl(request: pytest.FixtureRequest) -> str:
-    return request.param
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""smith_fast/ type-checks: mypy, configured in pyproject.toml ``[tool.mypy]``, finds no error.
+"""smith_fast/, bench/ and harness/ type-check: mypy, configured in pyproject.toml ``[tool.mypy]``, finds no error.
 
 Run as a subprocess with the venv's mypy (pinned in requirements-dev.txt), from the repository root
 so that it reads the project's configuration; a failure prints mypy's report.
@@ -27,7 +27,7 @@ def run_mypy(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_mypy_finds_no_error() -> None:
     result = run_mypy()
-    assert result.returncode == 0, f"mypy found errors in smith_fast/:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, f"mypy found errors:\n{result.stdout}{result.stderr}"
     assert re.search(r"Success: no issues found in \d+ source files", result.stdout), result.stdout
 
 

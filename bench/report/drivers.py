@@ -138,7 +138,7 @@ class Session:
     """
 
     def __init__(self, path: str, wire: str | Wire = "v1", accept: str | None = None, timeout: float = 120.0,
-                 capabilities: Iterable[int] = (pb.CAPABILITY_SHELL_EXEC,)) -> None:
+                 capabilities: Iterable[pb.Capability] = (pb.CAPABILITY_SHELL_EXEC,)) -> None:
         self.wire = WIRES[wire]() if isinstance(wire, str) else wire
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)

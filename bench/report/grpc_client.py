@@ -58,7 +58,8 @@ class GrpcStream:
     def __init__(self, channel: aio.Channel, batched: bool) -> None:
         self.batched = batched
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._call = channel.stream_stream(METHOD)(self._requests())
+        method: aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(METHOD)
+        self._call = method(self._requests())
 
     async def _requests(self) -> AsyncIterator[bytes]:
         while (item := await self._queue.get()) is not None:
@@ -96,7 +97,7 @@ class GrpcStream:
             ProtocolFailure: the stream ended.
         """
         raw = await self._call.read()
-        if raw is aio.EOF:
+        if not isinstance(raw, bytes):  # aio.EOF
             raise ProtocolFailure(f"the stream ended: {await self._call.code()}")
         return envelope_views(raw)
 

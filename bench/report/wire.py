@@ -58,7 +58,7 @@ _V0_STATES = {"Ready": pb.SERVICE_STATE_READY, "Processing": pb.SERVICE_STATE_PR
               "Error": pb.SERVICE_STATE_ERROR, "Starting": pb.SERVICE_STATE_STARTING}
 
 
-def handshake_command(version: int, capabilities: Iterable[int] = (pb.CAPABILITY_SHELL_EXEC,),
+def handshake_command(version: int, capabilities: Iterable[pb.Capability] = (pb.CAPABILITY_SHELL_EXEC,),
                       accept: str | None = None) -> pb.Command:
     """A ``HandshakeCommand``; ``accept`` goes to ``client_info["smith_fast.accept"]`` (PROTOCOL.md)."""
     cmd = pb.Command()
@@ -142,7 +142,7 @@ class Wire:
     def decode(self, data: bytes) -> list[View]:
         raise NotImplementedError
 
-    def handshake(self, capabilities: Iterable[int] = (pb.CAPABILITY_SHELL_EXEC,), accept: str | None = None) -> bytes:
+    def handshake(self, capabilities: Iterable[pb.Capability] = (pb.CAPABILITY_SHELL_EXEC,), accept: str | None = None) -> bytes:
         """An encoded ``HandshakeCommand`` for this wire's protocol version."""
         return self.encode(handshake_command(self.version, capabilities, accept))
 
