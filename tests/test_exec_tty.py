@@ -63,7 +63,7 @@ def test_output_is_byte_exact(server: ServerProcess) -> None:
 
 
 def test_ctrl_c_cancels_the_command_and_says_interrupted(server: ServerProcess) -> None:
-    marker = "sleep 4242"
+    marker = f"sleep 4242.{os.getpid()}"  # this run's own: another checkout's suite may run the same test at once
     proc = subprocess.Popen([*CLI, "exec", "--connect", server.address("unix"), f"echo up; {marker}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None
@@ -160,9 +160,10 @@ def test_the_terminal_is_restored_on_every_exit_path(server: ServerProcess) -> N
         sh.expect(b"\\$ ")
         assert settings() == before, run
     # killed by SIGTERM while it runs in the foreground
-    sh.sendline(f"{base} -t 'echo started; sleep 31'; echo rc=$?".encode())
+    marker = f"sleep 31.{os.getpid()}"  # this run's own, as above
+    sh.sendline(f"{base} -t 'echo started; {marker}'; echo rc=$?".encode())
     sh.expect(b"started\r\n")  # the command's output, not the echo of the line typed
-    [pid] = [pid for pid, cmdline in cli_pids() if b"sleep 31" in cmdline]
+    [pid] = [pid for pid, cmdline in cli_pids() if marker.encode() in cmdline]
     os.kill(pid, signal.SIGTERM)
     sh.expect(rb"rc=(\d+)", timeout=30)
     assert sh.match.group(1) == b"143"
