@@ -293,6 +293,7 @@ async def test_a_short_commands_next_process_is_made_once_it_ended(server: Serve
         for _ in range(30):
             began = loop.time()
             assert (await client.run("true")).exit_code == 0
+            assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)  # in a burst, forked as `true` ended
             (ready,) = _waiting(monitor)
             started = loop.time()
             done = await client.run(f"{_A_MOMENT}; /bin/sh -c 'echo $$'")

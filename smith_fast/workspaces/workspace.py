@@ -241,7 +241,8 @@ class Workspace:
         requests run (frozen layers never change), and the next pair once that is done, on the chain
         as it will be: the next freeze mounts every merge done by then. So the layers mount as a
         binary counter's digits, about log2(n), at no cost to any request; a merge slower than a
-        command only delays the mount of its result (one merge per freeze fell behind for good)."""
+        command only delays the mount of its result (with one merge started per freeze, each slow
+        one left a layer more mounted until a freeze needed no merge)."""
         if self._merging is not None or self.closed:
             return
         chain, levels = self._planned(list(self.chain)), self._levels
