@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self, cast
 
 _STDERR_PIPE = 1 << 20
@@ -49,10 +49,13 @@ class SmithProcess:
         env: variables added to this process's environment.
         keep: how many stderr lines to keep (all when None).
         cwd: its working directory (the repository's by default).
+        ignoring: signals it starts with ignored, as a script's ``cmd &`` (SIGINT, SIGQUIT) or
+            ``nohup`` (SIGHUP) starts it: a shell's ``trap ''`` then ``exec`` (its pid is the same).
     """
 
     def __init__(self, tmp: pathlib.Path, *argv: str, env: dict[str, str] | None = None,
-                 keep: int | None = None, cwd: pathlib.Path | None = None) -> None:
+                 keep: int | None = None, cwd: pathlib.Path | None = None, ignoring: Sequence[int] = ()) -> None:
+        self.ignoring = tuple(int(sig) for sig in ignoring)
         self.cwd = cwd or ROOT
         self.sock_path = str(tmp / "smith.sock")
         self.argv = [sys.executable, "-m", "smith_fast", *argv]
@@ -87,7 +90,10 @@ class SmithProcess:
     def launch(self) -> threading.Event:
         """Start the process and the thread collecting its stderr; the event is set once it is ready
         or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        argv = self.argv
+        if self.ignoring:
+            argv = ["sh", "-c", f"trap '' {' '.join(map(str, self.ignoring))}; exec \"$@\"", "sh", *argv]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, cwd=self.cwd, env=self.env)
         assert self.proc.stderr is not None
         try:
@@ -171,14 +177,15 @@ class ServerProcess(SmithProcess):
         tcp: listen on TCP too.
         log_level: ``--log-level`` (``debug`` for tests; a benchmark logs less).
         keep: how many stderr lines to keep (all when None).
+        ignoring: signals it starts with ignored (:class:`SmithProcess`).
     """
 
     def __init__(self, tmp: pathlib.Path, *extra: str, loop: str = "uvloop", root: pathlib.Path | None = None,
                  env: dict[str, str] | None = None, tcp: bool = True, log_level: str = "debug",
-                 keep: int | None = None) -> None:
+                 keep: int | None = None, ignoring: Sequence[int] = ()) -> None:
         self.root = root or tmp
         super().__init__(tmp, "serve", "--loop", loop, "--root", str(self.root), "--log-level", log_level,
-                         *extra, env=env, keep=keep)
+                         *extra, env=env, keep=keep, ignoring=ignoring)
         sock = pathlib.Path(self.sock_path)
         if sock.resolve().is_relative_to(self.root.resolve()):
             # The service refuses a root that holds its own socket (a command could take its

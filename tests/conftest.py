@@ -6,12 +6,15 @@
   uvloop (ids ``[asyncio]``/``[uvloop]``), each on a fresh loop whose exception handler must not
   fire. A module overrides ``after_loop`` to check, once the loop is closed, that it leaked nothing.
 - ``assert_same_api``: the one twin-parity check, a twin's API against the Python twin's.
+- The suite run from a script's ``make test &`` (SIGINT and SIGQUIT ignored, which every process a
+  test starts in this process would inherit) gets both back at their defaults, as in a terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import signal
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -29,6 +32,14 @@ from harness.twins import (  # noqa: F401  (fixtures and helpers the tests use)
     sequencing,
     twin,
 )
+
+# A test that runs a command in this process (ShellProcess, a terminal) and sends it SIGINT or
+# SIGQUIT expects it to end by it, as it would from a terminal's `make test`; a shell without job
+# control ignores both for what it starts in the background, and the commands would inherit that.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # what Python sets when SIGINT is not ignored
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

@@ -2,7 +2,9 @@
 
 :func:`running` starts the child guard (when the process runs commands), loads the global hooks and
 the tracing exporter, and on the way out stops every process group left and closes the hooks and the
-exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set.
+exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set. A process that runs commands and
+was started with one of :data:`INHERITED_IGNORES` ignored goes on ignoring it, but not for its
+commands (:func:`not_for_commands`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
 
-__all__ = ["HookHost", "StartupError", "running", "stop_on_signals"]
+__all__ = ["INHERITED_IGNORES", "HookHost", "StartupError", "not_for_commands", "running", "stop_on_signals"]
 
 log = get_logger("smith_fast.lifecycle")
+
+INHERITED_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+"""Signals a service is often started with ignored: SIGINT and SIGQUIT by a script's ``cmd &`` (a
+shell without job control ignores both for what it starts in the background), SIGHUP by ``nohup``.
+An ignored signal stays ignored across fork and exec, so every command run outside the sandbox
+(whose init sets every signal to its default) would inherit it: ``kill -INT``, ``-QUIT`` or
+``-HUP`` of the command would do nothing, nor Ctrl-\\ on its terminal."""
 
 
 class HookHost(Protocol):
@@ -30,6 +39,20 @@ class HookHost(Protocol):
 
     global_hooks: list[Hook]
     hook_limits: HookLimits
+
+
+def not_for_commands(loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+    """Each of :data:`INHERITED_IGNORES` that this process ignores gets a handler that does nothing:
+    the process goes on ignoring it, and the commands it starts get it at its default (an exec
+    resets a handled signal, and keeps an ignored one). Returns the signals it changed."""
+    changed = [sig for sig in INHERITED_IGNORES if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in changed:
+        loop.add_signal_handler(sig, _still_ignored)
+    return changed
+
+
+def _still_ignored() -> None:
+    pass
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -56,6 +79,9 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         StartupError: a hook did not load.
     """
     if runs_commands:
+        if ignored := not_for_commands(asyncio.get_running_loop()):
+            log.debug("started with signals ignored: still ignored here, at their defaults in commands",
+                      extra={"fields": {"signals": ",".join(sig.name for sig in ignored)}})
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         contained = containment.available()
         log.debug("command containment", extra={"fields": contained})
