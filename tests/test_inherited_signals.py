@@ -1,12 +1,14 @@
-"""A service started with signals ignored runs its commands with them at their defaults.
+"""A service started with signals ignored or blocked runs its commands with every signal at its
+default, and can still be stopped.
 
 A script's ``smith-fast serve &`` starts the service with SIGINT and SIGQUIT ignored (a shell
 without job control ignores both for what it puts in the background), ``nohup`` with SIGHUP
-ignored. An ignored signal survives fork and exec: commands run outside the sandbox (whose init
-sets every signal to its default) inherited them, and ``kill -QUIT`` of a command, or Ctrl-\\ on
-its terminal, did nothing (``SigIgn: 0000000000000004`` in a ``--sandbox off`` command's status
-before the fix). The service itself goes on ignoring them. Real ``smith-fast serve`` processes,
-through the SDK.
+ignored; a launcher may start it with signals blocked. Ignored and blocked signals survive fork and
+exec: commands run outside the sandbox (whose init resets them all) inherited them, so ``kill
+-QUIT`` or ``kill -TERM`` of a command, or Ctrl-\\ on its terminal, did nothing (``SigIgn:
+0000000000000004``, ``SigBlk: 0000000000014202`` in a ``--sandbox off`` command's status before
+the fix), and with SIGTERM blocked the service itself could not be stopped. The service goes on
+ignoring what it was started ignoring. Real ``smith-fast serve`` processes, through the SDK.
 """
 
 from __future__ import annotations
@@ -23,53 +25,59 @@ from smith_fast.service.lifecycle import INHERITED_IGNORES
 
 from harness.server import ServerProcess
 
-MASK = sum(1 << (sig - 1) for sig in INHERITED_IGNORES)
-STATUS = "grep '^SigIgn' /proc/self/status"
+IGNORED_MASK = sum(1 << (sig - 1) for sig in INHERITED_IGNORES)
+BLOCKED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD)
+STATUS = "exec grep -E '^Sig(Ign|Blk)' /proc/self/status"
 
 
-def ignored(status: bytes) -> int:
-    """The ``SigIgn`` mask of a ``grep '^SigIgn' /proc/self/status`` output."""
-    return int(status.split(b"SigIgn:")[1].split()[0], 16)
+def masks(status: bytes) -> tuple[int, int]:
+    """The ``SigIgn`` and ``SigBlk`` masks in a ``/proc/PID/status`` text."""
+    def mask(name: bytes) -> int:
+        return int(status.split(name + b":")[1].split()[0], 16)
+
+    return mask(b"SigIgn"), mask(b"SigBlk")
 
 
 @pytest.fixture(scope="module", params=["off", "workspace-write"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp(f"ignoring-{request.param}")
-    srv = ServerProcess(tmp, "--sandbox", request.param, "--kill-grace", "1s", tcp=False, ignoring=INHERITED_IGNORES).start()
+    srv = ServerProcess(tmp, "--sandbox", request.param, "--kill-grace", "1s", tcp=False, ignoring=INHERITED_IGNORES,
+                        blocking=BLOCKED).start()
     yield srv
+    # SIGTERM, blocked when it started, stops it as it stops any service
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
 
 
-def test_the_service_holds_them_by_a_handler_and_says_so(server: ServerProcess) -> None:
-    # the premise: the wrapper's `trap ''` reached the service (as a handler now: SigCgt, not SigIgn)
-    status = pathlib.Path(f"/proc/{server.pid}/status").read_text()
-    caught = int(status.split("SigCgt:")[1].split()[0], 16)
-    assert caught & MASK == MASK, status
-    said = [line for line in server.logs if line.get("event", "").startswith("started with signals ignored")]
-    assert said and said[0]["signals"] == "SIGHUP,SIGINT,SIGQUIT", said
+def test_the_service_unblocks_them_holds_the_ignored_by_a_handler_and_says_so(server: ServerProcess) -> None:
+    ignored, blocked = masks(pathlib.Path(f"/proc/{server.pid}/status").read_bytes())
+    caught = int(pathlib.Path(f"/proc/{server.pid}/status").read_text().split("SigCgt:")[1].split()[0], 16)
+    assert blocked == 0 and ignored & IGNORED_MASK == 0 and caught & IGNORED_MASK == IGNORED_MASK
+    said = [line for line in server.logs if line.get("event", "").startswith("started with signals blocked or ignored")]
+    assert said and said[0]["ignored"] == "SIGHUP,SIGINT,SIGQUIT", said
+    assert said[0]["unblocked"] == "SIGINT,SIGUSR1,SIGTERM,SIGCHLD", said
 
 
-async def test_its_commands_get_them_at_their_defaults(server: ServerProcess) -> None:
+async def test_its_commands_get_every_signal_at_its_default(server: ServerProcess) -> None:
     client = await Client.connect(server.unix)
     await client.handshake()
     try:
         plain = await client.run(STATUS)
-        assert plain.exit_code == 0 and ignored(plain.stdout) & MASK == 0, plain
+        assert plain.exit_code == 0 and masks(plain.stdout) == (0, 0), plain
         on_a_terminal = await client.run(STATUS, pty=(24, 80))
-        assert on_a_terminal.exit_code == 0 and ignored(on_a_terminal.stdout) & MASK == 0, on_a_terminal
+        assert on_a_terminal.exit_code == 0 and masks(on_a_terminal.stdout) == (0, 0), on_a_terminal
         pid = await client.background(STATUS)
         attached = await client.attach(pid)
         out = b"".join([chunk.data async for chunk in attached])
-        assert await attached.wait() == 0 and ignored(out) & MASK == 0, out
+        assert await attached.wait() == 0 and masks(out) == (0, 0), out
         # and so each ends the command as it would anywhere else
-        for sig in INHERITED_IGNORES:
+        for sig in {*INHERITED_IGNORES, *BLOCKED} - {signal.SIGCHLD}:
             killed = await client.run(f"kill -{int(sig)} $$; sleep 30")
             assert killed.exit_code == -sig, (sig, killed)
     finally:
         await client.close()
 
 
-async def test_the_service_goes_on_ignoring_them(server: ServerProcess) -> None:
+async def test_the_service_goes_on_ignoring_what_it_was_started_ignoring(server: ServerProcess) -> None:
     for sig in INHERITED_IGNORES:
         if sig != signal.SIGINT:  # SIGINT stops a service, as SIGTERM does, however it was started
             os.kill(server.pid, sig)

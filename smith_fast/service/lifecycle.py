@@ -2,9 +2,8 @@
 
 :func:`running` starts the child guard (when the process runs commands), loads the global hooks and
 the tracing exporter, and on the way out stops every process group left and closes the hooks and the
-exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set. A process that runs commands and
-was started with one of :data:`INHERITED_IGNORES` ignored goes on ignoring it, but not for its
-commands (:func:`not_for_commands`).
+exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set. What the process that started
+this one left in its signals is undone for the commands (:func:`reset_inherited_signals`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
 
-__all__ = ["INHERITED_IGNORES", "HookHost", "StartupError", "not_for_commands", "running", "stop_on_signals"]
+__all__ = ["INHERITED_IGNORES", "HookHost", "StartupError", "reset_inherited_signals", "running", "stop_on_signals"]
 
 log = get_logger("smith_fast.lifecycle")
 
@@ -41,18 +40,36 @@ class HookHost(Protocol):
     hook_limits: HookLimits
 
 
-def not_for_commands(loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
-    """Each of :data:`INHERITED_IGNORES` that this process ignores gets a handler that does nothing:
-    the process goes on ignoring it, and the commands it starts get it at its default (an exec
-    resets a handled signal, and keeps an ignored one). Returns the signals it changed."""
-    changed = [sig for sig in INHERITED_IGNORES if signal.getsignal(sig) == signal.SIG_IGN]
-    for sig in changed:
+def reset_inherited_signals(loop: asyncio.AbstractEventLoop) -> dict[str, str]:
+    """Undo what the process that started this one left in its signals, which every command run
+    outside the sandbox (whose init resets them all) would inherit across fork and exec:
+
+    * blocked signals are unblocked (a launcher's mask would also hold SIGTERM back from this
+      process, which then could not be stopped);
+    * each of :data:`INHERITED_IGNORES` that is ignored gets a handler that does nothing: this
+      process goes on ignoring it, and its commands get it at its default (an exec resets a
+      handled signal, and keeps an ignored one).
+
+    Returns what it changed (signal names, comma-separated, under ``unblocked`` and ``ignored``)."""
+    changed: dict[str, str] = {}
+    blocked = signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    if blocked:
+        changed["unblocked"] = _names(sorted(blocked))
+    ignored = [sig for sig in INHERITED_IGNORES if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in ignored:
         loop.add_signal_handler(sig, _still_ignored)
+    if ignored:
+        changed["ignored"] = _names(ignored)
     return changed
 
 
 def _still_ignored() -> None:
     pass
+
+
+def _names(signals: Iterable[int]) -> str:
+    return ",".join(signal.Signals(sig).name if sig in signal.Signals.__members__.values() else f"signal {int(sig)}"
+                    for sig in signals)
 
 
 def stop_on_signals() -> asyncio.Event:
@@ -78,10 +95,10 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
     Raises:
         StartupError: a hook did not load.
     """
+    if changed := reset_inherited_signals(asyncio.get_running_loop()):
+        log.debug("started with signals blocked or ignored: unblocked; the ignored still ignored here, at their "
+                  "defaults in commands", extra={"fields": changed})
     if runs_commands:
-        if ignored := not_for_commands(asyncio.get_running_loop()):
-            log.debug("started with signals ignored: still ignored here, at their defaults in commands",
-                      extra={"fields": {"signals": ",".join(sig.name for sig in ignored)}})
         # made now, so a hierarchy we cannot write shows at start-up rather than at the first command
         contained = containment.available()
         log.debug("command containment", extra={"fields": contained})
