@@ -5,12 +5,37 @@ few hundred thousand objects, none of them garbage, through which the cyclic col
 times before the first answer (~10 ms of ~150). So the collector is off from here to the end of
 the start, where :func:`smith_fast.cli.main` freezes what the start made (never garbage: kept out
 of every later collection too) and turns it back on.
+
+Before anything else, each of the standard fds 0, 1 and 2 that is closed gets ``/dev/null``
+(:func:`standard_fds`), as daemons do.
 """
 
 import gc
+import os
+import sys
+
+
+def standard_fds() -> None:
+    """Open ``/dev/null`` on each of fds 0, 1 and 2 that is closed (and give Python its stream).
+
+    A supervisor or a script's ``smith-fast serve >&- 2>&-`` may start us with one closed. The
+    first descriptors the service makes then take those numbers (the loop's epoll and io_uring
+    instances, a pipe of its own) and are taken for stdin, stdout and stderr: log lines written to
+    one, children (the child guard) started with them as their own stdio."""
+    for fd, mode, name in ((0, "r", "stdin"), (1, "w", "stdout"), (2, "w", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, the lower ones being open
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if getattr(sys, name) is None:  # what Python leaves for a stream whose fd was closed at its start
+                setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace"))
 
 
 def main() -> int:
+    standard_fds()
     gc.disable()  # before the imports below: cli.main turns it back on once started
     from .cli import main as run
 

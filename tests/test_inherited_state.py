@@ -1,5 +1,7 @@
-"""A service started with signals ignored or blocked runs its commands with every signal at its
-default, and can still be stopped.
+"""What the process that starts a service leaves it does not reach its commands, nor break it.
+
+Signals: a service started with signals ignored or blocked runs its commands with every signal at
+its default, and can still be stopped.
 
 A script's ``smith-fast serve &`` starts the service with SIGINT and SIGQUIT ignored (a shell
 without job control ignores both for what it puts in the background), ``nohup`` with SIGHUP
@@ -8,7 +10,13 @@ exec: commands run outside the sandbox (whose init resets them all) inherited th
 -QUIT`` or ``kill -TERM`` of a command, or Ctrl-\\ on its terminal, did nothing (``SigIgn:
 0000000000000004``, ``SigBlk: 0000000000014202`` in a ``--sandbox off`` command's status before
 the fix), and with SIGTERM blocked the service itself could not be stopped. The service goes on
-ignoring what it was started ignoring. Real ``smith-fast serve`` processes, through the SDK.
+ignoring what it was started ignoring.
+
+Standard fds: a service started with fds 0, 1 and 2 closed (a supervisor's, or ``serve >&- 2>&-``)
+has ``/dev/null`` on them, where its loop's epoll and io_uring instances and a pipe of its own took
+those numbers before: its "stderr" was a pipe of libuv's, and SIGTERM then ended it by SIGABRT.
+
+Real ``smith-fast serve`` processes, through the SDK.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -23,7 +33,7 @@ import pytest
 from smith_fast.client import Client
 from smith_fast.service.lifecycle import INHERITED_IGNORES
 
-from harness.server import ServerProcess
+from harness.server import ROOT, ServerProcess, wait_until
 
 IGNORED_MASK = sum(1 << (sig - 1) for sig in INHERITED_IGNORES)
 BLOCKED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGCHLD)
@@ -88,3 +98,28 @@ async def test_the_service_goes_on_ignoring_what_it_was_started_ignoring(server:
     finally:
         await client.close()
     assert server.proc is not None and server.proc.poll() is None
+
+
+def _stdio(pid: int) -> list[str]:
+    return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in range(3)]
+
+
+async def test_a_service_started_with_its_stdio_closed_has_dev_null_there(tmp_path: pathlib.Path) -> None:
+    sock, root = tmp_path / "smith.sock", tmp_path / "root"
+    root.mkdir()
+    closing = "import os, sys\nfor fd in (0, 1, 2): os.close(fd)\nos.execv(sys.argv[1], sys.argv[1:])\n"
+    proc = subprocess.Popen([sys.executable, "-c", closing, sys.executable, "-m", "smith_fast", "serve", "--unix", str(sock),
+                             "--root", str(root), "--sandbox", "off"], cwd=ROOT)
+    try:
+        assert wait_until(sock.exists, 20.0)
+        client = await Client.connect(f"unix:{sock}")
+        await client.handshake()
+        try:
+            result = await client.run("echo started")
+        finally:
+            await client.close()
+        assert result.stdout == b"started\n"
+        assert _stdio(proc.pid) == ["/dev/null"] * 3
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0  # stopped as a service stops (was -SIGABRT)
