@@ -7,7 +7,7 @@ the start, where :func:`smith_fast.cli.main` freezes what the start made (never 
 of every later collection too) and turns it back on.
 
 Before anything else, each of the standard fds 0, 1 and 2 that is closed gets ``/dev/null``
-(:func:`standard_fds`), as daemons do.
+(:func:`standard_fds`), as daemons do: a libuv loop must not hold those numbers.
 """
 
 import gc
@@ -19,9 +19,10 @@ def standard_fds() -> None:
     """Open ``/dev/null`` on each of fds 0, 1 and 2 that is closed (and give Python its stream).
 
     A supervisor or a script's ``smith-fast serve >&- 2>&-`` may start us with one closed. The
-    first descriptors the service makes then take those numbers (the loop's epoll and io_uring
-    instances, a pipe of its own) and are taken for stdin, stdout and stderr: log lines written to
-    one, children (the child guard) started with them as their own stdio."""
+    first descriptors made then take those numbers (the loop's epoll and io_uring instances, a
+    pipe of libuv's) and are taken for stdin, stdout and stderr: log lines were written to one,
+    and libuv, which never closes fds 0-2, aborted (``uv__close: Assertion `fd > STDERR_FILENO'``):
+    a service at SIGTERM, ``smith-fast exec CMD >&-`` at its end."""
     for fd, mode, name in ((0, "r", "stdin"), (1, "w", "stdout"), (2, "w", "stderr")):
         try:
             os.fstat(fd)

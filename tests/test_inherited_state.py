@@ -14,7 +14,8 @@ ignoring what it was started ignoring.
 
 Standard fds: a service started with fds 0, 1 and 2 closed (a supervisor's, or ``serve >&- 2>&-``)
 has ``/dev/null`` on them, where its loop's epoll and io_uring instances and a pipe of its own took
-those numbers before: its "stderr" was a pipe of libuv's, and SIGTERM then ended it by SIGABRT.
+those numbers before: its "stderr" was a pipe of libuv's, and SIGTERM then ended it by SIGABRT;
+``smith-fast exec CMD >&-`` ended by SIGABRT too.
 
 Real ``smith-fast serve`` processes, through the SDK.
 """
@@ -100,6 +101,10 @@ async def test_the_service_goes_on_ignoring_what_it_was_started_ignoring(server:
     assert server.proc is not None and server.proc.poll() is None
 
 
+# closes fds 0-2, then execs its arguments
+CLOSING = "import os, sys\nfor fd in (0, 1, 2): os.close(fd)\nos.execv(sys.argv[1], sys.argv[1:])\n"
+
+
 def _stdio(pid: int) -> list[str]:
     return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in range(3)]
 
@@ -107,8 +112,7 @@ def _stdio(pid: int) -> list[str]:
 async def test_a_service_started_with_its_stdio_closed_has_dev_null_there(tmp_path: pathlib.Path) -> None:
     sock, root = tmp_path / "smith.sock", tmp_path / "root"
     root.mkdir()
-    closing = "import os, sys\nfor fd in (0, 1, 2): os.close(fd)\nos.execv(sys.argv[1], sys.argv[1:])\n"
-    proc = subprocess.Popen([sys.executable, "-c", closing, sys.executable, "-m", "smith_fast", "serve", "--unix", str(sock),
+    proc = subprocess.Popen([sys.executable, "-c", CLOSING, sys.executable, "-m", "smith_fast", "serve", "--unix", str(sock),
                              "--root", str(root), "--sandbox", "off"], cwd=ROOT)
     try:
         assert wait_until(sock.exists, 20.0)
@@ -123,3 +127,10 @@ async def test_a_service_started_with_its_stdio_closed_has_dev_null_there(tmp_pa
     finally:
         proc.terminate()
         assert proc.wait(20) == 0  # stopped as a service stops (was -SIGABRT)
+
+
+def test_a_client_started_with_its_stdio_closed_ends_with_the_commands_code(server: ServerProcess) -> None:
+    # `smith-fast exec CMD >&-`: libuv aborted at the end (exit -6), its loop's fds being 0-2
+    done = subprocess.run([sys.executable, "-c", CLOSING, sys.executable, "-m", "smith_fast", "exec", "--connect", server.unix,
+                           "echo out; echo err >&2; exit 3"], cwd=ROOT, timeout=60)
+    assert done.returncode == 3
