@@ -32,6 +32,7 @@ __all__ = [
     "Unit",
     "UNITS",
     "add_options",
+    "current_directory",
     "format_duration",
     "format_size",
     "option",
@@ -206,6 +207,18 @@ def _options(cls: type, command: str) -> Iterable[tuple[dataclasses.Field[Any], 
             yield f, opt
 
 
+def current_directory(flag: str) -> pathlib.Path:
+    """The current directory, as the default of ``flag``.
+
+    Raises:
+        ValueError: it was removed (the shell's ``cd`` still names it): what to do instead.
+    """
+    try:
+        return pathlib.Path.cwd()
+    except FileNotFoundError:
+        raise ValueError(f"the current directory was removed: cd to one that exists, or give {flag} DIR") from None
+
+
 def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -228,11 +241,12 @@ def add_options(parser: argparse.ArgumentParser, cls: type, command: str, groups
             groups[opt.group] = parser.add_argument_group(opt.group)
         group = groups[opt.group]
         unit = UNITS[opt.unit]
-        default = _default(f)
         if opt.repeat:
             text = f"{opt.help} (repeatable)"
         else:
-            shown = opt.default_text or ("none" if default is None else unit.show(default))
+            # the default is made only to be shown: a factory's (the current directory) may fail
+            # at this point (the directory removed), which is for the command to say, if it needs it
+            shown = opt.default_text or ("none" if (default := _default(f)) is None else unit.show(default))
             text = f"{opt.help} (default {shown}" + (f"; ${opt.env}" if opt.env else "") + ")"
         kwargs: dict[str, Any] = {"dest": _dest(f), "help": text, "type": unit.parse}
         if opt.metavar or unit.metavar:

@@ -17,7 +17,10 @@ has ``/dev/null`` on them, where its loop's epoll and io_uring instances and a p
 those numbers before: its "stderr" was a pipe of libuv's, and SIGTERM then ended it by SIGABRT;
 ``smith-fast exec CMD >&-`` ended by SIGABRT too.
 
-Real ``smith-fast serve`` processes, through the SDK.
+The working directory: started in a directory since removed, ``serve`` without ``--root`` says
+so and what to do (it printed a traceback, from building its parser); with ``--root`` it serves.
+
+Real ``smith-fast`` processes, through the SDK.
 """
 
 from __future__ import annotations
@@ -134,3 +137,24 @@ def test_a_client_started_with_its_stdio_closed_ends_with_the_commands_code(serv
     done = subprocess.run([sys.executable, "-c", CLOSING, sys.executable, "-m", "smith_fast", "exec", "--connect", server.unix,
                            "echo out; echo err >&2; exit 3"], cwd=ROOT, timeout=60)
     assert done.returncode == 3
+
+
+def _in_a_removed_directory(tmp: pathlib.Path, *argv: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    gone = tmp / "gone"
+    gone.mkdir()
+    return subprocess.run(["sh", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', str(gone), sys.executable, "-m", "smith_fast", *argv],
+                          input=stdin, capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_serve_in_a_removed_directory_says_what_to_do_or_serves_the_root_given(tmp_path: pathlib.Path) -> None:
+    refused = _in_a_removed_directory(tmp_path, "serve", "--unix", str(tmp_path / "smith.sock"))
+    assert refused.returncode == 2 and b"Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.decode().strip() == (
+        "smith-fast serve: the current directory was removed: cd to one that exists, or give --root DIR")
+    spawning = _in_a_removed_directory(tmp_path, "exec", "true")  # its own serve --stdio, in the same directory
+    assert spawning.returncode != 0 and b"Traceback" not in spawning.stderr, spawning.stderr
+    assert spawning.stderr.decode().startswith("smith-fast serve: the current directory was removed"), spawning.stderr
+    root = tmp_path / "root"
+    root.mkdir()
+    served = _in_a_removed_directory(tmp_path, "serve", "--stdio", "--root", str(root))  # to the end of its input
+    assert served.returncode == 0 and b"Traceback" not in served.stderr, served.stderr

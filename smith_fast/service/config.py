@@ -13,7 +13,7 @@ import pathlib
 
 from ..containment import CommandLimits
 from ..framing import DEFAULT_MAX_FRAME_SIZE
-from ..options import Alias, option
+from ..options import Alias, current_directory, option
 from ..refused_env import ENV_POLICIES
 from ..sandbox import DEFAULT_TMP_SIZE
 from ..records import record
@@ -343,7 +343,7 @@ class ServiceConfig:
     """
 
     root: pathlib.Path = option(
-        default_factory=pathlib.Path.cwd, flag="--root", unit="path", commands=_RUNNERS, group=_GENERAL,
+        default_factory=lambda: current_directory("--root"), flag="--root", unit="path", commands=_RUNNERS, group=_GENERAL,
         metavar="DIR", default_text="the current directory",
         help="tool workspace root")
     protocol: str = option(
