@@ -28,6 +28,8 @@ __all__ = [
     "SIZES",
     "Alias",
     "HelpFormatter",
+    "MAX_DURATION",
+    "MAX_SIZE",
     "Option",
     "Unit",
     "UNITS",
@@ -46,6 +48,12 @@ SIZES = "sizes are bytes with an optional k/M/G suffix (64k, 16M)"
 DURATIONS = "Durations are seconds with an optional ms/s/m/h suffix (1.5, 500ms, 2m)"
 ADDRESS_FORMS = "unix:PATH, PATH (containing /), tcp:HOST:PORT, HOST:PORT or grpc:HOST:PORT"
 
+MAX_SIZE = (1 << 63) - 1
+"""The largest size an option takes (bytes): what a signed 64-bit count holds."""
+MAX_DURATION = 1e9
+"""The longest duration an option takes (seconds, ~31 years): longer ones (``1e400`` is infinite)
+overflowed a timer or the wire's ``timeout_ms`` (a traceback, or protobuf's "Value out of range")."""
+
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 _DURATION_UNITS = {"ms": 0.001, "": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _NUMBER = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
@@ -61,7 +69,11 @@ def parse_size(text: str) -> int:
     suffix = match.group(2).removesuffix("ib").removesuffix("b") if match else ""
     if match is None or suffix not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size (bytes, or with a k/M/G suffix)")
-    return int(float(match.group(1)) * _SIZE_UNITS[suffix])
+    number = match.group(1)
+    size = (int(number) if number.isdigit() else float(number)) * _SIZE_UNITS[suffix]  # exact where it can be
+    if not size <= MAX_SIZE:
+        raise ValueError(f"{text!r} is larger than any size (at most {MAX_SIZE} bytes)")
+    return int(size)
 
 
 def parse_duration(text: str) -> float:
@@ -73,7 +85,10 @@ def parse_duration(text: str) -> float:
     match = _NUMBER.match(text.lower())
     if match is None or match.group(2) not in _DURATION_UNITS:
         raise ValueError(f"{text!r} is not a duration (seconds, or with a ms/s/m/h suffix)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not seconds <= MAX_DURATION:
+        raise ValueError(f"{text!r} is longer than any duration (at most {MAX_DURATION:g} s)")
+    return seconds
 
 
 def secret(flag_value: str | None, env: str = "SMITH_TOKEN", environ: Mapping[str, str] | None = None) -> str | None:

@@ -341,16 +341,31 @@ def test_readme_limits_table_matches_the_definition() -> None:
 
 
 def test_size_and_duration_syntax() -> None:
-    from smith_fast.options import format_duration, format_size, parse_duration, parse_size
+    from smith_fast.options import MAX_DURATION, MAX_SIZE, format_duration, format_size, parse_duration, parse_size
 
     assert [parse_size(t) for t in ("65536", "64k", "64K", "1.5M", "16MiB", "1G", "2kb")] == [65536, 65536, 65536, 3 << 19, 16 << 20, 1 << 30, 2048]
     assert [parse_duration(t) for t in ("1.5", "500ms", "30s", "2m", "1h", "0")] == [1.5, 0.5, 30.0, 120.0, 3600.0, 0.0]
-    for bad in ("", "-1", "5x", "1 2", "k"):
+    for bad in ("", "-1", "5x", "1 2", "k", "1e400", "nan", "inf"):
         with pytest.raises(ValueError):
             parse_size(bad)
         with pytest.raises(ValueError):
             parse_duration(bad)
+    # the largest of each is taken, anything beyond is refused (1e400 is infinite: a traceback, and
+    # `exec --timeout 1e20` protobuf's "Value out of range" before)
+    assert parse_size(str(MAX_SIZE)) == MAX_SIZE and parse_duration(f"{MAX_DURATION:g}") == MAX_DURATION
+    for beyond in (str(MAX_SIZE + 1), "8589934592G", "1e19"):
+        with pytest.raises(ValueError, match="larger than any size"):
+            parse_size(beyond)
+    for beyond in ("1e20", "1000000001", "300000h"):
+        with pytest.raises(ValueError, match="longer than any duration"):
+            parse_duration(beyond)
     assert [format_size(n) for n in (16 << 20, 64 << 10, 1000, 0)] == ["16M", "64k", "1000", "0"]
     assert [format_duration(s) for s in (2.0, 0.5, 300.0, 0)] == ["2s", "500ms", "300s", "0s"]
     for n in (16 << 20, 64 << 10, 1000):
         assert parse_size(format_size(n)) == n
+
+
+def test_a_duration_or_size_too_large_is_a_usage_error_not_a_traceback(tmp_path: pathlib.Path) -> None:
+    for args in (("exec", "--timeout", "1e400", "true"), ("exec", "--timeout", "1e20", "true"), ("serve", "--stdio", "--max-output", "1e400")):
+        res = cli(*args, cwd=tmp_path)
+        assert res.returncode == 2 and "Traceback" not in res.stderr and f"invalid {'duration' if 'exec' in args else 'size'} value" in res.stderr, res.stderr
