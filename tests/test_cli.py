@@ -369,3 +369,10 @@ def test_a_duration_or_size_too_large_is_a_usage_error_not_a_traceback(tmp_path:
     for args in (("exec", "--timeout", "1e400", "true"), ("exec", "--timeout", "1e20", "true"), ("serve", "--stdio", "--max-output", "1e400")):
         res = cli(*args, cwd=tmp_path)
         assert res.returncode == 2 and "Traceback" not in res.stderr and f"invalid {'duration' if 'exec' in args else 'size'} value" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("path", "why"), [("/nonexistent/dir/smith.sock", "no directory /nonexistent/dir"),
+                                            ("/tmp/" + "x" * 120, "AF_UNIX path too long")])
+def test_a_unix_socket_that_cannot_be_made_names_its_path_and_why(tmp_path: pathlib.Path, path: str, why: str) -> None:
+    res = cli("serve", "--unix", path, cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.strip().endswith(f"smith-fast serve: cannot start: --unix {path}: {why}"), res.stderr

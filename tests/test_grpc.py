@@ -471,6 +471,10 @@ async def test_tls(tmp_path: pathlib.Path) -> None:
     [
         (["--grpc", "0.0.0.0:0"], "allow-remote"),
         (["--metrics", "0.0.0.0:0"], "allow-remote"),
+        # a port over 65535 was taken modulo 65536 by the socket: 99999 listened on 34463
+        (["--tcp", "127.0.0.1:99999"], "with a port from 0 to 65535"),
+        (["--grpc", "127.0.0.1:70000"], "with a port from 0 to 65535"),
+        (["--metrics", "127.0.0.1:65536"], "with a port from 0 to 65535"),
         (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key go together"),
         (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.pem"], "cannot read TLS"),
     ],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import ipaddress
 import os
@@ -62,8 +63,10 @@ class ListenConfig:
 def parse_tcp(addr: str) -> tuple[str, int]:
     """``HOST:PORT`` / ``[V6]:PORT`` / ``:PORT`` → (host, port); an empty host means 127.0.0.1."""
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ListenError(f"TCP address {addr!r} is not HOST:PORT")
+    # isascii: str.isdigit takes other scripts' digits, which int() reads; a port over 65535 was
+    # taken modulo 65536 by the socket (--tcp 127.0.0.1:99999 listened on 34463)
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ListenError(f"TCP address {addr!r} is not HOST:PORT with a port from 0 to 65535")
     host = host.strip("[]") or "127.0.0.1"
     return host, int(port)
 
@@ -190,6 +193,12 @@ def _unix_socket(path: str, backlog: int) -> socket.socket:
     old = os.umask(0o177)  # no window in which the socket is reachable by others
     try:
         sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        parent = os.path.dirname(path) or "."
+        missing = exc.errno == errno.ENOENT and not os.path.isdir(parent)
+        why = f"no directory {parent}" if missing else exc.strerror or str(exc)  # "AF_UNIX path too long": no errno
+        raise ListenError(f"--unix {path}: {why}") from None
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
