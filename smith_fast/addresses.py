@@ -46,6 +46,9 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     Raises:
         AddressError: an empty path, or a ``tcp:``/``grpc:`` address without a numeric port.
     """
+    if "://" in address and not address.startswith("unix:"):  # http://..., nats://...: a URL, which no form is
+        raise AddressError(f"address {address!r} is a URL, not an address of a Smith service (forms: {ADDRESS_FORMS}; "
+                           "MCP over HTTP is for MCP clients)")
     if address.startswith("unix:") or ("/" in address and not address.startswith(("tcp:", "grpc:"))) or (
         ":" not in address and address
     ):
@@ -55,9 +58,11 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
         return "unix", path
     kind = "grpc" if address.startswith("grpc:") else "tcp"
     host, sep, port = address.removeprefix(f"{kind}:").rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address, [::1]
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535 or "[" in host or "]" in host:
         raise AddressError(f"address {address!r} is not {kind}:HOST:PORT with a port number (forms: {ADDRESS_FORMS})")
-    host = host.strip("[]") or "127.0.0.1"
+    host = host or "127.0.0.1"
     if kind == "grpc":
         return "grpc", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
     return "tcp", (host, int(port))

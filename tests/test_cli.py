@@ -200,6 +200,11 @@ def test_user_errors_print_no_traceback(tmp_path: pathlib.Path) -> None:
             (["health"], "which service? give --connect ADDR"),
             (["health", "grpc:127.0.0.1:notaport"], "is not grpc:HOST:PORT"),
             (["ping", "--connect", "unix:"], "names no socket path"),
+            # an unclosed bracket was read as host "[:" (and shown as tcp:[:]:1), a URL as a socket path
+            (["ping", "--connect", "tcp:[::1"], "address 'tcp:[::1' is not tcp:HOST:PORT"),
+            (["ping", "--connect", "tcp:::1]:7878"], "is not tcp:HOST:PORT"),
+            (["ping", "--connect", "http://127.0.0.1:7878"], "address 'http://127.0.0.1:7878' is a URL"),
+            (["ping", "--connect", "127.0.0.1:٨٠"], "is not tcp:HOST:PORT"),
             (["exec", "--connect", srv.unix, "--protocol", "v0", "--timeout", "-1", "true"], "invalid duration"),
         ]:
             res = cli(*args)
