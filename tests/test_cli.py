@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import dataclasses
 import http.server
 import json
@@ -173,15 +174,19 @@ def test_a_port_that_speaks_something_else_is_not_a_smith_service(tmp_path: path
     try:
         grpc_port = srv.grpc.rpartition(":")[2]
         metrics_port = srv.metrics_url.rstrip("/").rpartition(":")[2].partition("/")[0]
+        cases: list[tuple[object, tuple[str, ...]]] = []
         for port in (http_port, grpc_port, metrics_port, silent.getsockname()[1]):
             for command, protocol in ((["exec", "true"], "v1"), (["call", "tools.list"], "v0"), (["ping"], "v1")):
-                res = cli(command[0], "--connect", f"127.0.0.1:{port}", "--protocol", protocol, *command[1:], timeout=30)
-                assert res.returncode == 2 and f"not a Smith service at tcp:127.0.0.1:{port}" in res.stderr, (port, command, res.stderr)
-                no_traceback(res)
-            res = cli("health", f"tcp:127.0.0.1:{port}", timeout=30)
-            assert res.returncode == 2 and f"not a Smith service at tcp:127.0.0.1:{port}" in res.stderr, (port, res.stderr)
-        res = cli("exec", "--connect", f"127.0.0.1:{silent.getsockname()[1]}", "true", timeout=30)
-        assert "no answer to the handshake within 2s" in res.stderr, res.stderr
+                cases.append((port, (command[0], "--connect", f"127.0.0.1:{port}", "--protocol", protocol, *command[1:])))
+            cases.append((port, ("health", f"tcp:127.0.0.1:{port}")))
+        cases.append((silent.getsockname()[1], ("exec", "--connect", f"127.0.0.1:{silent.getsockname()[1]}", "true")))
+        # side by side: each is a process of its own, and the silent port's wait the handshake's 2 s
+        with concurrent.futures.ThreadPoolExecutor(len(cases)) as pool:
+            results = list(pool.map(lambda case: cli(*case[1], timeout=30), cases))
+        for (port, args), res in zip(cases, results):
+            assert res.returncode == 2 and f"not a Smith service at tcp:127.0.0.1:{port}" in res.stderr, (args, res.stderr)
+            no_traceback(res)
+        assert "no answer to the handshake within 2s" in results[-1].stderr, results[-1].stderr  # the silent port's
     finally:
         silent.close()
         http_server.shutdown()

@@ -30,7 +30,7 @@ from smith_fast.client import Client, SmithError
 from smith_fast.sandbox import HELPER
 from smith_fast.service.config import DEFAULT_COMMAND_MEMORY, DEFAULT_COMMAND_PIDS, Limits
 
-from harness.server import ROOT, ServerProcess, ServerStartError, descendants, wait_until
+from harness.server import ROOT, ServerProcess, ServerStartError, descendants, parent_of, wait_until
 
 TOKEN = f"tok-{uuid.uuid4().hex}"
 
@@ -329,6 +329,13 @@ async def test_a_service_that_adopts_orphans_leaves_no_zombie(tmp_path: pathlib.
                 return [pid for pid, state in descendants(srv.proc.pid) if state == "Z"]  # type: ignore[union-attr]
 
             assert wait_until(lambda: not zombies(), 5), zombies()
+        # unshare --fork ignores SIGTERM while it waits for its child: the service is told itself
+        # (a handler of its own, so the namespace's init gets it), and unshare ends with its status
+        # (srv.stop() waited 20 s for unshare, then killed it)
+        inner = [pid for pid, _ in descendants(srv.proc.pid) if parent_of(pid) == srv.proc.pid]
+        assert len(inner) == 1, inner
+        os.kill(inner[0], signal.SIGTERM)
+        assert srv.proc.wait(20) == 0
     finally:
         srv.stop()
 
