@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import pathlib
 import re
 import tokenize
@@ -42,13 +43,17 @@ _LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]*)\)")
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 
 
+def _skipped(name: str) -> bool:
+    return name.startswith(".") or name in SKIPPED_DIRS or name.endswith(".egg-info")
+
+
 def _walk(top: pathlib.Path, suffixes: tuple[str, ...]) -> Iterator[pathlib.Path]:
-    for path in sorted(top.rglob("*")):
-        parts = path.relative_to(ROOT).parts
-        if any(p.startswith(".") or p in SKIPPED_DIRS or p.endswith(".egg-info") for p in parts[:-1]):
-            continue
-        if path.is_file() and path.name.endswith(suffixes):
-            yield path
+    # pruned as it goes: .venv and the interop node_modules hold ~100,000 files (7.8 s of rglob)
+    found = []
+    for here, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if not _skipped(d)]
+        found += [pathlib.Path(here, name) for name in files if name.endswith(suffixes)]
+    yield from sorted(found)
 
 
 def markdown_files() -> list[pathlib.Path]:
@@ -179,6 +184,8 @@ def _python_comments_and_docstrings(source: str) -> Iterator[tuple[int, str]]:
 
 def _cited(path: pathlib.Path) -> Iterator[str]:
     text = path.read_text(encoding="utf-8")
+    if not TRACKER.search(text):  # nothing anywhere: no need to tell its prose from its code
+        return
     if path.suffix == ".py":
         pieces: Iterator[tuple[int, str]] = _python_comments_and_docstrings(text)
     else:  # Cython and C: comments are the only prose there, so all of the text is read
