@@ -22,12 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self, cast
 
 _STDERR_PIPE = 1 << 20
-# argv: the signals to ignore, the signals to block (Python tuples), then the program to exec
+# argv: the signals to ignore, the signals to block (Python tuples), the umask (or None), then
+# the program to exec
 _LAUNCHER = (
     "import ast, os, signal, sys\n"
     "for sig in ast.literal_eval(sys.argv[1]): signal.signal(sig, signal.SIG_IGN)\n"
     "signal.pthread_sigmask(signal.SIG_BLOCK, ast.literal_eval(sys.argv[2]))\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n"
+    "if (mask := ast.literal_eval(sys.argv[3])) is not None: os.umask(mask)\n"
+    "os.execv(sys.argv[4], sys.argv[4:])\n"
 )
 
 __all__ = [
@@ -59,14 +61,16 @@ class SmithProcess:
         ignoring: signals it starts with ignored, as a script's ``cmd &`` (SIGINT, SIGQUIT) or
             ``nohup`` (SIGHUP) starts it.
         blocking: signals it starts with blocked, as a launcher that blocks them may start it.
-            Both are set by a small Python program that then execs it (its pid is the same).
+        umask: the file mode creation mask it starts with (None: this process's).
+            These three are set by a small Python program that then execs it (its pid is the same).
     """
 
     def __init__(self, tmp: pathlib.Path, *argv: str, env: dict[str, str] | None = None,
                  keep: int | None = None, cwd: pathlib.Path | None = None, ignoring: Sequence[int] = (),
-                 blocking: Sequence[int] = ()) -> None:
+                 blocking: Sequence[int] = (), umask: int | None = None) -> None:
         self.ignoring = tuple(int(sig) for sig in ignoring)
         self.blocking = tuple(int(sig) for sig in blocking)
+        self.umask = umask
         self.cwd = cwd or ROOT
         self.sock_path = str(tmp / "smith.sock")
         self.argv = [sys.executable, "-m", "smith_fast", *argv]
@@ -102,8 +106,8 @@ class SmithProcess:
         """Start the process and the thread collecting its stderr; the event is set once it is ready
         or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
         argv = self.argv
-        if self.ignoring or self.blocking:
-            argv = [sys.executable, "-c", _LAUNCHER, repr(self.ignoring), repr(self.blocking), *argv]
+        if self.ignoring or self.blocking or self.umask is not None:
+            argv = [sys.executable, "-c", _LAUNCHER, repr(self.ignoring), repr(self.blocking), repr(self.umask), *argv]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, cwd=self.cwd, env=self.env)
         assert self.proc.stderr is not None
@@ -188,15 +192,16 @@ class ServerProcess(SmithProcess):
         tcp: listen on TCP too.
         log_level: ``--log-level`` (``debug`` for tests; a benchmark logs less).
         keep: how many stderr lines to keep (all when None).
-        ignoring, blocking: signals it starts with ignored, or blocked (:class:`SmithProcess`).
+        ignoring, blocking, umask: what it starts with (:class:`SmithProcess`).
     """
 
     def __init__(self, tmp: pathlib.Path, *extra: str, loop: str = "uvloop", root: pathlib.Path | None = None,
                  env: dict[str, str] | None = None, tcp: bool = True, log_level: str = "debug",
-                 keep: int | None = None, ignoring: Sequence[int] = (), blocking: Sequence[int] = ()) -> None:
+                 keep: int | None = None, ignoring: Sequence[int] = (), blocking: Sequence[int] = (),
+                 umask: int | None = None) -> None:
         self.root = root or tmp
         super().__init__(tmp, "serve", "--loop", loop, "--root", str(self.root), "--log-level", log_level,
-                         *extra, env=env, keep=keep, ignoring=ignoring, blocking=blocking)
+                         *extra, env=env, keep=keep, ignoring=ignoring, blocking=blocking, umask=umask)
         sock = pathlib.Path(self.sock_path)
         if sock.resolve().is_relative_to(self.root.resolve()):
             # The service refuses a root that holds its own socket (a command could take its

@@ -7,7 +7,8 @@ the start, where :func:`smith_fast.cli.main` freezes what the start made (never 
 of every later collection too) and turns it back on.
 
 Before anything else, each of the standard fds 0, 1 and 2 that is closed gets ``/dev/null``
-(:func:`standard_fds`), as daemons do: a libuv loop must not hold those numbers.
+(:func:`standard_fds`), as daemons do: a libuv loop must not hold those numbers; and a file mode
+creation mask that lets others write gets that masked (:func:`mask_world_write`).
 """
 
 import gc
@@ -35,8 +36,19 @@ def standard_fds() -> None:
                 setattr(sys, name, open(fd, mode, closefd=False, errors="backslashreplace"))
 
 
+def mask_world_write() -> None:
+    """Add "others may not write" to the file mode creation mask where the process that started
+    this one left it out (``umask 000``): every directory made on the way to the service's own
+    (``~/.cache/smith-fast``, where compiled Rust hooks wait to be run; the recordings' parents; the
+    homes') and every file its commands and ``fs.write`` make was writable by every local account,
+    which could then put its own program where a hook's is looked for. Group write, which a
+    shared-group setup's ``umask 002`` asks for, stays as it is."""
+    os.umask(os.umask(0o022) | 0o002)
+
+
 def main() -> int:
     standard_fds()
+    mask_world_write()
     gc.disable()  # before the imports below: cli.main turns it back on once started
     from .cli import main as run
 

@@ -17,6 +17,11 @@ has ``/dev/null`` on them, where its loop's epoll and io_uring instances and a p
 those numbers before: its "stderr" was a pipe of libuv's, and SIGTERM then ended it by SIGABRT;
 ``smith-fast exec CMD >&-`` ended by SIGABRT too.
 
+The file mode creation mask: started with ``umask 000``, what the service makes on the way to its
+own directories (``~/.cache/smith-fast``, where compiled Rust hooks wait to be run), what its
+commands and ``fs.write`` make, is not writable by others (it was: ``drwxrwxrwx``, ``-rw-rw-rw-``);
+group write, as ``umask 002`` asks, is kept.
+
 The working directory: started in a directory since removed, ``serve`` without ``--root`` says
 so and what to do (it printed a traceback, from building its parser); with ``--root`` it serves.
 
@@ -158,3 +163,26 @@ def test_serve_in_a_removed_directory_says_what_to_do_or_serves_the_root_given(t
     root.mkdir()
     served = _in_a_removed_directory(tmp_path, "serve", "--stdio", "--root", str(root))  # to the end of its input
     assert served.returncode == 0 and b"Traceback" not in served.stderr, served.stderr
+
+
+@pytest.mark.parametrize(("umask", "expected"), [(0o000, 0o002), (0o002, 0o002), (0o027, 0o027)])
+async def test_others_write_is_masked_whatever_the_umask_it_started_with(tmp_path: pathlib.Path, umask: int, expected: int) -> None:
+    cache = tmp_path / "xdg" / "cache"  # made by the service, parents and all
+    root = tmp_path / "root"
+    root.mkdir()
+    srv = ServerProcess(tmp_path, root=root, tcp=False, umask=umask, env={"XDG_CACHE_HOME": str(cache)}).start()
+    try:
+        client = await Client.connect(srv.unix)
+        await client.handshake()
+        try:
+            made = await client.run("umask; echo x > by-command; mkdir dir-by-command")
+            assert made.exit_code == 0 and int(made.stdout.split()[0], 8) == expected, made
+            await client.call_tool("fs.write", {"path": "by-tool", "content": "x"})
+        finally:
+            await client.close()
+    finally:
+        assert srv.stop() == 0
+    for path, full in ((root / "by-command", 0o666), (root / "dir-by-command", 0o777), (root / "by-tool", 0o666)):
+        assert path.stat().st_mode & 0o777 == full & ~expected, (path, oct(path.stat().st_mode))
+    made_dirs = [tmp_path / "xdg", cache, *(p for p in cache.rglob("*") if p.is_dir())]
+    assert len(made_dirs) > 3 and not [p for p in made_dirs if p.stat().st_mode & 0o002], [(p, oct(p.stat().st_mode)) for p in made_dirs]
