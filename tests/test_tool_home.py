@@ -281,6 +281,18 @@ def test_a_home_dir_that_overlaps_the_root_or_the_state_is_refused(places: dict[
         assert not home_dir.exists()
 
 
+def test_a_home_dir_that_cannot_be_made_names_it_and_says_what_to_do(places: dict[str, pathlib.Path]) -> None:
+    # a $XDG_CACHE_HOME that cannot hold it: the start said only "[Errno 2] No such file or directory: '/proc/nope'"
+    done = subprocess.run(
+        [sys.executable, "-m", "smith_fast", "serve", "--unix", str(places["srv"] / "nope.sock"), "--root", str(places["root"])],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_CACHE_HOME": "/proc/nope"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith(
+        "smith-fast serve: cannot start: --home-dir /proc/nope/smith-fast/homes: cannot make the sessions' homes there (No such "
+        "file or directory): give a writable directory with --home-dir, or set $XDG_CACHE_HOME"), done.stderr
+
+
 # -- with --workspaces -------------------------------------------------------------------------------
 
 

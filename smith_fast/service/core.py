@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import framing, logs
 from .._version import __version__
-from ..errors import EgressRuleError
+from ..errors import EgressRuleError, StartupError
 from ..hooks import Hook, HookLimits, kind_available
 from ..pb import smith_pb2
 from ..sandbox import Sandbox, UnsafeRoot, service_files_in
@@ -119,7 +119,11 @@ def _homes(config: ServiceConfig, root: pathlib.Path, private: Sequence[tuple[st
         # Inside the root, a command would see every session's home (the root is put back over the
         # cover); inside the state directory, the directory hidden from commands would hide the homes.
         raise UnsafeRoot(f"--home-dir {top} overlaps {'; '.join(clash)}: give the sessions' homes a directory of their own")
-    return Homes(pathlib.Path(top), config.limits.max_home_bytes)
+    try:
+        return Homes(pathlib.Path(top), config.limits.max_home_bytes)
+    except OSError as exc:  # $XDG_CACHE_HOME (or ~/.cache) missing or read-only: which setting, and the way out
+        raise StartupError(f"--home-dir {top}: cannot make the sessions' homes there ({exc.strerror or exc}): give a writable "
+                         "directory with --home-dir, or set $XDG_CACHE_HOME") from None
 
 
 def _nested(a: str, b: str) -> bool:
