@@ -550,6 +550,18 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 2 and "--nats-tls-cert and --nats-tls-key go together" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("url", ["bogus://127.0.0.1:4222", "nats://127.0.0.1:99999", "nats://127.0.0.1:0", "nats://:4222", "nats://h:x"])
+@pytest.mark.parametrize("role", ["worker", "gateway"])
+def test_a_nats_url_no_connection_can_be_made_to_is_refused_at_start(tmp_path: pathlib.Path, role: str, url: str) -> None:
+    # nats-py took it, failed ("invalid connect url option", a DNS error on the scheme's host) and was retried for ever
+    where = ["--root", str(tmp_path)] if role == "worker" else ["--unix", str(tmp_path / "g.sock")]
+    result = subprocess.run([sys.executable, "-m", "smith_fast", role, "--nats", f"nats://127.0.0.1:4222,{url}", *where],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"smith-fast {role}: --nats {url}: not a NATS server's URL, SCHEME://HOST[:PORT] with SCHEME "
+                                     "nats, tls, ws or wss and a port from 1 to 65535"), result.stderr
+
+
 def test_a_file_of_requests_on_a_gateways_stdin_runs_to_its_end(cluster: Cluster, tmp_path: pathlib.Path) -> None:
     """``gateway --stdio < requests.bin``: the file's end is not the peer leaving (its requests
     finish on the worker, then the gateway exits 0), as with ``serve --stdio``."""

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import ssl
+import urllib.parse
 from collections.abc import Mapping
 from typing import TypedDict
 
@@ -162,6 +163,27 @@ def retired_flags(args: argparse.Namespace) -> list[str]:
     return [flag for flag in _RETIRED if getattr(args, "retired_" + flag.lstrip("-").replace("-", "_"), None) is not None]
 
 
+_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def check_server_url(url: str) -> None:
+    """Refuse a ``--nats`` URL no connection can be made to, at start: nats-py took it, failed
+    (``invalid connect url option``, a DNS error on ``bogus://x``) and retried it for ever.
+
+    Raises:
+        ValueError: not ``[SCHEME://]HOST[:PORT]`` with a scheme of :data:`_SCHEMES` and a port
+            from 1 to 65535.
+    """
+    parts = urllib.parse.urlsplit(url if "://" in url else f"nats://{url}")  # nats-py's own default scheme
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in _SCHEMES or not parts.hostname or port == 0 or port == -1:
+        raise ValueError(f"--nats {url}: not a NATS server's URL, SCHEME://HOST[:PORT] with SCHEME {', '.join(_SCHEMES[:-1])} "
+                         f"or {_SCHEMES[-1]} and a port from 1 to 65535")
+
+
 def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> NatsConfig:
     """The :class:`NatsConfig` the options of :func:`add_arguments` describe.
 
@@ -172,6 +194,8 @@ def from_arguments(args: argparse.Namespace, environ: Mapping[str, str] | None =
         ValueError: a name or limit is invalid.
     """
     servers = tuple(url.strip() for item in args.nats for url in item.split(",") if url.strip())
+    for url in servers:
+        check_server_url(url)
     env = os.environ if environ is None else environ
     return NatsConfig(
         servers=servers or NatsConfig.servers,
