@@ -34,6 +34,7 @@ __all__ = [
     "Unit",
     "UNITS",
     "add_options",
+    "check_key_file",
     "current_directory",
     "format_duration",
     "format_size",
@@ -232,6 +233,24 @@ def current_directory(flag: str) -> pathlib.Path:
         return pathlib.Path.cwd()
     except FileNotFoundError:
         raise ValueError(f"the current directory was removed: cd to one that exists, or give {flag} DIR") from None
+
+
+def check_key_file(path: str, flag: str) -> None:
+    """Refuse a private key (``flag``'s file) that every local account may read.
+
+    Group read is left alone: a key shared with a group of its own (Debian's ``ssl-cert``, mode
+    0640) is the usual way to let a service read it.
+
+    Raises:
+        ValueError: others may read it (what to run instead), or it cannot be read.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot be read: {exc.strerror or exc}") from None
+    if mode & 0o004:
+        raise ValueError(f"{flag} {path}: every local account may read it (mode {mode & 0o7777:04o}); a key others can read "
+                         f"is not a secret: chmod 600 {path}")
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:

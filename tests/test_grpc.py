@@ -476,7 +476,8 @@ async def test_tls(tmp_path: pathlib.Path) -> None:
         (["--grpc", "127.0.0.1:70000"], "with a port from 0 to 65535"),
         (["--metrics", "127.0.0.1:65536"], "with a port from 0 to 65535"),
         (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key go together"),
-        (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.pem"], "cannot read TLS"),
+        (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.pem"],
+         "--tls-key /nonexistent.pem: cannot be read: No such file or directory"),
     ],
 )
 def test_refused_listener_settings(tmp_path: pathlib.Path, extra: list[str], message: str) -> None:
@@ -485,6 +486,19 @@ def test_refused_listener_settings(tmp_path: pathlib.Path, extra: list[str], mes
         srv.start(timeout=20)
     assert srv.proc is not None and srv.proc.wait(10) == 2
     assert not os.path.exists(srv.sock_path)  # refused before anything was bound
+
+
+def test_a_tls_key_every_local_account_may_read_is_refused(tmp_path: pathlib.Path) -> None:
+    # it was taken as it was; a group's read (0640, Debian's ssl-cert) is the usual way to share one
+    cert, key = _self_signed(tmp_path)
+    for mode in (0o644, 0o604):
+        key.chmod(mode)
+        srv = ServerProcess(tmp_path, "--grpc", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key))
+        with pytest.raises(RuntimeError, match=f"--tls-key {key}: every local account may read it \\(mode 0{mode:o}\\)"):
+            srv.start(timeout=20)
+        assert srv.proc is not None and srv.proc.wait(10) == 2
+    key.chmod(0o640)
+    assert ServerProcess(tmp_path, "--grpc", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key)).start().stop() == 0
 
 
 def test_grpc_port_in_use_is_refused(server: ServerProcess, tmp_path: pathlib.Path) -> None:

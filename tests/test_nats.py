@@ -550,6 +550,19 @@ async def test_tls_with_client_certificates(tmp_path: pathlib.Path) -> None:
     assert result.returncode == 2 and "--nats-tls-cert and --nats-tls-key go together" in result.stderr, result.stderr
 
 
+def test_a_nats_tls_key_every_local_account_may_read_is_refused(tmp_path: pathlib.Path) -> None:
+    from .test_grpc import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    key.chmod(0o644)
+    result = subprocess.run([sys.executable, "-m", "smith_fast", "worker", "--nats", "tls://127.0.0.1:4222", "--root", str(tmp_path),
+                             "--nats-tls-cert", str(cert), "--nats-tls-key", str(key)],
+                            capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"smith-fast worker: --nats-tls-key {key}: every local account may read it (mode 0644); "
+                                     f"a key others can read is not a secret: chmod 600 {key}"), result.stderr
+
+
 @pytest.mark.parametrize("url", ["bogus://127.0.0.1:4222", "nats://127.0.0.1:99999", "nats://127.0.0.1:0", "nats://:4222", "nats://h:x"])
 @pytest.mark.parametrize("role", ["worker", "gateway"])
 def test_a_nats_url_no_connection_can_be_made_to_is_refused_at_start(tmp_path: pathlib.Path, role: str, url: str) -> None:

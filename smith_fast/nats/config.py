@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TypedDict
 
-from ..options import add_options, option, values
+from ..options import add_options, check_key_file, option, values
 
 __all__ = ["NatsConfig", "NatsCredentials", "add_arguments", "from_arguments", "is_token", "retired_flags"]
 
@@ -128,6 +128,7 @@ class NatsConfig:
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"--nats-tls-ca {self.tls_ca}: {exc}") from None
         if self.tls_cert is not None:
+            check_key_file(self.tls_key or self.tls_cert, "--nats-tls-key" if self.tls_key else "--nats-tls-cert")  # the key may be in the cert's file
             try:
                 context.load_cert_chain(self.tls_cert, self.tls_key)
             except (OSError, ssl.SSLError) as exc:

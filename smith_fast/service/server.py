@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import ListenError
 from ..records import record
 from ..logs import get_logger
+from ..options import check_key_file
 from . import lifecycle
 from .config import ServiceConfig
 from .connection import MAX_REFUSING, Connection, StdoutProtocol, tcp_address
@@ -103,6 +104,10 @@ def _tls(listen: ListenConfig) -> tuple[bytes, bytes] | None:
         raise ListenError("--tls-cert and --tls-key go together")
     if listen.tls_cert is None or listen.tls_key is None:
         return None
+    try:
+        check_key_file(listen.tls_key, "--tls-key")
+    except ValueError as exc:
+        raise ListenError(str(exc)) from None
     try:
         with open(listen.tls_cert, "rb") as cert, open(listen.tls_key, "rb") as key:
             return cert.read(), key.read()
