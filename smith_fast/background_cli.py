@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict
 
-from .options import HelpFormatter
+from .options import HelpFormatter, error_text
 
 if TYPE_CHECKING:
     from .client import Client, RemoteProcess
@@ -117,10 +117,10 @@ async def run(args: argparse.Namespace, connect: Connect, handshake: Handshake, 
             return await _kill(client, target)
         return await _attach(client, target, args, feed_stdin, mirror)
     except _Unknown as exc:
-        print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
+        print(f"smith-fast {args.command}: {error_text(exc)}", file=sys.stderr)
         return 1
     except SmithError as exc:
-        print(f"smith-fast {args.command}: {exc}", file=sys.stderr)
+        print(f"smith-fast {args.command}: {error_text(exc)}", file=sys.stderr)
         return 1
     finally:
         await client.close()

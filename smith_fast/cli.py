@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import SmithFastError
 from .logs import configure
-from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, parse_duration, secret
+from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, error_text, parse_duration, secret
 from .startup import add_listen_options, add_service_options, enter_workspaces, listen_config, missing_package, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ async def _exec(args: argparse.Namespace) -> int:
             parked = True
         return code
     except SmithError as exc:
-        print(f"smith-fast: {exc}", file=sys.stderr)
+        print(f"smith-fast: {error_text(exc)}", file=sys.stderr)
         return 1
     finally:
         if not parked:
@@ -409,7 +409,7 @@ async def _call(args: argparse.Namespace) -> int:
         await _handshake(client, args, [])
         result = await client.call_tool(args.tool, parsed, timeout_ms=args.timeout_ms)
     except SmithError as exc:
-        print(f"smith-fast: {exc}", file=sys.stderr)
+        print(f"smith-fast: {error_text(exc)}", file=sys.stderr)
         return 1
     finally:
         await client.close()
@@ -604,5 +604,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"smith-fast {args.command}: {missing_package(exc)}", file=sys.stderr)
         return 2
     except (SmithFastError, OSError, ValueError) as exc:  # connection and address errors: one line, no traceback
-        print(f"smith-fast: {exc}", file=sys.stderr)
+        print(f"smith-fast: {error_text(exc)}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ __all__ = [
     "add_options",
     "check_key_file",
     "current_directory",
+    "error_text",
     "format_duration",
     "format_size",
     "option",
@@ -233,6 +234,18 @@ def current_directory(flag: str) -> pathlib.Path:
         return pathlib.Path.cwd()
     except FileNotFoundError:
         raise ValueError(f"the current directory was removed: cd to one that exists, or give {flag} DIR") from None
+
+
+# What a command-line user does about a refusal, by its ``details["reason"]``: the service's words
+# say what is wrong, the command line knows how its user puts it right.
+_REMEDIES = {"unauthenticated": "give the service's token in $SMITH_TOKEN, or --token"}
+
+
+def error_text(exc: BaseException) -> str:
+    """An error as a command prints it: its text, and for a refusal with a known remedy, the remedy."""
+    details = getattr(exc, "details", None)  # a SmithError's (errors.py); the others have none
+    remedy = _REMEDIES.get(details.get("reason", "")) if isinstance(details, dict) else None
+    return f"{exc} ({remedy})" if remedy else str(exc)
 
 
 def check_key_file(path: str, flag: str) -> None:

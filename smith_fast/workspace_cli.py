@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .options import HelpFormatter
+from .options import HelpFormatter, error_text
 
 if TYPE_CHECKING:
     from .client import Change, Client
@@ -170,7 +170,7 @@ async def run(args: argparse.Namespace, connect: Connect, handshake: Handshake) 
             parked = True
         return code
     except SmithError as exc:
-        print(f"smith-fast {command}: {exc}", file=sys.stderr)
+        print(f"smith-fast {command}: {error_text(exc)}", file=sys.stderr)
         if args.session and client.ready is not None and client.ready.resumed and not parked:
             await park(client)  # what was refused changed nothing: the session stays for the next try
             parked = True

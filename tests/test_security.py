@@ -102,6 +102,24 @@ async def test_socket_peers_need_the_token(guarded: ServerProcess, via: str, pro
         await client.close()
 
 
+def test_the_command_line_says_where_the_token_goes(guarded: ServerProcess) -> None:
+    import concurrent.futures
+
+    runs = [(token, args) for token in ("", "tok-wrong")
+            for args in (["exec", "true"], ["ping"], ["call", "tools.list"], ["ps"])]
+
+    def run(case: tuple[str, list[str]]) -> subprocess.CompletedProcess[str]:
+        token, args = case
+        return subprocess.run([sys.executable, "-m", "smith_fast", args[0], "--connect", guarded.unix, *args[1:]], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "SMITH_TOKEN": token})
+
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        for (token, args), done in zip(runs, pool.map(run, runs)):
+            assert done.returncode != 0 and "ERROR_CODE_PERMISSION_DENIED" in done.stderr, (token, args, done.stderr)
+            assert done.stderr.rstrip().endswith("closing the connection (give the service's token in $SMITH_TOKEN, or --token)"), (
+                token, args, done.stderr)
+
+
 def test_nothing_but_an_authenticated_handshake_is_served(guarded: ServerProcess) -> None:
     peer = V1Peer(guarded.tcp)
     peer.command(shell_exec=pb.ShellExecCommand(request_id="r", command="touch should-not-exist"))
