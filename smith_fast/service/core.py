@@ -123,7 +123,7 @@ def _homes(config: ServiceConfig, root: pathlib.Path, private: Sequence[tuple[st
         return Homes(pathlib.Path(top), config.limits.max_home_bytes)
     except OSError as exc:  # $XDG_CACHE_HOME (or ~/.cache) missing or read-only: which setting, and the way out
         raise StartupError(f"--home-dir {top}: cannot make the sessions' homes there ({exc.strerror or exc}): give a writable "
-                         "directory with --home-dir, or set $XDG_CACHE_HOME") from None
+                           "directory with --home-dir, or set $XDG_CACHE_HOME") from None
 
 
 def _nested(a: str, b: str) -> bool:
