@@ -12,7 +12,7 @@ import socket
 from .errors import AddressError, ConnectError
 from .options import ADDRESS_FORMS
 
-__all__ = ["ADDRESS_FORMS", "format_address", "parse_address", "unreachable"]
+__all__ = ["ADDRESS_FORMS", "format_address", "parse_address", "split_host_port", "unreachable"]
 
 _REASONS = {  # errno → what to say; "is it running?" where that is the likely cause
     FileNotFoundError: "no such file (is smith-fast serve running there?)",
@@ -38,6 +38,20 @@ def unreachable(name: str, exc: OSError) -> ConnectError:
     return ConnectError(f"cannot connect to {name}: {_reason(exc)}")
 
 
+def split_host_port(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` → (host, port), an empty host being 127.0.0.1;
+    None when it is not one (no port, a port over 65535 or in other digits than ASCII's, a stray
+    bracket). What a client connects to and what ``serve`` listens on are read alike."""
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 address, [::1]
+    # isascii: str.isdigit takes other scripts' digits, which int() reads; a port over 65535 the
+    # socket would take modulo 65536 (--tcp 127.0.0.1:99999 listened on 34463)
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535 or "[" in host or "]" in host:
+        return None
+    return host or "127.0.0.1", int(port)
+
+
 def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
     """``unix:PATH``, ``tcp:HOST:PORT``, ``grpc:HOST:PORT``, ``HOST:PORT`` or a path → (kind, target).
 
@@ -57,12 +71,10 @@ def parse_address(address: str) -> tuple[str, str | tuple[str, int]]:
             raise AddressError(f"address {address!r} names no socket path (forms: {ADDRESS_FORMS})")
         return "unix", path
     kind = "grpc" if address.startswith("grpc:") else "tcp"
-    host, sep, port = address.removeprefix(f"{kind}:").rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]  # an IPv6 address, [::1]
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535 or "[" in host or "]" in host:
+    split = split_host_port(address.removeprefix(f"{kind}:"))
+    if split is None:
         raise AddressError(f"address {address!r} is not {kind}:HOST:PORT with a port number (forms: {ADDRESS_FORMS})")
-    host = host or "127.0.0.1"
+    host, port = split
     if kind == "grpc":
         return "grpc", f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
     return "tcp", (host, int(port))

@@ -475,6 +475,7 @@ async def test_tls(tmp_path: pathlib.Path) -> None:
         (["--tcp", "127.0.0.1:99999"], "with a port from 0 to 65535"),
         (["--grpc", "127.0.0.1:70000"], "with a port from 0 to 65535"),
         (["--metrics", "127.0.0.1:65536"], "with a port from 0 to 65535"),
+        (["--tcp", "[::1:7878"], "with a port from 0 to 65535"),  # read as host ::1 before
         (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem"], "--tls-cert and --tls-key go together"),
         (["--grpc", "127.0.0.1:0", "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.pem"],
          "--tls-key /nonexistent.pem: cannot be read: No such file or directory"),

@@ -68,8 +68,14 @@ def _still_ignored() -> None:
 
 
 def _names(signals: Iterable[int]) -> str:
-    return ",".join(signal.Signals(sig).name if sig in signal.Signals.__members__.values() else f"signal {int(sig)}"
-                    for sig in signals)
+    return ",".join(_name(sig) for sig in signals)
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:  # a real-time signal has no name of its own
+        return f"signal {int(sig)}"
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
+from ..addresses import split_host_port
 from ..errors import ListenError
 from ..records import record
 from ..logs import get_logger
@@ -63,13 +64,10 @@ class ListenConfig:
 
 def parse_tcp(addr: str) -> tuple[str, int]:
     """``HOST:PORT`` / ``[V6]:PORT`` / ``:PORT`` → (host, port); an empty host means 127.0.0.1."""
-    host, sep, port = addr.rpartition(":")
-    # isascii: str.isdigit takes other scripts' digits, which int() reads; a port over 65535 was
-    # taken modulo 65536 by the socket (--tcp 127.0.0.1:99999 listened on 34463)
-    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+    split = split_host_port(addr)
+    if split is None:
         raise ListenError(f"TCP address {addr!r} is not HOST:PORT with a port from 0 to 65535")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
+    return split
 
 
 def _is_loopback(host: str) -> bool:
