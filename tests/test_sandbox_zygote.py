@@ -258,13 +258,14 @@ async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -
         ns_pid = pathlib.Path(f"/proc/{ready}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1]
         done = await client.run("echo $$; grep '^0::' /proc/self/cgroup")
         assert done.exit_code == 0 and done.stdout.split() == [ns_pid.encode(), f"0::{cells['']}".encode()], (done, ns_pid)
-        assert wait_until(lambda: len(_waiting(monitor)) == 1 and _waiting(monitor) != [ready], 10)
-        (following,) = _waiting(monitor)
+        # (right after the first command: a burst, so two are made for the commands after)
+        assert wait_until(lambda: len(_waiting(monitor)) == zygote.BURST_DEPTH and ready not in _waiting(monitor), 10)
+        following = _waiting(monitor)
         held = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
-        cell_dir = held + _cells_of(following)[""]
-        assert os.path.isdir(cell_dir)
-    # the session's end ends it, and its cell goes
-    assert wait_until(lambda: not pid_alive(following) and not os.path.isdir(cell_dir), 10), cell_dir
+        cell_dirs = [held + _cells_of(pid)[""] for pid in following]
+        assert len(set(cell_dirs)) == len(following) and all(os.path.isdir(d) for d in cell_dirs), cell_dirs
+    # the session's end ends them, and their cells go
+    assert wait_until(lambda: not any(map(pid_alive, following)) and not any(map(os.path.isdir, cell_dirs)), 10), cell_dirs
 
 
 def _ns_pid(pid: int) -> int:
@@ -276,38 +277,51 @@ _A_MOMENT = "i=0; while [ $i -lt 1000 ]; do i=$((i+1)); done"
 """About half a millisecond of the shell's own work (no process started)."""
 
 
-async def test_a_short_commands_next_process_is_made_once_it_ended(server: ServerProcess) -> None:
-    # A command that ends within zygote.PREPARE_AFTER, in a burst of commands, has the next
-    # command's process asked for at its end, not as it starts: the init reaps its end first, and
-    # the fork and the new shell's exec do not run beside it. In the session's pid namespace, the
-    # next process's pid then comes after every pid the command used (here its child's).
-    # (After a pause of zygote.BUSY_WITHIN or more, it is asked for as the command starts: the
-    # command below comes right after another.) Both conditions are the service's clock's: a round
-    # whose commands took longer here (a loaded machine) proves nothing either way, and another is
-    # run. Three rounds that met them decide. The command's child is forked a moment after it
-    # starts (a loop of the shell's own): a next process asked for as the command starts would be
-    # forked before it, where a race would make that one time in three.
-    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
-        loop = asyncio.get_running_loop()
-        decided = 0
-        for _ in range(30):
-            began = loop.time()
-            assert (await client.run("true")).exit_code == 0
-            assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)  # in a burst, forked as `true` ended
+async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(server: ServerProcess) -> None:
+    # The first command of a burst (one that starts within zygote.BUSY_WITHIN of the last one's
+    # end) found no process made for the command after it: that one is asked for once it ended
+    # (within zygote.PREPARE_AFTER), not as it started, so the init reaps its end first and the
+    # fork and the new shell's exec do not run beside it; and from then on the zygote keeps
+    # zygote.BURST_DEPTH. The next command runs in the oldest of them (made a command earlier: its
+    # shell's exec done), and the one for the command after next is asked for as it starts, beside
+    # it. In the session's pid namespace, a process forked as a command ended comes after every pid
+    # the command used (its child's), and one forked as it started before its child, which it forks
+    # a moment after it started (a loop of the shell's own: without it, a race would decide one
+    # time in three). Both conditions are the service's clock's: a round whose commands took
+    # longer here (a loaded machine) proves nothing either way, and another is run; three rounds
+    # that met them decide (each a session of its own: its first burst).
+    loop = asyncio.get_running_loop()
+    decided = 0
+    short = f"{_A_MOMENT}; echo $$; /bin/sh -c 'echo $$'"
+    for _ in range(30):
+        before = set(_zygotes(server.pid))
+        async with await Client.connect(server.unix) as client:
+            await client.handshake()
+            sent = loop.time()
+            assert (await client.run("true")).exit_code == 0  # its zygote's first: the next one made at once
+            (monitor,) = set(_zygotes(server.pid)) - before
+            assert wait_until(lambda: len(_waiting(monitor)) == 1, 10)
             (ready,) = _waiting(monitor)
-            started = loop.time()
-            done = await client.run(f"{_A_MOMENT}; /bin/sh -c 'echo $$'")
+            ready_pid = _ns_pid(ready)
+            began = loop.time()
+            done = await client.run(short)  # a burst's first: none made for the command after it
             ended = loop.time()
-            assert done.exit_code == 0, done
-            child = int(done.stdout)
-            assert wait_until(lambda: len(_waiting(monitor)) == 1 and _waiting(monitor) != [ready], 10)
-            (following,) = _waiting(monitor)
-            if ended - started < zygote.PREPARE_AFTER and ended - began < zygote.BUSY_WITHIN:
-                assert _ns_pid(following) > child, (following, child)
-                decided += 1
-                if decided == 3:
-                    return
-        pytest.fail(f"{decided} of 30 rounds of a `true` and a short command ran within {zygote.PREPARE_AFTER * 1e3:g} ms here")
+            assert done.exit_code == 0 and int(done.stdout.split()[0]) == ready_pid, done
+            if ended - sent >= zygote.BUSY_WITHIN or ended - began >= zygote.PREPARE_AFTER:
+                continue  # (the service's gap between the two, and its run, are within these)
+            assert wait_until(lambda: len(_waiting(monitor)) == zygote.BURST_DEPTH and ready not in _waiting(monitor), 10)
+            made = sorted(_waiting(monitor), key=_ns_pid)
+            made_pids = [_ns_pid(pid) for pid in made]
+            assert all(pid > int(done.stdout.split()[1]) for pid in made_pids), (made_pids, done)  # forked as it ended
+            again = await client.run(short)
+            assert again.exit_code == 0 and int(again.stdout.split()[0]) == made_pids[0], (again, made_pids)  # the oldest
+            assert wait_until(lambda: len(_waiting(monitor)) == zygote.BURST_DEPTH and made[0] not in _waiting(monitor), 10)
+            (newer,) = set(_waiting(monitor)) - set(made)
+            assert _ns_pid(newer) < int(again.stdout.split()[1]), (newer, again)  # forked as it started
+            decided += 1
+            if decided == 3:
+                return
+    pytest.fail(f"{decided} of 30 rounds of `true` and a short command ran within {zygote.BUSY_WITHIN * 1e3:g} ms here")
 
 
 async def test_a_long_commands_next_process_is_made_while_it_runs(server: ServerProcess) -> None:
@@ -315,11 +329,11 @@ async def test_a_long_commands_next_process_is_made_while_it_runs(server: Server
     # runs: a command of the same session started meanwhile, or right after, finds it waiting.
     async with _a_session_with_its_next_process(server) as (client, monitor, ready):
         running = asyncio.ensure_future(client.run("sleep 3"))
-        made = await asyncio.to_thread(wait_until, lambda: bool(set(_waiting(monitor)) - {ready}), 2.5)
-        assert made and not running.done()
-        (following,) = set(_waiting(monitor)) - {ready}
+        made = await asyncio.to_thread(wait_until, lambda: len(set(_waiting(monitor)) - {ready}) == zygote.BURST_DEPTH, 2.5)
+        assert made and not running.done()  # (right after the first command: a burst, so two)
+        following = set(_waiting(monitor)) - {ready}
         assert (await running).exit_code == 0
-        assert following in _waiting(monitor)  # still waiting: the end made no other
+        assert set(_waiting(monitor)) == following  # still waiting: the end made no other
 
 
 async def test_a_ready_process_killed_is_forked_again(server: ServerProcess) -> None:

@@ -23,11 +23,14 @@ command inherits or applies. A command costs a fork and an exec.
   hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
   on a hybrid host without ``favordynmods``: every command after an agent's think time), and the
   fork is the init's dearest step: both are paid between commands, not while the peer waits.
-  A command that ran in a warm shell right after another asks for the next one when it has ended,
-  or :data:`PREPARE_AFTER` after it started if it runs longer (:meth:`Zygote.prepare_after`): asked
-  for as it starts, the fork (and the new shell's exec) ran beside a short command on a small
-  machine's CPUs, and the init reaped its end only after the fork. A command that comes while the
-  init still forks its process waits for the ``'Q'`` (:meth:`Zygote.ready`).
+  In a burst of commands (one starting within :data:`BUSY_WITHIN` of the last one's end) the
+  zygote keeps :data:`BURST_DEPTH` of them, so a command takes one made a command earlier, its
+  shell's exec long done, and the one asked for as it starts is made beside it, while the service
+  answers (:meth:`Zygote.prepare_after`). With one, the next command's shell was asked for only
+  as this one ended (asked for as it started, the fork and exec ran beside a short command on a
+  small machine's CPUs, and the init reaped its end only after the fork), and the next command,
+  a few hundred microseconds later, waited for that exec: for a CPU, on two.
+  A command that comes while the init still forks its process waits for the ``'Q'`` (:meth:`Zygote.ready`).
 * :class:`Zygotes`: a session's, one zygote per sandbox configuration, made at its first command,
   all closed with the session (:meth:`Zygotes.close`): the init's end kills whatever is left in
   its pid namespace. The session's commands share the zygote's private ``/tmp``; another session
@@ -71,6 +74,11 @@ think time) the machine's idle CPUs sleep, and on a VM whose idle CPUs halt, wak
 the command's end cost more than the fork beside the command (a `true` after 0.2 s of idleness:
 p50 x1.09-1.12 when it waited); in a burst of commands (or beside other work) the fork delays each
 command's end instead."""
+BURST_DEPTH = 2
+"""Ready processes a zygote keeps once a command came within :data:`BUSY_WITHIN` of the last one's
+end (one before). ``true`` one after another on 2 CPUs (``python -m bench.bench_exec_start``):
+0.61-0.65x the no-server rate with one, 0.71-0.75x with two, the next asked for as a command
+starts (0.73-0.78x with two asked for as a command ends)."""
 PREPARE_AFTER = 0.005
 """Seconds a warm shell's command runs before the next command's process is asked for anyway
 (:meth:`Zygote.prepare_after`): a command of the same session started meanwhile, or right after a
@@ -245,8 +253,8 @@ class Zygote:
         loop: the loop that reads the replies.
     """
 
-    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "last", "_deferred", "_defer_timer",
-                 "_made", "_ended_at")
+    __slots__ = ("_loop", "_sock", "_popen", "_ids", "_starting", "_exits", "_gone", "_ready", "_depth", "last", "_deferred",
+                 "_defer_timer", "_made", "_ended_at")
 
     def __init__(self, argv: Sequence[str], far: socket.socket, near: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -255,7 +263,8 @@ class Zygote:
         self._starting: dict[int, asyncio.Future[int]] = {}
         self._exits: dict[int, Forked] = {}
         self._gone = False
-        self._ready: Ready | None = None  # the next command's process
+        self._ready: list[Ready] = []  # the next commands' processes, the oldest first
+        self._depth = 1  # how many prepare() keeps: BURST_DEPTH once commands come one after another
         # prepare()'s last arguments: a zygote built again for the session (Zygotes.reset) makes
         # its first ready process with them at once
         self.last: tuple[containment.CommandLimits, Callable[[], Warm | None] | None] | None = None
@@ -327,15 +336,20 @@ class Zygote:
         return forked, started
 
     def prepare_after(self, forked: Forked, limits: containment.CommandLimits, shell: Callable[[], Warm | None] | None = None) -> None:
-        """:meth:`prepare`, once ``forked`` (the command just started in the ready process) ended or
-        :data:`PREPARE_AFTER` seconds passed, whichever comes first: the init then reaps a short
+        """:meth:`prepare` for the commands after ``forked`` (the command just started in a ready
+        process). At once when the last command ended :data:`BUSY_WITHIN` ago or more (after a
+        pause), or when the next one's process is made already (in a burst: this one is made
+        beside what comes before it). Else (the first commands of a burst) once ``forked`` ended
+        or :data:`PREPARE_AFTER` seconds passed, whichever comes first: the init then reaps a short
         command's end at once, where it would fork first, and the new shell's exec does not take
-        the CPU the command and the service need meanwhile (``bench_exec_start`` against the
-        previous build, commands interleaved with other servers: `true`'s p50 x0.78-0.94, `echo
-        hi`'s first output x0.76-0.81). At once when the last command ended :data:`BUSY_WITHIN`
-        ago or more."""
-        if self._gone or self._ready is not None or self._loop.time() - self._ended_at >= BUSY_WITHIN:
+        the CPU the command and the service need meanwhile; the zygote keeps
+        :data:`BURST_DEPTH` from then on."""
+        if self._gone or self._loop.time() - self._ended_at >= BUSY_WITHIN:
             self.prepare(limits, shell)  # after a pause: at once (nothing, but its arguments kept, if one is made)
+            return
+        self._depth = BURST_DEPTH
+        if self._ready and self._ready[0].pid:
+            self.prepare(limits, shell)
             return
         self.last = (limits, shell)
         if self._defer_timer is not None:
@@ -352,15 +366,19 @@ class Zygote:
             self.prepare(*self.last)
 
     def prepare(self, limits: containment.CommandLimits, shell: Callable[[], Warm | None] | None = None) -> None:
-        """Have the init fork the next command's process now, unless one is made or waits: born in
+        """Have the init fork the next commands' processes now, as many as the zygote keeps less
+        those made or asked for (one, or :data:`BURST_DEPTH` in a burst), each born in
         a cell of its own with ``limits`` (the last command's, the likeliest next ones), which this
         zygote then holds (:meth:`take_ready` gives it, :meth:`close` releases it). Where ``shell``
         gives a :class:`Warm` (called only when a process is to be made; the warm shell is this
         zygote's from then on), the process runs that shell at once. Nothing happens if the zygote
         cannot take the request (the next command is forked as before)."""
         self.last = (limits, shell)
-        if self._gone or self._ready is not None:
-            return
+        while not self._gone and len(self._ready) < self._depth and self._make(limits, shell):
+            pass
+
+    def _make(self, limits: containment.CommandLimits, shell: Callable[[], Warm | None] | None) -> bool:
+        """One ready process asked for (:meth:`prepare`); False if the init cannot take the request."""
         warm = shell() if shell is not None else None
         body = b""
         if warm is not None:
@@ -384,12 +402,13 @@ class Zygote:
             cell.release()
             if warm is not None:
                 warm.close()
-            return
+            return False
         if warm is not None:  # the init has its copies now
             for fd in warm.theirs:
                 os.close(fd)
             warm.theirs = ()
-        self._ready = Ready(cell, rid, warm)
+        self._ready.append(Ready(cell, rid, warm))
+        return True
 
     def run(self, ready: Ready, script: bytes) -> Forked:
         """Give a warm shell (``ready.warm``, from :meth:`take_ready`) its script, in one write:
@@ -423,7 +442,7 @@ class Zygote:
         way (for at most :data:`READY_WAIT` seconds). A command sent right after a short one comes
         while the init forks its process (asked for as the short one ended: :meth:`prepare_after`);
         the ``'Q'`` is a moment away, where a process forked for it alone would wait behind that fork."""
-        ready = self._ready
+        ready = self._ready[0] if self._ready else None
         if ready is not None and not ready.pid and not self._gone:
             if self._made is None or self._made.done():
                 self._made = self._loop.create_future()
@@ -440,14 +459,12 @@ class Zygote:
         born there); None when there is none yet (its ``'Q'`` is still on its way: the command takes
         a cell of its own, and the process waits for the one after), or when its limits differ
         (then it is let go and its cell released)."""
-        ready = self._ready
-        if ready is None or not ready.pid:
-            return None
-        self._ready = None
-        if ready.cell.limits != limits:
+        while self._ready and self._ready[0].pid:
+            ready = self._ready.pop(0)
+            if ready.cell.limits == limits:
+                return ready
             ready.discard()
-            return None
-        return ready
+        return None
 
     def signal(self, rid: int, sig: int) -> None:
         """Send ``sig`` to command ``rid``'s process group (nothing once it was reaped)."""
@@ -479,10 +496,10 @@ class Zygote:
                         forked.exited(status, _rusage(v[4:]))
                         if rid == self._deferred:
                             self._prepare_deferred()
-                    elif self._ready is not None and self._ready.rid == rid:
-                        self._lose_ready()  # it ended before its command came (killed)
+                    else:
+                        self._lose_ready(rid)  # it ended before its command came (killed)
                     continue
-                if op == ord("Q") or (op == ord("F") and self._ready is not None and self._ready.rid == rid):
+                if op == ord("Q") or (op == ord("F") and any(r.rid == rid for r in self._ready)):
                     self._made_ready(op, rid, fds)
                     continue
                 started = self._starting.pop(rid, None)
@@ -504,9 +521,9 @@ class Zygote:
     def _made_ready(self, op: int, rid: int, fds: list[int]) -> None:
         """The init's answer to :meth:`prepare`: ``'Q'`` with the process's pidfd and socket (taken
         from ``fds``), or ``'F'``: none was made, its cell goes."""
-        ready = self._ready
+        ready = next((r for r in self._ready if r.rid == rid), None)
         self._made_known()
-        if ready is None or ready.rid != rid:
+        if ready is None:
             return  # one let go meanwhile: its socket is closed with the other fds
         if op == ord("Q") and len(fds) == (1 if ready.warm is not None else 2) and not self._gone:
             ready.pid = _host_pid(fds[0])
@@ -515,13 +532,16 @@ class Zygote:
                 fds[1] = -1  # the socket's now
                 ready.sock.setblocking(False)
         else:
-            self._lose_ready()
+            self._lose_ready(rid)
 
-    def _lose_ready(self) -> None:
+    def _lose_ready(self, rid: int) -> None:
+        """Ready process ``rid`` (if it is one) let go, its cell released."""
         self._made_known()
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            ready.discard()
+        for k, ready in enumerate(self._ready):
+            if ready.rid == rid:
+                del self._ready[k]
+                ready.discard()
+                return
 
     def _end(self) -> None:
         """The init is gone (or we close it): every command it held ended with it."""
@@ -535,8 +555,8 @@ class Zygote:
         with contextlib.suppress(Exception):
             self._loop.remove_reader(self._sock.fileno())
         self._sock.close()
-        if self._ready is not None:
-            self._ready.drop()
+        for ready in self._ready:
+            ready.drop()
         starting, self._starting = self._starting, {}
         exits, self._exits = self._exits, {}
         for started in starting.values():
@@ -554,9 +574,9 @@ class Zygote:
             return
         # The ready process ended with the init's namespace: its cell can go now (not before: a
         # cell with a member left in it is only removed at the next command's, or at exit).
-        ready, self._ready = self._ready, None
-        if ready is not None:
-            ready.cell.release()
+        ready, self._ready = self._ready, []
+        for one in ready:
+            one.cell.release()
 
     def close(self) -> None:
         """End the zygote: its init exits, and the kernel kills every process left in its namespace."""
