@@ -21,7 +21,7 @@ them): what a command costs after the caches and the kernel have cooled (on a hy
 without ``favordynmods``, the cgroup move's RCU grace period: README, "Limits").
 
 Then the rate of ``true`` run one after another (``--rate-count`` per block, ``--rounds`` blocks
-per contender, the contenders' blocks interleaved), side by side: the service over its socket
+per contender, the contenders' blocks interleaved, their order rotating per block), side by side: the service over its socket
 (v1), the service's MCP front (``serve --mcp`` on stdio, its ``shell`` tool), the MCP SDK server
 (``bench/mcp_sdk_server.py``, its ``shell`` tool) and no server; for each its commands per second,
 the ratio to no-server and to the MCP SDK server, and the server's CPU per command (user + system
@@ -117,8 +117,10 @@ def _rates(sessions: dict[str, Session], pids: dict[str, int], peers: dict[str, 
             run()
     took = {n: 0.0 for n in names}
     cpu = {n: 0.0 for n in names}
-    for _ in range(args.rounds):
-        for n in names:
+    for r in range(args.rounds):
+        # the order rotates per block: the contender after no-server's block started ~8% slower
+        # here (its processes idle meanwhile, the machine's CPUs asleep), whichever it was
+        for n in names[r % len(names):] + names[: r % len(names)]:
             pid = pids.get(n, os.getpid())
             c0, t0 = _cpu(pid), time.perf_counter()
             for _ in range(args.rate_count):
