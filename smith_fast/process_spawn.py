@@ -292,6 +292,11 @@ async def spawn_forked(
         raise spawn_error(exc, shell, cwd) from None
     wanted = limits or containment.CommandLimits()
     ready = await zygote.ready(wanted)
+    while ready is not None and ready.warm is not None and not ready.warm.matches(argv[0], where, stdin):
+        # a shell made for another directory (or shell, or a stdin or not): let go, and the one
+        # behind it looked at (a burst keeps two: the second was made after the last command)
+        ready.discard()
+        ready = zygote.take_ready(wanted)
     if ready is not None and ready.warm is not None:
         spawned = _run_warm(zygote, ready, command, argv, environ, where, stdin, loop)
         if spawned is not None:

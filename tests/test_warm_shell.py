@@ -180,6 +180,25 @@ async def test_what_cannot_run_warm_starts_the_usual_way(server: ServerProcess, 
         assert (last.stdout, last.stderr) == (b"ok\n", b"warm\n"), last
 
 
+async def test_after_a_burst_the_second_command_in_another_directory_runs_warm(server: ServerProcess, root: pathlib.Path) -> None:
+    # A burst keeps two warm shells, both for the directory its commands ran in. The first command
+    # in another directory starts the usual way and has the next shell made for its directory; the
+    # second finds that one behind the other directory's, which is let go: it runs warm (the
+    # first directory's shell at the head would make it start the usual way too).
+    cwd = str(root)
+    other = root / "burst-other"
+    other.mkdir(exist_ok=True)
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        await _first(client, cwd)
+        ran = [await client.run(WARM + "true", cwd=cwd) for _ in range(3)]
+        assert [r.stderr for r in ran] == [b"warm\n"] * 3, ran
+        first = await client.run(WARM + "true", cwd=str(other))
+        assert first.stderr == b"cold\n", first
+        second = await client.run(WARM + "pwd -P", cwd=str(other))
+        assert (second.exit_code, second.stdout, second.stderr) == (0, str(other.resolve()).encode() + b"\n", b"warm\n"), second
+
+
 async def test_a_script_longer_than_a_page_runs_warm(server: ServerProcess, root: pathlib.Path) -> None:
     # Within what the shell reads at once, but past what a new pipe surely holds (a page, once the
     # user's pipes pass pipe-user-pages-soft): its pipe is enlarged for it before the one write.
