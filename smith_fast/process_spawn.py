@@ -356,12 +356,11 @@ def _warm(shell: str, environ: dict[str, str], cwd: str, stdin: bool) -> Warm | 
 
 def _run_warm(zygote: Zygote, ready: Ready, command: str, argv: list[str], environ: dict[str, str], cwd: str,
               stdin: bool, loop: asyncio.AbstractEventLoop) -> Spawned | None:
-    """``command`` run by the warm shell ``ready`` holds; None when it cannot (another shell or
-    directory, a command or environment :func:`~smith_fast.warm_shell.script` refuses, a shell gone)."""
+    """``command`` run by the warm shell ``ready`` holds, one that :meth:`Warm.matches` it (the
+    caller let the others go); None when it cannot (a command or environment
+    :func:`~smith_fast.warm_shell.script` refuses, a shell gone)."""
     warm = ready.warm
     assert warm is not None
-    if not warm.matches(argv[0], cwd, stdin):
-        return None
     text = warm_shell.script(command, argv[0], cwd, environ, stdin, warm.env)
     if text is None:
         return None

@@ -455,10 +455,10 @@ class Zygote:
             made.set_result(None)
 
     def take_ready(self, limits: containment.CommandLimits) -> Ready | None:
-        """The next command's process, for a command with ``limits`` (set on its cell before it was
-        born there); None when there is none yet (its ``'Q'`` is still on its way: the command takes
-        a cell of its own, and the process waits for the one after), or when its limits differ
-        (then it is let go and its cell released)."""
+        """The oldest of the next commands' processes, for a command with ``limits`` (set on its
+        cell before it was born there); None when there is none yet (its ``'Q'`` is still on its
+        way: the command takes a cell of its own, and the process waits for the one after), or
+        when their limits differ (then they are let go and their cells released)."""
         while self._ready and self._ready[0].pid:
             ready = self._ready.pop(0)
             if ready.cell.limits == limits:
@@ -499,7 +499,7 @@ class Zygote:
                     else:
                         self._lose_ready(rid)  # it ended before its command came (killed)
                     continue
-                if op == ord("Q") or (op == ord("F") and any(r.rid == rid for r in self._ready)):
+                if op == ord("Q") or (op == ord("F") and self._ready_of(rid) is not None):
                     self._made_ready(op, rid, fds)
                     continue
                 started = self._starting.pop(rid, None)
@@ -521,7 +521,7 @@ class Zygote:
     def _made_ready(self, op: int, rid: int, fds: list[int]) -> None:
         """The init's answer to :meth:`prepare`: ``'Q'`` with the process's pidfd and socket (taken
         from ``fds``), or ``'F'``: none was made, its cell goes."""
-        ready = next((r for r in self._ready if r.rid == rid), None)
+        ready = self._ready_of(rid)
         self._made_known()
         if ready is None:
             return  # one let go meanwhile: its socket is closed with the other fds
@@ -534,14 +534,19 @@ class Zygote:
         else:
             self._lose_ready(rid)
 
+    def _ready_of(self, rid: int) -> Ready | None:
+        """The ready process made (or asked for) as command ``rid``, if one is."""
+        return next((ready for ready in self._ready if ready.rid == rid), None)
+
     def _lose_ready(self, rid: int) -> None:
-        """Ready process ``rid`` (if it is one) let go, its cell released."""
+        """Ready process ``rid`` (if it is one) let go, its cell released; a command waiting for
+        it (:meth:`ready`) looks again."""
+        ready = self._ready_of(rid)
+        if ready is None:
+            return
+        self._ready.remove(ready)
         self._made_known()
-        for k, ready in enumerate(self._ready):
-            if ready.rid == rid:
-                del self._ready[k]
-                ready.discard()
-                return
+        ready.discard()
 
     def _end(self) -> None:
         """The init is gone (or we close it): every command it held ended with it."""
