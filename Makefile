@@ -54,13 +54,15 @@ else
 	  exec $(VENV)/bin/smith-fast serve --root "$(WORKSPACE)" --state-dir "$(STATE)" --unix "$(SOCK)" --tcp "$(TCP)"
 endif
 
-# Tools the tests run inside the sandbox that a bare machine may lack (tests/test_tool_home.py builds
-# a Go module): Debian's packages, installed once when missing.
+# Tools the tests run that a bare machine may lack (tests/test_tool_home.py builds a Go module inside
+# the sandbox; tests/test_sandbox_zygote.py watches a zygote's init with strace): Debian's packages,
+# installed once when missing.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 build/.system-tools:
 	command -v go >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq golang-go; }
 	command -v go >/dev/null 2>&1 || { echo "make test: go is needed (Debian: apt-get install golang-go)" >&2; exit 1; }
 	command -v socat >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq socat; }
+	command -v strace >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq strace; }
 	mkdir -p build && touch $@
 
 test: install $(INTEROP)/node_modules/.deps build/.system-tools

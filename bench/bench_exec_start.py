@@ -1,6 +1,6 @@
 """ShellExec start to first output and to the final event, service vs no server, side by side.
 
-Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--gap SECONDS] [--network on|off] [--sandbox MODE] [--base PYTHON]``
+Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--gap SECONDS [--burst N] [--new-session]] [--network on|off] [--sandbox MODE] [--base PYTHON]``
 
 The start-up target: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
 (v1 over its Unix socket, uvloop, Cython wire core, sandbox on: by default ``--sandbox
@@ -17,8 +17,11 @@ alike. Figures per command: p50 (and p90) of
 
 and their ratio (service / no server; the target is <= 1.3). With ``--gap``, each request (of each
 side) follows that many seconds of idleness, as an agent's commands do (its model thinks between
-them): what a command costs after the caches and the kernel have cooled (on a hybrid cgroup machine
-without ``favordynmods``, the cgroup move's RCU grace period: README, "Limits").
+them): what a command costs after the caches and the kernel have cooled. ``--burst N`` makes each
+request after a gap N requests one after another (each position reported apart: the second's
+process is made as the first starts), ``--new-session`` starts each in a new session (a session's
+first command; its handshake is not timed). The cgroup moves a command's process makes are what
+``--gap --burst 2`` and ``--new-session`` show (README, "Limits").
 
 Then the rate of ``true`` run one after another (``--rate-count`` per block, ``--rounds`` blocks
 per contender, the contenders' blocks interleaved, their order rotating per block), side by side: the service over its socket
@@ -155,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", type=int, default=200, help="requests per command and side (default 200)")
     p.add_argument("--gap", type=float, default=0.0, metavar="SECONDS",
                    help="idle seconds before each request of the p50 part (an agent's think time; default 0)")
+    p.add_argument("--burst", type=int, default=1, metavar="N",
+                   help="after each gap, N requests one after another, each position's figures apart (default 1)")
+    p.add_argument("--new-session", action="store_true",
+                   help="each burst in a new session (its handshake not timed): a session's first commands")
     p.add_argument("--network", default="on", choices=("on", "off", "loopback"))
     p.add_argument("--sandbox", default="workspace-write", choices=("workspace-write", "read-only", "off"))
     p.add_argument("--base", metavar="PYTHON", help="also run a server on this interpreter (another checkout's venv, "
@@ -179,30 +186,38 @@ def main(argv: list[str] | None = None) -> int:
         sessions = {name: Session(server.sock_path, "v1") for name, server in servers.items()}
         encode = WIRES["v1"]().encode
         print(f"sandbox {args.sandbox}, network {args.network}, {args.count} requests each, interleaved"
-              f"{f', {args.gap:g} s idle before each' if args.gap else ''}; "
+              f"{f', {args.gap:g} s idle before each' if args.gap else ''}"
+              f"{f' burst of {args.burst}' if args.burst > 1 else ''}{', each in a new session' if args.new_session else ''}; "
               f"load {os.getloadavg()[0]:.2f}")
         names = [*sessions, "no-server"]
         print(f"{'command':10} {'figure':6} " + " ".join(f"{n + ' p50':>15}" for n in names) + "   ratios to no-server"
               + "   " + " ".join(f"{n + ' p90':>15}" for n in names))
         for command in COMMANDS:
-            figures: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+            # per side, per position in a burst: (first, final) of each request
+            figures: dict[str, list[list[tuple[float, float]]]] = {n: [[] for _ in range(args.burst)] for n in names}
             for i in range(args.count + 10):
-                units = {n: encode(shell_exec_command(request_ids(1)[0], command)) for n in sessions}
-                got = {}
-                for n, session in sessions.items():
+                got: dict[str, list[tuple[float, float]]] = {}
+                for n, server in servers.items():
+                    if args.new_session:
+                        sessions[n].close()
+                        sessions[n] = Session(server.sock_path, "v1")
+                    units = [encode(shell_exec_command(rid, command)) for rid in request_ids(args.burst)]
                     time.sleep(args.gap)
-                    got[n] = _service(session, units[n])
+                    got[n] = [_service(sessions[n], unit) for unit in units]
                 time.sleep(args.gap)
-                got["no-server"] = _reference(command)
+                got["no-server"] = [_reference(command) for _ in range(args.burst)]
                 if i >= 10:  # warm-up
                     for n, f in got.items():
-                        figures[n].append(f)
-            for j, figure in enumerate(("first", "final")):
-                p50 = {n: percentile(sorted(x[j] for x in v), .5) for n, v in figures.items()}
-                p90 = {n: percentile(sorted(x[j] for x in v), .9) for n, v in figures.items()}
-                ratios = " ".join(f"{n} {p50[n] / p50['no-server']:.2f}x" for n in sessions)
-                print(f"{command:10} {figure:6} " + " ".join(f"{p50[n] * 1e3:12.3f} ms" for n in names)
-                      + f"   {ratios}   " + " ".join(f"{p90[n] * 1e3:12.3f} ms" for n in names))
+                        for k, one in enumerate(f):
+                            figures[n][k].append(one)
+            for k in range(args.burst):
+                label = f"{command} #{k + 1}" if args.burst > 1 else command
+                for j, figure in enumerate(("first", "final")):
+                    p50 = {n: percentile(sorted(x[j] for x in v[k]), .5) for n, v in figures.items()}
+                    p90 = {n: percentile(sorted(x[j] for x in v[k]), .9) for n, v in figures.items()}
+                    ratios = " ".join(f"{n} {p50[n] / p50['no-server']:.2f}x" for n in sessions)
+                    print(f"{label:10} {figure:6} " + " ".join(f"{p50[n] * 1e3:12.3f} ms" for n in names)
+                          + f"   {ratios}   " + " ".join(f"{p90[n] * 1e3:12.3f} ms" for n in names))
         if args.rate_count > 0:
             root = tmp / "root"
             peers = {

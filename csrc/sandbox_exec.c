@@ -748,11 +748,10 @@ static int zy_strings(char **at, char *end, char **out, uint32_t count) {
 
 /* The process made ahead of the session's next command (op 'R', its id the command's): born in
  * that command's cell, its v1 cells joined, waiting on a socket of its own whose other end goes to
- * the service (reply 'Q'), which sends it the command directly: no step through the init. A join of
- * a v1 hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment
- * (without `favordynmods`: 5-10 ms after an agent's think time), and the fork is the init's dearest
- * step: both are paid here, between commands, not while the peer waits. It is a live command to
- * the init from its birth: 'K' reaches it, and its end is an 'X' like any. */
+ * the service (reply 'Q'), which sends it the command directly: no step through the init. The
+ * fork and the joins (zy_clone) are the init's dearest steps: they are paid here, between
+ * commands, not while the peer waits. It is a live command to the init from its birth: 'K'
+ * reaches it, and its end is an 'X' like any. */
 static char zy_buf[ZY_MAX_MSG + 1];
 
 /* A child born in cgroup directory cells[0] (clone3's CLONE_INTO_CGROUP) that has joined the others
@@ -781,7 +780,14 @@ static pid_t zy_clone(const int *cells, int ncells, int *pidfd) {
     }
     if (pid == 0) {
         for (int k = joins ? 0 : 1; k < ncells; k++) {
-            int procs = openat(cells[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
+            /* A v1 cell is joined by its `tasks` file: "0" there moves this thread alone, which
+               the kernel does without the cgroup_threadgroup_rwsem a move by `cgroup.procs` takes
+               for writing (and that, after an idle moment and without `favordynmods`, waits for an
+               RCU grace period, 6-17 ms here, with cgroup_mutex held: the init's next clone3 into
+               a cell waited with it). This process has one thread (the init's fork), so the thread
+               is the process. A v2 cell has no `tasks`. */
+            int procs = openat(cells[k], "tasks", O_WRONLY | O_CLOEXEC);
+            if (procs < 0) procs = openat(cells[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
             if (procs >= 0 && write(procs, "0", 1) != 1) {}
             if (procs >= 0) close(procs);
         }

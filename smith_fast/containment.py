@@ -29,16 +29,17 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   when what that one's :class:`Usage` says stays its own (:meth:`Cell.recycle`: at most a shell and
   its program at once all its life, a memory peak that resets, the other counters subtracted): no
   ``mkdir``, ``rmdir`` or limit write per command.
-* **Moves wait** (:func:`slow_moves`): every move of a process into a cgroup (the zygote's command
-  joining its v1 ``memory``/``pids`` cells, :meth:`Cell.joined`) takes the kernel's one
-  ``cgroup_threadgroup_rwsem`` for writing, and unless a cgroup hierarchy is mounted with
-  ``favordynmods`` (Linux >= 6.0) the first move after an idle moment waits for an RCU grace
-  period: measured here, a ``true`` sent 0.2 s after the last took 12-16 ms instead of 3.4 (a 1-byte
-  write to ``cgroup.procs`` of 6-11 ms in ``perf trace``). A command born in its v2 cell
-  (``CLONE_INTO_CGROUP``) moves nothing; on a hybrid machine the v1 joins remain: a session's
-  zygote makes them ahead, in the next command's process, forked as each command starts
-  (``smith_fast/sandbox/zygote.py``), and the service names the remedy at start-up for the rest (a
-  session's first command, the one-shot way).
+* **Moves wait, or not** (:func:`slow_moves`): a move of a whole process into a cgroup (a write
+  to ``cgroup.procs``) takes the kernel's one ``cgroup_threadgroup_rwsem`` for writing, and unless
+  a cgroup hierarchy is mounted with ``favordynmods`` (Linux >= 6.0) the first such move after an
+  idle moment waits for an RCU grace period, with ``cgroup_mutex`` held (measured here: 5-8 ms for
+  a 1-byte write after 0.3 s idle). A thread that moves itself (``"0"`` to a v1 ``tasks`` file)
+  takes neither lock's write side and does not wait (0.3 ms). So a zygote's command is born in its
+  v2 cell (``CLONE_INTO_CGROUP``) and joins its v1 ones by ``tasks`` (one thread: the process),
+  and :meth:`Cell.joined` moves the service's event-loop thread by ``tasks`` in v1; only its step
+  into a v2 cell moves the whole service (v2 has no ``tasks``): a command started the one-shot
+  way (a terminal, egress rules, no sandbox) after an idle moment waits for it, which the service
+  says at start-up with the remedy.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -425,14 +426,13 @@ def moves_favored(mountinfo: str = "/proc/self/mountinfo") -> bool:
         return False
 
 
-def slow_moves(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """The cgroup v1 controllers every sandboxed command joins by a move here (a hybrid machine's
-    ``memory``, ``pids``) when no hierarchy is mounted with ``favordynmods``: then a command started
-    after an idle moment waits for an RCU grace period (~10 ms) before it runs. Empty otherwise
-    (cgroup v2 only: a command is born in its cell)."""
+def slow_moves(mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether a command started the one-shot way (:meth:`Cell.joined`) waits for an RCU grace
+    period (5-10 ms) after an idle moment: the service steps into its cgroup v2 cell by a move of
+    its whole process, and no hierarchy is mounted with ``favordynmods``. A v1 cell is joined by a
+    thread's own move, which never waits; a zygote's command is born in its v2 cell."""
     trees = _hierarchies() if _enabled else []
-    v1 = sorted(c for t in trees if not t.v2 for c in t.controllers)
-    return [] if not v1 or moves_favored(mountinfo) else v1
+    return any(t.v2 for t in trees) and not moves_favored(mountinfo)
 
 
 def cell_parents() -> tuple[str, ...]:

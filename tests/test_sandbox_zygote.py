@@ -268,6 +268,38 @@ async def test_the_next_command_waits_ready_in_its_cell(server: ServerProcess) -
     assert wait_until(lambda: not any(map(pid_alive, following)) and not any(map(os.path.isdir, cell_dirs)), 10), cell_dirs
 
 
+async def test_a_ready_process_joins_its_v1_cells_by_a_move_of_its_thread(server: ServerProcess, tmp_path: pathlib.Path) -> None:
+    # A move of a whole process (`cgroup.procs`) takes the kernel's cgroup_threadgroup_rwsem for
+    # writing, which after an idle moment waits for an RCU grace period (without `favordynmods`:
+    # 6-17 ms here, with cgroup_mutex held, so the init's next clone3 into a cell waited too); a
+    # thread's move of itself (`tasks`, v1) does not. The init's children are single-threaded, so
+    # they join their v1 cells by `tasks`. Watched with strace on the init: every file a child opens
+    # to join a cell is a `tasks` (the v2 cell is entered by clone3, not by a file).
+    v1 = [key for key in _cells_of(os.getpid()) if key and ({"memory", "pids"} & set(key.split(",")))]
+    out = tmp_path / "strace.txt"
+    async with _a_session_with_its_next_process(server) as (client, monitor, ready):
+        (init,) = _children(monitor)
+        tracer = subprocess.Popen(["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(out), "-p", str(init)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert wait_until(lambda: _tracer_of(init) == tracer.pid, 10), tracer.stderr
+            for _ in range(4):  # each makes a ready process (or two: a burst) for the commands after
+                assert (await client.run("true")).exit_code == 0
+            assert wait_until(lambda: len(_waiting(monitor)) == zygote.BURST_DEPTH, 10)
+        finally:
+            tracer.terminate()
+            tracer.wait(10)
+    joins = [line for line in out.read_text().splitlines() if '"tasks"' in line or '"cgroup.procs"' in line]
+    assert joins and all('"tasks"' in line and "O_WRONLY" in line and "= -1" not in line for line in joins), joins
+    assert len(joins) >= 4 * len(v1), (joins, v1)
+
+
+def _tracer_of(pid: int) -> int:
+    """Its ``TracerPid`` (0: none)."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("TracerPid:")[1].split("\n")[0])
+
+
 def _ns_pid(pid: int) -> int:
     """Its pid in the innermost pid namespace it is in (the session's)."""
     return int(pathlib.Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1])

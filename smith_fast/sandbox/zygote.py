@@ -19,10 +19,12 @@ command inherits or applies. A command costs a fork and an exec.
 * The ready process: :meth:`Zygote.prepare` has the init fork the next command's process ahead,
   born in the next command's cell and joined to its v1 cells, waiting on a socket whose other end
   the init hands us; the next :meth:`Zygote.start` sends it the command there, with no step through
-  the init and no reply to wait for (:meth:`Zygote.take_ready` gives it, its cell with it). A join of a v1 cgroup
-  hierarchy waits for an RCU grace period once the host's cgroups have been idle a moment (5-10 ms
-  on a hybrid host without ``favordynmods``: every command after an agent's think time), and the
-  fork is the init's dearest step: both are paid between commands, not while the peer waits.
+  the init and no reply to wait for (:meth:`Zygote.take_ready` gives it, its cell with it). The
+  fork and the joins are the init's dearest steps: they are paid between commands, not while the
+  peer waits. The process joins a v1 cell by its ``tasks`` file (a move of its one thread), which
+  the kernel makes without the lock a ``cgroup.procs`` move takes: that one waits for an RCU grace
+  period once the host's cgroups have been idle a moment (6-17 ms here, without ``favordynmods``:
+  a session's first command, and the second after an agent's think time, waited for it).
   In a burst of commands (one starting within :data:`BUSY_WITHIN` of the last one's end) the
   zygote keeps :data:`BURST_DEPTH` of them, so a command takes one made a command earlier, its
   shell's exec long done, and the one asked for as it starts is made beside it, while the service

@@ -117,15 +117,16 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         # The guard is started by the first process it guards (not on the way to the first
         # answer); it then also removes the cells' parents at the end, if we could not (SIGKILL).
         childguard.arm(containment.cell_parents())
-        joined = containment.slow_moves()
-        if joined:  # containment.py, "Moves wait": what a deployment can fix, said once (info: a cost of the
-            # host's, nothing wrong with the service; `smith-fast exec`'s own server, at warning, says nothing)
+        if containment.slow_moves():  # containment.py, "Moves wait, or not": what a deployment can fix, said
+            # once (info: a cost of the host's, nothing wrong with the service; `smith-fast exec`'s own server, at
+            # warning, says nothing)
             mounts = containment.cgroup_mounts()
             point = next((m[0] for m in mounts if m[2] == "cgroup2"), mounts[0][0])
-            log.info("a session's first command (and any started the one-shot way) starts ~10 ms late after an idle "
-                     "moment: it joins cgroup v1 hierarchies, and no cgroup mount has favordynmods, so the kernel makes "
-                     "the move wait for an RCU grace period (a session's next commands are joined ahead)",
-                     extra={"fields": {"v1_controllers": joined,
+            log.info("a command started the one-shot way (in a terminal, with egress rules, or unsandboxed) starts "
+                     "5-10 ms late after an idle moment: the service steps into its cgroup v2 cell by a move of its "
+                     "whole process, and no cgroup mount has favordynmods, so the kernel makes the move wait for an "
+                     "RCU grace period (a sandboxed command's process joins its cells without that wait)",
+                     extra={"fields": {"cgroup2": point,
                                        "remedy": f"mount -o remount,favordynmods {point} (any cgroup mount; Linux >= 6.0)"}})
     try:
         for path in hook_files:
