@@ -2,10 +2,10 @@
  *
  *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off]
  *                [--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
- *                [--reap] [--env-prefixed] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
+ *                [--cgroup-fd FD] [--reap] [--env-prefixed] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
- *   sandbox-exec --zygote CONTROL_FD [the first form's options but --tty and --usage-fd, no PROGRAM]
+ *   sandbox-exec --zygote CONTROL_FD [the first form's options but --tty, --usage-fd and --cgroup-fd, no PROGRAM]
  *
  * It builds the walls bubblewrap builds (what Flatpak, Codex and Anthropic's sandbox runtime use),
  * in one small C program so that the service pays one exec for them, then Landlock as the last wall:
@@ -148,6 +148,7 @@ static struct {
     int view; /* an option of the first form was given */
     int fs, net_off, net_on, loopback, tty, probe, reap, usage_fd, ruleset_fd;
     int zygote_fd; /* --zygote: the control socket; -1: the one-shot form */
+    int cgroup_fd; /* --cgroup-fd: a cgroup v2 directory the init is born in; -1: none */
     int egress_fd; /* --network allow: where the egress listener is sent (egress_listener.h) */
     int guard[2];  /* --network allow: the unix guard's channel, command -> init (unix_guard.h) */
     unsigned long long tmp_size, file_size, data_size;
@@ -366,17 +367,45 @@ static void mount_view(void) {
     }
 }
 
+#define SYS_clone3_ 435
+#define CLONE_PIDFD_ 0x1000ULL
+#define CLONE_INTO_CGROUP_ 0x200000000ULL
+
+struct clone_args_ {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+};
+
 /* The init's namespaces, made by the clone that starts it: the monitor stays in the host's, so its
  * own exit is cheap (the last one out of a mount namespace pays an RCU grace period to tear it
- * down, and that is the init, whose end nobody waits for). */
+ * down, and that is the init, whose end nobody waits for). With --cgroup-fd the init is born in
+ * that cgroup v2 directory (clone3's CLONE_INTO_CGROUP), so is everything it starts, and the
+ * service need not move itself in for the spawn: a move of a whole process waits for an RCU grace
+ * period after an idle moment (without `favordynmods`), a birth into the cell does not. Where
+ * clone3 will not (an older kernel), the init joins it itself before anything runs. */
 static pid_t start_init(int *ready) {
     int flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (o.net_on ? 0 : CLONE_NEWNET);
-    int sync[2];
+    int sync[2], join = 0;
     if (pipe2(sync, O_CLOEXEC) != 0) die(FAILED, "cannot start the command: pipe", "");
+    pid_t child = -1;
+    if (o.cgroup_fd >= 0) {
+        struct clone_args_ ca;
+        memset(&ca, 0, sizeof ca);
+        ca.flags = (uint64_t)flags | CLONE_INTO_CGROUP_;
+        ca.exit_signal = SIGCHLD;
+        ca.cgroup = (uint64_t)o.cgroup_fd;
+        child = (pid_t)syscall(SYS_clone3_, &ca, sizeof ca);
+        join = child < 0;
+    }
     /* fork() with namespace flags; the same argument order (flags, stack 0, ...) on every architecture */
-    pid_t child = (pid_t)syscall(SYS_clone, (unsigned long)flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+    if (child < 0) child = (pid_t)syscall(SYS_clone, (unsigned long)flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
     if (child < 0) die(FAILED, "cannot restrict the command: clone (user, mount, pid, ipc, uts, net namespaces)", "");
     if (child == 0) {
+        if (join) {
+            int procs = openat(o.cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+            if (procs >= 0 && write(procs, "0", 1) != 1) {}
+            if (procs >= 0) close(procs);
+        }
+        if (o.cgroup_fd >= 0) close(o.cgroup_fd);
         close(sync[1]);
         char go;
         if (read(sync[0], &go, 1) != 1) _exit(FAILED); /* the monitor failed to map our ids: it said why */
@@ -694,9 +723,6 @@ static void init(int report) {
 #define ZY_MAX_MSG (256 * 1024)
 #define ZY_MAX_FDS 8
 #define ZY_MAX_LIVE 4096
-#define SYS_clone3_ 435
-#define CLONE_PIDFD_ 0x1000ULL
-#define CLONE_INTO_CGROUP_ 0x200000000ULL
 
 struct zy_head {
     uint32_t op, id;
@@ -710,10 +736,6 @@ struct zy_reply {
     uint32_t op, id;
     int32_t pid, value;
     struct rusage usage;
-};
-
-struct clone_args_ {
-    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
 };
 
 static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
@@ -1048,7 +1070,7 @@ static unsigned long long parse_size(const char *text, int *ok) {
 static void usage(const char *at) {
     fprintf(stderr,
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
-            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--reap] [--env-prefixed] [--probe] "
+            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--cgroup-fd FD] [--reap] [--env-prefixed] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
@@ -1074,6 +1096,7 @@ int main(int argc, char **argv) {
     o.tmp_size = 1ULL << 30;
     o.ruleset_fd = -1;
     o.zygote_fd = -1;
+    o.cgroup_fd = -1;
     o.egress_fd = o.guard[0] = o.guard[1] = -1;
     o.hide = calloc((size_t)argc, sizeof *o.hide);
     if (o.hide == NULL) die(FAILED, "cannot restrict the command: out of memory", "");
@@ -1105,10 +1128,13 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--tmp-size") == 0 && (o.tmp_size = parse_size(v, &ok), ok && o.tmp_size > 0)) {}
         else if (strcmp(a, "--zygote") == 0 && (o.zygote_fd = (int)parse_size(v, &ok), ok && o.zygote_fd > 2)) {}
         else if (strcmp(a, "--usage-fd") == 0 && (o.usage_fd = (int)parse_size(v, &ok), ok && o.usage_fd > 2)) {}
+        else if (strcmp(a, "--cgroup-fd") == 0 && (o.cgroup_fd = (int)parse_size(v, &ok), ok && o.cgroup_fd > 2)) {}
         else usage(a);
     }
     if (!o.probe && i >= argc && o.zygote_fd < 0) usage(NULL);
-    if (o.zygote_fd >= 0 && (o.tty || o.usage_fd || o.egress_fd >= 0 || i < argc)) usage("--zygote with --tty, --usage-fd, --egress-fd or a PROGRAM");
+    if (o.zygote_fd >= 0 && (o.tty || o.usage_fd || o.egress_fd >= 0 || o.cgroup_fd >= 0 || i < argc))
+        usage("--zygote with --tty, --usage-fd, --egress-fd, --cgroup-fd or a PROGRAM");
+    if (o.cgroup_fd >= 0 && fcntl(o.cgroup_fd, F_SETFD, FD_CLOEXEC) != 0) usage("--cgroup-fd");
     if (o.nonly) {
         /* Landlock alone: PROGRAM, a path, is the one program the process may run. */
         if (o.view) usage("--only-read with an option of the namespaces' form");
@@ -1160,6 +1186,7 @@ int main(int argc, char **argv) {
     }
     close(report[1]);
     if (o.egress_fd >= 0) close(o.egress_fd); /* the init's alone */
+    if (o.cgroup_fd >= 0) close(o.cgroup_fd);
     if (o.zygote_fd >= 0) close(o.zygote_fd); /* the init's alone: its EOF is the service's end or death */
     monitor(child, report[0]);
     return FAILED;

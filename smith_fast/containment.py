@@ -17,7 +17,9 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   to a shell that forks at once (measured: ``sh -c 'setsid cmd &'`` had forked before the pid was
   written), and ``clone3(CLONE_INTO_CGROUP)`` is not reachable from ``subprocess``; so for the
   ``Popen`` call the service's process (v2) and event-loop thread (v1 ``tasks``) step into the cell
-  and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). The limits are set
+  and straight back out (:meth:`Cell.joined`; ~20 us per hierarchy and way). A sandboxed command's
+  program is given the v2 cell instead (:meth:`Cell.v2_fd`: it clones its init into it), and the
+  service steps into the v1 cells only. The limits are set
   only once the service is out, so it is never what they kill. A thread of the service that forks
   in those microseconds would put its child in the cell; :mod:`smith_fast.process` spawns from the
   event loop, and other spawners in threads hold :func:`spawn_guard`.
@@ -34,12 +36,13 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
   a cgroup hierarchy is mounted with ``favordynmods`` (Linux >= 6.0) the first such move after an
   idle moment waits for an RCU grace period, with ``cgroup_mutex`` held (measured here: 5-8 ms for
   a 1-byte write after 0.3 s idle). A thread that moves itself (``"0"`` to a v1 ``tasks`` file)
-  takes neither lock's write side and does not wait (0.3 ms). So a zygote's command is born in its
-  v2 cell (``CLONE_INTO_CGROUP``) and joins its v1 ones by ``tasks`` (one thread: the process),
-  and :meth:`Cell.joined` moves the service's event-loop thread by ``tasks`` in v1; only its step
-  into a v2 cell moves the whole service (v2 has no ``tasks``): a command started the one-shot
-  way (a terminal, egress rules, no sandbox) after an idle moment waits for it, which the service
-  says at start-up with the remedy.
+  takes neither lock's write side and does not wait (0.3 ms), and neither does a birth into a v2
+  cell (``clone3(CLONE_INTO_CGROUP)``). So a zygote's command is born in its v2 cell and joins
+  its v1 ones by ``tasks`` (one thread: the process); a command started the one-shot way
+  sandboxed is born in its v2 cell by the sandbox program (``--cgroup-fd``, :meth:`Cell.v2_fd`),
+  and :meth:`Cell.joined` moves only the service's event-loop thread, in v1. Only an unsandboxed
+  command still has the service step into its v2 cell as a whole (v2 has no ``tasks``) and waits
+  after an idle moment; a service with ``--sandbox off`` says so at start-up with the remedy.
 * **Ending**: :meth:`Cell.kill` (``cgroup.kill``, else SIGKILL to each member until none is left)
   when the shell exits, is killed, or the service stops; :mod:`smith_fast.childguard` is told the
   cell's directories, so a SIGKILLed service's leftovers die too.
@@ -427,10 +430,10 @@ def moves_favored(mountinfo: str = "/proc/self/mountinfo") -> bool:
 
 
 def slow_moves(mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether a command started the one-shot way (:meth:`Cell.joined`) waits for an RCU grace
-    period (5-10 ms) after an idle moment: the service steps into its cgroup v2 cell by a move of
-    its whole process, and no hierarchy is mounted with ``favordynmods``. A v1 cell is joined by a
-    thread's own move, which never waits; a zygote's command is born in its v2 cell."""
+    """Whether an unsandboxed command (:meth:`Cell.joined` without ``v2_delegated``) waits for an
+    RCU grace period (5-10 ms) after an idle moment: the service steps into its cgroup v2 cell by a
+    move of its whole process, and no hierarchy is mounted with ``favordynmods``. A v1 cell is
+    joined by a thread's own move, which never waits; a sandboxed command is born in its v2 cell."""
     trees = _hierarchies() if _enabled else []
     return any(t.v2 for t in trees) and not moves_favored(mountinfo)
 
@@ -526,19 +529,26 @@ class Cell:
         self._fallback = limits.memory > 0 and self._memory is None
 
     @contextlib.contextmanager
-    def joined(self) -> Iterator[None]:
+    def joined(self, *, v2_delegated: bool = False) -> Iterator[None]:
         """While the body runs, the calling process (v2) and thread (v1) are in the cell, so a
-        process it spawns is born there; afterwards they are back home."""
+        process it spawns is born there; afterwards they are back home. ``v2_delegated``: the
+        process spawned starts its own in the v2 cell (``sandbox-exec --cgroup-fd`` on
+        :meth:`v2_fd`), so the caller stays out of it: only the v1 steps, a thread's moves, which
+        do not wait for an RCU grace period (a whole process's move into v2 does)."""
         entered: list[tuple[str, str, bool]] = []
         with _spawn_lock:
             try:
                 for cell, home, v2 in self._homes:
+                    if v2 and v2_delegated:
+                        continue
                     try:
                         _write(cell + ("/cgroup.procs" if v2 else "/tasks"), "0")
                     except OSError:
                         continue
                     entered.append((cell, home, v2))
                 self._born = {cell for cell, _, _ in entered}
+                if v2_delegated and self._v2 is not None:
+                    self._born.add(self._v2)
                 yield
             finally:
                 for cell, home, v2 in entered:
@@ -550,6 +560,18 @@ class Cell:
 
                         get_logger("smith_fast.containment").error(
                             "could not leave a command's cgroup", extra={"fields": {"cgroup": cell, "home": home}})
+
+    def v2_fd(self) -> int:
+        """Its cgroup v2 directory, open while the cell lives (-1: it has none): for a program that
+        starts the command born in it (``sandbox-exec --cgroup-fd``: ``clone3(CLONE_INTO_CGROUP)``),
+        with :meth:`joined` ``v2_delegated``."""
+        if self._v2 is None:
+            return -1
+        key = self._v2 + "/."
+        fd = self._open.get(key)
+        if fd is None:
+            fd = self._open[key] = os.open(self._v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return fd
 
     def birth_fds(self) -> tuple[int, ...]:
         """For a command that another process starts in this cell (a zygote's

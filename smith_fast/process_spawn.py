@@ -74,13 +74,15 @@ _SPAWN_ERRORS = (OSError, ValueError, TypeError, subprocess.SubprocessError)
 
 
 def _popen_in(cell: containment.Cell, argv: list[str], stdin: int, stdout: int, stderr: int, cwd: str | None,
-              environ: dict[str, str], usage_w: int, egress_fd: int = -1) -> subprocess.Popen[bytes]:
+              environ: dict[str, str], usage_w: int, egress_fd: int = -1, cgroup_fd: int = -1) -> subprocess.Popen[bytes]:
     """Start ``argv`` born in ``cell``'s cgroup (it cannot fork out before it is put there), in a
     session of its own. Synchronous on purpose: Popen vforks and returns once exec succeeded
-    (~1 ms, see bench_process's spawn group); an executor hop would cost more than it saves."""
-    with cell.joined():
+    (~1 ms, see bench_process's spawn group); an executor hop would cost more than it saves.
+    ``cgroup_fd`` (the sandbox program's ``--cgroup-fd``, :meth:`~smith_fast.containment.Cell.v2_fd`):
+    the program starts its init in the v2 cell itself, and the service does not step in there."""
+    with cell.joined(v2_delegated=cgroup_fd >= 0):
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=environ, close_fds=True,
-                                pass_fds=tuple(fd for fd in (usage_w, egress_fd) if fd >= 0), start_new_session=True)
+                                pass_fds=tuple(fd for fd in (usage_w, egress_fd, cgroup_fd) if fd >= 0), start_new_session=True)
 
 
 def _give_up(cell: containment.Cell, *fds: int) -> None:
@@ -422,13 +424,15 @@ def spawn(
     except OSError as exc:
         close_quietly(out_r, out_w, err_r, err_w)
         raise spawn_error(exc, shell, cwd) from None
-    usage_r = usage_w = -1
+    usage_r = usage_w = cgroup_fd = -1
     try:
         if sandbox is not None and sandbox.active:
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w, egress_fd=egress_fd)
+            cgroup_fd = cell.v2_fd()
+            argv = sandbox.wrap(argv, sandbox.writable(), usage_fd=usage_w, egress_fd=egress_fd, cgroup_fd=cgroup_fd)
             environ = sandbox.wrap_environ(environ)
-        child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w, egress_fd)
+        child = _popen_in(cell, argv, in_r if stdin else subprocess.DEVNULL, out_w, err_w, cwd, environ, usage_w, egress_fd,
+                          cgroup_fd)
     except _SPAWN_ERRORS as exc:
         _give_up(cell, out_r, out_w, err_r, err_w, *((in_r, in_w) if stdin else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None
@@ -466,7 +470,7 @@ def _spawn_pty(
     except OSError as exc:
         raise spawn_error(exc, shell, cwd) from None
     writer = -1
-    usage_r = usage_w = -1
+    usage_r = usage_w = cgroup_fd = -1
     cell = containment.new_cell(limits)
     try:
         set_winsize(master, *size)
@@ -477,11 +481,13 @@ def _spawn_pty(
             # The same confinement as a piped command; the sandbox program makes the terminal
             # the command's controlling one (the host's /dev/pts is not in its view).
             usage_r, usage_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w, egress_fd=egress_fd)
+            cgroup_fd = cell.v2_fd()
+            argv = sandbox.wrap([found, "-c", command], sandbox.writable(), tty=True, usage_fd=usage_w, egress_fd=egress_fd,
+                                cgroup_fd=cgroup_fd)
             environ = sandbox.wrap_environ(environ)
         else:
             argv = [DEFAULT_SHELL, "-c", _PTY_WRAPPER, "smith-fast-pty", os.ttyname(slave), shell, command]
-        popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w, egress_fd)
+        popen = _popen_in(cell, argv, slave, slave, slave, cwd, environ, usage_w, egress_fd, cgroup_fd)
     except _SPAWN_ERRORS as exc:
         _give_up(cell, master, slave, *((writer,) if writer >= 0 else ()), *((usage_r, usage_w) if usage_r >= 0 else ()))
         raise spawn_error(exc, shell, cwd) from None

@@ -11,6 +11,8 @@ ShellOutput, the ``usage`` of ``shell.run``, and each ``--max-*-per-command`` li
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import pathlib
@@ -349,22 +351,76 @@ def test_moves_favored_reads_the_cgroup_mounts_options(tmp_path: pathlib.Path) -
 
 
 def test_start_up_says_when_commands_wait_for_cgroup_moves(tmp_path: pathlib.Path) -> None:
-    """Where the one-shot way's step into a cgroup v2 cell (a move of the whole service) waits for
-    an RCU grace period after an idle moment (a v2 hierarchy, no cgroup mount favoring moves), the
-    service says so once at start-up (at info: a cost of the host's), naming the remedy; otherwise
-    it says nothing. This machine's answer is read here as the service reads it."""
+    """Where an unsandboxed command's start (the service's step into its cgroup v2 cell, a move of
+    the whole service) waits for an RCU grace period after an idle moment (a v2 hierarchy, no cgroup
+    mount favoring moves), a service with ``--sandbox off`` says so once at start-up (at info: a
+    cost of the host's), naming the remedy; otherwise, and with the sandbox on (its commands are
+    born in their cells), it says nothing. This machine's answer is read here as the service reads it."""
     from smith_fast import containment
+
+    expected = containment.slow_moves()
+    for extra, says in (((), False), (("--sandbox", "off"), expected)):
+        home = tmp_path / ("off" if extra else "on")
+        home.mkdir()
+        srv = _server(home, *extra)
+        try:
+            warned = [r for r in srv.logs if r.get("level") == "info" and "favordynmods" in json.dumps(r)]
+        finally:
+            assert srv.stop() == 0
+        assert len(warned) == (1 if says else 0), (extra, warned)
+        if says:
+            assert warned[0]["cgroup2"] in {m[0] for m in containment.cgroup_mounts() if m[2] == "cgroup2"}
+            assert warned[0]["remedy"].startswith("mount -o remount,favordynmods")
+
+
+async def test_a_one_shot_command_is_born_in_its_v2_cell_and_the_service_stays_out(tmp_path: pathlib.Path) -> None:
+    """A sandboxed command started the one-shot way (here on a terminal) is born in its cgroup v2
+    cell by the sandbox program (``--cgroup-fd``: its init is cloned into the cell), so the service
+    only steps into the v1 cells, a thread's moves: a whole process's move into v2 waits for an RCU
+    grace period after an idle moment. Seen from the host: the init and the command are in the
+    cell, the sandbox program's monitor (the service's child) is not, and what the command left
+    behind (``setsid``) dies with it."""
+    from smith_fast.client import Client
+    from harness.server import descendants
 
     srv = _server(tmp_path)
     try:
-        warned = [r for r in srv.logs if r.get("level") == "info" and "favordynmods" in json.dumps(r)]
+        async with await Client.connect(srv.unix) as client:
+            await client.handshake()
+            run = asyncio.ensure_future(client.run("setsid sleep 3011 & grep '^0::' /proc/self/cgroup; sleep 1", pty=(24, 80)))
+            found: dict[str, list[int]] = {}
+
+            def seen() -> bool:
+                found.clear()
+                for pid, _ in descendants(srv.pid):
+                    with contextlib.suppress(OSError):
+                        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                        if argv[0].endswith(b"sandbox-exec") and b"--tty" in argv:
+                            found.setdefault("sandbox", []).append(pid)
+                        elif argv[:2] == [b"sleep", b"3011"]:
+                            found.setdefault("left", []).append(pid)
+                return len(found.get("sandbox", ())) == 2 and bool(found.get("left"))
+
+            for _ in range(200):  # the event loop runs meanwhile (wait_until would block it)
+                if seen():
+                    break
+                await asyncio.sleep(0.05)
+            assert seen(), found
+            monitor, init = sorted(found["sandbox"], key=lambda pid: _v2_of(pid).count("/"))
+            cell = _v2_of(init)
+            assert cell.rsplit("/", 1)[1].startswith("c") and _v2_of(monitor) == _v2_of(srv.pid), (cell, _v2_of(monitor))
+            assert all(_v2_of(pid) == cell for pid in found["left"])
+            done = await run
+            assert done.exit_code == 0 and f"0::{cell}".encode() in done.stdout, done
+        left = found["left"]
+        assert wait_until(lambda: not any(pid_alive(p) for p in left), 10), left
     finally:
         assert srv.stop() == 0
-    expected = containment.slow_moves()
-    assert len(warned) == (1 if expected else 0), warned
-    if expected:
-        assert warned[0]["cgroup2"] in {m[0] for m in containment.cgroup_mounts() if m[2] == "cgroup2"}
-        assert warned[0]["remedy"].startswith("mount -o remount,favordynmods")
+
+
+def _v2_of(pid: int) -> str:
+    """Its cgroup v2 path, from ``/proc/PID/cgroup``."""
+    return next(row[3:] for row in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines() if row.startswith("0::"))
 
 
 def test_a_service_says_at_start_what_its_commands_go_without(tmp_path: pathlib.Path) -> None:

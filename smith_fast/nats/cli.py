@@ -164,7 +164,7 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
         from ..service.prometheus import MetricsServer  # prometheus_client only when asked for
 
         metrics = MetricsServer(core)
-    async with lifecycle.running(core, service.hook_files, runs_commands=True):
+    async with lifecycle.running(core, service.hook_files, runs_commands=True, unsandboxed=service.sandbox == "off"):
         stop = lifecycle.stop_on_signals()
         mounted = await mount_servers(core, service)
         try:

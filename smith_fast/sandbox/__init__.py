@@ -244,7 +244,7 @@ class Sandbox:
         return any(_inside(path, denied) for denied in self.deny_read)
 
     def wrap(self, argv: Sequence[str], writable: Sequence[str], *, tty: bool = False, data_size: int = 0,
-             usage_fd: int = -1, egress_fd: int = -1) -> list[str]:
+             usage_fd: int = -1, egress_fd: int = -1, cgroup_fd: int = -1) -> list[str]:
         """``argv`` run through the sandbox program, allowed to write only ``writable``.
 
         ``argv[0]`` must be a path (no ``PATH`` look-up). ``tty``: the command's stdin is a
@@ -253,7 +253,9 @@ class Sandbox:
         the command's ``struct rusage`` before it ends (its parent's ``wait4`` sees the sandbox
         program only). ``egress_fd``: with ``network == "allow"``, a unix socket the caller passes
         on, over which the sandbox program sends the egress listener (without one, a process of
-        that sandbox gets a loopback alone: no way out). Without an active sandbox, ``argv`` unchanged.
+        that sandbox gets a loopback alone: no way out). ``cgroup_fd``: a cgroup v2 directory the
+        caller passes on, in which the sandbox program's init (and so the command) is born
+        (:meth:`~smith_fast.containment.Cell.v2_fd`). Without an active sandbox, ``argv`` unchanged.
 
         Start it with :meth:`wrap_environ`'s environment, not the command's.
         """
@@ -268,6 +270,8 @@ class Sandbox:
             out += ["--data-size", str(data_size)]
         if usage_fd >= 0:
             out += ["--usage-fd", str(usage_fd)]
+        if cgroup_fd >= 0:
+            out += ["--cgroup-fd", str(cgroup_fd)]
         out.append("--")
         out += argv
         return out

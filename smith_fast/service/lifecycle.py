@@ -88,7 +88,8 @@ def stop_on_signals() -> asyncio.Event:
 
 
 @contextlib.asynccontextmanager
-async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_commands: bool) -> AsyncIterator[None]:
+async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_commands: bool,
+                  unsandboxed: bool = False) -> AsyncIterator[None]:
     """Start-up before the body, shutdown after it, the same for every command.
 
     Args:
@@ -97,6 +98,8 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         runs_commands: this process runs shell commands: arm the child guard (it starts with
             the first command), so that a SIGKILLed service leaves none running, and stop every
             group left at the end.
+        unsandboxed: its commands run outside the sandbox (``--sandbox off``): the start-up says
+            when the host makes such a command wait for its cgroup move.
 
     Raises:
         StartupError: a hook did not load.
@@ -117,15 +120,14 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
         # The guard is started by the first process it guards (not on the way to the first
         # answer); it then also removes the cells' parents at the end, if we could not (SIGKILL).
         childguard.arm(containment.cell_parents())
-        if containment.slow_moves():  # containment.py, "Moves wait, or not": what a deployment can fix, said
-            # once (info: a cost of the host's, nothing wrong with the service; `smith-fast exec`'s own server, at
-            # warning, says nothing)
+        if unsandboxed and containment.slow_moves():  # containment.py, "Moves wait, or not": what a deployment
+            # can fix, said once (info: a cost of the host's, nothing wrong with the service; `smith-fast exec`'s own
+            # server, at warning, says nothing)
             mounts = containment.cgroup_mounts()
             point = next((m[0] for m in mounts if m[2] == "cgroup2"), mounts[0][0])
-            log.info("a command started the one-shot way (in a terminal, with egress rules, or unsandboxed) starts "
-                     "5-10 ms late after an idle moment: the service steps into its cgroup v2 cell by a move of its "
-                     "whole process, and no cgroup mount has favordynmods, so the kernel makes the move wait for an "
-                     "RCU grace period (a sandboxed command's process joins its cells without that wait)",
+            log.info("an unsandboxed command starts 5-10 ms late after an idle moment: the service steps into its cgroup "
+                     "v2 cell by a move of its whole process, and no cgroup mount has favordynmods, so the kernel makes "
+                     "the move wait for an RCU grace period (a sandboxed command is born in its cell without that wait)",
                      extra={"fields": {"cgroup2": point,
                                        "remedy": f"mount -o remount,favordynmods {point} (any cgroup mount; Linux >= 6.0)"}})
     try:
