@@ -1,6 +1,6 @@
 """ShellExec start to first output and to the final event, service vs no server, side by side.
 
-Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--gap SECONDS [--burst N] [--new-session]] [--network on|off] [--sandbox MODE] [--base PYTHON]``
+Run: ``.venv/bin/python -m bench.bench_exec_start [--count 200] [--gap SECONDS [--burst N] [--new-session] [--pty]] [--network on|off] [--sandbox MODE] [--base PYTHON]``
 
 The start-up target: a ``ShellExec`` of ``true`` and of ``echo hi`` through a real ``smith-fast serve``
 (v1 over its Unix socket, uvloop, Cython wire core, sandbox on: by default ``--sandbox
@@ -20,8 +20,9 @@ side) follows that many seconds of idleness, as an agent's commands do (its mode
 them): what a command costs after the caches and the kernel have cooled. ``--burst N`` makes each
 request after a gap N requests one after another (each position reported apart: the second's
 process is made as the first starts), ``--new-session`` starts each in a new session (a session's
-first command; its handshake is not timed). The cgroup moves a command's process makes are what
-``--gap --burst 2`` and ``--new-session`` show (README, "Limits").
+first command; its handshake is not timed), ``--pty`` runs the service's commands on a terminal
+(the one-shot way: the sandbox program per command). The cgroup moves a command's process makes are
+what ``--gap --burst 2``, ``--new-session`` and ``--gap --pty`` show (README, "Limits").
 
 Then the rate of ``true`` run one after another (``--rate-count`` per block, ``--rounds`` blocks
 per contender, the contenders' blocks interleaved, their order rotating per block), side by side: the service over its socket
@@ -70,6 +71,14 @@ def _service(session: Session, unit: bytes) -> tuple[float, float]:
                 return first or now - start, now - start
             elif kind == STATE and a == pb.SERVICE_STATE_ERROR:
                 raise AssertionError("request failed")
+
+
+def _command(rid: str, command: str, pty: bool) -> pb.Command:
+    """The ShellExec of ``command``; on a terminal (24x80) with ``pty``."""
+    cmd = shell_exec_command(rid, command)
+    if pty:
+        cmd.shell_exec.pty.rows, cmd.shell_exec.pty.cols = 24, 80
+    return cmd
 
 
 def _reference(command: str) -> tuple[float, float]:
@@ -160,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="idle seconds before each request of the p50 part (an agent's think time; default 0)")
     p.add_argument("--burst", type=int, default=1, metavar="N",
                    help="after each gap, N requests one after another, each position's figures apart (default 1)")
+    p.add_argument("--pty", action="store_true",
+                   help="the service's commands on a terminal (they start the one-shot way; no-server's on pipes)")
     p.add_argument("--new-session", action="store_true",
                    help="each burst in a new session (its handshake not timed): a session's first commands")
     p.add_argument("--network", default="on", choices=("on", "off", "loopback"))
@@ -187,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         encode = WIRES["v1"]().encode
         print(f"sandbox {args.sandbox}, network {args.network}, {args.count} requests each, interleaved"
               f"{f', {args.gap:g} s idle before each' if args.gap else ''}"
-              f"{f' burst of {args.burst}' if args.burst > 1 else ''}{', each in a new session' if args.new_session else ''}; "
+              f"{f' burst of {args.burst}' if args.burst > 1 else ''}{', each in a new session' if args.new_session else ''}"
+              f"{', on a terminal' if args.pty else ''}; "
               f"load {os.getloadavg()[0]:.2f}")
         names = [*sessions, "no-server"]
         print(f"{'command':10} {'figure':6} " + " ".join(f"{n + ' p50':>15}" for n in names) + "   ratios to no-server"
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.new_session:
                         sessions[n].close()
                         sessions[n] = Session(server.sock_path, "v1")
-                    units = [encode(shell_exec_command(rid, command)) for rid in request_ids(args.burst)]
+                    units = [encode(_command(rid, command, args.pty)) for rid in request_ids(args.burst)]
                     time.sleep(args.gap)
                     got[n] = [_service(sessions[n], unit) for unit in units]
                 time.sleep(args.gap)

@@ -570,7 +570,10 @@ class Cell:
         key = self._v2 + "/."
         fd = self._open.get(key)
         if fd is None:
-            fd = self._open[key] = os.open(self._v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = self._open[key] = os.open(self._v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:  # the service steps in itself, as for an unsandboxed command
+                return -1
         return fd
 
     def birth_fds(self) -> tuple[int, ...]:
