@@ -375,6 +375,20 @@ struct clone_args_ {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
 };
 
+/* The calling process joins the cgroup directory `cell`. A v1 cell by its `tasks` file: "0" there
+ * moves this thread alone, which the kernel does without the cgroup_threadgroup_rwsem a move by
+ * `cgroup.procs` takes for writing (and that, after an idle moment and without `favordynmods`,
+ * waits for an RCU grace period, 6-17 ms here, with cgroup_mutex held: a zygote init's next
+ * clone3 into a cell waited with it). Only for a process of one thread (a fork of ours, before it
+ * starts any), where the thread is the process. A v2 cell has no `tasks`: its `cgroup.procs`.
+ * Where a hierarchy will not take it, it goes on without (as the service's own step would). */
+static void join_cell(int cell) {
+    int procs = openat(cell, "tasks", O_WRONLY | O_CLOEXEC);
+    if (procs < 0) procs = openat(cell, "cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (procs >= 0 && write(procs, "0", 1) != 1) {}
+    if (procs >= 0) close(procs);
+}
+
 /* The init's namespaces, made by the clone that starts it: the monitor stays in the host's, so its
  * own exit is cheap (the last one out of a mount namespace pays an RCU grace period to tear it
  * down, and that is the init, whose end nobody waits for). With --cgroup-fd the init is born in
@@ -400,11 +414,7 @@ static pid_t start_init(int *ready) {
     if (child < 0) child = (pid_t)syscall(SYS_clone, (unsigned long)flags | SIGCHLD, 0UL, 0UL, 0UL, 0UL);
     if (child < 0) die(FAILED, "cannot restrict the command: clone (user, mount, pid, ipc, uts, net namespaces)", "");
     if (child == 0) {
-        if (join) {
-            int procs = openat(o.cgroup_fd, "cgroup.procs", O_WRONLY | O_CLOEXEC);
-            if (procs >= 0 && write(procs, "0", 1) != 1) {}
-            if (procs >= 0) close(procs);
-        }
+        if (join) join_cell(o.cgroup_fd);
         if (o.cgroup_fd >= 0) close(o.cgroup_fd);
         close(sync[1]);
         char go;
@@ -801,18 +811,7 @@ static pid_t zy_clone(const int *cells, int ncells, int *pidfd) {
         pid = fork();
     }
     if (pid == 0) {
-        for (int k = joins ? 0 : 1; k < ncells; k++) {
-            /* A v1 cell is joined by its `tasks` file: "0" there moves this thread alone, which
-               the kernel does without the cgroup_threadgroup_rwsem a move by `cgroup.procs` takes
-               for writing (and that, after an idle moment and without `favordynmods`, waits for an
-               RCU grace period, 6-17 ms here, with cgroup_mutex held: the init's next clone3 into
-               a cell waited with it). This process has one thread (the init's fork), so the thread
-               is the process. A v2 cell has no `tasks`. */
-            int procs = openat(cells[k], "tasks", O_WRONLY | O_CLOEXEC);
-            if (procs < 0) procs = openat(cells[k], "cgroup.procs", O_WRONLY | O_CLOEXEC);
-            if (procs >= 0 && write(procs, "0", 1) != 1) {}
-            if (procs >= 0) close(procs);
-        }
+        for (int k = joins ? 0 : 1; k < ncells; k++) join_cell(cells[k]); /* one thread: the init's fork */
         for (int k = 0; k < ncells; k++)
             if (cells[k] > 2) close(cells[k]);
     }

@@ -381,7 +381,11 @@ async def test_a_one_shot_command_is_born_in_its_v2_cell_and_the_service_stays_o
     cell, the sandbox program's monitor (the service's child) is not, and what the command left
     behind (``setsid``) dies with it."""
     from smith_fast.client import Client
+    from smith_fast.containment import cgroup_paths
     from harness.server import descendants
+
+    def _v2_of(pid: int) -> str:
+        return cgroup_paths(pid)[""]
 
     srv = _server(tmp_path)
     try:
@@ -416,11 +420,6 @@ async def test_a_one_shot_command_is_born_in_its_v2_cell_and_the_service_stays_o
         assert wait_until(lambda: not any(pid_alive(p) for p in left), 10), left
     finally:
         assert srv.stop() == 0
-
-
-def _v2_of(pid: int) -> str:
-    """Its cgroup v2 path, from ``/proc/PID/cgroup``."""
-    return next(row[3:] for row in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines() if row.startswith("0::"))
 
 
 def test_a_service_says_at_start_what_its_commands_go_without(tmp_path: pathlib.Path) -> None:
