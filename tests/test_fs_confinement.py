@@ -373,6 +373,29 @@ def test_the_compiled_openat2_is_the_ctypes_call(tmp_path: pathlib.Path) -> None
         os.close(fd)
 
 
+def test_the_compiled_fstat_is_os_fstat(tmp_path: pathlib.Path) -> None:
+    """csrc/_openat2_c.pyx's mode_and_size and the os.fstat fallback: the same mode and size of a
+    file, an empty one, a directory and a pipe, and the same errno for a closed fd."""
+    from smith_fast import _openat2_c
+
+    (tmp_path / "f").write_bytes(b"x" * 4099)
+    (tmp_path / "empty").write_bytes(b"")
+    fds = [os.open(tmp_path / "f", os.O_RDONLY), os.open(tmp_path / "empty", os.O_RDONLY),
+           os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY), *os.pipe()]
+    try:
+        for fd in fds:
+            got = [call(fd) for call in (_openat2_c.mode_and_size, openat2._os_mode_and_size)]
+            assert got[0] == got[1] == (os.fstat(fd).st_mode, os.fstat(fd).st_size), fd
+        assert _openat2_c.mode_and_size(fds[0]) == (os.stat(tmp_path / "f").st_mode, 4099)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    for call in (_openat2_c.mode_and_size, openat2._os_mode_and_size):
+        with pytest.raises(OSError) as info:
+            call(fds[0])
+        assert info.value.errno == errno.EBADF
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -19,12 +19,13 @@ import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine
-from os import close as _close, fstat as _fstat, pread as _os_pread
+from os import close as _close, pread as _os_pread
 from stat import S_ISREG as _S_ISREG
 from typing import Any
 
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2
+from smith_fast.tools.openat2 import mode_and_size as _mode_and_size
 from smith_fast.tools.openat2 import open_beneath
 from smith_fast.tools.registry import Tool
 from smith_fast.tools.schema import ArgumentError
@@ -94,7 +95,7 @@ def _read(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | Coroutine[
     fd, name = _open_for_read(args["path"], ctx)
     if limit is not None:
         return _read_lines_call(fd, name, max(offset, 1), limit, cap)
-    # os.close, os.pread and os.fstat bound once (below): a small read calls each once per request.
+    # os.close, os.pread and fstat bound once (below): a small read calls each once per request.
     try:
         size = _regular_size(fd, name)
     except BaseException:
@@ -262,12 +263,12 @@ def _lines_result(name: str, size: int, first: int, data: bytes, byte_offset: in
 
 def _regular_size(fd: int, name: str) -> int:
     """The size of the regular file ``fd`` is open on; refuses all but regular files."""
-    st = _fstat(fd)
-    if not _S_ISREG(st.st_mode):
-        if stat.S_ISDIR(st.st_mode):
+    mode, size = _mode_and_size(fd)
+    if not _S_ISREG(mode):
+        if stat.S_ISDIR(mode):
             raise IsADirectoryError(f"is a directory: {os.path.basename(name)!r}")
         raise OSError(f"not a regular file: {os.path.basename(name)!r}")
-    return st.st_size
+    return size
 
 
 def _pread(fd: int, n: int, offset: int, size: int) -> bytes:

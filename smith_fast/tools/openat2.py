@@ -34,6 +34,7 @@ __all__ = [
     "RESOLVE_NO_MAGICLINKS",
     "RESOLVE_NO_SYMLINKS",
     "kernel_openat2",
+    "mode_and_size",
     "open_beneath",
     "set_openat2",
 ]
@@ -85,9 +86,16 @@ def _ctypes_openat2(dirfd: int, raw: bytes, flags: int, mode: int, resolve: int)
     return fd if fd >= 0 else -ctypes.get_errno()
 
 
-# The compiled call (csrc/_openat2_c.pyx) where built: the ctypes one costs about as much again as
-# the kernel's work for a short path.
+def _os_mode_and_size(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_mode, st.st_size
+
+
+# The compiled calls (csrc/_openat2_c.pyx) where built: the ctypes one costs about as much again as
+# the kernel's work for a short path, and os.fstat builds a whole stat_result for two fields.
 _openat2: Callable[[int, bytes, int, int, int], int] = _ctypes_openat2
+mode_and_size: Callable[[int], tuple[int, int]] = _os_mode_and_size
+"""``(st_mode, st_size)`` of what an fd is open on (``fstat``); ``OSError`` as ``os.fstat``."""
 if not NO_EXTENSIONS:
     try:
         from smith_fast import _openat2_c
@@ -95,6 +103,7 @@ if not NO_EXTENSIONS:
         pass
     else:
         _openat2 = _openat2_c.openat2
+        mode_and_size = _openat2_c.mode_and_size
 
 
 def set_openat2(enabled: bool) -> None:
