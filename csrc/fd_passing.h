@@ -12,7 +12,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define FD_PASSING_MAX 8 /* fds in one message */
+#define FD_PASSING_MAX 16 /* fds in one message (a zygote's request: stdio, usage files, cells) */
 
 /* Send data[0:n] with fds[0:nfds] (SCM_RIGHTS, at most FD_PASSING_MAX) over channel: the bytes
  * sent, or -1 with errno set (EINTR retried). */

@@ -726,12 +726,15 @@ static void init(int report) {
  *     'Q' carries its pidfd alone.
  *     Op 'K' signals the process group of command id (the init owns the pids: a signal never reaches
  *     a reused one); op 'C' closes the zygote (so does EOF: the service's end closed or the service died).
+ *     Ops 'S' and 'R' may carry the command's cell's usage files (flags' ZY_STATS bits say which,
+ *     in that order) right after the stdio fds: the init reads them at the command's end (zy_stats).
  *   reply (init -> service): struct zy_reply; 'P' started (its pidfd attached, for the host's pid),
  *     'Q' made ahead (its pidfd and the service's end of its socket attached),
- *     'F' not started (value: errno), 'X' ended (value: wait status, usage: its wait4 rusage).
+ *     'F' not started (value: errno), 'X' ended (value: wait status, usage: its wait4 rusage,
+ *     stats: what its cell's usage files said once it was reaped, -1 for each not read).
  * When the init exits, the kernel kills whatever is left in the pid namespace. */
 #define ZY_MAX_MSG (256 * 1024)
-#define ZY_MAX_FDS 8
+#define ZY_MAX_FDS 16
 #define ZY_MAX_LIVE 4096
 
 struct zy_head {
@@ -742,20 +745,109 @@ struct zy_head {
     uint32_t argc, envc;
 };
 
+/* A request's usage files (flags, in this order after its stdio fds), and the reply's stats. */
+#define ZY_EVENTS 0x10u      /* v2 cgroup.events: stats[0], populated */
+#define ZY_CPU 0x20u         /* v2 cpu.stat: stats[1] and [2], user_usec and system_usec */
+#define ZY_MEMORY 0x40u      /* v1 memory.max_usage_in_bytes or v2 memory.peak: stats[3] */
+#define ZY_PIDS 0x80u        /* pids.peak: stats[4] */
+#define ZY_STATS (ZY_EVENTS | ZY_CPU | ZY_MEMORY | ZY_PIDS)
+#define ZY_NSTATS 5
+
 struct zy_reply {
     uint32_t op, id;
     int32_t pid, value;
     struct rusage usage;
+    int64_t stats[ZY_NSTATS];
 };
 
-static struct { uint32_t id; pid_t pid; } zy_live[ZY_MAX_LIVE];
-static int zy_nlive;
+/* A live command: its id, its pid, (held: -1 when none) the init's copies of its stdout and
+ * stderr, closed only as its 'X' goes out, just before it, and its cell's usage files (stats:
+ * which; zy_stats reads them for the 'X'). The service then finds the pipes' end and the 'X' ready
+ * in one wake: the pipes, closed by the command's exit, woke it for their end, and the 'X' (after
+ * the init's own wake for SIGCHLD, and the reap) woke it again. At most ZY_MAX_HELD commands hold
+ * theirs (the init's fd limit: a session's long-running commands); the others' pipes close at
+ * their start and their usage files at once, as before (the service reads those itself). */
+#define ZY_MAX_HELD 128
+static struct { uint32_t id; pid_t pid; int held[2]; uint32_t stats; int stat_fds[4]; int counted; } zy_live[ZY_MAX_LIVE];
+static int zy_nlive, zy_nheld;
 
-/* Command id's process pid, reported by zy_reap when it ends. */
-static void zy_track(uint32_t id, pid_t pid) {
+/* The number of usage files a request's flags name. */
+static int zy_nstat(uint32_t flags) {
+    return __builtin_popcount(flags & ZY_STATS);
+}
+
+/* Command id's process pid, reported by zy_reap when it ends; out and err (or NULL), and the
+ * usage files flags name (stat_fds), the init keeps until then (taken: set to -1 in the caller's
+ * array, which no longer closes them). Past ZY_MAX_HELD held commands, none is kept: the pipes
+ * end at the command's exit, and the service reads the usage files itself (all stats -1). */
+static void zy_track(uint32_t id, pid_t pid, int *out, int *err, uint32_t flags, int *stat_fds) {
     zy_live[zy_nlive].id = id;
     zy_live[zy_nlive].pid = pid;
+    zy_live[zy_nlive].held[0] = zy_live[zy_nlive].held[1] = -1;
+    zy_live[zy_nlive].stats = 0;
+    zy_live[zy_nlive].counted = 0;
+    if (((out != NULL && err != NULL) || zy_nstat(flags) > 0) && zy_nheld < ZY_MAX_HELD) {
+        if (out != NULL && err != NULL) {
+            zy_live[zy_nlive].held[0] = *out;
+            zy_live[zy_nlive].held[1] = *err;
+            *out = *err = -1;
+        }
+        zy_live[zy_nlive].stats = flags & ZY_STATS;
+        for (int k = 0; k < zy_nstat(flags); k++) {
+            zy_live[zy_nlive].stat_fds[k] = stat_fds[k];
+            stat_fds[k] = -1;
+        }
+        zy_live[zy_nlive].counted = 1;
+        zy_nheld++;
+    }
     zy_nlive++;
+}
+
+/* The number after "KEY " at a line's start in text (cgroup.events, cpu.stat), or -1. */
+static int64_t zy_field(const char *text, const char *key) {
+    size_t n = strlen(key);
+    for (const char *at = text; at != NULL && *at; at = strchr(at, '\n') ? strchr(at, '\n') + 1 : NULL)
+        if (strncmp(at, key, n) == 0 && at[n] == ' ' && at[n + 1] >= '0' && at[n + 1] <= '9') return strtoll(at + n + 1, NULL, 10);
+    return -1;
+}
+
+/* The text of a cgroup file read afresh (a pread at 0), NUL-terminated; 0, or -1 when unread. */
+static int zy_text(int fd, char *buf, size_t cap) {
+    ssize_t n = pread(fd, buf, cap - 1, 0);
+    if (n < 0) return -1;
+    buf[n] = '\0';
+    return 0;
+}
+
+/* What a command's cell's usage files say once it was reaped (its processes' exits counted; what
+ * it left running, out of its group, may still add), into stats (-1: not read); then the files are
+ * closed. The service reads them itself otherwise: these are the same reads, moved out of its loop
+ * (the preads and their parsing: a tenth of its CPU per short command). Only read: a file the
+ * service resets for the cell's next command (the v1 memory peak) it resets itself, once it knows
+ * the cell is used again (an ended ready process's read must not reset a command's peak). */
+static void zy_stats(uint32_t flags, const int *fds, int64_t *stats) {
+    char buf[1024];
+    int at = 0;
+    for (int s = 0; s < ZY_NSTATS; s++) stats[s] = -1;
+    if (flags & ZY_EVENTS) {
+        if (zy_text(fds[at], buf, sizeof buf) == 0) stats[0] = zy_field(buf, "populated");
+        close(fds[at++]);
+    }
+    if (flags & ZY_CPU) {
+        if (zy_text(fds[at], buf, sizeof buf) == 0) {
+            stats[1] = zy_field(buf, "user_usec");
+            stats[2] = zy_field(buf, "system_usec");
+        }
+        close(fds[at++]);
+    }
+    if (flags & ZY_MEMORY) {
+        if (zy_text(fds[at], buf, sizeof buf) == 0 && buf[0] >= '0' && buf[0] <= '9') stats[3] = strtoll(buf, NULL, 10);
+        close(fds[at++]);
+    }
+    if (flags & ZY_PIDS) {
+        if (zy_text(fds[at], buf, sizeof buf) == 0 && buf[0] >= '0' && buf[0] <= '9') stats[4] = strtoll(buf, NULL, 10);
+        close(fds[at++]);
+    }
 }
 
 static void zy_send_fds(int control, const struct zy_reply *r, const int *fds, int nfds) {
@@ -811,6 +903,14 @@ static pid_t zy_clone(const int *cells, int ncells, int *pidfd) {
         pid = fork();
     }
     if (pid == 0) {
+        /* Not its own: the other commands' pipes and usage files the init holds (zy_track). A
+           process made ahead waits a while before its exec (which would close them): meanwhile a
+           pipe of another command would not end when that command does. */
+        for (int k = 0; k < zy_nlive; k++) {
+            for (int e = 0; e < 2; e++)
+                if (zy_live[k].held[e] >= 0) close(zy_live[k].held[e]);
+            for (int f = 0; f < zy_nstat(zy_live[k].stats); f++) close(zy_live[k].stat_fds[f]);
+        }
         for (int k = joins ? 0 : 1; k < ncells; k++) join_cell(cells[k]); /* one thread: the init's fork */
         for (int k = 0; k < ncells; k++)
             if (cells[k] > 2) close(cells[k]);
@@ -873,14 +973,16 @@ static void zy_await(int sock) {
 
 /* Op 'R': the ready process of command h->id, born in cells (fds); its pidfd and the service's end
  * of its socket go back in a 'Q' ('F' with errno: none was made). */
-static void zy_prepare(int control, const struct zy_head *h, int *cells, int ncells) {
+static void zy_prepare(int control, const struct zy_head *h, int *fds, int nfds) {
+    int nstat = zy_nstat(h->flags);
+    int *cells = fds + nstat, ncells = nfds - nstat;
     struct zy_reply r;
     memset(&r, 0, sizeof r);
     r.op = 'F';
     r.id = h->id;
     int pair[2], pidfd = -1;
-    if (zy_nlive >= ZY_MAX_LIVE) {
-        r.value = EAGAIN;
+    if (zy_nlive >= ZY_MAX_LIVE || ncells < 0) {
+        r.value = ncells < 0 ? EINVAL : EAGAIN;
         zy_send(control, &r, -1);
         return;
     }
@@ -902,11 +1004,11 @@ static void zy_prepare(int control, const struct zy_head *h, int *cells, int nce
         zy_send(control, &r, -1);
         return;
     }
-    zy_track(h->id, pid);
+    zy_track(h->id, pid, NULL, NULL, h->flags, fds);
     r.op = 'Q';
     r.pid = pid;
-    int fds[2] = {pidfd, pair[0]};
-    zy_send_fds(control, &r, fds, 2);
+    int sent[2] = {pidfd, pair[0]};
+    zy_send_fds(control, &r, sent, 2);
     close(pidfd);
     close(pair[0]);
 }
@@ -922,7 +1024,8 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
     char *cwd, **argv = NULL, **envp = NULL;
     int pidfd = -1;
     pid_t pid;
-    if (nfds < zy_nstdio(h)) {
+    int first = zy_nstdio(h) + zy_nstat(h->flags); /* its cells' fds: after the stdio and the usage files */
+    if (nfds < first) {
         r.value = EINVAL;
         goto done;
     }
@@ -931,13 +1034,13 @@ static void zy_start(int control, const struct zy_head *h, char *buf, size_t n, 
         goto done;
     }
     if ((r.value = zy_parse(h, buf + sizeof *h, buf + n, &cwd, &argv, &envp)) != 0) goto done;
-    pid = zy_clone(fds + zy_nstdio(h), nfds - zy_nstdio(h), &pidfd);
+    pid = zy_clone(fds + first, nfds - first, &pidfd);
     if (pid < 0) {
         r.value = errno;
         goto done;
     }
     if (pid == 0) zy_run(h, fds, cwd, argv, envp);
-    zy_track(h->id, pid);
+    zy_track(h->id, pid, &fds[1], &fds[2], h->flags, fds + zy_nstdio(h));
     r.op = (uint32_t)op;
     r.pid = pid;
     free(argv);
@@ -974,6 +1077,12 @@ static void zy_reap(int control) {
             r.pid = pid;
             r.value = status;
             r.usage = usage;
+            zy_stats(zy_live[k].stats, zy_live[k].stat_fds, r.stats);
+            if (zy_live[k].held[0] >= 0) { /* closed first: the 'X' finds the pipes' end there */
+                close(zy_live[k].held[0]);
+                close(zy_live[k].held[1]);
+            }
+            if (zy_live[k].counted) zy_nheld--;
             zy_live[k] = zy_live[--zy_nlive];
             zy_send(control, &r, -1);
             break;
@@ -1015,7 +1124,18 @@ static void zygote(int control) {
         if (n < 0 && errno == EAGAIN) continue;
         if (n <= 0) _exit(0); /* EOF: the session is over, and the kernel ends what it left */
         struct zy_head h;
-        if ((size_t)n >= sizeof h && !cut) {
+        if ((size_t)n >= sizeof h && cut) {
+            /* more than it takes: refused, so that nothing waits for an answer that never comes */
+            memcpy(&h, buf, sizeof h);
+            if (h.op == 'S' || h.op == 'R') {
+                struct zy_reply r;
+                memset(&r, 0, sizeof r);
+                r.op = 'F';
+                r.id = h.id;
+                r.value = EMSGSIZE;
+                zy_send(control, &r, -1);
+            }
+        } else if ((size_t)n >= sizeof h) {
             memcpy(&h, buf, sizeof h);
             if (h.op == 'C') _exit(0);
             if (h.op == 'S') zy_start(control, &h, buf, (size_t)n, fds, nfds, 'P');

@@ -49,7 +49,8 @@ started, whatever it did. :mod:`smith_fast.process` asks for a :class:`Cell` per
 * **Accounting** (:class:`Usage`): CPU from ``cpu.stat``, peak memory from ``memory.peak`` (v1:
   ``memory.max_usage_in_bytes``), processes from ``pids.peak``, bytes from ``io.stat``; what the
   cgroups cannot say comes from the shell's ``wait4`` rusage, which covers the descendants it
-  waited for.
+  waited for. A zygote's command's files are read by its init as it reaps the command
+  (:meth:`Cell.usage_files`, :meth:`Cell.reported`): the same reads, out of the service's loop.
 * **Limits** (:class:`CommandLimits`): ``memory.max``/``pids.max`` (v1: ``memory.limit_in_bytes``,
   ``pids.max``), hits read back from ``memory.events``/``memory.oom_control`` ``oom_kill`` and
   ``pids.events`` ``max``; CPU time is the v2 ``cpu.stat`` ``usage_usec`` of the whole cell, looked
@@ -78,7 +79,7 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 __all__ = [
     "CommandLimits",
@@ -202,6 +203,10 @@ def _read(path: str, at: int | None = None) -> str:
     finally:
         os.close(fd)
 
+
+_ZY_EVENTS, _ZY_CPU, _ZY_MEMORY, _ZY_PIDS = 0x10, 0x20, 0x40, 0x80
+"""csrc/sandbox_exec.c's ZY_* flags: the usage files a zygote request carries (:meth:`Cell.usage_files`)."""
+_UNREPORTED = (-1, -1, -1, -1, -1)
 
 _RESET = frozenset({"memory.max_usage_in_bytes"})
 """The files a reused cell writes as well as reads (:meth:`Cell.recycle` resets the v1 memory peak
@@ -481,7 +486,8 @@ class Cell:
     """
 
     __slots__ = ("dirs", "limits", "_v2", "_memory", "_pids", "_pid", "_killed", "_fallback", "_homes", "_hosting", "_born", "_timer",
-                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at", "_open")
+                 "_cpu_hit", "_limited", "_io", "_base", "_seen", "_reusable", "_fds", "_emptied", "_at", "_open", "_files",
+                 "_reported")
 
     def __init__(self, limits: CommandLimits, trees: list[_Tree]) -> None:
         self.limits = limits
@@ -508,6 +514,10 @@ class Cell:
         self._at: dict[str, int] = {}  # directory -> its open fd: files read by name beneath it (_file)
         self._open: dict[str, int] = {}  # "directory/name" -> the file, open while the directories are (_text)
         self._emptied = False  # kill() found it empty and left it unkilled
+        self._files: tuple[int, tuple[int, ...]] | None = None  # usage_files(), made once
+        # What a zygote's init read of the usage files at the command's end (reported()), until
+        # the next command's: (populated, user us, system us, memory peak, pids peak), -1 unread
+        self._reported: tuple[int, ...] = _UNREPORTED
         name = f"c{next(_serial)}"
         dirs = []
         for tree in trees:
@@ -601,6 +611,38 @@ class Cell:
         self._reusable = 1
         self._emptied = False
         return self._fds
+
+    def usage_files(self) -> tuple[int, tuple[int, ...]]:
+        """``(flags, fds)``: the usage files a zygote's init reads at the end of the command born
+        in this cell (after :meth:`birth_fds`, which opens its directories), and the ``ZY_*`` flags
+        of ``csrc/sandbox_exec.c`` that name them (in their order: ``cgroup.events``,
+        ``cpu.stat``, the memory peak, ``pids.peak``, those the cell has); held open while the
+        cell lives. The init's reads come back with the command's end (:meth:`reported`): the
+        service's loop does not read them between a command's exit and its final event."""
+        files = self._files
+        if files is None:
+            flags, fds = 0, []
+            try:
+                if self._v2 is not None and self._v2 in self._at:
+                    at = self._at[self._v2]
+                    fds += (self._held(self._v2, "cgroup.events", at), self._held(self._v2, "cpu.stat", at))
+                    flags |= _ZY_EVENTS | _ZY_CPU
+                if self._memory is not None and self._memory[0] in self._at:
+                    path, v2 = self._memory
+                    fds.append(self._held(path, "memory.peak" if v2 else "memory.max_usage_in_bytes", self._at[path]))
+                    flags |= _ZY_MEMORY
+                if self._pids is not None and self._pids in self._at:
+                    fds.append(self._held(self._pids, "pids.peak", self._at[self._pids]))
+                    flags |= _ZY_PIDS
+            except OSError:  # a file it does not have (an older kernel's v2 without memory.peak): read here
+                flags, fds = 0, []
+            files = self._files = (flags, tuple(fds))
+        return files
+
+    def reported(self, stats: Sequence[int]) -> None:
+        """What the init read of :meth:`usage_files` as it reaped the command (``-1``: not read):
+        :meth:`kill`, :meth:`finish` and :meth:`recycle` take these instead of reading the files."""
+        self._reported = tuple(stats)
 
     def _file(self, directory: str, name: str) -> tuple[str, int | None]:
         """``(path, dir fd)`` of file ``name`` of one of the cell's directories: by name beneath its
@@ -711,7 +753,10 @@ class Cell:
                 # A cell that may be used again is looked at first: once killed, a process cloned
                 # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
                 # compared with the parent's cgroup's), so an empty one is left unkilled.
-                if self._reusable and b"populated 0" in self._text(self._v2, "cgroup.events").encode():
+                populated = self._reported[0]
+                if populated < 0 and self._reusable:
+                    populated = 0 if b"populated 0" in self._text(self._v2, "cgroup.events").encode() else 1
+                if self._reusable and populated == 0:
                     self._emptied = True
                     return
                 self._reusable = 0
@@ -743,10 +788,14 @@ class Cell:
         hit: str | None = None
         base = self._base
         seen = list(base)
+        told = self._reported
         if self._v2 is not None:
-            cpu = self._kv_of(self._v2, "cpu.stat")
-            if "user_usec" in cpu:  # includes the members that were never waited for
-                seen[0], seen[1] = cpu["user_usec"], cpu.get("system_usec", 0)
+            cpu_user, cpu_system = told[1], told[2]  # the init's read (reported), or the file's
+            if cpu_user < 0 or cpu_system < 0:
+                cpu = self._kv_of(self._v2, "cpu.stat")
+                cpu_user, cpu_system = cpu.get("user_usec", -1), cpu.get("system_usec", 0)
+            if cpu_user >= 0:  # includes the members that were never waited for
+                seen[0], seen[1] = cpu_user, cpu_system
                 user, system = max(user, seen[0] - base[0]), max(system, seen[1] - base[1])
             if self._io:
                 with contextlib.suppress(OSError):
@@ -762,7 +811,7 @@ class Cell:
                     read_b, write_b = max(read_b, rb - base[2]), max(write_b, wb - base[3])
         if self._memory is not None:
             path, v2 = self._memory
-            held = self._int_of(path, "memory.peak" if v2 else "memory.max_usage_in_bytes")
+            held = told[3] if told[3] >= 0 else self._int_of(path, "memory.peak" if v2 else "memory.max_usage_in_bytes")
             if held is not None:
                 peak = seen[7] = held
             # The OOM killer acts in this cell only once its charge reached the limit: a peak well
@@ -772,7 +821,7 @@ class Cell:
                 if seen[4] > base[4]:
                     hit = LIMIT_FLAGS["memory"]
         if self._pids is not None:
-            most = self._int_of(self._pids, "pids.peak")
+            most = told[4] if told[4] >= 0 else self._int_of(self._pids, "pids.peak")
             pids_peak = most or 0
             seen[6] = most if most is not None else _UNBOUNDED
             # a fork refused at pids.max leaves the peak at the limit: below it, none was
@@ -827,6 +876,7 @@ class Cell:
         except OSError:
             return False
         self._base = self._seen
+        self._reported = _UNREPORTED
         self._reusable = 0
         self._killed = False
         self._born = set()
@@ -843,6 +893,7 @@ class Cell:
             self.kill()
         fds, self._fds, self._at = self._fds, (), {}
         opened, self._open = self._open, {}
+        self._files = None
         for fd in (*opened.values(), *fds):
             os.close(fd)
         dirs, self.dirs = self.dirs, ()

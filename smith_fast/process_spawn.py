@@ -312,8 +312,9 @@ async def spawn_forked(
     ours = (out_r, err_r, *((in_w,) if stdin else ()))
     try:
         try:
+            # (a ready process's cell sent its usage files with it)
             forked, started = zygote.start(argv, environ, where, (in_r if stdin else _devnull(), out_w, err_w),
-                                           cell.birth_fds(), ready=ready)
+                                           cell.birth_fds(), ready=ready, usage=cell.usage_files() if ready is None else (0, ()))
         finally:
             close_quietly(out_w, err_w, *((in_r,) if stdin else ()))  # in flight now, or not needed
         # The next command's process, asked for now: the init forks it while this command execs

@@ -79,6 +79,12 @@ def _thread_buffer(size: int) -> memoryview:
     return buffer[:size]
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """:meth:`ShellProcess.wait`'s timeout: its waiter resolved (it then finds the process not done)."""
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def _tidy(leftovers: list[Callable[[], None]]) -> None:
     for remove in leftovers:
         remove()
@@ -147,6 +153,7 @@ class ShellProcess:
         "_escape_timer",
         "_exited",
         "_done",
+        "_waiters",
         "_error",
         "_stdin",
         "_stdin_buffer",
@@ -193,6 +200,7 @@ class ShellProcess:
         self._escape_timer: asyncio.TimerHandle | None = None
         self._exited: asyncio.Future[int] = loop.create_future()  # shell reaped
         self._done: asyncio.Future[int] = loop.create_future()  # reaped and both pipes closed
+        self._waiters: list[asyncio.Future[None]] = []  # wait()'s own futures, resolved with _done
         self._error: Exception | None = None
         self._stdin = -1  # our end of the child's stdin (a pipe, or a dup of the pty master)
         self._stdin_buffer = bytearray()  # written but not yet taken by the kernel
@@ -523,12 +531,15 @@ class ShellProcess:
         self._finish_cell(rusage, code)
         self._reaped(code)
 
-    def _forked_ended(self, status: int, rusage: resource.struct_rusage | None) -> None:
-        """A zygote's command ended (its zygote killed what it left in its group, and reaped it)."""
+    def _forked_ended(self, status: int, rusage: resource.struct_rusage | None, stats: tuple[int, ...] | None) -> None:
+        """A zygote's command ended (its zygote killed what it left in its group, and reaped it,
+        and read its cell's usage files: ``stats``)."""
         if self.returncode is not None:
             return
-        if self._cell is not None:  # what left its group (`setsid`, double forks)
-            self._cell.kill()
+        if self._cell is not None:
+            if stats is not None:
+                self._cell.reported(stats)
+            self._cell.kill()  # what left its group (`setsid`, double forks)
         code = os.waitstatus_to_exitcode(status)
         self._finish_cell(rusage, code)
         self._reaped(code)
@@ -589,6 +600,10 @@ class ShellProcess:
             self._escape_timer.cancel()
             self._escape_timer = None
         self._done.set_result(self.returncode)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _signal_group(self, sig: int) -> None:
         # Only while the shell is unreaped: after that its pid (= the group id) may be reused.
@@ -629,14 +644,23 @@ class ShellProcess:
             Exception: whatever ``on_output`` raised, if it did (the group was killed then).
         """
         try:
-            if timeout is None:
-                code = await asyncio.shield(self._done)
-            else:
-                if not self._done.done():
-                    await asyncio.wait([self._done], timeout=timeout)
+            if not self._done.done():
+                # A future of wait()'s own, resolved where _done is: the task resumes in the next
+                # loop step. Awaiting _done through asyncio.shield or asyncio.wait (which keep a
+                # cancelled wait() from cancelling _done) took two: their own callback, then the task.
+                waiter: asyncio.Future[None] = self._loop.create_future()
+                self._waiters.append(waiter)
+                timer = None if timeout is None else self._loop.call_later(timeout, _wake, waiter)
+                try:
+                    await waiter
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                    if waiter in self._waiters:
+                        self._waiters.remove(waiter)
                 if not self._done.done():
                     raise TimeoutError(f"process {self.pid} still running after {timeout} s")
-                code = self._done.result()
+            code = self._done.result()
         except asyncio.CancelledError:
             self.close()
             raise

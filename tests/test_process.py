@@ -368,6 +368,22 @@ def test_timeout_kills_the_whole_group(run: Runner[Any]) -> None:
         assert_dies(pid)
 
 
+@pytest.mark.parametrize("timeout", [None, 10.0])
+def test_a_wait_resumes_one_loop_step_after_the_command_is_done(run: Runner[Any], timeout: float | None) -> None:
+    # wait() resumes in the loop step after the one that saw the command done (reaped, its pipes
+    # at their end), as a future awaited directly does: the final event of a ShellExec goes out
+    # then. Through asyncio.shield or asyncio.wait (their own callback first) it took two.
+    async def body() -> tuple[bool, int]:
+        proc = await ShellProcess.start("true", on_output=Sink())
+        waiting = asyncio.ensure_future(proc.wait(timeout=timeout))
+        while not proc._done.done():  # the step that saw it done ran; the waiter's wake is queued
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop step
+        return waiting.done(), await waiting
+
+    assert run(body()) == (True, 0)
+
+
 def test_sigterm_ignored_then_killed_after_grace(run: Runner[Any]) -> None:
     async def body() -> tuple[int, float, int]:
         sink = Sink()

@@ -294,6 +294,39 @@ async def test_a_ready_process_joins_its_v1_cells_by_a_move_of_its_thread(server
     assert len(joins) >= 4 * len(v1), (joins, v1)
 
 
+_USAGE_FILES = ("cpu.stat", "pids.peak", "memory.max_usage_in_bytes", "memory.peak", "cgroup.events")
+
+
+async def test_a_commands_usage_is_read_by_its_init_not_the_service(server: ServerProcess, tmp_path: pathlib.Path) -> None:
+    # The init reads the usage files of a command's cell (cpu.stat, the memory peak, pids.peak,
+    # cgroup.events) as it reaps the command, and sends what they say with its end: the service's
+    # loop reads none of them between a command's exit and its final event (they were a tenth of
+    # its CPU per short command). strace -y (each fd's path) on the service's loop and on the init.
+    traces = {"service": tmp_path / "service.txt", "init": tmp_path / "init.txt"}
+    async with _a_session_with_its_next_process(server) as (client, monitor, _):
+        (init,) = _children(monitor)
+        # the cells of an earlier session's zygote are let go once it is gone, a moment after: not now
+        assert await asyncio.to_thread(wait_until, lambda: set(_zygotes(server.pid)) == {monitor}, 10)
+        await asyncio.sleep(0.3)
+        tracers = [subprocess.Popen(["strace", "-qq", "-y", "-e", "trace=pread64,read", "-o", str(traces[who]), "-p", str(pid)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                   for who, pid in (("service", server.pid), ("init", init))]
+        try:
+            for pid, tracer in zip((server.pid, init), tracers):
+                assert wait_until(lambda: _tracer_of(pid) == tracer.pid, 10), tracer.stderr  # noqa: B023
+            for _ in range(4):
+                assert (await client.run("true")).exit_code == 0
+        finally:
+            for tracer in tracers:
+                tracer.terminate()
+                tracer.wait(10)
+    reads = {who: [line for line in path.read_text().splitlines() if any(f"/{name}>" in line for name in _USAGE_FILES)]
+             for who, path in traces.items()}
+    assert not reads["service"], reads["service"]
+    assert sum("/cpu.stat>" in line for line in reads["init"]) >= 4, reads["init"]
+    assert all("= -1" not in line for line in reads["init"]), reads["init"]
+
+
 def _tracer_of(pid: int) -> int:
     """Its ``TracerPid`` (0: none)."""
     status = pathlib.Path(f"/proc/{pid}/status").read_text()
@@ -305,8 +338,11 @@ def _ns_pid(pid: int) -> int:
     return int(pathlib.Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split("\n")[0].split()[-1])
 
 
-_A_MOMENT = "i=0; while [ $i -lt 1000 ]; do i=$((i+1)); done"
-"""About half a millisecond of the shell's own work (no process started)."""
+_A_MOMENT = "i=0; while [ $i -lt 500 ]; do i=$((i+1)); done"
+"""About a millisecond of the shell's own work (no process started): longer than the init takes to
+fork a process (0.3-0.4 ms), and short enough that a command with it ends within
+zygote.PREPARE_AFTER on a slow moment of this VM (1,000 rounds took 2 ms there, and the whole
+command more than PREPARE_AFTER)."""
 
 
 async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(server: ServerProcess) -> None:
@@ -377,6 +413,63 @@ async def test_a_long_commands_next_process_is_made_while_it_runs(server: Server
         following = set(_waiting(monitor)) - {ready}
         assert (await running).exit_code == 0
         assert set(_waiting(monitor)) == following  # still waiting: the end made no other
+
+
+def _pipes_of(pid: int) -> set[str]:
+    """The pipes ``pid`` holds open (``pipe:[INODE]``)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if (link := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("pipe:"):
+                    found.add(link)
+    return found
+
+
+async def test_a_commands_output_ends_when_its_init_reports_its_end(server: ServerProcess) -> None:
+    # The init keeps its copies of a command's stdout and stderr until it reaped the command and
+    # closes them as it reports the end: the service then finds the pipes' end and the command's
+    # end in one wake, where the pipes ended at the command's exit and the report woke it again a
+    # moment later. A command that closed its own output holds them open through the init, and
+    # what it wrote before arrives whole.
+    ids = server.root / "pipe-ids"
+    async with _a_session_with_its_next_process(server) as (client, monitor, _):
+        (init,) = _children(monitor)
+        running = asyncio.ensure_future(client.run(
+            "echo out; echo err >&2; ids=$(readlink /proc/$$/fd/1 /proc/$$/fd/2); echo $ids > pipe-ids.new; mv pipe-ids.new pipe-ids; "
+            "exec >&- 2>&-; sleep 1"))
+        assert await asyncio.to_thread(wait_until, ids.exists, 5)
+        out, err = ids.read_text().split()
+        # the command closed its own (nothing the init forked holds them), the init's are open
+        assert await asyncio.to_thread(wait_until, lambda: not any({out, err} & _pipes_of(p) for p in _children(init)), 5)
+        assert {out, err} <= _pipes_of(init) and not running.done()
+        result = await running
+        assert (result.exit_code, result.stdout, result.stderr) == (0, b"out\n", b"err\n")
+        assert wait_until(lambda: not {out, err} & _pipes_of(init), 5)
+    ids.unlink()
+
+
+async def test_a_commands_pipes_are_not_held_by_a_process_made_beside_it(server: ServerProcess) -> None:
+    # The init holds its copies of a running command's pipes (and usage files) until its end; a
+    # process it forks meanwhile does not keep them. One made ahead for a shell that is not warm
+    # (bash) waits for its command before its exec (which would close them): holding the first
+    # command's pipes, it kept them open past that command's end, whose final event then waited
+    # for the service to give up on its output (a writer that escaped: 0.5 s).
+    ids = server.root / "pipe-ids-bash"
+    before = set(_zygotes(server.pid))
+    async with await Client.connect(server.unix) as client:
+        await client.handshake()
+        # the session's first command: forked by the init itself, its pipes the init's to hold
+        done = await client.run("ids=$(readlink /proc/$$/fd/1 /proc/$$/fd/2); echo $ids > pipe-ids-bash; sleep 0.3; echo done",
+                                shell="/bin/bash")
+        assert (done.exit_code, done.stdout) == (0, b"done\n")
+        (monitor,) = set(_zygotes(server.pid)) - before
+        assert wait_until(lambda: len(_waiting(monitor)) >= 1, 10)  # made while it ran
+        pipes = set(ids.read_text().split())
+        (init,) = _children(monitor)
+        assert len(pipes) == 2 and not pipes & _pipes_of(init)
+        assert not any(pipes & _pipes_of(pid) for pid in _waiting(monitor)), [(pid, _pipes_of(pid)) for pid in _waiting(monitor)]
+    ids.unlink()
 
 
 async def test_a_ready_process_killed_is_forked_again(server: ServerProcess) -> None:

@@ -14,7 +14,8 @@ command inherits or applies. A command costs a fork and an exec.
 * :class:`Zygote`: one such process. :meth:`Zygote.start` sends a command (argv, env, cwd, its
   stdin/stdout/stderr and its cgroup directories, in which it is born with
   ``clone3(CLONE_INTO_CGROUP)``) and returns its host pid once it runs; its end comes back as
-  ``on_exit(wait status, rusage)``; :meth:`Zygote.signal` signals its process group through the
+  ``on_exit(wait status, rusage, stats)``, stats what the init read of its cell's usage files
+  as it reaped it (:meth:`Cell.usage_files <smith_fast.containment.Cell.usage_files>`); :meth:`Zygote.signal` signals its process group through the
   init, which owns the pid (no signal reaches a reused one).
 * The ready process: :meth:`Zygote.prepare` has the init fork the next command's process ahead,
   born in the next command's cell and joined to its v1 cells, waiting on a socket whose other end
@@ -64,7 +65,7 @@ from ..errors import ZygoteGone
 __all__ = ["MAX_REQUEST", "PREPARE_AFTER", "READY_WAIT", "Forked", "Ready", "Warm", "Zygote", "ZygoteGone", "Zygotes"]
 
 _HEAD = struct.Struct("=IIiIQII")  # struct zy_head: op, id, sig, flags, data_size, argc, envc
-_REPLY = struct.Struct("=IIii18q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64)
+_REPLY = struct.Struct("=IIii18q5q")  # struct zy_reply: op, id, pid, value, struct rusage (LP64), stats
 _FDS2 = socket.CMSG_SPACE(2 * array.array("i").itemsize)  # a 'Q' reply's pidfd and socket
 READY_WAIT = 0.05
 """Seconds a command waits at most for its ready process's ``'Q'`` (:meth:`Zygote.ready`); the init
@@ -94,7 +95,7 @@ MAX_REQUEST = 192 * 1024
 """The largest request (argv, env and cwd) sent to a zygote: the init reads 256 KiB at most and an
 unprivileged socket buffer holds ~208 KiB; a larger command takes the one-shot path."""
 
-OnExit = Callable[[int, "resource.struct_rusage | None"], None]
+OnExit = Callable[[int, "resource.struct_rusage | None", "tuple[int, ...] | None"], None]
 
 
 def _rusage(v: Sequence[int]) -> resource.struct_rusage:
@@ -164,23 +165,24 @@ class Forked:
         self._rid = rid
         self._loop = loop
         self._listener: OnExit | None = None
-        self._ended: tuple[int, resource.struct_rusage | None] | None = None
+        self._ended: tuple[int, resource.struct_rusage | None, tuple[int, ...] | None] | None = None
 
     def signal(self, sig: int) -> None:
         """``sig`` to its process group, until it is reaped (the init owns the pid)."""
         self._zygote.signal(self._rid, sig)
 
     def on_exit(self, listener: OnExit) -> None:
-        """Call ``listener(wait status, rusage)`` when it has ended (rusage None: it died with its zygote)."""
+        """Call ``listener(wait status, rusage, stats)`` when it has ended (rusage and stats None:
+        it died with its zygote; stats: what the init read of its cell's usage files, -1 each unread)."""
         self._listener = listener
         if self._ended is not None:
             self._loop.call_soon(listener, *self._ended)
 
-    def exited(self, status: int, rusage: resource.struct_rusage | None) -> None:
+    def exited(self, status: int, rusage: resource.struct_rusage | None, stats: tuple[int, ...] | None = None) -> None:
         if self._listener is not None:
-            self._listener(status, rusage)
+            self._listener(status, rusage, stats)
         else:
-            self._ended = (status, rusage)
+            self._ended = (status, rusage, stats)
 
 
 class Warm:
@@ -293,11 +295,14 @@ class Zygote:
         return not self._gone
 
     def start(self, argv: Sequence[str], env: dict[str, str], cwd: str, stdio: tuple[int, int, int],
-              cells: Sequence[int], data_size: int = 0, *, ready: Ready | None = None) -> tuple[Forked, asyncio.Future[int]]:
+              cells: Sequence[int], data_size: int = 0, *, ready: Ready | None = None,
+              usage: tuple[int, tuple[int, ...]] = (0, ())) -> tuple[Forked, asyncio.Future[int]]:
         """Send a command: ``argv[0]`` a path; ``stdio`` its fds 0, 1 and 2 and ``cells`` its
-        cgroup directories open, v2 first (ours stay open: the caller closes them). ``ready``: what
-        :meth:`take_ready` gave (``cells`` are its cell's): its process runs the command, at once
-        (forked into the cells as without, if it does not take it).
+        cgroup directories open, v2 first (ours stay open: the caller closes them); ``usage`` the
+        cell's :meth:`~smith_fast.containment.Cell.usage_files`, read by the init at its end.
+        ``ready``: what :meth:`take_ready` gave (``cells`` are its cell's, its usage files sent with
+        it): its process runs the command, at once (forked into the cells as without, if it does
+        not take it).
 
         Returns:
             the command and a future of its host pid (an ``OSError`` when the
@@ -327,8 +332,8 @@ class Zygote:
                 ready.drop()
         rid = next(self._ids)
         try:
-            head = _HEAD.pack(ord("S"), rid, 0, 0, data_size, len(argv), len(env))
-            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *cells)))])
+            head = _HEAD.pack(ord("S"), rid, 0, usage[0], data_size, len(argv), len(env))
+            self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (*stdio, *usage[1], *cells)))])
         except OSError as exc:  # full (BlockingIOError), too large, or the init is gone
             raise ZygoteGone(f"the zygote did not take the command: {exc}") from None
         started = self._loop.create_future()
@@ -393,10 +398,12 @@ class Zygote:
                 warm, body = None, b""
         cell = containment.new_cell(limits, born_elsewhere=True)
         rid = next(self._ids)
-        head, fds = _HEAD.pack(ord("R"), rid, 0, 0, 0, 0, 0), cell.birth_fds()
+        cells = cell.birth_fds()
+        flags, files = cell.usage_files()
+        head, fds = _HEAD.pack(ord("R"), rid, 0, flags, 0, 0, 0), files + cells
         if warm is not None:
             extra = len(warm.theirs) - 3  # its fd 3: struct zy_head's flags & ZY_EXTRA
-            head = _HEAD.pack(ord("R"), rid, 0, extra, 0, len(warm.argv), len(warm.env))
+            head = _HEAD.pack(ord("R"), rid, 0, flags | extra, 0, len(warm.argv), len(warm.env))
             fds = (*warm.theirs, *fds)
         try:
             self._sock.sendmsg([head, body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
@@ -495,7 +502,7 @@ class Zygote:
                     forked = self._exits.pop(rid, None)
                     if forked is not None:
                         self._ended_at = self._loop.time()
-                        forked.exited(status, _rusage(v[4:]))
+                        forked.exited(status, _rusage(v[4:22]), v[22:])
                         if rid == self._deferred:
                             self._prepare_deferred()
                     else:
