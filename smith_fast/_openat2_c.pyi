@@ -1,4 +1,6 @@
-# The compiled openat2 call (csrc/_openat2_c.pyx); smith_fast/tools/openat2.py is its one caller.
-__all__ = ["openat2"]
+# The compiled openat2 and fstat calls (csrc/_openat2_c.pyx); smith_fast/tools/openat2.py is their one caller.
+__all__ = ["mode_and_size", "openat2"]
+
+def mode_and_size(fd: int) -> tuple[int, int]: ...
 
 def openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int: ...

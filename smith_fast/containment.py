@@ -621,7 +621,8 @@ class Cell:
         service's loop does not read them between a command's exit and its final event."""
         files = self._files
         if files is None:
-            flags, fds = 0, []
+            flags = 0
+            fds: list[int] = []
             try:
                 if self._v2 is not None and self._v2 in self._at:
                     at = self._at[self._v2]
