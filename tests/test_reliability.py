@@ -27,6 +27,7 @@ from collections import Counter
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 
+from smith_fast import containment
 from smith_fast.framing import FrameDecoder
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.replay import read_log
@@ -39,8 +40,29 @@ SOAK_SESSIONS = int(os.environ.get("SMITH_SOAK_SESSIONS", "100"))
 SOAK_REPORT = os.environ.get("SMITH_SOAK_REPORT")  # a path: the soak's figures are written there as JSON
 
 
+_CELL = re.compile(r"/smith-fast-\d+/(c\d+)(?:/|$)")
+
+
+def _links(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+    return out
+
+
 def fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """The service's open fds, but for those of the cgroup cells it keeps for the next commands:
+    containment keeps up to _MAX_SPARES cells, each with its directories and usage files open, a
+    bounded cache whose fill depends on how the last commands ended (:func:`cells` counts them)."""
+    return sum(1 for link in _links(pid) if not _CELL.search(link))
+
+
+def cells(pid: int) -> int:
+    """The cgroup cells the service holds open."""
+    return len({match.group(1) for link in _links(pid) if (match := _CELL.search(link))})
 
 
 def rss_kb(pid: int) -> int:
@@ -674,6 +696,7 @@ def test_soak(tmp_path: pathlib.Path) -> None:
         # back to the baseline: file descriptors exactly, no child left, memory within 30 %
         assert wait_until(lambda: descendants(srv.pid) == [], 10), descendants(srv.pid)
         assert wait_until(lambda: fds(srv.pid) <= base_fds, 10), (fds(srv.pid), base_fds)
+        assert cells(srv.pid) <= containment._MAX_SPARES, cells(srv.pid)  # the cache stays bounded
         time.sleep(1.0)
         end_rss = rss_kb(srv.pid)
         # CPython keeps freed arenas and the allocator's high-water mark depends on how bursts
