@@ -768,7 +768,7 @@ struct zy_reply {
  * theirs (the init's fd limit: a session's long-running commands); the others' pipes close at
  * their start and their usage files at once, as before (the service reads those itself). */
 #define ZY_MAX_HELD 128
-static struct { uint32_t id; pid_t pid; int held[2]; uint32_t stats; int stat_fds[4]; int counted; } zy_live[ZY_MAX_LIVE];
+static struct { uint32_t id; pid_t pid; int held[2]; uint32_t stats; int stat_fds[4]; } zy_live[ZY_MAX_LIVE];
 static int zy_nlive, zy_nheld;
 
 /* The number of usage files a request's flags name. */
@@ -785,7 +785,6 @@ static void zy_track(uint32_t id, pid_t pid, int *out, int *err, uint32_t flags,
     zy_live[zy_nlive].pid = pid;
     zy_live[zy_nlive].held[0] = zy_live[zy_nlive].held[1] = -1;
     zy_live[zy_nlive].stats = 0;
-    zy_live[zy_nlive].counted = 0;
     if (((out != NULL && err != NULL) || zy_nstat(flags) > 0) && zy_nheld < ZY_MAX_HELD) {
         if (out != NULL && err != NULL) {
             zy_live[zy_nlive].held[0] = *out;
@@ -797,7 +796,6 @@ static void zy_track(uint32_t id, pid_t pid, int *out, int *err, uint32_t flags,
             zy_live[zy_nlive].stat_fds[k] = stat_fds[k];
             stat_fds[k] = -1;
         }
-        zy_live[zy_nlive].counted = 1;
         zy_nheld++;
     }
     zy_nlive++;
@@ -806,8 +804,10 @@ static void zy_track(uint32_t id, pid_t pid, int *out, int *err, uint32_t flags,
 /* The number after "KEY " at a line's start in text (cgroup.events, cpu.stat), or -1. */
 static int64_t zy_field(const char *text, const char *key) {
     size_t n = strlen(key);
-    for (const char *at = text; at != NULL && *at; at = strchr(at, '\n') ? strchr(at, '\n') + 1 : NULL)
+    for (const char *at = text; at != NULL; at = strchr(at, '\n')) {
+        if (*at == '\n') at++;
         if (strncmp(at, key, n) == 0 && at[n] == ' ' && at[n + 1] >= '0' && at[n + 1] <= '9') return strtoll(at + n + 1, NULL, 10);
+    }
     return -1;
 }
 
@@ -1082,7 +1082,7 @@ static void zy_reap(int control) {
                 close(zy_live[k].held[0]);
                 close(zy_live[k].held[1]);
             }
-            if (zy_live[k].counted) zy_nheld--;
+            if (zy_live[k].held[0] >= 0 || zy_live[k].stats) zy_nheld--; /* what zy_track counted */
             zy_live[k] = zy_live[--zy_nlive];
             zy_send(control, &r, -1);
             break;

@@ -754,12 +754,13 @@ class Cell:
                 # A cell that may be used again is looked at first: once killed, a process cloned
                 # into it (CLONE_INTO_CGROUP) is killed at birth on this kernel (its kill count is
                 # compared with the parent's cgroup's), so an empty one is left unkilled.
-                populated = self._reported[0]
-                if populated < 0 and self._reusable:
-                    populated = 0 if b"populated 0" in self._text(self._v2, "cgroup.events").encode() else 1
-                if self._reusable and populated == 0:
-                    self._emptied = True
-                    return
+                if self._reusable:
+                    populated = self._reported[0]  # the init's read at the reap (reported), or the file's
+                    if populated < 0:
+                        populated = 0 if b"populated 0" in self._text(self._v2, "cgroup.events").encode() else 1
+                    if populated == 0:
+                        self._emptied = True
+                        return
                 self._reusable = 0
                 self._put(self._v2, "cgroup.kill", "1")
                 return
