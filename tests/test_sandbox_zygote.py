@@ -363,7 +363,8 @@ async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(serve
     loop = asyncio.get_running_loop()
     decided = 0
     short = f"{_A_MOMENT}; echo $$; /bin/sh -c 'echo $$'"
-    for _ in range(30):
+    rounds = 80  # a loaded machine decides fewer: each round costs ~0.1 s, one that decides nothing no more
+    for _ in range(rounds):
         before = set(_zygotes(server.pid))
         async with await Client.connect(server.unix) as client:
             await client.handshake()
@@ -400,7 +401,7 @@ async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(serve
             decided += 1
             if decided == 3:
                 return
-    pytest.fail(f"{decided} of 30 rounds of `true` and a short command ran within {zygote.BUSY_WITHIN * 1e3:g} ms here")
+    pytest.fail(f"{decided} of {rounds} rounds of `true` and a short command ran within {zygote.BUSY_WITHIN * 1e3:g} ms here")
 
 
 async def test_a_long_commands_next_process_is_made_while_it_runs(server: ServerProcess) -> None:
