@@ -9,7 +9,7 @@ to the Python twin, which reads merged messages. Behaviour and public API are th
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 
@@ -18,7 +18,7 @@ from smith_fast._relaypeek_py import _frame_marks, _not_bytes
 from smith_fast._relaypeek_py import batch_size as _merged_batch_size
 from smith_fast._relaypeek_py import command_ids as _merged_command_ids
 
-__all__ = ["batch_size", "command_ids", "event_marks"]
+__all__ = ["batch_size", "command_ids", "event_marks", "tool_call"]
 
 cdef enum:
     _OK = 0
@@ -110,37 +110,48 @@ cdef int _skip(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint32_t number, int wi
             return -1
 
 
+cdef int _field(Bytes p, Py_ssize_t* pos, Py_ssize_t end, Field* f) noexcept nogil:
+    """The field at ``p[pos:end]`` into ``f``: 1 for a varint or a length-delimited one (its value
+    read); 2 for another wire type (``f.wire``; ``pos`` past its tag only); 0 at the end; -1 when
+    malformed."""
+    cdef uint64_t tag, size
+    cdef int wire
+    if pos[0] >= end:
+        return 0
+    tag = p[pos[0]]
+    if tag < 0x80:
+        pos[0] += 1
+    elif not _varint(p, pos, end, 5, &tag) or tag > 0xFFFFFFFFULL:
+        return -1
+    f.number = <uint32_t>(tag >> 3)
+    wire = tag & 7
+    f.wire = wire
+    if wire == 2:
+        if not _varint(p, pos, end, 5, &size) or size > <uint64_t>(end - pos[0]):
+            return -1
+        f.a = pos[0]
+        f.b = pos[0] + <Py_ssize_t>size
+        pos[0] = f.b
+        return 1
+    if wire == 0:
+        return 1 if _varint(p, pos, end, 10, &f.value) else -1
+    return 2
+
+
 cdef int _next(Bytes p, Py_ssize_t* pos, Py_ssize_t end, int depth, Field* f) noexcept nogil:
     """The next varint or length-delimited field of ``p[pos:end]`` into ``f``: 1; 0 at the end; -1
     when malformed. Fixed-width fields and groups are stepped over."""
-    cdef uint64_t tag, size
-    cdef int wire
-    while pos[0] < end:
-        tag = p[pos[0]]
-        if tag < 0x80:
-            pos[0] += 1
-        elif not _varint(p, pos, end, 5, &tag) or tag > 0xFFFFFFFFULL:
-            return -1
-        f.number = <uint32_t>(tag >> 3)
-        wire = tag & 7
+    cdef int r
+    while True:
+        r = _field(p, pos, end, f)
+        if r <= 0:
+            return r
         if f.number == 0:
             return -1
-        if wire == 2:
-            if not _varint(p, pos, end, 5, &size) or size > <uint64_t>(end - pos[0]):
-                return -1
-            f.wire = 2
-            f.a = pos[0]
-            f.b = pos[0] + <Py_ssize_t>size
-            pos[0] = f.b
+        if r == 1:
             return 1
-        if wire == 0:
-            if not _varint(p, pos, end, 10, &f.value):
-                return -1
-            f.wire = 0
-            return 1
-        if _skip(p, pos, end, f.number, wire, depth) < 0:
+        if _skip(p, pos, end, f.number, f.wire, depth) < 0:
             return -1
-    return 0
 
 
 cdef int _oneof(Bytes p, Py_ssize_t start, Py_ssize_t end, int depth, uint32_t members,
@@ -491,3 +502,86 @@ cdef inline bint _wide_prefix(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint64_t
             size[0] = (<uint64_t>1 << 32) if wide else value
             return True
     return False
+
+
+cdef inline int _plain(Bytes p, Py_ssize_t* pos, Py_ssize_t end, Field* f) noexcept nogil:
+    """The next field of ``p[pos:end]`` into ``f``: 1; 0 at the end; -1 when malformed or of a wire
+    type other than a varint or length-delimited (``_plain`` of the twin)."""
+    cdef int r = _field(p, pos, end, f)
+    return -1 if r == 2 else r
+
+
+def tool_call(frame):
+    """The ``ToolCallCommand`` of one v1 ``Envelope`` that is a tool call and nothing more, read
+    without the protobuf runtime (the session's quick path for the commonest frame).
+
+    Only the plainest shape is read: the ``Envelope`` with its ``timestamp`` and ``sequence``
+    (varints) and its ``command``; the ``Command`` with its ``tool_call`` alone; the
+    ``ToolCallCommand`` with its four fields (ids and names valid UTF-8, ``timeout_ms`` at most
+    ``2**63 - 1``). Each at most once, each with its own wire type. Then what the runtime would
+    read is not in question: no unknown field, no merge, no last-one-wins. Anything else gives
+    None, and the caller decodes the frame with the runtime as before.
+
+    Args:
+        frame: one ``Envelope``, without its length prefix, as ``bytes`` (anything else gives None).
+
+    Returns:
+        ``(request_id, tool, args, timeout_ms)``, ``timeout_ms`` -1 when it is not set; or None.
+        Never raises.
+    """
+    cdef Bytes p
+    cdef Py_ssize_t n, pos = 0, end
+    cdef Field f, command, args
+    cdef Field text[2]
+    cdef uint32_t seen = 0, bit
+    cdef int r
+    cdef object rid, tool
+    cdef long long timeout = -1
+    if not PyBytes_CheckExact(frame):
+        return None
+    p = <Bytes>PyBytes_AS_STRING(frame)
+    n = PyBytes_GET_SIZE(frame)
+    command.wire = -1
+    while True:  # the Envelope: timestamp (1) and sequence (2), varints; command (10)
+        r = _plain(p, &pos, n, &f)
+        if r == 0:
+            break
+        if r < 0 or f.number > 10:
+            return None
+        bit = 1u << f.number
+        if seen & bit or f.wire != (2 if f.number == _COMMAND else 0) or not (bit & 0x406):
+            return None
+        seen |= bit
+        if f.number == _COMMAND:
+            command = f
+    if command.wire != 2:
+        return None
+    pos = command.a
+    if _plain(p, &pos, command.b, &f) != 1 or f.number != 3 or f.wire != 2 or pos != command.b:
+        return None  # the Command: its tool_call (3) alone
+    pos, end, seen = f.a, f.b, 0
+    text[0].a = text[0].b = text[1].a = text[1].b = args.a = args.b = 0
+    while True:  # the ToolCallCommand: request_id (1), tool (2), args (3), timeout_ms (4)
+        r = _plain(p, &pos, end, &f)
+        if r == 0:
+            break
+        if r < 0 or f.number < 1 or f.number > 4:
+            return None
+        bit = 1u << f.number
+        if seen & bit or f.wire != (0 if f.number == 4 else 2):
+            return None
+        seen |= bit
+        if f.number == 4:
+            timeout = <long long>f.value if f.value <= 0x7FFFFFFFFFFFFFFFULL else -2
+        elif f.number == 3:
+            args = f
+        else:
+            text[f.number - 1] = f
+    if timeout == -2:
+        return None  # past a C long long: left to the runtime, as the twin does
+    try:
+        rid = PyUnicode_DecodeUTF8(<const char*>p + text[0].a, text[0].b - text[0].a, NULL)
+        tool = PyUnicode_DecodeUTF8(<const char*>p + text[1].a, text[1].b - text[1].a, NULL)
+    except UnicodeDecodeError:
+        return None
+    return rid, tool, PyBytes_FromStringAndSize(<const char*>p + args.a, args.b - args.a), timeout

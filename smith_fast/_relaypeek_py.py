@@ -34,10 +34,11 @@ from collections.abc import Callable
 
 from .errors import FramingError
 
-__all__ = ["batch_size", "command_ids", "event_marks"]
+__all__ = ["batch_size", "command_ids", "event_marks", "tool_call"]
 
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
+_I64 = (1 << 63) - 1
 
 # Envelope
 _SEQUENCE = 2
@@ -61,6 +62,15 @@ _STATE = 2  # StateChangeEvent.state
 _TERMINAL = frozenset({2, 4})  # SERVICE_STATE_READY, SERVICE_STATE_ERROR
 # upb's depth limit: an Envelope may hold groups nested 100 deep, each message level one less
 _DEPTH = 100
+
+# Envelope.command.tool_call, as tool_call() reads it: field number -> its wire type
+_TIMESTAMP = 1
+_TOOL_CALL = 3
+_PLAIN_ENVELOPE = {_TIMESTAMP: 0, _SEQUENCE: 0, _COMMAND: 2}
+_TOOL_CALL_FIELDS = {1: 2, 2: 2, 3: 2, 4: 0}  # request_id, tool, args, timeout_ms
+
+ToolCall = tuple[str, str, bytes, int]
+"""A ``ToolCallCommand`` read by :func:`tool_call`: request id, tool, args, ``timeout_ms`` (-1: unset)."""
 
 _Field = tuple[int, int, int, int]  # number, wire type, then (value, 0) for a varint, (start, stop) for a length
 
@@ -361,3 +371,89 @@ def event_marks(buf: bytes | bytearray | memoryview) -> tuple[int, list[str]]:
         ended += ids
         pos += size
     return top, ended
+
+
+def _plain(data: bytes, pos: int, end: int) -> list[_Field] | None:
+    """The fields of the message ``data[pos:end]`` when each is a varint or length-delimited
+    (:func:`_fields`' tuples); None for any other wire type or malformed bytes."""
+    out: list[_Field] = []
+    try:
+        while pos < end:
+            tag, pos = _varint(data, pos, end, 5)
+            kind = tag & 7
+            if kind == 2:
+                size, pos = _varint(data, pos, end, 5)
+                if size > end - pos:
+                    return None
+                out.append((tag >> 3, 2, pos, pos + size))
+                pos += size
+            elif kind == 0:
+                value, pos = _varint(data, pos, end, 10)
+                out.append((tag >> 3, 0, value & _U64, 0))
+            else:
+                return None
+    except _Malformed:
+        return None
+    return out
+
+
+def _once(fields: list[_Field], wires: dict[int, int]) -> bool:
+    """Whether each of ``fields`` is one of ``wires``, with its wire type, and none comes twice."""
+    seen: set[int] = set()
+    for number, kind, _a, _b in fields:
+        if number in seen or wires.get(number) != kind:
+            return False
+        seen.add(number)
+    return True
+
+
+def tool_call(frame: bytes) -> ToolCall | None:
+    """The ``ToolCallCommand`` of one v1 ``Envelope`` that is a tool call and nothing more, read
+    without the protobuf runtime (the session's quick path for the commonest frame).
+
+    Only the plainest shape is read: the ``Envelope`` with its ``timestamp`` and ``sequence``
+    (varints) and its ``command``; the ``Command`` with its ``tool_call`` alone; the
+    ``ToolCallCommand`` with its four fields (ids and names valid UTF-8, ``timeout_ms`` at most
+    ``2**63 - 1``). Each at most once, each with its own wire type. Then what the runtime would
+    read is not in question: no unknown field, no merge, no last-one-wins. Anything else gives
+    None, and the caller decodes the frame with the runtime as before.
+
+    Args:
+        frame: one ``Envelope``, without its length prefix, as ``bytes`` (anything else gives None).
+
+    Returns:
+        ``(request_id, tool, args, timeout_ms)``, ``timeout_ms`` -1 when it is not set; or None.
+        Never raises.
+    """
+    if type(frame) is not bytes:
+        return None
+    envelope = _plain(frame, 0, len(frame))
+    if envelope is None or not _once(envelope, _PLAIN_ENVELOPE):
+        return None
+    spans = [(a, b) for number, _kind, a, b in envelope if number == _COMMAND]
+    if not spans:
+        return None
+    command = _plain(frame, *spans[0])
+    if command is None or len(command) != 1 or command[0][:2] != (_TOOL_CALL, 2):
+        return None
+    fields = _plain(frame, command[0][2], command[0][3])
+    if fields is None or not _once(fields, _TOOL_CALL_FIELDS):
+        return None
+    rid = tool = ""
+    args = b""
+    timeout = -1
+    try:
+        for number, _kind, a, b in fields:
+            if number == 1:
+                rid = str(frame[a:b], "utf-8")
+            elif number == 2:
+                tool = str(frame[a:b], "utf-8")
+            elif number == 3:
+                args = frame[a:b]
+            elif a > _I64:
+                return None  # past an int64: left to the runtime (the compiled twin holds a C long long)
+            else:
+                timeout = a
+    except UnicodeDecodeError:
+        return None
+    return rid, tool, args, timeout

@@ -31,6 +31,7 @@ from smith_fast.jsonl import JsonlCodec
 from smith_fast.jsonl._fields import COMMANDS_BY_ONEOF, V1_ONLY_COMMANDS
 from smith_fast.pb import smith_pb2 as pb
 from smith_fast.service.commands import COMMANDS
+from smith_fast.service.request import Request
 from smith_fast.service.sinks import V0Sink, V1Sink
 
 from .conftest import IMPLEMENTATIONS, assert_same_api, twin
@@ -136,7 +137,7 @@ UNKNOWN = b"".join((
 def test_twins_share_one_api(impl: str) -> None:
     assert_same_api("relaypeek", impl)  # each twin against the Python one, the specification
     assert facade.IMPLEMENTATION in IMPLEMENTATIONS
-    assert set(twin("relaypeek", "py").__all__) | {"IMPLEMENTATION", "v0_command_ids", "v0_event_marks"} == set(facade.__all__)
+    assert set(twin("relaypeek", "py").__all__) | {"IMPLEMENTATION", "ToolCall", "v0_command_ids", "v0_event_marks"} == set(facade.__all__)
 
 
 def test_request_kinds_are_the_commands_table_ones() -> None:
@@ -534,6 +535,124 @@ def test_event_marks_read_what_the_runtime_reads(relaypeek: ModuleType, buf: byt
         assert got == want
     else:  # the peek may read on past a frame refused for what lies deeper, never stop sooner
         assert got[1][: len(want[1])] == want[1]
+
+
+# ---- tool_call: the session's quick read of a plain tool call -----------------------------------
+
+
+def expected_call(frame: bytes) -> tuple[str, str, bytes, int]:
+    """What the runtime reads of the tool call in ``frame`` (which it must read)."""
+    call = pb.Envelope.FromString(frame).command.tool_call
+    return call.request_id, call.tool, call.args, call.timeout_ms if call.HasField("timeout_ms") else -1
+
+
+def tool_call_frame(rid: str = "r-1", tool: str = "fs.read", args: bytes = b'{"path":"a.txt"}', timeout: int | None = None,
+                    **envelope_fields: int) -> bytes:
+    call = pb.ToolCallCommand(request_id=rid, tool=tool, args=args)
+    if timeout is not None:
+        call.timeout_ms = timeout
+    return pb.Envelope(command=pb.Command(tool_call=call), **envelope_fields).SerializeToString()
+
+
+_INNER = pb.ToolCallCommand(request_id="r", tool="t", args=b"{}").SerializeToString()
+
+
+def _in_command(tool_call: bytes) -> bytes:
+    return field(10, 2, field(3, 2, tool_call))
+
+
+@pytest.mark.parametrize("frame", [
+    tool_call_frame(),
+    tool_call_frame(timeout=0),  # set to 0 (no timeout) is not unset (the service's default)
+    tool_call_frame(timeout=1500),
+    tool_call_frame(timeout=(1 << 63) - 1),
+    tool_call_frame(sequence=(1 << 64) - 1, timestamp=1_700_000_000_000),
+    tool_call_frame(rid="", tool="", args=b""),
+    tool_call_frame(rid="ré-✓-\U0001f600", tool="fs.读", args=bytes(range(256))),
+    # fields in another order than the encoders write them
+    _in_command(field(3, 2, b"{}") + field(4, 0, 7) + field(2, 2, b"fs.list") + field(1, 2, b"x")) + field(2, 0, 9),
+], ids=["plain", "timeout-0", "timeout", "timeout-max", "envelope-fields", "empty", "unicode", "reordered"])  # fmt: skip
+def test_a_plain_tool_call_is_read_as_the_runtime_reads_it(relaypeek: ModuleType, frame: bytes) -> None:
+    assert relaypeek.tool_call(frame) == expected_call(frame)
+
+
+def test_anything_more_than_a_plain_tool_call_is_left_to_the_runtime(relaypeek: ModuleType) -> None:
+    """None where the runtime's reading would take more than the plain walk (merging, last one
+    wins, unknown fields kept) or where it refuses the bytes: the session then decodes the frame."""
+    plain = tool_call_frame()
+    frames = {
+        "another command": envelope(command("shell_exec", "r")),
+        "a control command": envelope(pb.Command(cancel=pb.CancelCommand(request_id="r"))),
+        "an event": state("r", 2),
+        "a batch of one tool call": envelope([pb.Command(tool_call=pb.ToolCallCommand(request_id="r"))]),
+        "no bytes": b"",
+        "no payload": field(2, 0, 1),
+        "an empty command": field(10, 2, b""),
+        "the command again (merged)": plain + plain,
+        "the sequence twice": field(2, 0, 1) + plain + field(2, 0, 2),
+        "an unknown varint": plain + field(99, 0, 1),
+        "an unknown length-delimited field": plain + field(3, 2, b"x"),
+        "a fixed-width field": plain + field(TOP, 1, b"\x01" * 8),
+        "a group": plain + field(TOP - 4, 3, b""),
+        "the timestamp length-delimited": field(1, 2, b"x") + plain,
+        "the command as a varint": field(10, 0, 1),
+        "a second member of the command": field(10, 2, field(3, 2, _INNER) + field(5, 2, b"")),
+        "the id twice": _in_command(_INNER + field(1, 2, b"s")),
+        "the args twice": _in_command(_INNER + field(3, 2, b"{}")),
+        "an unknown field of the tool call": _in_command(_INNER + field(5, 0, 1)),
+        "the timeout length-delimited": _in_command(_INNER + field(4, 2, b"1")),
+        "the id a varint": _in_command(field(1, 0, 1)),
+        "an id of invalid UTF-8": _in_command(field(1, 2, b"\xff")),
+        "a tool of invalid UTF-8": _in_command(field(2, 2, b"\xed\xa0\x80")),  # a surrogate
+        "a timeout past an int64": _in_command(_INNER + field(4, 0, 1 << 63)),
+        "cut short": plain[:-1],
+        "a length past the end": _in_command(b"\x0a\x05ab"),
+        "a tag of eleven bytes": b"\xff" * 11,
+    }
+    for name, frame in frames.items():
+        assert relaypeek.tool_call(frame) is None, name
+    for other in (bytearray(plain), memoryview(plain), plain.decode("latin-1"), None):
+        assert relaypeek.tool_call(other) is None  # bytes only: the session's frames are
+
+
+def test_a_request_makes_its_command_of_the_call_as_the_runtime_read_it() -> None:
+    """Request.command of a request started from a call is the Command the runtime decodes from
+    the same frame (what the runner's whole path and a hook see), made once."""
+    for frame in (tool_call_frame(), tool_call_frame(timeout=0), tool_call_frame(timeout=9, rid="", args=b"")):
+        call = facade.tool_call(frame)
+        assert call is not None
+        request = Request(None, call[0], COMMANDS["tool_call"], None, None, call)  # type: ignore[arg-type]  # no host: nothing is sent
+        made = request.command
+        assert made == pb.Envelope.FromString(frame).command
+        assert made.tool_call.HasField("timeout_ms") == (call[3] >= 0)
+        assert request.command is made
+    command_ = pb.Command(tool_call=pb.ToolCallCommand(request_id="q"))
+    assert Request(None, "q", COMMANDS["tool_call"], command_).command is command_  # type: ignore[arg-type]
+
+
+@st.composite
+def _tool_call_frames(draw: st.DrawFn) -> bytes:
+    call = pb.ToolCallCommand(request_id=draw(st.text(max_size=12)), tool=draw(st.text(max_size=8)), args=draw(st.binary(max_size=24)))
+    if draw(st.booleans()):
+        call.timeout_ms = draw(st.integers(0, (1 << 64) - 1))
+    frame = pb.Envelope(sequence=draw(st.integers(0, 3)), command=pb.Command(tool_call=call)).SerializeToString()
+    if draw(st.integers(0, 3)) == 0:
+        frame += draw(st.sampled_from([UNKNOWN, field(2, 0, 3), _in_command(field(1, 2, b"again")), field(1, 0, 5)]))
+    return _mutate(draw, frame)
+
+
+@_settings
+@given(st.one_of(st.binary(max_size=120), _tool_call_frames()))
+def test_tool_call_reads_what_the_runtime_reads(relaypeek: ModuleType, frame: bytes) -> None:
+    got = relaypeek.tool_call(frame)
+    assert got == _relaypeek_py.tool_call(frame)
+    if got is not None:
+        env = pb.Envelope.FromString(frame)  # the runtime reads it as well: it must not raise
+        assert env.WhichOneof("payload") == "command" and env.command.WhichOneof("command_type") == "tool_call"
+        assert got == expected_call(frame)
+        # nothing of the command left unread: the runtime writes back the unknown fields it kept
+        made = Request(None, got[0], COMMANDS["tool_call"], None, None, got).command  # type: ignore[arg-type]
+        assert made.SerializeToString() == env.command.SerializeToString()
 
 
 # ---- v0 -----------------------------------------------------------------------------------------

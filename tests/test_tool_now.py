@@ -13,9 +13,14 @@ from typing import Any
 import pytest
 
 from harness.server import ServerProcess, wait_until
+from smith_fast import relaypeek
 from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS
+from smith_fast._varint import encode as varint
 from smith_fast.errors import ProtocolError
 from smith_fast.pb import smith_pb2 as pb
+from smith_fast.service.config import ServiceConfig
+from smith_fast.service.core import ServiceCore
+from smith_fast.service.sinks import V1Sink
 from smith_fast.tools import ToolContext, ToolOutcome, default_registry
 from smith_fast.tools.fs import INLINE_READ
 from tests.peers import V1Peer, kind, terminal
@@ -240,6 +245,76 @@ def _renamed(env: pb.Envelope, old: str, new: str) -> pb.Envelope:
         if member.request_id == old:
             member.request_id = new
     return out
+
+
+def _field(number: int, wire: int, value: int | bytes) -> bytes:
+    """One protobuf field written by hand (a varint for wire type 0, else a length and the bytes)."""
+    if wire == 0:
+        assert isinstance(value, int)
+        return varint(number << 3) + varint(value)
+    assert isinstance(value, bytes)
+    return varint(number << 3 | 2) + varint(len(value)) + value
+
+
+def _call_frame(rid: str, args: bytes, extra: bytes = b"", sequence: int = 1) -> bytes:
+    call = pb.ToolCallCommand(request_id=rid, tool="fs.read", args=args, timeout_ms=30_000).SerializeToString() + extra
+    return _field(2, 0, sequence) + _field(10, 2, _field(3, 2, call))
+
+
+def test_a_call_read_off_its_frame_is_the_call_the_runtime_reads(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
+    """The session reads a plain tool call off its frame (``relaypeek.tool_call``) and leaves any
+    other frame to the protobuf runtime. The same call both ways (an unknown field in its
+    ``ToolCallCommand``, which the runtime ignores, makes the frame not plain) gives the same
+    events in the same order and the same audit line; an id over ``--max-request-id-size`` is
+    refused alike (an ``ErrorEvent`` with no request id, and no terminal state)."""
+    server = ServerProcess(tmp_path, root=root, log_level="info").start()
+    try:
+        peer = V1Peer(server.unix)
+        peer.handshake()
+        sequence = 1
+        for i, (args, _expect) in enumerate(CASES):
+            got = {}
+            for rid, extra in ((f"q{i}", b""), (f"r{i}", _field(99, 0, 1))):
+                frame = _call_frame(rid, args, extra, sequence := sequence + 1)
+                assert (relaypeek.tool_call(frame) is None) == bool(extra)
+                peer.sock.sendall(varint(len(frame)) + frame)
+                got[rid] = [e for e in peer.until(terminal(rid)) if _rid(e) == rid]
+            assert _shape(got[f"q{i}"]) == _shape([_renamed(e, f"r{i}", f"q{i}") for e in got[f"r{i}"]]), args
+            assert _audit(server, f"q{i}") == _audit(server, f"r{i}")
+        errors = []
+        for extra in (b"", _field(99, 0, 1)):
+            peer.sock.sendall(varint(len(frame := _call_frame("x" * 300, b"{}", extra, sequence := sequence + 1))) + frame)
+            errors.append(peer.until(lambda e: kind(e) == "error")[-1])
+        assert _shape(errors[:1]) == _shape(errors[1:])
+        assert errors[0].event.error.request_id == "" and "--max-request-id-size" in errors[0].event.error.message
+        peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+def test_a_call_read_off_its_frame_makes_no_command_unless_asked(run, root: pathlib.Path) -> None:
+    """In process: a plain call read off its frame is admitted with its ``call`` (compiled build;
+    the Python twin's walk would cost more than the runtime, so that build decodes) and no
+    ``pb.Command`` until something asks for one; the one made is the runtime's."""
+    core = ServiceCore(ServiceConfig(root=root))
+    out: list[bytes] = []
+
+    async def main() -> None:
+        session = core.new_session(V1Sink(out.append), close=lambda: None, peer="test")
+        session.handle(pb.Command(handshake=pb.HandshakeCommand(version=1)))
+        frame = _call_frame("big", b'{"path":"big.txt"}')  # suspends: still live after the step
+        session.handle_frame(frame)
+        request = session.requests.get("big")
+        assert request is not None
+        compiled = relaypeek.IMPLEMENTATION == "c"
+        assert (request.call is not None) == compiled
+        assert (request._command is None) == compiled
+        while session.busy:
+            await asyncio.sleep(0.01)
+        # what it makes when asked is what the runtime reads
+        assert request.command == pb.Envelope.FromString(frame).command
+
+    run(main())
 
 
 def test_the_sink_writes_one_step_as_one_write_of_three_frames() -> None:

@@ -24,6 +24,7 @@ from .sizes import command_size, plan_size, too_large, tool_call_size
 
 if TYPE_CHECKING:
     from ..plan import Step
+    from ..relaypeek import ToolCall
     from .sinks import EventSink
 
 # The process stack (service/launch.py: spawn, the sandbox's zygotes, shells, egress) and the
@@ -61,7 +62,12 @@ class Admitted(Protocol):
     """What a :data:`Now` shortcut sees of its request (:class:`~smith_fast.service.request.Request`)."""
 
     id: str
-    command: Any
+    call: ToolCall | None
+
+    @property
+    def command(self) -> Any:
+        """The command that asked for it (made of :attr:`call` when the session read one)."""
+        ...
 
     def answer_at_once(self, success: bool, result: bytes, error: str | None, duration_ms: int) -> None:
         """``PROCESSING``, its ``ToolResult`` and ``READY`` in one write."""
@@ -174,14 +180,21 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
     would (the same events in the same order, the same audit line)."""
     if ex.hooks.tools_hooked:
         return None
-    cmd: pb.ToolCallCommand = request.command.tool_call
-    timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
-    tool, rid = cmd.tool, request.id
+    call = request.call
+    if call is not None:  # read off its frame (Session._tool_call): no pb.Command was made
+        _rid, tool, args, timeout_ms = call
+        if timeout_ms < 0:
+            timeout_ms = ex.core.limits.default_timeout_ms
+    else:
+        cmd: pb.ToolCallCommand = request.command.tool_call
+        timeout_ms = cmd.timeout_ms if cmd.HasField("timeout_ms") else ex.core.limits.default_timeout_ms
+        tool, args = cmd.tool, cmd.args
+    rid = request.id
     # An fs.write in a session that records changes: its own layer, from before it starts until it
     # ended (PROTOCOL.md, "Workspaces"); its ToolResult then carries what it changed.
     ws = workspace_commands.begin(ex, rid) if tool in workspace_commands.RECORDED_TOOLS else None
     try:
-        step = ex.core.tools.start(tool, cmd.args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
+        step = ex.core.tools.start(tool, args, ex.tool_context, timeout=timeout_ms / 1000 if timeout_ms else None)
     except BaseException:
         workspace_commands.end(ex, ws, rid)
         raise

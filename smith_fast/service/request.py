@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import tracing
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
+from ..relaypeek import ToolCall
 from .audit import refused
 from .sizes import terminal_size
 
@@ -83,20 +84,28 @@ class Request:
         host: its session, which sends what it ends with.
         rid: its id.
         spec: its row of the command table.
-        command: the command that asked for it.
+        command: the command that asked for it; None when ``call`` says it.
+        limits: the service's limits (None: a request that never runs).
+        call: a plain tool call the session read off its frame without the protobuf runtime
+            (:func:`smith_fast.relaypeek.tool_call`): what the quick path reads, while
+            :attr:`command` is made of it only when something asks for it.
     """
 
     __slots__ = (
-        "_host", "_limits", "id", "spec", "command", "state", "task", "span", "audit", "early", "processes",
+        "_host", "_limits", "id", "spec", "_command", "call", "state", "task", "span", "audit", "early", "processes",
         "stdin_target", "cancelled", "cancel_reason",
     )
 
-    def __init__(self, host: Terminal, rid: str, spec: CommandSpec | None, command: Any, limits: Limits | None = None) -> None:
+    def __init__(
+        self, host: Terminal, rid: str, spec: CommandSpec | None, command: Any, limits: Limits | None = None,
+        call: ToolCall | None = None,
+    ) -> None:
         self._host = host
         self._limits = limits  # --kill-grace and --max-stdin-buffer (None: a request that never runs)
         self.id = rid
         self.spec = spec
-        self.command = command
+        self._command = command
+        self.call = call
         self.state = RequestState.ADMITTED
         self.task: asyncio.Task[None] | None = None
         self.span: tracing.SpanHandle = tracing.NOOP
@@ -106,6 +115,19 @@ class Request:
         self.stdin_target: ShellProcess | None = None  # its process with open stdin or a pty
         self.cancelled = False  # it ended by a Cancel
         self.cancel_reason = "cancelled"  # what its ErrorEvent says when cancelled: a Restore says "restored"
+
+    @property
+    def command(self) -> Any:
+        """The command that asked for it (a ``pb.Command``; one read as a :attr:`call` is made on
+        first use, with the same fields as the runtime would have read)."""
+        command = self._command
+        if command is None and self.call is not None:
+            rid, tool, args, timeout_ms = self.call
+            tool_call = pb.ToolCallCommand(request_id=rid, tool=tool, args=args)
+            if timeout_ms >= 0:
+                tool_call.timeout_ms = timeout_ms
+            command = self._command = pb.Command(tool_call=tool_call)
+        return command
 
     @property
     def ended(self) -> bool:

@@ -23,6 +23,7 @@ from .request import Request
 
 if TYPE_CHECKING:
     from ..pb import smith_pb2 as pb
+    from ..relaypeek import ToolCall
     from .commands import CommandSpec
     from .config import Limits
     from .metrics import ServiceMetrics
@@ -69,11 +70,12 @@ class RequestStarter:
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
 
-    def start(self, rid: str, spec: CommandSpec, command: pb.Command) -> None:
-        """Admit request ``rid`` (refused: the table says so) and start it."""
+    def start(self, rid: str, spec: CommandSpec, command: pb.Command | None, call: ToolCall | None = None) -> None:
+        """Admit request ``rid`` (refused: the table says so) and start it; ``command`` asked for
+        it, or ``call`` did (a plain tool call read off its frame, :class:`Request`)."""
         session = self._session
         requests = session.requests
-        request = requests.admit(rid, spec, command)
+        request = requests.admit(rid, spec, command, call)
         if request is None:
             return
         start = perf_counter()

@@ -20,6 +20,7 @@ from .sizes import terminal_size
 
 if TYPE_CHECKING:
     from ..process import ShellProcess
+    from ..relaypeek import ToolCall
     from .audit import AuditRecord
     from .commands import CommandSpec
     from .config import Limits
@@ -88,9 +89,10 @@ class RequestTable:
         """Whether the session ever admitted a request (one is live, or one ended)."""
         return bool(self.live) or bool(self._ended)
 
-    def admit(self, rid: str, spec: CommandSpec | None, command: Any) -> Request | None:
+    def admit(self, rid: str, spec: CommandSpec | None, command: Any, call: ToolCall | None = None) -> Request | None:
         """A request ``rid`` of ``spec``'s kind, live from now on; None when it is refused (what
-        the peer is told was sent: an error, and a terminal state where the id is its own)."""
+        the peer is told was sent: an error, and a terminal state where the id is its own).
+        ``command`` asked for it, or ``call`` did (a plain tool call, :class:`Request`)."""
         if not rid:
             self._host.protocol_error(ProtocolError("request_id is empty", pb.ERROR_CODE_UNSPECIFIED, details={"reason": "invalid_field"}))
             return None
@@ -111,7 +113,7 @@ class RequestTable:
         if len(live) >= (most := self._limits.max_requests):
             self._host.reject(ProtocolError(f"too many requests in flight (max {most})", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid))
             return None
-        request = live[rid] = Request(self._host, rid, spec, command, self._limits)
+        request = live[rid] = Request(self._host, rid, spec, command, self._limits, call)
         return request
 
     def ended(self, request: Request) -> None:

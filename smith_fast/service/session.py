@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf.message import DecodeError
 
-from .. import tracing
+from .. import relaypeek, tracing
 from ..errors import EgressRuleError, ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
@@ -49,6 +49,7 @@ from .sizes import too_large
 from .sinks import EventSink
 
 if TYPE_CHECKING:
+    from ..relaypeek import ToolCall
     from ..replay import RecordingStore, SessionRecorder
     from ..workspaces.store import WorkspaceStore
     from ..workspaces.workspace import Workspace
@@ -62,6 +63,10 @@ __all__ = ["Session", "SessionCore"]
 log = get_logger("smith_fast.session")
 
 _HEALTH_RESPONSE = pb.Envelope.DESCRIPTOR.fields_by_name["health_check_response"].number
+_TOOL_CALL = COMMANDS["tool_call"]
+# The quick read of a plain tool call (relaypeek.tool_call), when compiled: the Python twin's walk
+# costs more than the runtime's decoding it spares.
+_read_tool_call = relaypeek.tool_call if relaypeek.IMPLEMENTATION == "c" else None
 _TRACE_KEYS = ("traceparent", "tracestate")
 
 
@@ -201,6 +206,12 @@ class Session:
         if len(data) > self._batches.peek_above and self.recorder is None and self._batches.take_unread(data):
             self.last_active = self._loop.time()
             return
+        if (
+            _read_tool_call is not None and self.handshaken and self.authenticated and self.recorder is None
+            and self._batches.backlog is None and not self._closing
+            and (call := _read_tool_call(data)) is not None and self._tool_call(call)
+        ):
+            return
         try:
             env = pb.Envelope.FromString(data)
         except DecodeError as exc:
@@ -213,6 +224,23 @@ class Session:
             ))
             return
         self.handle_envelope(env)
+
+    def _tool_call(self, call: ToolCall) -> bool:
+        """Start a plain tool call read off its frame as :meth:`handle` would start it from the
+        decoded ``Envelope`` (the same checks, counts and start), the ``pb.Command`` made only
+        if something asks for it (:attr:`Request.command`). False, having done nothing, when any
+        check would refuse it: the frame then takes the whole way, which says why."""
+        rid, _tool, args, _timeout = call
+        core = self.core
+        limits = core.limits
+        if not rid or len(args) > limits.max_command_size or id_too_long("tool_call", rid, limits.max_request_id_size) is not None or (
+            core.refusing() is not None
+        ):
+            return False
+        self.last_active = self._loop.time()
+        core.metrics.commands["tool_call"] += 1
+        self._starter.start(rid, _TOOL_CALL, None, call)
+        return True
 
     def handle_envelope(self, env: pb.Envelope) -> None:
         """Dispatch one decoded v1 envelope (socket frame or gRPC message). Never raises."""
