@@ -72,7 +72,7 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
         limit = ex.home.max_bytes
         ex.sink.log(pb.LOG_LEVEL_WARN, f"the session's home held {held} bytes, more than --max-home-bytes {limit}: it was emptied "
                     "(its caches and configuration) before this command", rid, {"reason": "home_emptied", "bytes": str(held)})
-    env = dict(cmd.env)
+    env = dict(cmd.env) if cmd.env else {}  # dict() of the runtime's map goes through Python-level views
     span = ex.spans.get(rid)
     if span is not None:
         span.set(tracing.ATTR_COMMAND, cmd.command)
@@ -118,7 +118,7 @@ def refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
     for field, value in fields:
         if "\0" in value:
             raise _nul(origin, field, f"{field} holds a NUL byte at offset {value.index(chr(0))}", rid)
-    for name, value in cmd.env.items():  # names with one are refused by check_env already
+    for name, value in cmd.env.items() if cmd.env else ():  # names with one are refused by check_env already
         if "\0" in value:
             raise _nul(origin, "env", f"env variable {name[:64]!r} holds a NUL byte", rid)
 

@@ -21,8 +21,10 @@ def command_size(cmd: pb.ShellExecCommand) -> int:
     """Bytes a ShellExec asks the service to hand to ``exec``: the command string plus its env
     (``NAME=value`` entries), in UTF-8."""
     size = _text_size(cmd.command)
-    for name, value in cmd.env.items():
-        size += _text_size(name) + _text_size(value) + 2
+    env = cmd.env
+    if env:  # the runtime's items() is a Python-level view: ~0.5 µs on every command, even empty
+        for name, value in env.items():
+            size += _text_size(name) + _text_size(value) + 2
     return size
 
 
