@@ -376,6 +376,32 @@ async def test_recording_and_metrics_apply(tmp_path: pathlib.Path) -> None:
     assert "recorded\n" in outputs
 
 
+async def test_a_tool_call_is_counted_and_audited_as_a_sockets(tmp_path: pathlib.Path) -> None:
+    """MCP's tools/call starts a tool without a pb.Command where the session may
+    (Session.start_tool_call): answered, counted and audited as a socket's ToolCall is."""
+    (tmp_path / "a.txt").write_text("hello\n")
+    proc = SmithProcess(tmp_path, "serve", "--root", str(tmp_path), "--mcp-http", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+                        "--log-level", "info").start()
+    try:
+        async with Client(mcp_url(proc)) as client:
+            for _ in range(2):
+                got = await client.call_tool("fs.read", {"path": "a.txt"})
+                assert not got.is_error and got.structured_content is not None and got.structured_content["content"] == "hello\n"
+            assert (await client.call_tool("fs.read", {"path": "missing.txt"})).is_error
+        metrics_url = next(str(r["address"]) for r in proc.logs if str(r.get("address", "")).endswith("/metrics"))
+        async with httpx2.AsyncClient() as http:
+            text = (await http.get(metrics_url)).text
+        assert any(line.startswith('smith_fast_commands_total{type="tool_call"} 3') for line in text.splitlines()), text
+        def audited() -> list[dict[str, Any]]:
+            return [r for r in proc.logs if r.get("event") == "request" and r.get("kind") == "tool_call"]
+
+        assert await anyio.to_thread.run_sync(lambda: wait_until(lambda: len(audited()) == 3, 10))
+        lines = audited()
+        assert [(r["tool"], r["success"], r["outcome"]) for r in lines] == [("fs.read", True, "ok")] * 2 + [("fs.read", False, "ok")]
+    finally:
+        proc.stop()
+
+
 def test_stdio_huge_line_stays_within_memory(tmp_path: pathlib.Path) -> None:
     """200 MB without a newline is dropped as it arrives (answered once), not buffered; the next
     request is served."""

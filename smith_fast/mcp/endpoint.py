@@ -232,6 +232,7 @@ class McpEndpoint:
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         shell_call: ShellCall | None = None
+        command: pb.Command | None
         if shell:
             limits = self.core.limits
             try:
@@ -260,7 +261,8 @@ class McpEndpoint:
             shell_call = ShellCall(limits.mcp_max_result_chars, self._marker, state, self.outputs, rid, args.timeout,
                                    args.capped, args.cwd is not None)
         else:
-            command = pb.Command(tool_call=protocol.tool_command(rid, name, arguments))
+            tool_args = orjson.dumps(arguments)
+            command = None
         call = self.calls[rid] = Call(request_id, shell, channel, token, self._room)
         call.shell_call = shell_call
         call.modern = env
@@ -270,6 +272,10 @@ class McpEndpoint:
             call.task = Task(rid)
             call.timer = asyncio.get_running_loop().call_later(TASK_AFTER, self._promote, rid)
         self._by_id[request_id] = rid
+        if command is None:  # a tool call: started without a pb.Command where the session may
+            if self.session.start_tool_call((rid, name, tool_args, -1)):
+                return  # its terminal state ends the call (ended)
+            command = pb.Command(tool_call=pb.ToolCallCommand(request_id=rid, tool=name, args=tool_args))
         if self.session.recorder is not None:
             self.session.recorder.record_command(command)
         self.session.handle(command)  # its terminal state ends the call (ended)

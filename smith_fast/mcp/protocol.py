@@ -38,7 +38,6 @@ __all__ = [
     "ShellArguments",
     "instructions",
     "shell_arguments",
-    "tool_command",
     "error_message",
     "response",
     "notification",
@@ -330,10 +329,6 @@ def shell_arguments(args: Mapping[str, Any], default_timeout: float, max_timeout
     if not isinstance(fresh, bool):
         raise ValueError("fresh must be a boolean")
     return ShellArguments(command, cwd, float(timeout), capped, dict(env), fresh)
-
-
-def tool_command(rid: str, name: str, args: Mapping[str, Any]) -> pb.ToolCallCommand:
-    return pb.ToolCallCommand(request_id=rid, tool=name, args=orjson.dumps(args))
 
 
 def error_message(code: int, message: str) -> dict[str, Any]:

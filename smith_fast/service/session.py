@@ -206,11 +206,7 @@ class Session:
         if len(data) > self._batches.peek_above and self.recorder is None and self._batches.take_unread(data):
             self.last_active = self._loop.time()
             return
-        if (
-            _read_tool_call is not None and self.handshaken and self.authenticated and self.recorder is None
-            and self._batches.backlog is None and not self._closing
-            and (call := _read_tool_call(data)) is not None and self._tool_call(call)
-        ):
+        if _read_tool_call is not None and self.handshaken and (call := _read_tool_call(data)) is not None and self.start_tool_call(call):
             return
         try:
             env = pb.Envelope.FromString(data)
@@ -225,16 +221,20 @@ class Session:
             return
         self.handle_envelope(env)
 
-    def _tool_call(self, call: ToolCall) -> bool:
-        """Start a plain tool call read off its frame as :meth:`handle` would start it from the
-        decoded ``Envelope`` (the same checks, counts and start), the ``pb.Command`` made only
-        if something asks for it (:attr:`Request.command`). False, having done nothing, when any
-        check would refuse it: the frame then takes the whole way, which says why."""
+    def start_tool_call(self, call: ToolCall) -> bool:
+        """Start a plain tool call as :meth:`handle` would start its ``pb.Command`` (the same
+        checks, counts and start), the command made only if something asks for it
+        (:attr:`Request.command`): a frame read by ``relaypeek.tool_call``, or a front's own call
+        (MCP's ``tools/call``). False, having done nothing, when the session or any check needs
+        the whole way: the caller then hands :meth:`handle` the command, which says why (or
+        records it: a recording session takes the whole way)."""
         rid, _tool, args, _timeout = call
         core = self.core
         limits = core.limits
-        if not rid or len(args) > limits.max_command_size or id_too_long("tool_call", rid, limits.max_request_id_size) is not None or (
-            core.refusing() is not None
+        if (
+            not self.handshaken or not self.authenticated or self.recorder is not None or self._batches.backlog is not None
+            or self._closing or not rid or len(args) > limits.max_command_size
+            or id_too_long("tool_call", rid, limits.max_request_id_size) is not None or core.refusing() is not None
         ):
             return False
         self.last_active = self._loop.time()
