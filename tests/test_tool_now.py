@@ -6,13 +6,14 @@ request."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import pathlib
 from typing import Any
 
 import pytest
 
-from harness.server import ServerProcess, wait_until
+from harness.server import ServerProcess, assert_clean_log, wait_until
 from smith_fast import relaypeek
 from smith_fast._compat import COMPILED_IN_PLACE, NO_EXTENSIONS
 from smith_fast._varint import encode as varint
@@ -288,6 +289,61 @@ def test_a_call_read_off_its_frame_is_the_call_the_runtime_reads(tmp_path: pathl
         assert _shape(errors[:1]) == _shape(errors[1:])
         assert errors[0].event.error.request_id == "" and "--max-request-id-size" in errors[0].event.error.message
         peer.close()
+    finally:
+        assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
+
+
+def test_mangled_tool_call_frames_leave_the_service_answering(tmp_path: pathlib.Path, root: pathlib.Path) -> None:
+    """Hostile bytes at the quick read: 2,000 tool-call frames cut, with a byte changed, with
+    bytes put in, with fields of every size added, sent in one stream to a real server (the
+    runtime and the quick read agree on which are readable: the relaypeek tests). Every request
+    that started ends, the rest get an ErrorEvent, a plain call sent after them all is answered,
+    and the log has no traceback and no error."""
+    import random
+
+    rng = random.Random(20261207)
+    server = ServerProcess(tmp_path, root=root, log_level="info").start()
+    try:
+        peer = V1Peer(server.unix)
+        peer.handshake()
+        stream = bytearray()
+        for i in range(2000):
+            frame = bytearray(_call_frame(f"m{i}", b'{"path":"hello.txt"}', sequence=i + 2))
+            match rng.randrange(4):
+                case 0:
+                    del frame[rng.randrange(len(frame)):]
+                case 1:
+                    frame[rng.randrange(len(frame))] = rng.randrange(256)
+                case 2:
+                    at = rng.randrange(len(frame) + 1)
+                    frame[at:at] = rng.randbytes(rng.randrange(1, 7))
+                case _:
+                    wire = rng.choice([0, 2])
+                    frame += _field(rng.choice([1, 4, 10, 99]), wire, rng.randrange(1 << 64) if wire == 0 else rng.randbytes(rng.randrange(8)))
+            stream += varint(len(frame)) + frame
+        peer.sock.sendall(bytes(stream))
+        frame = _call_frame("last", b'{"path":"hello.txt"}', sequence=5000)
+        peer.sock.sendall(varint(len(frame)) + frame)
+        seen = peer.until(terminal("last"))
+        got = [e for e in seen if _rid(e) == "last"]
+        assert [kind(e) for e in got] == ["state_change", "tool_result", "state_change"]
+        assert got[-1].event.state_change.state == pb.SERVICE_STATE_READY
+        peer.command(shutdown=pb.ShutdownCommand())  # what still runs ends, then the connection closes
+        seen += peer.rest()
+        started: collections.Counter[str] = collections.Counter()
+        ended: collections.Counter[str] = collections.Counter()
+        for env in seen:
+            if kind(env) == "state_change" and env.event.state_change.request_id:
+                change = env.event.state_change
+                if change.state == pb.SERVICE_STATE_PROCESSING:
+                    started[change.request_id] += 1
+                elif change.state in (pb.SERVICE_STATE_READY, pb.SERVICE_STATE_ERROR):
+                    ended[change.request_id] += 1
+        assert len(started) > 300  # hundreds were still calls (719 with this seed)
+        assert all(ended[rid] >= n for rid, n in started.items()), [rid for rid, n in started.items() if ended[rid] < n]
+        assert sum(1 for env in seen if kind(env) == "error") > 100  # and the rest were told why
+        peer.close()
+        assert_clean_log(server)
     finally:
         assert server.stop() == 0, "\n".join(server.raw_stderr[-30:])
 
