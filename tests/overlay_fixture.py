@@ -45,25 +45,23 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-_SYS_CLONE = 56  # x86_64 (and the numbers of this machine's kind); aarch64: 220
-_SIGCHLD = 17
 
 
 def _single_threaded(w: int) -> None:
     """Make sure this forked child is alone in its process: a user namespace is entered only by a
     single-threaded one, and a library's at-fork hook may have started a thread here (OpenTelemetry's
     batch processors restart their worker in every child while one is alive in the test process).
-    Then it forks once more by the system call itself, with the GIL held (PyDLL), and this
-    process only relays the grandchild's status."""
+    Then it forks once more through the C library's ``fork`` with the GIL held (PyDLL), which runs
+    no Python at-fork hook (that would start the thread again) but does take the C library's own
+    locks (the allocator's, the loader's) first, so that the grandchild gets none of them held by
+    the other thread. The raw ``clone`` system call used before did not, and a fresh clone's run
+    once timed out waiting for a grandchild here. This process only relays the grandchild's status."""
     if len(os.listdir("/proc/self/task")) == 1:
         return
     raw = ctypes.PyDLL(None, use_errno=True)
-    raw.syscall.restype = ctypes.c_long
-    number = _SYS_CLONE if os.uname().machine == "x86_64" else 220
-    pid = raw.syscall(ctypes.c_long(number), ctypes.c_ulong(_SIGCHLD), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0), ctypes.c_ulong(0))
+    pid = raw.fork()
     if pid < 0:
-        raise OSError(ctypes.get_errno(), "clone")
+        raise OSError(ctypes.get_errno(), "fork")
     if pid == 0:
         return  # the grandchild: one thread, ours
     os.close(w)

@@ -181,7 +181,7 @@ def _tool_call_now(ex: Execution, request: Admitted) -> bool | Handler | None:
     if ex.hooks.tools_hooked:
         return None
     call = request.call
-    if call is not None:  # read off its frame (Session._tool_call): no pb.Command was made
+    if call is not None:  # started by Session.start_tool_call: no pb.Command was made
         _rid, tool, args, timeout_ms = call
         if timeout_ms < 0:
             timeout_ms = ex.core.limits.default_timeout_ms

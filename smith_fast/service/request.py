@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .. import tracing
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
-from ..relaypeek import ToolCall
 from .audit import refused
 from .sizes import terminal_size
 
 if TYPE_CHECKING:
     from ..process import ShellProcess
+    from ..relaypeek import ToolCall
     from .audit import AuditRecord
     from .commands import CommandSpec
     from .config import Limits
@@ -86,9 +86,10 @@ class Request:
         spec: its row of the command table.
         command: the command that asked for it; None when ``call`` says it.
         limits: the service's limits (None: a request that never runs).
-        call: a plain tool call the session read off its frame without the protobuf runtime
-            (:func:`smith_fast.relaypeek.tool_call`): what the quick path reads, while
-            :attr:`command` is made of it only when something asks for it.
+        call: a plain tool call started without a ``pb.Command`` (``Session.start_tool_call``:
+            a v1 frame read by :func:`smith_fast.relaypeek.tool_call`, or MCP's ``tools/call``):
+            what the quick path reads, while :attr:`command` is made of it only when something
+            asks for it.
     """
 
     __slots__ = (
