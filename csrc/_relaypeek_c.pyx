@@ -33,8 +33,10 @@ cdef enum:
     _REQUESTS = ((1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 10) | (1 << 11)
                  | (1 << 12) | (1 << 13) | (1 << 14) | (1 << 15))  # ... attach, checkpoint, restore, diff, undo
     _EVENT_MEMBERS = 0xFFE  # 1..11 (a WorkspaceEvent, 11, ends no request: its READY does)
+    _TIMESTAMP = 1
     _SEQUENCE = 2
     _COMMAND = 10
+    _TOOL_CALL = 3
     _EVENT = 11
     _BATCH_COMMAND = 12
     _BATCH_EVENT = 13
@@ -504,11 +506,24 @@ cdef inline bint _wide_prefix(Bytes p, Py_ssize_t* pos, Py_ssize_t end, uint64_t
     return False
 
 
-cdef inline int _plain(Bytes p, Py_ssize_t* pos, Py_ssize_t end, Field* f) noexcept nogil:
-    """The next field of ``p[pos:end]`` into ``f``: 1; 0 at the end; -1 when malformed or of a wire
-    type other than a varint or length-delimited (``_plain`` of the twin)."""
-    cdef int r = _field(p, pos, end, f)
-    return -1 if r == 2 else r
+cdef bint _plain(Bytes p, Py_ssize_t pos, Py_ssize_t end, uint32_t varints, uint32_t spans, Field* out, int size) noexcept nogil:
+    """The fields of the message ``p[pos:end]`` into ``out[number]`` (``size`` of them, each
+    cleared to ``wire`` -1 here): True when each field is one of ``varints`` (wire type 0) or
+    ``spans`` (length-delimited) with its wire type and none comes twice (``_plain`` of the twin)."""
+    cdef Field f
+    cdef int r, k
+    for k in range(size):
+        out[k].wire = -1
+        out[k].a = out[k].b = 0
+    while True:
+        r = _field(p, &pos, end, &f)
+        if r == 0:
+            return True
+        if r != 1 or f.number >= <uint32_t>size or not (((spans if f.wire == 2 else varints) >> f.number) & 1):
+            return False
+        if out[f.number].wire != -1:
+            return False
+        out[f.number] = f
 
 
 def tool_call(frame):
@@ -530,58 +545,30 @@ def tool_call(frame):
         Never raises.
     """
     cdef Bytes p
-    cdef Py_ssize_t n, pos = 0, end
-    cdef Field f, command, args
-    cdef Field text[2]
-    cdef uint32_t seen = 0, bit
-    cdef int r
-    cdef object rid, tool
+    cdef Field envelope[_COMMAND + 1]
+    cdef Field command[_TOOL_CALL + 1]
+    cdef Field fields[5]  # request_id (1), tool (2), args (3), timeout_ms (4)
     cdef long long timeout = -1
     if not PyBytes_CheckExact(frame):
         return None
     p = <Bytes>PyBytes_AS_STRING(frame)
-    n = PyBytes_GET_SIZE(frame)
-    command.wire = -1
-    while True:  # the Envelope: timestamp (1) and sequence (2), varints; command (10)
-        r = _plain(p, &pos, n, &f)
-        if r == 0:
-            break
-        if r < 0 or f.number > 10:
-            return None
-        bit = 1u << f.number
-        if seen & bit or f.wire != (2 if f.number == _COMMAND else 0) or not (bit & 0x406):
-            return None
-        seen |= bit
-        if f.number == _COMMAND:
-            command = f
-    if command.wire != 2:
+    if not _plain(p, 0, PyBytes_GET_SIZE(frame), (1 << _TIMESTAMP) | (1 << _SEQUENCE), 1 << _COMMAND, envelope, _COMMAND + 1):
         return None
-    pos = command.a
-    if _plain(p, &pos, command.b, &f) != 1 or f.number != 3 or f.wire != 2 or pos != command.b:
-        return None  # the Command: its tool_call (3) alone
-    pos, end, seen = f.a, f.b, 0
-    text[0].a = text[0].b = text[1].a = text[1].b = args.a = args.b = 0
-    while True:  # the ToolCallCommand: request_id (1), tool (2), args (3), timeout_ms (4)
-        r = _plain(p, &pos, end, &f)
-        if r == 0:
-            break
-        if r < 0 or f.number < 1 or f.number > 4:
-            return None
-        bit = 1u << f.number
-        if seen & bit or f.wire != (0 if f.number == 4 else 2):
-            return None
-        seen |= bit
-        if f.number == 4:
-            timeout = <long long>f.value if f.value <= 0x7FFFFFFFFFFFFFFFULL else -2
-        elif f.number == 3:
-            args = f
-        else:
-            text[f.number - 1] = f
-    if timeout == -2:
-        return None  # past a C long long: left to the runtime, as the twin does
+    if envelope[_COMMAND].wire != 2:
+        return None
+    if not _plain(p, envelope[_COMMAND].a, envelope[_COMMAND].b, 0, 1 << _TOOL_CALL, command, _TOOL_CALL + 1):
+        return None
+    if command[_TOOL_CALL].wire != 2:
+        return None
+    if not _plain(p, command[_TOOL_CALL].a, command[_TOOL_CALL].b, 1 << 4, (1 << 1) | (1 << 2) | (1 << 3), fields, 5):
+        return None
+    if fields[4].wire == 0:
+        if fields[4].value > 0x7FFFFFFFFFFFFFFFULL:
+            return None  # past a C long long: left to the runtime, as the twin does
+        timeout = <long long>fields[4].value
     try:
-        rid = PyUnicode_DecodeUTF8(<const char*>p + text[0].a, text[0].b - text[0].a, NULL)
-        tool = PyUnicode_DecodeUTF8(<const char*>p + text[1].a, text[1].b - text[1].a, NULL)
+        rid = PyUnicode_DecodeUTF8(<const char*>p + fields[1].a, fields[1].b - fields[1].a, NULL)
+        tool = PyUnicode_DecodeUTF8(<const char*>p + fields[2].a, fields[2].b - fields[2].a, NULL)
     except UnicodeDecodeError:
         return None
-    return rid, tool, PyBytes_FromStringAndSize(<const char*>p + args.a, args.b - args.a), timeout
+    return rid, tool, PyBytes_FromStringAndSize(<const char*>p + fields[3].a, fields[3].b - fields[3].a), timeout

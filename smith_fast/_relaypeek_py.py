@@ -67,6 +67,7 @@ _DEPTH = 100
 _TIMESTAMP = 1
 _TOOL_CALL = 3
 _PLAIN_ENVELOPE = {_TIMESTAMP: 0, _SEQUENCE: 0, _COMMAND: 2}
+_PLAIN_COMMAND = {_TOOL_CALL: 2}
 _TOOL_CALL_FIELDS = {1: 2, 2: 2, 3: 2, 4: 0}  # request_id, tool, args, timeout_ms
 
 ToolCall = tuple[str, str, bytes, int]
@@ -373,38 +374,29 @@ def event_marks(buf: bytes | bytearray | memoryview) -> tuple[int, list[str]]:
     return top, ended
 
 
-def _plain(data: bytes, pos: int, end: int) -> list[_Field] | None:
-    """The fields of the message ``data[pos:end]`` when each is a varint or length-delimited
-    (:func:`_fields`' tuples); None for any other wire type or malformed bytes."""
-    out: list[_Field] = []
+def _plain(data: bytes, pos: int, end: int, wires: dict[int, int]) -> dict[int, _Field] | None:
+    """The fields of the message ``data[pos:end]`` by number (:func:`_fields`' tuples) when each
+    is one of ``wires`` with its wire type (a varint or length-delimited) and none comes twice;
+    None for anything else or malformed bytes."""
+    out: dict[int, _Field] = {}
     try:
         while pos < end:
             tag, pos = _varint(data, pos, end, 5)
-            kind = tag & 7
+            number, kind = tag >> 3, tag & 7
+            if wires.get(number) != kind or number in out:
+                return None
             if kind == 2:
                 size, pos = _varint(data, pos, end, 5)
                 if size > end - pos:
                     return None
-                out.append((tag >> 3, 2, pos, pos + size))
+                out[number] = (number, 2, pos, pos + size)
                 pos += size
-            elif kind == 0:
-                value, pos = _varint(data, pos, end, 10)
-                out.append((tag >> 3, 0, value & _U64, 0))
             else:
-                return None
+                value, pos = _varint(data, pos, end, 10)
+                out[number] = (number, 0, value & _U64, 0)
     except _Malformed:
         return None
     return out
-
-
-def _once(fields: list[_Field], wires: dict[int, int]) -> bool:
-    """Whether each of ``fields`` is one of ``wires``, with its wire type, and none comes twice."""
-    seen: set[int] = set()
-    for number, kind, _a, _b in fields:
-        if number in seen or wires.get(number) != kind:
-            return False
-        seen.add(number)
-    return True
 
 
 def tool_call(frame: bytes) -> ToolCall | None:
@@ -427,33 +419,18 @@ def tool_call(frame: bytes) -> ToolCall | None:
     """
     if type(frame) is not bytes:
         return None
-    envelope = _plain(frame, 0, len(frame))
-    if envelope is None or not _once(envelope, _PLAIN_ENVELOPE):
+    envelope = _plain(frame, 0, len(frame), _PLAIN_ENVELOPE)
+    command = None if envelope is None else envelope.get(_COMMAND)
+    inner = None if command is None else _plain(frame, command[2], command[3], _PLAIN_COMMAND)
+    call = None if inner is None else inner.get(_TOOL_CALL)
+    fields = None if call is None else _plain(frame, call[2], call[3], _TOOL_CALL_FIELDS)
+    if fields is None:
         return None
-    spans = [(a, b) for number, _kind, a, b in envelope if number == _COMMAND]
-    if not spans:
-        return None
-    command = _plain(frame, *spans[0])
-    if command is None or len(command) != 1 or command[0][:2] != (_TOOL_CALL, 2):
-        return None
-    fields = _plain(frame, command[0][2], command[0][3])
-    if fields is None or not _once(fields, _TOOL_CALL_FIELDS):
-        return None
-    rid = tool = ""
-    args = b""
-    timeout = -1
+    timeout = fields[4][2] if 4 in fields else -1
+    if timeout > _I64:
+        return None  # past an int64: left to the runtime (the compiled twin holds a C long long)
+    rid, tool, args = (frame[field[2]:field[3]] if (field := fields.get(number)) else b"" for number in (1, 2, 3))
     try:
-        for number, _kind, a, b in fields:
-            if number == 1:
-                rid = str(frame[a:b], "utf-8")
-            elif number == 2:
-                tool = str(frame[a:b], "utf-8")
-            elif number == 3:
-                args = frame[a:b]
-            elif a > _I64:
-                return None  # past an int64: left to the runtime (the compiled twin holds a C long long)
-            else:
-                timeout = a
+        return str(rid, "utf-8"), str(tool, "utf-8"), args, timeout
     except UnicodeDecodeError:
         return None
-    return rid, tool, args, timeout

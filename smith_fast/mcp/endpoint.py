@@ -21,6 +21,7 @@ import orjson
 from .. import tracing
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
+from ..service.request import tool_call_command
 from . import protocol
 from .envelope import Envelope, EnvelopeError, envelope, is_modern
 from .results import FOOTER_ROOM, OutputDir, shares
@@ -273,9 +274,10 @@ class McpEndpoint:
             call.timer = asyncio.get_running_loop().call_later(TASK_AFTER, self._promote, rid)
         self._by_id[request_id] = rid
         if command is None:  # a tool call: started without a pb.Command where the session may
-            if self.session.start_tool_call((rid, name, tool_args, -1)):
+            quick = (rid, name, tool_args, -1)
+            if self.session.start_tool_call(quick):
                 return  # its terminal state ends the call (ended)
-            command = pb.Command(tool_call=pb.ToolCallCommand(request_id=rid, tool=name, args=tool_args))
+            command = tool_call_command(quick)
         if self.session.recorder is not None:
             self.session.recorder.record_command(command)
         self.session.handle(command)  # its terminal state ends the call (ended)

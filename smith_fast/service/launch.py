@@ -65,14 +65,15 @@ async def admit(ex: Execution, rid: str, cmd: pb.ShellExecCommand, *, origin: st
         raise too_large("the shell command (after hooks)", size, limit, rid)
     config = ex.core.config
     what = "env" if origin in ("shell_exec", "plan_step") else f"{origin} env"
-    check_env(cmd.env, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
+    asked = cmd.env
+    check_env(asked, config.allow_env, policy=config.env_policy, what=what, request_id=rid)
     refuse_nul(cmd, rid, origin)
     if ex.home is not None and (held := await ex.home.bound()):
         # Without --workspaces nothing fills up under a home (session_home.py): it is bounded here.
         limit = ex.home.max_bytes
         ex.sink.log(pb.LOG_LEVEL_WARN, f"the session's home held {held} bytes, more than --max-home-bytes {limit}: it was emptied "
                     "(its caches and configuration) before this command", rid, {"reason": "home_emptied", "bytes": str(held)})
-    env = dict(cmd.env) if cmd.env else {}  # dict() of the runtime's map goes through Python-level views
+    env = dict(asked) if asked else {}  # dict() of the runtime's map goes through Python-level views
     span = ex.spans.get(rid)
     if span is not None:
         span.set(tracing.ATTR_COMMAND, cmd.command)
@@ -118,7 +119,8 @@ def refuse_nul(cmd: pb.ShellExecCommand, rid: str, origin: str) -> None:
     for field, value in fields:
         if "\0" in value:
             raise _nul(origin, field, f"{field} holds a NUL byte at offset {value.index(chr(0))}", rid)
-    for name, value in cmd.env.items() if cmd.env else ():  # names with one are refused by check_env already
+    env = cmd.env
+    for name, value in env.items() if env else ():  # names with one are refused by check_env already
         if "\0" in value:
             raise _nul(origin, "env", f"env variable {name[:64]!r} holds a NUL byte", rid)
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .config import Limits
     from .sinks import EventSink
 
-__all__ = ["EarlyInput", "Request", "RequestState", "Terminal", "write_input", "stdin_refused"]
+__all__ = ["EarlyInput", "Request", "RequestState", "Terminal", "tool_call_command", "write_input", "stdin_refused"]
 
 _STOPPING: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps only weak refs)
 
@@ -66,6 +66,16 @@ class Terminal(Protocol):
     def request_ended(self, request: Request) -> None:
         """``request`` sent its terminal state (the table keeps its id among the ended)."""
         ...
+
+
+def tool_call_command(call: ToolCall) -> pb.Command:
+    """The ``pb.Command`` of a plain tool call (``Session.start_tool_call``): the one the runtime
+    reads from a frame that ``relaypeek.tool_call`` read as ``call``."""
+    rid, tool, args, timeout_ms = call
+    tool_call = pb.ToolCallCommand(request_id=rid, tool=tool, args=args)
+    if timeout_ms >= 0:
+        tool_call.timeout_ms = timeout_ms
+    return pb.Command(tool_call=tool_call)
 
 
 @dataclass(slots=True)
@@ -123,11 +133,7 @@ class Request:
         first use, with the same fields as the runtime would have read)."""
         command = self._command
         if command is None and self.call is not None:
-            rid, tool, args, timeout_ms = self.call
-            tool_call = pb.ToolCallCommand(request_id=rid, tool=tool, args=args)
-            if timeout_ms >= 0:
-                tool_call.timeout_ms = timeout_ms
-            command = self._command = pb.Command(tool_call=tool_call)
+            command = self._command = tool_call_command(self.call)
         return command
 
     @property

@@ -206,7 +206,7 @@ class Session:
         if len(data) > self._batches.peek_above and self.recorder is None and self._batches.take_unread(data):
             self.last_active = self._loop.time()
             return
-        if _read_tool_call is not None and self.handshaken and (call := _read_tool_call(data)) is not None and self.start_tool_call(call):
+        if _read_tool_call is not None and (call := _read_tool_call(data)) is not None and self.start_tool_call(call):
             return
         try:
             env = pb.Envelope.FromString(data)
