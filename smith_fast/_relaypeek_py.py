@@ -97,8 +97,9 @@ def _varint(data: bytes, pos: int, end: int, most: int) -> tuple[int, int]:
     raise _Malformed(pos)
 
 
-def _fields(data: bytes, pos: int, end: int, depth: int) -> list[_Field]:
-    """The fields of the message ``data[pos:end]``, groups and fixed-width ones stepped over."""
+def _fields(data: bytes, pos: int, end: int, depth: int, strict: bool = False) -> list[_Field]:
+    """The fields of the message ``data[pos:end]``, groups and fixed-width ones stepped over (with
+    ``strict``, malformed: :func:`tool_call` reads none)."""
     out: list[_Field] = []
     append = out.append
     while pos < end:
@@ -122,6 +123,8 @@ def _fields(data: bytes, pos: int, end: int, depth: int) -> list[_Field]:
         elif kind == 0:
             value, pos = _varint(data, pos, end, 10)
             append((number, 0, value & _U64, 0))
+        elif strict:
+            raise _Malformed(pos)
         else:
             pos = _skip(data, pos, end, number, kind, depth)
     return out
@@ -378,24 +381,16 @@ def _plain(data: bytes, pos: int, end: int, wires: dict[int, int]) -> dict[int, 
     """The fields of the message ``data[pos:end]`` by number (:func:`_fields`' tuples) when each
     is one of ``wires`` with its wire type (a varint or length-delimited) and none comes twice;
     None for anything else or malformed bytes."""
-    out: dict[int, _Field] = {}
     try:
-        while pos < end:
-            tag, pos = _varint(data, pos, end, 5)
-            number, kind = tag >> 3, tag & 7
-            if wires.get(number) != kind or number in out:
-                return None
-            if kind == 2:
-                size, pos = _varint(data, pos, end, 5)
-                if size > end - pos:
-                    return None
-                out[number] = (number, 2, pos, pos + size)
-                pos += size
-            else:
-                value, pos = _varint(data, pos, end, 10)
-                out[number] = (number, 0, value & _U64, 0)
+        fields = _fields(data, pos, end, 0, strict=True)
     except _Malformed:
         return None
+    out: dict[int, _Field] = {}
+    for field in fields:
+        number = field[0]
+        if wires.get(number) != field[1] or number in out:
+            return None
+        out[number] = field
     return out
 
 
