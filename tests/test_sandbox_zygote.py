@@ -32,13 +32,27 @@ from harness.server import ServerProcess, descendants, pid_alive, wait_until
 PY = os.path.realpath(sys.executable)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
+UNHURRIED_BUSY_WITHIN = 2.0
+UNHURRIED_PREPARE_AFTER = 1.0
+
+
+def _serve(*preamble: str) -> Iterator[ServerProcess]:
+    """A server of a module's tests, its root in /var/tmp; ``preamble``: Python statements run in
+    its process before the service starts."""
     base = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-zygote-", dir="/var/tmp"))
     (base / "root").mkdir()
-    srv = ServerProcess(base, root=base / "root").start()
+    srv = ServerProcess(base, root=base / "root")
+    if preamble:
+        assert srv.argv[1:3] == ["-m", "smith_fast"]
+        srv.argv[1:3] = ["-c", "; ".join([*preamble, "import sys", "from smith_fast.__main__ import main", "sys.exit(main())"])]
+    srv.start()
     yield srv
     assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    yield from _serve()
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +62,8 @@ def unhurried_server() -> Iterator[ServerProcess]:
     test that needs commands to come and end within 50 and 5 ms decides nothing on a loaded
     machine (a fresh clone's run beside builds had none of 80 rounds within them). The code is the
     same; only the two windows differ."""
-    base = pathlib.Path(tempfile.mkdtemp(prefix="smith-fast-zygote-", dir="/var/tmp"))
-    (base / "root").mkdir()
-    srv = ServerProcess(base, root=base / "root")
-    assert srv.argv[1:3] == ["-m", "smith_fast"]
-    srv.argv[1:3] = ["-c", "import sys; from smith_fast.sandbox import zygote; "
-                           f"zygote.BUSY_WITHIN, zygote.PREPARE_AFTER = {UNHURRIED_BUSY_WITHIN}, {UNHURRIED_PREPARE_AFTER}; "
-                           "from smith_fast.__main__ import main; sys.exit(main())"]
-    srv.start()
-    yield srv
-    assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
-
-
-UNHURRIED_BUSY_WITHIN = 2.0
-UNHURRIED_PREPARE_AFTER = 1.0
+    yield from _serve("from smith_fast.sandbox import zygote",
+                      f"zygote.BUSY_WITHIN, zygote.PREPARE_AFTER = {UNHURRIED_BUSY_WITHIN}, {UNHURRIED_PREPARE_AFTER}")
 
 
 def _zygotes(service: int) -> list[int]:
