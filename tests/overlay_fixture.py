@@ -45,8 +45,6 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-
-
 def _single_threaded(w: int) -> None:
     """Make sure this forked child is alone in its process: a user namespace is entered only by a
     single-threaded one, and a library's at-fork hook may have started a thread here (OpenTelemetry's
