@@ -412,10 +412,16 @@ async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(unhur
             made_pids = [_ns_pid(pid) for pid in made]
             assert all(pid > int(done.stdout.split()[1]) for pid in made_pids), (made_pids, done)  # forked as it ended
             # builtins only (no process of its own to find): the first pid above its own but the
-            # other one made with it, a shell or still the sandbox program
-            look = ("echo $$; i=0; while [ $i -lt 5000 ]; do i=$((i+1)); for p in /proc/[0-9]*; do n=${p#/proc/}; "
+            # other one made with it, a shell or still the sandbox program; looked for until
+            # found or for longer than prepare_after (by the uptime's whole seconds): the service
+            # may not have read the init's word that the other one runs when this command comes
+            # (it is in /proc a moment before), and then asks for the next one at prepare_after,
+            # a round that decides nothing, where a fixed number of looks ended first and said none
+            look = ("echo $$; read -r t _ < /proc/uptime; until=$((${t%.*} + " f"{int(prepare_after) + 3})); "
+                    "while :; do for p in /proc/[0-9]*; do n=${p#/proc/}; "
                     f"[ $n -gt $$ ] && [ $n -ne {made_pids[1]} ] && read -r c 2>/dev/null < $p/comm && "
-                    "case $c in sh|sandbox-exec) echo $n; exit 0;; esac; done; done; echo none")
+                    "case $c in sh|sandbox-exec) echo $n; exit 0;; esac; done; "
+                    "read -r t _ < /proc/uptime; [ ${t%.*} -lt $until ] || break; done; echo none")
             began_next = loop.time()
             again = await client.run(look)
             ended_next = loop.time()
