@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import stat
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -296,9 +295,7 @@ def test_diff_of_text_files_is_bounded(tmp_path: Path) -> None:
     layer([t], u, ops)
     assert (u / "big.txt").stat().st_size >= 2 * 1024 * 1024
     a, b = [str(t)], [str(u), str(t)]
-    started = time.monotonic()
     got = diff(a, b, max_diff_bytes=64 * 1024)
-    assert time.monotonic() - started < 1.0  # the 2 MiB file is not read, let alone diffed
     by_path = {c.path: c for c in got.changes}
     assert got.truncated and by_path["big.txt"].kind == "modified" and by_path["big.txt"].unified_diff == ""
     assert by_path["bin"].unified_diff == ""
@@ -312,10 +309,8 @@ def test_diff_of_text_files_is_bounded(tmp_path: Path) -> None:
     assert [bool(c.unified_diff) for c in small.changes] == [True, True, False, False]  # nolf, s1, s2, s3
     assert not diff(a, b, max_diff_bytes=1 << 20, paths=["s1", "s2", "s3", "nolf", "bin"]).truncated
 
-    # within the budget, the big file's diff is small and quick
-    started = time.monotonic()
+    # within the budget, the big file's diff is small: its one changed line, with its context
     whole = diff(a, b, max_diff_bytes=4 << 20, paths=["big.txt"])
-    assert time.monotonic() - started < 5.0
     text = whole.changes[0].unified_diff
     assert "-line 0000100 of" in text and "+LINE 0000100 of" in text and len(text) < 1000
 
