@@ -417,11 +417,11 @@ async def test_in_a_burst_a_command_finds_its_shell_made_a_command_earlier(unhur
             # may not have read the init's word that the other one runs when this command comes
             # (it is in /proc a moment before), and then asks for the next one at prepare_after,
             # a round that decides nothing, where a fixed number of looks ended first and said none
-            look = ("echo $$; read -r t _ < /proc/uptime; until=$((${t%.*} + " f"{int(prepare_after) + 3})); "
+            look = ("echo $$; read -r t _ < /proc/uptime; end=$((${t%.*} + " f"{int(prepare_after) + 3})); "
                     "while :; do for p in /proc/[0-9]*; do n=${p#/proc/}; "
                     f"[ $n -gt $$ ] && [ $n -ne {made_pids[1]} ] && read -r c 2>/dev/null < $p/comm && "
                     "case $c in sh|sandbox-exec) echo $n; exit 0;; esac; done; "
-                    "read -r t _ < /proc/uptime; [ ${t%.*} -lt $until ] || break; done; echo none")
+                    "read -r t _ < /proc/uptime; [ ${t%.*} -lt $end ] || break; done; echo none")
             began_next = loop.time()
             again = await client.run(look)
             ended_next = loop.time()
