@@ -1,7 +1,7 @@
 /* sandbox-exec: every process the service starts for a peer starts through this program.
  *
  *   sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off]
- *                [--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty]
+ *                [--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--open-files N] [--usage-fd FD] [--tty]
  *                [--cgroup-fd FD] [--reap] [--env-prefixed] [--probe] [--ruleset-out FILE] -- PROGRAM ARG...
  *   sandbox-exec --only-read DIR [--only-read DIR]... [--file-size BYTES] [--data-size BYTES] [--probe]
  *                [--ruleset-out FILE] -- PROGRAM ARG...
@@ -152,6 +152,7 @@ static struct {
     int egress_fd; /* --network allow: where the egress listener is sent (egress_listener.h) */
     int guard[2];  /* --network allow: the unix guard's channel, command -> init (unix_guard.h) */
     unsigned long long tmp_size, file_size, data_size;
+    unsigned long long open_files; /* --open-files: the command's soft RLIMIT_NOFILE at most (0: as inherited) */
     char cwd[4096];
     char tty_name[256]; /* the command's terminal (--tty), bound to /dev/console in its view */
     char *const *argv;
@@ -600,6 +601,14 @@ static void set_rlimits(void) {
     if (o.data_size) {
         struct rlimit rl = {(rlim_t)o.data_size, (rlim_t)o.data_size};
         if (setrlimit(RLIMIT_DATA, &rl) != 0) die(FAILED, "cannot restrict the command: RLIMIT_DATA", "");
+    }
+    /* The service raised its own soft limit for its connections (smith_fast/open_files.py): the
+       command gets back the one the service was started with. Only the soft one is lowered, so the
+       command may raise it again, as it could have. */
+    struct rlimit files;
+    if (o.open_files && getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur > (rlim_t)o.open_files) {
+        files.rlim_cur = (rlim_t)o.open_files;
+        if (setrlimit(RLIMIT_NOFILE, &files) != 0) die(FAILED, "cannot restrict the command: RLIMIT_NOFILE", "");
     }
 }
 
@@ -1189,7 +1198,7 @@ static unsigned long long parse_size(const char *text, int *ok) {
 static void usage(const char *at) {
     fprintf(stderr,
             "smith-fast sandbox: usage: sandbox-exec [--write DIR]... [--read DIR]... [--hide PATH]... [--cover DIR]... [--fs on|off] "
-            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--usage-fd FD] [--tty] [--cgroup-fd FD] [--reap] [--env-prefixed] [--probe] "
+            "[--network on|off|loopback|allow] [--egress-fd FD] [--tmp-size BYTES] [--file-size BYTES] [--data-size BYTES] [--open-files N] [--usage-fd FD] [--tty] [--cgroup-fd FD] [--reap] [--env-prefixed] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --only-read DIR... [--file-size BYTES] [--data-size BYTES] [--probe] "
             "[--ruleset-out FILE] -- PROGRAM ARG..., or sandbox-exec --zygote FD [the first form's options] (at %s)\n", at ? at : "the end");
     _exit(2);
@@ -1236,6 +1245,7 @@ int main(int argc, char **argv) {
         }
         if (strcmp(a, "--file-size") == 0 && (o.file_size = parse_size(v, &ok), ok)) continue;
         if (strcmp(a, "--data-size") == 0 && (o.data_size = parse_size(v, &ok), ok)) continue;
+        if (strcmp(a, "--open-files") == 0 && (o.open_files = parse_size(v, &ok), ok) && o.open_files) continue;
         o.view = 1;
         if (strcmp(a, "--write") == 0 && v[0] == '/' && o.nwrite < MAX_WRITE) o.write[o.nwrite++] = v;
         else if (strcmp(a, "--read") == 0 && v[0] == '/' && o.nread < MAX_WRITE) o.read[o.nread++] = v;

@@ -25,11 +25,12 @@ _STDERR_PIPE = 1 << 20
 # argv: the signals to ignore, the signals to block (Python tuples), the umask (or None), then
 # the program to exec
 _LAUNCHER = (
-    "import ast, os, signal, sys\n"
+    "import ast, os, resource, signal, sys\n"
     "for sig in ast.literal_eval(sys.argv[1]): signal.signal(sig, signal.SIG_IGN)\n"
     "signal.pthread_sigmask(signal.SIG_BLOCK, ast.literal_eval(sys.argv[2]))\n"
     "if (mask := ast.literal_eval(sys.argv[3])) is not None: os.umask(mask)\n"
-    "os.execv(sys.argv[4], sys.argv[4:])\n"
+    "if (files := ast.literal_eval(sys.argv[4])) is not None: resource.setrlimit(resource.RLIMIT_NOFILE, files)\n"
+    "os.execv(sys.argv[5], sys.argv[5:])\n"
 )
 
 __all__ = [
@@ -62,15 +63,17 @@ class SmithProcess:
             ``nohup`` (SIGHUP) starts it.
         blocking: signals it starts with blocked, as a launcher that blocks them may start it.
         umask: the file mode creation mask it starts with (None: this process's).
-            These three are set by a small Python program that then execs it (its pid is the same).
+        open_files: the (soft, hard) ``RLIMIT_NOFILE`` it starts with (None: this process's).
+            These four are set by a small Python program that then execs it (its pid is the same).
     """
 
     def __init__(self, tmp: pathlib.Path, *argv: str, env: dict[str, str] | None = None,
                  keep: int | None = None, cwd: pathlib.Path | None = None, ignoring: Sequence[int] = (),
-                 blocking: Sequence[int] = (), umask: int | None = None) -> None:
+                 blocking: Sequence[int] = (), umask: int | None = None, open_files: tuple[int, int] | None = None) -> None:
         self.ignoring = tuple(int(sig) for sig in ignoring)
         self.blocking = tuple(int(sig) for sig in blocking)
         self.umask = umask
+        self.open_files = open_files
         self.cwd = cwd or ROOT
         self.sock_path = str(tmp / "smith.sock")
         self.argv = [sys.executable, "-m", "smith_fast", *argv]
@@ -106,8 +109,9 @@ class SmithProcess:
         """Start the process and the thread collecting its stderr; the event is set once it is ready
         or gone. For a process that is not expected to become ready, read :attr:`raw_stderr`."""
         argv = self.argv
-        if self.ignoring or self.blocking or self.umask is not None:
-            argv = [sys.executable, "-c", _LAUNCHER, repr(self.ignoring), repr(self.blocking), repr(self.umask), *argv]
+        if self.ignoring or self.blocking or self.umask is not None or self.open_files is not None:
+            argv = [sys.executable, "-c", _LAUNCHER, repr(self.ignoring), repr(self.blocking), repr(self.umask),
+                    repr(self.open_files), *argv]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, cwd=self.cwd, env=self.env)
         assert self.proc.stderr is not None
@@ -192,16 +196,17 @@ class ServerProcess(SmithProcess):
         tcp: listen on TCP too.
         log_level: ``--log-level`` (``debug`` for tests; a benchmark logs less).
         keep: how many stderr lines to keep (all when None).
-        ignoring, blocking, umask: what it starts with (:class:`SmithProcess`).
+        ignoring, blocking, umask, open_files: what it starts with (:class:`SmithProcess`).
     """
 
     def __init__(self, tmp: pathlib.Path, *extra: str, loop: str = "uvloop", root: pathlib.Path | None = None,
                  env: dict[str, str] | None = None, tcp: bool = True, log_level: str = "debug",
                  keep: int | None = None, ignoring: Sequence[int] = (), blocking: Sequence[int] = (),
-                 umask: int | None = None) -> None:
+                 umask: int | None = None, open_files: tuple[int, int] | None = None) -> None:
         self.root = root or tmp
         super().__init__(tmp, "serve", "--loop", loop, "--root", str(self.root), "--log-level", log_level,
-                         *extra, env=env, keep=keep, ignoring=ignoring, blocking=blocking, umask=umask)
+                         *extra, env=env, keep=keep, ignoring=ignoring, blocking=blocking, umask=umask,
+                         open_files=open_files)
         sock = pathlib.Path(self.sock_path)
         if sock.resolve().is_relative_to(self.root.resolve()):
             # The service refuses a root that holds its own socket (a command could take its

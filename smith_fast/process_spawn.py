@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from . import containment, warm_shell
+from . import containment, open_files, warm_shell
 from .command_env import DEFAULT_SHELL, home_environment
 from .errors import ProtocolError
 from .logs import get_logger
@@ -444,6 +444,8 @@ def spawn(
         os.close(usage_w)
     pid = child.pid
     cell.attach(pid)  # its limits, now that the service is out of the cell
+    if sandbox is None or not sandbox.active:
+        open_files.give_back(pid)  # (the sandbox program sets it before the exec)
     cell.watch(loop)
     # Only the child may hold the write ends, or EOF would never come.
     close_quietly(out_w, err_w, *((in_r,) if stdin else ()))
@@ -498,6 +500,8 @@ def _spawn_pty(
     if usage_w >= 0:
         os.close(usage_w)
     cell.attach(popen.pid)
+    if sandbox is None or not sandbox.active:
+        open_files.give_back(popen.pid)
     cell.watch(loop)
     close_quietly(slave)  # EOF (EIO on the master) once the child's side is closed
     return Spawned(popen, {STDOUT: master}, cell, usage_r, writer, writer)

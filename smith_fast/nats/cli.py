@@ -164,7 +164,8 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
         from ..service.prometheus import MetricsServer  # prometheus_client only when asked for
 
         metrics = MetricsServer(core)
-    async with lifecycle.running(core, service.hook_files, runs_commands=True, unsandboxed=service.sandbox == "off"):
+    async with lifecycle.running(core, service.hook_files, runs_commands=True, unsandboxed=service.sandbox == "off",
+                                 limits=service.limits):
         stop = lifecycle.stop_on_signals()
         mounted = await mount_servers(core, service)
         try:

@@ -42,6 +42,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import field, replace
 
+from .. import open_files
 from ..errors import SandboxUnavailable, UnsafeRoot
 from ..records import record
 
@@ -307,6 +308,8 @@ class Sandbox:
             out.append("--reap")
         if self.file_size:
             out += ["--file-size", str(self.file_size)]
+        if open_files.for_commands():  # the soft limit the service started with, before it raised its own
+            out += ["--open-files", str(open_files.for_commands())]
         if self.mode == "read-only":
             out += ["--read", self.root]  # kept in view when it lies under the private /tmp or a cover
         for path in self.cover:

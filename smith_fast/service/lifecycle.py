@@ -1,8 +1,9 @@
 """What every long-running command does around its work: ``serve``, ``worker`` and ``gateway``.
 
-:func:`running` starts the child guard (when the process runs commands), loads the global hooks and
-the tracing exporter, and on the way out stops every process group left and closes the hooks and the
-exporter; :func:`stop_on_signals` is the event SIGTERM/SIGINT set. What the process that started
+:func:`running` raises the open-file limit to what the limits need (:mod:`smith_fast.open_files`),
+starts the child guard (when the process runs commands), loads the global hooks and the tracing
+exporter, and on the way out stops every process group left and closes the hooks and the exporter;
+:func:`stop_on_signals` is the event SIGTERM/SIGINT set. What the process that started
 this one left in its signals is undone for the commands (:func:`reset_inherited_signals`).
 """
 
@@ -11,17 +12,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterable
 from typing import Protocol
 
-from .. import childguard, containment, tracing
+from .. import childguard, containment, open_files, tracing
 from ..errors import StartupError
 from ..hooks import Hook, HookLimits, HookLoadError, load_hook_file
 from ..logs import get_logger
+from .config import Limits
 
-__all__ = ["INHERITED_IGNORES", "HookHost", "StartupError", "reset_inherited_signals", "running", "stop_on_signals"]
+__all__ = ["INHERITED_IGNORES", "HookHost", "StartupError", "raise_open_files", "reset_inherited_signals", "running",
+           "stop_on_signals"]
 
 log = get_logger("smith_fast.lifecycle")
 
@@ -87,9 +91,28 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
+def raise_open_files(limits: Limits, runs_commands: bool) -> open_files.Raised:
+    """Raise the soft open-file limit to what ``limits`` need (:func:`smith_fast.open_files.raise_for`);
+    a hard limit below that is said once, as a warning with the sessions it holds and what to do."""
+    processes = limits.max_processes + limits.max_background if runs_commands else 0
+    raised = open_files.raise_for(limits.max_connections, processes)
+    fields = {"soft": raised.after, "started_with": raised.before,
+              "hard": "unlimited" if raised.hard == resource.RLIM_INFINITY else raised.hard,
+              "needed": raised.needed, "max_connections": limits.max_connections}
+    if raised.short:
+        log.warning(f"the open-file limit ({raised.after}) is below what --max-connections {limits.max_connections} "
+                    f"needs (about {raised.needed}): past about {raised.sessions(processes)} busy sessions, commands fail "
+                    "with 'Too many open files' and new connections are closed unanswered",
+                    extra={"fields": {**fields, "remedy": "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
+                                                          "docker run --ulimit nofile=) or lower --max-connections"}})
+    elif raised.after > raised.before:
+        log.debug("open-file limit raised; commands get the one the service started with", extra={"fields": fields})
+    return raised
+
+
 @contextlib.asynccontextmanager
 async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_commands: bool,
-                  unsandboxed: bool = False) -> AsyncIterator[None]:
+                  unsandboxed: bool = False, limits: Limits | None = None) -> AsyncIterator[None]:
     """Start-up before the body, shutdown after it, the same for every command.
 
     Args:
@@ -100,10 +123,14 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
             group left at the end.
         unsandboxed: its commands run outside the sandbox (``--sandbox off``): the start-up says
             when the host makes such a command wait for its cgroup move.
+        limits: the process's limits, whose connections and processes need open files
+            (:func:`raise_open_files`); None leaves the open-file limit as it is.
 
     Raises:
         StartupError: a hook did not load.
     """
+    if limits is not None:
+        raise_open_files(limits, runs_commands)
     if changed := reset_inherited_signals(asyncio.get_running_loop()):
         log.debug("started with signals blocked or ignored: unblocked; the ignored still ignored here, at their "
                   "defaults in commands", extra={"fields": changed})

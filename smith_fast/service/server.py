@@ -251,7 +251,8 @@ async def serve(
     if core is None:
         # the sandbox's trial run goes on while the service starts; _listen waits for it
         core = ServiceCore(config, loop_name=loop_name, sockets=listen.unix, check_sandbox_at_once=False)
-    async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands, unsandboxed=config.sandbox == "off"):
+    async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands, unsandboxed=config.sandbox == "off",
+                                 limits=config.limits):
         mounted = await mount_servers(core, config)
         try:
             return await _listen(core, config, listen, loop_name, front or functools.partial(Connection, core))
