@@ -111,3 +111,21 @@ def test_a_hard_limit_below_the_need_is_said_once_with_the_remedy(tmp_path: path
         assert asyncio.run(_ulimits(srv.unix, 2)) == [str(STARTED_WITH)] * 2  # it serves all the same
     finally:
         assert srv.stop() == 0, "\n".join(srv.raw_stderr[-30:])
+
+
+def test_a_worker_raises_it_for_its_sessions_and_a_gateway_for_its_connections(tmp_path: pathlib.Path) -> None:
+    from harness.nats_cluster import Cluster
+
+    cluster = Cluster(tmp_path, workers=0)
+    cluster.gateway.open_files = (STARTED_WITH, HARD)
+    try:
+        cluster.start()
+        worker = cluster.make_worker("--max-sessions", "20")
+        worker.open_files = (STARTED_WITH, HARD)
+        worker.start()
+        cluster.wait_connected(1)
+        assert _soft_limit(worker.pid) == min(open_files.needed(20, 64 + 8), HARD)  # --max-sessions, not --max-connections
+        assert _soft_limit(cluster.gateway.pid) == min(open_files.needed(1024, 0), HARD)  # it runs no command
+        assert asyncio.run(_ulimits(cluster.unix, 2)) == [str(STARTED_WITH)] * 2  # a command on the worker
+    finally:
+        cluster.stop()

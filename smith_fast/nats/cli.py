@@ -165,7 +165,7 @@ async def _worker(args: argparse.Namespace, service: ServiceConfig, config: nats
 
         metrics = MetricsServer(core)
     async with lifecycle.running(core, service.hook_files, runs_commands=True, unsandboxed=service.sandbox == "off",
-                                 limits=service.limits):
+                                 limits=service.limits, sessions=("--max-sessions", args.max_sessions)):
         stop = lifecycle.stop_on_signals()
         mounted = await mount_servers(core, service)
         try:

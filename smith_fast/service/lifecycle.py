@@ -91,20 +91,23 @@ def stop_on_signals() -> asyncio.Event:
     return stop
 
 
-def raise_open_files(limits: Limits, runs_commands: bool) -> open_files.Raised:
+def raise_open_files(limits: Limits, runs_commands: bool, sessions: tuple[str, int] | None = None) -> open_files.Raised:
     """Raise the soft open-file limit to what ``limits`` need (:func:`smith_fast.open_files.raise_for`);
-    a hard limit below that is said once, as a warning with the sessions it holds and what to do."""
+    a hard limit below that is said once, as a warning with the sessions it holds and what to do.
+    ``sessions``: the flag that bounds the sessions and its value, when not ``--max-connections``
+    (a worker's sessions come over NATS: ``--max-sessions``)."""
+    flag, count = sessions or ("--max-connections", limits.max_connections)
     processes = limits.max_processes + limits.max_background if runs_commands else 0
-    raised = open_files.raise_for(limits.max_connections, processes)
+    raised = open_files.raise_for(count, processes)
     fields = {"soft": raised.after, "started_with": raised.before,
               "hard": "unlimited" if raised.hard == resource.RLIM_INFINITY else raised.hard,
-              "needed": raised.needed, "max_connections": limits.max_connections}
+              "needed": raised.needed, flag.removeprefix("--").replace("-", "_"): count}
     if raised.short:
-        log.warning(f"the open-file limit ({raised.after}) is below what --max-connections {limits.max_connections} "
-                    f"needs (about {raised.needed}): past about {raised.sessions(processes)} busy sessions, commands fail "
-                    "with 'Too many open files' and new connections are closed unanswered",
+        log.warning(f"the open-file limit ({raised.after}) is below what {flag} {count} needs (about {raised.needed}): "
+                    f"past about {raised.sessions(processes)} busy sessions, commands fail with 'Too many open files' "
+                    "and new connections are closed unanswered",
                     extra={"fields": {**fields, "remedy": "raise the hard limit (ulimit -Hn, systemd LimitNOFILE=, "
-                                                          "docker run --ulimit nofile=) or lower --max-connections"}})
+                                                          f"docker run --ulimit nofile=) or lower {flag}"}})
     elif raised.after > raised.before:
         log.debug("open-file limit raised; commands get the one the service started with", extra={"fields": fields})
     return raised
@@ -112,7 +115,8 @@ def raise_open_files(limits: Limits, runs_commands: bool) -> open_files.Raised:
 
 @contextlib.asynccontextmanager
 async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_commands: bool,
-                  unsandboxed: bool = False, limits: Limits | None = None) -> AsyncIterator[None]:
+                  unsandboxed: bool = False, limits: Limits | None = None,
+                  sessions: tuple[str, int] | None = None) -> AsyncIterator[None]:
     """Start-up before the body, shutdown after it, the same for every command.
 
     Args:
@@ -125,12 +129,13 @@ async def running(core: HookHost, hook_files: Iterable[pathlib.Path], *, runs_co
             when the host makes such a command wait for its cgroup move.
         limits: the process's limits, whose connections and processes need open files
             (:func:`raise_open_files`); None leaves the open-file limit as it is.
+        sessions: what bounds the sessions, when not ``--max-connections`` (:func:`raise_open_files`).
 
     Raises:
         StartupError: a hook did not load.
     """
     if limits is not None:
-        raise_open_files(limits, runs_commands)
+        raise_open_files(limits, runs_commands, sessions)
     if changed := reset_inherited_signals(asyncio.get_running_loop()):
         log.debug("started with signals blocked or ignored: unblocked; the ignored still ignored here, at their "
                   "defaults in commands", extra={"fields": changed})
