@@ -11,6 +11,7 @@ it, whiteouts and opaque directories included.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import pickle
 import traceback
@@ -45,7 +46,7 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def _single_threaded(w: int) -> None:
+def _single_threaded(w: int, always: bool = False) -> None:
     """Make sure this forked child is alone in its process: a user namespace is entered only by a
     single-threaded one, and a library's at-fork hook may have started a thread here (OpenTelemetry's
     batch processors restart their worker in every child while one is alive in the test process).
@@ -54,7 +55,7 @@ def _single_threaded(w: int) -> None:
     locks (the allocator's, the loader's) first, so that the grandchild gets none of them held by
     the other thread. The raw ``clone`` system call used before did not, and a fresh clone's run
     once timed out waiting for a grandchild here. This process only relays the grandchild's status."""
-    if len(os.listdir("/proc/self/task")) == 1:
+    if not always and len(os.listdir("/proc/self/task")) == 1:
         return
     raw = ctypes.PyDLL(None, use_errno=True)
     pid = raw.fork()
@@ -65,6 +66,31 @@ def _single_threaded(w: int) -> None:
     os.close(w)
     _, status = os.waitpid(pid, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f"{tid}:{f.read().strip()}")
+        except OSError:  # gone meanwhile
+            continue
+    return names
+
+
+def _enter_alone(w: int) -> None:
+    """:func:`_single_threaded`, then the namespaces. A CI run once had ``unshare`` fail with
+    EINVAL (a second thread) right after the check had seen one: the unshare is tried again in a
+    fresh fork of the C library's (at most twice more), and a last failure names the threads."""
+    for attempt in range(3):
+        _single_threaded(w, always=attempt > 0)
+        try:
+            _enter_namespace()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or attempt == 2:
+                raise OSError(exc.errno, f"{exc.strerror} (threads: {', '.join(_threads())})") from None
 
 
 def _enter_namespace() -> None:
@@ -133,8 +159,7 @@ def on_overlay(
         code = 1
         try:
             os.close(r)
-            _single_threaded(w)
-            _enter_namespace()
+            _enter_alone(w)
             _mount_overlay(lowers, upper, work, target)
             if drop_caps:
                 _drop_capabilities()
