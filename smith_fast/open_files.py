@@ -72,7 +72,7 @@ def raise_for(connections: int, processes: int) -> Raised:
     before = _started_with or soft  # a second service in one process (the tests) raises it further
     want = needed(connections, processes)
     ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
-    if ceiling <= soft:
+    if soft == resource.RLIM_INFINITY or ceiling <= soft:
         return Raised(before, soft, hard, want)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
@@ -94,5 +94,4 @@ def give_back(pid: int) -> None:
     if not _started_with:
         return
     with contextlib.suppress(OSError, ValueError):  # ESRCH: it exited already
-        hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (min(_started_with, hard), hard))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_started_with, resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]))
