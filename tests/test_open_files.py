@@ -129,3 +129,16 @@ def test_a_worker_raises_it_for_its_sessions_and_a_gateway_for_its_connections(t
         assert asyncio.run(_ulimits(cluster.unix, 2)) == [str(STARTED_WITH)] * 2  # a command on the worker
     finally:
         cluster.stop()
+
+
+def test_a_service_on_stdin_and_stdout_alone_needs_one_session(tmp_path: pathlib.Path) -> None:
+    """`smith-fast exec`'s own server and an MCP client's hold one session: a hard limit of 1024,
+    which a socket server warns about, is plenty, and nothing is said."""
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    out = subprocess.run([sys.executable, "-m", "smith_fast", "serve", "--stdio", "--root", str(tmp_path), "--log-level", "debug"],
+                         cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, preexec_fn=low)
+    assert '"event":"ready"' in out.stderr, out.stderr
+    assert "open-file limit" not in out.stderr
+    assert open_files.needed(1, 64 + 8) < 1024

@@ -251,8 +251,10 @@ async def serve(
     if core is None:
         # the sandbox's trial run goes on while the service starts; _listen waits for it
         core = ServiceCore(config, loop_name=loop_name, sockets=listen.unix, check_sandbox_at_once=False)
+    # on stdin/stdout alone there is one session (an MCP client's, `smith-fast exec`'s), whatever --max-connections says
+    alone = (listen.stdio or listen.mcp) and not (listen.unix or listen.tcp or listen.grpc or listen.mcp_http)
     async with lifecycle.running(core, config.hook_files, runs_commands=runs_commands, unsandboxed=config.sandbox == "off",
-                                 limits=config.limits):
+                                 limits=config.limits, sessions=("--stdio", 1) if alone else None):
         mounted = await mount_servers(core, config)
         try:
             return await _listen(core, config, listen, loop_name, front or functools.partial(Connection, core))
