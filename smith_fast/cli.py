@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import SmithFastError
+from .errors import SmithFastError, StartupError
 from .logs import configure
 from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, error_text, parse_duration, secret
 from .startup import add_listen_options, add_service_options, enter_workspaces, listen_config, missing_package, pick_loop, run_service, service_config
@@ -224,6 +224,10 @@ async def _client(args: argparse.Namespace) -> Client:
         # resume: a dropped connection (a restarting gateway) is reconnected and carried on
         return await Client.connect(args.connect, protocol=args.protocol, token=token, resume=True,
                                     template=getattr(args, "template", None), fork=getattr(args, "fork", None))
+    try:
+        os.getcwd()  # the service started here serves it: said once, before it starts and closes unanswered
+    except FileNotFoundError:
+        raise StartupError("the current directory was removed: cd to one that exists, or give --connect ADDR") from None
     return await Client.spawn("--log-level", "warning", protocol=args.protocol, token=token)
 
 
