@@ -33,6 +33,7 @@ from ..errors import ProtocolError
 from ..logs import get_logger
 from ..pb import smith_pb2 as pb
 from ..process import STDERR, STDOUT, ShellProcess
+from . import process_slots
 from .shell_exec import working_directory
 from .sizes import terminal_size
 from .egress import open_egress
@@ -336,13 +337,12 @@ class BackgroundTable:
         size = terminal_size(pty.rows, pty.cols, rid) if pty is not None else None
         if pty is not None:
             env = {"TERM": pty.term or "xterm-256color", **env}
-        if not core.acquire_process():
-            raise ProtocolError(f"too many commands running (max {limits.max_processes}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid)
+        freed = process_slots.take(core, ex.slots, rid)  # its session's count too, while it runs
         entry = Background(rid, cmd.command, Ring(self.limits.background_buffer, limits.chunk_size),
                            ex.workspace.id if ex.workspace is not None else "")
         sandbox = core.tool_context.sandbox
         home = ex.home  # it outlives the session: so does the home it writes (session_home.py)
-        release = core.release_process if home is None else _both(core.release_process, home.release)
+        release = freed if home is None else _both(freed, home.release)
         if home is not None:
             home.hold()
         try:

@@ -46,6 +46,9 @@ class Limits:
             gets SIGPIPE), so a flood costs the service nothing more.
         max_processes: shell commands running at once across the whole service (``--max-processes``);
             one more is answered with ``ERROR_CODE_RESOURCE_EXHAUSTED``.
+        max_session_processes: of those, what one session may run at once, its background ones
+            included (``--max-processes-per-session``), so that one session cannot take every slot;
+            one more likewise (:mod:`smith_fast.service.process_slots`).
         max_requests: requests in flight per session (``--max-requests``); likewise.
         default_timeout_ms: timeout for commands that give none; 0 means none (``--timeout-ms``).
         kill_grace: seconds between SIGTERM and SIGKILL when a command is stopped (``--kill-grace``).
@@ -141,6 +144,9 @@ class Limits:
     max_processes: int = option(
         64, flag="--max-processes", unit="count", commands=_RUNNERS, group=_LIMITS,
         help="shell commands running at once in this process")
+    max_session_processes: int = option(
+        16, flag="--max-processes-per-session", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="of --max-processes, what one session may run at once (its background ones too)")
     max_requests: int = option(
         1024, flag="--max-requests", unit="count", commands=_FRONTS, group=_LIMITS,
         help="requests in flight per session")

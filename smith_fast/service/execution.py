@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..pb import smith_pb2 as pb
     from .config import Limits, ServiceConfig
     from .egress import SessionEgress
+    from .process_slots import SessionSlots
     from .session_hooks import SessionHooks
     from .session_home import SessionHome
     from .sinks import EventSink
@@ -145,6 +146,11 @@ class Execution(Protocol):
     @property
     def processes(self) -> set[ShellProcess]:
         """The running children, so flow control and teardown reach them."""
+        ...
+
+    @property
+    def slots(self) -> SessionSlots:
+        """The process slots the session holds (``--max-processes-per-session``; process_slots.py)."""
         ...
 
     @property

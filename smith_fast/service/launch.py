@@ -27,6 +27,7 @@ from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import CappedOutput, Collected, ShellProcess
 from ..refused_env import check_env
+from . import process_slots
 from .shell_exec import run_shell_exec
 from .sizes import command_size, too_large
 from .egress import open_egress
@@ -161,10 +162,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
     if not cwd.is_dir():
         raise NotADirectoryError(f"cwd is not a directory: {cmd.cwd!r}")
     output = CappedOutput(core.tool_context.max_output)
-    if not core.acquire_process():
-        raise ProtocolError(
-            f"too many commands running (max {core.limits.max_processes}); try again later", pb.ERROR_CODE_RESOURCE_EXHAUSTED, rid
-        )
+    release = process_slots.take(core, ex.slots, rid)
     started = time.monotonic()
     proc: ShellProcess | None = None
     timed_out = False
@@ -197,7 +195,7 @@ async def collect(ex: Execution, rid: str, request: ProcessRequest, *, origin: s
             ex.processes.discard(proc)
             if proc.returncode is None:
                 proc.kill()
-        core.release_process()
+        release()
     ex.audit.process(rid, code, killed="timeout" if timed_out else None)
     out, err = output.stdout, output.stderr
     if ex.hooks.handles("on_shell_output"):

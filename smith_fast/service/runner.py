@@ -28,6 +28,7 @@ from ..pb import smith_pb2 as pb
 from .audit import Audit
 from .commands import ControlTarget, Handler, RequestControl
 from .execution import Execution, ExecutionCore
+from .process_slots import SessionSlots
 from .request import EarlyInput, Request, RequestState
 from .request_table import RequestTable
 from .session_hooks import SessionHooks
@@ -187,6 +188,7 @@ class LocalRunner:
         self.sink = host.sink
         self.requests = host.requests
         self.processes: set[ShellProcess] = set()
+        self.slots = SessionSlots()  # of the service's process slots, what the session holds
         self.spans = self.requests.spans()  # request id -> its command span (while tracing is granted)
         # The tool context of the calls answered in one step: its processes are those of the
         # request the call runs for (the tool of a ToolCall that no hook renamed), found when one

@@ -36,7 +36,7 @@ from ..logs import get_logger, log_fields
 from ..errors import ProtocolError
 from ..pb import smith_pb2 as pb
 from ..process import ShellProcess
-from . import workspace_commands
+from . import process_slots, workspace_commands
 from .input_wait import InputWatch, notifier
 from .egress import open_egress
 from .sizes import terminal_size
@@ -325,12 +325,7 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
     size = terminal_size(pty.rows, pty.cols, rid) if pty is not None else None
     if pty is not None:
         env = {"TERM": pty.term or "xterm-256color", **(env if env is not None else cmd.env)}
-    if not core.acquire_process():
-        raise ProtocolError(
-            f"too many commands running (max {limits.max_processes}); try again later",
-            pb.ERROR_CODE_RESOURCE_EXHAUSTED,
-            rid,
-        )
+    release = process_slots.take(core, session.slots, rid)
     output = _Output(session, rid, cmd.binary_output)
     acks = _StdinAcks(session, rid)
     on_output, on_stdin = output.on_output, acks.taken
@@ -429,4 +424,4 @@ async def run_shell_exec(session: Execution, rid: str, cmd: pb.ShellExecCommand,
             if proc.returncode is None:
                 proc.kill()
             proc.release_soon()
-        core.release_process()
+        release()
