@@ -159,18 +159,6 @@ def test_connection_errors_name_the_address_and_say_what_to_do(tmp_path: pathlib
         no_traceback(res)
 
 
-def test_a_removed_current_directory_is_said_once_before_a_service_is_started(tmp_path: pathlib.Path) -> None:
-    gone = tmp_path / "gone"
-    gone.mkdir()
-    for command in (["exec", "true"], ["ping"]):
-        # the shell stays in the directory it removed, and starts the CLI there
-        res = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone), *CLI, *command],
-                             capture_output=True, text=True, timeout=60)
-        gone.mkdir()
-        assert res.returncode == 2, (command, res.stderr)
-        assert res.stderr == "smith-fast: the current directory was removed: cd to one that exists, or give --connect ADDR\n", res.stderr
-
-
 def _http_server() -> tuple[http.server.ThreadingHTTPServer, int]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -145,8 +145,8 @@ class Limits:
         64, flag="--max-processes", unit="count", commands=_RUNNERS, group=_LIMITS,
         help="shell commands running at once in this process")
     max_session_processes: int = option(
-        16, flag="--max-processes-per-session", unit="count", commands=_RUNNERS, group=_LIMITS,
-        help="of --max-processes, what one session may run at once (its background ones too)")
+        32, flag="--max-processes-per-session", unit="count", commands=_RUNNERS, group=_LIMITS,
+        help="of --max-processes, what one session may run at once (its background ones too); keep it below --max-processes")
     max_requests: int = option(
         1024, flag="--max-requests", unit="count", commands=_FRONTS, group=_LIMITS,
         help="requests in flight per session")
