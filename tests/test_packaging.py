@@ -381,7 +381,8 @@ def test_tracing_extra_exports_spans(tracing_venv: Venv) -> None:
         finally:
             assert server.stop() == 0
     # OTLP's default protocol, gRPC, is installed too: its exporter starts (nobody need listen)
-    grpc = tracing_venv.start("serve", "--unix", str(tracing_venv.home / "g.sock"),
+    # (--max-connections 64: no hard open-file limit under the default's need warns here, whatever this machine's is)
+    grpc = tracing_venv.start("serve", "--unix", str(tracing_venv.home / "g.sock"), "--max-connections", "64",
                               env={"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
     try:
         grpc.wait("ready", "tracing enabled")
