@@ -23,9 +23,10 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import SmithFastError, StartupError
+from .errors import SmithFastError
 from .logs import configure
-from .options import ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, error_text, parse_duration, secret
+from .options import (ADDRESS_FORMS, DURATIONS, SIZES, UNITS, HelpFormatter, current_directory, error_text, parse_duration,
+                      secret)
 from .startup import add_listen_options, add_service_options, enter_workspaces, listen_config, missing_package, pick_loop, run_service, service_config
 
 if TYPE_CHECKING:
@@ -224,10 +225,7 @@ async def _client(args: argparse.Namespace) -> Client:
         # resume: a dropped connection (a restarting gateway) is reconnected and carried on
         return await Client.connect(args.connect, protocol=args.protocol, token=token, resume=True,
                                     template=getattr(args, "template", None), fork=getattr(args, "fork", None))
-    try:
-        os.getcwd()  # the service started here serves it: said once, before it starts and closes unanswered
-    except FileNotFoundError:
-        raise StartupError("the current directory was removed: cd to one that exists, or give --connect ADDR") from None
+    current_directory("--connect", "ADDR")  # the service started here serves it: said once, before it starts and refuses
     return await Client.spawn("--log-level", "warning", protocol=args.protocol, token=token)
 
 

@@ -28,7 +28,7 @@ PER_SESSION = 16  # a connection's socket, its session's zygote socket and ready
 PER_PROCESS = 8  # a running or background command: its pipes, pidfd, cell (8 measured)
 SPARE = 256  # listeners, logs, the loop's own, hooks, recordings, NATS, the egress proxy's upstreams
 
-_started_with = 0  # the soft limit before raise_for raised it; 0: not raised
+_started_with = (0, 0)  # the (soft, hard) limits before raise_for raised the soft one; soft 0: not raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def raise_for(connections: int, processes: int) -> Raised:
     never lower than it is); commands then get the one it had first (:func:`for_commands`)."""
     global _started_with
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    before = _started_with or soft  # a second service in one process (the tests) raises it further
+    before = _started_with[0] or soft  # a second service in one process (the tests) raises it further
     want = needed(connections, processes)
     ceiling = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft == resource.RLIM_INFINITY or ceiling <= soft:
@@ -78,20 +78,21 @@ def raise_for(connections: int, processes: int) -> Raised:
         resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
     except (OSError, ValueError):  # a seccomp filter or a hard limit lowered meanwhile: keep what it is
         return Raised(before, soft, hard, want)
-    _started_with = before
+    _started_with = (before, hard)
     return Raised(before, ceiling, hard, want)
 
 
 def for_commands() -> int:
     """The soft limit a command gets (the one the service was started with), or 0 when the service
     did not raise its own: a command then inherits it as it is."""
-    return _started_with
+    return _started_with[0]
 
 
 def give_back(pid: int) -> None:
-    """Set the soft limit of ``pid`` (a command just spawned outside the sandbox program) back to
-    the one the service was started with. It runs meanwhile: what it opens before this is kept."""
-    if not _started_with:
+    """Set the soft limit of ``pid`` (a command just spawned outside the sandbox program, with the
+    service's limits) back to the one the service was started with. It runs meanwhile: what it
+    opens before this is kept."""
+    if not _started_with[0]:
         return
     with contextlib.suppress(OSError, ValueError):  # ESRCH: it exited already
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, (_started_with, resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, _started_with)

@@ -224,8 +224,8 @@ def _options(cls: type, command: str) -> Iterable[tuple[dataclasses.Field[Any], 
             yield f, opt
 
 
-def current_directory(flag: str) -> pathlib.Path:
-    """The current directory, as the default of ``flag``.
+def current_directory(flag: str, value: str = "DIR") -> pathlib.Path:
+    """The current directory, as the default of ``flag`` (whose value the message calls ``value``).
 
     Raises:
         ValueError: it was removed (the shell's ``cd`` still names it): what to do instead.
@@ -233,7 +233,7 @@ def current_directory(flag: str) -> pathlib.Path:
     try:
         return pathlib.Path.cwd()
     except FileNotFoundError:
-        raise ValueError(f"the current directory was removed: cd to one that exists, or give {flag} DIR") from None
+        raise ValueError(f"the current directory was removed: cd to one that exists, or give {flag} {value}") from None
 
 
 # What a command-line user does about a refusal, by its ``details["reason"]``: the service's words

@@ -308,8 +308,8 @@ class Sandbox:
             out.append("--reap")
         if self.file_size:
             out += ["--file-size", str(self.file_size)]
-        if open_files.for_commands():  # the soft limit the service started with, before it raised its own
-            out += ["--open-files", str(open_files.for_commands())]
+        if given := open_files.for_commands():  # the soft limit the service started with, before it raised its own
+            out += ["--open-files", str(given)]
         if self.mode == "read-only":
             out += ["--read", self.root]  # kept in view when it lies under the private /tmp or a cover
         for path in self.cover:
